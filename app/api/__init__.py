@@ -1,0 +1,1 @@
+"""HTTP routers: parse, authorize, call a service, commit at the boundary."""

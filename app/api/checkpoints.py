@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from fastapi.responses import FileResponse
+
+from app.api.deps import MAX_ID, PathId, QueryId, SessionDep, UserDep
+from app.models import Checkpoint
+from app.schemas import CheckpointOut, Leaderboard, Page
+from app.services import checkpoints as svc
+from app.services import leaderboard as lb
+
+router = APIRouter(tags=["checkpoints"])
+
+
+def ckpt_out(c: Checkpoint) -> CheckpointOut:
+    out = CheckpointOut.model_validate(c)
+    out.download_url = f"/api/checkpoints/{c.id}/download"
+    return out
+
+
+@router.get("/checkpoints", response_model=Page[CheckpointOut])
+def list_checkpoints(session: SessionDep, _user: UserDep, job_id: QueryId = None,
+                     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+                     offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> Page[CheckpointOut]:
+    rows, total = svc.list_checkpoints(session, job_id=job_id, limit=limit, offset=offset)
+    return Page(items=[ckpt_out(c) for c in rows], total=total, limit=limit, offset=offset)
+
+
+@router.get("/checkpoints/{checkpoint_id}/download", response_class=FileResponse,
+            responses={404: {}})
+def download(checkpoint_id: PathId, session: SessionDep, _user: UserDep) -> FileResponse:
+    ckpt = svc.get_checkpoint(session, checkpoint_id)
+    full = svc.checkpoint_file(session, checkpoint_id)
+    suffix = Path(full).suffix or ".safetensors"
+    return FileResponse(full, media_type="application/octet-stream",
+                        filename=f"{ckpt.name}{suffix}")
+
+
+@router.get("/leaderboard", response_model=Leaderboard, tags=["leaderboard"])
+def leaderboard(session: SessionDep, _user: UserDep,
+                bootstrap: Annotated[int, Query(ge=0, le=2000)] = 200,
+                seed: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> Leaderboard:
+    return Leaderboard.model_validate(lb.compute(session, bootstrap=bootstrap, seed=seed))

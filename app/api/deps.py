@@ -1,0 +1,62 @@
+"""Shared dependencies: the DB session, the calling user, role checks, the job enqueuer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Path, Query, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from app import db
+from app.config import Settings, get_settings
+from app.models import User
+from app.services import auth
+from app.services.jobs import Enqueuer
+
+bearer = HTTPBearer(auto_error=False, description="API token from `python -m app create-user`")
+
+
+def get_session() -> Iterator[Session]:
+    session = db.new_session()
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+
+def current_user(
+    session: SessionDep,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> User:
+    return auth.authenticate(session, creds.credentials if creds else None)
+
+
+def admin_user(user: Annotated[User, Depends(current_user)]) -> User:
+    return auth.require_role(user, "admin")
+
+
+def get_enqueuer(request: Request) -> Enqueuer | None:
+    return getattr(request.app.state, "enqueuer", None)
+
+
+def settings_dep() -> Settings:
+    return get_settings()
+
+
+UserDep = Annotated[User, Depends(current_user)]
+AdminDep = Annotated[User, Depends(admin_user)]
+EnqueuerDep = Annotated[Enqueuer | None, Depends(get_enqueuer)]
+SettingsDep = Annotated[Settings, Depends(settings_dep)]
+
+MAX_ID = 2**31 - 1
+PathId = Annotated[int, Path(ge=1, le=MAX_ID)]
+QueryId = Annotated[int | None, Query(ge=1, le=MAX_ID)]
+
+
+def media_url(rel_path: str) -> str:
+    return f"/api/media/{rel_path}"

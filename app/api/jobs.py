@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query
+
+from app.api.deps import MAX_ID, AdminDep, EnqueuerDep, PathId, SessionDep, UserDep
+from app.models import Job
+from app.schemas import JobDetail, JobIn, JobOut, MetricPoint, Page
+from app.services import jobs as svc
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+def job_out(job: Job, cls: type[JobOut] = JobOut, **extra: Any) -> Any:
+    out = cls.model_validate(job)
+    if job.total_iterations:
+        out.progress = min(1.0, job.iteration / job.total_iterations)
+    elif job.status == "succeeded":
+        out.progress = 1.0
+    for k, v in extra.items():
+        setattr(out, k, v)
+    return out
+
+
+@router.post("", response_model=JobOut, status_code=201, responses={422: {}})
+def create_job(body: JobIn, session: SessionDep, admin: AdminDep,
+               enqueuer: EnqueuerDep) -> JobOut:
+    job = svc.create_job(session, body.kind, body.config, preset=body.preset,
+                         dataset_id=body.dataset_id, user=admin)
+    session.commit()
+    svc.enqueue(enqueuer, job)
+    return job_out(job)
+
+
+@router.get("", response_model=Page[JobOut])
+def list_jobs(session: SessionDep, _user: UserDep,
+              status: Literal["queued", "running", "succeeded", "failed", "cancelled"] | None = None,
+              kind: Literal["train", "rollout", "evaluate", "fit_preference"] | None = None,
+              limit: Annotated[int, Query(ge=1, le=500)] = 50,
+              offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> Page[JobOut]:
+    rows, total = svc.list_jobs(session, status=status, kind=kind, limit=limit, offset=offset)
+    return Page(items=[job_out(j) for j in rows], total=total, limit=limit, offset=offset)
+
+
+@router.get("/config-schema")
+def config_schema(_user: UserDep) -> dict[str, Any]:
+    """The train config's fields (help, ranges, choices) and presets, for forms."""
+    from trainer.config import PRESETS, TrainConfig
+
+    return {"train": TrainConfig.describe(), "presets": PRESETS,
+            **{k: m.model_json_schema() for k, m in svc.KIND_CONFIGS.items()}}
+
+
+@router.get("/{job_id}", response_model=JobDetail, responses={404: {}})
+def get_job(job_id: PathId, session: SessionDep, _user: UserDep) -> JobDetail:
+    job = svc.get_job(session, job_id)
+    history = [MetricPoint.model_validate(m) for m in svc.metric_history(session, job_id)]
+    return job_out(job, JobDetail, metric_history=history)
+
+
+@router.post("/{job_id}/cancel", response_model=JobOut, responses={404: {}, 409: {}})
+def cancel_job(job_id: PathId, session: SessionDep, _admin: AdminDep) -> JobOut:
+    job = svc.request_cancel(session, job_id)
+    session.commit()
+    return job_out(job)
+
+
+@router.post("/{job_id}/resume", response_model=JobOut, responses={404: {}, 409: {}})
+def resume_job(job_id: PathId, session: SessionDep, _admin: AdminDep,
+               enqueuer: EnqueuerDep) -> JobOut:
+    job = svc.resume_job(session, job_id)
+    session.commit()
+    svc.enqueue(enqueuer, job)
+    return job_out(job)

@@ -1,0 +1,78 @@
+"""Engine and sessions: the only place that turns a database URL into connections.
+
+SQLite gets WAL mode, foreign keys and a busy timeout on every connection. Call
+`configure(settings)` to (re)bind the module-level engine, e.g. in tests; otherwise the first
+use binds it to `get_settings()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.config import Settings, get_settings
+
+_engine: Engine | None = None
+_sessionmaker: sessionmaker[Session] | None = None
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record):  # pragma: no cover - trivial
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+def configure(settings: Settings | None = None) -> Engine:
+    """Bind the module engine to `settings` (default: the environment's)."""
+    global _engine, _sessionmaker
+    settings = settings or get_settings()
+    if _engine is not None:
+        _engine.dispose()
+    _engine = make_engine(settings.resolved_database_url)
+    _sessionmaker = sessionmaker(_engine, expire_on_commit=False)
+    return _engine
+
+
+def get_engine() -> Engine:
+    if _engine is None:
+        configure()
+    assert _engine is not None
+    return _engine
+
+
+def new_session() -> Session:
+    if _sessionmaker is None:
+        configure()
+    assert _sessionmaker is not None
+    return _sessionmaker()
+
+
+@contextmanager
+def session_scope() -> Iterator[Session]:
+    """A session that commits on success and rolls back on error (for workers and CLIs)."""
+    session = new_session()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()

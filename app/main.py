@@ -1,0 +1,81 @@
+"""create_app(): the FastAPI application (routers, error mapping, lifespan, the UI mount)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from app import db
+from app.config import Settings, get_settings
+from app.errors import ServiceError
+from app.services.jobs import Enqueuer
+
+log = logging.getLogger(__name__)
+
+
+def migrations_current() -> bool:
+    """Whether the database is at the newest Alembic revision."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    from app.migrate import alembic_config
+
+    heads = set(ScriptDirectory.from_config(alembic_config()).get_heads())
+    with db.get_engine().connect() as conn:
+        current = set(MigrationContext.configure(conn).get_current_heads())
+    return current == heads
+
+
+def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = None,
+               mount_ui: bool = True) -> FastAPI:
+    """Build the app. `settings` rebinds the database engine (tests); `enqueuer(job_id, kind)`
+    replaces the Celery enqueue (default: `app.services.jobs.celery_enqueue`)."""
+    if settings is not None:
+        db.configure(settings)
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        settings.resolved_storage_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            if not migrations_current():
+                log.warning("database is not at the newest migration: run `python -m app migrate`")
+        except Exception as exc:  # a missing database must not stop the docs from loading
+            log.warning("could not check migrations: %s", exc)
+        yield
+
+    app = FastAPI(title="Neighbor GRPO Studio", version="0.1.0", lifespan=lifespan,
+                  description="Datasets, rollouts, pairwise votes, jobs and checkpoints.")
+    app.state.settings = settings
+    app.state.enqueuer = enqueuer
+
+    @app.exception_handler(ServiceError)
+    async def service_error(_request: Request, exc: ServiceError) -> JSONResponse:
+        body: dict[str, object] = {"detail": exc.message}
+        body.update({k: v for k, v in exc.details.items() if v is not None})
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        return JSONResponse(body, status_code=exc.status_code, headers=headers)
+
+    from app.api import auth, checkpoints, datasets, jobs, rollouts, votes
+
+    for module in (auth, datasets, rollouts, votes, jobs, checkpoints):
+        app.include_router(module.router, prefix="/api")
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    # --- the Gradio UI (issue 5) mounts here: ---------------------------------------------
+    #   from app.ui import build_ui; app = gr.mount_gradio_app(app, build_ui(), path="/ui")
+    if mount_ui:
+        try:
+            from app.ui import mount  # type: ignore[attr-defined]
+        except ImportError:
+            pass
+        else:
+            app = mount(app)
+    return app

@@ -1,0 +1,26 @@
+"""Run Alembic programmatically (the URL comes from app settings in migrations/env.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def alembic_config(url: str | None = None) -> Config:
+    cfg = Config(str(ROOT / "alembic.ini"))
+    cfg.set_main_option("script_location", str(ROOT / "migrations"))
+    if url:
+        cfg.attributes["url"] = url
+    return cfg
+
+
+def upgrade(url: str | None = None, revision: str = "head") -> None:
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str | None = None, revision: str = "base") -> None:
+    command.downgrade(alembic_config(url), revision)

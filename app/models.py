@@ -1,0 +1,216 @@
+"""The ORM (SQLAlchemy 2.0 typed declarative). One file until it hurts.
+
+Image files live under the storage directory; rows keep paths relative to it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+ROLES = ("admin", "annotator")
+SPLITS = ("train", "eval")
+JOB_KINDS = ("train", "rollout", "evaluate", "fit_preference")
+JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+OUTCOMES = ("a", "b", "tie", "both_bad", "skip")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {dict[str, Any]: JSON, datetime: DateTime(timezone=True)}
+
+
+class User(Base):
+    __tablename__ = "users"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    role: Mapped[str] = mapped_column(String(20))
+    # excluded annotators' votes are not used for fitting (issue 5's switch)
+    excluded: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    tokens: Mapped[list[ApiToken]] = relationship(back_populates="user", cascade="all, delete-orphan")
+
+
+class ApiToken(Base):
+    """A bearer token, stored as its SHA-256 (tokens are 256 random bits: no salt needed)."""
+
+    __tablename__ = "api_tokens"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(12))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None]
+    user: Mapped[User] = relationship(back_populates="tokens", lazy="joined")
+
+
+class Dataset(Base):
+    __tablename__ = "datasets"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    filename: Mapped[str] = mapped_column(String(300))
+    format: Mapped[str] = mapped_column(String(10))
+    num_prompts: Mapped[int] = mapped_column(Integer, default=0)
+    num_eval: Mapped[int] = mapped_column(Integer, default=0)
+    duplicates_dropped: Mapped[int] = mapped_column(Integer, default=0)
+    eval_fraction: Mapped[float] = mapped_column(Float, default=0.0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    prompts: Mapped[list[Prompt]] = relationship(
+        back_populates="dataset", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class Prompt(Base):
+    __tablename__ = "prompts"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
+    position: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+    meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
+    split: Mapped[str] = mapped_column(String(10), default="train")
+    dataset: Mapped[Dataset] = relationship(back_populates="prompts")
+    __table_args__ = (Index("ix_prompts_dataset_position", "dataset_id", "position"),)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(20))
+    status: Mapped[str] = mapped_column(String(20), default="queued", index=True)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    dataset_id: Mapped[int | None] = mapped_column(
+        ForeignKey("datasets.id", ondelete="SET NULL"), index=True
+    )
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    iteration: Mapped[int] = mapped_column(Integer, default=0)
+    total_iterations: Mapped[int | None] = mapped_column(Integer)
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+    worker: Mapped[str | None] = mapped_column(String(200))
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    heartbeat_at: Mapped[datetime | None]
+
+
+class JobMetric(Base):
+    """One row per (job, iteration): the metric history. Re-recording an iteration updates it."""
+
+    __tablename__ = "job_metrics"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    iteration: Mapped[int] = mapped_column(Integer)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    __table_args__ = (UniqueConstraint("job_id", "iteration"),)
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), index=True)
+    iteration: Mapped[int] = mapped_column(Integer, default=0)
+    name: Mapped[str] = mapped_column(String(200))
+    path: Mapped[str] = mapped_column(Text)
+    format: Mapped[str] = mapped_column(String(20), default="safetensors")
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("checkpoints.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class RolloutGroup(Base):
+    """G samples from one prompt whose initial noises are neighbours of one shared noise."""
+
+    __tablename__ = "rollout_groups"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+    iteration: Mapped[int] = mapped_column(Integer, default=0)
+    # the job kind that made it: train, rollout or evaluate (evaluate feeds cross-checkpoint pairs)
+    purpose: Mapped[str] = mapped_column(String(20), default="train")
+    prompt_id: Mapped[int | None] = mapped_column(ForeignKey("prompts.id", ondelete="SET NULL"), index=True)
+    prompt_text: Mapped[str] = mapped_column(Text)
+    checkpoint_id: Mapped[int | None] = mapped_column(
+        ForeignKey("checkpoints.id", ondelete="SET NULL"), index=True
+    )
+    solver: Mapped[str] = mapped_column(String(20))
+    steps: Mapped[int] = mapped_column(Integer)
+    sigma: Mapped[float] = mapped_column(Float)
+    seed: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    samples: Mapped[list[Sample]] = relationship(
+        back_populates="group", cascade="all, delete-orphan", order_by="Sample.member_index"
+    )
+    __table_args__ = (
+        Index("ix_rollout_groups_job_iteration", "job_id", "iteration"),
+        Index("ix_rollout_groups_purpose_seed", "purpose", "seed"),
+    )
+
+
+class Sample(Base):
+    __tablename__ = "samples"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    group_id: Mapped[int] = mapped_column(ForeignKey("rollout_groups.id", ondelete="CASCADE"))
+    member_index: Mapped[int] = mapped_column(Integer)
+    image_path: Mapped[str] = mapped_column(Text)
+    rewards: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    advantage: Mapped[float | None] = mapped_column(Float)
+    is_anchor: Mapped[bool] = mapped_column(Boolean, default=False)
+    group: Mapped[RolloutGroup] = relationship(back_populates="samples")
+    __table_args__ = (UniqueConstraint("group_id", "member_index"),)
+
+
+class Vote(Base):
+    """One pairwise judgement. `a` was shown on the left, `b` on the right.
+
+    (annotator, client_vote_id) is unique: a retried POST records one vote. (annotator,
+    pair_lo_id, pair_hi_id) is unique: an annotator never judges the same pair twice.
+    """
+
+    __tablename__ = "votes"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    client_vote_id: Mapped[str] = mapped_column(String(64))
+    annotator_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    session_id: Mapped[str | None] = mapped_column(String(64))
+    sample_a_id: Mapped[int] = mapped_column(ForeignKey("samples.id", ondelete="CASCADE"), index=True)
+    sample_b_id: Mapped[int] = mapped_column(ForeignKey("samples.id", ondelete="CASCADE"), index=True)
+    pair_lo_id: Mapped[int] = mapped_column(Integer)
+    pair_hi_id: Mapped[int] = mapped_column(Integer)
+    outcome: Mapped[str] = mapped_column(String(10))
+    shown_at: Mapped[datetime | None]
+    latency_ms: Mapped[int | None] = mapped_column(Integer)
+    selection: Mapped[str] = mapped_column(String(50), default="unknown")
+    excluded: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    __table_args__ = (
+        UniqueConstraint("annotator_id", "client_vote_id", name="uq_votes_annotator_client"),
+        UniqueConstraint("annotator_id", "pair_lo_id", "pair_hi_id", name="uq_votes_annotator_pair"),
+    )

@@ -1,0 +1,190 @@
+"""Request and response models of the HTTP API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+T = TypeVar("T")
+
+
+class ORM(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    total: int
+    limit: int
+    offset: int
+
+
+class Error(BaseModel):
+    detail: str
+    field: str | None = None
+
+
+class Me(ORM):
+    id: int
+    name: str
+    role: str
+
+
+class DatasetOut(ORM):
+    id: int
+    name: str
+    filename: str
+    format: str
+    num_prompts: int
+    num_eval: int
+    duplicates_dropped: int
+    eval_fraction: float
+    created_at: datetime
+
+
+class PromptOut(ORM):
+    id: int
+    dataset_id: int
+    position: int
+    text: str
+    meta: dict[str, Any] | None = Field(None, serialization_alias="metadata")
+    split: str
+
+
+class SampleOut(ORM):
+    id: int
+    member_index: int
+    image_url: str
+    rewards: dict[str, Any]
+    advantage: float | None
+    is_anchor: bool
+
+
+class GroupOut(ORM):
+    id: int
+    job_id: int | None
+    iteration: int
+    purpose: str
+    prompt_id: int | None
+    prompt_text: str
+    checkpoint_id: int | None
+    solver: str
+    steps: int
+    sigma: float
+    seed: int
+    created_at: datetime
+    samples: list[SampleOut]
+
+
+class PairSide(BaseModel):
+    sample_id: int
+    image_url: str
+
+
+class NextPair(BaseModel):
+    prompt: str
+    a: PairSide
+    b: PairSide
+    selection: str
+
+
+class VoteIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    client_vote_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")
+    sample_a_id: int = Field(ge=1, le=2**62, description="The sample shown on the left.")
+    sample_b_id: int = Field(ge=1, le=2**62, description="The sample shown on the right.")
+    outcome: Literal["a", "b", "tie", "both_bad", "skip"]
+    session_id: str | None = Field(None, max_length=64)
+    shown_at: datetime | None = None
+    latency_ms: int | None = Field(None, ge=0, le=2**31 - 1)
+    selection: str | None = Field(None, max_length=50)
+
+
+class VoteOut(ORM):
+    id: int
+    client_vote_id: str
+    annotator_id: int
+    session_id: str | None
+    sample_a_id: int
+    sample_b_id: int
+    outcome: str
+    shown_at: datetime | None
+    latency_ms: int | None
+    selection: str
+    excluded: bool
+    created_at: datetime
+    duplicate: bool = False
+
+
+class JobIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["train", "rollout", "evaluate", "fit_preference"]
+    config: dict[str, Any] = Field(default_factory=dict)
+    preset: str | None = Field(None, max_length=100)
+    dataset_id: int | None = Field(None, ge=1, le=2**62)
+
+
+class MetricPoint(ORM):
+    iteration: int
+    metrics: dict[str, Any]
+
+
+class JobOut(ORM):
+    id: int
+    kind: str
+    status: str
+    config: dict[str, Any]
+    dataset_id: int | None
+    iteration: int
+    total_iterations: int | None
+    progress: float | None = None
+    metrics: dict[str, Any] | None
+    error: str | None
+    worker: str | None
+    cancel_requested: bool
+    attempts: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    heartbeat_at: datetime | None
+
+
+class JobDetail(JobOut):
+    metric_history: list[MetricPoint] = []
+
+
+class CheckpointOut(ORM):
+    id: int
+    job_id: int | None
+    iteration: int
+    name: str
+    format: str
+    parent_id: int | None
+    created_at: datetime
+    download_url: str = ""
+
+
+class Rating(BaseModel):
+    checkpoint_id: int
+    name: str
+    rating: float
+    ci_low: float
+    ci_high: float
+    num_votes: int
+    win_rate: float | None
+
+
+class PairStat(BaseModel):
+    checkpoint_id: int
+    opponent_id: int
+    num_votes: int
+    win_rate: float
+
+
+class Leaderboard(BaseModel):
+    checkpoints: list[Rating]
+    pairs: list[PairStat]
+    num_votes: int
+    bootstrap: int

@@ -1,0 +1,69 @@
+"""Checkpoints: recorded by workers, listed and downloaded through the API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.errors import Invalid, NotFound
+from app.models import Checkpoint, Job
+from app.services import storage
+
+
+def record_checkpoint(session: Session, job_id: int | None, iteration: int, path: str,
+                      format: str = "safetensors", parent_id: int | None = None,
+                      name: str | None = None) -> int:
+    """Record a checkpoint file (path inside the storage dir, relative or absolute) and return
+    its id. Idempotent: the same (job, iteration) again updates and returns the same row."""
+    if job_id is not None and session.get(Job, job_id) is None:
+        raise NotFound(f"job {job_id} not found")
+    if parent_id is not None and session.get(Checkpoint, parent_id) is None:
+        raise Invalid(f"parent checkpoint {parent_id} not found", field="parent_id")
+    rel = storage.relative(path)
+    name = name or (f"job{job_id}-it{iteration}" if job_id is not None else Path(rel).stem)
+    existing = None
+    if job_id is not None:
+        existing = session.scalar(
+            select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.iteration == iteration)
+        )
+    if existing is not None:
+        existing.path, existing.format, existing.parent_id = rel, format, parent_id
+        session.flush()
+        return existing.id
+    ckpt = Checkpoint(job_id=job_id, iteration=iteration, path=rel, format=format,
+                      parent_id=parent_id, name=name[:200])
+    session.add(ckpt)
+    session.flush()
+    return ckpt.id
+
+
+def latest_checkpoint(session: Session, job_id: int) -> Checkpoint | None:
+    """The newest checkpoint of a job (highest iteration): where resume starts."""
+    return session.scalar(
+        select(Checkpoint).where(Checkpoint.job_id == job_id)
+        .order_by(Checkpoint.iteration.desc(), Checkpoint.id.desc()).limit(1)
+    )
+
+
+def get_checkpoint(session: Session, checkpoint_id: int) -> Checkpoint:
+    ckpt = session.get(Checkpoint, checkpoint_id)
+    if ckpt is None:
+        raise NotFound(f"checkpoint {checkpoint_id} not found")
+    return ckpt
+
+
+def list_checkpoints(session: Session, *, job_id: int | None = None, limit: int = 100,
+                     offset: int = 0) -> tuple[list[Checkpoint], int]:
+    stmt = select(Checkpoint)
+    if job_id is not None:
+        stmt = stmt.where(Checkpoint.job_id == job_id)
+    total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
+    rows = session.scalars(stmt.order_by(Checkpoint.id.desc()).limit(limit).offset(offset))
+    return list(rows), total
+
+
+def checkpoint_file(session: Session, checkpoint_id: int) -> Path:
+    """The checkpoint's file, only if it lies inside the storage directory."""
+    return storage.resolve(get_checkpoint(session, checkpoint_id).path)

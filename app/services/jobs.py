@@ -1,0 +1,317 @@
+"""Jobs: validate and launch (API side), and the state transitions workers record.
+
+Lifecycle: queued -> running -> succeeded | failed | cancelled; resume puts a failed or
+cancelled job back to queued. Cancel is cooperative: `request_cancel` sets a flag that the
+worker reads (`is_cancel_requested`, or the return value of `heartbeat`/`update_progress`)
+between iterations, then calls `mark_cancelled`. A queued job is cancelled at once.
+
+Worker usage (each call in its own short transaction):
+
+    from app.db import session_scope
+    from app.services import jobs
+    with session_scope() as s:
+        job = jobs.mark_running(s, job_id, worker_name)
+    ...
+    with session_scope() as s:
+        stop = jobs.update_progress(s, job_id, it, total, {"reward_mean": 0.4})
+
+Enqueueing happens after the commit, through a replaceable enqueuer: `create_app(enqueuer=...)`
+(or `app.state.enqueuer`) in the API; the default sends a Celery task named
+`worker.tasks.<kind>` with args [job_id] to the kind's queue.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.errors import Conflict, Invalid, NotFound
+from app.models import JOB_KINDS, Checkpoint, Dataset, Job, JobMetric, User, utcnow
+
+log = logging.getLogger(__name__)
+
+QUEUES = {"train": "gpu", "rollout": "gpu", "evaluate": "gpu", "fit_preference": "cpu"}
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+Enqueuer = Callable[[int, str], None]
+
+
+# --- configs of the non-train kinds --------------------------------------------------------
+class _Cfg(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RolloutConfig(_Cfg):
+    """Sample groups for a dataset's prompts from a checkpoint and store them for voting."""
+
+    dataset_id: int = Field(description="Dataset whose prompts are sampled.")
+    checkpoint_id: int | None = Field(None, description="Checkpoint to sample; none = base model.")
+    split: Literal["train", "eval", "all"] = "train"
+    max_prompts: int | None = Field(None, ge=1, le=100_000)
+    group_size: int = Field(8, ge=2, le=256, description="Samples per group (G).")
+    sigma: float = Field(0.3, ge=0.0, le=1.0, description="Neighbourhood radius of the noises.")
+    solver: Literal["dpm++", "euler"] = "dpm++"
+    steps: int = Field(8, ge=2, le=1000)
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    model: str = "shapes"
+    reward_names: list[str] = Field(default_factory=list, max_length=32)
+
+
+class EvaluateConfig(_Cfg):
+    """Fixed prompts and seeds from checkpoints; images feed cross-checkpoint votes."""
+
+    checkpoint_ids: list[int] = Field(min_length=1, max_length=64)
+    dataset_id: int | None = None
+    split: Literal["train", "eval", "all"] = "eval"
+    prompts: list[str] = Field(default_factory=list, max_length=10_000)
+    max_prompts: int | None = Field(None, ge=1, le=100_000)
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2, 3], min_length=1, max_length=1000)
+    solver: Literal["dpm++", "euler"] = "dpm++"
+    steps: int = Field(8, ge=2, le=1000)
+    model: str = "shapes"
+    reward_names: list[str] = Field(default_factory=list, max_length=32)
+
+
+class FitPreferenceConfig(_Cfg):
+    """Refit the human-preference reward model from clean votes."""
+
+    min_votes: int = Field(0, ge=0, le=10_000_000)
+    epochs: int = Field(10, ge=1, le=10_000)
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+
+
+KIND_CONFIGS: dict[str, type[_Cfg]] = {
+    "rollout": RolloutConfig, "evaluate": EvaluateConfig, "fit_preference": FitPreferenceConfig,
+}
+
+
+def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
+                    preset: str | None = None) -> dict[str, Any]:
+    """The full validated config of a job (defaults filled in); Invalid naming the bad field."""
+    if kind not in JOB_KINDS:
+        raise Invalid(f"kind must be one of {list(JOB_KINDS)}, got {kind!r}", field="kind")
+    config = dict(config or {})
+    if kind == "train":
+        from trainer.config import PRESETS, ConfigError, TrainConfig
+
+        data: dict[str, Any] = {}
+        if preset:
+            if preset not in PRESETS:
+                raise Invalid(f"preset: unknown preset {preset!r}; one of {list(PRESETS)}",
+                              field="preset")
+            data.update(PRESETS[preset])
+        data.update(config)
+        try:
+            return TrainConfig.from_dict(data).to_dict()
+        except ConfigError as exc:
+            raise Invalid(f"config.{exc.field}: {exc.message}", field=exc.field) from None
+        except TypeError as exc:  # dataclass construction problems
+            raise Invalid(f"config: {exc}", field="config") from None
+    if preset:
+        raise Invalid(f"preset: presets exist only for train jobs, not {kind}", field="preset")
+    try:
+        cfg = KIND_CONFIGS[kind].model_validate(config)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = ".".join(str(p) for p in err["loc"]) or "config"
+        raise Invalid(f"config.{name}: {err['msg']}", field=name) from None
+    out = cfg.model_dump()
+    ds_id = out.get("dataset_id")
+    if ds_id is not None and session.get(Dataset, ds_id) is None:
+        raise Invalid(f"config.dataset_id: dataset {ds_id} not found", field="dataset_id")
+    for key in ("checkpoint_id",):
+        if out.get(key) is not None and session.get(Checkpoint, out[key]) is None:
+            raise Invalid(f"config.{key}: checkpoint {out[key]} not found", field=key)
+    for cid in out.get("checkpoint_ids") or []:
+        if session.get(Checkpoint, cid) is None:
+            raise Invalid(f"config.checkpoint_ids: checkpoint {cid} not found",
+                          field="checkpoint_ids")
+    return out
+
+
+# --- API side ------------------------------------------------------------------------------
+def create_job(session: Session, kind: str, config: dict[str, Any] | None = None, *,
+               preset: str | None = None, dataset_id: int | None = None,
+               user: User | None = None) -> Job:
+    """Validate and write a queued job (flush, no commit). Enqueue after the commit."""
+    full = validate_config(session, kind, config, preset)
+    ds = full.get("dataset_id") if kind != "train" else None
+    ds = ds if ds is not None else dataset_id
+    if ds is not None and session.get(Dataset, ds) is None:
+        raise Invalid(f"dataset_id: dataset {ds} not found", field="dataset_id")
+    total = full.get("iterations") if kind == "train" else None
+    job = Job(kind=kind, status="queued", config=full, dataset_id=ds,
+              created_by_id=user.id if user else None, total_iterations=total)
+    session.add(job)
+    session.flush()
+    return job
+
+
+def celery_enqueue(job_id: int, kind: str) -> None:
+    """The default enqueuer: `worker.celery_app.celery_app.send_task` to the kind's queue.
+    Without a worker package the job stays queued (and this logs why)."""
+    try:
+        module = importlib.import_module("worker.celery_app")
+    except ImportError as exc:
+        log.warning("job %s left queued: worker.celery_app is not importable (%s)", job_id, exc)
+        return
+    module.celery_app.send_task(f"worker.tasks.{kind}", args=[job_id], queue=QUEUES[kind])
+
+
+def enqueue(enqueuer: Enqueuer | None, job: Job) -> None:
+    """Call the enqueuer after commit; a broker failure leaves the job queued and is logged."""
+    try:
+        (enqueuer or celery_enqueue)(job.id, job.kind)
+    except Exception:
+        log.exception("could not enqueue job %s; it stays queued", job.id)
+
+
+def get_job(session: Session, job_id: int) -> Job:
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFound(f"job {job_id} not found")
+    return job
+
+
+def list_jobs(session: Session, *, status: str | None = None, kind: str | None = None,
+              limit: int = 50, offset: int = 0) -> tuple[list[Job], int]:
+    stmt = select(Job)
+    if status:
+        stmt = stmt.where(Job.status == status)
+    if kind:
+        stmt = stmt.where(Job.kind == kind)
+    total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
+    rows = session.scalars(stmt.order_by(Job.id.desc()).limit(limit).offset(offset))
+    return list(rows), total
+
+
+def metric_history(session: Session, job_id: int) -> list[JobMetric]:
+    return list(session.scalars(
+        select(JobMetric).where(JobMetric.job_id == job_id).order_by(JobMetric.iteration)
+    ))
+
+
+def request_cancel(session: Session, job_id: int) -> Job:
+    """Ask a job to stop. Queued: cancelled now. Running: flag for the worker. Else Conflict."""
+    job = get_job(session, job_id)
+    if job.status in TERMINAL:
+        raise Conflict(f"job {job_id} is already {job.status}")
+    job.cancel_requested = True
+    if job.status == "queued":
+        job.status = "cancelled"
+        job.finished_at = utcnow()
+    session.flush()
+    return job
+
+
+def resume_job(session: Session, job_id: int) -> Job:
+    """Put a failed or cancelled job back in the queue (the worker resumes from the newest
+    checkpoint, `checkpoints.latest_checkpoint`). Enqueue after the commit."""
+    job = get_job(session, job_id)
+    if job.status not in ("failed", "cancelled"):
+        raise Conflict(f"job {job_id} is {job.status}; only failed or cancelled jobs resume")
+    job.status, job.cancel_requested, job.error, job.finished_at = "queued", False, None, None
+    session.flush()
+    return job
+
+
+# --- worker side ---------------------------------------------------------------------------
+def mark_running(session: Session, job_id: int, worker_name: str) -> Job:
+    """queued (or running, after a crash/requeue) -> running. Conflict if the job is finished
+    or was cancelled: the worker should then do nothing."""
+    job = get_job(session, job_id)
+    if job.status in TERMINAL:
+        raise Conflict(f"job {job_id} is {job.status}; not starting it")
+    now = utcnow()
+    job.status, job.worker, job.heartbeat_at = "running", worker_name[:200], now
+    job.started_at = job.started_at or now
+    job.attempts += 1
+    session.flush()
+    return job
+
+
+def heartbeat(session: Session, job_id: int, worker_name: str | None = None) -> bool:
+    """Touch the heartbeat; returns whether cancel was requested."""
+    job = get_job(session, job_id)
+    job.heartbeat_at = utcnow()
+    if worker_name:
+        job.worker = worker_name[:200]
+    session.flush()
+    return job.cancel_requested
+
+
+def update_progress(session: Session, job_id: int, iteration: int, total: int | None = None,
+                    metrics: dict[str, Any] | None = None) -> bool:
+    """Record an iteration: progress, latest metrics, one metric-history row per iteration
+    (re-recording an iteration replaces it), heartbeat. Returns whether cancel was requested."""
+    job = get_job(session, job_id)
+    job.iteration = iteration
+    if total is not None:
+        job.total_iterations = total
+    job.heartbeat_at = utcnow()
+    if metrics is not None:
+        metrics = dict(metrics)
+        job.metrics = metrics
+        row = session.scalar(
+            select(JobMetric).where(JobMetric.job_id == job_id, JobMetric.iteration == iteration)
+        )
+        if row is None:
+            session.add(JobMetric(job_id=job_id, iteration=iteration, metrics=metrics))
+        else:
+            row.metrics = metrics
+    session.flush()
+    return job.cancel_requested
+
+
+def is_cancel_requested(session: Session, job_id: int) -> bool:
+    return bool(session.scalar(select(Job.cancel_requested).where(Job.id == job_id)))
+
+
+def _finish(session: Session, job_id: int, status: str, error: str | None = None) -> Job:
+    job = get_job(session, job_id)
+    job.status, job.finished_at, job.heartbeat_at = status, utcnow(), utcnow()
+    if error is not None:
+        job.error = error
+    session.flush()
+    return job
+
+
+def mark_succeeded(session: Session, job_id: int, metrics: dict[str, Any] | None = None) -> Job:
+    job = _finish(session, job_id, "succeeded")
+    if metrics is not None:
+        job.metrics = dict(metrics)
+    return job
+
+
+def mark_failed(session: Session, job_id: int, error: str) -> Job:
+    return _finish(session, job_id, "failed", error=error or "failed")
+
+
+def mark_cancelled(session: Session, job_id: int) -> Job:
+    return _finish(session, job_id, "cancelled")
+
+
+def requeue(session: Session, job_id: int, reason: str | None = None) -> Job:
+    """running -> queued (for a reaper resubmitting a job whose worker died)."""
+    job = get_job(session, job_id)
+    job.status, job.worker = "queued", None
+    if reason:
+        job.error = reason
+    session.flush()
+    return job
+
+
+def stale_jobs(session: Session, older_than: timedelta) -> list[Job]:
+    """Running jobs whose heartbeat is older than `older_than` (or missing)."""
+    cutoff = datetime.now(UTC) - older_than
+    return list(session.scalars(
+        select(Job).where(Job.status == "running")
+        .where((Job.heartbeat_at.is_(None)) | (Job.heartbeat_at < cutoff))
+    ))

@@ -1,0 +1,109 @@
+"""Bradley-Terry ratings of checkpoints from cross-checkpoint votes, as arenas compute them.
+
+Only clean votes count: outcome a, b or tie (a tie is half a win each), not excluded, the two
+samples from different checkpoints. Ratings are fitted by the MM algorithm (Hunter 2004) on
+the win matrix, with a small symmetric pseudo-count (0.1 wins each way per compared pair) so a
+checkpoint that never won still gets a finite rating, and reported on the Elo scale
+(1000 + 400 log10 strength, mean strength 1). The 95% interval is the 2.5-97.5 percentile of
+ratings refitted on bootstrap resamples of the votes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from sqlalchemy import select
+from sqlalchemy.orm import Session, aliased
+
+from app.models import Checkpoint, RolloutGroup, Sample, Vote
+
+PSEUDO = 0.1
+
+
+def _cross_votes(session: Session) -> list[tuple[int, int, str]]:
+    sa, sb = aliased(Sample), aliased(Sample)
+    ga, gb = aliased(RolloutGroup), aliased(RolloutGroup)
+    rows = session.execute(
+        select(ga.checkpoint_id, gb.checkpoint_id, Vote.outcome)
+        .join(sa, sa.id == Vote.sample_a_id).join(sb, sb.id == Vote.sample_b_id)
+        .join(ga, ga.id == sa.group_id).join(gb, gb.id == sb.group_id)
+        .where(Vote.excluded.is_(False), Vote.outcome.in_(("a", "b", "tie")),
+               ga.checkpoint_id.is_not(None), gb.checkpoint_id.is_not(None),
+               ga.checkpoint_id != gb.checkpoint_id)
+    ).all()
+    return [(int(a), int(b), o) for a, b, o in rows]
+
+
+def fit_bt(wins: np.ndarray, iters: int = 200, tol: float = 1e-9) -> np.ndarray:
+    """Strengths p (geometric mean 1) from wins[i, j] = wins of i over j (ties as 0.5 each)."""
+    n = wins.shape[0]
+    games = wins + wins.T
+    w = wins + PSEUDO * (games > 0)
+    games = w + w.T
+    total_wins = w.sum(axis=1)
+    p = np.ones(n)
+    for _ in range(iters):
+        denom = (games / (p[:, None] + p[None, :] + 1e-300)).sum(axis=1)
+        new = np.where(denom > 0, total_wins / np.maximum(denom, 1e-300), 1.0)
+        new = np.maximum(new, 1e-12)
+        new /= np.exp(np.mean(np.log(new)))
+        if np.max(np.abs(new - p)) < tol:
+            p = new
+            break
+        p = new
+    return p
+
+
+def elo(p: np.ndarray) -> np.ndarray:
+    return 1000.0 + 400.0 * np.log10(p)
+
+
+def compute(session: Session, *, bootstrap: int = 200, seed: int = 0) -> dict[str, Any]:
+    votes = _cross_votes(session)
+    ids = sorted({x for a, b, _ in votes for x in (a, b)})
+    names = dict(session.execute(select(Checkpoint.id, Checkpoint.name)
+                                 .where(Checkpoint.id.in_(ids))).all()) if ids else {}
+    if not ids:
+        return {"checkpoints": [], "pairs": [], "num_votes": 0, "bootstrap": bootstrap}
+    index = {c: i for i, c in enumerate(ids)}
+    n = len(ids)
+    # each vote as a (winner-row, loser-col, weight) triple list; ties add 0.5 both ways
+    ia = np.array([index[a] for a, _, _ in votes])
+    ib = np.array([index[b] for _, b, _ in votes])
+    score_a = np.array([{"a": 1.0, "b": 0.0, "tie": 0.5}[o] for _, _, o in votes])
+
+    def wins_of(weights: np.ndarray) -> np.ndarray:
+        w = np.zeros((n, n))
+        np.add.at(w, (ia, ib), weights * score_a)
+        np.add.at(w, (ib, ia), weights * (1.0 - score_a))
+        return w
+
+    ones = np.ones(len(votes))
+    wins = wins_of(ones)
+    rating = elo(fit_bt(wins))
+    rng = np.random.default_rng(seed)
+    boots = np.empty((bootstrap, n))
+    for k in range(bootstrap):
+        counts = rng.multinomial(len(votes), np.full(len(votes), 1.0 / len(votes)))
+        boots[k] = elo(fit_bt(wins_of(counts.astype(float))))
+    lo, hi = (np.percentile(boots, [2.5, 97.5], axis=0) if bootstrap > 0
+              else (rating, rating))
+    games = wins + wins.T
+    out = []
+    for c, i in index.items():
+        g = games[i].sum()
+        out.append({
+            "checkpoint_id": c, "name": names.get(c, str(c)), "rating": float(rating[i]),
+            "ci_low": float(lo[i]), "ci_high": float(hi[i]), "num_votes": int(round(g)),
+            "win_rate": float(wins[i].sum() / g) if g else None,
+        })
+    out.sort(key=lambda r: r["rating"], reverse=True)
+    pairs = []
+    for i in range(n):
+        for j in range(n):
+            if i != j and games[i, j] > 0:
+                pairs.append({"checkpoint_id": ids[i], "opponent_id": ids[j],
+                              "num_votes": int(round(games[i, j])),
+                              "win_rate": float(wins[i, j] / games[i, j])})
+    return {"checkpoints": out, "pairs": pairs, "num_votes": len(votes), "bootstrap": bootstrap}

@@ -1,0 +1,136 @@
+"""Rollout groups and their samples: recorded by workers, browsed through the API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, selectinload
+
+from app.errors import Invalid, NotFound
+from app.models import Checkpoint, Job, Prompt, RolloutGroup, Sample
+from app.services import storage
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PURPOSES = ("train", "rollout", "evaluate")
+
+
+def image_path_for(group_id: int, member_index: int) -> str:
+    return f"rollouts/{group_id // 1000:04d}/{group_id}/{member_index:03d}.png"
+
+
+def record_rollout_group(session: Session, *, job_id: int | None, iteration: int,
+                         solver: str, steps: int, sigma: float, seed: int,
+                         samples: list[dict[str, Any]], prompt_text: str | None = None,
+                         prompt_id: int | None = None, checkpoint_id: int | None = None,
+                         purpose: str | None = None) -> int:
+    """Write a group's PNGs under the storage dir and its rows (flush; the caller commits, e.g.
+    `with session_scope() as s:`). Returns the group id.
+
+    `samples`: [{"png": bytes, "member_index": int, "rewards": {name: float},
+    "advantage": float | None, "is_anchor": bool (optional)}].
+    `purpose` defaults to the job's kind ("train", "rollout" or "evaluate"); evaluate groups
+    from different checkpoints with the same prompt and seed become cross-checkpoint pairs.
+    Idempotent: the same (job, iteration, prompt, checkpoint, seed) again returns the
+    existing group without writing.
+    """
+    job = session.get(Job, job_id) if job_id is not None else None
+    if job_id is not None and job is None:
+        raise NotFound(f"job {job_id} not found")
+    if prompt_id is not None:
+        prompt = session.get(Prompt, prompt_id)
+        if prompt is None:
+            raise Invalid(f"prompt {prompt_id} not found", field="prompt_id")
+        prompt_text = prompt_text or prompt.text
+    if not prompt_text:
+        raise Invalid("prompt_text or prompt_id is required", field="prompt_text")
+    if checkpoint_id is not None and session.get(Checkpoint, checkpoint_id) is None:
+        raise Invalid(f"checkpoint {checkpoint_id} not found", field="checkpoint_id")
+    purpose = purpose or (job.kind if job is not None and job.kind in PURPOSES else "train")
+    if purpose not in PURPOSES:
+        raise Invalid(f"purpose must be one of {list(PURPOSES)}", field="purpose")
+    if not samples:
+        raise Invalid("a group needs at least one sample", field="samples")
+    indices = [int(s["member_index"]) for s in samples]
+    if len(set(indices)) != len(indices):
+        raise Invalid("member_index values must be unique within a group", field="samples")
+    for s in samples:
+        if not bytes(s["png"]).startswith(PNG_SIGNATURE):
+            raise Invalid(f"sample {s['member_index']}: png is not PNG data", field="samples")
+
+    if job_id is not None:
+        stmt = select(RolloutGroup.id).where(
+            RolloutGroup.job_id == job_id, RolloutGroup.iteration == iteration,
+            RolloutGroup.prompt_text == prompt_text, RolloutGroup.seed == seed,
+            (RolloutGroup.checkpoint_id == checkpoint_id) if checkpoint_id is not None
+            else RolloutGroup.checkpoint_id.is_(None),
+        )
+        existing = session.scalar(stmt.limit(1))
+        if existing is not None:
+            return existing
+
+    group = RolloutGroup(job_id=job_id, iteration=iteration, purpose=purpose,
+                         prompt_id=prompt_id, prompt_text=prompt_text,
+                         checkpoint_id=checkpoint_id, solver=solver, steps=steps,
+                         sigma=float(sigma), seed=int(seed))
+    session.add(group)
+    session.flush()
+    written = []
+    try:
+        for s in samples:
+            rel = image_path_for(group.id, int(s["member_index"]))
+            written.append(storage.write_bytes(rel, bytes(s["png"])))
+            session.add(Sample(
+                group_id=group.id, member_index=int(s["member_index"]), image_path=rel,
+                rewards={k: float(v) for k, v in (s.get("rewards") or {}).items()},
+                advantage=None if s.get("advantage") is None else float(s["advantage"]),
+                is_anchor=bool(s.get("is_anchor", False)),
+            ))
+        session.flush()
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise
+    return group.id
+
+
+def list_groups(session: Session, *, job_id: int | None = None, iteration: int | None = None,
+                prompt_id: int | None = None, prompt: str | None = None,
+                checkpoint_id: int | None = None, purpose: str | None = None,
+                limit: int = 50, offset: int = 0) -> tuple[list[RolloutGroup], int]:
+    stmt = select(RolloutGroup)
+    if job_id is not None:
+        stmt = stmt.where(RolloutGroup.job_id == job_id)
+    if iteration is not None:
+        stmt = stmt.where(RolloutGroup.iteration == iteration)
+    if prompt_id is not None:
+        stmt = stmt.where(RolloutGroup.prompt_id == prompt_id)
+    if prompt is not None:
+        stmt = stmt.where(RolloutGroup.prompt_text == prompt)
+    if checkpoint_id is not None:
+        stmt = stmt.where(RolloutGroup.checkpoint_id == checkpoint_id)
+    if purpose is not None:
+        stmt = stmt.where(RolloutGroup.purpose == purpose)
+    total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
+    rows = session.scalars(
+        stmt.options(selectinload(RolloutGroup.samples))
+        .order_by(RolloutGroup.id.desc()).limit(limit).offset(offset)
+    )
+    return list(rows), total
+
+
+def get_group(session: Session, group_id: int) -> RolloutGroup:
+    group = session.scalar(
+        select(RolloutGroup).where(RolloutGroup.id == group_id)
+        .options(selectinload(RolloutGroup.samples))
+    )
+    if group is None:
+        raise NotFound(f"rollout group {group_id} not found")
+    return group
+
+
+def get_sample(session: Session, sample_id: int) -> Sample:
+    sample = session.get(Sample, sample_id)
+    if sample is None:
+        raise NotFound(f"sample {sample_id} not found")
+    return sample

@@ -1,0 +1,66 @@
+"""Files under the storage directory: safe resolution (never outside it) and atomic writes."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from app.config import get_settings
+from app.errors import NotFound
+
+
+def storage_root(root: Path | None = None) -> Path:
+    root = (root or get_settings().resolved_storage_dir).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def resolve(rel_path: str, root: Path | None = None) -> Path:
+    """The file `rel_path` names inside the storage root; NotFound for anything outside it
+    (absolute paths, `..`, symlinks that leave the root) or missing."""
+    base = storage_root(root)
+    if not rel_path or "\x00" in rel_path:
+        raise NotFound("no such file")
+    candidate = Path(rel_path)
+    if candidate.is_absolute():
+        try:
+            candidate = candidate.resolve().relative_to(base)
+        except ValueError:
+            raise NotFound("no such file") from None
+    try:
+        full = (base / candidate).resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise NotFound("no such file") from None
+    if not full.is_relative_to(base) or not full.is_file():
+        raise NotFound("no such file")
+    return full
+
+
+def write_bytes(rel_path: str, data: bytes, root: Path | None = None) -> Path:
+    """Write atomically (temp file + rename) to `root/rel_path`; returns the full path."""
+    base = storage_root(root)
+    full = (base / rel_path).resolve()
+    if not full.is_relative_to(base):
+        raise ValueError(f"{rel_path!r} leaves the storage directory")
+    full.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=full.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, full)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return full
+
+
+def relative(path: str | Path, root: Path | None = None) -> str:
+    """`path` relative to the storage root if it lies inside it, else unchanged."""
+    base = storage_root(root)
+    p = Path(path)
+    full = p if p.is_absolute() else (base / p)
+    try:
+        return full.resolve().relative_to(base).as_posix()
+    except ValueError:
+        return str(path)

@@ -1,0 +1,313 @@
+"""Pairwise votes: choosing the next pair for an annotator, recording votes, exporting them.
+
+Pair selection is a list of strategies, each `(session, annotator_id, rng, exclude) ->
+PairChoice | None`, registered by name in `STRATEGIES` and tried in a random order weighted
+by `WEIGHTS`; the name goes on the vote as `selection`. A later strategy (active selection,
+issue 6) is one function plus a weight. Every strategy must return only pairs the annotator
+has not judged; the unique index (annotator, pair_lo_id, pair_hi_id) enforces it on insert.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, aliased
+
+from app.errors import Conflict, Invalid
+from app.models import OUTCOMES, RolloutGroup, Sample, User, Vote
+
+
+@dataclass
+class PairChoice:
+    a_id: int  # shown on the left
+    b_id: int  # shown on the right
+    prompt: str
+    selection: str
+    a_path: str = ""
+    b_path: str = ""
+
+
+Strategy = Callable[[Session, int, random.Random, set[int]], PairChoice | None]
+_TRIES = 6
+
+
+def _judged(session: Session, annotator_id: int, ids: list[int]) -> set[tuple[int, int]]:
+    if not ids:
+        return set()
+    rows = session.execute(
+        select(Vote.pair_lo_id, Vote.pair_hi_id).where(
+            Vote.annotator_id == annotator_id, Vote.pair_lo_id.in_(ids), Vote.pair_hi_id.in_(ids)
+        )
+    )
+    return {(r[0], r[1]) for r in rows}
+
+
+def _random_group_id(session: Session, rng: random.Random, *conds: Any) -> int | None:
+    lo, hi = session.execute(select(func.min(RolloutGroup.id), func.max(RolloutGroup.id))
+                             .where(*conds)).one()
+    if lo is None:
+        return None
+    pivot = rng.randint(lo, hi)
+    return session.scalar(
+        select(RolloutGroup.id).where(RolloutGroup.id >= pivot, *conds)
+        .order_by(RolloutGroup.id).limit(1)
+    )
+
+
+def _pick(session: Session, annotator_id: int, rng: random.Random,
+          pairs: list[tuple[tuple[int, str], tuple[int, str]]], exclude: set[int], prompt: str,
+          selection: str) -> PairChoice | None:
+    pairs = [(x, y) for x, y in pairs if x[0] not in exclude and y[0] not in exclude]
+    if not pairs:
+        return None
+    ids = sorted({x[0] for p in pairs for x in p})
+    judged = _judged(session, annotator_id, ids)
+    fresh = [(x, y) for x, y in pairs if (min(x[0], y[0]), max(x[0], y[0])) not in judged]
+    if not fresh:
+        return None
+    x, y = rng.choice(fresh)
+    if rng.random() < 0.5:
+        x, y = y, x
+    return PairChoice(x[0], y[0], prompt, selection, x[1], y[1])
+
+
+def _group_pairs(session: Session, group_id: int) -> tuple[str, list]:
+    rows = session.execute(
+        select(Sample.id, Sample.image_path, RolloutGroup.prompt_text)
+        .join(RolloutGroup, RolloutGroup.id == Sample.group_id)
+        .where(Sample.group_id == group_id)
+    ).all()
+    prompt = rows[0][2] if rows else ""
+    members = [(r[0], r[1]) for r in rows]
+    return prompt, list(itertools.combinations(members, 2))
+
+
+def within_group(session: Session, annotator_id: int, rng: random.Random,
+                 exclude: set[int]) -> PairChoice | None:
+    """Two members of one rollout group (same prompt, neighbouring noises)."""
+    for _ in range(_TRIES):
+        gid = _random_group_id(session, rng)
+        if gid is None:
+            return None
+        prompt, pairs = _group_pairs(session, gid)
+        choice = _pick(session, annotator_id, rng, pairs, exclude, prompt, "within_group")
+        if choice:
+            return choice
+    # nearly everything judged: scan for groups with fewer votes than pairs
+    n_samples = (select(Sample.group_id.label("gid"), func.count().label("n"))
+                 .group_by(Sample.group_id).subquery())
+    n_votes = (select(Vote.pair_lo_id.label("lo"), Sample.group_id.label("gid"))
+               .join(Sample, Sample.id == Vote.pair_lo_id)
+               .where(Vote.annotator_id == annotator_id).subquery())
+    counts = (select(n_votes.c.gid, func.count().label("v")).group_by(n_votes.c.gid).subquery())
+    candidates = session.scalars(
+        select(n_samples.c.gid).outerjoin(counts, counts.c.gid == n_samples.c.gid)
+        .where(n_samples.c.n >= 2)
+        .where(func.coalesce(counts.c.v, 0) < n_samples.c.n * (n_samples.c.n - 1) / 2)
+        .limit(50)
+    ).all()
+    for gid in candidates:
+        prompt, pairs = _group_pairs(session, gid)
+        choice = _pick(session, annotator_id, rng, pairs, exclude, prompt, "within_group")
+        if choice:
+            return choice
+    return None
+
+
+def cross_checkpoint(session: Session, annotator_id: int, rng: random.Random,
+                     exclude: set[int]) -> PairChoice | None:
+    """The same prompt and seed (and member) from two checkpoints: evaluation groups."""
+    is_eval = and_(RolloutGroup.purpose == "evaluate", RolloutGroup.checkpoint_id.is_not(None))
+    for _ in range(_TRIES):
+        gid = _random_group_id(session, rng, is_eval)
+        if gid is None:
+            return None
+        g = session.get(RolloutGroup, gid)
+        assert g is not None
+        other = aliased(RolloutGroup)
+        rows = session.execute(
+            select(Sample.id, Sample.image_path, Sample.member_index, other.checkpoint_id)
+            .join(other, other.id == Sample.group_id)
+            .where(other.purpose == "evaluate", other.prompt_text == g.prompt_text,
+                   other.seed == g.seed, other.checkpoint_id.is_not(None))
+        ).all()
+        by_ckpt: dict[int, dict[int, tuple[int, str]]] = {}
+        for sid, path, member, ckpt in rows:
+            by_ckpt.setdefault(ckpt, {})[member] = (sid, path)
+        mine = by_ckpt.pop(g.checkpoint_id, {})  # type: ignore[arg-type]
+        pairs = [(s, theirs[m]) for theirs in by_ckpt.values() for m, s in mine.items()
+                 if m in theirs]
+        choice = _pick(session, annotator_id, rng, pairs, exclude, g.prompt_text,
+                       "cross_checkpoint")
+        if choice:
+            return choice
+    return None
+
+
+STRATEGIES: dict[str, Strategy] = {"within_group": within_group,
+                                   "cross_checkpoint": cross_checkpoint}
+WEIGHTS: dict[str, float] = {"within_group": 1.0, "cross_checkpoint": 1.0}
+
+
+def next_pair(session: Session, annotator_id: int, *, rng: random.Random | None = None,
+              exclude: Iterable[int] = (), strategies: dict[str, Strategy] | None = None,
+              weights: dict[str, float] | None = None) -> PairChoice | None:
+    """A pair this annotator has not judged, sides randomised; None when none is left.
+    `exclude`: sample ids not to use (e.g. the pair on screen, when prefetching)."""
+    rng = rng or random.Random()
+    strategies = strategies or STRATEGIES
+    weights = weights or WEIGHTS
+    names = list(strategies)
+    # weighted random order without replacement
+    order = sorted(names, key=lambda n: rng.random() ** (1.0 / max(weights.get(n, 1.0), 1e-9)),
+                   reverse=True)
+    ex = set(exclude)
+    for name in order:
+        choice = strategies[name](session, annotator_id, rng, ex)
+        if choice is not None:
+            return choice
+    return None
+
+
+# --- recording -----------------------------------------------------------------------------
+def _valid_pair(session: Session, a_id: int, b_id: int) -> int | None:
+    """Raise Invalid unless a and b may be compared; return their group id if they share one."""
+    if a_id == b_id:
+        raise Invalid("sample_a_id and sample_b_id must differ", field="sample_b_id")
+    rows = {r[0]: r for r in session.execute(
+        select(Sample.id, RolloutGroup.id, RolloutGroup.purpose, RolloutGroup.prompt_text,
+               RolloutGroup.checkpoint_id)
+        .join(RolloutGroup, RolloutGroup.id == Sample.group_id)
+        .where(Sample.id.in_([a_id, b_id]))
+    )}
+    for field, sid in (("sample_a_id", a_id), ("sample_b_id", b_id)):
+        if sid not in rows:
+            raise Invalid(f"{field}: sample {sid} not found", field=field)
+    a, b = rows[a_id], rows[b_id]
+    if a[1] == b[1]:
+        return a[1]
+    if (a[2] == b[2] == "evaluate" and a[3] == b[3] and a[4] is not None
+            and b[4] is not None and a[4] != b[4]):
+        return None
+    raise Invalid("the samples are neither from one rollout group nor the same prompt from two "
+                  "checkpoints", field="sample_b_id")
+
+
+def record_vote(session: Session, annotator: User, *, client_vote_id: str, sample_a_id: int,
+                sample_b_id: int, outcome: str, session_id: str | None = None,
+                shown_at: datetime | None = None, latency_ms: int | None = None,
+                selection: str | None = None) -> tuple[Vote, bool]:
+    """Record one vote and COMMIT. Returns (vote, created). The same client_vote_id again
+    returns the first vote with created=False; a pair already judged is a Conflict."""
+    if outcome not in OUTCOMES:
+        raise Invalid(f"outcome must be one of {list(OUTCOMES)}", field="outcome")
+
+    def existing() -> Vote | None:
+        return session.scalar(select(Vote).where(Vote.annotator_id == annotator.id,
+                                                 Vote.client_vote_id == client_vote_id))
+
+    found = existing()
+    if found is not None:
+        return found, False
+    _valid_pair(session, sample_a_id, sample_b_id)
+    lo, hi = min(sample_a_id, sample_b_id), max(sample_a_id, sample_b_id)
+    vote = Vote(client_vote_id=client_vote_id, annotator_id=annotator.id, session_id=session_id,
+                sample_a_id=sample_a_id, sample_b_id=sample_b_id, pair_lo_id=lo, pair_hi_id=hi,
+                outcome=outcome, shown_at=shown_at, latency_ms=latency_ms,
+                selection=(selection or "unknown")[:50], excluded=annotator.excluded)
+    session.add(vote)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        found = existing()
+        if found is not None:
+            return found, False
+        raise Conflict(f"you already judged the pair ({lo}, {hi})") from None
+    return vote, True
+
+
+# --- export --------------------------------------------------------------------------------
+EXPORT_COLUMNS = (
+    "vote_id", "client_vote_id", "annotator", "session_id", "prompt",
+    "image_0_uid", "image_1_uid", "image_0_path", "image_1_path",
+    "checkpoint_0_id", "checkpoint_1_id", "rollout_group_0_id", "rollout_group_1_id",
+    "outcome", "label_0", "label_1", "has_label", "selection", "excluded",
+    "shown_at", "created_at", "latency_ms",
+)
+LABELS = {"a": (1.0, 0.0), "b": (0.0, 1.0), "tie": (0.5, 0.5)}
+
+
+def export_votes(session: Session, batch: int = 5000) -> Iterator[dict[str, Any]]:
+    """All votes, Pick-a-Pic style: image_0 is the sample shown on the left (a), image_1 the
+    right (b); label_0/label_1 are 1/0, 0/1 or 0.5/0.5 (tie); both_bad and skip have null
+    labels and has_label false. Image paths are relative to the storage dir."""
+    sa, sb = aliased(Sample), aliased(Sample)
+    ga, gb = aliased(RolloutGroup), aliased(RolloutGroup)
+    stmt = (
+        select(Vote, User.name, ga.prompt_text, sa.image_path, sb.image_path,
+               ga.checkpoint_id, gb.checkpoint_id, ga.id, gb.id)
+        .join(User, User.id == Vote.annotator_id)
+        .join(sa, sa.id == Vote.sample_a_id).join(sb, sb.id == Vote.sample_b_id)
+        .join(ga, ga.id == sa.group_id).join(gb, gb.id == sb.group_id)
+        .order_by(Vote.id)
+    )
+    last = 0
+    while True:
+        rows = session.execute(stmt.where(Vote.id > last).limit(batch)).all()
+        if not rows:
+            return
+        for v, annotator, prompt, pa, pb, ca, cb, gida, gidb in rows:
+            l0, l1 = LABELS.get(v.outcome, (None, None))
+            yield {
+                "vote_id": v.id, "client_vote_id": v.client_vote_id, "annotator": annotator,
+                "session_id": v.session_id, "prompt": prompt,
+                "image_0_uid": v.sample_a_id, "image_1_uid": v.sample_b_id,
+                "image_0_path": pa, "image_1_path": pb,
+                "checkpoint_0_id": ca, "checkpoint_1_id": cb,
+                "rollout_group_0_id": gida, "rollout_group_1_id": gidb,
+                "outcome": v.outcome, "label_0": l0, "label_1": l1, "has_label": l0 is not None,
+                "selection": v.selection, "excluded": v.excluded,
+                "shown_at": v.shown_at.isoformat() if v.shown_at else None,
+                "created_at": v.created_at.isoformat() if v.created_at else None,
+                "latency_ms": v.latency_ms,
+            }
+        last = rows[-1][0].id
+
+
+def export_parquet(session: Session) -> bytes:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([
+        ("vote_id", pa.int64()), ("client_vote_id", pa.string()), ("annotator", pa.string()),
+        ("session_id", pa.string()), ("prompt", pa.string()),
+        ("image_0_uid", pa.int64()), ("image_1_uid", pa.int64()),
+        ("image_0_path", pa.string()), ("image_1_path", pa.string()),
+        ("checkpoint_0_id", pa.int64()), ("checkpoint_1_id", pa.int64()),
+        ("rollout_group_0_id", pa.int64()), ("rollout_group_1_id", pa.int64()),
+        ("outcome", pa.string()), ("label_0", pa.float64()), ("label_1", pa.float64()),
+        ("has_label", pa.bool_()), ("selection", pa.string()), ("excluded", pa.bool_()),
+        ("shown_at", pa.string()), ("created_at", pa.string()), ("latency_ms", pa.int64()),
+    ])
+    rows = list(export_votes(session))
+    table = pa.Table.from_pylist(rows, schema=schema)
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
+
+
+def count_votes(session: Session, annotator_id: int | None = None) -> int:
+    stmt = select(func.count()).select_from(Vote)
+    if annotator_id is not None:
+        stmt = stmt.where(Vote.annotator_id == annotator_id)
+    return session.scalar(stmt) or 0

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from sqlalchemy import select
+
+
+def test_missing_and_wrong_token_are_401(client):
+    r = client.get("/api/datasets")
+    assert r.status_code == 401
+    assert r.headers["www-authenticate"] == "Bearer"
+    r = client.get("/api/datasets", headers={"Authorization": "Bearer nope"})
+    assert r.status_code == 401
+
+
+def test_me(client, admin, annotator):
+    assert client.get("/api/auth/me", headers=admin).json()["role"] == "admin"
+    me = client.get("/api/auth/me", headers=annotator).json()
+    assert (me["name"], me["role"]) == ("bob", "annotator")
+
+
+def test_annotator_cannot_upload_launch_cancel_or_delete(client, admin, annotator):
+    files = {"file": ("p.txt", b"a prompt\n", "text/plain")}
+    assert client.post("/api/datasets", files=files, headers=annotator).status_code == 403
+    r = client.post("/api/datasets", files=files, headers=admin)
+    assert r.status_code == 201
+    ds = r.json()["id"]
+    assert client.delete(f"/api/datasets/{ds}", headers=annotator).status_code == 403
+    assert client.post("/api/jobs", json={"kind": "train"}, headers=annotator).status_code == 403
+    job = client.post("/api/jobs", json={"kind": "train", "preset": "tiny"}, headers=admin).json()
+    assert client.post(f"/api/jobs/{job['id']}/cancel", headers=annotator).status_code == 403
+    assert client.post(f"/api/jobs/{job['id']}/resume", headers=annotator).status_code == 403
+    # annotators can read
+    assert client.get("/api/datasets", headers=annotator).status_code == 200
+    assert client.get(f"/api/jobs/{job['id']}", headers=annotator).status_code == 200
+
+
+def test_cli_create_user_prints_token_once_and_stores_hash(settings, session, client):
+    from app.models import ApiToken
+
+    out = subprocess.run([sys.executable, "-m", "app", "create-user", "carol", "--role", "admin"],
+                         capture_output=True, text=True, check=True)
+    token = out.stdout.strip().splitlines()[-1]
+    assert token.startswith("ngs_")
+    stored = session.scalars(select(ApiToken.token_hash)).all()
+    assert token not in stored and len(stored) == 1 and len(stored[0]) == 64
+    me = client.get("/api/auth/me", headers={"Authorization": f"Bearer {token}"})
+    assert me.status_code == 200 and me.json()["name"] == "carol"
+    dup = subprocess.run([sys.executable, "-m", "app", "create-user", "carol"],
+                         capture_output=True, text=True)
+    assert dup.returncode == 1 and "already exists" in dup.stderr

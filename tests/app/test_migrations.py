@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+from sqlalchemy import create_engine, inspect
+
+from app.migrate import downgrade, upgrade
+
+EXPECTED = {"users", "api_tokens", "datasets", "prompts", "jobs", "job_metrics", "checkpoints",
+            "rollout_groups", "samples", "votes"}
+
+
+def _roundtrip(url: str) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from app.models import Base
+
+    upgrade(url)
+    engine = create_engine(url)
+    try:
+        assert set(inspect(engine).get_table_names()) >= EXPECTED
+        with engine.connect() as conn:
+            diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        assert diff == [], f"models and migrations disagree: {diff}"
+        engine.dispose()
+        downgrade(url, "base")
+        assert not EXPECTED & set(inspect(engine).get_table_names())
+        engine.dispose()
+        upgrade(url)
+        assert set(inspect(engine).get_table_names()) >= EXPECTED
+    finally:
+        engine.dispose()
+
+
+def test_sqlite_up_down_up(tmp_path):
+    _roundtrip(f"sqlite:///{tmp_path / 'm.db'}")
+
+
+def test_postgres_up_down_up(fresh_pg_url):
+    _roundtrip(fresh_pg_url)
+
+
+def test_sqlite_default_uses_wal_and_foreign_keys(tmp_path, monkeypatch):
+    from sqlalchemy import text
+
+    from app.config import Settings
+    from app.db import make_engine
+
+    s = Settings(data_dir=tmp_path / "d")
+    assert s.resolved_database_url.endswith("/d/studio.db")
+    engine = make_engine(s.resolved_database_url)
+    with engine.connect() as conn:
+        assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
+    engine.dispose()
+    assert s.resolved_storage_dir == (tmp_path / "d" / "storage").resolve()
