@@ -1,0 +1,149 @@
+from __future__ import annotations
+
+import io
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from sqlalchemy import func, select
+
+
+def _parquet(table: dict) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(pa.table(table), buf)
+    return buf.getvalue()
+
+
+def upload(client, headers, filename, data, **form):
+    return client.post("/api/datasets", files={"file": (filename, data, "application/octet-stream")},
+                       data={k: str(v) for k, v in form.items()}, headers=headers)
+
+
+def counts(session):
+    from app.models import Dataset, Prompt
+
+    return (session.scalar(select(func.count()).select_from(Dataset)),
+            session.scalar(select(func.count()).select_from(Prompt)))
+
+
+GOOD = {
+    "p.txt": b"one red circle\n  one   red circle \ntwo blue squares\n\n",
+    "p.csv": b"prompt,source\none red circle,a\n\"one red  circle\",b\ntwo blue squares,c\n",
+    "p.jsonl": b'{"prompt": "one red circle", "k": 1}\n{"prompt": "one red circle"}\n'
+               b'{"prompt": "two blue squares"}\n',
+    "p.parquet": _parquet({"prompt": ["one red circle", "one red circle ", "two blue squares"],
+                           "score": [1, 2, 3]}),
+}
+
+
+@pytest.mark.parametrize("name", list(GOOD))
+def test_upload_each_format_dedupes(client, admin, session, name):
+    r = upload(client, admin, name, GOOD[name])
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["num_prompts"] == 2 and body["duplicates_dropped"] == 1
+    assert body["format"] == name.split(".")[1]
+    prompts = client.get("/api/prompts", params={"dataset_id": body["id"]}, headers=admin).json()
+    assert [p["text"] for p in prompts["items"]] == ["one red circle", "two blue squares"]
+    if name == "p.csv":
+        assert prompts["items"][0]["metadata"] == {"source": "a"}
+    if name == "p.parquet":
+        assert prompts["items"][1]["metadata"] == {"score": 3}
+
+
+def test_eval_split_and_get_list_export(client, admin):
+    data = "\n".join(f"prompt number {i}" for i in range(100)).encode()
+    r = upload(client, admin, "many.txt", data, eval_fraction=0.2, name="many")
+    assert r.status_code == 201
+    ds = r.json()
+    assert (ds["num_prompts"], ds["num_eval"], ds["name"]) == (100, 20, "many")
+    ev = client.get("/api/prompts", params={"dataset_id": ds["id"], "split": "eval"},
+                    headers=admin).json()
+    assert ev["total"] == 20
+    assert client.get(f"/api/datasets/{ds['id']}", headers=admin).json()["id"] == ds["id"]
+    assert client.get("/api/datasets", headers=admin).json()["total"] == 1
+    exp = client.get(f"/api/datasets/{ds['id']}/export", headers=admin)
+    rows = [json.loads(line) for line in exp.text.splitlines()]
+    assert len(rows) == 100 and sum(r["split"] == "eval" for r in rows) == 20
+    csv_exp = client.get(f"/api/datasets/{ds['id']}/export?format=csv", headers=admin)
+    assert csv_exp.text.splitlines()[0] == "id,prompt,split,metadata"
+    assert client.get("/api/datasets/999999", headers=admin).status_code == 404
+
+
+def test_prompt_pagination_and_search(client, admin):
+    data = "\n".join([f"a red circle {i}" for i in range(30)] + ["BLUE 50% square"]).encode()
+    ds = upload(client, admin, "s.txt", data).json()["id"]
+    page = client.get("/api/prompts", params={"dataset_id": ds, "limit": 10, "offset": 25},
+                      headers=admin).json()
+    assert page["total"] == 31 and len(page["items"]) == 6
+    assert page["items"][0]["text"] == "a red circle 25"
+    hit = client.get("/api/prompts", params={"q": "blue 50%"}, headers=admin).json()
+    assert [p["text"] for p in hit["items"]] == ["BLUE 50% square"]
+    assert client.get("/api/prompts", params={"q": "%"}, headers=admin).json()["total"] == 1
+
+
+BAD = [
+    ("e.txt", b"fine\n   \nfine too\n", 422, "e.txt: line 2: empty prompt"),
+    ("long.txt", b"ok\n" + b"x" * 2001 + b"\n", 422, "long.txt: line 2: prompt too long"),
+    ("nocol.csv", b"text,other\nhello,1\n", 422, "nocol.csv: line 1: missing column 'prompt'"),
+    ("rag.csv", b"prompt,a\nhello,1\nbad,1,2\n", 422, "rag.csv: line 3 (row 2): malformed row"),
+    ("q.csv", b'prompt\n"unterminated\n', 422, "q.csv: line"),
+    ("enc.txt", b"fine\nbad \xff\xfe byte\n", 422, "enc.txt: line 2: bad encoding"),
+    ("m.jsonl", b'{"prompt": "ok"}\n{"prompt": oops}\n', 422, "m.jsonl: line 2: malformed JSON"),
+    ("k.jsonl", b'{"prompt": "ok"}\n{"text": "x"}\n', 422, "k.jsonl: line 2: missing key 'prompt'"),
+    ("n.jsonl", b'{"prompt": "ok"}\n[1]\n', 422, "n.jsonl: line 2: expected a JSON object"),
+    ("e.jsonl", b'{"prompt": "ok"}\n{"prompt": "  "}\n', 422, "e.jsonl: line 2: empty prompt"),
+    ("x.parquet", b"not parquet at all", 422, "x.parquet: not a readable parquet file"),
+    ("c.parquet", _parquet({"text": ["a"]}), 422, "c.parquet: missing column 'prompt'"),
+    ("r.parquet", _parquet({"prompt": ["a", None]}), 422, "r.parquet: row 2: empty prompt"),
+    ("p.pdf", b"%PDF", 400, "p.pdf: unsupported file type .pdf"),
+    ("empty.txt", b"", 422, "empty.txt: no prompts found"),
+]
+
+
+@pytest.mark.parametrize("name,data,status,message", BAD, ids=[b[0] for b in BAD])
+def test_bad_uploads_name_the_place_and_store_nothing(client, admin, session, name, data,
+                                                      status, message):
+    r = upload(client, admin, name, data)
+    assert r.status_code == status, r.text
+    assert r.json()["detail"].startswith(message), r.json()
+    assert counts(session) == (0, 0)
+
+
+def test_upload_over_size_limit(client, admin, session, monkeypatch):
+    from app.config import get_settings
+
+    monkeypatch.setattr(get_settings(), "max_upload_bytes", 1000)
+    r = upload(client, admin, "big.txt", b"a prompt\n" * 200)
+    assert r.status_code == 413
+    assert r.json()["detail"] == "big.txt: file is larger than the limit of 1000 bytes"
+    assert counts(session) == (0, 0)
+
+
+def test_configurable_prompt_length(client, admin, monkeypatch):
+    from app.config import get_settings
+
+    monkeypatch.setattr(get_settings(), "max_prompt_length", 5)
+    r = upload(client, admin, "l.txt", b"short\nlonger one\n")
+    assert r.status_code == 422 and "line 2: prompt too long (10 characters, the limit is 5)" \
+        in r.json()["detail"]
+
+
+def test_delete_refuses_dataset_of_running_job(client, admin, session):
+    ds = upload(client, admin, "d.txt", b"one\ntwo\n").json()["id"]
+    job = client.post("/api/jobs", json={"kind": "rollout", "config": {"dataset_id": ds}},
+                      headers=admin).json()
+    assert job["dataset_id"] == ds
+    from app.services import jobs
+
+    jobs.mark_running(session, job["id"], "w1")
+    session.commit()
+    r = client.delete(f"/api/datasets/{ds}", headers=admin)
+    assert r.status_code == 409 and str(job["id"]) in r.json()["detail"]
+    assert counts(session) == (1, 2)
+    jobs.mark_succeeded(session, job["id"])
+    session.commit()
+    assert client.delete(f"/api/datasets/{ds}", headers=admin).status_code == 204
+    assert counts(session) == (0, 0)
+    assert client.get(f"/api/datasets/{ds}", headers=admin).status_code == 404

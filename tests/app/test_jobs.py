@@ -1,0 +1,188 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+
+def test_create_train_job_validates_and_enqueues_after_commit(client, admin, enqueuer, session):
+    from app.models import Job
+
+    seen_status = []
+
+    def check_committed(job_id, kind):
+        # the enqueuer runs after the commit: a fresh session sees the queued row
+        from app.db import new_session
+
+        with new_session() as s:
+            seen_status.append(s.get(Job, job_id).status)
+        enqueuer(job_id, kind)
+
+    client.app.state.enqueuer = check_committed
+    r = client.post("/api/jobs", json={"kind": "train", "preset": "tiny",
+                                       "config": {"learning_rate": 1e-5}}, headers=admin)
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["status"] == "queued" and job["kind"] == "train"
+    assert job["config"]["iterations"] == 3 and job["config"]["learning_rate"] == 1e-5
+    assert job["config"]["method"] == "neighbor"  # the full config is stored
+    assert job["total_iterations"] == 3 and job["progress"] == 0.0
+    assert enqueuer.calls == [(job["id"], "train")] and seen_status == ["queued"]
+
+
+@pytest.mark.parametrize("config,field", [
+    ({"group_size": 1}, "group_size"),
+    ({"lerning_rate": 1e-5}, "lerning_rate"),
+    ({"method": "ppo"}, "method"),
+    ({"num_anchors": 50}, "num_anchors"),
+])
+def test_bad_train_config_is_422_naming_field(client, admin, enqueuer, session, config, field):
+    from sqlalchemy import func, select
+
+    from app.models import Job
+
+    r = client.post("/api/jobs", json={"kind": "train", "config": config}, headers=admin)
+    assert r.status_code == 422
+    assert r.json()["field"] == field and field in r.json()["detail"]
+    assert enqueuer.calls == [] and session.scalar(select(func.count()).select_from(Job)) == 0
+
+
+def test_other_kinds_validate(client, admin):
+    r = client.post("/api/jobs", json={"kind": "rollout", "config": {}}, headers=admin)
+    assert r.status_code == 422 and r.json()["field"] == "dataset_id"
+    r = client.post("/api/jobs", json={"kind": "rollout", "config": {"dataset_id": 5}},
+                    headers=admin)
+    assert r.status_code == 422 and "dataset 5 not found" in r.json()["detail"]
+    r = client.post("/api/jobs", json={"kind": "evaluate", "config": {"checkpoint_ids": [],
+                                                                      "seeds": [1]}},
+                    headers=admin)
+    assert r.status_code == 422 and r.json()["field"] == "checkpoint_ids"
+    r = client.post("/api/jobs", json={"kind": "fit_preference", "config": {"epochs": 0}},
+                    headers=admin)
+    assert r.status_code == 422 and r.json()["field"] == "epochs"
+    r = client.post("/api/jobs", json={"kind": "fit_preference"}, headers=admin)
+    assert r.status_code == 201 and r.json()["config"]["epochs"] == 10
+    r = client.post("/api/jobs", json={"kind": "bake"}, headers=admin)
+    assert r.status_code == 422
+
+
+def test_worker_lifecycle_progress_metrics_cancel_resume(client, admin, enqueuer, session,
+                                                        tmp_path):
+    from app.db import session_scope
+    from app.services import checkpoints, jobs, storage
+
+    job_id = client.post("/api/jobs", json={"kind": "train", "preset": "tiny"},
+                         headers=admin).json()["id"]
+    with session_scope() as s:
+        job = jobs.mark_running(s, job_id, "gpu-worker-1")
+        assert job.attempts == 1
+    for it in (1, 2):
+        with session_scope() as s:
+            assert jobs.update_progress(s, job_id, it, 3, {"reward_mean": 0.1 * it}) is False
+    with session_scope() as s:  # re-recording an iteration replaces it (a resumed run)
+        jobs.update_progress(s, job_id, 2, 3, {"reward_mean": 0.25})
+    storage.write_bytes("checkpoints/job1/it2.safetensors", b"weights")
+    with session_scope() as s:
+        ck = checkpoints.record_checkpoint(s, job_id, 2, "checkpoints/job1/it2.safetensors")
+        assert checkpoints.record_checkpoint(s, job_id, 2, "checkpoints/job1/it2.safetensors") == ck
+        assert checkpoints.latest_checkpoint(s, job_id).id == ck
+    got = client.get(f"/api/jobs/{job_id}", headers=admin).json()
+    assert got["status"] == "running" and got["worker"] == "gpu-worker-1"
+    assert got["iteration"] == 2 and got["progress"] == pytest.approx(2 / 3)
+    assert got["metrics"] == {"reward_mean": 0.25}
+    assert [(m["iteration"], m["metrics"]["reward_mean"]) for m in got["metric_history"]] == \
+        [(1, 0.1), (2, 0.25)]
+
+    r = client.post(f"/api/jobs/{job_id}/cancel", headers=admin)
+    assert r.status_code == 200 and r.json()["cancel_requested"] is True
+    assert r.json()["status"] == "running"  # the worker stops it cooperatively
+    with session_scope() as s:
+        assert jobs.is_cancel_requested(s, job_id)
+        assert jobs.heartbeat(s, job_id) is True
+        jobs.mark_cancelled(s, job_id)
+    assert client.get(f"/api/jobs/{job_id}", headers=admin).json()["status"] == "cancelled"
+    assert client.post(f"/api/jobs/{job_id}/cancel", headers=admin).status_code == 409
+
+    r = client.post(f"/api/jobs/{job_id}/resume", headers=admin)
+    assert r.status_code == 200 and r.json()["status"] == "queued"
+    assert r.json()["cancel_requested"] is False
+    assert enqueuer.calls == [(job_id, "train"), (job_id, "train")]
+    with session_scope() as s:
+        jobs.mark_running(s, job_id, "gpu-worker-2")
+        jobs.mark_failed(s, job_id, "CUDA out of memory")
+    got = client.get(f"/api/jobs/{job_id}", headers=admin).json()
+    assert got["status"] == "failed" and got["error"] == "CUDA out of memory"
+    assert got["attempts"] == 2
+    assert client.post(f"/api/jobs/{job_id}/resume", headers=admin).status_code == 200
+    with session_scope() as s:
+        jobs.mark_running(s, job_id, "w")
+        jobs.mark_succeeded(s, job_id)
+        with pytest.raises(Exception, match="succeeded"):
+            jobs.mark_running(s, job_id, "w")
+    assert client.post(f"/api/jobs/{job_id}/resume", headers=admin).status_code == 409
+
+    listed = client.get("/api/jobs", params={"status": "succeeded"}, headers=admin).json()
+    assert [j["id"] for j in listed["items"]] == [job_id]
+    ckpts = client.get("/api/checkpoints", params={"job_id": job_id}, headers=admin).json()
+    assert ckpts["total"] == 1
+    dl = client.get(ckpts["items"][0]["download_url"], headers=admin)
+    assert dl.status_code == 200 and dl.content == b"weights"
+    assert "safetensors" in dl.headers["content-disposition"]
+
+
+def test_cancel_queued_job_is_immediate_and_stale_jobs(client, admin, session):
+    from app.db import session_scope
+    from app.services import jobs
+
+    a = client.post("/api/jobs", json={"kind": "fit_preference"}, headers=admin).json()["id"]
+    r = client.post(f"/api/jobs/{a}/cancel", headers=admin)
+    assert r.json()["status"] == "cancelled" and r.json()["finished_at"]
+    with session_scope() as s, pytest.raises(Exception, match="cancelled"):
+        jobs.mark_running(s, a, "w")
+    b = client.post("/api/jobs", json={"kind": "fit_preference"}, headers=admin).json()["id"]
+    with session_scope() as s:
+        jobs.mark_running(s, b, "w")
+    with session_scope() as s:
+        assert jobs.stale_jobs(s, timedelta(minutes=5)) == []
+        assert [j.id for j in jobs.stale_jobs(s, timedelta(seconds=-1))] == [b]
+        jobs.requeue(s, b, "worker lost")
+    assert client.get(f"/api/jobs/{b}", headers=admin).json()["status"] == "queued"
+
+
+def test_default_enqueuer_without_worker_leaves_job_queued(settings, admin, monkeypatch):
+    import sys
+
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    monkeypatch.setitem(sys.modules, "worker.celery_app", None)  # import fails
+    with TestClient(create_app(settings, mount_ui=False)) as c:
+        r = c.post("/api/jobs", json={"kind": "fit_preference"}, headers=admin)
+    assert r.status_code == 201 and r.json()["status"] == "queued"
+
+
+def test_default_enqueuer_sends_celery_task(settings, admin, monkeypatch):
+    import sys
+    import types
+
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    sent = []
+    fake = types.ModuleType("worker.celery_app")
+    fake.celery_app = types.SimpleNamespace(
+        send_task=lambda name, args, queue: sent.append((name, args, queue)))
+    monkeypatch.setitem(sys.modules, "worker.celery_app", fake)
+    with TestClient(create_app(settings, mount_ui=False)) as c:
+        j = c.post("/api/jobs", json={"kind": "train", "preset": "tiny"}, headers=admin).json()
+        k = c.post("/api/jobs", json={"kind": "fit_preference"}, headers=admin).json()
+    assert sent == [("worker.tasks.train", [j["id"]], "gpu"),
+                    ("worker.tasks.fit_preference", [k["id"]], "cpu")]
+
+
+def test_config_schema(client, annotator):
+    r = client.get("/api/jobs/config-schema", headers=annotator).json()
+    assert any(f["name"] == "sigma" for f in r["train"]) and "tiny" in r["presets"]
+    assert "dataset_id" in r["rollout"]["properties"]

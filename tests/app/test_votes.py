@@ -1,0 +1,165 @@
+from __future__ import annotations
+
+import io
+import json
+import uuid
+from itertools import combinations
+
+import pyarrow.parquet as pq
+from sqlalchemy import func, select
+
+
+def vote(client, headers, pair, outcome="a", vid=None, **extra):
+    body = {"client_vote_id": vid or uuid.uuid4().hex, "sample_a_id": pair["a"]["sample_id"],
+            "sample_b_id": pair["b"]["sample_id"], "outcome": outcome,
+            "selection": pair.get("selection"), "session_id": "s1", "latency_ms": 1234,
+            "shown_at": "2026-01-01T12:00:00Z", **extra}
+    return client.post("/api/votes", json=body, headers=headers)
+
+
+def test_next_pairs_never_repeat_and_sides_randomised(client, annotator, make_user, make_group):
+    g1 = make_group(g=4)
+    make_group(g=3, prompt="one blue square")
+    seen, left_is_lower = set(), []
+    for _ in range(6 + 3):
+        r = client.get("/api/votes/next", headers=annotator)
+        assert r.status_code == 200, r.text
+        pair = r.json()
+        key = frozenset((pair["a"]["sample_id"], pair["b"]["sample_id"]))
+        assert key not in seen, "a pair was offered twice"
+        seen.add(key)
+        assert pair["selection"] == "within_group"
+        assert pair["a"]["image_url"].startswith("/api/media/rollouts/")
+        left_is_lower.append(pair["a"]["sample_id"] < pair["b"]["sample_id"])
+        assert vote(client, annotator, pair, "tie").status_code == 201
+    assert client.get("/api/votes/next", headers=annotator).status_code == 204
+    assert any(left_is_lower) and not all(left_is_lower)  # 9 fair coin flips: p(all same)=1/256
+    # another annotator still gets pairs
+    other = make_user("dora", "annotator")
+    assert client.get("/api/votes/next", headers=other).status_code == 200
+    assert g1
+
+
+def test_exclude_for_prefetch(client, annotator, make_group):
+    make_group(g=3)
+    first = client.get("/api/votes/next", headers=annotator).json()
+    ids = [first["a"]["sample_id"], first["b"]["sample_id"]]
+    for _ in range(5):
+        nxt = client.get("/api/votes/next", params={"exclude": ids[:1]}, headers=annotator)
+        assert ids[0] not in (nxt.json()["a"]["sample_id"], nxt.json()["b"]["sample_id"])
+
+
+def test_vote_is_idempotent_by_client_id_and_pairs_unique(client, annotator, make_group,
+                                                          session):
+    from app.models import Vote
+
+    make_group(g=3)
+    pair = client.get("/api/votes/next", headers=annotator).json()
+    r1 = vote(client, annotator, pair, "b", vid="vote-1")
+    assert r1.status_code == 201
+    v = r1.json()
+    assert (v["outcome"], v["latency_ms"], v["session_id"], v["selection"]) == \
+        ("b", 1234, "s1", "within_group")
+    assert v["sample_a_id"] == pair["a"]["sample_id"] and v["excluded"] is False
+    r2 = vote(client, annotator, pair, "b", vid="vote-1")
+    assert r2.status_code == 200 and r2.json()["id"] == v["id"] and r2.json()["duplicate"]
+    assert session.scalar(select(func.count()).select_from(Vote)) == 1
+    # the same pair again (new client id, sides swapped) is refused
+    swapped = {"a": pair["b"], "b": pair["a"], "selection": "x"}
+    r3 = vote(client, annotator, swapped, "a", vid="vote-2")
+    assert r3.status_code == 409
+    assert session.scalar(select(func.count()).select_from(Vote)) == 1
+
+
+def test_vote_validation(client, annotator, make_group):
+    g1 = client.get(f"/api/rollouts/{make_group(g=2)}", headers=annotator).json()["samples"]
+    g2 = client.get(f"/api/rollouts/{make_group(g=2, prompt='x')}",
+                    headers=annotator).json()["samples"]
+
+    def pair(a, b):
+        return {"a": {"sample_id": a}, "b": {"sample_id": b}}
+
+    assert vote(client, annotator, pair(g1[0]["id"], g2[0]["id"])).status_code == 422
+    assert vote(client, annotator, pair(g1[0]["id"], g1[0]["id"])).status_code == 422
+    assert vote(client, annotator, pair(g1[0]["id"], 99999)).status_code == 422
+    assert vote(client, annotator, pair(g1[0]["id"], g1[1]["id"]), "meh").status_code == 422
+    assert vote(client, annotator, pair(g1[0]["id"], g1[1]["id"]), "both_bad").status_code == 201
+
+
+def _eval_setup(client, admin, make_group, session):
+    from app.services.checkpoints import record_checkpoint
+    from app.services.storage import write_bytes
+
+    ck = []
+    for i in range(3):
+        write_bytes(f"ck/{i}.safetensors", b"w")
+        ck.append(record_checkpoint(session, None, 0, f"ck/{i}.safetensors", name=f"ckpt{i}"))
+    session.commit()
+    job = client.post("/api/jobs", json={"kind": "evaluate", "config": {"checkpoint_ids": ck}},
+                      headers=admin).json()
+    for c in ck:
+        for seed in (0, 1):
+            make_group(job["id"], prompt="two red circles", g=2, checkpoint_id=c, seed=seed)
+    return ck
+
+
+def test_cross_checkpoint_pairs(client, admin, annotator, make_group, session):
+    ck = _eval_setup(client, admin, make_group, session)
+    from app.models import RolloutGroup, Sample
+
+    groups = {s.id: (g.checkpoint_id, g.seed, s.member_index) for s, g in session.execute(
+        select(Sample, RolloutGroup).join(RolloutGroup))}
+    kinds = set()
+    n = 0
+    while True:
+        r = client.get("/api/votes/next", headers=annotator)
+        if r.status_code == 204:
+            break
+        p = r.json()
+        a, b = groups[p["a"]["sample_id"]], groups[p["b"]["sample_id"]]
+        kinds.add(p["selection"])
+        if p["selection"] == "cross_checkpoint":
+            assert a[0] != b[0] and a[1:] == b[1:]  # same seed and member, two checkpoints
+        else:
+            assert a[:2] == b[:2]
+        assert vote(client, annotator, p, "a").status_code == 201
+        n += 1
+    # within: 6 groups x 1 pair; cross: 3 checkpoint pairs x 2 seeds x 2 members
+    assert n == 6 + 12 and kinds == {"within_group", "cross_checkpoint"}
+    assert len(ck) == 3
+
+
+def test_export_jsonl_and_parquet(client, admin, annotator, make_group):
+    make_group(g=3)
+    outcomes = ["a", "b", "tie"]
+    sent = []
+    for o in outcomes:
+        p = client.get("/api/votes/next", headers=annotator).json()
+        sent.append((p, o))
+        assert vote(client, annotator, p, o).status_code == 201
+    jl = client.get("/api/votes/export", headers=admin)
+    assert jl.status_code == 200
+    rows = [json.loads(line) for line in jl.text.splitlines()]
+    pq_rows = pq.read_table(io.BytesIO(client.get("/api/votes/export?format=parquet",
+                                                  headers=admin).content)).to_pylist()
+    assert [r["vote_id"] for r in pq_rows] == [r["vote_id"] for r in rows]
+    for (p, o), row, prow in zip(sent, rows, pq_rows, strict=True):
+        assert row["prompt"] == "two red circles" and row["annotator"] == "bob"
+        assert row["image_0_uid"] == p["a"]["sample_id"]
+        assert "/api/media/" + row["image_0_path"] == p["a"]["image_url"]
+        assert "/api/media/" + row["image_1_path"] == p["b"]["image_url"]
+        assert (row["label_0"], row["label_1"]) == {"a": (1, 0), "b": (0, 1),
+                                                    "tie": (0.5, 0.5)}[o]
+        assert row["outcome"] == o and row["has_label"] is True and row["latency_ms"] == 1234
+        assert prow["label_0"] == row["label_0"] and prow["image_1_path"] == row["image_1_path"]
+
+
+def test_all_pairs_of_group_are_reachable(client, annotator, make_group):
+    gid = make_group(g=5)
+    ids = [s["id"] for s in client.get(f"/api/rollouts/{gid}", headers=annotator).json()["samples"]]
+    got = set()
+    while (r := client.get("/api/votes/next", headers=annotator)).status_code == 200:
+        p = r.json()
+        got.add(frozenset((p["a"]["sample_id"], p["b"]["sample_id"])))
+        vote(client, annotator, p, "skip")
+    assert got == {frozenset(c) for c in combinations(ids, 2)}
