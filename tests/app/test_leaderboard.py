@@ -45,10 +45,10 @@ def test_leaderboard_ratings_cis_and_win_rates(client, admin, annotator, make_us
                                 sample_a_id=a[0], sample_b_id=b[0], outcome=outcome)
                     n += 1
     # a within-group vote does not count
-    pair = client.get("/api/votes/next", headers=annotator).json()
+    train = client.get(f"/api/rollouts/{make_group(None, g=2)}", headers=annotator).json()
     assert client.post("/api/votes", json={"client_vote_id": "w", "outcome": "a",
-                                           "sample_a_id": pair["a"]["sample_id"],
-                                           "sample_b_id": pair["b"]["sample_id"]},
+                                           "sample_a_id": train["samples"][0]["id"],
+                                           "sample_b_id": train["samples"][1]["id"]},
                        headers=annotator).status_code == 201
 
     board = client.get("/api/leaderboard", params={"bootstrap": 100}, headers=annotator).json()
