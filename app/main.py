@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError
 
 from app import db
 from app.config import Settings, get_settings
@@ -59,6 +60,11 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
         body.update({k: v for k, v in exc.details.items() if v is not None})
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
         return JSONResponse(body, status_code=exc.status_code, headers=headers)
+
+    @app.exception_handler(DataError)
+    async def data_error(_request: Request, exc: DataError) -> JSONResponse:
+        # a value the database cannot hold (e.g. an integer out of range): the client's fault
+        return JSONResponse({"detail": f"value out of range: {exc.orig}"}, status_code=422)
 
     from app.api import auth, checkpoints, datasets, jobs, rollouts, votes
 

@@ -93,8 +93,8 @@ class NextPair(BaseModel):
 class VoteIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     client_vote_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")
-    sample_a_id: int = Field(ge=1, le=2**62, description="The sample shown on the left.")
-    sample_b_id: int = Field(ge=1, le=2**62, description="The sample shown on the right.")
+    sample_a_id: int = Field(ge=1, le=2**31 - 1, description="The sample shown on the left.")
+    sample_b_id: int = Field(ge=1, le=2**31 - 1, description="The sample shown on the right.")
     outcome: Literal["a", "b", "tie", "both_bad", "skip"]
     session_id: str | None = Field(None, max_length=64)
     shown_at: datetime | None = None
@@ -123,7 +123,7 @@ class JobIn(BaseModel):
     kind: Literal["train", "rollout", "evaluate", "fit_preference"]
     config: dict[str, Any] = Field(default_factory=dict)
     preset: str | None = Field(None, max_length=100)
-    dataset_id: int | None = Field(None, ge=1, le=2**62)
+    dataset_id: int | None = Field(None, ge=1, le=2**31 - 1)
 
 
 class MetricPoint(ORM):

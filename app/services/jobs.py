@@ -26,7 +26,7 @@ import importlib
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import func, select
@@ -41,6 +41,7 @@ QUEUES = {"train": "gpu", "rollout": "gpu", "evaluate": "gpu", "fit_preference":
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 Enqueuer = Callable[[int, str], None]
+MAX_ID = 2**31 - 1
 
 
 # --- configs of the non-train kinds --------------------------------------------------------
@@ -51,8 +52,9 @@ class _Cfg(BaseModel):
 class RolloutConfig(_Cfg):
     """Sample groups for a dataset's prompts from a checkpoint and store them for voting."""
 
-    dataset_id: int = Field(description="Dataset whose prompts are sampled.")
-    checkpoint_id: int | None = Field(None, description="Checkpoint to sample; none = base model.")
+    dataset_id: int = Field(ge=1, le=MAX_ID, description="Dataset whose prompts are sampled.")
+    checkpoint_id: int | None = Field(None, ge=1, le=MAX_ID,
+                                      description="Checkpoint to sample; none = base model.")
     split: Literal["train", "eval", "all"] = "train"
     max_prompts: int | None = Field(None, ge=1, le=100_000)
     group_size: int = Field(8, ge=2, le=256, description="Samples per group (G).")
@@ -67,12 +69,13 @@ class RolloutConfig(_Cfg):
 class EvaluateConfig(_Cfg):
     """Fixed prompts and seeds from checkpoints; images feed cross-checkpoint votes."""
 
-    checkpoint_ids: list[int] = Field(min_length=1, max_length=64)
-    dataset_id: int | None = None
+    checkpoint_ids: list[Annotated[int, Field(ge=1, le=MAX_ID)]] = Field(min_length=1,
+                                                                         max_length=64)
+    dataset_id: int | None = Field(None, ge=1, le=MAX_ID)
     split: Literal["train", "eval", "all"] = "eval"
     prompts: list[str] = Field(default_factory=list, max_length=10_000)
     max_prompts: int | None = Field(None, ge=1, le=100_000)
-    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2, 3], min_length=1, max_length=1000)
+    seeds: list[Annotated[int, Field(ge=0, le=MAX_ID)]] = Field(default_factory=lambda: [0, 1, 2, 3], min_length=1, max_length=1000)
     solver: Literal["dpm++", "euler"] = "dpm++"
     steps: int = Field(8, ge=2, le=1000)
     model: str = "shapes"
