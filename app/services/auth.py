@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import threading
+import time
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -40,16 +42,52 @@ def issue_token(session: Session, user: User) -> str:
     return token
 
 
+class _TokenCache:
+    """token hash -> (detached User, expiry): saves a query on every request. A revoked token
+    or a role change takes effect within `ttl` seconds (or at once after `clear()`)."""
+
+    def __init__(self, ttl: float = 10.0, max_size: int = 10_000) -> None:
+        self.ttl, self.max_size = ttl, max_size
+        self._items: dict[str, tuple[User, float]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> User | None:
+        item = self._items.get(key)
+        if item is None or item[1] < time.monotonic():
+            return None
+        return item[0]
+
+    def put(self, key: str, user: User) -> None:
+        with self._lock:
+            if len(self._items) >= self.max_size:
+                self._items.clear()
+            self._items[key] = (user, time.monotonic() + self.ttl)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+token_cache = _TokenCache()
+
+
 def authenticate(session: Session, token: str | None) -> User:
     """The user owning `token`; Unauthorized if missing, unknown or revoked."""
     if not token:
         raise Unauthorized("missing bearer token")
+    key = hash_token(token)
+    user = token_cache.get(key)
+    if user is not None:
+        return user
     row = session.scalar(
-        select(ApiToken).where(ApiToken.token_hash == hash_token(token), ApiToken.revoked_at.is_(None))
+        select(ApiToken).where(ApiToken.token_hash == key, ApiToken.revoked_at.is_(None))
     )
     if row is None:
         raise Unauthorized("invalid or revoked token")
-    return row.user
+    user = row.user
+    session.expunge(user)
+    token_cache.put(key, user)
+    return user
 
 
 def require_role(user: User, *roles: str) -> User:

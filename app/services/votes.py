@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, case, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
 
@@ -49,16 +50,42 @@ def _judged(session: Session, annotator_id: int, ids: list[int]) -> set[tuple[in
     return {(r[0], r[1]) for r in rows}
 
 
-def _random_group_id(session: Session, rng: random.Random, *conds: Any) -> int | None:
-    lo, hi = session.execute(select(func.min(RolloutGroup.id), func.max(RolloutGroup.id))
-                             .where(*conds)).one()
-    if lo is None:
+class _IdRange:
+    """min/max rollout group id per filter, cached briefly (groups only ever get added)."""
+
+    def __init__(self, ttl: float = 2.0) -> None:
+        self.ttl = ttl
+        self._items: dict[str, tuple[int | None, int | None, float]] = {}
+
+    def get(self, session: Session, key: str, *conds: Any) -> tuple[int | None, int | None]:
+        item = self._items.get(key)
+        if item is not None and item[2] > time.monotonic():
+            return item[0], item[1]
+        lo, hi = session.execute(select(func.min(RolloutGroup.id), func.max(RolloutGroup.id))
+                                 .where(*conds)).one()
+        self._items[key] = (lo, hi, time.monotonic() + self.ttl)
+        return lo, hi
+
+    def clear(self) -> None:
+        self._items.clear()
+
+
+_id_range = _IdRange()
+
+
+def _random_group_id(session: Session, rng: random.Random, key: str = "all",
+                     *conds: Any) -> int | None:
+    lo, hi = _id_range.get(session, key, *conds)
+    if lo is None or hi is None:
         return None
     pivot = rng.randint(lo, hi)
-    return session.scalar(
+    gid = session.scalar(
         select(RolloutGroup.id).where(RolloutGroup.id >= pivot, *conds)
         .order_by(RolloutGroup.id).limit(1)
     )
+    if gid is None:  # the cached range is stale (a group was deleted)
+        _id_range._items.pop(key, None)
+    return gid
 
 
 def _pick(session: Session, annotator_id: int, rng: random.Random,
@@ -100,25 +127,38 @@ def within_group(session: Session, annotator_id: int, rng: random.Random,
         choice = _pick(session, annotator_id, rng, pairs, exclude, prompt, "within_group")
         if choice:
             return choice
-    # nearly everything judged: scan for groups with fewer votes than pairs
-    n_samples = (select(Sample.group_id.label("gid"), func.count().label("n"))
-                 .group_by(Sample.group_id).subquery())
-    n_votes = (select(Vote.pair_lo_id.label("lo"), Sample.group_id.label("gid"))
-               .join(Sample, Sample.id == Vote.pair_lo_id)
-               .where(Vote.annotator_id == annotator_id).subquery())
-    counts = (select(n_votes.c.gid, func.count().label("v")).group_by(n_votes.c.gid).subquery())
-    candidates = session.scalars(
-        select(n_samples.c.gid).outerjoin(counts, counts.c.gid == n_samples.c.gid)
-        .where(n_samples.c.n >= 2)
-        .where(func.coalesce(counts.c.v, 0) < n_samples.c.n * (n_samples.c.n - 1) / 2)
-        .limit(50)
-    ).all()
-    for gid in candidates:
-        prompt, pairs = _group_pairs(session, gid)
-        choice = _pick(session, annotator_id, rng, pairs, exclude, prompt, "within_group")
-        if choice:
-            return choice
-    return None
+    return _scan(session, annotator_id, rng, exclude, cross=False)
+
+
+def _scan(session: Session, annotator_id: int, rng: random.Random, exclude: set[int], *,
+          cross: bool) -> PairChoice | None:
+    """When random probing finds nothing (nearly everything judged): one query for unjudged
+    pairs, so a pair that exists is always found."""
+    s1, s2 = aliased(Sample), aliased(Sample)
+    g1, g2 = aliased(RolloutGroup), aliased(RolloutGroup)
+    lo = case((s1.id < s2.id, s1.id), else_=s2.id)
+    hi = case((s1.id < s2.id, s2.id), else_=s1.id)
+    stmt = (select(s1.id, s1.image_path, s2.id, s2.image_path, g1.prompt_text)
+            .join(g1, g1.id == s1.group_id))
+    if cross:
+        stmt = (stmt.join(g2, and_(g2.purpose == "evaluate", g2.prompt_text == g1.prompt_text,
+                                   g2.seed == g1.seed, g2.checkpoint_id > g1.checkpoint_id))
+                .join(s2, and_(s2.group_id == g2.id, s2.member_index == s1.member_index))
+                .where(g1.purpose == "evaluate", g1.checkpoint_id.is_not(None)))
+    else:
+        stmt = stmt.join(s2, and_(s2.group_id == s1.group_id, s2.id > s1.id))
+    stmt = stmt.outerjoin(Vote, and_(Vote.annotator_id == annotator_id, Vote.pair_lo_id == lo,
+                                     Vote.pair_hi_id == hi)).where(Vote.id.is_(None))
+    if exclude:
+        stmt = stmt.where(s1.id.not_in(exclude), s2.id.not_in(exclude))
+    rows = session.execute(stmt.limit(50)).all()
+    if not rows:
+        return None
+    a_id, a_path, b_id, b_path, prompt = rng.choice(rows)
+    if rng.random() < 0.5:
+        a_id, a_path, b_id, b_path = b_id, b_path, a_id, a_path
+    return PairChoice(a_id, b_id, prompt, "cross_checkpoint" if cross else "within_group",
+                      a_path, b_path)
 
 
 def cross_checkpoint(session: Session, annotator_id: int, rng: random.Random,
@@ -126,7 +166,7 @@ def cross_checkpoint(session: Session, annotator_id: int, rng: random.Random,
     """The same prompt and seed (and member) from two checkpoints: evaluation groups."""
     is_eval = and_(RolloutGroup.purpose == "evaluate", RolloutGroup.checkpoint_id.is_not(None))
     for _ in range(_TRIES):
-        gid = _random_group_id(session, rng, is_eval)
+        gid = _random_group_id(session, rng, "evaluate", is_eval)
         if gid is None:
             return None
         g = session.get(RolloutGroup, gid)
@@ -148,7 +188,7 @@ def cross_checkpoint(session: Session, annotator_id: int, rng: random.Random,
                        "cross_checkpoint")
         if choice:
             return choice
-    return None
+    return _scan(session, annotator_id, rng, exclude, cross=True)
 
 
 STRATEGIES: dict[str, Strategy] = {"within_group": within_group,
@@ -213,10 +253,13 @@ def record_vote(session: Session, annotator: User, *, client_vote_id: str, sampl
         return session.scalar(select(Vote).where(Vote.annotator_id == annotator.id,
                                                  Vote.client_vote_id == client_vote_id))
 
-    found = existing()
-    if found is not None:
-        return found, False
-    _valid_pair(session, sample_a_id, sample_b_id)
+    try:
+        _valid_pair(session, sample_a_id, sample_b_id)
+    except Invalid:
+        found = existing()  # a retry of a vote whose samples were since deleted
+        if found is not None:
+            return found, False
+        raise
     lo, hi = min(sample_a_id, sample_b_id), max(sample_a_id, sample_b_id)
     vote = Vote(client_vote_id=client_vote_id, annotator_id=annotator.id, session_id=session_id,
                 sample_a_id=sample_a_id, sample_b_id=sample_b_id, pair_lo_id=lo, pair_hi_id=hi,

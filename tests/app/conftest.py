@@ -63,6 +63,10 @@ def settings(db_url, tmp_path, monkeypatch):
     get_settings.cache_clear()
     s = get_settings()
     engine = db.configure(s)
+    from app.services import auth, votes
+
+    auth.token_cache.clear()
+    votes._id_range.clear()
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
             conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
