@@ -36,7 +36,8 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    # no pre-ping (a round trip per checkout); stale connections are recycled instead
+    return create_engine(url, pool_recycle=1800, pool_size=10, max_overflow=20)
 
 
 def configure(settings: Settings | None = None) -> Engine:

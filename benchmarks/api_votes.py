@@ -192,7 +192,13 @@ def main() -> int:
             except OSError:
                 time.sleep(0.1)
         time.sleep(1.0)
-        res = asyncio.run(load(port, tokens, args.seconds, args.warmup))
+        try:
+            import uvloop
+
+            run = uvloop.run
+        except ImportError:  # pragma: no cover
+            run = asyncio.run
+        res = run(load(port, tokens, args.seconds, args.warmup))
         server.terminate()
         server.wait(timeout=30)
         server = None

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Path, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
@@ -29,11 +30,21 @@ def get_session() -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def current_user(
-    session: SessionDep,
+def _authenticate(token: str | None) -> User:
+    with db.new_session() as session:
+        return auth.authenticate(session, token)
+
+
+async def current_user(
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> User:
-    return auth.authenticate(session, creds.credentials if creds else None)
+    """The caller. Async: a cached token costs no thread hop and no query."""
+    token = creds.credentials if creds else None
+    if token:
+        cached = auth.token_cache.get(auth.hash_token(token))
+        if cached is not None:
+            return cached
+    return await run_in_threadpool(_authenticate, token)
 
 
 def admin_user(user: Annotated[User, Depends(current_user)]) -> User:

@@ -4,21 +4,36 @@ import json
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
+from app import db
 from app.api.deps import MAX_ID, SessionDep, UserDep, media_url
+from app.models import User
 from app.schemas import NextPair, PairSide, VoteIn, VoteOut
 from app.services import votes as svc
 
 router = APIRouter(prefix="/votes", tags=["votes"])
 
 
+# The two hot endpoints are async and do their database work in one thread-pool hop.
+def _next(user_id: int, exclude: list[int]) -> svc.PairChoice | None:
+    with db.new_session() as session:
+        return svc.next_pair(session, user_id, exclude=exclude)
+
+
+def _vote(user: User, body: VoteIn) -> tuple[VoteOut, bool]:
+    with db.new_session() as session:
+        vote, created = svc.record_vote(session, user, **body.model_dump())
+        return VoteOut.model_validate(vote), created
+
+
 @router.get("/next", response_model=NextPair, responses={204: {"description": "no pair left"}})
-def next_pair(session: SessionDep, user: UserDep,
-              exclude: Annotated[list[Annotated[int, Query(ge=1, le=MAX_ID)]], Query(
-                  max_length=100, description="sample ids not to show (e.g. the pair on "
-                  "screen, when prefetching)")] = []) -> NextPair | Response:  # noqa: B006
-    choice = svc.next_pair(session, user.id, exclude=exclude)
+async def next_pair(user: UserDep,
+                    exclude: Annotated[list[Annotated[int, Query(ge=1, le=MAX_ID)]], Query(
+                        max_length=100, description="sample ids not to show (e.g. the pair "
+                        "on screen, when prefetching)")] = []) -> NextPair | Response:  # noqa: B006
+    choice = await run_in_threadpool(_next, user.id, exclude)
     if choice is None:
         return Response(status_code=204)
     return NextPair(prompt=choice.prompt, selection=choice.selection,
@@ -29,9 +44,8 @@ def next_pair(session: SessionDep, user: UserDep,
 @router.post("", response_model=VoteOut, status_code=201,
              responses={200: {"model": VoteOut, "description": "duplicate client_vote_id"},
                         409: {}, 422: {}})
-def post_vote(body: VoteIn, session: SessionDep, user: UserDep) -> VoteOut | Response:
-    vote, created = svc.record_vote(session, user, **body.model_dump())
-    out = VoteOut.model_validate(vote)
+async def post_vote(body: VoteIn, user: UserDep) -> VoteOut | Response:
+    out, created = await run_in_threadpool(_vote, user, body)
     if created:
         return out
     out.duplicate = True

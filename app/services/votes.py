@@ -105,7 +105,8 @@ def _pick(session: Session, annotator_id: int, rng: random.Random,
     return PairChoice(x[0], y[0], prompt, selection, x[1], y[1])
 
 
-def _group_pairs(session: Session, group_id: int) -> tuple[str, list]:
+def _group_pairs(session: Session, group_id: Any) -> tuple[str, list]:
+    """(prompt, all member pairs) of a group; `group_id` may be a scalar subquery."""
     rows = session.execute(
         select(Sample.id, Sample.image_path, RolloutGroup.prompt_text)
         .join(RolloutGroup, RolloutGroup.id == Sample.group_id)
@@ -120,9 +121,12 @@ def within_group(session: Session, annotator_id: int, rng: random.Random,
                  exclude: set[int]) -> PairChoice | None:
     """Two members of one rollout group (same prompt, neighbouring noises)."""
     for _ in range(_TRIES):
-        gid = _random_group_id(session, rng)
-        if gid is None:
+        lo, hi = _id_range.get(session, "all")
+        if lo is None or hi is None:
             return None
+        pivot = rng.randint(lo, hi)
+        gid = (select(RolloutGroup.id).where(RolloutGroup.id >= pivot)
+               .order_by(RolloutGroup.id).limit(1).scalar_subquery())
         prompt, pairs = _group_pairs(session, gid)
         choice = _pick(session, annotator_id, rng, pairs, exclude, prompt, "within_group")
         if choice:
