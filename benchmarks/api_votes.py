@@ -3,7 +3,7 @@ uvicorn, concurrent clients on loopback looping GET /api/votes/next then POST /a
 fixed time. Prints votes per second, p50/p99 latency, and checks that every acknowledged vote
 is in the database exactly once (and nothing else is).
 
-    .venv/bin/python benchmarks/api_votes.py [--seconds 30] [--clients 16] [--workers 2]
+    .venv/bin/python benchmarks/api_votes.py [--seconds 30] [--clients 8] [--workers 2]
 
 Needs the PostgreSQL at 127.0.0.1:5432 (user postgres, trust); creates and drops its own
 database. The load generator is a minimal asyncio HTTP/1.1 keep-alive client in this process.
@@ -155,7 +155,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--warmup", type=float, default=3)
-    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
     ap.add_argument("--samples", type=int, default=10_000)
     ap.add_argument("--votes", type=int, default=100_000)

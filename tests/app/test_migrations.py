@@ -53,3 +53,18 @@ def test_sqlite_default_uses_wal_and_foreign_keys(tmp_path, monkeypatch):
         assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
     engine.dispose()
     assert s.resolved_storage_dir == (tmp_path / "d" / "storage").resolve()
+
+
+def test_cli_migrate_creates_default_sqlite(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "STORAGE_DIR")}
+    env["DATA_DIR"] = str(tmp_path / "d")
+    out = subprocess.run([sys.executable, "-m", "app", "migrate"], env=env, capture_output=True,
+                         text=True, check=True)
+    assert "newest migration" in out.stdout
+    engine = create_engine(f"sqlite:///{tmp_path / 'd' / 'studio.db'}")
+    assert set(inspect(engine).get_table_names()) >= EXPECTED
+    engine.dispose()
