@@ -1,0 +1,6 @@
+"""Rewards by name. Importing this package registers the built-in shapes rewards."""
+
+from trainer.rewards import shapes as _shapes  # noqa: F401  (registers count, color, shape, ...)
+from trainer.rewards.registry import compute_rewards, get_reward, register_reward, reward_names
+
+__all__ = ["compute_rewards", "get_reward", "register_reward", "reward_names"]

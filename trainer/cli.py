@@ -1,0 +1,185 @@
+"""`python -m trainer ...`: train, sample, evaluate, train-base, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from trainer.config import PRESETS, ConfigError, TrainConfig, load_config
+
+
+def _parse_overrides(pairs: list[str]) -> dict:
+    """--set key=value (value parsed as JSON when it parses, else a string)."""
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(pair, "overrides must look like key=value")
+        key, value = pair.split("=", 1)
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from trainer.run_dir import RunDirectory
+
+    overrides = _parse_overrides(args.set)
+    if args.method:
+        overrides["method"] = args.method
+    config = load_config(args.config, overrides)  # validated before anything is written
+    run = RunDirectory(Path(args.out), config, resume=args.resume)
+    run.train(progress=not args.no_progress)
+    print(f"metrics:      {run.metrics_path}")
+    print(f"reward curve: {run.curve_path}")
+    print(f"samples:      {run.samples_dir}")
+    print(f"checkpoints:  {run.checkpoints_dir}")
+    return 0
+
+
+def _load_any_model(path: str, device: str):
+    from trainer.loop import resolve_device
+    from trainer.models.shapes_dit import ShapesDiT
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / "model.safetensors"
+    if not p.is_file():
+        raise ConfigError("checkpoint", f"{path} does not exist")
+    return ShapesDiT.load(p, resolve_device(device))
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    from PIL import Image
+
+    from trainer.evaluation import sample_images
+
+    prompts_path = Path(args.prompts)
+    if not prompts_path.is_file():
+        raise ConfigError("prompts", f"{args.prompts} does not exist")
+    prompts = [line.strip() for line in prompts_path.read_text().splitlines() if line.strip()]
+    if not prompts:
+        raise ConfigError("prompts", f"{args.prompts} holds no prompts")
+    if args.seeds < 1:
+        raise ConfigError("seeds", "must be >= 1")
+    model = _load_any_model(args.checkpoint, args.device)
+    pairs = [(p, s) for p in prompts for s in range(args.seeds)]
+    images = sample_images(model, [p for p, _ in pairs], [s for _, s in pairs], args.solver,
+                           args.steps)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "manifest.jsonl").open("w") as manifest:
+        for i, ((prompt, seed), image) in enumerate(zip(pairs, images, strict=True)):
+            name = f"{i:05d}_seed{seed}.png"
+            Image.fromarray(image).save(out / name)
+            manifest.write(json.dumps({"file": name, "prompt": prompt, "seed": seed}) + "\n")
+    print(f"{len(pairs)} images and manifest.jsonl in {out}")
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from trainer.evaluation import evaluate
+
+    model = _load_any_model(args.checkpoint, args.device)
+    result = evaluate(model, solver=args.solver, steps=args.steps)
+    result["checkpoint"] = str(args.checkpoint)
+    text = json.dumps(result, indent=2)
+    print(text)
+    out = Path(args.out) if args.out else None
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+    return 0
+
+
+def cmd_train_base(args: argparse.Namespace) -> int:
+    from trainer.loop import resolve_device
+    from trainer.models.shapes_dit import ShapesDiTConfig
+    from trainer.shapes.base_training import BaseTrainingConfig, train_base
+
+    config = BaseTrainingConfig(steps=args.steps, batch_size=args.batch_size,
+                                learning_rate=args.lr, seed=args.seed,
+                                save_every=args.save_every, ema_decay=args.ema_decay,
+                                time_sampling=args.time_sampling)
+    model_config = ShapesDiTConfig(width=args.width, depth=args.depth, patch_size=args.patch_size)
+    path = train_base(args.out, config, model_config, device=str(resolve_device(args.device)))
+    print(f"base checkpoint: {path}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    args.config, args.method, args.set = "shapes-quick-demo", None, []
+    args.out, args.resume, args.no_progress = args.out or "runs/demo", False, False
+    return cmd_train(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="Neighbor GRPO or the SDE baseline on the shapes world")
+    train.add_argument("--method", choices=["neighbor", "sde"], help="overrides config.method")
+    train.add_argument("--config", default="shapes-quick-demo",
+                       help=f"a JSON file or a preset: {', '.join(PRESETS)}")
+    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override one config field (repeatable)")
+    train.add_argument("--out", required=True, help="run directory")
+    train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.set_defaults(func=cmd_train)
+
+    sample = sub.add_parser("sample", help="deterministic ODE sampling, one PNG per (prompt, seed)")
+    sample.add_argument("--checkpoint", required=True, help="model.safetensors or its directory")
+    sample.add_argument("--prompts", required=True, help="text file, one prompt per line")
+    sample.add_argument("--seeds", type=int, default=4, help="seeds 0..N-1 per prompt")
+    sample.add_argument("--out", required=True)
+    sample.add_argument("--solver", choices=["dpm++", "euler"], default="dpm++")
+    sample.add_argument("--steps", type=int, default=8)
+    sample.add_argument("--device", default="auto")
+    sample.set_defaults(func=cmd_sample)
+
+    evaluate = sub.add_parser("evaluate", help="mean reward and exact-count accuracy, 48x20")
+    evaluate.add_argument("--checkpoint", required=True)
+    evaluate.add_argument("--out", help="also write the JSON here")
+    evaluate.add_argument("--solver", choices=["dpm++", "euler"], default="dpm++")
+    evaluate.add_argument("--steps", type=int, default=8)
+    evaluate.add_argument("--device", default="auto")
+    evaluate.set_defaults(func=cmd_evaluate)
+
+    base = sub.add_parser("train-base", help="train the shapes base model (flow matching)")
+    base.add_argument("--out", required=True)
+    base.add_argument("--steps", type=int, default=3000)
+    base.add_argument("--batch-size", type=int, default=256)
+    base.add_argument("--lr", type=float, default=3e-4)
+    base.add_argument("--width", type=int, default=128)
+    base.add_argument("--depth", type=int, default=6)
+    base.add_argument("--seed", type=int, default=0)
+    base.add_argument("--patch-size", type=int, default=4, choices=[2, 4, 8])
+    base.add_argument("--ema-decay", type=float, default=0.999)
+    base.add_argument("--time-sampling", choices=["uniform", "logit_normal"], default="uniform")
+    base.add_argument("--save-every", type=int, default=0, help="keep intermediate checkpoints")
+    base.add_argument("--device", default="auto")
+    base.set_defaults(func=cmd_train_base)
+
+    demo = sub.add_parser("demo", help="a short Neighbor GRPO run on the CPU")
+    demo.add_argument("--out", default=None)
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"error: config field '{exc.field}': {exc.message}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+__all__ = ["main", "build_parser", "TrainConfig"]

@@ -1,0 +1,145 @@
+"""The built-in shapes model: a small pixel-space DiT (adaLN-Zero) conditioned on prompt tokens.
+
+Images are their own latents: (3, 32, 32) in [-1, 1]. The three prompt tokens (count, colour,
+shape) join the 4x4 image patches in one attention sequence, and their mean plus the time
+embedding drives the adaLN modulation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from trainer.models.base import FlowModel
+from trainer.shapes.world import IMAGE_SIZE, PROMPT_LENGTH, VOCAB, tokenize
+
+
+@dataclass
+class ShapesDiTConfig:
+    image_size: int = IMAGE_SIZE
+    patch_size: int = 4
+    channels: int = 3
+    width: int = 128
+    depth: int = 6
+    heads: int = 4
+    mlp_ratio: float = 4.0
+
+
+def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoidal embedding of t in [0, 1] (scaled to 0..1000 like diffusion timesteps)."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device) / half)
+    args = 1000.0 * t.float()[:, None] * freqs[None]
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x * (1 + scale[:, None]) + shift[:, None]
+
+
+class DiTBlock(nn.Module):
+    def __init__(self, width: int, heads: int, mlp_ratio: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(width, elementwise_affine=False, eps=1e-6)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.norm2 = nn.LayerNorm(width, elementwise_affine=False, eps=1e-6)
+        hidden = int(width * mlp_ratio)
+        self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(approximate="tanh"),
+                                 nn.Linear(hidden, width))
+        self.modulation = nn.Linear(width, 6 * width)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(F.silu(c)).chunk(6, dim=-1)
+        n, length, width = x.shape
+        h = modulate(self.norm1(x), shift1, scale1)
+        q, k, v = self.qkv(h).view(n, length, 3, self.heads, width // self.heads).permute(2, 0, 3, 1, 4)
+        attn = F.scaled_dot_product_attention(q, k, v)  # (N, heads, L, width/heads)
+        x = x + gate1[:, None] * self.proj(attn.transpose(1, 2).reshape(n, length, width))
+        x = x + gate2[:, None] * self.mlp(modulate(self.norm2(x), shift2, scale2))
+        return x
+
+
+class ShapesDiT(FlowModel):
+    def __init__(self, config: ShapesDiTConfig | None = None) -> None:
+        super().__init__()
+        self.config = config = config or ShapesDiTConfig()
+        self.latent_shape = (config.channels, config.image_size, config.image_size)
+        p, w = config.patch_size, config.width
+        self.grid = config.image_size // p
+        self.patch_in = nn.Linear(config.channels * p * p, w)
+        self.patch_pos = nn.Parameter(torch.randn(1, self.grid**2, w) * 0.02)
+        self.token_embed = nn.Embedding(len(VOCAB), w)
+        self.token_pos = nn.Parameter(torch.randn(1, PROMPT_LENGTH, w) * 0.02)
+        self.time_mlp = nn.Sequential(nn.Linear(w, w), nn.SiLU(), nn.Linear(w, w))
+        self.blocks = nn.ModuleList(DiTBlock(w, config.heads, config.mlp_ratio)
+                                    for _ in range(config.depth))
+        self.final_norm = nn.LayerNorm(w, elementwise_affine=False, eps=1e-6)
+        self.final_modulation = nn.Linear(w, 2 * w)
+        self.patch_out = nn.Linear(w, config.channels * p * p)
+        self._init_zero()
+
+    def _init_zero(self) -> None:
+        # adaLN-Zero: every block starts as the identity and the output as zero velocity.
+        for block in self.blocks:
+            nn.init.zeros_(block.modulation.weight)
+            nn.init.zeros_(block.modulation.bias)
+        for layer in (self.final_modulation, self.patch_out):
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    # -- FlowModel --------------------------------------------------------------------------
+    def encode_prompts(self, prompts: list[str]) -> torch.Tensor:
+        return torch.from_numpy(tokenize(prompts)).to(self.patch_pos.device)  # (N, 3)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        n, ch, size, _ = x.shape
+        p, g = self.config.patch_size, self.grid
+        patches = x.reshape(n, ch, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(n, g * g, ch * p * p)
+        image_tokens = self.patch_in(patches) + self.patch_pos  # (N, 64, W)
+        prompt_tokens = self.token_embed(cond) + self.token_pos  # (N, 3, W)
+        t = t.expand(n) if t.dim() == 0 else t
+        c = self.time_mlp(timestep_embedding(t, self.config.width).to(x.dtype)) + prompt_tokens.mean(1)
+        h = torch.cat([prompt_tokens, image_tokens], dim=1)
+        for block in self.blocks:
+            h = block(h, c)
+        shift, scale = self.final_modulation(F.silu(c)).chunk(2, dim=-1)
+        out = self.patch_out(modulate(self.final_norm(h[:, PROMPT_LENGTH:]), shift, scale))
+        return out.reshape(n, g, g, ch, p, p).permute(0, 3, 1, 4, 2, 5).reshape(n, ch, size, size)
+
+    def decode(self, latents: torch.Tensor) -> np.ndarray:
+        images = ((latents.detach().float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+        return images.permute(0, 2, 3, 1).cpu().numpy()
+
+    # -- weights ------------------------------------------------------------------------------
+    def save(self, path: str | Path, extra_metadata: dict[str, str] | None = None) -> None:
+        metadata = {"format": "shapes-dit", "config": json.dumps(asdict(self.config))}
+        metadata.update(extra_metadata or {})
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        save_file(state, str(path), metadata=metadata)
+
+    @classmethod
+    def load(cls, path: str | Path, device: str | torch.device = "cpu") -> ShapesDiT:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+        if metadata.get("format") != "shapes-dit":
+            raise ValueError(f"{path} is not a shapes-dit checkpoint (metadata {metadata})")
+        model = cls(ShapesDiTConfig(**json.loads(metadata["config"])))
+        model.load_state_dict(load_file(str(path), device=str(device)))
+        return model.to(device)
+
+
+def images_to_latents(images: np.ndarray) -> torch.Tensor:
+    """(N, H, W, 3) uint8 -> (N, 3, H, W) float in [-1, 1]."""
+    return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1.0

@@ -1,0 +1,131 @@
+"""The SDE-based baseline (DanceGRPO / Flow-GRPO style), for comparison with Neighbor GRPO.
+
+The ODE sampler becomes an SDE with the same marginals (Flow-GRPO's form):
+
+    x_s = x_t + [v + sigma_t^2 / (2t) (x_t + (1 - t) v)] (s - t) + sigma_t sqrt(t - s) z,
+    sigma_t = eta * sqrt(t / (1 - t))
+
+so each step is a Gaussian policy with a likelihood. Every group member is trained on K of the
+T steps with the clipped ratio of Gaussian log-likelihoods: G x K forward-backward passes per
+group, against Neighbor GRPO's B x K. Prompts, rewards and advantages are shared with
+neighbor_grpo.py. Group members start from independent noises (Flow-GRPO).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+
+from trainer.config import TrainConfig
+from trainer.models.base import FlowModel, index_cond, repeat_cond
+from trainer.neighbor_grpo import (
+    IterationResult,
+    _clip_and_measure,
+    clipped_objective,
+    group_noises,
+    reward_metrics,
+    score_groups,
+)
+from trainer.solvers import linear_timesteps
+
+
+def sde_step_distribution(x_t: torch.Tensor, velocity: torch.Tensor, t: torch.Tensor,
+                          s: torch.Tensor, eta: float, t_cap: float
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and std of x_s given x_t. t, s: (N,). sigma_t uses min(t, t_cap) (finite at t=1)."""
+    shape = (-1,) + (1,) * (x_t.dim() - 1)
+    t, s = t.view(shape), s.view(shape)
+    t_noise = t.clamp(max=t_cap)
+    sigma_t = eta * torch.sqrt(t_noise / (1 - t_noise))
+    drift = velocity + sigma_t**2 / (2 * t) * (x_t + (1 - t) * velocity)
+    mean = x_t + drift * (s - t)
+    std = sigma_t * torch.sqrt(t - s)
+    return mean, std.expand_as(mean)
+
+
+def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """Per-sample mean over dimensions of log N(x; mean, std^2), float32 (N,)."""
+    x, mean, std = x.float(), mean.float(), std.float()
+    log_prob = -((x - mean) ** 2) / (2 * std**2) - torch.log(std) - 0.5 * math.log(2 * math.pi)
+    return log_prob.flatten(1).mean(1)
+
+
+@torch.no_grad()
+def sde_rollout(model: FlowModel, noise: torch.Tensor, cond, steps: int, eta: float,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Latents (T+1, N, *D), timesteps (T+1,), old log-probs (T, N) of each step taken."""
+    timesteps = linear_timesteps(steps, noise.device)
+    t_cap = float(timesteps[1])
+    x, latents, log_probs = noise, [noise], []
+    for k in range(steps):
+        t, s = timesteps[k].expand(x.shape[0]), timesteps[k + 1].expand(x.shape[0])
+        mean, std = sde_step_distribution(x, model(x, t, cond), t, s, eta, t_cap)
+        z = torch.randn(x.shape, generator=generator).to(x.device)
+        x = mean + std * z
+        log_probs.append(gaussian_log_prob(x, mean, std))
+        latents.append(x)
+    return torch.stack(latents), timesteps, torch.stack(log_probs)
+
+
+def sde_grpo_iteration(model: FlowModel, optimizer: torch.optim.Optimizer, prompts: list[str],
+                       config: TrainConfig, generator: torch.Generator) -> IterationResult:
+    start = time.perf_counter()
+    device = next(model.parameters()).device
+    P, G, K, T = len(prompts), config.group_size, config.num_train_timesteps, config.rollout_steps
+    cond = model.encode_prompts(prompts)
+
+    # Rollouts: independent noises (sigma = 1), stochastic steps, old log-probs recorded.
+    noise_seeds = torch.randint(0, 2**62, (P,), generator=generator).tolist()
+    noises = group_noises(noise_seeds, G, 1.0, model.latent_shape, device).flatten(0, 1)
+    model.eval()
+    latents, timesteps, old_log_probs = sde_rollout(model, noises, repeat_cond(cond, G), T,
+                                                    config.eta, generator)
+    rollout_seconds = time.perf_counter() - start
+    images, raw_rewards, advantages = score_groups(model, latents[-1].view(P, G, *model.latent_shape),
+                                                   prompts, config, generator)
+    advantages = advantages.to(device).flatten()  # (P*G,)
+
+    # Train every member on K random steps; split members into num_anchors optimizer steps so
+    # both methods take the same number of optimizer steps per iteration.
+    steps = torch.stack([torch.randperm(T, generator=generator)[:K] for _ in range(P * G)])  # (P*G, K)
+    member_cond = repeat_cond(cond, G)
+    t_cap = float(timesteps[1])
+    chunks = torch.randperm(P * G, generator=generator).chunk(min(config.num_anchors, P * G))
+    model.train()
+    losses, clip_fracs, abs_log_ratios, grad_norms = [], [], [], []
+    for members in chunks:
+        m_steps = steps[members]  # (M, K)
+        rows = members[:, None].expand_as(m_steps).reshape(-1)  # (M*K,)
+        ks = m_steps.reshape(-1)
+        x_t, x_s = latents[ks, rows], latents[ks + 1, rows]
+        t, s = timesteps[ks], timesteps[ks + 1]
+        optimizer.zero_grad(set_to_none=True)
+        mean, std = sde_step_distribution(x_t, model(x_t, t, index_cond(member_cond, rows)), t, s,
+                                          config.eta, t_cap)
+        logp_new = gaussian_log_prob(x_s, mean, std)
+        logp_old = old_log_probs[ks, rows]
+        loss = clipped_objective(logp_new, logp_old, advantages[rows], config.clip_range)
+        loss.backward()
+        grad_norms.append(_clip_and_measure(model, config.max_grad_norm))
+        optimizer.step()
+        with torch.no_grad():
+            log_ratio = logp_new - logp_old
+            losses.append(loss.item())
+            abs_log_ratios.append(log_ratio.abs().mean().item())
+            clip_fracs.append(((log_ratio.exp() - 1).abs() > config.clip_range).float().mean().item())
+
+    metrics = reward_metrics(raw_rewards, config.reward_weights)
+    metrics.update({
+        "loss": float(np.mean(losses)), "clip_fraction": float(np.mean(clip_fracs)),
+        "abs_log_ratio": float(np.mean(abs_log_ratios)), "grad_norm": float(np.mean(grad_norms)),
+        "advantage_abs_mean": float(advantages.abs().mean()),
+        "seconds": time.perf_counter() - start, "rollout_seconds": rollout_seconds,
+        "forward_passes": P * G * T + P * G * K, "backward_passes": P * G * K,
+        "optimizer_steps": len(chunks),
+    })
+    all_members = np.tile(np.arange(G), (P, 1))
+    return IterationResult(prompts, noise_seeds, images, raw_rewards,
+                           advantages.view(P, G).cpu().numpy(), all_members, metrics)

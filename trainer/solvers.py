@@ -1,0 +1,91 @@
+"""ODE solvers for flow matching that record every intermediate latent.
+
+Convention (see models/base.py): t = 1 is noise, t = 0 is data, x_s = x_t + (s - t) v.
+A rollout returns `latents` (T+1, N, *D) from the initial noise to the final sample, and the
+timestep grid `timesteps` (T+1,) with timesteps[0] ~ 1 and timesteps[-1] = 0, so step k goes
+from latents[k] at timesteps[k] to latents[k+1] at timesteps[k+1].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from diffusers import DPMSolverMultistepScheduler
+
+# velocity(x, t, cond) with t a (N,) tensor
+VelocityFn = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]
+
+
+@dataclass
+class Rollout:
+    latents: torch.Tensor  # (T+1, N, *D)
+    timesteps: torch.Tensor  # (T+1,)
+
+    @property
+    def final(self) -> torch.Tensor:
+        return self.latents[-1]
+
+
+def euler_step(x_t: torch.Tensor, velocity: torch.Tensor, t_from: torch.Tensor | float,
+               t_to: torch.Tensor | float) -> torch.Tensor:
+    """One Euler (flow DDIM) step: x_{t_to} = x_{t_from} + (t_to - t_from) * v.
+
+    t_from / t_to may be scalars or (N,) tensors (one per sample).
+    """
+    dt = torch.as_tensor(t_to, dtype=x_t.dtype, device=x_t.device) - torch.as_tensor(
+        t_from, dtype=x_t.dtype, device=x_t.device)
+    if dt.dim() == 1:
+        dt = dt.view(-1, *([1] * (x_t.dim() - 1)))
+    return x_t + dt * velocity
+
+
+def linear_timesteps(steps: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    return torch.linspace(1.0, 0.0, steps + 1, device=device)
+
+
+@torch.no_grad()
+def euler_rollout(velocity_fn: VelocityFn, noise: torch.Tensor, cond: Any, steps: int) -> Rollout:
+    timesteps = linear_timesteps(steps, noise.device)
+    latents = [noise]
+    x = noise
+    for k in range(steps):
+        t = timesteps[k].expand(x.shape[0])
+        x = euler_step(x, velocity_fn(x, t, cond), timesteps[k], timesteps[k + 1])
+        latents.append(x)
+    return Rollout(torch.stack(latents), timesteps)
+
+
+def dpm_solver_scheduler(steps: int) -> DPMSolverMultistepScheduler:
+    scheduler = DPMSolverMultistepScheduler(
+        prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=1.0,
+        algorithm_type="dpmsolver++", solver_order=2, final_sigmas_type="zero",
+    )
+    scheduler.set_timesteps(steps)
+    return scheduler
+
+
+@torch.no_grad()
+def dpm_rollout(velocity_fn: VelocityFn, noise: torch.Tensor, cond: Any, steps: int) -> Rollout:
+    """DPM-Solver++(2M) with flow sigmas (diffusers), recording every latent."""
+    scheduler = dpm_solver_scheduler(steps)
+    timesteps = scheduler.sigmas.to(noise.device, torch.float32)  # (T+1,), ends at 0
+    latents = [noise]
+    x = noise
+    for k, timestep in enumerate(scheduler.timesteps):
+        t = timesteps[k].expand(x.shape[0])
+        velocity = velocity_fn(x, t, cond)
+        x = scheduler.step(velocity, timestep, x).prev_sample
+        latents.append(x)
+    return Rollout(torch.stack(latents), timesteps)
+
+
+def rollout(solver: str, velocity_fn: VelocityFn, noise: torch.Tensor, cond: Any,
+            steps: int) -> Rollout:
+    if solver == "euler":
+        return euler_rollout(velocity_fn, noise, cond, steps)
+    if solver == "dpm++":
+        return dpm_rollout(velocity_fn, noise, cond, steps)
+    raise ValueError(f"unknown solver {solver!r}; use 'euler' or 'dpm++'")
