@@ -1,7 +1,8 @@
 """Settings: every knob the server (and the worker, through it) reads from the environment.
 
 `DATABASE_URL` unset means a SQLite file under `DATA_DIR`; `STORAGE_DIR` unset means
-`DATA_DIR/storage`; `BROKER_URL` unset means the worker's embedded broker.
+`DATA_DIR/storage`; `BROKER_URL` unset means the worker's embedded broker (kombu's filesystem
+transport under `DATA_DIR/broker`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,19 @@ class Settings(BaseSettings):
     database_url: str | None = None
     storage_dir: Path | None = None
     broker_url: str | None = None
+    # --- workers (worker/celery_app.py, worker/reaper.py) ------------------------------
+    # Celery result backend; unset: the broker's Redis, or with the embedded broker a SQLite
+    # file `DATA_DIR/broker/results.sqlite`
+    result_backend: str | None = None
+    # Redis key prefix for every broker and result key (several deployments on one Redis)
+    broker_key_prefix: str = ""
+    # Redis redelivers an unacknowledged task after this long: longer than the longest job
+    broker_visibility_timeout: int = 7 * 24 * 3600
+    job_heartbeat_seconds: float = 10.0  # a running job's heartbeat period
+    job_stale_seconds: float = 120.0  # no heartbeat for this long: the worker is gone
+    job_max_attempts: int = 3  # runs of one job (first + resumes after lost workers)
+    reaper_interval_seconds: float = 30.0  # how often each worker looks for stale jobs
+    train_nproc: int = 1  # processes (GPUs) per train job; > 1 launches torchrun (DDP)
 
     max_prompt_length: int = 2000
     max_upload_bytes: int = 50 * 1024 * 1024

@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -164,7 +165,8 @@ class RolloutGroup(Base):
     solver: Mapped[str] = mapped_column(String(20))
     steps: Mapped[int] = mapped_column(Integer)
     sigma: Mapped[float] = mapped_column(Float)
-    seed: Mapped[int] = mapped_column(Integer)
+    # the trainer draws noise seeds in [0, 2**62): 64-bit
+    seed: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     samples: Mapped[list[Sample]] = relationship(
         back_populates="group", cascade="all, delete-orphan", order_by="Sample.member_index"

@@ -15,6 +15,11 @@ Worker usage (each call in its own short transaction):
     with session_scope() as s:
         stop = jobs.update_progress(s, job_id, it, total, {"reward_mean": 0.4})
 
+Workers that may race (two workers on one queue, a redelivered message, a reaper) use
+`claim` instead of `mark_running`: an atomic compare-and-set that only one of them wins, and
+`holds` to check each iteration that the job is still theirs. `reap_stale` is the reaper's
+half: a running job whose heartbeat is stale goes back to the queue (or to failed/cancelled).
+
 Enqueueing happens after the commit, through a replaceable enqueuer: `create_app(enqueuer=...)`
 (or `app.state.enqueuer`) in the API; the default sends a Celery task named
 `worker.tasks.<kind>` with args [job_id] to the kind's queue.
@@ -29,7 +34,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, Invalid, NotFound
@@ -318,3 +323,75 @@ def stale_jobs(session: Session, older_than: timedelta) -> list[Job]:
         select(Job).where(Job.status == "running")
         .where((Job.heartbeat_at.is_(None)) | (Job.heartbeat_at < cutoff))
     ))
+
+
+def claim(session: Session, job_id: int, worker_name: str, stale_after: timedelta) -> Job | None:
+    """Atomically take a job: queued -> running, or running with a heartbeat older than
+    `stale_after` (its worker died) -> running for `worker_name`. Returns the job, or None
+    when it is finished, cancelled, or held by a live worker (then do nothing)."""
+    now = utcnow()
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.cancel_requested.is_(False))
+        .where((Job.status == "queued") | (
+            (Job.status == "running")
+            & (Job.heartbeat_at.is_(None) | (Job.heartbeat_at < now - stale_after))))
+        .values(status="running", worker=worker_name[:200], heartbeat_at=now,
+                started_at=func.coalesce(Job.started_at, now), attempts=Job.attempts + 1)
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount != 1:
+        return None
+    return session.get(Job, job_id, populate_existing=True)
+
+
+def holds(session: Session, job_id: int, worker_name: str) -> bool:
+    """Whether `worker_name` still runs this job (a reaper may have handed it to another)."""
+    row = session.execute(select(Job.status, Job.worker).where(Job.id == job_id)).one_or_none()
+    return row is not None and row[0] == "running" and row[1] == worker_name[:200]
+
+
+def truncate_history(session: Session, job_id: int, iteration: int) -> None:
+    """Forget metric rows after `iteration` (a resume redoes them) and set the progress."""
+    session.execute(delete(JobMetric).where(JobMetric.job_id == job_id,
+                                            JobMetric.iteration > iteration))
+    job = get_job(session, job_id)
+    job.iteration = iteration
+    last = session.scalar(select(JobMetric.metrics).where(JobMetric.job_id == job_id)
+                          .order_by(JobMetric.iteration.desc()).limit(1))
+    job.metrics = last
+    session.flush()
+
+
+def reap_stale(session: Session, older_than: timedelta, max_attempts: int
+               ) -> list[tuple[int, str, str]]:
+    """Settle running jobs whose heartbeat is older than `older_than`: cancelled if a cancel was
+    requested, failed (with the reason) after `max_attempts` runs, else back to queued for a
+    resume. Each change is a compare-and-set, so concurrent reapers act once. Returns
+    [(job_id, kind, new_status)]; the caller enqueues the `queued` ones after the commit."""
+    out = []
+    now = utcnow()
+    for job in stale_jobs(session, older_than):
+        beat = job.heartbeat_at
+        if beat is not None and beat.tzinfo is None:  # SQLite returns naive datetimes
+            beat = beat.replace(tzinfo=UTC)
+        age = f"{(now - beat).total_seconds():.0f}s" if beat else "ever"
+        lost = f"worker {job.worker or '?'} stopped heartbeating (none for {age})"
+        if job.cancel_requested:
+            values: dict[str, Any] = {"status": "cancelled", "finished_at": now}
+        elif job.attempts >= max_attempts:
+            values = {"status": "failed", "finished_at": now,
+                      "error": f"{lost}; gave up after {job.attempts} attempt(s)"}
+        else:
+            values = {"status": "queued", "worker": None,
+                      "error": f"{lost}; requeued to resume from the newest checkpoint "
+                               f"(attempt {job.attempts + 1} of {max_attempts})"}
+        stmt = update(Job).where(Job.id == job.id, Job.status == "running")
+        stmt = stmt.where(Job.heartbeat_at.is_(None) if job.heartbeat_at is None
+                          else Job.heartbeat_at == job.heartbeat_at)
+        result = session.execute(stmt.values(**values).execution_options(
+            synchronize_session=False))
+        if result.rowcount == 1:
+            out.append((job.id, job.kind, values["status"]))
+    session.flush()
+    return out

@@ -1,0 +1,139 @@
+"""A real worker runs train jobs: metrics, rollout groups and checkpoints recorded; cancel ends a
+job within one iteration after saving a checkpoint; a config that fails inside the worker ends
+`failed` with the error on the row."""
+
+from __future__ import annotations
+
+import pytest
+from worker_helpers import (
+    checkpoint_iterations,
+    create_train_job,
+    groups_per_iteration,
+    job_row,
+    metric_iterations,
+    wait_for,
+)
+
+
+def _finished(job_id: int):
+    job = job_row(job_id)
+    return job if job.status in ("succeeded", "failed", "cancelled") else None
+
+
+@pytest.mark.parametrize("stack", ["sqlite-fs", "postgres-redis"], indirect=True)
+def test_tiny_train_job_succeeds(stack):
+    from app.db import session_scope
+    from app.services import checkpoints, jobs, rollouts, storage
+
+    stack.start_worker()
+    job_id = create_train_job(iterations=4, sample_every=2, checkpoint_every=2)
+    stack.send(job_id)
+    job = wait_for(lambda: _finished(job_id), 90, "the job to finish", stack)
+    assert job.status == "succeeded", job.error
+    assert job.iteration == 4 and job.total_iterations == 4 and job.attempts == 1
+    assert job.started_at and job.finished_at and job.heartbeat_at and job.worker
+    assert {"reward_mean", "reward_std", "loss", "clip_fraction", "seconds"} <= set(job.metrics)
+    assert metric_iterations(job_id) == [1, 2, 3, 4]
+    with session_scope() as s:
+        history = jobs.metric_history(s, job_id)
+        assert [m.metrics["iteration"] for m in history] == [1, 2, 3, 4]
+    # one group per prompt (tiny: 2 prompts of G=4) every 2 iterations
+    assert groups_per_iteration(job_id) == {2: 2, 4: 2}
+    with session_scope() as s:
+        groups, total = rollouts.list_groups(s, job_id=job_id)
+        assert total == 4
+        for group in groups:
+            assert len(group.samples) == 4 and group.purpose == "train"
+            assert sum(sm.is_anchor for sm in group.samples) == 2  # B = 2 anchors
+            assert all("count" in sm.rewards and sm.advantage is not None
+                       for sm in group.samples)
+            assert storage.resolve(group.samples[0].image_path).read_bytes()[:4] == b"\x89PNG"
+            assert group.seed >= 0
+    assert checkpoint_iterations(job_id) == [2, 4]
+    with session_scope() as s:
+        newest = checkpoints.latest_checkpoint(s, job_id)
+        assert newest.iteration == 4 and newest.parent_id is not None
+        path = checkpoints.checkpoint_file(s, newest.id)
+    assert path.name == "model.safetensors"
+    assert (path.parent / "trainer_state.safetensors").is_file()
+
+
+@pytest.mark.parametrize("stack", ["sqlite-fs", "postgres-redis"], indirect=True)
+def test_cancel_ends_within_one_iteration_after_a_checkpoint(stack):
+    from app.db import session_scope
+    from app.services import jobs
+
+    stack.start_worker()
+    job_id = create_train_job(iterations=500, sample_every=1000, checkpoint_every=1000)
+    stack.send(job_id)
+    wait_for(lambda: job_row(job_id).iteration >= 3, 90, "three iterations", stack)
+    with session_scope() as s:
+        seen = jobs.request_cancel(s, job_id).iteration
+    job = wait_for(lambda: _finished(job_id), 30, "the cancel", stack)
+    assert job.status == "cancelled"
+    # the iteration running when the flag was set finishes, then the job stops (one more may
+    # have committed between reading the row and setting the flag)
+    assert seen <= job.iteration <= seen + 2
+    assert job.iteration < 500
+    assert checkpoint_iterations(job_id) == [job.iteration]
+    assert metric_iterations(job_id) == list(range(1, job.iteration + 1))
+
+
+def test_resume_after_cancel_continues_the_metric_history(stack):
+    from app.db import session_scope
+    from app.services import jobs
+
+    stack.start_worker()
+    job_id = create_train_job(iterations=400, sample_every=1000, checkpoint_every=1000)
+    stack.send(job_id)
+    wait_for(lambda: job_row(job_id).iteration >= 2, 90, "two iterations", stack)
+    with session_scope() as s:
+        jobs.request_cancel(s, job_id)
+    job = wait_for(lambda: _finished(job_id), 30, "the cancel", stack)
+    stopped = job.iteration
+    with session_scope() as s:  # shorten the job, then resume it as the API does
+        row = jobs.get_job(s, job_id)
+        row.config = {**row.config, "iterations": stopped + 3}
+        row.total_iterations = stopped + 3
+        jobs.resume_job(s, job_id)
+    stack.send(job_id)
+    job = wait_for(lambda: _finished(job_id), 60, "the resumed job", stack)
+    assert job.status == "succeeded", job.error
+    assert job.attempts == 2
+    assert metric_iterations(job_id) == list(range(1, stopped + 4))
+    assert checkpoint_iterations(job_id) == [stopped, stopped + 3]
+
+
+def test_a_config_that_fails_in_the_worker_ends_failed_with_the_error(stack):
+    stack.start_worker()
+    missing = create_train_job(base_checkpoint="/nonexistent/base.safetensors")
+    stack.send(missing)
+    job = wait_for(lambda: _finished(missing), 60, "the failing job", stack)
+    assert job.status == "failed"
+    assert "FileNotFoundError" in job.error and "/nonexistent/base.safetensors" in job.error
+    assert job.finished_at is not None
+    # the worker survives a failed job and runs the next one
+    ok = create_train_job(iterations=1)
+    stack.send(ok)
+    assert wait_for(lambda: _finished(ok), 60, "the next job", stack).status == "succeeded"
+
+
+def test_a_finished_or_cancelled_job_is_not_run_again(stack):
+    from app.db import session_scope
+    from app.services import jobs
+
+    stack.start_worker()
+    job_id = create_train_job(iterations=1)
+    stack.send(job_id)
+    wait_for(lambda: _finished(job_id), 60, "the job", stack)
+    cancelled = create_train_job(iterations=1)
+    with session_scope() as s:
+        jobs.request_cancel(s, cancelled)  # queued: cancelled at once
+    stack.send(job_id)  # a duplicate message (e.g. a redelivery)
+    stack.send(cancelled)
+    stack.wait_log(stack.logs[0], "succeeded in", stack.workers[0])
+    wait_for(lambda: stack.logs[0].read_text().count("succeeded in") >= 3, 30,
+             "three task results", stack)
+    assert job_row(job_id).attempts == 1 and job_row(job_id).status == "succeeded"
+    assert job_row(cancelled).attempts == 0 and job_row(cancelled).status == "cancelled"
+    assert metric_iterations(job_id) == [1]

@@ -1,0 +1,70 @@
+"""Holding a job: claim it atomically, keep its heartbeat fresh, notice when it is lost.
+
+`JobLease` is a context manager: it claims the job (None when another worker holds it or it is
+finished), runs a daemon thread that touches the heartbeat every `JOB_HEARTBEAT_SECONDS`
+(so a long iteration never looks like a dead worker), and stops that thread on exit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from datetime import timedelta
+
+from app.config import get_settings
+from app.db import session_scope
+from app.services import jobs
+
+log = logging.getLogger(__name__)
+
+
+def worker_identity() -> str:
+    """host:pid:nonce; the nonce tells apart two claims by one process."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class LeaseLost(Exception):
+    """The job is no longer ours (a reaper handed it on, or it was deleted)."""
+
+
+class JobLease:
+    def __init__(self, job_id: int, worker_name: str | None = None) -> None:
+        self.job_id = job_id
+        self.worker_name = worker_name or worker_identity()
+        self.settings = get_settings()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def claim(self) -> bool:
+        stale = timedelta(seconds=self.settings.job_stale_seconds)
+        with session_scope() as s:
+            return jobs.claim(s, self.job_id, self.worker_name, stale) is not None
+
+    def start_heartbeat(self) -> None:
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{self.job_id}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.settings.job_heartbeat_seconds):
+            try:
+                with session_scope() as s:
+                    if not jobs.holds(s, self.job_id, self.worker_name):
+                        return
+                    jobs.heartbeat(s, self.job_id)
+            except Exception:  # a database hiccup must not kill the job; the next beat retries
+                log.exception("heartbeat of job %s failed", self.job_id)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def __enter__(self) -> JobLease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,55 @@
+"""The reaper: no job stays `running` after its worker died.
+
+A running job whose heartbeat is older than `JOB_STALE_SECONDS` lost its worker (kill -9, a
+lost host, an OOM kill). It goes back to the queue and is re-sent, resuming from its newest
+checkpoint, until it has run `JOB_MAX_ATTEMPTS` times; then it is `failed` with the reason. A
+stale job with a cancel request becomes `cancelled`.
+
+Every worker runs `reap_once` when it starts and then every `REAPER_INTERVAL_SECONDS` in a
+daemon thread (a worker busy with a long job still reaps); `celery beat` can also schedule the
+`worker.tasks.reap` task. The state changes are compare-and-set, so reapers never double-act.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+
+from app.config import get_settings
+from app.db import session_scope
+from app.services import jobs
+
+log = logging.getLogger(__name__)
+
+
+def reap_once() -> list[tuple[int, str, str]]:
+    """Settle stale jobs and re-send the requeued ones. Returns [(job_id, kind, status)]."""
+    settings = get_settings()
+    with session_scope() as s:
+        acted = jobs.reap_stale(s, timedelta(seconds=settings.job_stale_seconds),
+                                settings.job_max_attempts)
+    for job_id, kind, status in acted:
+        log.warning("reaper: job %s (%s) had a stale heartbeat -> %s", job_id, kind, status)
+        if status == "queued":
+            jobs.celery_enqueue(job_id, kind)
+    return acted
+
+
+class ReaperThread(threading.Thread):
+    def __init__(self, interval: float) -> None:
+        super().__init__(name="job-reaper", daemon=True)
+        self.interval = interval
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while True:
+            try:
+                reap_once()
+            except Exception:  # the database may be briefly away; try again next round
+                log.exception("reaper round failed")
+            if self.stopped.wait(self.interval):
+                return
+
+    def stop(self) -> None:
+        self.stopped.set()

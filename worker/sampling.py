@@ -1,0 +1,188 @@
+"""Rollout and evaluate jobs: sample from a checkpoint (or the shipped base) and store the
+images with their automatic rewards for voting.
+
+- rollout: one group of G neighbouring noises per dataset prompt (as in training), rewards and
+  advantages, so annotators can compare members of one group.
+- evaluate: fixed prompts x fixed seeds from each checkpoint, one image per (prompt, seed); the
+  same (prompt, seed) from two checkpoints is a cross-checkpoint pair for the leaderboard.
+
+Both are idempotent: groups already stored for the job are skipped, so a rerun after a crash
+finishes the rest. Progress counts prompts (rollout) or checkpoints (evaluate).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+from sqlalchemy import select
+
+from app.db import session_scope
+from app.models import Prompt, RolloutGroup
+from app.services import checkpoints, jobs, rollouts
+from trainer.config import TrainConfig
+from trainer.evaluation import sample_images
+from trainer.loop import load_model, resolve_device
+from trainer.models.base import FlowModel, repeat_cond
+from trainer.neighbor_grpo import blended_group_rewards, group_advantages, group_noises
+from trainer.rewards import compute_rewards
+from trainer.shapes.world import all_prompts
+from trainer.solvers import rollout
+from worker.lease import LeaseLost
+from worker.training import clean_metrics, png_bytes
+
+log = logging.getLogger(__name__)
+
+SHAPES_REWARDS = ["count", "exact_count", "color", "shape", "combined"]
+CHUNK = 16  # prompts sampled and recorded per transaction
+
+
+class Cancelled(Exception):
+    pass
+
+
+def load_checkpoint_model(checkpoint_id: int | None, model: str = "shapes") -> FlowModel:
+    """A recorded checkpoint's model, or the shipped base for None."""
+    from trainer.models.shapes_dit import ShapesDiT
+
+    device = resolve_device("auto")
+    if model != "shapes":
+        raise ValueError(f"model {model!r}: only 'shapes' is supported by this worker")
+    if checkpoint_id is None:
+        return load_model(TrainConfig()).to(device)
+    with session_scope() as s:
+        path = checkpoints.checkpoint_file(s, checkpoint_id)
+    return ShapesDiT.load(path, device)
+
+
+def dataset_prompts(dataset_id: int, split: str, limit: int | None) -> list[tuple[int, str]]:
+    with session_scope() as s:
+        stmt = select(Prompt.id, Prompt.text).where(Prompt.dataset_id == dataset_id)
+        if split != "all":
+            stmt = stmt.where(Prompt.split == split)
+        stmt = stmt.order_by(Prompt.position, Prompt.id)
+        if limit:
+            stmt = stmt.limit(limit)
+        return [(pid, text) for pid, text in s.execute(stmt)]
+
+
+def prompt_seed(seed: int, prompt_key: int) -> int:
+    """A reproducible 62-bit noise seed for one prompt of a rollout job."""
+    state = np.random.SeedSequence([seed, prompt_key]).generate_state(1, np.uint64)[0]
+    return int(state >> np.uint64(2))
+
+
+def _progress(job_id: int, worker_name: str, done: int, total: int,
+              metrics: dict[str, Any] | None = None) -> None:
+    with session_scope() as s:
+        if not jobs.holds(s, job_id, worker_name):
+            raise LeaseLost(f"job {job_id} is no longer held by {worker_name}")
+        if jobs.update_progress(s, job_id, done, total, metrics):
+            jobs.mark_cancelled(s, job_id)
+            raise Cancelled
+
+
+def run_rollout(job_id: int, worker_name: str) -> str:
+    with session_scope() as s:
+        cfg = dict(jobs.get_job(s, job_id).config)
+        done_ids = set(s.scalars(select(RolloutGroup.prompt_id).where(RolloutGroup.job_id == job_id)))
+        ckpt_iteration = (checkpoints.get_checkpoint(s, cfg["checkpoint_id"]).iteration
+                          if cfg.get("checkpoint_id") else 0)
+    prompts = dataset_prompts(cfg["dataset_id"], cfg["split"], cfg.get("max_prompts"))
+    if not prompts:
+        raise ValueError(f"dataset {cfg['dataset_id']} has no {cfg['split']} prompts")
+    model = load_checkpoint_model(cfg.get("checkpoint_id"), cfg.get("model", "shapes"))
+    names = cfg.get("reward_names") or ["count", "color", "shape"]
+    weights = {name: 1.0 for name in names}
+    g, steps = cfg["group_size"], cfg["steps"]
+    device = next(model.parameters()).device
+    todo = [(pid, text) for pid, text in prompts if pid not in done_ids]
+    done = len(prompts) - len(todo)
+    try:
+        _progress(job_id, worker_name, done, len(prompts))
+        for start in range(0, len(todo), CHUNK):
+            chunk = todo[start:start + CHUNK]
+            seeds = [prompt_seed(cfg["seed"], pid) for pid, _ in chunk]
+            texts = [text for _, text in chunk]
+            p = len(chunk)
+            with torch.no_grad():
+                model.eval()
+                noises = group_noises(seeds, g, cfg["sigma"], model.latent_shape, device)
+                cond = repeat_cond(model.encode_prompts(texts), g)
+                traj = rollout(cfg["solver"], model, noises.flatten(0, 1), cond, steps)
+                images = model.decode(traj.final)  # (P*G, H, W, 3)
+            raw = compute_rewards(names, images, [t for t in texts for _ in range(g)])
+            advantages = group_advantages(blended_group_rewards(raw, weights, (p, g))).numpy()
+            images = images.reshape(p, g, *images.shape[1:])
+            with session_scope() as s:
+                if not jobs.holds(s, job_id, worker_name):
+                    raise LeaseLost(f"job {job_id} is no longer held by {worker_name}")
+                for i, (pid, text) in enumerate(chunk):
+                    samples = [{"png": png_bytes(images[i, m]), "member_index": m,
+                                "rewards": {n: float(raw[n][i * g + m]) for n in names},
+                                "advantage": float(advantages[i, m])} for m in range(g)]
+                    rollouts.record_rollout_group(
+                        s, job_id=job_id, iteration=ckpt_iteration, prompt_id=pid,
+                        prompt_text=text, checkpoint_id=cfg.get("checkpoint_id"),
+                        solver=cfg["solver"], steps=steps, sigma=cfg["sigma"], seed=seeds[i],
+                        samples=samples, purpose="rollout")
+            done += p
+            _progress(job_id, worker_name, done, len(prompts),
+                      {"groups": done, "reward_mean": float(np.mean(sum(raw.values()) / len(raw)))})
+    except Cancelled:
+        return "cancelled"
+    with session_scope() as s:
+        return jobs.mark_succeeded(s, job_id).status
+
+
+def run_evaluate(job_id: int, worker_name: str) -> str:
+    with session_scope() as s:
+        job = jobs.get_job(s, job_id)
+        cfg = dict(job.config)
+        history = {m.iteration: m.metrics for m in jobs.metric_history(s, job_id)}
+        ckpts = [(c, checkpoints.get_checkpoint(s, c).iteration) for c in cfg["checkpoint_ids"]]
+    if cfg.get("prompts"):
+        prompts = list(cfg["prompts"])
+    elif cfg.get("dataset_id"):
+        prompts = [t for _, t in dataset_prompts(cfg["dataset_id"], cfg["split"], None)]
+    else:
+        prompts = all_prompts()
+    prompts = prompts[:cfg["max_prompts"]] if cfg.get("max_prompts") else prompts
+    if not prompts:
+        raise ValueError("no prompts to evaluate")
+    names = cfg.get("reward_names") or SHAPES_REWARDS
+    pairs = [(p, seed) for p in prompts for seed in cfg["seeds"]]
+    summary: dict[str, Any] = {}
+    for row in history.values():
+        summary.update({k: v for k, v in row.items() if k.startswith("checkpoint/")})
+    try:
+        _progress(job_id, worker_name, len(history), len(ckpts))
+        for index, (ckpt_id, ckpt_iteration) in enumerate(ckpts, start=1):
+            if index in history:  # done before a crash
+                continue
+            model = load_checkpoint_model(ckpt_id, cfg.get("model", "shapes"))
+            images = sample_images(model, [p for p, _ in pairs], [s for _, s in pairs],
+                                   cfg["solver"], cfg["steps"])
+            texts = [p for p, _ in pairs]
+            scores = compute_rewards(names, images, texts)
+            with session_scope() as s:
+                if not jobs.holds(s, job_id, worker_name):
+                    raise LeaseLost(f"job {job_id} is no longer held by {worker_name}")
+                for j, (text, seed) in enumerate(pairs):
+                    rollouts.record_rollout_group(
+                        s, job_id=job_id, iteration=ckpt_iteration, prompt_text=text,
+                        checkpoint_id=ckpt_id, solver=cfg["solver"], steps=cfg["steps"],
+                        sigma=0.0, seed=int(seed), purpose="evaluate",
+                        samples=[{"png": png_bytes(images[j]), "member_index": 0,
+                                  "rewards": {n: float(scores[n][j]) for n in names},
+                                  "advantage": None}])
+            row = {f"checkpoint/{ckpt_id}/{n}": float(scores[n].mean()) for n in names}
+            summary.update(row)
+            _progress(job_id, worker_name, index, len(ckpts),
+                      clean_metrics({"checkpoint_id": ckpt_id, **row}))
+    except Cancelled:
+        return "cancelled"
+    with session_scope() as s:
+        return jobs.mark_succeeded(s, job_id, metrics=clean_metrics(summary)).status

@@ -1,0 +1,166 @@
+"""Celery tasks. Each takes a job id, re-reads the row and is safe to run twice: it first
+claims the job atomically (`app.services.jobs.claim`), so a duplicate message, a second worker
+or a redelivery finds it taken or finished and does nothing.
+
+    train           Neighbor GRPO or the SDE baseline (worker/training.py); with
+                    TRAIN_NPROC > 1 under torchrun, DDP, rank 0 records (worker/distributed_train.py)
+    rollout         groups from a checkpoint for a dataset's prompts (worker/sampling.py)
+    evaluate        fixed prompts and seeds from checkpoints (worker/sampling.py)
+    fit_preference  the human-preference reward model (issue 6; the slot exists)
+    reap            settle jobs whose worker died (worker/reaper.py), for `celery beat`
+
+A job's error (the exception and the end of its traceback) lands on the row as `failed`; the
+task itself returns normally so the message is acknowledged and never retried by Celery: the
+retry policy is the reaper's.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from celery import signals
+
+from app.config import get_settings
+from app.db import session_scope
+from app.services import jobs
+from worker.celery_app import celery_app
+from worker.lease import JobLease, LeaseLost
+from worker.reaper import ReaperThread, reap_once
+
+log = logging.getLogger(__name__)
+
+# set when this worker process begins a warm shutdown: a training job saves a checkpoint,
+# goes back to the queue and the task returns, instead of holding the shutdown for hours
+SHUTDOWN = threading.Event()
+
+
+def describe_error(exc: BaseException) -> str:
+    tb = "".join(traceback.format_exception(exc))
+    tail = "\n".join(tb.strip().splitlines()[-12:])
+    return f"{type(exc).__name__}: {exc}\n\n{tail}"[:8000]
+
+
+def run_job(job_id: int, body: Callable[[int, str], str]) -> str:
+    """Claim the job, keep its heartbeat, run `body(job_id, worker_name)`, record failure."""
+    lease = JobLease(int(job_id))
+    if not lease.claim():
+        log.info("job %s is finished, cancelled or held by another worker: skipped", job_id)
+        return "skipped"
+    lease.start_heartbeat()
+    try:
+        return body(lease.job_id, lease.worker_name)
+    except LeaseLost as exc:
+        log.warning("%s; stopping without touching the job", exc)
+        return "lost"
+    except Exception as exc:
+        log.exception("job %s failed", job_id)
+        with session_scope() as s:
+            if jobs.holds(s, lease.job_id, lease.worker_name):
+                jobs.mark_failed(s, lease.job_id, describe_error(exc))
+        return "failed"
+    finally:
+        lease.stop()
+
+
+# --- the tasks ------------------------------------------------------------------------------
+@celery_app.task(name="worker.tasks.train")
+def train(job_id: int) -> str:
+    nproc = get_settings().train_nproc
+    if nproc > 1:
+        return run_job(job_id, lambda jid, name: run_torchrun(jid, name, nproc))
+    from worker.training import run_training
+
+    return run_job(job_id, lambda jid, name: run_training(jid, name, SHUTDOWN))
+
+
+@celery_app.task(name="worker.tasks.rollout")
+def rollout(job_id: int) -> str:
+    from worker.sampling import run_rollout
+
+    return run_job(job_id, run_rollout)
+
+
+@celery_app.task(name="worker.tasks.evaluate")
+def evaluate(job_id: int) -> str:
+    from worker.sampling import run_evaluate
+
+    return run_job(job_id, run_evaluate)
+
+
+def _fit_preference(job_id: int, worker_name: str) -> str:
+    try:  # issue 6 provides this; until then the job fails saying so
+        from trainer.rewards.preference import fit_job  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise NotImplementedError("fit_preference: the preference model is not built yet "
+                                  "(trainer.rewards.preference.fit_job)") from exc
+    status = fit_job(job_id, worker_name)
+    if status is None:
+        with session_scope() as s:
+            status = jobs.mark_succeeded(s, job_id).status
+    return status
+
+
+@celery_app.task(name="worker.tasks.fit_preference")
+def fit_preference(job_id: int) -> str:
+    return run_job(job_id, _fit_preference)
+
+
+@celery_app.task(name="worker.tasks.reap")
+def reap() -> list:
+    return reap_once()
+
+
+# --- several GPUs: torchrun ------------------------------------------------------------------
+def run_torchrun(job_id: int, worker_name: str, nproc: int) -> str:
+    """Launch `worker.distributed_train` on `nproc` local processes (one per GPU, or gloo on
+    CPUs) and wait. Rank 0 records; this process keeps the heartbeat and, if the launch dies
+    without finishing the job, marks it failed with the end of its output."""
+    with tempfile.NamedTemporaryFile("w+b", suffix=".log", delete=False) as out:
+        log_path = Path(out.name)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", "-m", "worker.distributed_train", str(job_id),
+           worker_name]
+    try:
+        with log_path.open("wb") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+            while True:
+                try:
+                    proc.wait(timeout=1.0)
+                    break
+                except subprocess.TimeoutExpired:
+                    if SHUTDOWN.is_set():  # rank 0 saves and requeues on SIGTERM
+                        proc.send_signal(signal.SIGTERM)
+                        proc.wait()
+                        break
+        text = log_path.read_text(errors="replace")
+    finally:
+        log_path.unlink(missing_ok=True)
+    with session_scope() as s:
+        job = jobs.get_job(s, job_id)
+        if job.status != "running" or job.worker != worker_name:
+            return job.status  # finished, cancelled, or requeued by rank 0 on shutdown
+    tail = "\n".join(text.strip().splitlines()[-20:])
+    raise RuntimeError(f"torchrun exited with code {proc.returncode} before the job "
+                       f"finished:\n{tail}")
+
+
+# --- worker lifecycle -------------------------------------------------------------------------
+@signals.worker_ready.connect
+def _start_reaper(sender=None, **_kwargs) -> None:
+    """The startup check (first round at once), then every REAPER_INTERVAL_SECONDS."""
+    thread = ReaperThread(get_settings().reaper_interval_seconds)
+    thread.start()
+
+
+@signals.worker_shutting_down.connect
+def _on_shutdown(**_kwargs) -> None:
+    SHUTDOWN.set()
+

@@ -1,0 +1,158 @@
+"""The train job: build the trainer from the job's config, resume from the newest checkpoint,
+and record every iteration in the database.
+
+Each iteration, in one short transaction (files are written before it opens): the metrics and
+progress (one metric row per iteration; a redone iteration replaces its row), every
+`sample_every` iterations one rollout group per prompt (images, seeds, rewards, advantages,
+anchors), every `checkpoint_every` iterations and at the end a checkpoint. A cancel request is
+answered at the end of the iteration it is seen in: a checkpoint is saved, then `cancelled`.
+
+The same `TrainRecorder` runs in rank 0 of a torchrun launch (worker/distributed_train.py).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from app.db import session_scope
+from app.services import checkpoints, jobs, rollouts, storage
+from trainer.config import TrainConfig
+from trainer.loop import Trainer
+from trainer.neighbor_grpo import IterationResult
+from worker.lease import LeaseLost
+
+log = logging.getLogger(__name__)
+
+
+def png_bytes(image: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(np.asarray(image, dtype=np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def clean_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """JSON-safe metrics: numpy scalars to floats, NaN/inf to None (PostgreSQL JSON rejects them)."""
+    out: dict[str, Any] = {}
+    for key, value in metrics.items():
+        if isinstance(value, dict):
+            out[key] = clean_metrics(value)
+            continue
+        if isinstance(value, (np.generic,)):
+            value = value.item()
+        if isinstance(value, float) and not math.isfinite(value):
+            value = None
+        out[key] = value
+    return out
+
+
+def checkpoint_root(job_id: int) -> Path:
+    return storage.storage_root() / "checkpoints" / f"job-{job_id}"
+
+
+def group_samples(result: IterationResult, p: int) -> list[dict[str, Any]]:
+    """The G members of prompt p as `record_rollout_group` samples."""
+    anchors = {int(a) for a in np.asarray(result.anchors[p]).ravel()}
+    return [{"png": png_bytes(result.images[p, g]), "member_index": g,
+             "rewards": {name: float(r[p, g]) for name, r in result.rewards.items()},
+             "advantage": float(result.advantages[p, g]), "is_anchor": g in anchors}
+            for g in range(result.images.shape[1])]
+
+
+class TrainRecorder:
+    """The trainer callback that mirrors a run into the database. Returns True to stop."""
+
+    def __init__(self, job_id: int, worker_name: str, config: TrainConfig,
+                 parent_checkpoint_id: int | None,
+                 shutdown: threading.Event | None = None) -> None:
+        self.job_id, self.worker_name, self.config = job_id, worker_name, config
+        self.root = checkpoint_root(job_id)
+        self.last_checkpoint_id = parent_checkpoint_id
+        self.shutdown = shutdown or threading.Event()
+        self.cancelled = False
+        self.requeued = False  # the worker is shutting down: saved, back in the queue
+
+    def _record_checkpoint(self, s, iteration: int, path: Path) -> None:
+        self.last_checkpoint_id = checkpoints.record_checkpoint(
+            s, self.job_id, iteration, str(path / "model.safetensors"),
+            parent_id=self.last_checkpoint_id)
+
+    def __call__(self, trainer: Trainer, result: IterationResult) -> bool:
+        it, cfg = trainer.iteration, self.config
+        final = it >= cfg.iterations
+        with session_scope() as s:
+            cancel = jobs.is_cancel_requested(s, self.job_id)
+        leaving = self.shutdown.is_set() and not final
+        saved = None
+        if cancel or leaving or final or it % cfg.checkpoint_every == 0:
+            saved = trainer.save_checkpoint(self.root)
+        sample = final or it % cfg.sample_every == 0
+        groups = [group_samples(result, p) for p in range(len(result.prompts))] if sample else []
+        with session_scope() as s:
+            if not jobs.holds(s, self.job_id, self.worker_name):
+                raise LeaseLost(f"job {self.job_id} is no longer held by {self.worker_name}")
+            for p, samples in enumerate(groups):
+                rollouts.record_rollout_group(
+                    s, job_id=self.job_id, iteration=it, prompt_text=result.prompts[p],
+                    solver=cfg.rollout_solver, steps=cfg.rollout_steps, sigma=cfg.sigma,
+                    seed=int(result.noise_seeds[p]), samples=samples, purpose="train")
+            if saved is not None:
+                self._record_checkpoint(s, it, saved)
+            cancel = jobs.update_progress(s, self.job_id, it, cfg.iterations,
+                                          clean_metrics(result.metrics)) or cancel
+            if cancel and saved is not None:
+                jobs.mark_cancelled(s, self.job_id)
+            elif leaving:
+                jobs.requeue(s, self.job_id, reason=f"worker {self.worker_name} shut down at "
+                             f"iteration {it}; requeued to resume from its checkpoint")
+                self.requeued = True
+                return True
+        if cancel and saved is None:  # the request arrived during this transaction
+            saved = trainer.save_checkpoint(self.root)
+            with session_scope() as s:
+                self._record_checkpoint(s, it, saved)
+                jobs.mark_cancelled(s, self.job_id)
+        self.cancelled = cancel
+        return cancel
+
+
+def prepare_trainer(job_id: int, model=None) -> tuple[Trainer, TrainConfig, int | None]:
+    """The job's trainer, resumed from its newest recorded checkpoint (if any)."""
+    with session_scope() as s:
+        job = jobs.get_job(s, job_id)
+        config = TrainConfig.from_dict(dict(job.config))
+        ckpt = checkpoints.latest_checkpoint(s, job_id)
+        ckpt_id, ckpt_path = (ckpt.id, ckpt.path) if ckpt is not None else (None, None)
+    trainer = Trainer(config, model=model)
+    if ckpt_path is not None:
+        directory = storage.resolve(ckpt_path).parent
+        trainer.load_checkpoint(directory)
+        log.info("job %s resumes from %s (iteration %d)", job_id, directory, trainer.iteration)
+    with session_scope() as s:  # iterations after the checkpoint are redone and re-recorded
+        jobs.truncate_history(s, job_id, trainer.iteration)
+    return trainer, config, ckpt_id
+
+
+def run_training(job_id: int, worker_name: str, shutdown: threading.Event | None = None) -> str:
+    """Train in this process (the job is already claimed). Returns the final status."""
+    trainer, config, ckpt_id = prepare_trainer(job_id)
+    recorder = TrainRecorder(job_id, worker_name, config, ckpt_id, shutdown)
+    if trainer.iteration < config.iterations:
+        trainer.run(recorder)
+    if recorder.cancelled:
+        return "cancelled"
+    if recorder.requeued:
+        jobs.celery_enqueue(job_id, "train")
+        return "queued"
+    with session_scope() as s:
+        if not jobs.holds(s, job_id, worker_name):
+            raise LeaseLost(f"job {job_id} is no longer held by {worker_name}")
+        job = jobs.mark_succeeded(s, job_id)
+        return job.status
