@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint format clean
+.PHONY: setup demo worker test test-fast lint format clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -16,8 +16,14 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# migrations, the shapes dataset, an admin token (printed once), a worker and the server;
+# Ctrl-C stops all of it (app/serve.py)
 demo: setup
-	$(BIN)/python -m trainer demo
+	$(BIN)/python -m app serve
+
+# one more worker on this machine's DATA_DIR / BROKER_URL / DATABASE_URL (see README: Workers)
+worker: setup
+	$(BIN)/celery -A worker.celery_app worker -Q gpu,cpu --pool solo -l INFO
 
 test: setup
 	$(BIN)/ruff check .

@@ -1,8 +1,10 @@
-"""`python -m app migrate` and `python -m app create-user NAME --role admin|annotator`."""
+"""`python -m app migrate`, `python -m app create-user NAME --role admin|annotator` and
+`python -m app serve` (migrations, seed data, a worker and the server: app/serve.py)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from app.errors import ServiceError
@@ -15,7 +17,20 @@ def main(argv: list[str] | None = None) -> int:
     cu = sub.add_parser("create-user", help="create a user and print their API token once")
     cu.add_argument("name")
     cu.add_argument("--role", choices=("admin", "annotator"), default="annotator")
+    sv = sub.add_parser("serve", help="migrate, seed, start a worker and the server "
+                        "(Ctrl-C stops all)")
+    sv.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+    sv.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+    sv.add_argument("--no-worker", action="store_true", help="do not start a worker process")
+    sv.add_argument("--no-demo-job", action="store_true",
+                    help="do not launch the quick demo training job on the first start")
     args = parser.parse_args(argv)
+
+    if args.command == "serve":
+        from app.serve import serve
+
+        return serve(args.host, args.port, worker=not args.no_worker,
+                     demo_job=not args.no_demo_job)
 
     if args.command == "migrate":
         from app.migrate import upgrade

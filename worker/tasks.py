@@ -51,6 +51,11 @@ def describe_error(exc: BaseException) -> str:
 def run_job(job_id: int, body: Callable[[int, str], str]) -> str:
     """Claim the job, keep its heartbeat, run `body(job_id, worker_name)`, record failure."""
     lease = JobLease(int(job_id))
+    if SHUTDOWN.is_set():  # leaving: hand the message on to the next worker, untouched
+        with session_scope() as s:
+            kind = jobs.get_job(s, lease.job_id).kind
+        jobs.celery_enqueue(lease.job_id, kind)
+        return "deferred"
     if not lease.claim():
         log.info("job %s is finished, cancelled or held by another worker: skipped", job_id)
         return "skipped"

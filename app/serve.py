@@ -1,0 +1,121 @@
+"""`python -m app serve` (what `make demo` runs): everything on one machine, on the embedded
+defaults (SQLite under DATA_DIR, the filesystem broker, one worker process, the shipped
+shapes model) or on whatever the settings name.
+
+1. migrations; 2. the shapes prompt dataset (all 48 prompts; once); 3. an `admin` user whose
+API token is printed once, on the first start; 4. on the first start a "shapes quick demo"
+training job, so there are curves to watch and rollouts to vote on; 5. a Celery worker as a
+child process; 6. uvicorn. Ctrl-C stops uvicorn, then the worker (a running training job saves
+a checkpoint and goes back to the queue; the next start resumes it), then exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import func, select
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPES_DATASET = "shapes"
+
+
+@dataclass
+class Bootstrap:
+    dataset_id: int
+    admin_token: str | None  # only on the start that created the admin
+    demo_job_id: int | None
+
+
+def bootstrap(demo_job: bool = True) -> Bootstrap:
+    """Migrate, seed the shapes dataset and the admin, launch the demo job (each once)."""
+    from app.db import session_scope
+    from app.migrate import upgrade
+    from app.models import Dataset, Job, User
+    from app.services import auth, datasets, jobs
+    from trainer.shapes.world import all_prompts
+
+    upgrade()
+    token = job_id = None
+    with session_scope() as s:
+        ds_id = s.scalar(select(Dataset.id).where(Dataset.name == SHAPES_DATASET)
+                         .order_by(Dataset.id).limit(1))
+        if ds_id is None:
+            data = ("\n".join(all_prompts()) + "\n").encode()
+            ds_id = datasets.import_dataset(s, filename="shapes.txt", data=data,
+                                            name=SHAPES_DATASET).dataset.id
+        if s.scalar(select(User.id).where(User.role == "admin").limit(1)) is None:
+            _, token = auth.create_user(s, "admin", "admin")
+        if demo_job and not s.scalar(select(func.count()).select_from(Job)):
+            job_id = jobs.create_job(s, "train", preset="shapes-quick-demo").id
+    if job_id is not None:
+        jobs.celery_enqueue(job_id, "train")
+    return Bootstrap(ds_id, token, job_id)
+
+
+def worker_command(name: str = "local") -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
+            "-Q", "gpu,cpu", "--pool", "solo", "-n", f"{name}@%h", "--without-gossip",
+            "--without-mingle", "--without-heartbeat", "-l", "INFO"]
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """SIGTERM (Celery's warm shutdown), then SIGKILL if it does not leave in time."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def serve(host: str = "127.0.0.1", port: int = 8000, worker: bool = True,
+          demo_job: bool = True) -> int:
+    import uvicorn
+
+    from app.config import get_settings
+
+    settings = get_settings()
+    print(f"data directory: {Path(settings.data_dir).resolve()}")
+    print(f"database:       {settings.resolved_database_url.split('@')[-1]}")
+    print(f"broker:         {settings.broker_url or 'embedded (filesystem, under DATA_DIR/broker)'}")
+    info = bootstrap(demo_job=demo_job)
+    print(f"dataset:        '{SHAPES_DATASET}' (id {info.dataset_id}), the 48 shapes prompts")
+    if info.admin_token:
+        print("admin API token (shown once, store it now):")
+        print(f"    {info.admin_token}")
+    else:
+        print("admin user exists (its token was shown on the first start; "
+              "`python -m app create-user NAME --role admin` makes another)")
+    if info.demo_job_id:
+        print(f"demo job:       train job {info.demo_job_id} (shapes-quick-demo) queued")
+    proc = None
+    if worker:
+        # its own session: Ctrl-C reaches us only, and we stop it after uvicorn
+        proc = subprocess.Popen(worker_command(), cwd=ROOT, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        print(f"worker:         pid {proc.pid} (queues gpu, cpu)")
+    base = f"http://{host}:{port}"
+    print(f"UI:             {base}/ui    API docs: {base}/docs    (Ctrl-C stops everything)",
+          flush=True)
+    try:
+        config = uvicorn.Config("app.main:create_app", factory=True, host=host, port=port,
+                                log_level="info")
+        uvicorn.Server(config).run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C after its own clean shutdown
+        pass
+    finally:
+        if proc is not None:
+            print("stopping the worker ...", flush=True)
+            stop_process(proc)
+        print("stopped.", flush=True)
+    return 0

@@ -1,0 +1,106 @@
+"""`python -m app serve` (what `make demo` runs) on the embedded defaults: migrations, the shapes
+dataset, an admin token printed once, the demo training job running in the child worker, the
+API answering; Ctrl-C stops the server and the worker (the job saves a checkpoint and goes back
+to the queue), and the next start resumes it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(tmp: Path, port: int, log: Path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATABASE_URL", "BROKER_URL", "STORAGE_DIR", "BROKER_KEY_PREFIX")}
+    env.update({"DATA_DIR": str(tmp / "data"), "PYTHONUNBUFFERED": "1", "TRAIN_NPROC": "1"})
+    return subprocess.Popen([sys.executable, "-m", "app", "serve", "--port", str(port)],
+                            cwd=tmp, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+
+def _wait(predicate, timeout: float, what: str, log: Path):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}:\n{log.read_text(errors='replace')[-8000:]}")
+
+
+def _get(url: str, token: str | None = None):
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return json.loads(resp.read())
+    except OSError:
+        return None
+
+
+def _log_when(log: Path, marker: str):
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return text if marker in text else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+def test_serve_starts_everything_and_ctrl_c_stops_it(tmp_path):
+    port, log = _free_port(), tmp_path / "serve.log"
+    proc = _start(tmp_path, port, log)
+    try:
+        text = _wait(lambda: _log_when(log, "Uvicorn running"), 90, "the server", log)
+        token = re.search(r"admin API token.*\n\s+(\S+)", text).group(1)
+        worker_pid = int(re.search(r"worker:\s+pid (\d+)", text).group(1))
+        base = f"http://127.0.0.1:{port}"
+        assert _get(f"{base}/healthz") == {"status": "ok"}
+        assert _get(f"{base}/api/auth/me", token)["role"] == "admin"
+        datasets = _get(f"{base}/api/datasets", token)
+        items = datasets["items"] if isinstance(datasets, dict) else datasets
+        assert any(d["name"] == "shapes" and d["num_prompts"] == 48 for d in items)
+        job = _wait(lambda: (j := _get(f"{base}/api/jobs/1", token)) and j["iteration"] >= 2
+                    and j, 120, "the demo job to train", log)
+        assert job["kind"] == "train" and job["status"] == "running"
+
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        assert proc.wait(timeout=90) in (0, 130)
+        assert not _alive(worker_pid), "the worker outlived the server"
+        out = log.read_text()
+        assert "stopped." in out and "Traceback" not in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    # the job went back to the queue at a checkpoint; a second start resumes it
+    proc = _start(tmp_path, port, log2 := tmp_path / "serve2.log")
+    try:
+        text = _wait(lambda: _log_when(log2, "Uvicorn running"), 90, "the second start", log2)
+        assert "admin API token" not in text  # printed once, on the first start only
+        _wait(lambda: "job 1 resumes from" in log2.read_text(), 60, "the resume", log2)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=90)
