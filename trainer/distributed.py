@@ -81,14 +81,18 @@ class DistributedFlowModel(FlowModel):
         return self.inner.load_state_dict(state_dict, strict=strict, assign=assign)
 
 
+SUMMED = ("forward_passes", "backward_passes")  # work counts add up over ranks
+
+
 def _average_metrics(metrics: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """Every numeric metric averaged over ranks, except SUMMED, which are totals."""
     keys = sorted(k for k, v in metrics.items()
                   if isinstance(v, (int, float)) and not isinstance(v, bool))
     values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=device)
     dist.all_reduce(values)
-    values /= dist.get_world_size()
     out = dict(metrics)
-    out.update({k: float(v) for k, v in zip(keys, values.tolist(), strict=True)})
+    for key, total in zip(keys, values.tolist(), strict=True):
+        out[key] = total if key in SUMMED else total / dist.get_world_size()
     return out
 
 

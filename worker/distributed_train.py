@@ -8,6 +8,7 @@ shutdown) is broadcast so all ranks leave the loop together. SIGTERM: save, requ
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -85,4 +86,8 @@ def recorded_checkpoint_dir(job_id: int) -> Path | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # gloo's threads can abort a normal interpreter exit ("terminate called ...")
