@@ -134,3 +134,30 @@ def get_sample(session: Session, sample_id: int) -> Sample:
     if sample is None:
         raise NotFound(f"sample {sample_id} not found")
     return sample
+
+
+def sample_details(session: Session, sample_ids: list[int]) -> dict[int, dict[str, Any]]:
+    """Where each sample came from, for display: member index, rewards, advantage, anchor flag
+    and its group's job, iteration, purpose, prompt, seed, sigma, solver, steps and
+    checkpoint (id and name). Unknown ids are left out."""
+    if not sample_ids:
+        return {}
+    rows = session.execute(
+        select(Sample, RolloutGroup, Checkpoint.name)
+        .join(RolloutGroup, RolloutGroup.id == Sample.group_id)
+        .outerjoin(Checkpoint, Checkpoint.id == RolloutGroup.checkpoint_id)
+        .where(Sample.id.in_(sample_ids))
+    ).all()
+    out: dict[int, dict[str, Any]] = {}
+    for s, g, ckpt_name in rows:
+        out[s.id] = {
+            "sample_id": s.id, "member_index": s.member_index, "image_path": s.image_path,
+            "rewards": dict(s.rewards or {}), "advantage": s.advantage,
+            "is_anchor": s.is_anchor, "group_id": g.id, "job_id": g.job_id,
+            "iteration": g.iteration, "purpose": g.purpose, "prompt": g.prompt_text,
+            "seed": g.seed, "sigma": g.sigma, "solver": g.solver, "steps": g.steps,
+            "checkpoint_id": g.checkpoint_id,
+            "checkpoint": ckpt_name or ("base model" if g.checkpoint_id is None else
+                                        f"checkpoint {g.checkpoint_id}"),
+        }
+    return out

@@ -1,0 +1,58 @@
+"""The Gradio UI, mounted in the FastAPI app at /ui (`mount`).
+
+`build_ui()` returns the whole app: a login box and one tab per page; the role of the logged-in
+user decides which tabs show (annotators: the arena and their own stats; admins: everything),
+and every admin handler checks the role again on the server. Pages are built by one function
+each (`build_<page>(user) -> gr.Blocks`) and call `app.services`, never the ORM or SQL.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr  # noqa: E402
+from fastapi import FastAPI  # noqa: E402
+
+from app.ui.common import CSS, HEAD  # noqa: E402
+
+PATH = "/ui"
+
+
+def build_ui() -> gr.Blocks:
+    from app.ui.annotators import build_annotators
+    from app.ui.arena import build_arena
+    from app.ui.datasets import build_datasets
+    from app.ui.jobs import build_jobs
+    from app.ui.leaderboard import build_leaderboard
+    from app.ui.login import ADMIN_TABS, build_login
+    from app.ui.rollouts import build_rollouts
+
+    with gr.Blocks(title="Neighbor GRPO Studio", analytics_enabled=False) as ui:
+        user = gr.State(None)
+        login = build_login(user)
+        with gr.Tabs(elem_id="pages") as tabs:
+            pages = {}
+            for key, title, builder in [
+                ("arena", "Arena", build_arena), ("rollouts", "Rollouts", build_rollouts),
+                ("jobs", "Jobs", build_jobs), ("leaderboard", "Leaderboard", build_leaderboard),
+                ("datasets", "Datasets", build_datasets),
+                ("annotators", "Annotators", build_annotators),
+            ]:
+                with gr.Tab(title, id=key, elem_id=f"tab-{key}", visible=False) as tab:
+                    builder(user)
+                pages[key] = tab
+        login.wire(pages, tabs)
+        assert set(ADMIN_TABS) <= set(pages)
+    return ui
+
+
+def mount(app: FastAPI) -> FastAPI:
+    """Mount the UI at /ui (images under the storage directory may be served to it)."""
+    from app.config import get_settings
+
+    storage = get_settings().resolved_storage_dir
+    return gr.mount_gradio_app(app, build_ui(), path=PATH, css=CSS, head=HEAD,
+                               allowed_paths=[str(storage)], footer_links=[],
+                               theme=gr.themes.Default())

@@ -1,0 +1,9 @@
+from __future__ import annotations
+
+import gradio as gr
+
+
+def build_annotators(user: gr.State) -> gr.Blocks:
+    with gr.Blocks() as page:
+        gr.Markdown("TODO")
+    return page

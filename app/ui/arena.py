@@ -1,0 +1,190 @@
+"""The arena: the prompt, two large images, five vote buttons with keyboard shortcuts.
+
+Per browser session (`gr.State`): the pair on screen and the next one, prefetched with its
+images inlined, so after a vote the next pair is shown from memory while the one after it is
+fetched. The source of each image (checkpoint, iteration, rewards) is not in the page until
+the vote is recorded; then it shows for a few seconds (a CSS fade).
+
+One listener serves all five buttons (so a vote in flight blocks the next trigger, whatever
+the button) and one handler takes the outcome as a parameter. The page script gives each pair
+on screen one client vote id: a repeated click on the same pair carries the same id, the
+server records the vote once, and the second click of a double click never leaves the page.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import gradio as gr
+
+from app.models import OUTCOMES
+from app.services import rollouts, votes
+from app.ui.common import caller, error_text, esc, fmt, image_src, notice, session
+
+BUTTONS = [  # (outcome, label, key shown on the button)
+    ("a", "A is better", "1"), ("b", "B is better", "2"), ("tie", "Tie", "3"),
+    ("both_bad", "Both bad", "4"), ("skip", "Skip", "space"),
+]
+LABELS = {"a": "A is better", "b": "B is better", "tie": "Tie", "both_bad": "Both bad",
+          "skip": "Skip"}
+
+def new_arena_state() -> dict[str, Any]:
+    return {"session_id": uuid.uuid4().hex, "current": None, "next": None,
+            "session_votes": 0, "my_total": 0, "all_total": 0, "last": None}
+
+
+def _fetch_pair(user_id: int, exclude: list[int]) -> dict[str, Any] | None:
+    """The next unjudged pair with its images inlined (source details are not included)."""
+    with session() as s:
+        choice = votes.next_pair(s, user_id, exclude=exclude)
+    if choice is None:
+        return None
+    return {"a_id": choice.a_id, "b_id": choice.b_id, "prompt": choice.prompt,
+            "selection": choice.selection, "a_src": image_src(choice.a_path),
+            "b_src": image_src(choice.b_path), "nonce": uuid.uuid4().hex[:16]}
+
+
+def pair_html(pair: dict[str, Any] | None) -> str:
+    if pair is None:
+        return ('<div class="ngs-pair ngs-empty" data-nonce="">'
+                + notice("No pairs left to judge. New rollouts will appear here.") + "</div>")
+    return (f'<div class="ngs-prompt">{esc(pair["prompt"])}</div>'
+            f'<div class="ngs-pair" data-nonce="{pair["nonce"]}">'
+            f'<div class="ngs-side"><div class="ngs-side-label">A</div>'
+            f'<img alt="image A" src="{pair["a_src"]}"></div>'
+            f'<div class="ngs-side"><div class="ngs-side-label">B</div>'
+            f'<img alt="image B" src="{pair["b_src"]}"></div></div>')
+
+
+def _side_text(d: dict[str, Any] | None) -> str:
+    if not d:
+        return "?"
+    rewards = ", ".join(f"{k} {fmt(v, 2)}" for k, v in sorted(d["rewards"].items())) or "none"
+    job = f"job {d['job_id']} " if d["job_id"] is not None else ""
+    return (f"{esc(d['checkpoint'])} ({job}iteration {d['iteration']}, member "
+            f"{d['member_index']}; rewards: {esc(rewards)})")
+
+
+def reveal_html(last: dict[str, Any] | None) -> str:
+    if not last:
+        return ""
+    a, b = last["sources"].get(str(last["a_id"])), last["sources"].get(str(last["b_id"]))
+    return (f'<div class="ngs-reveal" data-vote="{last["vote_id"]}">You chose '
+            f'<b>{esc(LABELS[last["outcome"]])}</b>. A: {_side_text(a)} &middot; '
+            f'B: {_side_text(b)}</div>')
+
+
+def counters_html(state: dict[str, Any]) -> str:
+    return (f'<div class="ngs-counters" id="arena-counter-values" '
+            f'data-session="{state["session_votes"]}" data-total="{state["my_total"]}">'
+            f'This session: <b>{state["session_votes"]}</b> &middot; your votes in total: '
+            f'<b>{state["my_total"]}</b> &middot; all annotators: <b>{state["all_total"]}</b>'
+            f"</div>")
+
+
+def load(user_state: dict | None, arena: dict | None):
+    """Show a pair (on login or when the arena tab opens) and prefetch the next one."""
+    try:
+        user = caller(user_state)
+    except Exception as exc:  # noqa: BLE001 - shown to the user
+        return notice(error_text(exc), "error"), "", "", arena
+    state = arena if arena and arena.get("session_id") else new_arena_state()
+    with session() as s:
+        state["my_total"] = votes.count_votes(s, user.id)
+        state["all_total"] = votes.count_votes(s)
+    if state["current"] is None:
+        state["current"] = _fetch_pair(user.id, [])
+    if state["current"] is not None and state["next"] is None:
+        cur = state["current"]
+        state["next"] = _fetch_pair(user.id, [cur["a_id"], cur["b_id"]])
+    state["shown_at"] = datetime.now(UTC).isoformat()
+    return pair_html(state["current"]), "", counters_html(state), state
+
+
+def vote(outcome: str, meta: str, user_state: dict | None, arena: dict | None):
+    """Record `outcome` for the pair on screen, show the prefetched pair at once (first yield),
+    then prefetch the one after it (second yield). Outputs: pair, reveal, counters, state."""
+    try:
+        user = caller(user_state)
+        if outcome not in OUTCOMES:
+            raise ValueError(f"unknown outcome {outcome!r}")
+        info = json.loads(meta or "{}")
+    except Exception as exc:  # noqa: BLE001 - shown to the user
+        yield gr.skip(), notice(error_text(exc), "error"), gr.skip(), arena
+        return
+    state = arena if arena and arena.get("session_id") else new_arena_state()
+    cur = state.get("current")
+    if cur is None or info.get("nonce") != cur["nonce"]:
+        # a repeat of a vote already handled (the pair has changed since): nothing to do
+        yield gr.skip(), gr.skip(), gr.skip(), state
+        return
+    shown_at = datetime.fromisoformat(state["shown_at"]) if state.get("shown_at") else None
+    now = datetime.now(UTC)
+    latency = int((now - shown_at).total_seconds() * 1000) if shown_at else None
+    try:
+        with session() as s:
+            row, created = votes.record_vote(
+                s, user, client_vote_id=str(info.get("client_vote_id") or uuid.uuid4().hex)[:64],
+                sample_a_id=cur["a_id"], sample_b_id=cur["b_id"], outcome=outcome,
+                session_id=state["session_id"], shown_at=shown_at, latency_ms=latency,
+                selection=cur["selection"])
+            vote_id = row.id
+            sources = rollouts.sample_details(s, [cur["a_id"], cur["b_id"]])
+    except Exception as exc:  # noqa: BLE001 - e.g. the pair was judged in another tab
+        state["current"], state["next"] = state.get("next"), None
+        yield (pair_html(state["current"]), notice(error_text(exc), "error"),
+               counters_html(state), state)
+        return
+    if created:
+        state["session_votes"] += 1
+        state["my_total"] += 1
+        state["all_total"] += 1
+    state["last"] = {"vote_id": vote_id, "outcome": outcome, "a_id": cur["a_id"],
+                     "b_id": cur["b_id"], "sources": {str(k): v for k, v in sources.items()}}
+    nxt = state.get("next")
+    if nxt is None:
+        nxt = _fetch_pair(user.id, [])
+    state["current"], state["next"] = nxt, None
+    state["shown_at"] = datetime.now(UTC).isoformat()
+    yield pair_html(nxt), reveal_html(state["last"]), counters_html(state), state
+    if nxt is not None:
+        state["next"] = _fetch_pair(user.id, [nxt["a_id"], nxt["b_id"]])
+    yield gr.skip(), gr.skip(), gr.skip(), state
+
+
+def dispatch(meta: str, user_state: dict | None, arena: dict | None):
+    """The one listener of the five buttons: the outcome travels in the client's meta."""
+    try:
+        outcome = json.loads(meta or "{}").get("outcome", "")
+    except ValueError:
+        outcome = ""
+    yield from vote(outcome, meta, user_state, arena)
+
+
+VOTE_JS = ("(meta, user, arena) => { const m = JSON.parse(window.ngsVoteMeta()); "
+           "m.outcome = window.ngsOutcome || ''; return [JSON.stringify(m), user, arena]; }")
+
+def build_arena(user: gr.State) -> gr.Blocks:
+    """The arena page; `user` is the login state (`app.ui.login`)."""
+    with gr.Blocks() as page:
+        arena = gr.State(None)
+        counters = gr.HTML(elem_id="arena-counters")
+        pair = gr.HTML(elem_id="arena-pair", min_height=300)
+        with gr.Row(elem_id="arena-buttons"):
+            buttons = [gr.Button(f"{label} [{key}]", elem_id=f"vote-{outcome}",
+                                 elem_classes=["ngs-vote"],
+                                 variant="primary" if outcome in ("a", "b") else "secondary")
+                       for outcome, label, key in BUTTONS]
+        reveal = gr.HTML(elem_id="arena-reveal")
+        meta = gr.Textbox(visible=False)
+        outputs = [pair, reveal, counters, arena]
+        gr.on([b.click for b in buttons], dispatch, inputs=[meta, user, arena],
+              outputs=outputs, js=VOTE_JS, trigger_mode="once", show_progress="hidden",
+              concurrency_limit=None, api_visibility="private")
+        # a login (or a new token) shows the first pair
+        user.change(load, inputs=[user, arena], outputs=outputs, show_progress="hidden",
+                    api_visibility="private")
+    return page

@@ -1,0 +1,280 @@
+"""What every page shares: a database session per call, the caller from the per-session user
+state, HTML helpers (escaping, images, progress bars, SVG line plots), the CSS and the page
+script (keyboard shortcuts, the double-click guard, tooltips).
+
+The user state (`gr.State`) holds only the API token; every handler re-authenticates with it
+(`auth.authenticate`, cached for a few seconds), so a revoked token or a role change takes
+effect and a hidden page's handler refuses a caller without the role.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app import db
+from app.errors import Forbidden, ServiceError, Unauthorized
+from app.models import User
+from app.services import auth, storage
+
+# images at most this big are inlined as data URIs (no request, nothing to leak in a URL);
+# bigger ones are served by Gradio from the storage directory (allowed_paths)
+INLINE_MAX_BYTES = 256 * 1024
+
+
+@contextmanager
+def session() -> Iterator[Session]:
+    """A short session that commits on success (services flush; the boundary commits)."""
+    with db.session_scope() as s:
+        yield s
+
+
+def caller(user_state: dict | None, *roles: str) -> User:
+    """The logged-in user of this browser session; Unauthorized/Forbidden as in the API."""
+    token = (user_state or {}).get("token")
+    if not token:
+        raise Unauthorized("log in first")
+    with db.new_session() as s:
+        user = auth.authenticate(s, token)
+    if roles:
+        auth.require_role(user, *roles)
+    return user
+
+
+def error_text(exc: Exception) -> str:
+    if isinstance(exc, ServiceError):
+        return exc.message
+    return f"{type(exc).__name__}: {exc}"
+
+
+def is_auth_error(exc: Exception) -> bool:
+    return isinstance(exc, Unauthorized | Forbidden)
+
+
+def esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def image_src(rel_path: str) -> str:
+    """A data URI for a small image, else a Gradio file URL (the storage dir is allowed)."""
+    try:
+        path = storage.resolve(rel_path)
+    except ServiceError:
+        return ""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return ""
+    if size <= INLINE_MAX_BYTES:
+        mime = "image/png" if path.suffix.lower() == ".png" else "image/jpeg"
+        return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()}"
+    return f"/ui/gradio_api/file={path}"
+
+
+def fmt(x: Any, digits: int = 3) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def progress_bar(fraction: float | None, label: str = "", elem_class: str = "") -> str:
+    pct = 0.0 if fraction is None else max(0.0, min(1.0, fraction)) * 100
+    return (f'<div class="ngs-progress {elem_class}" role="progressbar" aria-valuemin="0" '
+            f'aria-valuemax="100" aria-valuenow="{pct:.1f}"><div class="ngs-progress-fill" '
+            f'style="width:{pct:.1f}%"></div><span>{esc(label)}</span></div>')
+
+
+def line_plot(title: str, xs: Sequence[float], series: dict[str, Sequence[float | None]],
+              band: tuple[Sequence[float | None], Sequence[float | None]] | None = None,
+              width: int = 320, height: int = 160, elem_id: str = "") -> str:
+    """A small inline SVG line plot (no JS, no network): one polyline per series and an
+    optional shaded band (e.g. mean ± std). `data-points` says how many x values it has."""
+    pad_l, pad_r, pad_t, pad_b = 44, 8, 20, 20
+    values = [v for s in series.values() for v in s if v is not None]
+    if band:
+        values += [v for s in band for v in s if v is not None]
+    colors = ["#2563eb", "#dc2626", "#16a34a", "#9333ea"]
+    head = (f'<svg class="ngs-plot" id="{esc(elem_id)}" data-points="{len(xs)}" '
+            f'viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+            f'xmlns="http://www.w3.org/2000/svg"><text x="{pad_l}" y="13" class="ngs-plot-title">'
+            f'{esc(title)}</text>')
+    if not xs or not values:
+        return head + (f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" '
+                       f'class="ngs-plot-empty">no data yet</text></svg>')
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = min(values), max(values)
+    if x1 == x0:
+        x1 = x0 + 1
+    if y1 == y0:
+        y0, y1 = y0 - 0.5, y1 + 0.5
+
+    def px(x: float) -> float:
+        return pad_l + (x - x0) / (x1 - x0) * (width - pad_l - pad_r)
+
+    def py(y: float) -> float:
+        return pad_t + (y1 - y) / (y1 - y0) * (height - pad_t - pad_b)
+
+    parts = [head,
+             f'<line x1="{pad_l}" y1="{height - pad_b}" x2="{width - pad_r}" '
+             f'y2="{height - pad_b}" class="ngs-axis"/>',
+             f'<line x1="{pad_l}" y1="{pad_t}" x2="{pad_l}" y2="{height - pad_b}" '
+             f'class="ngs-axis"/>',
+             f'<text x="{pad_l - 4}" y="{pad_t + 4}" text-anchor="end" class="ngs-tick">'
+             f'{y1:.3g}</text>',
+             f'<text x="{pad_l - 4}" y="{height - pad_b}" text-anchor="end" class="ngs-tick">'
+             f'{y0:.3g}</text>',
+             f'<text x="{pad_l}" y="{height - 5}" class="ngs-tick">{x0:g}</text>',
+             f'<text x="{width - pad_r}" y="{height - 5}" text-anchor="end" class="ngs-tick">'
+             f'{x1:g}</text>']
+    if band:
+        lo, hi = band
+        top = [(px(x), py(h)) for x, h in zip(xs, hi, strict=False) if h is not None]
+        bot = [(px(x), py(v)) for x, v in zip(xs, lo, strict=False) if v is not None]
+        if top and bot:
+            pts = " ".join(f"{a:.1f},{b:.1f}" for a, b in top + bot[::-1])
+            parts.append(f'<polygon points="{pts}" class="ngs-band"/>')
+    for k, (name, ys) in enumerate(series.items()):
+        pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(xs, ys, strict=False)
+                       if y is not None)
+        color = colors[k % len(colors)]
+        parts.append(f'<polyline points="{pts}" fill="none" stroke="{color}" '
+                     f'stroke-width="1.5" class="ngs-line" data-series="{esc(name)}"/>')
+        if len(series) > 1:
+            parts.append(f'<text x="{width - pad_r - 90 * (len(series) - k) + 90}" y="13" '
+                         f'fill="{color}" class="ngs-tick" text-anchor="end">{esc(name)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], elem_class: str = "") -> str:
+    """An HTML table; cells are escaped unless they are `Raw`."""
+    def cell(v: Any) -> str:
+        return v.html if isinstance(v, Raw) else esc(fmt(v))
+
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in r) + "</tr>" for r in rows)
+    return f'<table class="ngs-table {elem_class}"><thead><tr>{head}</tr></thead>' \
+           f"<tbody>{body}</tbody></table>"
+
+
+class Raw:
+    """Trusted HTML for `table` cells."""
+
+    def __init__(self, html_text: str) -> None:
+        self.html = html_text
+
+
+def notice(text: str, kind: str = "info") -> str:
+    return f'<div class="ngs-notice ngs-{kind}">{esc(text)}</div>'
+
+
+CSS = """
+.ngs-pair { display: flex; gap: 16px; justify-content: center; }
+.ngs-side { flex: 1 1 0; max-width: 520px; text-align: center; }
+.ngs-side img, .ngs-pixel { image-rendering: pixelated; image-rendering: crisp-edges; }
+.ngs-side img { width: 100%; aspect-ratio: 1 / 1; object-fit: contain; background: #fff;
+  border: 1px solid #d4d4d8; border-radius: 6px; }
+.ngs-side-label { font-weight: 700; font-size: 1.1em; margin: 4px 0; }
+.ngs-prompt { font-size: 1.35em; text-align: center; margin: 6px 0 10px; }
+.ngs-counters { text-align: center; color: #52525b; }
+.ngs-reveal { text-align: center; animation: ngs-fade 3.5s forwards; font-size: 0.92em;
+  background: #fefce8; border: 1px solid #fde68a; border-radius: 6px; padding: 4px 8px; }
+@keyframes ngs-fade { 0% { opacity: 1; } 70% { opacity: 1; } 100% { opacity: 0;
+  visibility: hidden; } }
+.ngs-kbd { font-family: monospace; border: 1px solid currentColor; border-radius: 3px;
+  padding: 0 4px; margin-left: 4px; opacity: 0.8; }
+.ngs-progress { position: relative; height: 18px; background: #e4e4e7; border-radius: 4px;
+  min-width: 120px; overflow: hidden; }
+.ngs-progress-fill { height: 100%; background: #22c55e; transition: width .3s; }
+.ngs-progress span { position: absolute; left: 6px; top: 0; font-size: 12px; line-height: 18px; }
+.ngs-table { border-collapse: collapse; width: 100%; font-size: 0.92em; }
+.ngs-table th, .ngs-table td { border-bottom: 1px solid #e4e4e7; padding: 4px 6px;
+  text-align: left; vertical-align: middle; }
+.ngs-group { display: flex; gap: 6px; align-items: flex-start; overflow-x: auto;
+  padding: 6px 0; border-bottom: 1px solid #e4e4e7; }
+.ngs-group-head { font-size: 0.9em; margin-top: 8px; }
+.ngs-member { text-align: center; font-size: 11px; min-width: 76px; }
+.ngs-member img { width: 72px; height: 72px; image-rendering: pixelated;
+  border: 2px solid transparent; border-radius: 4px; }
+.ngs-member.anchor img { border-color: #f59e0b; }
+.ngs-member summary { list-style: none; cursor: pointer; }
+.ngs-member summary::-webkit-details-marker { display: none; }
+.ngs-member .ngs-details { text-align: left; background: #f4f4f5; border-radius: 4px;
+  padding: 3px; margin-top: 2px; }
+.ngs-plot { background: #fff; border: 1px solid #e4e4e7; border-radius: 6px; margin: 3px; }
+.ngs-plot-title { font: 600 12px sans-serif; }
+.ngs-tick, .ngs-plot-empty { font: 10px sans-serif; fill: #52525b; }
+.ngs-axis { stroke: #a1a1aa; stroke-width: 1; }
+.ngs-band { fill: #93c5fd; opacity: 0.45; }
+.ngs-plots { display: flex; flex-wrap: wrap; }
+.ngs-notice { padding: 6px 10px; border-radius: 6px; margin: 4px 0; }
+.ngs-info { background: #eff6ff; } .ngs-ok { background: #f0fdf4; }
+.ngs-error { background: #fef2f2; color: #991b1b; }
+.ngs-field-error { color: #b91c1c; font-size: 0.85em; }
+.ngs-help label > span:first-child::after, .ngs-help .label-wrap span::after {
+  content: " \\24D8"; opacity: .5; }
+"""
+
+# keyboard shortcuts for the arena, the double-click guard, client vote ids, tooltips
+HEAD = """
+<script>
+(() => {
+  const KEYS = {"1": "vote-a", "2": "vote-b", "3": "vote-tie", "4": "vote-both_bad",
+                " ": "vote-skip"};
+  function visible(el) { return el && el.offsetParent !== null; }
+  document.addEventListener("keydown", (e) => {
+    const t = e.target;
+    if (t && (t.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(t.tagName))) return;
+    if (e.ctrlKey || e.metaKey || e.altKey) return;
+    const id = KEYS[e.key];
+    if (!id) return;
+    const btn = document.getElementById(id);
+    if (!visible(btn)) return;
+    e.preventDefault();
+    if (e.repeat) return;
+    btn.click();
+  }, true);
+  // the second click of a double click never reaches a vote button; the first one notes
+  // which button it was (the arena's one listener reads it)
+  window.addEventListener("click", (e) => {
+    const b = e.target.closest && e.target.closest(".ngs-vote");
+    if (!b) return;
+    if (e.detail > 1) { e.stopImmediatePropagation(); e.preventDefault(); return; }
+    if (b.id && b.id.startsWith("vote-")) window.ngsOutcome = b.id.slice(5);
+  }, true);
+  function uuid() {
+    if (window.crypto && crypto.randomUUID) return crypto.randomUUID();
+    const b = crypto.getRandomValues(new Uint8Array(16));
+    return Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+  }
+  // one client vote id per pair on screen: a repeated vote on the same pair reuses it, so
+  // the server records it once
+  window.ngsVoteMeta = () => {
+    const pair = document.querySelector("#arena-pair .ngs-pair");
+    const nonce = pair ? pair.dataset.nonce : "";
+    window.ngsPerf = window.ngsPerf || {};
+    window.ngsPerf.clickAt = performance.now();
+    if (!window.ngsVote || window.ngsVote.nonce !== nonce) window.ngsVote = {nonce, id: uuid()};
+    return JSON.stringify({client_vote_id: window.ngsVote.id, nonce});
+  };
+  window.ngsTooltips = (help) => {
+    for (const [name, text] of Object.entries(help)) {
+      const el = document.getElementById("cfg-" + name);
+      if (el) el.title = text;
+    }
+  };
+})();
+</script>
+"""
+
+
+def json_attr(value: Any) -> str:
+    return esc(json.dumps(value))

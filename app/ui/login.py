@@ -1,0 +1,62 @@
+"""Login by API token. The token stays in the per-session state, never in a global."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from app.ui.common import caller, error_text, esc, notice
+
+ANNOTATOR_TABS = ("arena", "annotators")  # annotators see their own stats on the last one
+ADMIN_TABS = ("arena", "rollouts", "jobs", "leaderboard", "datasets", "annotators")
+
+
+@dataclass
+class Login:
+    box: gr.Column
+    token: gr.Textbox
+    button: gr.Button
+    status: gr.HTML
+    logout: gr.Button
+    user: gr.State
+
+    def wire(self, pages: dict[str, gr.Tab], tabs: gr.Tabs) -> None:
+        keys = list(pages)
+
+        def login(token: str, _state: dict | None):
+            token = (token or "").strip()
+            try:
+                user = caller({"token": token})
+            except Exception as exc:  # noqa: BLE001 - shown to the user
+                return (None, notice(error_text(exc), "error"), gr.update(visible=True),
+                        gr.update(visible=False), gr.skip(),
+                        *[gr.update(visible=False) for _ in keys])
+            allowed = ADMIN_TABS if user.role == "admin" else ANNOTATOR_TABS
+            state = {"token": token, "name": user.name, "role": user.role}
+            status = (f'<div id="whoami" data-role="{esc(user.role)}">Logged in as '
+                      f"<b>{esc(user.name)}</b> ({esc(user.role)})</div>")
+            return (state, status, gr.update(visible=False), gr.update(visible=True),
+                    gr.Tabs(selected="arena"), *[gr.update(visible=k in allowed) for k in keys])
+
+        def logout():
+            return (None, "", gr.update(visible=True), gr.update(visible=False), gr.skip(),
+                    *[gr.update(visible=False) for _ in keys])
+
+        outputs = [self.user, self.status, self.box, self.logout, tabs, *pages.values()]
+        for trigger in (self.button.click, self.token.submit):
+            trigger(login, [self.token, self.user], outputs, api_visibility="private")
+        self.logout.click(logout, None, outputs, api_visibility="private")
+
+
+def build_login(user: gr.State) -> Login:
+    with gr.Row(equal_height=True):
+        gr.Markdown("## Neighbor GRPO Studio")
+        status = gr.HTML(elem_id="login-status")
+        logout = gr.Button("Log out", visible=False, size="sm", scale=0, elem_id="logout")
+    with gr.Column(elem_id="login-box") as box:
+        token = gr.Textbox(label="API token", type="password", elem_id="login-token",
+                           placeholder="ngs_... (from `python -m app create-user` or the "
+                                       "token `make demo` printed)")
+        button = gr.Button("Log in", variant="primary", elem_id="login-button")
+    return Login(box, token, button, status, logout, user)

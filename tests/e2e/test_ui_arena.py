@@ -1,0 +1,133 @@
+"""The arena in a real browser: log in, vote with the mouse and with every shortcut, a double
+click records one vote, the source shows only after the vote, an annotator sees no jobs page."""
+
+from __future__ import annotations
+
+from conftest import login, screenshot
+from sqlalchemy import select
+
+from app.db import session_scope
+from app.models import User, Vote
+
+
+def _votes_of(name: str) -> list[Vote]:
+    with session_scope() as s:
+        uid = s.scalar(select(User.id).where(User.name == name))
+        return list(s.scalars(select(Vote).where(Vote.annotator_id == uid).order_by(Vote.id)))
+
+
+def _shown_pair(page) -> tuple[str, str, str]:
+    pair = page.locator("#arena-pair .ngs-pair")
+    nonce = pair.get_attribute("data-nonce")
+    a = page.locator("#arena-pair img[alt='image A']").get_attribute("src")
+    b = page.locator("#arena-pair img[alt='image B']").get_attribute("src")
+    return nonce, a, b
+
+
+def _wait_new_pair(page, old_nonce: str) -> None:
+    page.wait_for_function(
+        "(old) => { const p = document.querySelector('#arena-pair .ngs-pair');"
+        " return p && p.dataset.nonce && p.dataset.nonce !== old; }", arg=old_nonce)
+
+
+def _wait_count(page, n: int) -> None:
+    page.wait_for_function(
+        "(n) => { const c = document.querySelector('#arena-counter-values');"
+        " return c && Number(c.dataset.session) === n; }", arg=n)
+
+
+def test_login_and_vote_with_mouse_and_keys(server, page):
+    login(page, server, server.annotator_token)
+    assert page.locator("#whoami").get_attribute("data-role") == "annotator"
+    page.locator("#arena-pair .ngs-pair[data-nonce]").wait_for()
+    # identities stay hidden until the vote: no ids, paths or rewards in the page
+    html = page.locator("#arena-pair").inner_html()
+    assert "/api/media" not in html and "rollouts/" not in html and "reward" not in html
+    assert "[1]" in page.locator("#vote-a").inner_text()
+    assert "[space]" in page.locator("#vote-skip").inner_text()
+    # the 32x32 images are upscaled without blur
+    rendering = page.locator("#arena-pair img").first.evaluate(
+        "e => getComputedStyle(e).imageRendering")
+    assert rendering in ("pixelated", "crisp-edges")
+    screenshot(page, "arena")
+
+    actions = [("mouse", "#vote-a", "a"), ("key", "1", "a"), ("key", "2", "b"),
+               ("key", "3", "tie"), ("key", "4", "both_bad"), ("key", " ", "skip"),
+               ("mouse", "#vote-b", "b"), ("mouse", "#vote-tie", "tie")]
+    before = len(_votes_of("bob"))
+    for k, (how, what, outcome) in enumerate(actions, 1):
+        nonce, _, _ = _shown_pair(page)
+        if how == "mouse":
+            page.locator(what).click()
+        else:
+            page.keyboard.press("Space" if what == " " else what)
+        _wait_new_pair(page, nonce)
+        _wait_count(page, k)
+        votes = _votes_of("bob")
+        assert len(votes) == before + k, (how, what)
+        v = votes[-1]
+        assert v.outcome == outcome, (how, what)
+        # the sides recorded are those shown: the reveal names them after the vote
+        reveal = page.locator("#arena-reveal .ngs-reveal")
+        assert reveal.get_attribute("data-vote") == str(v.id)
+        assert "iteration" in reveal.inner_text()
+    assert all(v.session_id == votes[0].session_id for v in votes[before:])
+    assert all(v.latency_ms is not None and v.latency_ms >= 0 for v in votes[before:])
+
+
+def test_sides_match_what_was_shown(server, page):
+    """The image on the left is sample_a: compare the shown image bytes with the files."""
+    import base64
+
+    from app.services import storage
+    from app.services.rollouts import get_sample
+
+    login(page, server, server.annotator_token)
+    page.locator("#arena-pair .ngs-pair[data-nonce]").wait_for()
+    nonce, a_src, b_src = _shown_pair(page)
+    page.locator("#vote-b").click()
+    _wait_new_pair(page, nonce)
+    page.locator("#arena-reveal .ngs-reveal").wait_for()
+    v = _votes_of("bob")[-1]
+    assert v.outcome == "b"
+    with session_scope() as s:
+        a_path = storage.resolve(get_sample(s, v.sample_a_id).image_path)
+        b_path = storage.resolve(get_sample(s, v.sample_b_id).image_path)
+    assert base64.b64decode(a_src.split(",", 1)[1]) == a_path.read_bytes()
+    assert base64.b64decode(b_src.split(",", 1)[1]) == b_path.read_bytes()
+
+
+def test_double_click_records_one_vote(server, page):
+    login(page, server, server.annotator_token)
+    page.locator("#arena-pair .ngs-pair[data-nonce]").wait_for()
+    before = len(_votes_of("bob"))
+    nonce, _, _ = _shown_pair(page)
+    page.locator("#vote-a").dblclick()
+    _wait_new_pair(page, nonce)
+    _wait_count(page, 1)
+    page.wait_for_timeout(1500)  # anything late would have landed by now
+    assert len(_votes_of("bob")) == before + 1
+    assert page.locator("#arena-counter-values").get_attribute("data-session") == "1"
+    # a second vote on the same pair with the same client id (a retried click) is deduped
+    nonce, _, _ = _shown_pair(page)
+    page.evaluate("() => { document.getElementById('vote-b').click();"
+                  " document.getElementById('vote-b').click(); }")
+    _wait_new_pair(page, nonce)
+    page.wait_for_timeout(1500)
+    assert len(_votes_of("bob")) == before + 2
+
+
+def test_annotator_cannot_open_admin_pages(server, page):
+    login(page, server, server.annotator_token)
+    for tab in ("Jobs", "Datasets", "Rollouts", "Leaderboard"):
+        assert page.get_by_role("tab", name=tab).count() == 0
+    assert page.locator("#jobs-launch").count() == 0 or not page.locator(
+        "#jobs-launch").is_visible()
+
+
+def test_bad_token_is_refused(server, page):
+    page.goto(server.ui)
+    page.locator("#login-token input, #login-token textarea").first.fill("ngs_wrong")
+    page.locator("#login-button").click()
+    page.get_by_text("invalid or revoked token").wait_for()
+    assert page.get_by_role("tab", name="Arena").count() == 0
