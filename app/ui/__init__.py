@@ -9,18 +9,21 @@ each (`build_<page>(user) -> gr.Blocks`) and call `app.services`, never the ORM 
 from __future__ import annotations
 
 import os
+from functools import partial
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 
+from app.services.jobs import Enqueuer  # noqa: E402
 from app.ui.common import CSS, HEAD  # noqa: E402
 
 PATH = "/ui"
 
 
-def build_ui() -> gr.Blocks:
+def build_ui(enqueuer: Enqueuer | None = None) -> gr.Blocks:
+    """The whole UI. `enqueuer(job_id, kind)` sends launched jobs (default: Celery)."""
     from app.ui.annotators import build_annotators
     from app.ui.arena import build_arena
     from app.ui.datasets import build_datasets
@@ -36,7 +39,8 @@ def build_ui() -> gr.Blocks:
             pages = {}
             for key, title, builder in [
                 ("arena", "Arena", build_arena), ("rollouts", "Rollouts", build_rollouts),
-                ("jobs", "Jobs", build_jobs), ("leaderboard", "Leaderboard", build_leaderboard),
+                ("jobs", "Jobs", partial(build_jobs, enqueuer=enqueuer)),
+                ("leaderboard", "Leaderboard", partial(build_leaderboard, enqueuer=enqueuer)),
                 ("datasets", "Datasets", build_datasets),
                 ("annotators", "Annotators", build_annotators),
             ]:
@@ -53,6 +57,7 @@ def mount(app: FastAPI) -> FastAPI:
     from app.config import get_settings
 
     storage = get_settings().resolved_storage_dir
-    return gr.mount_gradio_app(app, build_ui(), path=PATH, css=CSS, head=HEAD,
+    ui = build_ui(enqueuer=getattr(app.state, "enqueuer", None))
+    return gr.mount_gradio_app(app, ui, path=PATH, css=CSS, head=HEAD,
                                allowed_paths=[str(storage)], footer_links=[],
                                theme=gr.themes.Default())

@@ -220,7 +220,7 @@ CSS = """
 .ngs-error { background: #fef2f2; color: #991b1b; }
 .ngs-field-error { color: #b91c1c; font-size: 0.85em; }
 .ngs-help label > span:first-child::after, .ngs-help .label-wrap span::after {
-  content: " \\24D8"; opacity: .5; }
+  content: " (?)"; opacity: .55; cursor: help; }
 """
 
 # keyboard shortcuts for the arena, the double-click guard, client vote ids, tooltips
@@ -265,12 +265,21 @@ HEAD = """
     if (!window.ngsVote || window.ngsVote.nonce !== nonce) window.ngsVote = {nonce, id: uuid()};
     return JSON.stringify({client_vote_id: window.ngsVote.id, nonce});
   };
-  window.ngsTooltips = (help) => {
-    for (const [name, text] of Object.entries(help)) {
+  // help text as tooltips: fields render lazily (hidden tabs), so apply on every change
+  window.ngsHelp = {};
+  function applyTips() {
+    for (const [name, text] of Object.entries(window.ngsHelp)) {
       const el = document.getElementById("cfg-" + name);
-      if (el) el.title = text;
+      if (el && el.title !== text) el.title = text;
     }
-  };
+  }
+  window.ngsTooltips = (help) => { Object.assign(window.ngsHelp, help); applyTips(); };
+  let pending = false;
+  new MutationObserver(() => {
+    if (pending || !Object.keys(window.ngsHelp).length) return;
+    pending = true;
+    setTimeout(() => { pending = false; applyTips(); }, 100);
+  }).observe(document.documentElement, {childList: true, subtree: true});
 })();
 </script>
 """

@@ -1,9 +1,345 @@
+"""Jobs: a launch form built from `TrainConfig.describe()` (help as tooltips, presets, the
+validation error beside the field it names), the job list with progress bars, and a job page
+with live plots polled by a `gr.Timer`, the newest sample grid, and Cancel / Resume / "Send
+newest rollouts to the arena" (a rollout job from the job's newest checkpoint, whose groups the
+arena then serves)."""
+
 from __future__ import annotations
+
+import json
+from typing import Any
 
 import gradio as gr
 
+from app.services import checkpoints, datasets, rollouts
+from app.services import jobs as svc
+from app.services.jobs import Enqueuer
+from app.ui.common import (
+    Raw,
+    caller,
+    error_text,
+    esc,
+    fmt,
+    line_plot,
+    notice,
+    progress_bar,
+    session,
+    table,
+)
+from app.ui.rollouts import groups_html
 
-def build_jobs(user: gr.State) -> gr.Blocks:
+DEFAULTS = "(defaults)"
+POLL_SECONDS = 1.5
+
+
+def describe() -> list[dict[str, Any]]:
+    from trainer.config import TrainConfig
+
+    return TrainConfig.describe()
+
+
+def presets() -> dict[str, dict[str, Any]]:
+    from trainer.config import PRESETS
+
+    return PRESETS
+
+
+def _tooltip(d: dict[str, Any]) -> str:
+    extra = []
+    if d["min"] is not None or d["max"] is not None:
+        extra.append(f"range [{d['min']}, {d['max']}]")
+    extra.append(f"default {json.dumps(d['default'])}")
+    return f"{d['help']} ({'; '.join(extra)})"
+
+
+def field_component(d: dict[str, Any], value: Any) -> gr.components.Component:
+    kw = {"label": d["name"], "elem_id": f"cfg-{d['name']}", "elem_classes": ["ngs-help"]}
+    if d["type"] == "bool":
+        return gr.Checkbox(value=bool(value), **kw)
+    if d["choices"]:
+        return gr.Dropdown(choices=d["choices"], value=value, **kw)
+    if d["type"] in ("int", "float"):
+        # no min/max here: the server's check names the field and the error shows beside it
+        return gr.Number(value=value, precision=0 if d["type"] == "int" else None, **kw)
+    if d["type"] in ("list", "dict"):
+        return gr.Textbox(value=json.dumps(value), **kw)
+    return gr.Textbox(value=value, **kw)
+
+
+def form_values(preset: str | None) -> list[Any]:
+    data = dict(presets().get(preset or "", {}))
+    out = []
+    for d in describe():
+        v = data.get(d["name"], d["default"])
+        out.append(json.dumps(v) if d["type"] in ("list", "dict") else v)
+    return out
+
+
+def parse_form(values: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The config from the form's values, and per-field parse errors."""
+    config, errors = {}, {}
+    for d, v in zip(describe(), values, strict=True):
+        name = d["name"]
+        if d["type"] in ("list", "dict"):
+            try:
+                config[name] = json.loads(v) if str(v).strip() else ([] if d["type"] == "list"
+                                                                       else {})
+            except ValueError as exc:
+                errors[name] = f"not valid JSON: {exc}"
+        elif d["type"] == "int":
+            if v is None:
+                errors[name] = "a whole number is required"
+            elif float(v) != int(float(v)):
+                errors[name] = f"must be a whole number, got {v}"
+            else:
+                config[name] = int(float(v))
+        elif d["type"] == "float":
+            if v is None:
+                errors[name] = "a number is required"
+            else:
+                config[name] = float(v)
+        elif d["type"] == "bool":
+            config[name] = bool(v)
+        else:
+            config[name] = "" if v is None else str(v)
+    return config, errors
+
+
+def _field_error(msg: str | None) -> str:
+    return f'<div class="ngs-field-error">{esc(msg)}</div>' if msg else ""
+
+
+def launch(enqueuer: Enqueuer | None, user_state: dict | None, dataset_id: int | None,
+           *values: Any) -> tuple[int | None, list[Any]]:
+    """Validate and launch a train job. Returns the job id (None on an error) and the outputs:
+    the status, then one error box per field."""
+    names = [d["name"] for d in describe()]
+    blank = ["" for _ in names]
+    try:
+        user = caller(user_state, "admin")
+    except Exception as exc:  # noqa: BLE001
+        return None, [notice(error_text(exc), "error"), *blank]
+    config, errors = parse_form(list(values))
+    if errors:
+        return None, [notice(f"{len(errors)} field(s) need fixing", "error"),
+                      *[_field_error(errors.get(n)) for n in names]]
+    try:
+        with session() as s:
+            job = svc.create_job(s, "train", config, dataset_id=dataset_id or None, user=user)
+            s.commit()
+            svc.enqueue(enqueuer, job)
+            job_id = job.id
+    except Exception as exc:  # noqa: BLE001
+        field = getattr(exc, "details", {}).get("field")
+        if field in names:
+            return None, [notice(f"{field}: fix the field below", "error"),
+                          *[_field_error(error_text(exc) if n == field else None)
+                            for n in names]]
+        return None, [notice(error_text(exc), "error"), *blank]
+    return job_id, [f'<div class="ngs-notice ngs-ok" id="launched" data-job="{job_id}">Launched '
+            f"train job {job_id}.</div>", *blank]
+
+
+def jobs_table(rows: list[Any]) -> str:
+    out = []
+    for j in rows:
+        frac = (min(1.0, j.iteration / j.total_iterations) if j.total_iterations
+                else (1.0 if j.status == "succeeded" else 0.0))
+        label = f"{j.iteration}/{j.total_iterations or '?'}"
+        out.append([j.id, j.kind, Raw(f'<span class="ngs-status ngs-status-{esc(j.status)}">'
+                                      f"{esc(j.status)}</span>"),
+                    Raw(progress_bar(frac, label, f"job-progress-{j.id}")),
+                    fmt((j.metrics or {}).get("reward_mean")), j.created_at.strftime(
+                        "%Y-%m-%d %H:%M:%S") if j.created_at else "", (j.error or "")[:120]])
+    return table(["job", "kind", "status", "progress", "reward", "created", "error"], out,
+                 "ngs-jobs")
+
+
+def plots_html(history: list[Any]) -> str:
+    xs = [m.iteration for m in history]
+
+    def col(key: str) -> list[float | None]:
+        return [m.metrics.get(key) for m in history]
+
+    mean, std = col("reward_mean"), col("reward_std")
+    lo = [None if a is None or b is None else a - b for a, b in zip(mean, std, strict=True)]
+    hi = [None if a is None or b is None else a + b for a, b in zip(mean, std, strict=True)]
+    return ('<div class="ngs-plots">'
+            + line_plot("reward mean ± std", xs, {"reward mean": mean}, band=(lo, hi),
+                        elem_id="plot-reward")
+            + line_plot("loss", xs, {"loss": col("loss")}, elem_id="plot-loss")
+            + line_plot("clipped fraction", xs, {"clip fraction": col("clip_fraction")},
+                        elem_id="plot-clip")
+            + line_plot("seconds per iteration", xs, {"seconds": col("seconds")},
+                        elem_id="plot-seconds")
+            + "</div>")
+
+
+def job_header(job: Any) -> str:
+    frac = (min(1.0, job.iteration / job.total_iterations) if job.total_iterations
+            else (1.0 if job.status == "succeeded" else 0.0))
+    return (f'<div id="job-detail" data-job="{job.id}" data-status="{esc(job.status)}" '
+            f'data-iteration="{job.iteration}"><b>Job {job.id}</b> ({esc(job.kind)}) &middot; '
+            f"status <b>{esc(job.status)}</b>"
+            f'{" (cancel requested)" if job.cancel_requested and job.status == "running" else ""}'
+            f" &middot; worker {esc(job.worker or '–')} &middot; attempts {job.attempts}"
+            f"{progress_bar(frac, f'{job.iteration}/{job.total_iterations or chr(63)}', 'job-detail-progress')}"
+            f'{notice(job.error, "error") if job.error else ""}</div>')
+
+
+def job_view(user_state: dict | None, job_id: int | None, view: dict | None):
+    """Outputs: list, header, plots, samples, view state. Unchanged parts are skipped."""
+    view = dict(view or {})
+    try:
+        caller(user_state, "admin")
+        with session() as s:
+            rows, _ = svc.list_jobs(s, limit=50)
+            listing = jobs_table(rows)
+            if not job_id:
+                return (listing, notice("Pick a job to see its curves and samples."), "", "",
+                        view)
+            job = svc.get_job(s, int(job_id))
+            header = job_header(job)
+            history = svc.metric_history(s, job.id)
+            key_plots = (job.id, len(history), history[-1].iteration if history else None)
+            plots = plots_html(history) if view.get("plots") != list(key_plots) else gr.skip()
+            newest, _ = rollouts.list_groups(s, job_id=job.id, limit=1)
+            samples: Any = gr.skip()
+            key_samples = [job.id, newest[0].id if newest else None]
+            if view.get("samples") != key_samples:
+                if newest:
+                    groups, _ = rollouts.list_groups(s, job_id=job.id,
+                                                     iteration=newest[0].iteration, limit=8)
+                    samples = (f"<h4>Newest samples (iteration {newest[0].iteration})</h4>"
+                               + groups_html(groups, s))
+                else:
+                    samples = notice("No samples yet.")
+            view.update(plots=list(key_plots), samples=key_samples)
+    except Exception as exc:  # noqa: BLE001
+        return gr.skip(), notice(error_text(exc), "error"), gr.skip(), gr.skip(), view
+    return listing, header, plots, samples, view
+
+
+def act(enqueuer: Enqueuer | None, action: str, user_state: dict | None,
+        job_id: int | None) -> str:
+    try:
+        user = caller(user_state, "admin")
+        if not job_id:
+            raise ValueError("pick a job first")
+        with session() as s:
+            if action == "cancel":
+                job = svc.request_cancel(s, int(job_id))
+                s.commit()
+                return notice(f"Cancel requested for job {job.id} ({job.status}).", "ok")
+            if action == "resume":
+                job = svc.resume_job(s, int(job_id))
+                s.commit()
+                svc.enqueue(enqueuer, job)
+                return notice(f"Job {job.id} queued to resume from its newest checkpoint.", "ok")
+            # send newest rollouts to the arena: sample fresh groups from the newest checkpoint
+            src = svc.get_job(s, int(job_id))
+            ckpt = checkpoints.latest_checkpoint(s, src.id)
+            ds_id = src.dataset_id
+            if ds_id is None:
+                rows, _ = datasets.list_datasets(s, limit=1000)
+                named = [d for d in rows if d.name == "shapes"] or rows
+                if not named:
+                    raise ValueError("no dataset to draw prompts from: upload one first")
+                ds_id = named[-1].id
+            g = int((src.config or {}).get("group_size", 8))
+            job = svc.create_job(s, "rollout", {
+                "dataset_id": ds_id, "checkpoint_id": ckpt.id if ckpt else None,
+                "max_prompts": 16, "group_size": max(2, min(g, 16)),
+                "sigma": float((src.config or {}).get("sigma", 0.3)),
+            }, user=user)
+            s.commit()
+            svc.enqueue(enqueuer, job)
+            what = f"checkpoint {ckpt.name}" if ckpt else "the base model"
+            return notice(f"Rollout job {job.id} queued: 16 prompts from {what}; its groups "
+                          "go to the arena as they arrive.", "ok")
+    except Exception as exc:  # noqa: BLE001
+        return notice(error_text(exc), "error")
+
+
+def build_jobs(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Blocks:
+    fields = describe()
     with gr.Blocks() as page:
-        gr.Markdown("TODO")
+        with gr.Accordion("Launch a training job", open=True, elem_id="jobs-launch"):
+            with gr.Row():
+                preset = gr.Dropdown([DEFAULTS, *presets()], value=DEFAULTS, label="Preset",
+                                     elem_id="jobs-preset")
+                dataset = gr.Dropdown([], value=None, label="Dataset (optional: prompts "
+                                      "come from the config otherwise)", elem_id="jobs-dataset")
+            inputs, errors = [], []
+            values = form_values(None)
+            for start in range(0, len(fields), 4):
+                with gr.Row(equal_height=False):
+                    for d, v in zip(fields[start:start + 4], values[start:start + 4],
+                                    strict=True):
+                        with gr.Column(min_width=200):
+                            inputs.append(field_component(d, v))
+                            errors.append(gr.HTML(elem_id=f"err-{d['name']}"))
+            launch_btn = gr.Button("Launch", variant="primary", elem_id="jobs-launch-button")
+            launch_status = gr.HTML(elem_id="jobs-launch-status")
+            help_map = {d["name"]: _tooltip(d) for d in fields}
+            tips = gr.HTML("", visible=True, js_on_load=f"window.ngsTooltips({json.dumps(help_map)});")
+        gr.Markdown("### Jobs")
+        listing = gr.HTML(elem_id="jobs-list")
+        with gr.Row():
+            pick = gr.Dropdown([], value=None, label="Job", elem_id="jobs-pick", scale=2)
+            cancel = gr.Button("Cancel", variant="stop", elem_id="job-cancel")
+            resume = gr.Button("Resume", elem_id="job-resume")
+            send = gr.Button("Send newest rollouts to the arena", elem_id="job-send")
+        action_status = gr.HTML(elem_id="job-action-status")
+        header = gr.HTML(elem_id="job-header")
+        plots = gr.HTML(elem_id="job-plots")
+        samples = gr.HTML(elem_id="job-samples")
+        view = gr.State({})
+        timer = gr.Timer(POLL_SECONDS, active=False)
+
+        def on_login(user_state: dict | None):
+            if not user_state or user_state.get("role") != "admin":
+                return gr.Timer(active=False), gr.skip(), gr.skip()
+            return gr.Timer(active=True), _job_choices(), _dataset_choices()
+
+        def _job_choices() -> gr.Dropdown:
+            with session() as s:
+                rows, _ = svc.list_jobs(s, limit=200)
+                return gr.Dropdown(choices=[(f"#{j.id} {j.kind}", j.id) for j in rows])
+
+        def _dataset_choices() -> gr.Dropdown:
+            with session() as s:
+                rows, _ = datasets.list_datasets(s, limit=1000)
+                return gr.Dropdown(choices=[("(none)", 0)] + [
+                    (f"#{d.id} {d.name} ({d.num_prompts} prompts)", d.id) for d in rows])
+
+        def refresh_choices(user_state: dict | None):
+            if not user_state or user_state.get("role") != "admin":
+                return gr.skip()
+            return _job_choices()
+
+        user.change(on_login, user, [timer, pick, dataset], api_visibility="private")
+        preset.change(lambda p: form_values(None if p == DEFAULTS else p), preset, inputs,
+                      api_visibility="private")
+        dataset.focus(lambda u: _dataset_choices() if u and u.get("role") == "admin"
+                      else gr.skip(), user, dataset, api_visibility="private")
+
+        def do_launch(user_state, dataset_id, *values):
+            job_id, out = launch(enqueuer, user_state, dataset_id, *values)
+            pick_update = (gr.Dropdown(choices=_job_choices().choices, value=job_id)
+                           if job_id else gr.skip())
+            return [*out, pick_update]
+
+        launch_btn.click(do_launch, [user, dataset, *inputs], [launch_status, *errors, pick],
+                         api_visibility="private")
+        outputs = [listing, header, plots, samples, view]
+        timer.tick(job_view, [user, pick, view], outputs, show_progress="hidden",
+                   api_visibility="private")
+        pick.change(lambda u, j: job_view(u, j, {}), [user, pick], outputs,
+                    api_visibility="private")
+        pick.focus(refresh_choices, user, pick, api_visibility="private")
+        for button, action in ((cancel, "cancel"), (resume, "resume"), (send, "send")):
+            button.click(lambda u, j, a=action: act(enqueuer, a, u, j), [user, pick],
+                         action_status, api_visibility="private")
+        del tips
     return page

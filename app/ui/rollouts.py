@@ -1,9 +1,105 @@
+"""Rollouts: pick a job and iteration, or a prompt; each group is one row of its G images,
+sorted by reward, with the reward and advantage under each and the anchors outlined; a click
+on an image opens its details (seed, member index, sigma, solver, checkpoint)."""
+
 from __future__ import annotations
 
+from typing import Any
+
 import gradio as gr
+
+from app.services import jobs as jobs_svc
+from app.services import rollouts
+from app.ui.common import caller, error_text, esc, fmt, image_src, notice, session
+
+PAGE_SIZE = 20
+
+
+def total_reward(rewards: dict[str, Any]) -> float:
+    """The reward a member is sorted by: `total` if recorded, else the sum of the rewards."""
+    if "total" in rewards:
+        return float(rewards["total"])
+    return float(sum(v for v in rewards.values() if isinstance(v, int | float)))
+
+
+def group_html(group: Any, details: dict[int, dict[str, Any]]) -> str:
+    """One group as a row; `group` is a RolloutGroup with samples loaded."""
+    members = sorted(group.samples, key=lambda m: total_reward(m.rewards or {}), reverse=True)
+    head = (f'<div class="ngs-group-head"><b>group {group.id}</b> &middot; '
+            f'{esc(group.prompt_text)} &middot; job {fmt(group.job_id)} iteration '
+            f"{group.iteration} &middot; {esc(group.purpose)} &middot; G={len(members)}</div>")
+    cells = []
+    for m in members:
+        d = details.get(m.id, {})
+        rewards = ", ".join(f"{esc(k)}={fmt(v, 2)}" for k, v in sorted((m.rewards or {}).items()))
+        cls = "ngs-member anchor" if m.is_anchor else "ngs-member"
+        cells.append(
+            f'<details class="{cls}" data-sample="{m.id}" data-reward="'
+            f'{total_reward(m.rewards or {}):.6f}"><summary>'
+            f'<img alt="sample {m.id}" src="{image_src(m.image_path)}"><br>'
+            f"r {fmt(total_reward(m.rewards or {}), 2)}<br>adv {fmt(m.advantage, 2)}"
+            f'{"<br><b>anchor</b>" if m.is_anchor else ""}</summary>'
+            f'<div class="ngs-details">sample {m.id}<br>member {m.member_index}<br>'
+            f"seed {group.seed}<br>sigma {fmt(group.sigma, 2)}<br>solver {esc(group.solver)} "
+            f"({group.steps} steps)<br>checkpoint {esc(d.get('checkpoint', '–'))}<br>"
+            f"{rewards}</div></details>")
+    return head + '<div class="ngs-group">' + "".join(cells) + "</div>"
+
+
+def groups_html(groups: list[Any], session_: Any) -> str:
+    if not groups:
+        return notice("No rollout groups match.")
+    ids = [m.id for g in groups for m in g.samples]
+    details = rollouts.sample_details(session_, ids)
+    return "".join(group_html(g, details) for g in groups)
+
+
+def job_choices() -> list[tuple[str, int]]:
+    with session() as s:
+        rows, _ = jobs_svc.list_jobs(s, limit=200)
+        return [(f"#{j.id} {j.kind} ({j.status})", j.id) for j in rows]
+
+
+def show(user_state: dict | None, job_id: int | None, iteration: float | None,
+         prompt: str, page_no: float | None) -> str:
+    try:
+        caller(user_state, "admin")
+        page_no = max(1, int(page_no or 1))
+        with session() as s:
+            groups, total = rollouts.list_groups(
+                s, job_id=int(job_id) if job_id else None,
+                iteration=int(iteration) if iteration not in (None, "") else None,
+                prompt=(prompt or "").strip() or None, limit=PAGE_SIZE,
+                offset=(page_no - 1) * PAGE_SIZE)
+            body = groups_html(groups, s)
+    except Exception as exc:  # noqa: BLE001 - shown to the user
+        return notice(error_text(exc), "error")
+    return (f'<div id="rollouts-count" data-total="{total}">{total} group(s); page {page_no}'
+            f"</div>{body}")
 
 
 def build_rollouts(user: gr.State) -> gr.Blocks:
     with gr.Blocks() as page:
-        gr.Markdown("TODO")
+        with gr.Row():
+            job = gr.Dropdown(label="Job", choices=[], value=None, allow_custom_value=False,
+                              elem_id="rollouts-job")
+            iteration = gr.Number(label="Iteration (empty: all)", precision=0, value=None,
+                                  elem_id="rollouts-iteration")
+            prompt = gr.Textbox(label="or a prompt (exact text)", elem_id="rollouts-prompt")
+            page_no = gr.Number(label="Page", value=1, precision=0, minimum=1)
+            go = gr.Button("Show", variant="primary", elem_id="rollouts-show")
+        gr.HTML("<small>Sorted by reward; anchors are outlined in orange; click an image for "
+                "its details.</small>")
+        out = gr.HTML(elem_id="rollouts-groups")
+
+        def refresh_jobs(user_state: dict | None):
+            if not user_state or user_state.get("role") != "admin":
+                return gr.skip()
+            return gr.Dropdown(choices=job_choices())
+
+        user.change(refresh_jobs, user, job, api_visibility="private")
+        job.focus(refresh_jobs, user, job, api_visibility="private")
+        for trigger in (go.click, prompt.submit):
+            trigger(show, [user, job, iteration, prompt, page_no], out,
+                    api_visibility="private")
     return page
