@@ -1,9 +1,107 @@
+"""Datasets: upload (the API's formats, checks and error messages: `datasets.import_dataset`),
+the counts (prompts, eval split, duplicates dropped), a preview of the first rows, the list."""
+
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import gradio as gr
+
+from app.config import get_settings
+from app.services import datasets as svc
+from app.ui.common import caller, error_text, esc, notice, session, table
+
+PREVIEW_ROWS = 10
+
+
+def dataset_list() -> str:
+    with session() as s:
+        rows, total = svc.list_datasets(s, limit=200)
+        return f"<p>{total} dataset(s)</p>" + table(
+            ["id", "name", "file", "format", "prompts", "train", "eval", "duplicates dropped",
+             "created"],
+            [[d.id, d.name, d.filename, d.format, d.num_prompts, d.num_prompts - d.num_eval,
+              d.num_eval, d.duplicates_dropped, d.created_at.strftime("%Y-%m-%d %H:%M")]
+             for d in rows], "ngs-datasets")
+
+
+def preview(dataset_id: int) -> str:
+    with session() as s:
+        ds = svc.get_dataset(s, dataset_id)
+        rows, _ = svc.list_prompts(s, dataset_id=dataset_id, limit=PREVIEW_ROWS)
+        body = table(["#", "prompt", "split", "metadata"],
+                     [[p.position + 1, p.text, p.split,
+                       json.dumps(p.meta, ensure_ascii=False) if p.meta else ""] for p in rows],
+                     "ngs-preview")
+        return (f'<div id="dataset-preview" data-dataset="{ds.id}"><b>{esc(ds.name)}</b> '
+                f"(#{ds.id}, {esc(ds.filename)}): {ds.num_prompts} prompts &middot; "
+                f"train {ds.num_prompts - ds.num_eval} / eval {ds.num_eval} &middot; "
+                f"{ds.duplicates_dropped} duplicate(s) dropped. First rows:{body}</div>")
+
+
+def upload(user_state: dict | None, file: str | None, name: str, eval_fraction: float | None,
+           seed: float | None) -> tuple[str, str, Any]:
+    """Outputs: status, preview, list."""
+    try:
+        caller(user_state, "admin")
+        if not file:
+            raise ValueError("choose a file first")
+        path = Path(file)
+        limit = get_settings().max_upload_bytes
+        with path.open("rb") as fh:
+            data = fh.read(limit + 1)
+        with session() as s:
+            result = svc.import_dataset(
+                s, filename=path.name, data=data, name=name or None,
+                eval_fraction=float(eval_fraction or 0.0), seed=int(seed or 0),
+                max_prompt_length=get_settings().max_prompt_length, max_bytes=limit)
+            ds_id, dropped = result.dataset.id, result.duplicates_dropped
+            count = result.dataset.num_prompts
+    except Exception as exc:  # noqa: BLE001 - the service's message, as the API returns it
+        return (f'<div class="ngs-notice ngs-error" id="dataset-error">{esc(error_text(exc))}'
+                f"</div>", "", gr.skip())
+    status = (f'<div class="ngs-notice ngs-ok" id="dataset-ok" data-dataset="{ds_id}">'
+              f"Imported dataset {ds_id}: {count} prompts, {dropped} duplicate(s) dropped."
+              f"</div>")
+    return status, preview(ds_id), dataset_list()
+
+
+def show(user_state: dict | None, dataset_id: float | None) -> str:
+    try:
+        caller(user_state, "admin")
+        if not dataset_id:
+            raise ValueError("enter a dataset id")
+        return preview(int(dataset_id))
+    except Exception as exc:  # noqa: BLE001
+        return notice(error_text(exc), "error")
 
 
 def build_datasets(user: gr.State) -> gr.Blocks:
     with gr.Blocks() as page:
-        gr.Markdown("TODO")
+        gr.Markdown("Upload prompts as `.txt` (one a line), `.csv` or `.parquet` with a "
+                    "`prompt` column, or `.jsonl` with `{\"prompt\": ...}`; other columns are "
+                    "kept as metadata. Whitespace is normalised and duplicates dropped.")
+        with gr.Row():
+            file = gr.File(label="Prompt file", file_types=[".txt", ".csv", ".jsonl",
+                                                            ".parquet"],
+                           type="filepath", elem_id="dataset-file")
+            with gr.Column():
+                name = gr.Textbox(label="Name (default: the file name)", elem_id="dataset-name")
+                eval_fraction = gr.Slider(0.0, 0.95, value=0.0, step=0.05,
+                                          label="Eval fraction", elem_id="dataset-eval")
+                seed = gr.Number(0, label="Split seed", precision=0)
+                go = gr.Button("Upload", variant="primary", elem_id="dataset-upload")
+        status = gr.HTML(elem_id="dataset-status")
+        prev = gr.HTML(elem_id="dataset-preview-box")
+        with gr.Row():
+            pick = gr.Number(label="Preview dataset #", precision=0, elem_id="dataset-pick")
+            show_btn = gr.Button("Preview", elem_id="dataset-show")
+        listing = gr.HTML(elem_id="dataset-list")
+        go.click(upload, [user, file, name, eval_fraction, seed], [status, prev, listing],
+                 api_visibility="private")
+        show_btn.click(show, [user, pick], prev, api_visibility="private")
+        user.change(lambda u: dataset_list() if u and u.get("role") == "admin" else "",
+                    user, listing, api_visibility="private")
     return page

@@ -1,11 +1,121 @@
+"""Leaderboard: Bradley-Terry ratings of checkpoints with 95% bootstrap intervals, the win-rate
+matrix, votes per pair, and "Evaluate these checkpoints" (an evaluate job: the same prompts and
+seeds from each checkpoint, which the arena then serves as cross-checkpoint pairs)."""
+
 from __future__ import annotations
+
+from typing import Any
 
 import gradio as gr
 
+from app.services import checkpoints, leaderboard
+from app.services import jobs as jobs_svc
 from app.services.jobs import Enqueuer
+from app.ui.common import Raw, caller, error_text, fmt, notice, session, table
+
+
+def ratings_html(board: dict[str, Any]) -> str:
+    rows = board["checkpoints"]
+    if not rows:
+        return notice("No cross-checkpoint votes yet: evaluate two or more checkpoints, then "
+                      "vote in the arena.")
+    names = {r["checkpoint_id"]: r["name"] for r in rows}
+    lo = min(r["ci_low"] for r in rows)
+    hi = max(r["ci_high"] for r in rows)
+    span = max(hi - lo, 1e-9)
+
+    def bar(r: dict[str, Any]) -> Raw:
+        left = (r["ci_low"] - lo) / span * 100
+        width = max((r["ci_high"] - r["ci_low"]) / span * 100, 0.5)
+        dot = (r["rating"] - lo) / span * 100
+        return Raw(f'<div style="position:relative;height:12px;min-width:160px;'
+                   f'background:#f4f4f5"><div style="position:absolute;left:{left:.1f}%;'
+                   f'width:{width:.1f}%;height:100%;background:#93c5fd"></div><div style="'
+                   f'position:absolute;left:calc({dot:.1f}% - 3px);width:6px;height:100%;'
+                   f'background:#1d4ed8"></div></div>')
+
+    ranking = table(
+        ["rank", "checkpoint", "rating", "95% interval", "", "votes", "win rate"],
+        [[i + 1, f"{r['name']} (#{r['checkpoint_id']})", f"{r['rating']:.0f}",
+          f"{r['ci_low']:.0f} – {r['ci_high']:.0f}", bar(r), r["num_votes"],
+          fmt(r["win_rate"], 2)] for i, r in enumerate(rows)], "ngs-ratings")
+    ids = [r["checkpoint_id"] for r in rows]
+    cell = {(p["checkpoint_id"], p["opponent_id"]): p for p in board["pairs"]}
+    matrix = table(
+        ["row beats column", *[names[c] for c in ids]],
+        [[names[a], *[("–" if a == b else (f"{cell[(a, b)]['win_rate']:.2f} "
+                                          f"(n={cell[(a, b)]['num_votes']})"
+                                          if (a, b) in cell else "")) for b in ids]]
+         for a in ids], "ngs-matrix")
+    per_pair = table(
+        ["checkpoint", "opponent", "votes", "win rate of the first"],
+        [[names[p["checkpoint_id"]], names[p["opponent_id"]], p["num_votes"],
+          fmt(p["win_rate"], 2)] for p in board["pairs"]
+         if ids.index(p["checkpoint_id"]) < ids.index(p["opponent_id"])], "ngs-pairs")
+    return (f'<div id="leaderboard" data-n="{len(rows)}">{board["num_votes"]} clean '
+            f"cross-checkpoint votes; intervals from {board['bootstrap']} bootstrap "
+            f"resamples.{ranking}<h4>Win rates</h4>{matrix}<h4>Votes per pair</h4>{per_pair}"
+            "</div>")
+
+
+def show(user_state: dict | None, bootstrap: float | None) -> str:
+    try:
+        caller(user_state, "admin")
+        with session() as s:
+            board = leaderboard.compute(s, bootstrap=int(bootstrap or 0))
+        return ratings_html(board)
+    except Exception as exc:  # noqa: BLE001
+        return notice(error_text(exc), "error")
+
+
+def checkpoint_choices() -> list[tuple[str, int]]:
+    with session() as s:
+        rows, _ = checkpoints.list_checkpoints(s, limit=500)
+        return [(f"{c.name} (#{c.id})", c.id) for c in rows]
+
+
+def evaluate(enqueuer: Enqueuer | None, user_state: dict | None, ids: list[int] | None,
+             seeds: float | None) -> str:
+    try:
+        user = caller(user_state, "admin")
+        if not ids or len(ids) < 2:
+            raise ValueError("pick two or more checkpoints to compare")
+        with session() as s:
+            job = jobs_svc.create_job(s, "evaluate", {
+                "checkpoint_ids": [int(i) for i in ids],
+                "seeds": list(range(int(seeds or 4)))}, user=user)
+            s.commit()
+            jobs_svc.enqueue(enqueuer, job)
+            return (f'<div class="ngs-notice ngs-ok" id="evaluate-launched" '
+                    f'data-job="{job.id}">Evaluate job {job.id} queued for '
+                    f"{len(ids)} checkpoints; its images go to the arena as cross-checkpoint "
+                    "pairs.</div>")
+    except Exception as exc:  # noqa: BLE001
+        return notice(error_text(exc), "error")
 
 
 def build_leaderboard(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Blocks:
     with gr.Blocks() as page:
-        gr.Markdown("TODO")
+        with gr.Row():
+            bootstrap = gr.Slider(0, 1000, value=200, step=50, label="Bootstrap resamples")
+            refresh = gr.Button("Refresh", elem_id="leaderboard-refresh")
+        board = gr.HTML(elem_id="leaderboard-box")
+        gr.Markdown("### Evaluate these checkpoints")
+        with gr.Row():
+            pick = gr.CheckboxGroup([], label="Checkpoints", elem_id="leaderboard-ckpts",
+                                    scale=3)
+            seeds = gr.Number(4, label="Seeds per prompt", precision=0)
+            go = gr.Button("Evaluate these checkpoints", variant="primary",
+                           elem_id="leaderboard-evaluate")
+        status = gr.HTML(elem_id="leaderboard-status")
+
+        def on_login(user_state: dict | None, b: float):
+            if not user_state or user_state.get("role") != "admin":
+                return gr.skip(), gr.skip()
+            return show(user_state, b), gr.CheckboxGroup(choices=checkpoint_choices())
+
+        user.change(on_login, [user, bootstrap], [board, pick], api_visibility="private")
+        refresh.click(on_login, [user, bootstrap], [board, pick], api_visibility="private")
+        go.click(lambda u, i, n: evaluate(enqueuer, u, i, n), [user, pick, seeds], status,
+                 api_visibility="private")
     return page

@@ -1,0 +1,120 @@
+"""Annotator quality: votes per annotator, median decision time, agreement with the majority
+of the other annotators on the pairs they share, agreement with the automatic reward, and the
+switch that excludes an annotator's votes from fitting (`set_excluded`).
+
+Agreement uses clean votes only (a, b, tie; not both_bad or skip). A vote's label is relative to
+the pair's lower sample id, so sides do not matter. Majority: for each vote on a pair that
+other annotators also judged, the most common label among the others (a tie for most common
+is skipped). Reward: for a and b votes whose two samples have different automatic rewards
+(`total` if recorded, else the sum of the named rewards), whether the preferred one has the
+higher reward.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from app.errors import NotFound
+from app.models import Sample, User, Vote
+from app.services import auth
+
+CLEAN = ("a", "b", "tie")
+
+
+def _reward(rewards: dict[str, Any] | None) -> float | None:
+    if not rewards:
+        return None
+    if "total" in rewards:
+        return float(rewards["total"])
+    vals = [float(v) for v in rewards.values() if isinstance(v, int | float)]
+    return sum(vals) if vals else None
+
+
+def _label(outcome: str, a_id: int, lo: int) -> str:
+    """'lo', 'hi' or 'tie': which sample of the pair won, independent of the sides."""
+    if outcome == "tie":
+        return "tie"
+    winner_is_a = outcome == "a"
+    return "lo" if (a_id == lo) == winner_is_a else "hi"
+
+
+def stats(session: Session, *, annotator_id: int | None = None) -> list[dict[str, Any]]:
+    """One row per user who voted (or is an annotator): name, role, excluded, votes, clean
+    votes, median latency (ms), majority agreement and the number of votes it is over, reward
+    agreement and its count. `annotator_id` limits the rows (not the data) to one user."""
+    users = {u.id: u for u in session.scalars(select(User))}
+    rows = session.execute(select(Vote.annotator_id, Vote.sample_a_id, Vote.sample_b_id,
+                                  Vote.pair_lo_id, Vote.pair_hi_id, Vote.outcome,
+                                  Vote.latency_ms)).all()
+    by_pair: dict[tuple[int, int], list[tuple[int, str]]] = defaultdict(list)
+    per: dict[int, dict[str, Any]] = defaultdict(lambda: {"votes": 0, "clean": 0,
+                                                          "latencies": []})
+    sample_ids: set[int] = set()
+    for uid, a, b, lo, hi, outcome, latency in rows:
+        p = per[uid]
+        p["votes"] += 1
+        if latency is not None:
+            p["latencies"].append(latency)
+        if outcome in CLEAN:
+            p["clean"] += 1
+            by_pair[(lo, hi)].append((uid, _label(outcome, a, lo)))
+            if outcome != "tie":
+                sample_ids.update((a, b))
+    rewards: dict[int, float | None] = {}
+    ids = sorted(sample_ids)
+    for start in range(0, len(ids), 5000):
+        for sid, rw in session.execute(select(Sample.id, Sample.rewards)
+                                       .where(Sample.id.in_(ids[start:start + 5000]))):
+            rewards[sid] = _reward(rw)
+    maj = defaultdict(lambda: [0, 0])  # uid -> [agree, total]
+    rew = defaultdict(lambda: [0, 0])
+    for (lo, hi), labels in by_pair.items():
+        for i, (uid, label) in enumerate(labels):
+            others = Counter(lab for j, (u2, lab) in enumerate(labels) if j != i and u2 != uid)
+            if others:
+                top = others.most_common(2)
+                if len(top) == 1 or top[0][1] > top[1][1]:
+                    maj[uid][1] += 1
+                    maj[uid][0] += int(label == top[0][0])
+            if label != "tie":
+                r_lo, r_hi = rewards.get(lo), rewards.get(hi)
+                if r_lo is not None and r_hi is not None and r_lo != r_hi:
+                    rew[uid][1] += 1
+                    rew[uid][0] += int((label == "lo") == (r_lo > r_hi))
+    out = []
+    for uid, user in sorted(users.items()):
+        if annotator_id is not None and uid != annotator_id:
+            continue
+        if uid not in per and user.role != "annotator":
+            continue
+        p = per.get(uid, {"votes": 0, "clean": 0, "latencies": []})
+        m, r = maj.get(uid, [0, 0]), rew.get(uid, [0, 0])
+        out.append({
+            "user_id": uid, "name": user.name, "role": user.role, "excluded": user.excluded,
+            "votes": p["votes"], "clean_votes": p["clean"],
+            "median_latency_ms": statistics.median(p["latencies"]) if p["latencies"] else None,
+            "majority_agreement": m[0] / m[1] if m[1] else None, "majority_n": m[1],
+            "reward_agreement": r[0] / r[1] if r[1] else None, "reward_n": r[1],
+        })
+    return out
+
+
+def set_excluded(session: Session, user_id: int, excluded: bool) -> int:
+    """Exclude (or include again) a user's votes from fitting and the leaderboard: the flag on
+    the user (future votes) and on every vote they cast. Returns the votes changed. Flushes."""
+    user = session.get(User, user_id)
+    if user is None:
+        raise NotFound(f"user {user_id} not found")
+    user.excluded = bool(excluded)
+    result = session.execute(update(Vote).where(Vote.annotator_id == user_id,
+                                                Vote.excluded.is_not(bool(excluded)))
+                             .values(excluded=bool(excluded))
+                             .execution_options(synchronize_session=False))
+    session.flush()
+    auth.token_cache.clear()  # cached users carry the flag new votes copy
+    return int(result.rowcount or 0)

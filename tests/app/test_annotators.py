@@ -1,0 +1,86 @@
+"""Annotator statistics and the exclude switch (app/services/annotators.py)."""
+
+from __future__ import annotations
+
+from conftest import seed_group
+from sqlalchemy import select
+
+from app.db import session_scope
+from app.models import Sample, User
+from app.services import annotators, auth, leaderboard, votes
+
+
+def _users(*names):
+    with session_scope() as s:
+        return [auth.create_user(s, n, "annotator")[0].id for n in names]
+
+
+def _vote(uid, a, b, outcome, cid, latency=100):
+    with session_scope() as s:
+        user = s.get(User, uid)
+        votes.record_vote(s, user, client_vote_id=cid, sample_a_id=a, sample_b_id=b,
+                          outcome=outcome, latency_ms=latency)
+
+
+def _samples(gid):
+    with session_scope() as s:
+        return list(s.scalars(select(Sample.id).where(Sample.group_id == gid)
+                              .order_by(Sample.member_index)))
+
+
+def test_stats_majority_reward_and_latency(settings):
+    # rewards of members 0..3 are 0, .25, .5, .75 (seed_group)
+    ids = _samples(seed_group(g=4))
+    u1, u2, u3 = _users("ann1", "ann2", "ann3")
+    # pair (m0, m3): m3 has the higher reward. u1 and u2 prefer m3 (sides swapped for u2),
+    # u3 prefers m0
+    _vote(u1, ids[0], ids[3], "b", "x1", 100)
+    _vote(u2, ids[3], ids[0], "a", "x2", 300)
+    _vote(u3, ids[0], ids[3], "a", "x3", 500)
+    _vote(u1, ids[1], ids[2], "skip", "x4", 900)
+    with session_scope() as s:
+        rows = {r["name"]: r for r in annotators.stats(s)}
+    assert rows["ann1"]["votes"] == 2 and rows["ann1"]["clean_votes"] == 1
+    assert rows["ann1"]["median_latency_ms"] == 500
+    # u1: the others are u2 (m3) and u3 (m0): a tie for most common, skipped
+    assert rows["ann1"]["majority_n"] == 0 and rows["ann1"]["majority_agreement"] is None
+    assert rows["ann1"]["reward_agreement"] == 1.0 and rows["ann1"]["reward_n"] == 1
+    assert rows["ann2"]["reward_agreement"] == 1.0
+    assert rows["ann3"]["reward_agreement"] == 0.0
+    # u3 disagrees with u1 and u2, who agree with each other
+    assert rows["ann3"]["majority_agreement"] == 0.0 and rows["ann3"]["majority_n"] == 1
+    with session_scope() as s:
+        only = annotators.stats(s, annotator_id=u3)
+    assert [r["name"] for r in only] == ["ann3"]
+
+
+def test_set_excluded_flags_old_and_new_votes(settings):
+    ids = _samples(seed_group(g=4))
+    (u,) = _users("ann")
+    _vote(u, ids[0], ids[1], "a", "y1")
+    with session_scope() as s:
+        assert annotators.set_excluded(s, u, True) == 1
+    _vote(u, ids[0], ids[2], "a", "y2")
+    with session_scope() as s:
+        assert all(v["excluded"] for v in votes.export_votes(s))
+        assert annotators.stats(s)[0]["excluded"] is True
+    with session_scope() as s:
+        assert annotators.set_excluded(s, u, False) == 2
+        assert not any(v["excluded"] for v in votes.export_votes(s))
+
+
+def test_excluded_votes_leave_the_leaderboard(settings):
+    from app.services.checkpoints import record_checkpoint
+
+    with session_scope() as s:
+        c1 = record_checkpoint(s, None, 0, "c1.safetensors", name="c1")
+        c2 = record_checkpoint(s, None, 0, "c2.safetensors", name="c2")
+    g1 = seed_group(checkpoint_id=c1, purpose="evaluate", seed=5)
+    g2 = seed_group(checkpoint_id=c2, purpose="evaluate", seed=5)
+    (u,) = _users("ann")
+    _vote(u, _samples(g1)[0], _samples(g2)[0], "a", "z1")
+    with session_scope() as s:
+        assert leaderboard.compute(s, bootstrap=0)["num_votes"] == 1
+        annotators.set_excluded(s, u, True)
+    with session_scope() as s:
+        assert leaderboard.compute(s, bootstrap=0)["num_votes"] == 0
