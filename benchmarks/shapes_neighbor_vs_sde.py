@@ -30,6 +30,9 @@ METHODS = {
     "neighbor": {"method": "neighbor", "rollout_solver": "dpm++"},
     "sde": {"method": "sde", "rollout_solver": "euler", "clip_range": 1e-4},
     "shuffled": {"method": "neighbor", "rollout_solver": "dpm++", "shuffle_advantages": True},
+    # DanceGRPO's own defaults: 16 SDE steps, 60% of them trained (K = 10)
+    "sde-16step": {"method": "sde", "rollout_solver": "euler", "clip_range": 1e-4,
+                   "rollout_steps": 16, "num_train_timesteps": 10},
 }
 ABLATIONS = {
     "neighbor-sigma0.1": {"method": "neighbor", "sigma": 0.1},
@@ -84,7 +87,7 @@ def run_one(name: str, overrides: dict, seed: int, iterations: int, eval_every: 
     return summary()
 
 
-def time_alone(iterations: int) -> dict:
+def time_alone(iterations: int, names: list[str]) -> dict:
     """Seconds per iteration of each method with the device to itself."""
     import torch
 
@@ -92,16 +95,22 @@ def time_alone(iterations: int) -> dict:
     from trainer.loop import Trainer
 
     out = {}
-    for name in ("neighbor", "sde"):
+    for name in names:
         trainer = Trainer(TrainConfig.from_dict({**COMMON, **METHODS[name], "iterations": 10**6}))
         trainer.step()  # warm-up
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        seconds = [trainer.step().metrics["seconds"] for _ in range(iterations)]
+        steps = [trainer.step().metrics for _ in range(iterations)]
+        seconds = [m["seconds"] for m in steps]
         out[name] = {"seconds_per_iteration": float(np.median(seconds)),
+                     "rollout_seconds": float(np.median([m["rollout_seconds"] for m in steps])),
+                     "forward_passes": steps[-1]["forward_passes"],
+                     "backward_passes": steps[-1]["backward_passes"],
                      "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
         print("alone", name, out[name], flush=True)
-    out["sde_over_neighbor"] = out["sde"]["seconds_per_iteration"] / out["neighbor"]["seconds_per_iteration"]
+    for name in names:
+        out[name]["relative_to_neighbor"] = (out[name]["seconds_per_iteration"]
+                                             / out["neighbor"]["seconds_per_iteration"])
     return out
 
 
@@ -161,7 +170,8 @@ def main() -> None:
     if args.summarize_only:
         timing = json.loads((out / "timing.json").read_text()) if (out / "timing.json").exists() else {}
         return summarize(out, timing)
-    timing = time_alone(args.timing_iterations) if args.timing_iterations else {}
+    timed = ["neighbor", *[m for m in ("sde", "sde-16step") if m in METHODS]]
+    timing = time_alone(args.timing_iterations, timed) if args.timing_iterations else {}
     (out / "timing.json").write_text(json.dumps(timing))
     jobs = [(name, seed) for name in variants
             for seed in (args.ablation_seeds if name in ABLATIONS else args.seeds)]
@@ -193,11 +203,12 @@ def summarize(out: Path, timing: dict) -> None:
                      f"{max(x['exact_count_accuracy'] for x in c):.3f} | {c[-1]['count_reward']:.3f} | "
                      f"{c[-1]['train_seconds']:.0f} | {r['forward_passes']} | {r['backward_passes']} |")
     if timing:
-        lines.append("")
-        lines.append(f"Seconds per iteration, each alone on {timing['neighbor']['device']}: "
-                     f"neighbor {timing['neighbor']['seconds_per_iteration']:.3f}, "
-                     f"sde {timing['sde']['seconds_per_iteration']:.3f} "
-                     f"(sde / neighbor = {timing['sde_over_neighbor']:.2f}x)")
+        lines += ["", f"Each method alone on {timing['neighbor']['device']} (median of the timed iterations):",
+                  "", "| method | s / iteration | rollout s | x neighbor | forward / it | backward / it |",
+                  "|---|---|---|---|---|---|"]
+        for name, t in timing.items():
+            lines.append(f"| {name} | {t['seconds_per_iteration']:.3f} | {t['rollout_seconds']:.3f} | "
+                         f"{t['relative_to_neighbor']:.2f} | {t['forward_passes']} | {t['backward_passes']} |")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     (out / "results.json").write_text(json.dumps({"timing": timing, "runs": results}))
     plot(results, out / "curves.png")
