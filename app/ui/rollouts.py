@@ -60,15 +60,18 @@ def job_choices() -> list[tuple[str, int]]:
         return [(f"#{j.id} {j.kind} ({j.status})", j.id) for j in rows]
 
 
-def show(user_state: dict | None, job_id: int | None, iteration: float | None,
+def show(user_state: dict | None, job_id: int | None, iteration: str | None,
          prompt: str, page_no: float | None) -> str:
     try:
         caller(user_state, "admin")
         page_no = max(1, int(page_no or 1))
+        it = str(iteration or "").strip()
+        if it and not it.isdigit():
+            raise ValueError(f"iteration must be a whole number, got {it!r}")
         with session() as s:
             groups, total = rollouts.list_groups(
                 s, job_id=int(job_id) if job_id else None,
-                iteration=int(iteration) if iteration not in (None, "") else None,
+                iteration=int(it) if it else None,
                 prompt=(prompt or "").strip() or None, limit=PAGE_SIZE,
                 offset=(page_no - 1) * PAGE_SIZE)
             body = groups_html(groups, s)
@@ -83,8 +86,7 @@ def build_rollouts(user: gr.State) -> gr.Blocks:
         with gr.Row():
             job = gr.Dropdown(label="Job", choices=[], value=None, allow_custom_value=False,
                               elem_id="rollouts-job")
-            iteration = gr.Number(label="Iteration (empty: all)", precision=0, value=None,
-                                  elem_id="rollouts-iteration")
+            iteration = gr.Textbox(label="Iteration (empty: all)", elem_id="rollouts-iteration")
             prompt = gr.Textbox(label="or a prompt (exact text)", elem_id="rollouts-prompt")
             page_no = gr.Number(label="Page", value=1, precision=0, minimum=1)
             go = gr.Button("Show", variant="primary", elem_id="rollouts-show")

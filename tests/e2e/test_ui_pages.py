@@ -1,0 +1,165 @@
+"""The admin pages in a real browser: datasets (upload, preview, a bad file's error), rollouts,
+leaderboard, annotators (stats and the exclude switch). Saves a screenshot of each page."""
+
+from __future__ import annotations
+
+import uuid
+
+from conftest import login, screenshot, seed_groups
+from sqlalchemy import select
+
+from app.db import session_scope
+from app.models import Sample, User
+from app.services import checkpoints, datasets, votes
+
+
+def _tab(page, name: str) -> None:
+    page.get_by_role("tab", name=name).click()
+
+
+def _upload(page, path) -> None:
+    clear = page.locator("#dataset-file button[aria-label='Clear']")
+    if clear.count():
+        clear.first.click()
+    page.locator("#dataset-file input[type=file]").set_input_files(str(path))
+    page.locator("#dataset-file").get_by_text(path.name).first.wait_for()
+    page.locator("#dataset-upload").click()
+
+
+def test_datasets_upload_preview_and_errors(server, page, tmp_path):
+    login(page, server, server.admin_token)
+    _tab(page, "Datasets")
+    good = tmp_path / "animals.csv"
+    good.write_text("prompt,style\na red  fox,photo\na blue whale,sketch\na red fox,photo\n"
+                    "an owl at night,painting\n")
+    _upload(page, good)
+    ok = page.locator("#dataset-ok")
+    ok.wait_for()
+    assert "3 prompts, 1 duplicate(s) dropped" in ok.inner_text()
+    preview = page.locator("#dataset-preview")
+    assert "a red fox" in preview.inner_text() and "sketch" in preview.inner_text()
+    assert page.locator("#dataset-preview .ngs-preview tbody tr").count() == 3
+    with session_scope() as s:
+        ds = datasets.get_dataset(s, int(ok.get_attribute("data-dataset")))
+        assert (ds.num_prompts, ds.duplicates_dropped) == (3, 1)
+    screenshot(page, "datasets")
+
+    bad = tmp_path / "broken.csv"
+    bad.write_text("prompt,style\nok prompt,photo\nbad,row,extra\n")
+    _upload(page, bad)
+    err = page.locator("#dataset-error")
+    err.wait_for()
+    # the API's message: file, line, row and reason
+    assert "broken.csv: line 3 (row 2): malformed row" in err.inner_text()
+    empty = tmp_path / "gaps.txt"
+    empty.write_text("one red circle\n   \ntwo blue squares\n")
+    _upload(page, empty)
+    page.locator("#dataset-error").get_by_text("gaps.txt: line 2: empty prompt").wait_for()
+    with session_scope() as s:
+        names = [d.name for d in datasets.list_datasets(s)[0]]
+    assert "broken" not in names
+
+
+def group_members_of_first(page) -> int:
+    return page.locator("#rollouts-groups .ngs-group").first.locator(".ngs-member").count()
+
+
+def test_rollouts_page(server, page):
+    seed_groups(3, g=6, seed=7, iteration=5)
+    login(page, server, server.admin_token)
+    _tab(page, "Rollouts")
+    page.locator("#rollouts-prompt textarea, #rollouts-prompt input").first.fill(
+        "two red circles")
+    page.locator("#rollouts-iteration textarea, #rollouts-iteration input").first.fill("5")
+    page.locator("#rollouts-show").click()
+    page.locator("#rollouts-groups .ngs-group").first.wait_for()
+    assert page.locator("#rollouts-count").get_attribute("data-total") == "1"
+    assert group_members_of_first(page) == 6
+    group = page.locator("#rollouts-groups .ngs-group").first
+    rewards = [float(x) for x in group.locator(".ngs-member").evaluate_all(
+        "els => els.map(e => e.dataset.reward)")]
+    assert rewards == sorted(rewards, reverse=True)
+    assert group.locator(".ngs-member.anchor").count() >= 1
+    member = group.locator(".ngs-member").first
+    member.locator("summary").click()
+    details = member.locator(".ngs-details")
+    details.wait_for()
+    text = details.inner_text()
+    for word in ("seed", "member", "sigma", "solver", "checkpoint"):
+        assert word in text
+    screenshot(page, "rollouts")
+
+
+def _seed_leaderboard() -> None:
+    """Three checkpoints with evaluation groups and cross-checkpoint votes by a third user."""
+    import random
+
+    from conftest import shape_png
+
+    from app.services.auth import create_user
+    from app.services.rollouts import record_rollout_group
+
+    rng = random.Random(3)
+    with session_scope() as s:
+        ids = [checkpoints.record_checkpoint(s, None, it, f"lb/c{it}.safetensors",
+                                             name=f"demo-it{it}") for it in (0, 20, 60)]
+        groups = {}
+        for c in ids:
+            for seed in range(6):
+                groups[(c, seed)] = record_rollout_group(
+                    s, job_id=None, iteration=0, prompt_text="two red circles",
+                    checkpoint_id=c, solver="dpm++", steps=8, sigma=0.3, seed=seed,
+                    samples=[{"png": shape_png(rng), "member_index": 0,
+                              "rewards": {"count": rng.random()}}], purpose="evaluate")
+        judge, _ = create_user(s, f"judge-{uuid.uuid4().hex[:6]}", "annotator")
+    strength = {ids[0]: 0.2, ids[1]: 0.5, ids[2]: 0.8}
+    for seed in range(6):
+        for i in range(3):
+            for j in range(i + 1, 3):
+                a, b = ids[i], ids[j]
+                with session_scope() as s:
+                    sa = s.scalar(select(Sample.id).where(Sample.group_id == groups[(a, seed)]))
+                    sb = s.scalar(select(Sample.id).where(Sample.group_id == groups[(b, seed)]))
+                    out = "a" if rng.random() < strength[a] / (strength[a] + strength[b]) else "b"
+                    votes.record_vote(s, s.get(User, judge.id), client_vote_id=uuid.uuid4().hex,
+                                      sample_a_id=sa, sample_b_id=sb, outcome=out,
+                                      latency_ms=rng.randint(500, 4000))
+
+
+def test_leaderboard_page(server, page):
+    _seed_leaderboard()
+    login(page, server, server.admin_token)
+    _tab(page, "Leaderboard")
+    page.locator("#leaderboard-refresh").click()
+    board = page.locator("#leaderboard")
+    board.wait_for()
+    assert int(board.get_attribute("data-n")) == 3
+    assert "95% interval" in board.inner_text()
+    assert page.locator("#leaderboard .ngs-matrix tbody tr").count() == 3
+    page.locator("#leaderboard-ckpts").get_by_text("demo-it0").click()
+    page.locator("#leaderboard-ckpts").get_by_text("demo-it60").click()
+    page.locator("#leaderboard-evaluate").click()
+    page.locator("#evaluate-launched").wait_for()
+    screenshot(page, "leaderboard")
+
+
+def test_annotators_page_and_exclude(server, page):
+    login(page, server, server.admin_token)
+    _tab(page, "Annotators")
+    page.locator("#annotators-refresh").click()
+    page.locator("#annotators-table").get_by_text("bob").first.wait_for()
+    page.locator("#annotators-pick input").fill("bob")
+    page.get_by_role("option", name="bob").first.click()
+    page.locator("#annotators-exclude input").check()
+    page.locator("#annotators-apply").click()
+    page.locator("#annotators-status").get_by_text("excluded").wait_for()
+    assert page.locator(".ngs-excluded[data-user='bob']").inner_text() == "yes"
+    with session_scope() as s:
+        bob = s.scalar(select(User).where(User.name == "bob"))
+        assert bob.excluded
+    screenshot(page, "annotators")
+    page.locator("#annotators-exclude input").uncheck()
+    page.locator("#annotators-apply").click()
+    page.locator("#annotators-status").get_by_text("included again").wait_for()
+    with session_scope() as s:
+        assert not s.scalar(select(User.excluded).where(User.name == "bob"))
