@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo worker test test-fast lint format clean
+.PHONY: setup browser demo worker test test-fast lint format clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -14,11 +14,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[server,dev]'
 	touch $(STAMP)
 
-setup: $(STAMP)
+# Debian's chromium for the browser tests (tests/e2e drive it with Playwright; never
+# `playwright install`). Checked on every `make setup` / `make test`, installed if missing.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { S=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$S apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$S apt-get install -y -qq \
+	  chromium; } || echo "warning: chromium not installed: the browser tests will be skipped"
+
+setup: $(STAMP) browser
 
 # migrations, the shapes dataset, an admin token (printed once), a worker and the server;
 # Ctrl-C stops all of it (app/serve.py)
-demo: setup
+demo: $(STAMP)
 	$(BIN)/python -m app serve
 
 # one more worker on this machine's DATA_DIR / BROKER_URL / DATABASE_URL (see README: Workers)
