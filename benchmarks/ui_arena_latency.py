@@ -55,8 +55,8 @@ async (id) => {
 def seed(n_votes: int, groups: int, g: int, annotators: int) -> None:
     """Bulk-insert `groups` rollout groups of `g` members (sharing 64 image files) and
     `n_votes` votes spread over `annotators` users plus the benchmark's annotator 'bob'."""
-    from conftest import shape_png
     from sqlalchemy import insert, select
+    from ui_helpers import shape_png
 
     from app.db import session_scope
     from app.models import RolloutGroup, Sample, User, Vote
@@ -112,9 +112,9 @@ def main() -> int:
     ap.add_argument("--think-ms", type=int, default=400)
     args = ap.parse_args()
 
-    from conftest import CHROMIUM, CHROMIUM_ARGS, login, start_server
     from playwright.sync_api import sync_playwright
     from sqlalchemy import func, select
+    from ui_helpers import CHROMIUM, CHROMIUM_ARGS, login, start_server
 
     from app.db import session_scope
     from app.models import Vote

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from conftest import seed_group
 from sqlalchemy import select
 
 from app.db import session_scope
@@ -28,9 +27,9 @@ def _samples(gid):
                               .order_by(Sample.member_index)))
 
 
-def test_stats_majority_reward_and_latency(settings):
+def test_stats_majority_reward_and_latency(settings, make_group):
     # rewards of members 0..3 are 0, .25, .5, .75 (seed_group)
-    ids = _samples(seed_group(g=4))
+    ids = _samples(make_group(g=4))
     u1, u2, u3 = _users("ann1", "ann2", "ann3")
     # pair (m0, m3): m3 has the higher reward. u1 and u2 prefer m3 (sides swapped for u2),
     # u3 prefers m0
@@ -54,8 +53,8 @@ def test_stats_majority_reward_and_latency(settings):
     assert [r["name"] for r in only] == ["ann3"]
 
 
-def test_set_excluded_flags_old_and_new_votes(settings):
-    ids = _samples(seed_group(g=4))
+def test_set_excluded_flags_old_and_new_votes(settings, make_group):
+    ids = _samples(make_group(g=4))
     (u,) = _users("ann")
     _vote(u, ids[0], ids[1], "a", "y1")
     with session_scope() as s:
@@ -69,14 +68,14 @@ def test_set_excluded_flags_old_and_new_votes(settings):
         assert not any(v["excluded"] for v in votes.export_votes(s))
 
 
-def test_excluded_votes_leave_the_leaderboard(settings):
+def test_excluded_votes_leave_the_leaderboard(settings, make_group):
     from app.services.checkpoints import record_checkpoint
 
     with session_scope() as s:
         c1 = record_checkpoint(s, None, 0, "c1.safetensors", name="c1")
         c2 = record_checkpoint(s, None, 0, "c2.safetensors", name="c2")
-    g1 = seed_group(checkpoint_id=c1, purpose="evaluate", seed=5)
-    g2 = seed_group(checkpoint_id=c2, purpose="evaluate", seed=5)
+    g1 = make_group(checkpoint_id=c1, purpose="evaluate", seed=5)
+    g2 = make_group(checkpoint_id=c2, purpose="evaluate", seed=5)
     (u,) = _users("ann")
     _vote(u, _samples(g1)[0], _samples(g2)[0], "a", "z1")
     with session_scope() as s:

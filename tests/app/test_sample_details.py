@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from conftest import seed_group
 from sqlalchemy import select
 
 from app.db import session_scope
@@ -11,11 +10,11 @@ from app.services import rollouts
 from app.services.checkpoints import record_checkpoint
 
 
-def test_sample_details(settings):
+def test_sample_details(settings, make_group):
     with session_scope() as s:
         ckpt = record_checkpoint(s, None, 7, "c.safetensors", name="ckpt-7")
-    gid = seed_group(checkpoint_id=ckpt, iteration=3, seed=11, g=3)
-    base = seed_group(seed=12, g=2)
+    gid = make_group(checkpoint_id=ckpt, iteration=3, seed=11, g=3)
+    base = make_group(seed=12, g=2)
     with session_scope() as s:
         ids = list(s.scalars(select(Sample.id).order_by(Sample.id)))
         d = rollouts.sample_details(s, [*ids, 10**6])

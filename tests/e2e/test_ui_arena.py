@@ -3,8 +3,8 @@ click records one vote, the source shows only after the vote, an annotator sees 
 
 from __future__ import annotations
 
-from conftest import login, screenshot
 from sqlalchemy import select
+from ui_helpers import login, screenshot
 
 from app.db import session_scope
 from app.models import User, Vote
@@ -71,6 +71,8 @@ def test_login_and_vote_with_mouse_and_keys(server, page):
         reveal = page.locator("#arena-reveal .ngs-reveal")
         assert reveal.get_attribute("data-vote") == str(v.id)
         assert "iteration" in reveal.inner_text()
+        if k == 1:
+            screenshot(page, "arena-after-vote")
     assert all(v.session_id == votes[0].session_id for v in votes[before:])
     assert all(v.latency_ms is not None and v.latency_ms >= 0 for v in votes[before:])
 

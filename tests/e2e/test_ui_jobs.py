@@ -3,7 +3,7 @@ the quick demo launches from the form, its progress bar and reward plot move, Ca
 
 from __future__ import annotations
 
-from conftest import login, screenshot
+from ui_helpers import login, screenshot
 
 from app.db import session_scope
 from app.services import jobs

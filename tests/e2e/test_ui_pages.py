@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import uuid
 
-from conftest import login, screenshot, seed_groups
 from sqlalchemy import select
+from ui_helpers import login, screenshot, seed_groups
 
 from app.db import session_scope
 from app.models import Sample, User
@@ -94,7 +94,7 @@ def _seed_leaderboard() -> None:
     """Three checkpoints with evaluation groups and cross-checkpoint votes by a third user."""
     import random
 
-    from conftest import shape_png
+    from ui_helpers import shape_png
 
     from app.services.auth import create_user
     from app.services.rollouts import record_rollout_group
