@@ -16,6 +16,20 @@ def _votes_of(name: str) -> list[Vote]:
         return list(s.scalars(select(Vote).where(Vote.annotator_id == uid).order_by(Vote.id)))
 
 
+def _image_bytes(sample_id: int) -> bytes:
+    from app.services import storage
+    from app.services.rollouts import get_sample
+
+    with session_scope() as s:
+        return storage.resolve(get_sample(s, sample_id).image_path).read_bytes()
+
+
+def _data(src: str) -> bytes:
+    import base64
+
+    return base64.b64decode(src.split(",", 1)[1])
+
+
 def _shown_pair(page) -> tuple[str, str, str]:
     pair = page.locator("#arena-pair .ngs-pair")
     nonce = pair.get_attribute("data-nonce")
@@ -56,7 +70,7 @@ def test_login_and_vote_with_mouse_and_keys(server, page):
                ("mouse", "#vote-b", "b"), ("mouse", "#vote-tie", "tie")]
     before = len(_votes_of("bob"))
     for k, (how, what, outcome) in enumerate(actions, 1):
-        nonce, _, _ = _shown_pair(page)
+        nonce, a_src, b_src = _shown_pair(page)
         if how == "mouse":
             page.locator(what).click()
         else:
@@ -67,6 +81,9 @@ def test_login_and_vote_with_mouse_and_keys(server, page):
         assert len(votes) == before + k, (how, what)
         v = votes[-1]
         assert v.outcome == outcome, (how, what)
+        # sample_a is the image that was on the left, sample_b the right
+        assert (_image_bytes(v.sample_a_id), _image_bytes(v.sample_b_id)) == (
+            _data(a_src), _data(b_src)), (how, what)
         # the sides recorded are those shown: the reveal names them after the vote
         reveal = page.locator("#arena-reveal .ngs-reveal")
         assert reveal.get_attribute("data-vote") == str(v.id)
@@ -78,12 +95,7 @@ def test_login_and_vote_with_mouse_and_keys(server, page):
 
 
 def test_sides_match_what_was_shown(server, page):
-    """The image on the left is sample_a: compare the shown image bytes with the files."""
-    import base64
-
-    from app.services import storage
-    from app.services.rollouts import get_sample
-
+    """The image on the left is sample_a: the shown bytes are the files' bytes."""
     login(page, server, server.annotator_token)
     page.locator("#arena-pair .ngs-pair[data-nonce]").wait_for()
     nonce, a_src, b_src = _shown_pair(page)
@@ -92,11 +104,9 @@ def test_sides_match_what_was_shown(server, page):
     page.locator("#arena-reveal .ngs-reveal").wait_for()
     v = _votes_of("bob")[-1]
     assert v.outcome == "b"
-    with session_scope() as s:
-        a_path = storage.resolve(get_sample(s, v.sample_a_id).image_path)
-        b_path = storage.resolve(get_sample(s, v.sample_b_id).image_path)
-    assert base64.b64decode(a_src.split(",", 1)[1]) == a_path.read_bytes()
-    assert base64.b64decode(b_src.split(",", 1)[1]) == b_path.read_bytes()
+    assert _image_bytes(v.sample_a_id) == _data(a_src)
+    assert _image_bytes(v.sample_b_id) == _data(b_src)
+    assert _data(a_src) != _data(b_src)
 
 
 def test_double_click_records_one_vote(server, page):
