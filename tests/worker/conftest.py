@@ -117,15 +117,11 @@ class Stack:
             app.close()
 
     def stop_all(self) -> None:
+        """The tests are done with them (a clean stop is test_worker_serve's subject)."""
         for proc in self.workers:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.workers:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            proc.wait()
 
 
 BACKENDS = {

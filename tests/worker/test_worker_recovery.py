@@ -56,6 +56,7 @@ def test_kill9_then_the_reaper_resumes_and_each_iteration_is_recorded_once(stack
     assert "stale heartbeat -> queued" in stack.logs[1].read_text()
 
 
+@pytest.mark.slow
 def test_a_job_that_keeps_losing_its_worker_ends_failed_with_the_reason(stack):
     job_id = create_train_job(iterations=400, sample_every=1000, checkpoint_every=2)
     for attempt in (1, 2):

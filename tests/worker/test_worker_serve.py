@@ -30,7 +30,8 @@ def _free_port() -> int:
 def _start(tmp: Path, port: int, log: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items()
            if k not in ("DATABASE_URL", "BROKER_URL", "STORAGE_DIR", "BROKER_KEY_PREFIX")}
-    env.update({"DATA_DIR": str(tmp / "data"), "PYTHONUNBUFFERED": "1", "TRAIN_NPROC": "1"})
+    env.update({"DATA_DIR": str(tmp / "data"), "PYTHONUNBUFFERED": "1", "TRAIN_NPROC": "1",
+                "OMP_NUM_THREADS": "1"})  # torch threads spin badly on a shared 2-core box
     return subprocess.Popen([sys.executable, "-m", "app", "serve", "--port", str(port)],
                             cwd=tmp, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
@@ -81,8 +82,8 @@ def test_serve_starts_everything_and_ctrl_c_stops_it(tmp_path):
         datasets = _get(f"{base}/api/datasets", token)
         items = datasets["items"] if isinstance(datasets, dict) else datasets
         assert any(d["name"] == "shapes" and d["num_prompts"] == 48 for d in items)
-        job = _wait(lambda: (j := _get(f"{base}/api/jobs/1", token)) and j["iteration"] >= 2
-                    and j, 120, "the demo job to train", log)
+        job = _wait(lambda: (j := _get(f"{base}/api/jobs/1", token)) and j["iteration"] >= 1
+                    and j, 240, "the demo job to train", log)
         assert job["kind"] == "train" and job["status"] == "running"
 
         proc.send_signal(signal.SIGINT)  # Ctrl-C
@@ -100,7 +101,7 @@ def test_serve_starts_everything_and_ctrl_c_stops_it(tmp_path):
     try:
         text = _wait(lambda: _log_when(log2, "Uvicorn running"), 90, "the second start", log2)
         assert "admin API token" not in text  # printed once, on the first start only
-        _wait(lambda: "job 1 resumes from" in log2.read_text(), 60, "the resume", log2)
+        _wait(lambda: "job 1 resumes from" in log2.read_text(), 120, "the resume", log2)
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=90)
