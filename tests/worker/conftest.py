@@ -22,7 +22,7 @@ PG_ADMIN = os.environ.get("NGRPO_TEST_PG", "postgresql://postgres@127.0.0.1:5432
 REDIS_URL = os.environ.get("NGRPO_TEST_REDIS", "redis://127.0.0.1:6379/0")
 
 # how fast the workers notice things in tests (production defaults are 10 s / 120 s / 30 s)
-FAST = {"JOB_HEARTBEAT_SECONDS": "0.5", "JOB_STALE_SECONDS": "3",
+FAST = {"JOB_HEARTBEAT_SECONDS": "0.5", "JOB_STALE_SECONDS": "5",
         "REAPER_INTERVAL_SECONDS": "1", "JOB_MAX_ATTEMPTS": "3"}
 
 
