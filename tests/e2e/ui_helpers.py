@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -24,7 +25,11 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-sync", "--no-first-run"]
 FAST = {"JOB_HEARTBEAT_SECONDS": "0.5", "JOB_STALE_SECONDS": "30",
         "REAPER_INTERVAL_SECONDS": "5", "JOB_MAX_ATTEMPTS": "3"}
-SCREENSHOTS = ROOT / "docs" / "screenshots"
+# where the tests save a screenshot of each page: docs/screenshots with
+# NGRPO_SCREENSHOTS=docs/screenshots (how the README's pictures are made), else a temp dir so a
+# test run leaves the work tree clean
+SCREENSHOTS = Path(os.environ.get("NGRPO_SCREENSHOTS", "")
+                   or Path(tempfile.gettempdir()) / "ngrpo-screenshots")
 
 
 def free_port() -> int:
