@@ -4,3 +4,5 @@ from trainer.rewards import shapes as _shapes  # noqa: F401  (registers count, c
 from trainer.rewards.registry import compute_rewards, get_reward, register_reward, reward_names
 
 __all__ = ["compute_rewards", "get_reward", "register_reward", "reward_names"]
+
+from trainer.rewards import attributes as _attributes  # noqa: E402,F401  (registers attr_size, attr_upper)

@@ -1,0 +1,268 @@
+"""A human-preference reward model r(image, prompt) fitted to pairwise votes (Bradley-Terry).
+
+P(a beats b) = sigmoid(r(a) - r(b)). Votes `a`/`b` are wins, `tie` is half a win each;
+`both_bad` and `skip` carry no preference and stay out of the fit (they are counted).
+Nothing here knows which attribute an annotator cares about: the network sees pixels and the
+prompt, and learns whatever the votes reward.
+
+Features:
+- `shapes`: a small convolutional network on the 32x32 image with coordinate channels (so
+  "where" is as learnable as "what") and the prompt's tokens, trained end to end on the votes.
+- `clip`: an image-text embedding (transformers CLIP, weights from a local path) frozen, with a
+  small head on [image embedding, image * text embedding] trained on the votes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from trainer.shapes.world import PROMPT_LENGTH, VOCAB, tokenize
+
+OUTCOME_LABEL = {"a": 1.0, "b": 0.0, "tie": 0.5}  # P(a beats b) targets; others are not fitted
+
+
+@dataclass
+class PreferencePair:
+    image_a: np.ndarray  # (H, W, 3) uint8
+    image_b: np.ndarray
+    prompt: str
+    outcome: str  # a | b | tie | both_bad | skip
+
+
+@dataclass
+class FitConfig:
+    features: str = "shapes"  # "shapes" or "clip"
+    clip_path: str = ""  # local CLIP weights (transformers format) for features="clip"
+    holdout_fraction: float = 0.2
+    epochs: int = 60
+    batch_size: int = 64
+    learning_rate: float = 2e-3
+    weight_decay: float = 1e-3
+    seed: int = 0
+    device: str = "cpu"
+
+
+@dataclass
+class FitReport:
+    version: int
+    votes_total: int
+    votes_fitted: int
+    votes_ignored: dict[str, int]
+    train_pairs: int
+    heldout_pairs: int
+    heldout_accuracy: float | None  # on decisive held-out pairs
+    heldout_log_loss: float | None
+    train_accuracy: float
+    seconds: float
+    extra: dict = field(default_factory=dict)
+
+
+class ShapesPreferenceNet(nn.Module):
+    """Per-pixel conv features (with coordinate channels), attention-pooled, with the prompt.
+
+    Attention pooling (softmax weights over pixels) makes normalised averages, "the mean of
+    some local property over the pixels that matter", as easy to express as sums, so
+    per-object properties do not get confused with how many objects there are.
+    """
+
+    def __init__(self, width: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.convs = nn.Sequential(
+            nn.Conv2d(5, width, 3, padding=1), nn.GELU(),
+            nn.Conv2d(width, width, 3, padding=2, dilation=2), nn.GELU(),
+            nn.Conv2d(width, width, 3, padding=4, dilation=4), nn.GELU(),
+        )
+        self.heads = heads
+        self.score = nn.Conv2d(width, heads, 1)
+        self.value = nn.Conv2d(width, width, 1)
+        self.prompt = nn.Embedding(len(VOCAB), heads * width)
+        self.head = nn.Sequential(nn.Linear(heads * width, 64), nn.GELU(), nn.Linear(64, 1))
+
+    def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        n, _, h, w = images.shape
+        ys = torch.linspace(-1, 1, h, device=images.device).view(1, 1, h, 1).expand(n, 1, h, w)
+        xs = torch.linspace(-1, 1, w, device=images.device).view(1, 1, 1, w).expand(n, 1, h, w)
+        features = self.convs(torch.cat([images, ys, xs], 1))  # (N, C, H, W)
+        weights = self.score(features).flatten(2).softmax(-1)  # (N, heads, HW)
+        values = self.value(features).flatten(2)  # (N, C, HW)
+        pooled = torch.einsum("nkp,ncp->nkc", weights, values).flatten(1)  # (N, heads*C)
+        text = self.prompt(tokens).mean(1)  # (N, heads*C)
+        return self.head(pooled * (1 + text)).squeeze(-1)  # (N,)
+
+
+class ClipPreferenceHead(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.head = nn.Sequential(nn.Linear(2 * dim, 256), nn.GELU(), nn.Linear(256, 1))
+
+    def forward(self, image_emb: torch.Tensor, text_emb: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([image_emb, image_emb * text_emb], -1)).squeeze(-1)
+
+
+class PreferenceModel:
+    """A fitted preference reward; callable as a registry reward `(images, prompts) -> (N,)`."""
+
+    def __init__(self, config: FitConfig, net: nn.Module | None = None,
+                 report: FitReport | None = None) -> None:
+        self.config = config
+        self.report = report
+        self._clip = None
+        if net is None:
+            net = ShapesPreferenceNet() if config.features == "shapes" else ClipPreferenceHead(
+                self._clip_encoder().dim)
+        self.net = net.to(config.device)
+
+    # -- features -------------------------------------------------------------------------------
+    def _clip_encoder(self) -> _ClipEncoder:
+        if self._clip is None:
+            self._clip = _ClipEncoder(self.config.clip_path, self.config.device)
+        return self._clip
+
+    def _inputs(self, images: np.ndarray, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.config.features == "shapes":
+            x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float() / 127.5 - 1
+            return x.to(self.config.device), torch.from_numpy(tokenize(prompts)).to(self.config.device)
+        return self._clip_encoder().encode(images, prompts)
+
+    @torch.no_grad()
+    def __call__(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
+        self.net.eval()
+        scores = [self.net(*self._inputs(images[i:i + 512], prompts[i:i + 512])).float().cpu()
+                  for i in range(0, len(prompts), 512)]
+        return torch.cat(scores).numpy().astype(np.float64)
+
+    def prob_a_beats_b(self, images_a: np.ndarray, images_b: np.ndarray, prompts: list[str]) -> np.ndarray:
+        return 1.0 / (1.0 + np.exp(-(self(images_a, prompts) - self(images_b, prompts))))
+
+    # -- persistence ------------------------------------------------------------------------------
+    def save(self, path: str | Path, metadata: dict[str, str] | None = None) -> None:
+        meta = {"format": "preference-model", "fit_config": json.dumps(asdict(self.config)),
+                "report": json.dumps(asdict(self.report)) if self.report else "null"}
+        meta.update(metadata or {})
+        state = {k: v.detach().contiguous().cpu() for k, v in self.net.state_dict().items()}
+        save_file(state, str(path), metadata=meta)
+
+    @classmethod
+    def load(cls, path: str | Path, device: str = "cpu") -> PreferenceModel:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        if meta.get("format") != "preference-model":
+            raise ValueError(f"{path} is not a preference model")
+        config = FitConfig(**{**json.loads(meta["fit_config"]), "device": device})
+        report_data = json.loads(meta["report"])
+        model = cls(config, report=FitReport(**report_data) if report_data else None)
+        model.net.load_state_dict(load_file(str(path), device=device))
+        return model
+
+
+class _ClipEncoder:
+    """Frozen transformers CLIP from a local path (never downloads)."""
+
+    def __init__(self, path: str, device: str) -> None:
+        if not path or not Path(path).exists():
+            raise FileNotFoundError(f"clip_path {path!r} does not exist (weights load from a local path)")
+        from transformers import CLIPModel, CLIPProcessor
+
+        self.model = CLIPModel.from_pretrained(path, local_files_only=True).to(device).eval()
+        self.processor = CLIPProcessor.from_pretrained(path, local_files_only=True)
+        self.dim = self.model.config.projection_dim
+        self.device = device
+
+    @torch.no_grad()
+    def encode(self, images: np.ndarray, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = self.processor(text=prompts, images=list(images), return_tensors="pt", padding=True)
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        out = self.model(**batch)
+        return F.normalize(out.image_embeds, dim=-1), F.normalize(out.text_embeds, dim=-1)
+
+
+def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None = None,
+                         version: int = 1) -> PreferenceModel:
+    """Bradley-Terry fit with a held-out split; the report says how well it predicts."""
+    config = config or FitConfig()
+    start = time.perf_counter()
+    ignored: dict[str, int] = {}
+    usable = []
+    for pair in pairs:
+        if pair.outcome in OUTCOME_LABEL:
+            usable.append(pair)
+        else:
+            ignored[pair.outcome] = ignored.get(pair.outcome, 0) + 1
+    if len(usable) < 4:
+        raise ValueError(f"need at least 4 votes with a preference (a, b or tie), got {len(usable)}")
+    rng = np.random.default_rng(config.seed)
+    order = rng.permutation(len(usable))
+    n_hold = int(round(len(usable) * config.holdout_fraction)) if len(usable) >= 10 else 0
+    held, train = [usable[i] for i in order[:n_hold]], [usable[i] for i in order[n_hold:]]
+
+    torch.manual_seed(config.seed)
+    model = PreferenceModel(config)
+
+    def tensors(subset: list[PreferencePair]):
+        images_a = np.stack([p.image_a for p in subset])
+        images_b = np.stack([p.image_b for p in subset])
+        prompts = [p.prompt for p in subset]
+        labels = torch.tensor([OUTCOME_LABEL[p.outcome] for p in subset], device=config.device)
+        return model._inputs(images_a, prompts), model._inputs(images_b, prompts), labels
+
+    def augment(images: torch.Tensor) -> torch.Tensor:
+        # a left-right mirror changes no attribute a person could plausibly care about here
+        if config.features == "shapes" and torch.rand(()) < 0.5:
+            return images.flip(-1)
+        return images
+
+    inputs_a, inputs_b, labels = tensors(train)
+    optimizer = torch.optim.AdamW(model.net.parameters(), lr=config.learning_rate,
+                                  weight_decay=config.weight_decay)
+    n = len(train)
+    steps_per_epoch = max(1, math.ceil(n / config.batch_size))
+    total = config.epochs * steps_per_epoch
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, config.learning_rate, total_steps=total)
+    model.net.train()
+    for _ in range(config.epochs):
+        perm = torch.randperm(n)
+        for i in range(0, n, config.batch_size):
+            idx = perm[i:i + config.batch_size].to(config.device)
+            ra = model.net(augment(inputs_a[0][idx]), inputs_a[1][idx])
+            rb = model.net(augment(inputs_b[0][idx]), inputs_b[1][idx])
+            loss = F.binary_cross_entropy_with_logits(ra - rb, labels[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+
+    def evaluate(subset: list[PreferencePair]) -> tuple[float | None, float | None]:
+        if not subset:
+            return None, None
+        p = model.prob_a_beats_b(np.stack([q.image_a for q in subset]),
+                                 np.stack([q.image_b for q in subset]), [q.prompt for q in subset])
+        y = np.array([OUTCOME_LABEL[q.outcome] for q in subset])
+        decisive = y != 0.5
+        accuracy = float(((p > 0.5) == (y > 0.5))[decisive].mean()) if decisive.any() else None
+        pc = np.clip(p, 1e-6, 1 - 1e-6)
+        log_loss = float(-(y * np.log(pc) + (1 - y) * np.log(1 - pc)).mean())
+        return accuracy, log_loss
+
+    held_acc, held_loss = evaluate(held)
+    train_acc, _ = evaluate(train)
+    model.report = FitReport(
+        version=version, votes_total=len(pairs), votes_fitted=len(usable), votes_ignored=ignored,
+        train_pairs=len(train), heldout_pairs=len(held), heldout_accuracy=held_acc,
+        heldout_log_loss=held_loss, train_accuracy=train_acc or 0.0,
+        seconds=time.perf_counter() - start)
+    return model
+
+
+__all__ = ["FitConfig", "FitReport", "PreferenceModel", "PreferencePair", "fit_preference_model",
+           "PROMPT_LENGTH"]
