@@ -44,7 +44,7 @@ def browser():
 def page(browser):
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     pg = context.new_page()
-    pg.set_default_timeout(20_000)
+    pg.set_default_timeout(60_000)  # generous: the 2-core box is often loaded
     try:
         yield pg
     finally:
