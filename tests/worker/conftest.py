@@ -142,7 +142,7 @@ def stack(request, tmp_path, monkeypatch) -> Iterator[Stack]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "BROKER"))}
     env.update(FAST)
     env.update({"DATA_DIR": str(tmp_path / "data"), "STORAGE_DIR": str(tmp_path / "storage"),
-                "PYTHONPATH": str(ROOT), "TRAIN_NPROC": "1"})
+                "PYTHONPATH": str(ROOT), "TRAIN_NPROC": "1", "OMP_NUM_THREADS": "1"})
     if db_kind == "sqlite":
         from app.migrate import upgrade
 
@@ -166,8 +166,9 @@ def stack(request, tmp_path, monkeypatch) -> Iterator[Stack]:
         from sqlalchemy import text
 
         with engine.begin() as conn:
-            conn.execute(text("TRUNCATE votes, samples, rollout_groups, job_metrics, checkpoints, "
-                              "jobs, prompts, datasets, api_tokens, users RESTART IDENTITY CASCADE"))
+            conn.execute(text("TRUNCATE votes, preference_models, samples, rollout_groups, "
+                              "job_metrics, checkpoints, jobs, prompts, datasets, api_tokens, "
+                              "users RESTART IDENTITY CASCADE"))
     s = Stack(env=env, tmp=tmp_path)
     try:
         yield s

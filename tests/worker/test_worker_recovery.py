@@ -33,7 +33,7 @@ def _kill9(proc) -> None:
 @pytest.mark.parametrize("stack", ["sqlite-fs", "postgres-redis"], indirect=True)
 def test_kill9_then_the_reaper_resumes_and_each_iteration_is_recorded_once(stack):
     first = stack.start_worker("first")
-    total = 24
+    total = 16
     job_id = create_train_job(iterations=total, sample_every=1, checkpoint_every=4)
     stack.send(job_id)
     wait_for(lambda: job_row(job_id).iteration >= 6, 90, "six iterations", stack)
