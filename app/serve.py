@@ -107,6 +107,12 @@ def serve(host: str = "127.0.0.1", port: int = 8000, worker: bool = True,
     base = f"http://{host}:{port}"
     print(f"UI:             {base}/ui    API docs: {base}/docs    (Ctrl-C stops everything)",
           flush=True)
+    def stop_on_sigterm(signum, frame):
+        # uvicorn re-raises the signal after its own shutdown; SIGTERM's default action would
+        # kill us before the `finally` below stops the worker (an orphan), so make it Ctrl-C.
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
         config = uvicorn.Config("app.main:create_app", factory=True, host=host, port=port,
                                 log_level="info")

@@ -102,6 +102,13 @@ def test_serve_starts_everything_and_ctrl_c_stops_it(tmp_path):
         text = _wait(lambda: _log_when(log2, "Uvicorn running"), 90, "the second start", log2)
         assert "admin API token" not in text  # printed once, on the first start only
         _wait(lambda: "job 1 resumes from" in log2.read_text(), 120, "the resume", log2)
-    finally:
-        proc.send_signal(signal.SIGINT)
+        worker_pid = int(re.search(r"worker:\s+pid (\d+)", text).group(1))
+        # SIGTERM (docker stop, systemd, `timeout`) stops everything like Ctrl-C does
+        proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=90)
+        assert not _alive(worker_pid), "the worker outlived a SIGTERM'd server"
+        assert "stopped." in log2.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=90)
