@@ -34,6 +34,12 @@ class Settings(BaseSettings):
     reaper_interval_seconds: float = 30.0  # how often each worker looks for stale jobs
     train_nproc: int = 1  # processes (GPUs) per train job; > 1 launches torchrun (DDP)
 
+    # --- pair selection (app/services/votes.py, issue 6) ----------------------------------
+    # once a preference model has scored the samples, this share of GET /api/votes/next pairs
+    # stays uniformly random (to check the fit for selection bias); the rest is active
+    vote_random_share: float = 0.2
+    vote_active: bool = True  # active selection on/off (off: always uniformly random)
+
     max_prompt_length: int = 2000
     max_upload_bytes: int = 50 * 1024 * 1024
     # how long a browser may cache an image (they never change once written)

@@ -66,9 +66,9 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
         # a value the database cannot hold (e.g. an integer out of range): the client's fault
         return JSONResponse({"detail": f"value out of range: {exc.orig}"}, status_code=422)
 
-    from app.api import auth, checkpoints, datasets, jobs, rollouts, votes
+    from app.api import auth, checkpoints, datasets, jobs, preference, rollouts, votes
 
-    for module in (auth, datasets, rollouts, votes, jobs, checkpoints):
+    for module in (auth, datasets, rollouts, votes, jobs, checkpoints, preference):
         app.include_router(module.router, prefix="/api")
 
     @app.get("/healthz", tags=["health"])

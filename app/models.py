@@ -186,6 +186,11 @@ class Sample(Base):
     rewards: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     advantage: Mapped[float | None] = mapped_column(Float)
     is_anchor: Mapped[bool] = mapped_column(Boolean, default=False)
+    # the newest preference model's reward r(image, prompt) for this sample and that model's
+    # version (written by the fit_preference job): active pair selection reads it, so
+    # GET /api/votes/next never runs the network
+    preference_score: Mapped[float | None] = mapped_column(Float)
+    preference_version: Mapped[int | None] = mapped_column(Integer)
     group: Mapped[RolloutGroup] = relationship(back_populates="samples")
     __table_args__ = (UniqueConstraint("group_id", "member_index"),)
 
@@ -216,3 +221,23 @@ class Vote(Base):
         UniqueConstraint("annotator_id", "client_vote_id", name="uq_votes_annotator_client"),
         UniqueConstraint("annotator_id", "pair_lo_id", "pair_hi_id", name="uq_votes_annotator_pair"),
     )
+
+
+class PreferenceModelRow(Base):
+    """A fitted human-preference reward model (trainer/rewards/preference.py): the file under
+    the storage directory, the votes it was fitted on and its fit report (held-out accuracy,
+    log-loss, ...). The newest version is what training and active pair selection use."""
+
+    __tablename__ = "preference_models"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, unique=True)
+    path: Mapped[str] = mapped_column(Text)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), index=True)
+    votes_used: Mapped[int] = mapped_column(Integer, default=0)
+    last_vote_id: Mapped[int] = mapped_column(Integer, default=0)  # the newest vote it saw
+    # the checkpoints whose samples the votes were cast on (None = the base model)
+    checkpoint_ids: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    heldout_accuracy: Mapped[float | None] = mapped_column(Float)
+    heldout_log_loss: Mapped[float | None] = mapped_column(Float)
+    report: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

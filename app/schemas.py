@@ -188,3 +188,49 @@ class Leaderboard(BaseModel):
     pairs: list[PairStat]
     num_votes: int
     bootstrap: int
+
+
+# --- humans in the loop (issue 6) --------------------------------------------------------------
+class PreferenceModelOut(ORM):
+    id: int
+    version: int
+    path: str
+    job_id: int | None
+    votes_used: int
+    last_vote_id: int
+    checkpoint_ids: list[int | None]
+    heldout_accuracy: float | None
+    heldout_log_loss: float | None
+    report: dict[str, Any]
+    created_at: datetime
+    download_url: str = ""
+
+
+class AnnotatorStats(BaseModel):
+    user_id: int
+    name: str
+    role: str
+    excluded: bool
+    votes: int
+    clean_votes: int
+    median_latency_ms: float | None
+    majority_agreement: float | None
+    majority_n: int
+    reward_agreement: float | None
+    reward_n: int
+    agreement_p_value: float | None = Field(
+        None, description="one-sided binomial test of majority agreement against 0.5")
+    flagged: bool = Field(False, description="votes look random (agreement not significantly "
+                          "above chance); flagged for an admin, not dropped")
+
+
+class UserIn(BaseModel):
+    name: str = Field(min_length=1, max_length=100)
+    role: Literal["admin", "annotator"] = "annotator"
+
+
+class UserCreated(BaseModel):
+    id: int
+    name: str
+    role: str
+    token: str = Field(description="shown once")

@@ -90,6 +90,13 @@ class TrainConfig:
     reward_weights: dict = _field({"count": 1.0}, "Named rewards and their weights; each is "
                                   "normalised per group before weighting. Names come from "
                                   "the reward registry (count, color, shape, combined, ...).")
+    preference_model: str = _field("", "The human-preference reward model blended in as the "
+                                   "reward 'preference' (give it a weight in reward_weights): a "
+                                   "path to its safetensors file; in a worker job also 'latest' "
+                                   "or empty (the newest fitted model) or 'vN' (version N).")
+    preference_refit_every: int = _field(0, "Worker jobs: refit the preference model every N "
+                                         "iterations from the votes that arrived meanwhile "
+                                         "(online); 0 never refits.", min=0, max=1_000_000)
     # --- bookkeeping ---------------------------------------------------------------------
     seed: int = _field(0, "Seed for noises, anchors and timesteps.", min=0, max=2**31 - 1)
     sample_every: int = _field(10, "Save a sample grid / rollout group every N iterations.",

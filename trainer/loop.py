@@ -59,6 +59,25 @@ class Trainer:
         self.iteration = 0
         self.prompt_pool = list(config.prompts) or all_prompts()
         self._iterate = ITERATIONS[config.method]
+        self.preference_version: int | None = None
+        path = Path(config.preference_model) if config.preference_model else None
+        if "preference" in config.reward_weights and path is not None:
+            if path.is_file():
+                from trainer.rewards.preference import PreferenceModel
+
+                self.set_preference_model(PreferenceModel.load(path, str(self.device)))
+            elif not re.fullmatch(r"latest|v?\d+", config.preference_model):  # worker names
+                raise FileNotFoundError(f"preference_model {config.preference_model} not found")
+
+    def set_preference_model(self, model, version: int | None = None) -> None:
+        """Blend `model` (a `PreferenceModel`) in as the reward named "preference"; its version
+        goes on every iteration's metrics. Replaces any earlier one (online refits)."""
+        from trainer.rewards import register_reward
+
+        register_reward("preference", model)
+        if version is None and getattr(model, "report", None) is not None:
+            version = model.report.version
+        self.preference_version = version
 
     def sample_prompts(self) -> list[str]:
         n, pool = self.config.prompts_per_iteration, self.prompt_pool
@@ -73,6 +92,8 @@ class Trainer:
                                self.generator)
         self.iteration += 1
         result.metrics["iteration"] = self.iteration
+        result.metrics["reward_weights"] = dict(self.config.reward_weights)
+        result.metrics["preference_model_version"] = self.preference_version
         return result
 
     def run(self, on_iteration: Callable[[Trainer, IterationResult], bool | None] | None = None

@@ -6,7 +6,7 @@ or a redelivery finds it taken or finished and does nothing.
                     TRAIN_NPROC > 1 under torchrun, DDP, rank 0 records (worker/distributed_train.py)
     rollout         groups from a checkpoint for a dataset's prompts (worker/sampling.py)
     evaluate        fixed prompts and seeds from checkpoints (worker/sampling.py)
-    fit_preference  the human-preference reward model (issue 6; the slot exists)
+    fit_preference  the human-preference reward model from clean votes (worker/preference.py)
     reap            settle jobs whose worker died (worker/reaper.py), for `celery beat`
 
 A job's error (the exception and the end of its traceback) lands on the row as `failed`; the
@@ -101,16 +101,9 @@ def evaluate(job_id: int) -> str:
 
 
 def _fit_preference(job_id: int, worker_name: str) -> str:
-    try:  # issue 6 provides this; until then the job fails saying so
-        from trainer.rewards.preference import fit_job  # type: ignore[import-not-found]
-    except ImportError as exc:
-        raise NotImplementedError("fit_preference: the preference model is not built yet "
-                                  "(trainer.rewards.preference.fit_job)") from exc
-    status = fit_job(job_id, worker_name)
-    if status is None:
-        with session_scope() as s:
-            status = jobs.mark_succeeded(s, job_id).status
-    return status
+    from worker.preference import run_fit_preference
+
+    return run_fit_preference(job_id, worker_name)
 
 
 @celery_app.task(name="worker.tasks.fit_preference")

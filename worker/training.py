@@ -86,6 +86,8 @@ class TrainRecorder:
 
     def __call__(self, trainer: Trainer, result: IterationResult) -> bool:
         it, cfg = trainer.iteration, self.config
+        if it < cfg.iterations:  # the next iterations use the refitted model
+            result.metrics.update(maybe_refit_preference(trainer, cfg, self.job_id))
         final = it >= cfg.iterations
         with session_scope() as s:
             cancel = jobs.is_cancel_requested(s, self.job_id)
@@ -123,6 +125,47 @@ class TrainRecorder:
         return cancel
 
 
+def attach_preference(trainer: Trainer, config: TrainConfig) -> None:
+    """Blend in the preference model the config names (the newest one for "latest" or "")
+    as the reward "preference", when reward_weights has it."""
+    from worker.preference import resolve_preference
+
+    path, version, last_vote = resolve_preference(config)
+    if not path:
+        return
+    from trainer.rewards.preference import PreferenceModel
+
+    trainer.set_preference_model(PreferenceModel.load(path, str(trainer.device)), version)
+    trainer.preference_last_vote = last_vote  # type: ignore[attr-defined]
+    log.info("blending preference model %s (v%s)", path, version)
+
+
+def maybe_refit_preference(trainer: Trainer, config: TrainConfig, job_id: int) -> dict[str, Any]:
+    """Online refit (preference_refit_every): every N iterations, if votes arrived since the
+    model in use was fitted, fit a new version on all clean votes and swap it in."""
+    n = config.preference_refit_every
+    if not n or "preference" not in config.reward_weights or trainer.iteration % n:
+        return {}
+    from app.services import preference as pref_svc
+    from worker.preference import fit_and_record
+
+    last = getattr(trainer, "preference_last_vote", 0)
+    with session_scope() as s:
+        new = pref_svc.votes_since(s, last)
+    if not new:
+        return {"preference_refit": 0}
+    from trainer.rewards import get_reward
+    from trainer.rewards.preference import FitConfig
+
+    # the same fit settings as the model in use (a model given by path may have none)
+    fit_config = getattr(get_reward("preference"), "config", None) or FitConfig()
+    model, row = fit_and_record(fit_config, job_id=job_id)
+    trainer.set_preference_model(model, row["version"])
+    trainer.preference_last_vote = row["last_vote_id"]  # type: ignore[attr-defined]
+    return {"preference_refit": 1, "preference_refit_votes": new,
+            "preference_heldout_accuracy": row["heldout_accuracy"]}
+
+
 def prepare_trainer(job_id: int, model=None) -> tuple[Trainer, TrainConfig, int | None]:
     """The job's trainer, resumed from its newest recorded checkpoint (if any)."""
     with session_scope() as s:
@@ -131,6 +174,7 @@ def prepare_trainer(job_id: int, model=None) -> tuple[Trainer, TrainConfig, int 
         ckpt = checkpoints.latest_checkpoint(s, job_id)
         ckpt_id, ckpt_path = (ckpt.id, ckpt.path) if ckpt is not None else (None, None)
     trainer = Trainer(config, model=model)
+    attach_preference(trainer, config)
     if ckpt_path is not None:
         directory = storage.resolve(ckpt_path).parent
         trainer.load_checkpoint(directory)

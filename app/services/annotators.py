@@ -8,10 +8,16 @@ other annotators also judged, the most common label among the others (a tie for 
 is skipped). Reward: for a and b votes whose two samples have different automatic rewards
 (`total` if recorded, else the sum of the named rewards), whether the preferred one has the
 higher reward.
+
+Outliers (FastChat-style): an annotator whose agreement with the majority is not significantly
+above chance (one-sided binomial test against 0.5, p >= FLAG_ALPHA, over at least
+FLAG_MIN_SHARED shared votes) looks random and is `flagged` for an admin; nothing is dropped:
+excluding is the admin's decision (`set_excluded`).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter, defaultdict
 from typing import Any
@@ -24,6 +30,15 @@ from app.models import Sample, User, Vote
 from app.services import auth
 
 CLEAN = ("a", "b", "tie")
+FLAG_ALPHA = 0.05
+FLAG_MIN_SHARED = 20
+
+
+def binomial_p_above_half(successes: int, n: int) -> float:
+    """One-sided exact binomial test: P(X >= successes) for X ~ Binomial(n, 0.5)."""
+    if n <= 0:
+        return 1.0
+    return min(1.0, sum(math.comb(n, k) for k in range(successes, n + 1)) / 2.0 ** n)
 
 
 def _reward(rewards: dict[str, Any] | None) -> float | None:
@@ -94,12 +109,16 @@ def stats(session: Session, *, annotator_id: int | None = None) -> list[dict[str
             continue
         p = per.get(uid, {"votes": 0, "clean": 0, "latencies": []})
         m, r = maj.get(uid, [0, 0]), rew.get(uid, [0, 0])
+        p_value = binomial_p_above_half(m[0], m[1]) if m[1] else None
         out.append({
             "user_id": uid, "name": user.name, "role": user.role, "excluded": user.excluded,
             "votes": p["votes"], "clean_votes": p["clean"],
             "median_latency_ms": statistics.median(p["latencies"]) if p["latencies"] else None,
             "majority_agreement": m[0] / m[1] if m[1] else None, "majority_n": m[1],
             "reward_agreement": r[0] / r[1] if r[1] else None, "reward_n": r[1],
+            "agreement_p_value": p_value,
+            "flagged": bool(m[1] >= FLAG_MIN_SHARED and p_value is not None
+                            and p_value >= FLAG_ALPHA),
         })
     return out
 

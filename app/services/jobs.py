@@ -88,11 +88,22 @@ class EvaluateConfig(_Cfg):
 
 
 class FitPreferenceConfig(_Cfg):
-    """Refit the human-preference reward model from clean votes."""
+    """Refit the human-preference reward model from clean votes (trainer.rewards.preference
+    FitConfig's fields); the file goes to STORAGE_DIR/preference/vN.safetensors."""
 
-    min_votes: int = Field(0, ge=0, le=10_000_000)
-    epochs: int = Field(10, ge=1, le=10_000)
+    min_votes: int = Field(0, ge=0, le=10_000_000,
+                           description="Fail unless at least this many clean votes exist.")
+    features: Literal["shapes", "clip"] = "shapes"
+    clip_path: str = Field("", description="Local CLIP weights for features='clip'.")
+    holdout_fraction: float = Field(0.2, ge=0.0, lt=1.0)
+    epochs: int = Field(60, ge=1, le=10_000)
+    batch_size: int = Field(64, ge=1, le=65_536)
+    learning_rate: float = Field(2e-3, gt=0.0, le=1.0)
+    weight_decay: float = Field(1e-3, ge=0.0, le=1.0)
     seed: int = Field(0, ge=0, le=2**31 - 1)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    score_samples: bool = Field(True, description="Cache the new model's score on every "
+                                "stored sample (active pair selection reads it).")
 
 
 KIND_CONFIGS: dict[str, type[_Cfg]] = {

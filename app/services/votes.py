@@ -2,8 +2,9 @@
 
 Pair selection is a list of strategies, each `(session, annotator_id, rng, exclude) ->
 PairChoice | None`, registered by name in `STRATEGIES` and tried in a random order weighted
-by `WEIGHTS`; the name goes on the vote as `selection`. A later strategy (active selection,
-issue 6) is one function plus a weight. Every strategy must return only pairs the annotator
+by `WEIGHTS`; the name goes on the vote as `selection`. Active selection (`active`, issue 6)
+goes first for all but `Settings.vote_random_share` of the requests once a preference model
+has scored the samples; its reason (`active_uncertain`, `active_disagree`) is the selection. Every strategy must return only pairs the annotator
 has not judged; the unique index (annotator, pair_lo_id, pair_hi_id) enforces it on insert.
 """
 
@@ -200,12 +201,120 @@ STRATEGIES: dict[str, Strategy] = {"within_group": within_group,
 WEIGHTS: dict[str, float] = {"within_group": 1.0, "cross_checkpoint": 1.0}
 
 
+# --- active selection (issue 6) --------------------------------------------------------------
+class _PreferenceVersion:
+    """The newest preference model's version, cached briefly (a tiny table, read per request)."""
+
+    def __init__(self, ttl: float = 2.0) -> None:
+        self.ttl = ttl
+        self._value: tuple[int | None, float] = (None, 0.0)
+
+    def get(self, session: Session) -> int | None:
+        value, until = self._value
+        if until > time.monotonic():
+            return value
+        from app.models import PreferenceModelRow
+
+        value = session.scalar(select(func.max(PreferenceModelRow.version)))
+        self._value = (value, time.monotonic() + self.ttl)
+        return value
+
+    def clear(self) -> None:
+        self._value = (None, 0.0)
+
+
+_pref_version = _PreferenceVersion()
+ACTIVE_GROUPS = 8  # consecutive rollout groups from a random pivot: the candidate pool
+ACTIVE_DISAGREE_SHARE = 0.25  # of active picks: where automatic reward and preference disagree
+
+
+def _auto_reward(rewards: dict[str, Any] | None) -> float | None:
+    if not rewards:
+        return None
+    if "total" in rewards:
+        return float(rewards["total"])
+    vals = [float(v) for v in rewards.values() if isinstance(v, int | float)]
+    return sum(vals) if vals else None
+
+
+def active(session: Session, annotator_id: int, rng: random.Random,
+           exclude: set[int]) -> PairChoice | None:
+    """A within-group pair the current preference model is least sure about
+    (|P(a beats b) - 0.5| smallest: `active_uncertain`) or, for a share of picks, one where the
+    automatic reward and the preference model disagree (`active_disagree`), among the
+    unjudged pairs of a few rollout groups. Reads the scores the fit_preference job cached on
+    the samples; never runs the network. None until a model has scored the samples."""
+    version = _pref_version.get(session)
+    if version is None:
+        return None
+    for _ in range(2):
+        lo, hi = _id_range.get(session, "all")
+        if lo is None or hi is None:
+            return None
+        pivot = rng.randint(lo, hi)
+        gids = (select(RolloutGroup.id).where(RolloutGroup.id >= pivot)
+                .order_by(RolloutGroup.id).limit(ACTIVE_GROUPS))
+        rows = session.execute(
+            select(Sample.id, Sample.image_path, Sample.group_id, Sample.preference_score,
+                   Sample.rewards, RolloutGroup.prompt_text)
+            .join(RolloutGroup, RolloutGroup.id == Sample.group_id)
+            .where(Sample.group_id.in_(gids), Sample.preference_version == version)
+        ).all()
+        rows = [r for r in rows if r[0] not in exclude]
+        by_group: dict[int, list] = {}
+        for r in rows:
+            by_group.setdefault(r[2], []).append(r)
+        judged = _judged(session, annotator_id, sorted(r[0] for r in rows))
+        uncertain: list[tuple[float, Any, Any]] = []
+        disagree: list[tuple[Any, Any]] = []
+        for members in by_group.values():
+            for x, y in itertools.combinations(members, 2):
+                if (min(x[0], y[0]), max(x[0], y[0])) in judged:
+                    continue
+                margin = float(x[3]) - float(y[3])  # logit of P(x beats y)
+                uncertain.append((abs(margin), x, y))
+                rx, ry = _auto_reward(x[4]), _auto_reward(y[4])
+                if rx is not None and ry is not None and rx != ry and margin != 0 \
+                        and (rx > ry) != (margin > 0):
+                    disagree.append((x, y))
+        if not uncertain:
+            continue
+        if disagree and rng.random() < ACTIVE_DISAGREE_SHARE:
+            x, y = rng.choice(disagree)
+            reason = "active_disagree"
+        else:
+            _, x, y = min(uncertain, key=lambda t: (t[0], rng.random()))
+            reason = "active_uncertain"
+        if rng.random() < 0.5:
+            x, y = y, x
+        return PairChoice(x[0], y[0], x[5], reason, x[1], y[1])
+    return None
+
+
+def _default_order(session: Session, rng: random.Random
+                   ) -> tuple[dict[str, Strategy], dict[str, float]] | None:
+    """Active first (once a preference model exists), except for the configured uniformly
+    random share; None: the random strategies only."""
+    from app.config import get_settings
+
+    settings = get_settings()
+    if not settings.vote_active or _pref_version.get(session) is None:
+        return None
+    if rng.random() < settings.vote_random_share:
+        return None
+    return {"active": active, **STRATEGIES}, {"active": 1e9, **WEIGHTS}
+
+
 def next_pair(session: Session, annotator_id: int, *, rng: random.Random | None = None,
               exclude: Iterable[int] = (), strategies: dict[str, Strategy] | None = None,
               weights: dict[str, float] | None = None) -> PairChoice | None:
     """A pair this annotator has not judged, sides randomised; None when none is left.
     `exclude`: sample ids not to use (e.g. the pair on screen, when prefetching)."""
     rng = rng or random.Random()
+    if strategies is None:
+        chosen = _default_order(session, rng)
+        if chosen is not None:
+            strategies, weights = chosen
     strategies = strategies or STRATEGIES
     weights = weights or WEIGHTS
     names = list(strategies)

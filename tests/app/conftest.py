@@ -16,7 +16,8 @@ from PIL import Image
 from sqlalchemy import text
 
 PG_ADMIN = os.environ.get("NGRPO_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-TABLES = ["votes", "samples", "rollout_groups", "job_metrics", "checkpoints", "jobs", "prompts",
+TABLES = ["votes", "preference_models", "samples", "rollout_groups", "job_metrics",
+          "checkpoints", "jobs", "prompts",
           "datasets", "api_tokens", "users"]
 
 
@@ -67,6 +68,7 @@ def settings(db_url, tmp_path, monkeypatch):
 
     auth.token_cache.clear()
     votes._id_range.clear()
+    votes._pref_version.clear()
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
             conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))

@@ -61,7 +61,7 @@ def test_other_kinds_validate(client, admin):
                     headers=admin)
     assert r.status_code == 422 and r.json()["field"] == "epochs"
     r = client.post("/api/jobs", json={"kind": "fit_preference"}, headers=admin)
-    assert r.status_code == 201 and r.json()["config"]["epochs"] == 10
+    assert r.status_code == 201 and r.json()["config"]["epochs"] == 60  # FitConfig default
     r = client.post("/api/jobs", json={"kind": "bake"}, headers=admin)
     assert r.status_code == 422
 

@@ -1,0 +1,54 @@
+"""Humans in the loop: the fitted preference models, annotator quality, annotator accounts."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from fastapi.responses import FileResponse
+
+from app.api.deps import MAX_ID, AdminDep, PathId, SessionDep, UserDep
+from app.models import PreferenceModelRow
+from app.schemas import AnnotatorStats, Page, PreferenceModelOut, UserCreated, UserIn
+from app.services import annotators, auth, storage
+from app.services import preference as svc
+
+router = APIRouter(tags=["preference"])
+
+
+def _out(row: PreferenceModelRow) -> PreferenceModelOut:
+    out = PreferenceModelOut.model_validate(row)
+    out.download_url = f"/api/preference-models/{row.version}/download"
+    return out
+
+
+@router.get("/preference-models", response_model=Page[PreferenceModelOut])
+def list_models(session: SessionDep, _user: UserDep,
+                limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+                offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> Page[PreferenceModelOut]:
+    """Newest first; the first is what training (`preference_model: latest`) and active pair
+    selection use."""
+    rows, total = svc.list_models(session, limit=limit, offset=offset)
+    return Page(items=[_out(r) for r in rows], total=total, limit=limit, offset=offset)
+
+
+@router.get("/preference-models/{version}/download")
+def download(version: PathId, session: SessionDep, _user: UserDep) -> FileResponse:
+    row = svc.get_model(session, version)
+    return FileResponse(storage.resolve(row.path), media_type="application/octet-stream",
+                        filename=f"preference-v{row.version}.safetensors")
+
+
+@router.get("/annotators", response_model=list[AnnotatorStats])
+def annotator_stats(session: SessionDep, _admin: AdminDep) -> list[AnnotatorStats]:
+    """Votes, median decision time, agreement with the majority on shared pairs and with the
+    automatic reward, and `flagged` for votes that look random (not dropped)."""
+    return [AnnotatorStats(**row) for row in annotators.stats(session)]
+
+
+@router.post("/users", response_model=UserCreated, status_code=201)
+def create_user(body: UserIn, session: SessionDep, _admin: AdminDep) -> UserCreated:
+    """A new user and its API token (shown once)."""
+    user, token = auth.create_user(session, body.name, body.role)
+    session.commit()
+    return UserCreated(id=user.id, name=user.name, role=user.role, token=token)

@@ -1,0 +1,118 @@
+"""Human-preference models (issue 6): the persisted versions, the votes a fit reads, and the
+per-sample preference scores that active pair selection uses.
+
+The fitting itself is `trainer.rewards.preference` (pure PyTorch); the worker
+(`worker/preference.py`) reads votes through `fit_votes`, writes the file under
+`STORAGE_DIR/preference/vN.safetensors`, records it with `record_model` and caches every stored
+sample's score with `set_scores`. Functions take a Session first and flush; no commits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session, aliased
+
+from app.errors import NotFound
+from app.models import PreferenceModelRow, RolloutGroup, Sample, Vote
+
+
+def list_models(session: Session, limit: int = 100, offset: int = 0
+                ) -> tuple[list[PreferenceModelRow], int]:
+    """Newest first, and the total."""
+    total = session.scalar(select(func.count()).select_from(PreferenceModelRow)) or 0
+    rows = session.scalars(select(PreferenceModelRow).order_by(PreferenceModelRow.version.desc())
+                           .limit(limit).offset(offset))
+    return list(rows), total
+
+
+def latest_model(session: Session) -> PreferenceModelRow | None:
+    return session.scalar(select(PreferenceModelRow)
+                          .order_by(PreferenceModelRow.version.desc()).limit(1))
+
+
+def get_model(session: Session, version: int) -> PreferenceModelRow:
+    row = session.scalar(select(PreferenceModelRow).where(PreferenceModelRow.version == version))
+    if row is None:
+        raise NotFound(f"preference model v{version} not found")
+    return row
+
+
+def next_version(session: Session) -> int:
+    return (session.scalar(select(func.max(PreferenceModelRow.version))) or 0) + 1
+
+
+def model_path(version: int) -> str:
+    """Where version N's file goes, relative to the storage directory."""
+    return f"preference/v{version}.safetensors"
+
+
+def record_model(session: Session, *, version: int, path: str, report: dict[str, Any],
+                 job_id: int | None = None, votes_used: int = 0, last_vote_id: int = 0,
+                 checkpoint_ids: list[int | None] | None = None) -> PreferenceModelRow:
+    """Write the row for a saved model file (path relative to the storage dir). Flushes."""
+    row = PreferenceModelRow(
+        version=version, path=path, job_id=job_id, votes_used=votes_used,
+        last_vote_id=last_vote_id, checkpoint_ids=list(checkpoint_ids or []), report=report,
+        heldout_accuracy=report.get("heldout_accuracy"),
+        heldout_log_loss=report.get("heldout_log_loss"))
+    session.add(row)
+    session.flush()
+    return row
+
+
+def fit_votes(session: Session, *, include_excluded: bool = False) -> list[dict[str, Any]]:
+    """Every vote (not excluded unless asked) with what a fit needs: the left (a) and right (b)
+    image paths, the prompt, the outcome, and the checkpoints the samples came from."""
+    sa, sb = aliased(Sample), aliased(Sample)
+    ga, gb = aliased(RolloutGroup), aliased(RolloutGroup)
+    stmt = (select(Vote.id, Vote.outcome, sa.image_path, sb.image_path, ga.prompt_text,
+                   ga.checkpoint_id, gb.checkpoint_id)
+            .join(sa, sa.id == Vote.sample_a_id).join(sb, sb.id == Vote.sample_b_id)
+            .join(ga, ga.id == sa.group_id).join(gb, gb.id == sb.group_id)
+            .order_by(Vote.id))
+    if not include_excluded:
+        stmt = stmt.where(Vote.excluded.is_(False))
+    return [{"vote_id": vid, "outcome": outcome, "a_path": pa, "b_path": pb, "prompt": prompt,
+             "checkpoint_ids": (ca, cb)}
+            for vid, outcome, pa, pb, prompt, ca, cb in session.execute(stmt)]
+
+
+def votes_since(session: Session, vote_id: int) -> int:
+    """Clean (not excluded) votes newer than `vote_id`: what an online refit would add."""
+    return session.scalar(select(func.count()).select_from(Vote)
+                          .where(Vote.id > vote_id, Vote.excluded.is_(False))) or 0
+
+
+def iter_samples(session: Session, batch: int = 2000) -> Iterator[list[tuple[int, str, str]]]:
+    """Batches of (sample id, image path, prompt) over every stored sample."""
+    last = 0
+    while True:
+        rows = session.execute(
+            select(Sample.id, Sample.image_path, RolloutGroup.prompt_text)
+            .join(RolloutGroup, RolloutGroup.id == Sample.group_id)
+            .where(Sample.id > last).order_by(Sample.id).limit(batch)).all()
+        if not rows:
+            return
+        yield [(r[0], r[1], r[2]) for r in rows]
+        last = rows[-1][0]
+
+
+def set_scores(session: Session, scores: dict[int, float], version: int) -> None:
+    """Cache preference scores (model `version`) on samples. Flushes."""
+    if not scores:
+        return
+    session.execute(update(Sample), [{"id": sid, "preference_score": float(score),
+                                      "preference_version": version}
+                                     for sid, score in scores.items()])
+    session.flush()
+
+
+def to_dict(row: PreferenceModelRow) -> dict[str, Any]:
+    return {"id": row.id, "version": row.version, "path": row.path, "job_id": row.job_id,
+            "votes_used": row.votes_used, "last_vote_id": row.last_vote_id,
+            "checkpoint_ids": row.checkpoint_ids, "heldout_accuracy": row.heldout_accuracy,
+            "heldout_log_loss": row.heldout_log_loss, "report": row.report,
+            "created_at": row.created_at}

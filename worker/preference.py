@@ -1,0 +1,160 @@
+"""The fit_preference job and the preference reward in train jobs (issue 6).
+
+- `run_fit_preference`: every clean vote with its two images from storage -> PreferencePairs
+  (a = the left sample, b = the right) -> `fit_preference_model` (FitConfig from the job's
+  config) -> STORAGE_DIR/preference/vN.safetensors, a `preference_models` row, the report on
+  the job's metrics, and (by default) the new model's score cached on every stored sample so
+  that active pair selection in GET /api/votes/next never runs the network.
+- `fit_and_record`: the same fit, also used by a train job's online refit
+  (`preference_refit_every`).
+- `resolve_preference`: which model a train job blends in ("latest" or "" -> the newest row).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from app.db import session_scope
+from app.services import jobs, storage
+from app.services import preference as pref_svc
+from trainer.config import TrainConfig
+from trainer.loop import resolve_device
+from trainer.rewards.preference import (
+    FitConfig,
+    PreferenceModel,
+    PreferencePair,
+    fit_preference_model,
+)
+from worker.lease import LeaseLost
+from worker.training import clean_metrics
+
+log = logging.getLogger(__name__)
+
+FIT_FIELDS = ("features", "clip_path", "holdout_fraction", "epochs", "batch_size",
+              "learning_rate", "weight_decay", "seed")
+
+
+class ImageCache:
+    """Decoded images by storage path (a pair's images repeat across votes and fits)."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, np.ndarray] = {}
+
+    def get(self, rel_path: str) -> np.ndarray:
+        image = self._items.get(rel_path)
+        if image is None:
+            data = storage.resolve(rel_path).read_bytes()
+            image = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.uint8)
+            self._items[rel_path] = image
+        return image
+
+
+def fit_config_from(cfg: dict[str, Any]) -> FitConfig:
+    device = str(resolve_device(cfg.get("device", "auto")))
+    return FitConfig(**{k: cfg[k] for k in FIT_FIELDS if k in cfg}, device=device)
+
+
+def fit_and_record(fit_config: FitConfig, *, job_id: int | None = None, min_votes: int = 0,
+                   score_samples: bool = True, images: ImageCache | None = None
+                   ) -> tuple[PreferenceModel, dict[str, Any]]:
+    """Fit on every clean vote, save vN, record the row (and cache sample scores).
+    Returns the model and its row as a dict."""
+    images = images or ImageCache()
+    with session_scope() as s:
+        rows = pref_svc.fit_votes(s)
+        version = pref_svc.next_version(s)
+    clean = sum(r["outcome"] in ("a", "b", "tie") for r in rows)
+    if clean < max(min_votes, 4):
+        raise ValueError(f"fit_preference: {clean} clean votes (a, b or tie); need at least "
+                         f"{max(min_votes, 4)}")
+    pairs = [PreferencePair(images.get(r["a_path"]), images.get(r["b_path"]), r["prompt"],
+                            r["outcome"]) for r in rows]
+    model = fit_preference_model(pairs, fit_config, version=version)
+    rel = pref_svc.model_path(version)
+    full = storage.storage_root() / rel
+    full.parent.mkdir(parents=True, exist_ok=True)
+    tmp = full.with_name(f".tmp-{full.name}")
+    checkpoint_ids = sorted({c for r in rows for c in r["checkpoint_ids"]},
+                            key=lambda c: (c is not None, c or 0))
+    model.save(tmp, metadata={"version": str(version), "job_id": str(job_id or ""),
+                              "votes_used": str(len(rows))})
+    tmp.replace(full)
+    report = clean_metrics(asdict(model.report)) if model.report else {}
+    with session_scope() as s:  # two fits at once: the unique version makes one fail
+        row = pref_svc.record_model(
+            s, version=version, path=rel, report=report, job_id=job_id, votes_used=len(rows),
+            last_vote_id=max((r["vote_id"] for r in rows), default=0),
+            checkpoint_ids=checkpoint_ids)
+        out = pref_svc.to_dict(row)
+    log.info("preference model v%d: %d votes, held-out accuracy %s", version, len(rows),
+             report.get("heldout_accuracy"))
+    if score_samples:
+        score_all_samples(model, version, images)
+    return model, out
+
+
+def score_all_samples(model: PreferenceModel, version: int, images: ImageCache | None = None,
+                      batch: int = 2000) -> int:
+    """Cache `model`'s reward on every stored sample. Returns how many were scored."""
+    images = images or ImageCache()
+    done = 0
+    with session_scope() as s:
+        batches = list(pref_svc.iter_samples(s, batch))
+    for rows in batches:
+        pixels = np.stack([images.get(path) for _, path, _ in rows])
+        scores = model(pixels, [prompt for _, _, prompt in rows])
+        with session_scope() as s:
+            pref_svc.set_scores(s, {sid: float(v) for (sid, _, _), v in zip(rows, scores,
+                                                                          strict=True)}, version)
+        done += len(rows)
+    return done
+
+
+def run_fit_preference(job_id: int, worker_name: str) -> str:
+    """The fit_preference job (already claimed by `worker.tasks.run_job`)."""
+    with session_scope() as s:
+        cfg = dict(jobs.get_job(s, job_id).config)
+        jobs.update_progress(s, job_id, 0, 2)
+    _model, row = fit_and_record(fit_config_from(cfg), job_id=job_id,
+                                 min_votes=int(cfg.get("min_votes", 0)),
+                                 score_samples=bool(cfg.get("score_samples", True)))
+    metrics = clean_metrics({"preference_model_version": row["version"],
+                             "preference_model_path": row["path"],
+                             "votes_used": row["votes_used"], **row["report"]})
+    with session_scope() as s:
+        if not jobs.holds(s, job_id, worker_name):
+            raise LeaseLost(f"job {job_id} is no longer held by {worker_name}")
+        jobs.update_progress(s, job_id, 2, 2, metrics)
+        return jobs.mark_succeeded(s, job_id, metrics=metrics).status
+
+
+def resolve_preference(config: TrainConfig) -> tuple[str, int | None, int]:
+    """(absolute path, version or None, last vote id it saw) of the preference model a train
+    job blends in, or ("", None, 0) when `reward_weights` has no "preference".
+    `preference_model`: "" or "latest" -> the newest recorded model; "vN" or "N" -> that
+    version; otherwise a path (relative to the storage dir, or absolute)."""
+    if "preference" not in config.reward_weights:
+        return "", None, 0
+    spec = config.preference_model.strip()
+    with session_scope() as s:
+        if spec in ("", "latest"):
+            row = pref_svc.latest_model(s)
+            if row is None:
+                raise ValueError("reward_weights has 'preference' but no preference model has "
+                                 "been fitted yet: run a fit_preference job first")
+        elif spec.lstrip("v").isdigit():
+            row = pref_svc.get_model(s, int(spec.lstrip("v")))
+        else:
+            path = Path(spec)
+            full = path if path.is_absolute() else storage.storage_root() / path
+            if not full.is_file():
+                raise FileNotFoundError(f"preference_model {spec!r} not found")
+            return str(full), None, 0
+        return str(storage.resolve(row.path)), row.version, row.last_vote_id
