@@ -21,8 +21,18 @@ def _upload(page, path) -> None:
     clear = page.locator("#dataset-file button[aria-label='Clear']")
     if clear.count():
         clear.first.click()
-    page.locator("#dataset-file input[type=file]").set_input_files(str(path))
-    page.locator("#dataset-file").get_by_text(path.name).first.wait_for()
+    page.locator("#dataset-file").wait_for()  # the tab's content is rendered
+    shown = page.locator("#dataset-file").get_by_text(path.name).first
+    for attempt in range(3):
+        # on a loaded machine the browser's first file upload can be lost before the
+        # component has wired its handlers; setting the file again is what a user would do
+        page.locator("#dataset-file input[type=file]").set_input_files(str(path))
+        try:
+            shown.wait_for(timeout=20_000)
+            break
+        except Exception:
+            if attempt == 2:
+                raise
     page.locator("#dataset-upload").click()
 
 
