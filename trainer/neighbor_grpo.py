@@ -232,26 +232,17 @@ def neighbor_grpo_iteration(model: FlowModel, optimizer: torch.optim.Optimizer,
 
     # 4-5. Leaping policy and clipped objective; one optimizer step per anchor slot.
     model.train()
-    losses, clip_fracs, abs_log_ratios, grad_norms = [], [], [], []
+    stats = UpdateStats(config.clip_range)
     for b in range(B):
         logp_old = _neighbor_log_probs(cand_pk, old_pred[:, b], temperature)  # (P*K, G)
         optimizer.zero_grad(set_to_none=True)
         logp_new = _neighbor_log_probs(cand_pk, one_step_prediction(b), temperature)
         loss = clipped_objective(logp_new, logp_old, adv_pk, config.clip_range)
-        loss.backward()
-        grad_norm = _clip_and_measure(model, config.max_grad_norm)
-        optimizer.step()
-        with torch.no_grad():
-            log_ratio = logp_new - logp_old
-            losses.append(loss.item())
-            abs_log_ratios.append(log_ratio.abs().mean().item())
-            clip_fracs.append(((log_ratio.exp() - 1).abs() > config.clip_range).float().mean().item())
-            grad_norms.append(grad_norm)
+        stats.step(model, optimizer, loss, logp_new, logp_old, config.max_grad_norm)
 
     metrics = reward_metrics(raw_rewards, config.reward_weights)
+    metrics.update(stats.metrics())
     metrics.update({
-        "loss": float(np.mean(losses)), "clip_fraction": float(np.mean(clip_fracs)),
-        "abs_log_ratio": float(np.mean(abs_log_ratios)), "grad_norm": float(np.mean(grad_norms)),
         "advantage_abs_mean": float(advantages.abs().mean()),
         "seconds": time.perf_counter() - start, "rollout_seconds": rollout_seconds,
         # per-sample network evaluations: rollouts, pi_old predictions, trained predictions
@@ -263,8 +254,35 @@ def neighbor_grpo_iteration(model: FlowModel, optimizer: torch.optim.Optimizer,
                            advantages.cpu().numpy(), anchors.numpy(), metrics)
 
 
-def _clip_and_measure(model: torch.nn.Module, max_norm: float) -> float:
-    params = [p for p in model.parameters() if p.grad is not None]
-    if max_norm > 0:
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    return float(torch.norm(torch.stack([p.grad.norm() for p in params])))
+class UpdateStats:
+    """Backward, clip, optimizer step; and the PPO statistics of each step, averaged."""
+
+    def __init__(self, clip_range: float) -> None:
+        self.clip_range = clip_range
+        self.losses: list[float] = []
+        self.clip_fractions: list[float] = []
+        self.abs_log_ratios: list[float] = []
+        self.grad_norms: list[float] = []
+
+    def step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor,
+             logp_new: torch.Tensor, logp_old: torch.Tensor, max_grad_norm: float) -> None:
+        loss.backward()
+        params = [p for p in model.parameters() if p.grad is not None]
+        if max_grad_norm > 0:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+        else:
+            grad_norm = float(torch.norm(torch.stack([p.grad.norm() for p in params])))
+        optimizer.step()
+        with torch.no_grad():
+            log_ratio = logp_new - logp_old
+            self.losses.append(loss.item())
+            self.abs_log_ratios.append(log_ratio.abs().mean().item())
+            clipped = (log_ratio.exp() - 1).abs() > self.clip_range
+            self.clip_fractions.append(clipped.float().mean().item())
+            self.grad_norms.append(grad_norm)
+
+    def metrics(self) -> dict[str, float]:
+        return {"loss": float(np.mean(self.losses)),
+                "clip_fraction": float(np.mean(self.clip_fractions)),
+                "abs_log_ratio": float(np.mean(self.abs_log_ratios)),
+                "grad_norm": float(np.mean(self.grad_norms))}

@@ -23,7 +23,7 @@ from trainer.config import TrainConfig
 from trainer.models.base import FlowModel, index_cond, repeat_cond
 from trainer.neighbor_grpo import (
     IterationResult,
-    _clip_and_measure,
+    UpdateStats,
     clipped_objective,
     group_noises,
     reward_metrics,
@@ -95,7 +95,7 @@ def sde_grpo_iteration(model: FlowModel, optimizer: torch.optim.Optimizer, promp
     t_cap = float(timesteps[1])
     chunks = torch.randperm(P * G, generator=generator).chunk(min(config.num_anchors, P * G))
     model.train()
-    losses, clip_fracs, abs_log_ratios, grad_norms = [], [], [], []
+    stats = UpdateStats(config.clip_range)
     for members in chunks:
         m_steps = steps[members]  # (M, K)
         rows = members[:, None].expand_as(m_steps).reshape(-1)  # (M*K,)
@@ -108,19 +108,11 @@ def sde_grpo_iteration(model: FlowModel, optimizer: torch.optim.Optimizer, promp
         logp_new = gaussian_log_prob(x_s, mean, std)
         logp_old = old_log_probs[ks, rows]
         loss = clipped_objective(logp_new, logp_old, advantages[rows], config.clip_range)
-        loss.backward()
-        grad_norms.append(_clip_and_measure(model, config.max_grad_norm))
-        optimizer.step()
-        with torch.no_grad():
-            log_ratio = logp_new - logp_old
-            losses.append(loss.item())
-            abs_log_ratios.append(log_ratio.abs().mean().item())
-            clip_fracs.append(((log_ratio.exp() - 1).abs() > config.clip_range).float().mean().item())
+        stats.step(model, optimizer, loss, logp_new, logp_old, config.max_grad_norm)
 
     metrics = reward_metrics(raw_rewards, config.reward_weights)
+    metrics.update(stats.metrics())
     metrics.update({
-        "loss": float(np.mean(losses)), "clip_fraction": float(np.mean(clip_fracs)),
-        "abs_log_ratio": float(np.mean(abs_log_ratios)), "grad_norm": float(np.mean(grad_norms)),
         "advantage_abs_mean": float(advantages.abs().mean()),
         "seconds": time.perf_counter() - start, "rollout_seconds": rollout_seconds,
         "forward_passes": P * G * T + P * G * K, "backward_passes": P * G * K,
