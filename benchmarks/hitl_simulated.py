@@ -137,6 +137,9 @@ def main() -> None:
     ap.add_argument("--preferences", nargs="+", default=["larger", "upper"])
     ap.add_argument("--budgets", nargs="+", type=int, default=[100, 300, 1000, 3000])
     ap.add_argument("--epochs", type=int, default=60)
+    ap.add_argument("--width", type=int, default=32, help="preference network channels")
+    ap.add_argument("--fit-learning-rate", type=float, default=2e-3)
+    ap.add_argument("--selections", nargs="+", default=["random", "active"])
     ap.add_argument("--pool-seeds", type=int, default=8, help="groups per prompt in the pool")
     ap.add_argument("--iterations", type=int, default=200, help="0 skips training")
     ap.add_argument("--learning-rate", type=float, default=3e-6)
@@ -154,7 +157,8 @@ def main() -> None:
     eval_prompts = [p for p in prompts for _ in range(8)]
     eval_seeds = [5000 + i for i in range(len(eval_prompts))]
     base_images = sample_images(base, eval_prompts, eval_seeds)
-    fit_cfg = FitConfig(epochs=args.epochs, device=dev, seed=args.seed)
+    fit_cfg = FitConfig(epochs=args.epochs, device=dev, seed=args.seed, width=args.width,
+                        learning_rate=args.fit_learning_rate)
     summary: dict = {"device": dev, "args": vars(args)}
     count_only = None
     for pref in args.preferences:
@@ -162,7 +166,7 @@ def main() -> None:
         test = test_pairs(test_groups, test_prompts, attr)
         out: dict = {"test_pairs": len(test[3])}
         models = {}
-        for kind in ("random", "active"):
+        for kind in args.selections:
             out[kind], models[kind] = run_selection(kind, pref, pool, pool_prompts, test,
                                                     args.budgets, fit_cfg, args.seed)
         if args.iterations:

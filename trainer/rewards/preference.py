@@ -44,6 +44,7 @@ class PreferencePair:
 class FitConfig:
     features: str = "shapes"  # "shapes" or "clip"
     clip_path: str = ""  # local CLIP weights (transformers format) for features="clip"
+    width: int = 32  # channels of the shapes network
     holdout_fraction: float = 0.2
     epochs: int = 60
     batch_size: int = 64
@@ -119,7 +120,7 @@ class PreferenceModel:
         self.report = report
         self._clip = None
         if net is None:
-            net = ShapesPreferenceNet() if config.features == "shapes" else ClipPreferenceHead(
+            net = ShapesPreferenceNet(config.width) if config.features == "shapes" else ClipPreferenceHead(
                 self._clip_encoder().dim)
         self.net = net.to(config.device)
 
