@@ -1,8 +1,8 @@
 """Attributes the verifiable rewards ignore, and simulated annotators who care about them.
 
 Used to rehearse a voting campaign and to test that the preference model learns what people
-want: `size` (mean pixel area of the requested colour's objects; larger is preferred by the
-"larger" annotator) and `upper` (how high the objects sit: 1 at the top row, 0 at the bottom;
+want: `size` (colour mass per object of the requested colour; larger is preferred by the
+"larger" annotator) and `upper` (how high the colour sits: 1 at the top row, 0 at the bottom;
 preferred by the "upper" annotator). Neither the shapes rewards nor the preference model know
 these exist.
 """
@@ -15,20 +15,35 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainer.rewards.registry import register_reward
-from trainer.rewards.shapes import object_stats
-from trainer.shapes.world import IMAGE_SIZE, parse_prompt
+from trainer.rewards.shapes import COLOR_TOLERANCE, object_stats
+from trainer.shapes.world import COLORS, IMAGE_SIZE, parse_prompt
+
+
+def colour_weight(image: np.ndarray, color: str) -> np.ndarray:
+    """(H, W) soft membership in the colour: 1 at the exact colour, 0 from COLOR_TOLERANCE on.
+
+    Perceptual rather than thresholded: a person judging "higher" or "bigger" sees faint
+    pixels a little, not all-or-nothing, so the simulated annotator does too.
+    """
+    diff = image.astype(np.float32) - np.asarray(COLORS[color], dtype=np.float32)
+    return np.clip(1.0 - np.sqrt((diff**2).sum(-1)) / COLOR_TOLERANCE, 0.0, 1.0)
 
 
 def mean_object_size(image: np.ndarray, prompt: str) -> float:
-    stats = object_stats(image, parse_prompt(prompt).color)
-    return float(np.mean([s["area"] for s in stats])) if stats else 0.0
+    """Colour mass (soft pixel area) per object of the requested colour."""
+    color = parse_prompt(prompt).color
+    objects = len(object_stats(image, color))
+    return float(colour_weight(image, color).sum() / objects) if objects else 0.0
 
 
 def upperness(image: np.ndarray, prompt: str) -> float:
-    stats = object_stats(image, parse_prompt(prompt).color)
-    if not stats:
+    """1 when the requested colour sits on the top row, 0 on the bottom (colour-mass weighted)."""
+    weight = colour_weight(image, parse_prompt(prompt).color)
+    total = weight.sum()
+    if total < 1e-6:
         return 0.0
-    return float(1.0 - np.mean([s["row"] for s in stats]) / (IMAGE_SIZE - 1))
+    mean_row = float((weight.sum(1) * np.arange(image.shape[0])).sum() / total)
+    return 1.0 - mean_row / (IMAGE_SIZE - 1)
 
 
 ATTRIBUTES: dict[str, Callable[[np.ndarray, str], float]] = {
