@@ -33,7 +33,7 @@ PG_ADMIN = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432/post
 
 
 def seed(url: str, n_samples: int, n_votes: int, group_size: int, n_annotators: int,
-         clients: int) -> list[str]:
+         clients: int, preference_model: bool = False) -> list[str]:
     """Bulk-load users, groups, samples and votes with COPY; return the clients' tokens."""
     from app.services.auth import TOKEN_PREFIX, hash_token
 
@@ -53,12 +53,18 @@ def seed(url: str, n_samples: int, n_votes: int, group_size: int, n_annotators: 
             for g in range(n_groups):
                 cp.write_row((g + 1, g // 16, "train", f"prompt {g % 300}", "dpm++", 8, 0.3, g,
                               "2026-01-01"))
+        version = 1 if preference_model else None  # cached scores switch on active selection
         with cur.copy("COPY samples (id, group_id, member_index, image_path, rewards, "
-                      "is_anchor) FROM STDIN") as cp:
+                      "is_anchor, preference_score, preference_version) FROM STDIN") as cp:
             for s in range(n_groups * group_size):
                 g, m = divmod(s, group_size)
                 cp.write_row((s + 1, g + 1, m, f"rollouts/{g + 1}/{m:03d}.png",
-                              json.dumps({"count": rng.random()}), m == 0))
+                              json.dumps({"count": rng.random()}), m == 0,
+                              rng.gauss(0, 1) if version else None, version))
+        if preference_model:
+            cur.execute("INSERT INTO preference_models (version, path, votes_used, last_vote_id, "
+                        "checkpoint_ids, report, created_at) VALUES (1, 'preference/v1.safetensors', "
+                        "%s, 0, '[]', '{}', '2026-01-01')", (n_votes,))
         pairs = [(g * group_size + a + 1, g * group_size + b + 1)
                  for g in range(n_groups) for a, b in combinations(range(group_size), 2)]
         per = n_votes // n_annotators
@@ -162,6 +168,8 @@ def main() -> int:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--annotators", type=int, default=20)
     ap.add_argument("--keep", action="store_true", help="do not drop the database")
+    ap.add_argument("--preference-model", action="store_true",
+                    help="seed a preference model and cached scores: /votes/next selects actively")
     args = ap.parse_args()
 
     name = f"ngrpo_bench_{uuid.uuid4().hex[:8]}"
@@ -175,7 +183,7 @@ def main() -> int:
         upgrade(url)
         t0 = time.time()
         tokens = seed(url, args.samples, args.votes, args.group_size, args.annotators,
-                      args.clients)
+                      args.clients, preference_model=args.preference_model)
         print(f"seeded {args.samples} samples, {args.votes} votes in {time.time() - t0:.1f}s")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

@@ -224,7 +224,7 @@ class _PreferenceVersion:
 
 
 _pref_version = _PreferenceVersion()
-ACTIVE_GROUPS = 8  # consecutive rollout groups from a random pivot: the candidate pool
+ACTIVE_GROUPS = 4  # consecutive rollout groups from a random pivot: the candidate pool
 ACTIVE_DISAGREE_SHARE = 0.25  # of active picks: where automatic reward and preference disagree
 
 
