@@ -175,15 +175,24 @@ def test_votes_fit_active_selection_and_blended_training(stack):
               "prompts_per_iteration": 3, "group_size": 8, "num_anchors": 4,
               "num_train_timesteps": 4, "rollout_steps": 8, "learning_rate": 2e-5,
               "prompts": prompts, "checkpoint_every": 8, "sample_every": 8, "device": "cpu",
-              "preference_model": "latest"}
+              "preference_model": "latest", "preference_refit_every": 4}
     r = client.post("/api/jobs", headers=admin, json={"kind": "train", "config": config})
     assert r.status_code == 201, r.text
     train = _wait_job(client, admin, r.json()["id"], 300, stack)
     metrics = train["metrics"]
     assert metrics["reward_weights"] == {"count": 1.0, "preference": 1.0}
-    assert metrics["preference_model_version"] == 1
-    history = [m["metrics"] for m in train.get("history", [])]
-    assert all(m["preference_model_version"] == 1 for m in history), history
+    # online refit: the late annotator's votes arrived after v1, so iteration 4 refits (v2) and
+    # the iterations after it train on v2; iteration 8 ends the job (no refit)
+    history = {m["iteration"]: m for m in client.get(f"/api/jobs/{train['id']}",
+                                                      headers=admin).json()["metric_history"]}
+    assert sorted(history) == list(range(1, 9)), sorted(history)
+    versions = {it: history[it]["metrics"]["preference_model_version"] for it in history}
+    assert versions == {1: 1, 2: 1, 3: 1, 4: 1, 5: 2, 6: 2, 7: 2, 8: 2}, versions
+    assert history[4]["metrics"]["preference_refit"] == 1
+    assert history[4]["metrics"]["preference_refit_votes"] >= 10
+    assert metrics["preference_model_version"] == 2
+    refit_row = client.get("/api/preference-models", headers=admin).json()["items"][0]
+    assert refit_row["version"] == 2 and refit_row["votes_used"] > VOTES
 
     # 7. the trained checkpoint vs the base on a fixed eval set
     ckpts = client.get(f"/api/checkpoints?job_id={train['id']}", headers=admin).json()["items"]
