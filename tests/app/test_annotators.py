@@ -83,3 +83,31 @@ def test_excluded_votes_leave_the_leaderboard(settings, make_group):
         annotators.set_excluded(s, u, True)
     with session_scope() as s:
         assert leaderboard.compute(s, bootstrap=0)["num_votes"] == 0
+
+
+def test_binomial_p_value_hand_computed():
+    assert annotators.binomial_p_above_half(20, 20) == 0.5**20
+    # P(X >= 2 | n = 3) = (3 + 1) / 8
+    assert abs(annotators.binomial_p_above_half(2, 3) - 0.5) < 1e-12
+
+
+def test_an_annotator_who_votes_at_random_is_flagged_not_dropped(settings, make_group):
+    import itertools
+    import random
+
+    ids = _samples(make_group(g=8))  # 28 pairs, all shared by everyone
+    honest = _users("h1", "h2", "h3")
+    (noisy,) = _users("coin")
+    rng = random.Random(1)
+    for n, (i, j) in enumerate(itertools.combinations(range(8), 2)):
+        for uid in honest:  # everyone honest prefers the later member
+            _vote(uid, ids[i], ids[j], "b", f"h{uid}-{n}")
+        _vote(noisy, ids[i], ids[j], rng.choice("ab"), f"c-{n}")
+    with session_scope() as s:
+        rows = {r["name"]: r for r in annotators.stats(s)}
+    coin = rows["coin"]
+    assert coin["majority_n"] == 28 and coin["flagged"], coin
+    assert coin["agreement_p_value"] >= annotators.FLAG_ALPHA
+    assert coin["votes"] == 28 and not coin["excluded"]  # flagged for an admin, nothing dropped
+    for name in ("h1", "h2", "h3"):
+        assert rows[name]["majority_agreement"] == 1.0 and not rows[name]["flagged"], rows[name]
