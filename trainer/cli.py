@@ -116,6 +116,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return cmd_train(args)
 
 
+def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--solver", choices=["dpm++", "euler"], default="dpm++")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--device", default="auto")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -136,17 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--prompts", required=True, help="text file, one prompt per line")
     sample.add_argument("--seeds", type=int, default=4, help="seeds 0..N-1 per prompt")
     sample.add_argument("--out", required=True)
-    sample.add_argument("--solver", choices=["dpm++", "euler"], default="dpm++")
-    sample.add_argument("--steps", type=int, default=8)
-    sample.add_argument("--device", default="auto")
+    _add_sampling_options(sample)
     sample.set_defaults(func=cmd_sample)
 
     evaluate = sub.add_parser("evaluate", help="mean reward and exact-count accuracy, 48x20")
     evaluate.add_argument("--checkpoint", required=True)
     evaluate.add_argument("--out", help="also write the JSON here")
-    evaluate.add_argument("--solver", choices=["dpm++", "euler"], default="dpm++")
-    evaluate.add_argument("--steps", type=int, default=8)
-    evaluate.add_argument("--device", default="auto")
+    _add_sampling_options(evaluate)
     evaluate.set_defaults(func=cmd_evaluate)
 
     base = sub.add_parser("train-base", help="train the shapes base model (flow matching)")

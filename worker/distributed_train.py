@@ -42,14 +42,15 @@ def main(argv: list[str] | None = None) -> int:
         config = TrainConfig.from_dict(dict(jobs.get_job(s, job_id).config))
     model = DistributedFlowModel(load_model(config))  # collective: every rank, same time
     if rank == 0:  # resumes and truncates the metric history past the checkpoint
-        trainer, config, ckpt_id = prepare_trainer(job_id, model=model)
+        trainer, config, ckpt_id, last_vote = prepare_trainer(job_id, model=model)
     dist.barrier()
     if rank != 0:
-        trainer, ckpt_id = Trainer(config, model=model), None
+        trainer, ckpt_id, last_vote = Trainer(config, model=model), None, 0
         if (directory := recorded_checkpoint_dir(job_id)) is not None:
             trainer.load_checkpoint(directory)
     make_distributed(trainer)
-    recorder = TrainRecorder(job_id, worker_name, config, ckpt_id, shutdown) if rank == 0 else None
+    recorder = (TrainRecorder(job_id, worker_name, config, ckpt_id, shutdown, last_vote)
+                if rank == 0 else None)
     error: Exception | None = None
 
     def on_iteration(tr: Trainer, result) -> bool:

@@ -71,8 +71,9 @@ class TrainRecorder:
 
     def __init__(self, job_id: int, worker_name: str, config: TrainConfig,
                  parent_checkpoint_id: int | None,
-                 shutdown: threading.Event | None = None) -> None:
+                 shutdown: threading.Event | None = None, preference_last_vote: int = 0) -> None:
         self.job_id, self.worker_name, self.config = job_id, worker_name, config
+        self.preference_last_vote = preference_last_vote  # newest vote the model in use saw
         self.root = checkpoint_root(job_id)
         self.last_checkpoint_id = parent_checkpoint_id
         self.shutdown = shutdown or threading.Event()
@@ -87,7 +88,9 @@ class TrainRecorder:
     def __call__(self, trainer: Trainer, result: IterationResult) -> bool:
         it, cfg = trainer.iteration, self.config
         if it < cfg.iterations:  # the next iterations use the refitted model
-            result.metrics.update(maybe_refit_preference(trainer, cfg, self.job_id))
+            refit, self.preference_last_vote = maybe_refit_preference(
+                trainer, cfg, self.job_id, self.preference_last_vote)
+            result.metrics.update(refit)
         final = it >= cfg.iterations
         with session_scope() as s:
             cancel = jobs.is_cancel_requested(s, self.job_id)
@@ -125,35 +128,37 @@ class TrainRecorder:
         return cancel
 
 
-def attach_preference(trainer: Trainer, config: TrainConfig) -> None:
+def attach_preference(trainer: Trainer, config: TrainConfig) -> int:
     """Blend in the preference model the config names (the newest one for "latest" or "")
-    as the reward "preference", when reward_weights has it."""
+    as the reward "preference", when reward_weights has it. Returns the id of the newest vote
+    that model saw (0 without one): online refits start from there."""
     from worker.preference import resolve_preference
 
     path, version, last_vote = resolve_preference(config)
     if not path:
-        return
+        return 0
     from trainer.rewards.preference import PreferenceModel
 
     trainer.set_preference_model(PreferenceModel.load(path, str(trainer.device)), version)
-    trainer.preference_last_vote = last_vote  # type: ignore[attr-defined]
     log.info("blending preference model %s (v%s)", path, version)
+    return last_vote
 
 
-def maybe_refit_preference(trainer: Trainer, config: TrainConfig, job_id: int) -> dict[str, Any]:
+def maybe_refit_preference(trainer: Trainer, config: TrainConfig, job_id: int,
+                           last: int) -> tuple[dict[str, Any], int]:
     """Online refit (preference_refit_every): every N iterations, if votes arrived since the
-    model in use was fitted, fit a new version on all clean votes and swap it in."""
+    model in use was fitted (its newest vote id is `last`), fit a new version on all clean
+    votes and swap it in. Returns the metrics to add and the new model's newest vote id."""
     n = config.preference_refit_every
     if not n or "preference" not in config.reward_weights or trainer.iteration % n:
-        return {}
+        return {}, last
     from app.services import preference as pref_svc
     from worker.preference import fit_and_record
 
-    last = getattr(trainer, "preference_last_vote", 0)
     with session_scope() as s:
         new = pref_svc.votes_since(s, last)
     if not new:
-        return {"preference_refit": 0}
+        return {"preference_refit": 0}, last
     from trainer.rewards import get_reward
     from trainer.rewards.preference import FitConfig
 
@@ -161,33 +166,33 @@ def maybe_refit_preference(trainer: Trainer, config: TrainConfig, job_id: int) -
     fit_config = getattr(get_reward("preference"), "config", None) or FitConfig()
     model, row = fit_and_record(fit_config, job_id=job_id)
     trainer.set_preference_model(model, row["version"])
-    trainer.preference_last_vote = row["last_vote_id"]  # type: ignore[attr-defined]
-    return {"preference_refit": 1, "preference_refit_votes": new,
-            "preference_heldout_accuracy": row["heldout_accuracy"]}
+    return ({"preference_refit": 1, "preference_refit_votes": new,
+             "preference_heldout_accuracy": row["heldout_accuracy"]}, row["last_vote_id"])
 
 
-def prepare_trainer(job_id: int, model=None) -> tuple[Trainer, TrainConfig, int | None]:
-    """The job's trainer, resumed from its newest recorded checkpoint (if any)."""
+def prepare_trainer(job_id: int, model=None) -> tuple[Trainer, TrainConfig, int | None, int]:
+    """The job's trainer, resumed from its newest recorded checkpoint (if any); also the
+    checkpoint's id and the newest vote its preference model saw (0 without one)."""
     with session_scope() as s:
         job = jobs.get_job(s, job_id)
         config = TrainConfig.from_dict(dict(job.config))
         ckpt = checkpoints.latest_checkpoint(s, job_id)
         ckpt_id, ckpt_path = (ckpt.id, ckpt.path) if ckpt is not None else (None, None)
     trainer = Trainer(config, model=model)
-    attach_preference(trainer, config)
+    last_vote = attach_preference(trainer, config)
     if ckpt_path is not None:
         directory = storage.resolve(ckpt_path).parent
         trainer.load_checkpoint(directory)
         log.info("job %s resumes from %s (iteration %d)", job_id, directory, trainer.iteration)
     with session_scope() as s:  # iterations after the checkpoint are redone and re-recorded
         jobs.truncate_history(s, job_id, trainer.iteration)
-    return trainer, config, ckpt_id
+    return trainer, config, ckpt_id, last_vote
 
 
 def run_training(job_id: int, worker_name: str, shutdown: threading.Event | None = None) -> str:
     """Train in this process (the job is already claimed). Returns the final status."""
-    trainer, config, ckpt_id = prepare_trainer(job_id)
-    recorder = TrainRecorder(job_id, worker_name, config, ckpt_id, shutdown)
+    trainer, config, ckpt_id, last_vote = prepare_trainer(job_id)
+    recorder = TrainRecorder(job_id, worker_name, config, ckpt_id, shutdown, last_vote)
     if trainer.iteration < config.iterations:
         trainer.run(recorder)
     if recorder.cancelled:

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from app.errors import NotFound
 from app.models import Sample, User, Vote
 from app.services import auth
+from app.services.votes import automatic_reward
 
 CLEAN = ("a", "b", "tie")
 FLAG_ALPHA = 0.05
@@ -39,15 +40,6 @@ def binomial_p_above_half(successes: int, n: int) -> float:
     if n <= 0:
         return 1.0
     return min(1.0, sum(math.comb(n, k) for k in range(successes, n + 1)) / 2.0 ** n)
-
-
-def _reward(rewards: dict[str, Any] | None) -> float | None:
-    if not rewards:
-        return None
-    if "total" in rewards:
-        return float(rewards["total"])
-    vals = [float(v) for v in rewards.values() if isinstance(v, int | float)]
-    return sum(vals) if vals else None
 
 
 def _label(outcome: str, a_id: int, lo: int) -> str:
@@ -85,7 +77,7 @@ def stats(session: Session, *, annotator_id: int | None = None) -> list[dict[str
     for start in range(0, len(ids), 5000):
         for sid, rw in session.execute(select(Sample.id, Sample.rewards)
                                        .where(Sample.id.in_(ids[start:start + 5000]))):
-            rewards[sid] = _reward(rw)
+            rewards[sid] = automatic_reward(rw)
     maj = defaultdict(lambda: [0, 0])  # uid -> [agree, total]
     rew = defaultdict(lambda: [0, 0])
     for (lo, hi), labels in by_pair.items():

@@ -228,7 +228,8 @@ ACTIVE_GROUPS = 4  # consecutive rollout groups from a random pivot: the candida
 ACTIVE_DISAGREE_SHARE = 0.25  # of active picks: where automatic reward and preference disagree
 
 
-def _auto_reward(rewards: dict[str, Any] | None) -> float | None:
+def automatic_reward(rewards: dict[str, Any] | None) -> float | None:
+    """A sample's automatic reward: its `total` if stored, else the sum of its named rewards."""
     if not rewards:
         return None
     if "total" in rewards:
@@ -273,7 +274,7 @@ def active(session: Session, annotator_id: int, rng: random.Random,
                     continue
                 margin = float(x[3]) - float(y[3])  # logit of P(x beats y)
                 uncertain.append((abs(margin), x, y))
-                rx, ry = _auto_reward(x[4]), _auto_reward(y[4])
+                rx, ry = automatic_reward(x[4]), automatic_reward(y[4])
                 if rx is not None and ry is not None and rx != ry and margin != 0 \
                         and (rx > ry) != (margin > 0):
                     disagree.append((x, y))
