@@ -126,8 +126,9 @@ def make_distributed(trainer):
     return trainer
 
 
-def broadcast_flag(flag: int, device: torch.device | str = "cpu") -> int:
-    """Rank 0's `flag` on every rank (e.g. stop after this iteration)."""
-    t = torch.tensor([flag], dtype=torch.int64, device=device)
+def broadcast_ints(values: list[int], device: torch.device | str = "cpu") -> list[int]:
+    """Rank 0's `values` on every rank (the others pass placeholders of the same length):
+    decisions only rank 0 makes, such as stopping or which preference model to use."""
+    t = torch.tensor(values, dtype=torch.int64, device=device)
     dist.broadcast(t, src=0)
-    return int(t.item())
+    return [int(v) for v in t.tolist()]

@@ -3,6 +3,11 @@ JOB_ID WORKER_NAME` (the train task launches it when TRAIN_NPROC > 1; the task h
 job and keeps its heartbeat). Every rank trains its shard (trainer/distributed.py); rank 0
 alone records metrics, rollout groups and checkpoints, and its stop decision (cancel, finished,
 shutdown) is broadcast so all ranks leave the loop together. SIGTERM: save, requeue, exit.
+
+The preference reward (reward_weights has "preference") is rank 0's choice too: the version it
+resolved at the start (a fit may record a newer "latest" while the ranks start), and after an
+online refit there the new version, broadcast with the stop flag so that every rank scores the
+next iteration with the same model.
 """
 
 from __future__ import annotations
@@ -21,13 +26,20 @@ from app.services import checkpoints, jobs, storage
 from trainer.config import TrainConfig
 from trainer.distributed import (
     DistributedFlowModel,
-    broadcast_flag,
+    broadcast_ints,
     init_from_env,
     local_device,
     make_distributed,
 )
 from trainer.loop import Trainer, load_model
-from worker.training import TrainRecorder, prepare_trainer
+from worker.training import (
+    TrainRecorder,
+    attach_preference,
+    attach_preference_version,
+    prepare_trainer,
+)
+
+log = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,9 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     model = DistributedFlowModel(load_model(config))  # collective: every rank, same time
     if rank == 0:  # resumes and truncates the metric history past the checkpoint
         trainer, config, ckpt_id, last_vote = prepare_trainer(job_id, model=model)
-    dist.barrier()
+    # the model rank 0 blends ("latest" may be newer by now); this also waits for its prepare
+    (version,) = broadcast_ints([preference_version(trainer) if rank == 0 else 0], comm)
     if rank != 0:
         trainer, ckpt_id, last_vote = Trainer(config, model=model), None, 0
+        attach_preference(trainer, config, latest=version)
         if (directory := recorded_checkpoint_dir(job_id)) is not None:
             trainer.load_checkpoint(directory)
     make_distributed(trainer)
@@ -56,12 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     def on_iteration(tr: Trainer, result) -> bool:
         nonlocal error
         stop = 0
-        if recorder is not None:
+        if recorder is not None:  # may refit the preference model (a new version)
             try:
                 stop = int(recorder(tr, result))
             except Exception as exc:  # tell the other ranks to stop, then fail
                 error, stop = exc, 1
-        return bool(broadcast_flag(stop, comm))
+        stop, version = broadcast_ints([stop, preference_version(tr)], comm)
+        if not stop and follow_preference(tr, version):
+            log.info("rank %d follows rank 0 to preference model v%d", rank, version)
+        return bool(stop)
 
     if trainer.iteration < config.iterations:
         trainer.run(on_iteration)
@@ -78,6 +95,21 @@ def main(argv: list[str] | None = None) -> int:
             if jobs.holds(s, job_id, worker_name):
                 jobs.mark_succeeded(s, job_id)
     return 0
+
+
+def preference_version(trainer: Trainer) -> int:
+    """The version of the preference model in use, 0 without a recorded one (int to broadcast)."""
+    return trainer.preference_version or 0
+
+
+def follow_preference(trainer: Trainer, version: int) -> bool:
+    """Swap in rank 0's preference model `version` if it is not the one in use (rank 0 refitted;
+    on rank 0 itself it always is). 0: no recorded model, nothing to follow. Returns whether
+    it swapped."""
+    if not version or version == trainer.preference_version:
+        return False
+    attach_preference_version(trainer, version)
+    return True
 
 
 def recorded_checkpoint_dir(job_id: int) -> Path | None:

@@ -135,16 +135,20 @@ def run_fit_preference(job_id: int, worker_name: str) -> str:
         return jobs.mark_succeeded(s, job_id, metrics=metrics).status
 
 
-def resolve_preference(config: TrainConfig) -> tuple[str, int | None, int]:
+def resolve_preference(config: TrainConfig, latest: int | None = None
+                       ) -> tuple[str, int | None, int]:
     """(absolute path, version or None, last vote id it saw) of the preference model a train
     job blends in, or ("", None, 0) when `reward_weights` has no "preference".
-    `preference_model`: "" or "latest" -> the newest recorded model; "vN" or "N" -> that
-    version; otherwise a path (relative to the storage dir, or absolute)."""
+    `preference_model`: "" or "latest" -> the newest recorded model (version `latest` when
+    given: what another process resolved, as a fit may have recorded a newer one since);
+    "vN" or "N" -> that version; otherwise a path (relative to the storage dir, or absolute)."""
     if "preference" not in config.reward_weights:
         return "", None, 0
     spec = config.preference_model.strip()
     with session_scope() as s:
-        if spec in ("", "latest"):
+        if spec in ("", "latest") and latest:
+            row = pref_svc.get_model(s, latest)
+        elif spec in ("", "latest"):
             row = pref_svc.latest_model(s)
             if row is None:
                 raise ValueError("reward_weights has 'preference' but no preference model has "

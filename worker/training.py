@@ -128,20 +128,33 @@ class TrainRecorder:
         return cancel
 
 
-def attach_preference(trainer: Trainer, config: TrainConfig) -> int:
-    """Blend in the preference model the config names (the newest one for "latest" or "")
-    as the reward "preference", when reward_weights has it. Returns the id of the newest vote
-    that model saw (0 without one): online refits start from there."""
-    from worker.preference import resolve_preference
-
-    path, version, last_vote = resolve_preference(config)
-    if not path:
-        return 0
+def _blend_preference(trainer: Trainer, path: str | Path, version: int | None) -> None:
     from trainer.rewards.preference import PreferenceModel
 
     trainer.set_preference_model(PreferenceModel.load(path, str(trainer.device)), version)
     log.info("blending preference model %s (v%s)", path, version)
+
+
+def attach_preference(trainer: Trainer, config: TrainConfig, latest: int | None = None) -> int:
+    """Blend in the preference model the config names (the newest one for "latest" or "",
+    or version `latest` when given) as the reward "preference", when reward_weights has it.
+    Returns the id of the newest vote that model saw (0 without one): online refits start
+    from there."""
+    from worker.preference import resolve_preference
+
+    path, version, last_vote = resolve_preference(config, latest)
+    if not path:
+        return 0
+    _blend_preference(trainer, path, version)
     return last_vote
+
+
+def attach_preference_version(trainer: Trainer, version: int) -> None:
+    """Blend in recorded preference model `version`: how the other ranks of a torchrun launch
+    follow rank 0's online refit (worker/distributed_train.py)."""
+    from app.services import preference as pref_svc
+
+    _blend_preference(trainer, storage.resolve(pref_svc.model_path(version)), version)
 
 
 def maybe_refit_preference(trainer: Trainer, config: TrainConfig, job_id: int,

@@ -78,3 +78,104 @@ def test_a_train_job_with_train_nproc_2_runs_under_torchrun(stack):
     assert metric_iterations(job_id) == [1, 2, 3, 4]
     assert checkpoint_iterations(job_id) == [2, 4]
     assert job.metrics["world_size"] == 2
+
+
+def _preference_v1_then_new_votes(fit_votes: int = 6, late_votes: int = 2) -> None:
+    """Preference model v1 (a tiny net, 2 epochs) fitted on `fit_votes` votes within one stored
+    group, then `late_votes` more: an online refit then has something new and records v2."""
+    from sqlalchemy import select
+
+    from app.db import session_scope
+    from app.models import Sample, User
+    from app.services import auth, rollouts, votes
+    from trainer.rewards.preference import FitConfig
+    from trainer.shapes.world import all_prompts, render
+    from worker.preference import fit_and_record
+    from worker.training import png_bytes
+
+    rng = np.random.default_rng(0)
+    prompt = all_prompts()[0]
+    samples = [{"png": png_bytes(render(prompt, rng)[0]), "member_index": i, "rewards": {},
+                "advantage": None} for i in range(6)]
+    with session_scope() as s:
+        group = rollouts.record_rollout_group(s, job_id=None, iteration=0, solver="euler",
+                                              steps=4, sigma=0.0, seed=0, samples=samples,
+                                              prompt_text=prompt, purpose="rollout")
+        annotator = auth.create_user(s, "ann", "annotator")[0].id
+    with session_scope() as s:
+        ids = list(s.scalars(select(Sample.id).where(Sample.group_id == group)
+                             .order_by(Sample.member_index)))
+    pairs = [(a, b) for i, a in enumerate(ids) for b in ids[i + 1:]]
+
+    def vote(k: int) -> None:
+        with session_scope() as s:
+            votes.record_vote(s, s.get(User, annotator), client_vote_id=f"v{k}",
+                              sample_a_id=pairs[k][0], sample_b_id=pairs[k][1],
+                              outcome="ab"[k % 2])
+
+    for k in range(fit_votes):
+        vote(k)
+    _model, row = fit_and_record(FitConfig(width=8, epochs=2), score_samples=False)
+    assert row["version"] == 1
+    for k in range(fit_votes, fit_votes + late_votes):
+        vote(k)
+
+
+def test_every_rank_blends_rank_0s_preference_model_and_follows_its_refit(stack):
+    # ranks != 0 used to build a bare Trainer: the reward "preference" was unknown there
+    from datetime import timedelta
+
+    from app.db import session_scope
+    from app.services import jobs
+
+    _preference_v1_then_new_votes()
+    # the refit at iteration 2 (votes arrived since v1) records v2; iterations 3, 4 use it
+    job_id = create_train_job(iterations=4, prompts_per_iteration=2, sample_every=4,
+                              checkpoint_every=4, preference_refit_every=2,
+                              reward_weights={"count": 1.0, "preference": 1.0})
+    with session_scope() as s:  # what the train task does before launching torchrun
+        assert jobs.claim(s, job_id, "w-dist", timedelta(minutes=5)) is not None
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "-m", "worker.distributed_train", str(job_id), "w-dist"],
+        cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=240)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    job = job_row(job_id)
+    assert job.status == "succeeded", (job.error, output)
+    with session_scope() as s:
+        history = {m.iteration: dict(m.metrics) for m in jobs.metric_history(s, job_id)}
+    assert sorted(history) == [1, 2, 3, 4]
+    versions = {it: m["preference_model_version"] for it, m in history.items()}
+    assert versions == {1: 1, 2: 1, 3: 2, 4: 2}, versions
+    assert history[2]["preference_refit"] == 1
+    # averaged over both ranks: each scored its shard with the preference model
+    assert all(m["reward/preference"] is not None for m in history.values()), history
+    assert all(m["world_size"] == 2 for m in history.values())
+    # both ranks loaded v1 at the start; rank 1 switched to rank 0's refit before iteration 3
+    assert output.count("blending preference model") == 3, output
+    assert output.count("v1.safetensors (v1)") == 2, output
+    assert "rank 1 follows rank 0 to preference model v2" in output, output
+
+
+def test_the_other_ranks_resolve_latest_to_the_version_rank_0_chose(stack):
+    # a fit may record a newer model between rank 0's resolution and the others' (v2 here)
+    from app.db import session_scope
+    from app.services import preference as pref_svc
+    from app.services import storage
+    from trainer.config import TrainConfig
+    from trainer.rewards.preference import FitConfig, PreferenceModel
+    from worker.preference import resolve_preference
+
+    for version, last_vote in ((1, 6), (2, 8)):
+        path = storage.storage_root() / pref_svc.model_path(version)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        PreferenceModel(FitConfig(width=8)).save(path)
+        with session_scope() as s:
+            pref_svc.record_model(s, version=version, path=pref_svc.model_path(version),
+                                  report={}, last_vote_id=last_vote)
+    config = TrainConfig.from_dict({"reward_weights": {"count": 1.0, "preference": 1.0},
+                                    "preference_model": "latest", "device": "cpu"})
+    newest, pinned = resolve_preference(config), resolve_preference(config, latest=1)
+    assert newest[0].endswith("v2.safetensors") and newest[1:] == (2, 8)
+    assert pinned[0].endswith("v1.safetensors") and pinned[1:] == (1, 6)
