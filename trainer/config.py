@@ -94,6 +94,11 @@ class TrainConfig:
                                    "reward 'preference' (give it a weight in reward_weights): a "
                                    "path to its safetensors file; in a worker job also 'latest' "
                                    "or empty (the newest fitted model) or 'vN' (version N).")
+    preference_uncertainty_penalty: float = _field(
+        1.0, "Reward 'preference' = the preference ensemble's mean score minus this many "
+        "standard deviations between its networks, so that images unlike those voted on "
+        "(where the networks disagree) earn less and the policy does not over-optimise the "
+        "learned reward; 0 uses the mean alone.", min=0.0, max=100.0)
     preference_refit_every: int = _field(0, "Worker jobs: refit the preference model every N "
                                          "iterations from the votes that arrived meanwhile "
                                          "(online); 0 never refits.", min=0, max=1_000_000)

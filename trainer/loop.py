@@ -74,6 +74,7 @@ class Trainer:
         goes on every iteration's metrics. Replaces any earlier one (online refits)."""
         from trainer.rewards import register_reward
 
+        model.uncertainty_penalty = self.config.preference_uncertainty_penalty
         register_reward("preference", model)
         if version is None and getattr(model, "report", None) is not None:
             version = model.report.version

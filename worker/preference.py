@@ -38,7 +38,7 @@ from worker.training import clean_metrics
 log = logging.getLogger(__name__)
 
 FIT_FIELDS = ("features", "clip_path", "holdout_fraction", "epochs", "batch_size",
-              "learning_rate", "weight_decay", "seed")
+              "learning_rate", "weight_decay", "ensemble", "seed")
 
 
 class ImageCache:
@@ -109,7 +109,7 @@ def score_all_samples(model: PreferenceModel, version: int, images: ImageCache |
         batches = list(pref_svc.iter_samples(s, batch))
     for rows in batches:
         pixels = np.stack([images.get(path) for _, path, _ in rows])
-        scores = model(pixels, [prompt for _, _, prompt in rows])
+        scores = model.scores(pixels, [prompt for _, _, prompt in rows])
         with session_scope() as s:
             pref_svc.set_scores(s, {sid: float(v) for (sid, _, _), v in zip(rows, scores,
                                                                           strict=True)}, version)

@@ -93,15 +93,24 @@ class FitPreferenceConfig(_Cfg):
 
     min_votes: int = Field(0, ge=0, le=10_000_000,
                            description="Fail unless at least this many clean votes exist.")
-    features: Literal["shapes", "clip"] = "shapes"
+    features: Literal["shapes", "clip"] = Field(
+        "shapes", description="'shapes': a small convolutional network on the pixels; 'clip': "
+        "a frozen CLIP image-text embedding from clip_path with a small head.")
     clip_path: str = Field("", description="Local CLIP weights for features='clip'.")
-    holdout_fraction: float = Field(0.2, ge=0.0, lt=1.0)
-    epochs: int = Field(60, ge=1, le=10_000)
-    batch_size: int = Field(64, ge=1, le=65_536)
-    learning_rate: float = Field(2e-3, gt=0.0, le=1.0)
-    weight_decay: float = Field(1e-3, ge=0.0, le=1.0)
-    seed: int = Field(0, ge=0, le=2**31 - 1)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    holdout_fraction: float = Field(0.2, ge=0.0, lt=1.0, description="Share of the votes kept "
+                                    "out of the fit to report held-out pair accuracy and log-loss.")
+    epochs: int = Field(60, ge=1, le=10_000, description="Passes over the training votes.")
+    batch_size: int = Field(64, ge=1, le=65_536, description="Votes per optimizer step.")
+    learning_rate: float = Field(2e-3, gt=0.0, le=1.0, description="Peak AdamW learning rate "
+                                 "(one-cycle schedule).")
+    weight_decay: float = Field(1e-3, ge=0.0, le=1.0, description="AdamW weight decay.")
+    ensemble: int = Field(5, ge=1, le=32, description="Networks trained from different "
+                          "initialisations and averaged; fewer fit faster, more rank close pairs "
+                          "more reliably.")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the held-out split and the "
+                      "initialisations.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to fit; 'auto' "
+                                                   "takes the GPU when there is one.")
     score_samples: bool = Field(True, description="Cache the new model's score on every "
                                 "stored sample (active pair selection reads it).")
 

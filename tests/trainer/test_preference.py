@@ -1,7 +1,11 @@
 """The preference reward model and simulated annotators, on rendered shapes (exact attributes)."""
 
+import json
+
 import numpy as np
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from trainer.rewards import compute_rewards
 from trainer.rewards.attributes import SimulatedAnnotator, attribute_values
@@ -24,8 +28,15 @@ def _draw(prompt: str, row: int, col: int, size: int) -> np.ndarray:
 def test_attributes_and_simulated_annotator():
     small, big = _draw("one red square", 10, 10, 6), _draw("one red square", 10, 10, 9)
     top, bottom = _draw("one red square", 0, 10, 6), _draw("one red square", 26, 10, 6)
-    sizes = attribute_values("size", np.stack([small, big]), ["one red square"] * 2)
-    np.testing.assert_allclose(sizes, [36, 81])
+    two_small = small.copy()
+    two_small[24:30, 24:30] = COLORS["red"]  # a second, far-away copy of the small square
+    speck = np.full((32, 32, 3), 250, dtype=np.uint8)
+    speck[16, 16] = COLORS["red"]
+    sizes = attribute_values("size", np.stack([small, big, two_small, speck]), ["one red square"] * 4)
+    assert sizes[1] > sizes[0] * 1.2  # bigger blob, bigger size
+    np.testing.assert_allclose(sizes[2], sizes[0], rtol=1e-6)  # per object: a second copy adds nothing
+    k = np.exp(-np.arange(-6, 7) ** 2 / 8.0)
+    np.testing.assert_allclose(sizes[3], (k[6] / k.sum()) ** 2, rtol=1e-6)  # a speck: its own weight
     upper = compute_rewards(["attr_upper"], np.stack([top, bottom]), ["one red square"] * 2)["attr_upper"]
     assert upper[0] > 0.8 and upper[1] < 0.2
     honest = SimulatedAnnotator("larger", flip=0.0)
@@ -57,7 +68,7 @@ def _pairs(n: int, preference: str, flip: float, seed: int) -> list[PreferencePa
 def test_fit_learns_an_unknown_preference_and_round_trips(tmp_path):
     pairs = _pairs(400, "upper", flip=0.0, seed=0)
     pairs += [PreferencePair(pairs[0].image_a, pairs[0].image_b, pairs[0].prompt, "skip")] * 3
-    model = fit_preference_model(pairs, FitConfig(epochs=25))
+    model = fit_preference_model(pairs, FitConfig(epochs=25, ensemble=2))
     report = model.report
     assert report.votes_ignored == {"skip": 3} and report.votes_fitted == 400
     assert report.heldout_pairs == 80 and report.heldout_accuracy > 0.8, report
@@ -73,6 +84,26 @@ def test_fit_learns_an_unknown_preference_and_round_trips(tmp_path):
     np.testing.assert_allclose(loaded(images, [q.prompt for q in fresh[:5]]),
                                model(images, [q.prompt for q in fresh[:5]]), rtol=1e-5)
     assert loaded.report.heldout_accuracy == report.heldout_accuracy
+
+
+def test_ensemble_scores_with_the_members_mean_and_loads_single_network_files(tmp_path):
+    torch.manual_seed(0)
+    model = PreferenceModel(FitConfig(ensemble=3))
+    pairs = _pairs(6, "upper", flip=0.0, seed=2)
+    images, prompts = np.stack([q.image_a for q in pairs]), [q.prompt for q in pairs]
+    inputs = model._inputs(images, prompts)
+    with torch.no_grad():
+        members = torch.stack([m.eval()(*inputs) for m in model.net.members]).numpy()
+    assert np.ptp(members, axis=0).min() > 0  # differently initialised members
+    np.testing.assert_allclose(model(images, prompts), members.mean(0), rtol=1e-5, atol=1e-6)
+    # a file from before ensembles: one network's state dict without the members. prefix
+    single = {k: v.contiguous() for k, v in model.net.members[1].state_dict().items()}
+    path = tmp_path / "v1.safetensors"
+    save_file(single, str(path), metadata={"format": "preference-model", "report": "null",
+                                           "fit_config": json.dumps({"features": "shapes", "width": 32})})
+    legacy = PreferenceModel.load(path)
+    assert legacy.config.ensemble == 1
+    np.testing.assert_allclose(legacy(images, prompts), members[1], rtol=1e-5, atol=1e-6)
 
 
 def test_fit_refuses_too_few_votes():

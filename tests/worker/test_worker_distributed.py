@@ -115,7 +115,7 @@ def _preference_v1_then_new_votes(fit_votes: int = 6, late_votes: int = 2) -> No
 
     for k in range(fit_votes):
         vote(k)
-    _model, row = fit_and_record(FitConfig(width=8, epochs=2), score_samples=False)
+    _model, row = fit_and_record(FitConfig(width=8, epochs=2, ensemble=2), score_samples=False)
     assert row["version"] == 1
     for k in range(fit_votes, fit_votes + late_votes):
         vote(k)
@@ -170,7 +170,7 @@ def test_the_other_ranks_resolve_latest_to_the_version_rank_0_chose(stack):
     for version, last_vote in ((1, 6), (2, 8)):
         path = storage.storage_root() / pref_svc.model_path(version)
         path.parent.mkdir(parents=True, exist_ok=True)
-        PreferenceModel(FitConfig(width=8)).save(path)
+        PreferenceModel(FitConfig(width=8, ensemble=2)).save(path)
         with session_scope() as s:
             pref_svc.record_model(s, version=version, path=pref_svc.model_path(version),
                                   report={}, last_vote_id=last_vote)

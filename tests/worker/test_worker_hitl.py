@@ -107,7 +107,7 @@ def test_votes_fit_active_selection_and_blended_training(stack):
 
     # 3. fit the preference model (worker), listed in the API, report on the job
     r = client.post("/api/jobs", headers=admin, json={"kind": "fit_preference", "config": {
-        "epochs": 25, "device": "cpu", "holdout_fraction": 0.25}})
+        "epochs": 25, "ensemble": 2, "device": "cpu", "holdout_fraction": 0.25}})
     fit = _wait_job(client, admin, r.json()["id"], 240, stack)
     listed = client.get("/api/preference-models", headers=admin).json()
     assert listed["total"] == 1

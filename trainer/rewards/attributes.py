@@ -1,8 +1,8 @@
 """Attributes the verifiable rewards ignore, and simulated annotators who care about them.
 
 Used to rehearse a voting campaign and to test that the preference model learns what people
-want: `size` (colour mass per object of the requested colour; larger is preferred by the
-"larger" annotator) and `upper` (how high the colour sits: 1 at the top row, 0 at the bottom;
+want: `size` (how chunky the requested colour looks: the colour mass near each of its pixels,
+averaged over them; larger is preferred by the "larger" annotator) and `upper` (how high the colour sits: 1 at the top row, 0 at the bottom;
 preferred by the "upper" annotator). Neither the shapes rewards nor the preference model know
 these exist.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainer.rewards.registry import register_reward
-from trainer.rewards.shapes import COLOR_TOLERANCE, object_stats
+from trainer.rewards.shapes import COLOR_TOLERANCE
 from trainer.shapes.world import COLORS, IMAGE_SIZE, parse_prompt
 
 
@@ -29,11 +29,27 @@ def colour_weight(image: np.ndarray, color: str) -> np.ndarray:
     return np.clip(1.0 - np.sqrt((diff**2).sum(-1)) / COLOR_TOLERANCE, 0.0, 1.0)
 
 
-def mean_object_size(image: np.ndarray, prompt: str) -> float:
-    """Colour mass (soft pixel area) per object of the requested colour."""
-    color = parse_prompt(prompt).color
-    objects = len(object_stats(image, color))
-    return float(colour_weight(image, color).sum() / objects) if objects else 0.0
+def _gaussian_blur(image: np.ndarray, sigma: float) -> np.ndarray:
+    radius = int(3 * sigma)
+    kernel = np.exp(-np.arange(-radius, radius + 1) ** 2 / (2 * sigma**2))
+    kernel /= kernel.sum()
+    padded = np.pad(image, radius)
+    rows = np.stack([np.convolve(row, kernel, mode="valid") for row in padded])
+    return np.stack([np.convolve(col, kernel, mode="valid") for col in rows.T]).T
+
+
+def object_size(image: np.ndarray, prompt: str) -> float:
+    """Colour mass within about 2 px of each pixel of the requested colour, averaged over them.
+
+    Grows with the size of the blobs the colour forms (a speck scores low, a filled 9x9 square
+    high) and changes smoothly with the pixels, the way a person sees "bigger": counting
+    objects as connected components instead would let one faint bridge pixel halve the size.
+    """
+    weight = colour_weight(image, parse_prompt(prompt).color)
+    total = weight.sum()
+    if total < 1e-6:
+        return 0.0
+    return float((weight * _gaussian_blur(weight, 2.0)).sum() / total)
 
 
 def upperness(image: np.ndarray, prompt: str) -> float:
@@ -47,7 +63,7 @@ def upperness(image: np.ndarray, prompt: str) -> float:
 
 
 ATTRIBUTES: dict[str, Callable[[np.ndarray, str], float]] = {
-    "size": mean_object_size,
+    "size": object_size,
     "upper": upperness,
 }
 # preference name -> the attribute it prefers larger values of

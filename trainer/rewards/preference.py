@@ -5,6 +5,11 @@ P(a beats b) = sigmoid(r(a) - r(b)). Votes `a`/`b` are wins, `tie` is half a win
 Nothing here knows which attribute an annotator cares about: the network sees pixels and the
 prompt, and learns whatever the votes reward.
 
+Each model is an ensemble of `ensemble` networks trained on the same votes from different
+initialisations and batch orders, scoring with their mean: a few thousand noisy comparisons of
+near-identical images leave one network's ranking of close pairs to chance, and averaging
+removes much of that variance (measured in docs/benchmarks.md).
+
 Features:
 - `shapes`: a small convolutional network on the 32x32 image with coordinate channels (so
   "where" is as learnable as "what") and the prompt's tokens, trained end to end on the votes.
@@ -50,6 +55,7 @@ class FitConfig:
     batch_size: int = 64
     learning_rate: float = 2e-3
     weight_decay: float = 1e-3
+    ensemble: int = 5  # networks averaged; each is trained on all the training votes
     seed: int = 0
     device: str = "cpu"
 
@@ -111,6 +117,17 @@ class ClipPreferenceHead(nn.Module):
         return self.head(torch.cat([image_emb, image_emb * text_emb], -1)).squeeze(-1)
 
 
+class Ensemble(nn.Module):
+    """The mean score of several networks with the same inputs."""
+
+    def __init__(self, members: list[nn.Module]) -> None:
+        super().__init__()
+        self.members = nn.ModuleList(members)
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return torch.stack([member(*inputs) for member in self.members]).mean(0)
+
+
 class PreferenceModel:
     """A fitted preference reward; callable as a registry reward `(images, prompts) -> (N,)`."""
 
@@ -118,11 +135,16 @@ class PreferenceModel:
                  report: FitReport | None = None) -> None:
         self.config = config
         self.report = report
+        self.uncertainty_penalty = 0.0  # set by the trainer that blends it in
         self._clip = None
         if net is None:
-            net = ShapesPreferenceNet(config.width) if config.features == "shapes" else ClipPreferenceHead(
-                self._clip_encoder().dim)
+            net = Ensemble([self._new_member() for _ in range(max(1, config.ensemble))])
         self.net = net.to(config.device)
+
+    def _new_member(self) -> nn.Module:
+        if self.config.features == "shapes":
+            return ShapesPreferenceNet(self.config.width)
+        return ClipPreferenceHead(self._clip_encoder().dim)
 
     # -- features -------------------------------------------------------------------------------
     def _clip_encoder(self) -> _ClipEncoder:
@@ -137,14 +159,30 @@ class PreferenceModel:
         return self._clip_encoder().encode(images, prompts)
 
     @torch.no_grad()
-    def __call__(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
+    def member_scores(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
+        """(ensemble, N): every network's score."""
         self.net.eval()
-        scores = [self.net(*self._inputs(images[i:i + 512], prompts[i:i + 512])).float().cpu()
-                  for i in range(0, len(prompts), 512)]
-        return torch.cat(scores).numpy().astype(np.float64)
+        chunks = []
+        for i in range(0, len(prompts), 512):
+            inputs = self._inputs(images[i:i + 512], prompts[i:i + 512])
+            chunks.append(torch.stack([m(*inputs) for m in self.net.members]).float().cpu())
+        return torch.cat(chunks, 1).numpy().astype(np.float64)
+
+    def scores(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
+        """The ensemble's mean score r(image, prompt), the Bradley-Terry utility."""
+        return self.member_scores(images, prompts).mean(0)
+
+    def __call__(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
+        """The reward: the mean score less `uncertainty_penalty` standard deviations between
+        the networks. They agree on images like those voted on and drift apart on images
+        unlike them, which a policy optimising the mean would otherwise seek out."""
+        members = self.member_scores(images, prompts)
+        if self.uncertainty_penalty and len(members) > 1:
+            return members.mean(0) - self.uncertainty_penalty * members.std(0)
+        return members.mean(0)
 
     def prob_a_beats_b(self, images_a: np.ndarray, images_b: np.ndarray, prompts: list[str]) -> np.ndarray:
-        return 1.0 / (1.0 + np.exp(-(self(images_a, prompts) - self(images_b, prompts))))
+        return 1.0 / (1.0 + np.exp(-(self.scores(images_a, prompts) - self.scores(images_b, prompts))))
 
     # -- persistence ------------------------------------------------------------------------------
     def save(self, path: str | Path, metadata: dict[str, str] | None = None) -> None:
@@ -160,10 +198,15 @@ class PreferenceModel:
             meta = f.metadata() or {}
         if meta.get("format") != "preference-model":
             raise ValueError(f"{path} is not a preference model")
-        config = FitConfig(**{**json.loads(meta["fit_config"]), "device": device})
+        fields = json.loads(meta["fit_config"])
+        state = load_file(str(path), device=device)
+        if not any(k.startswith("members.") for k in state):  # saved before ensembles: one net
+            state = {f"members.0.{k}": v for k, v in state.items()}
+            fields["ensemble"] = 1
+        config = FitConfig(**{**fields, "device": device})
         report_data = json.loads(meta["report"])
         model = cls(config, report=FitReport(**report_data) if report_data else None)
-        model.net.load_state_dict(load_file(str(path), device=device))
+        model.net.load_state_dict(state)
         return model
 
 
@@ -188,6 +231,30 @@ class _ClipEncoder:
         return F.normalize(out.image_embeds, dim=-1), F.normalize(out.text_embeds, dim=-1)
 
 
+def _train_member(net: nn.Module, inputs_a, inputs_b, labels: torch.Tensor, augment,
+                  config: FitConfig, seed: int) -> None:
+    """Minimise the Bradley-Terry log-loss of one network (its own batch order)."""
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=config.learning_rate,
+                                  weight_decay=config.weight_decay)
+    n = len(labels)
+    steps_per_epoch = max(1, math.ceil(n / config.batch_size))
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, config.learning_rate,
+                                                   total_steps=config.epochs * steps_per_epoch)
+    net.train()
+    for _ in range(config.epochs):
+        perm = torch.randperm(n, generator=generator)
+        for i in range(0, n, config.batch_size):
+            idx = perm[i:i + config.batch_size].to(config.device)
+            ra = net(augment(inputs_a[0][idx]), inputs_a[1][idx])
+            rb = net(augment(inputs_b[0][idx]), inputs_b[1][idx])
+            loss = F.binary_cross_entropy_with_logits(ra - rb, labels[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+
+
 def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None = None,
                          version: int = 1) -> PreferenceModel:
     """Bradley-Terry fit with a held-out split; the report says how well it predicts."""
@@ -207,7 +274,7 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
     n_hold = int(round(len(usable) * config.holdout_fraction)) if len(usable) >= 10 else 0
     held, train = [usable[i] for i in order[:n_hold]], [usable[i] for i in order[n_hold:]]
 
-    torch.manual_seed(config.seed)
+    torch.manual_seed(config.seed)  # each member's initialisation differs: drawn in turn
     model = PreferenceModel(config)
 
     def tensors(subset: list[PreferencePair]):
@@ -224,24 +291,9 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
         return images
 
     inputs_a, inputs_b, labels = tensors(train)
-    optimizer = torch.optim.AdamW(model.net.parameters(), lr=config.learning_rate,
-                                  weight_decay=config.weight_decay)
-    n = len(train)
-    steps_per_epoch = max(1, math.ceil(n / config.batch_size))
-    total = config.epochs * steps_per_epoch
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, config.learning_rate, total_steps=total)
-    model.net.train()
-    for _ in range(config.epochs):
-        perm = torch.randperm(n)
-        for i in range(0, n, config.batch_size):
-            idx = perm[i:i + config.batch_size].to(config.device)
-            ra = model.net(augment(inputs_a[0][idx]), inputs_a[1][idx])
-            rb = model.net(augment(inputs_b[0][idx]), inputs_b[1][idx])
-            loss = F.binary_cross_entropy_with_logits(ra - rb, labels[idx])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
+    for index, member in enumerate(model.net.members):
+        _train_member(member, inputs_a, inputs_b, labels, augment, config, seed=config.seed + index)
+    model.net.eval()
 
     def evaluate(subset: list[PreferencePair]) -> tuple[float | None, float | None]:
         if not subset:
