@@ -25,6 +25,7 @@ For each preference (larger, upper; attributes the verifiable rewards ignore):
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import time
 
@@ -36,7 +37,7 @@ from trainer.evaluation import sample_images
 from trainer.loop import Trainer, load_model
 from trainer.models.base import repeat_cond
 from trainer.neighbor_grpo import group_noises
-from trainer.rewards import compute_rewards
+from trainer.rewards import compute_rewards, get_reward
 from trainer.rewards.attributes import PREFERENCES, SimulatedAnnotator, attribute_values
 from trainer.rewards.preference import FitConfig, PreferencePair, fit_preference_model
 from trainer.shapes.world import all_prompts
@@ -63,65 +64,86 @@ except ImportError:  # a bare GPU box with only the trainer's dependencies: the 
     ACTIVE_GROUPS, ACTIVE_DISAGREE_SHARE = 4, 0.25
 
 
-def run_selection(kind: str, pref: str, pool, pool_prompts, pool_count, test, budgets,
-                  fit_cfg, seed, tie_band):
-    """Accuracy per budget; returns ({budget: row}, {budget: model})."""
-    rng = np.random.default_rng(seed)
-    annotator = SimulatedAnnotator(pref, flip=0.1, tie_band=tie_band, seed=seed)
-    n_groups, g = pool.shape[:2]
-    pairs_idx = [(gi, i, j) for gi in range(n_groups) for i in range(g) for j in range(i + 1, g)]
-    used: set[tuple[int, int, int]] = set()
-    votes: list[PreferencePair] = []
-    scores = None
-    rows, models = {}, {}
+class Campaign:
+    """A simulated annotator voting on within-group pairs of a pool of rollout groups, picked
+    uniformly at random or actively (see the module doc); the votes accumulate across pools."""
 
-    def add(choice):
-        used.add(choice)
-        gi, i, j = choice
-        if rng.random() < 0.5:
-            i, j = j, i
-        a, b, p = pool[gi, i], pool[gi, j], pool_prompts[gi]
-        votes.append(PreferencePair(a, b, p, annotator.vote(a, b, p)))
+    def __init__(self, pref: str, seed: int, tie_band: float) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.annotator = SimulatedAnnotator(pref, flip=0.1, tie_band=tie_band, seed=seed)
+        self.votes: list[PreferencePair] = []
 
-    def active_pick():
-        start = int(rng.integers(n_groups))
+    def set_pool(self, pool: np.ndarray, prompts: list[str], scores: np.ndarray | None) -> None:
+        """pool: (groups, G, H, W, 3); scores: the current model's (groups, G) or None."""
+        self.pool, self.prompts, self.scores = pool, prompts, scores
+        n_groups, g = pool.shape[:2]
+        self.count = compute_rewards(["count"], pool.reshape(-1, *pool.shape[2:]),
+                                     [p for p in prompts for _ in range(g)])["count"]
+        self.count = self.count.reshape(n_groups, g)
+        self.pairs = [(gi, i, j) for gi in range(n_groups) for i in range(g) for j in range(i + 1, g)]
+        self.used: set[tuple[int, int, int]] = set()
+
+    def collect(self, n: int, active: bool) -> None:
+        for _ in range(n):
+            choice = None
+            if active and self.scores is not None and self.rng.random() >= 0.2:
+                choice = self._active_pick()
+            if choice is None:
+                while (choice := self.pairs[self.rng.integers(len(self.pairs))]) in self.used:
+                    pass
+            self.used.add(choice)
+            gi, i, j = choice
+            if self.rng.random() < 0.5:
+                i, j = j, i
+            a, b, prompt = self.pool[gi, i], self.pool[gi, j], self.prompts[gi]
+            self.votes.append(PreferencePair(a, b, prompt, self.annotator.vote(a, b, prompt)))
+
+    def _active_pick(self):
+        n_groups, g = self.pool.shape[:2]
+        start = int(self.rng.integers(n_groups))
         cands = [(gi, i, j) for gi in range(start, min(start + ACTIVE_GROUPS, n_groups))
-                 for i in range(g) for j in range(i + 1, g) if (gi, i, j) not in used]
+                 for i in range(g) for j in range(i + 1, g) if (gi, i, j) not in self.used]
         if not cands:
             return None
-        disagree = [c for c in cands if pool_count[c[0], c[1]] != pool_count[c[0], c[2]]
-                    and (pool_count[c[0], c[1]] > pool_count[c[0], c[2]])
-                    != (scores[c[0], c[1]] > scores[c[0], c[2]])]
-        if disagree and rng.random() < ACTIVE_DISAGREE_SHARE:
-            return disagree[rng.integers(len(disagree))]
+        count, scores = self.count, self.scores
+        disagree = [c for c in cands if count[c[0], c[1]] != count[c[0], c[2]]
+                    and (count[c[0], c[1]] > count[c[0], c[2]]) != (scores[c[0], c[1]] > scores[c[0], c[2]])]
+        if disagree and self.rng.random() < ACTIVE_DISAGREE_SHARE:
+            return disagree[self.rng.integers(len(disagree))]
         return min(cands, key=lambda c: abs(scores[c[0], c[1]] - scores[c[0], c[2]]))
 
+
+def pool_scores(model, pool: np.ndarray, prompts: list[str]) -> np.ndarray:
+    """The model's score of every pool image, as the fit job caches them on samples."""
+    g = pool.shape[1]
+    flat = pool.reshape(-1, *pool.shape[2:])
+    return model.scores(flat, [p for p in prompts for _ in range(g)]).reshape(pool.shape[:2])
+
+
+def run_selection(kind: str, pref: str, pool, pool_prompts, test, budgets, fit_cfg, seed,
+                  tie_band):
+    """Accuracy per budget; returns ({budget: row}, {budget: model}, the campaign)."""
+    campaign = Campaign(pref, seed, tie_band)
+    campaign.set_pool(pool, pool_prompts, None)
+    rows, models = {}, {}
     for budget in budgets:
-        while len(votes) < budget:
-            choice = None
-            if kind == "active" and scores is not None and rng.random() >= 0.2:
-                choice = active_pick()
-            if choice is None:
-                while (choice := pairs_idx[rng.integers(len(pairs_idx))]) in used:
-                    pass
-            add(choice)
+        campaign.collect(budget - len(campaign.votes), active=kind == "active")
         t = time.perf_counter()
-        model = fit_preference_model(votes, fit_cfg, version=budget)
-        if kind == "active":  # rescore the pool, as the fit job caches scores on samples
-            flat = pool.reshape(-1, *pool.shape[2:])
-            scores = model.scores(flat, [p for p in pool_prompts for _ in range(g)]).reshape(n_groups, g)
+        model = fit_preference_model(campaign.votes, fit_cfg, version=budget)
+        if kind == "active":
+            campaign.scores = pool_scores(model, pool, pool_prompts)
         images_a, images_b, prompts, truth, decisive = test
         right = (model.prob_a_beats_b(images_a, images_b, prompts) > 0.5) == truth
         clean = float(right[decisive].mean())
         rows[budget] = {"clean": round(clean, 3), "noisy": round(0.9 * clean + 0.1 * (1 - clean), 3),
                         "clean_all": round(float(right.mean()), 3),
-                        "ties_voted": sum(v.outcome == "tie" for v in votes),
+                        "ties_voted": sum(v.outcome == "tie" for v in campaign.votes),
                         "report_heldout": model.report.heldout_accuracy,
                         "fit_s": round(time.perf_counter() - t, 1)}
         models[budget] = model
         print(json.dumps({"preference": pref, "selection": kind, "seed": seed, "votes": budget,
                           **rows[budget]}), flush=True)
-    return rows, models
+    return rows, models, campaign
 
 
 def votes_to_target(rows: dict[int, dict]) -> int | None:
@@ -149,7 +171,11 @@ def test_pairs(test_groups, prompts, attr, tie_band):
 
 
 def train_images(weights, iterations, device, lr, eval_prompts, eval_seeds,
-                 preference_model=None, uncertainty_penalty=1.0):
+                 preference_model=None, uncertainty_penalty=1.0, rounds=None):
+    """Train from the base and sample the eval set. `rounds` = (campaign, fit config, every,
+    votes): every `every` iterations, roll out one group per prompt from the current policy,
+    vote `votes` of its pairs (active), refit on all the votes and blend the new model in,
+    as a train job with preference_refit_every does while annotators keep voting."""
     cfg = TrainConfig(iterations=iterations, learning_rate=lr, device=device,
                       reward_weights=weights, prompts_per_iteration=4, group_size=12,
                       checkpoint_every=10**6, sample_every=10**6,
@@ -157,9 +183,26 @@ def train_images(weights, iterations, device, lr, eval_prompts, eval_seeds,
     trainer = Trainer(cfg)
     if preference_model is not None:
         trainer.set_preference_model(preference_model)
+    refits = []
+
+    def refit(tr: Trainer, _result) -> None:
+        campaign, fit_cfg, every, n_votes = rounds
+        if tr.iteration % every or tr.iteration >= iterations:
+            return
+        prompts = all_prompts()
+        seeds = [7 * 10**6 + tr.iteration * 100 + i for i in range(len(prompts))]
+        groups = make_groups(tr.model, prompts, seeds, 8, device)
+        campaign.set_pool(groups, prompts, pool_scores(get_reward("preference"), groups, prompts))
+        campaign.collect(n_votes, active=True)
+        model = fit_preference_model(campaign.votes, fit_cfg, version=len(campaign.votes))
+        tr.set_preference_model(model)
+        refits.append({"iteration": tr.iteration, "votes": len(campaign.votes),
+                       "report_heldout": model.report.heldout_accuracy})
+
     t = time.perf_counter()
-    trainer.run()
-    return sample_images(trainer.model, eval_prompts, eval_seeds), time.perf_counter() - t
+    trainer.run(refit if rounds else None)
+    images = sample_images(trainer.model, eval_prompts, eval_seeds)
+    return images, time.perf_counter() - t, refits
 
 
 def measure(images, eval_prompts, attr, seconds=None):
@@ -192,6 +235,15 @@ def main() -> None:
                     help="weight of the preference reward next to count (1.0)")
     ap.add_argument("--uncertainty-penalties", nargs="+", type=float, default=[1.0],
                     help="TrainConfig.preference_uncertainty_penalty: one blended run each")
+    ap.add_argument("--guard-rewards", nargs="*", default=[],
+                    type=lambda text: (text.split("=")[0], float(text.split("=")[1])),
+                    help="more verifiable rewards in the blend, NAME=WEIGHT (e.g. color=1)")
+    ap.add_argument("--count-only", action=argparse.BooleanOptionalAction, default=True,
+                    help="also train on the count reward alone (the baseline)")
+    ap.add_argument("--refit-every", type=int, default=0,
+                    help="rounds: every N iterations vote on the policy's own samples and "
+                    "refit (0: train on the first model only)")
+    ap.add_argument("--refit-votes", type=int, default=300, help="votes per round")
     ap.add_argument("--train-budget", type=int, default=1000,
                     help="votes behind the preference model used for training")
     args = ap.parse_args()
@@ -201,9 +253,6 @@ def main() -> None:
     prompts = all_prompts()
     pool_prompts = [p for p in prompts for _ in range(args.pool_seeds)]
     pool = make_groups(base, pool_prompts, list(range(len(pool_prompts))), 8, dev)
-    pool_count = compute_rewards(["count"], pool.reshape(-1, *pool.shape[2:]),
-                                 [p for p in pool_prompts for _ in range(8)])["count"]
-    pool_count = pool_count.reshape(pool.shape[:2])
     test_prompts = prompts * 2
     test_groups = make_groups(base, test_prompts, [10**6 + i for i in range(len(test_prompts))],
                               8, dev)
@@ -222,11 +271,12 @@ def main() -> None:
             for seed in args.seeds:
                 fit_cfg = FitConfig(epochs=args.epochs, device=dev, seed=seed, width=args.width,
                                     learning_rate=args.fit_learning_rate, ensemble=args.ensemble)
-                rows, fitted = run_selection(kind, pref, pool, pool_prompts, pool_count, test,
-                                             args.budgets, fit_cfg, seed, args.tie_band)
+                rows, fitted, campaign = run_selection(kind, pref, pool, pool_prompts, test,
+                                                       args.budgets, fit_cfg, seed, args.tie_band)
                 per_seed[seed] = {"rows": rows, "votes_to_target": votes_to_target(rows)}
-                if seed == args.seeds[0]:
-                    models[kind] = fitted.get(args.train_budget)
+                if seed == args.seeds[0] and args.train_budget in fitted:
+                    campaign.votes = campaign.votes[:args.train_budget]
+                    models[kind] = (fitted[args.train_budget], campaign, fit_cfg)
             out[kind] = {
                 "per_seed": per_seed,
                 "mean": {b: {k: round(float(np.mean([per_seed[s]["rows"][b][k] for s in per_seed])), 3)
@@ -243,19 +293,26 @@ def main() -> None:
                 compute_rewards(["count"], base_images, eval_prompts)["count"].mean()),
                 "best_decile_attr": decile,
                 "target_attr": float(base_vals.mean() + 0.5 * (decile - base_vals.mean()))}
-            if count_only is None:
+            if count_only is None and args.count_only:
                 count_only = train_images({"count": 1.0}, args.iterations, dev,
-                                          args.learning_rate, eval_prompts, eval_seeds)
-            out["count_only"] = measure(count_only[0], eval_prompts, attr, count_only[1])
+                                          args.learning_rate, eval_prompts, eval_seeds)[:2]
+            if count_only is not None:
+                out["count_only"] = measure(count_only[0], eval_prompts, attr, count_only[1])
             print(json.dumps({"preference": pref, "base": out["base"],
-                              "count_only": out["count_only"]}), flush=True)
-            for kind, model in models.items():
-                for penalty in [] if model is None else args.uncertainty_penalties:
-                    images, secs = train_images(
-                        {"count": 1.0, "preference": args.preference_weight}, args.iterations,
-                        dev, args.learning_rate, eval_prompts, eval_seeds, model, penalty)
+                              "count_only": out.get("count_only")}), flush=True)
+            for kind, (model, campaign, fit_cfg) in models.items():
+                for penalty in args.uncertainty_penalties:
+                    rounds = None
+                    if args.refit_every:
+                        campaign = copy.copy(campaign)  # each run votes on its own policy
+                        campaign.votes = list(campaign.votes)
+                        rounds = (campaign, fit_cfg, args.refit_every, args.refit_votes)
+                    weights = {"count": 1.0, **dict(args.guard_rewards),
+                               "preference": args.preference_weight}
+                    images, secs, refits = train_images(weights, args.iterations,
+                        dev, args.learning_rate, eval_prompts, eval_seeds, model, penalty, rounds)
                     key = f"count+preference({kind}, penalty {penalty:g})"
-                    out[key] = measure(images, eval_prompts, attr, secs)
+                    out[key] = {**measure(images, eval_prompts, attr, secs), "refits": refits}
                     print(json.dumps({"preference": pref, key: out[key]}), flush=True)
         summary[pref] = out
     print("SUMMARY " + json.dumps(summary))

@@ -7,6 +7,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from trainer.config import TrainConfig
+from trainer.loop import Trainer
 from trainer.rewards import compute_rewards
 from trainer.rewards.attributes import SimulatedAnnotator, attribute_values
 from trainer.rewards.preference import (
@@ -96,6 +98,12 @@ def test_ensemble_scores_with_the_members_mean_and_loads_single_network_files(tm
         members = torch.stack([m.eval()(*inputs) for m in model.net.members]).numpy()
     assert np.ptp(members, axis=0).min() > 0  # differently initialised members
     np.testing.assert_allclose(model(images, prompts), members.mean(0), rtol=1e-5, atol=1e-6)
+    # as a training reward: less the members' disagreement, set by the trainer that blends it
+    Trainer(TrainConfig(reward_weights={"count": 1.0, "preference": 1.0},
+                        preference_uncertainty_penalty=2.0)).set_preference_model(model)
+    np.testing.assert_allclose(compute_rewards(["preference"], images, prompts)["preference"],
+                               members.mean(0) - 2.0 * members.std(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.scores(images, prompts), members.mean(0), rtol=1e-5, atol=1e-6)
     # a file from before ensembles: one network's state dict without the members. prefix
     single = {k: v.contiguous() for k, v in model.net.members[1].state_dict().items()}
     path = tmp_path / "v1.safetensors"
