@@ -11,7 +11,8 @@ For each preference (larger, upper; attributes the verifiable rewards ignore):
    on a fixed test set of within-group pairs from other noises that the annotator would not
    call a tie, against the noise-free preference (`clean`) and against fresh 10%-flipped votes
    (`noisy`, ceiling 0.90); `clean_all` includes the pairs inside the tie band. For each seed,
-   the fewest votes whose `noisy` accuracy reaches the target (0.85).
+   the fewest votes whose `noisy` accuracy reaches the target (0.85), and the fewest from which
+   it stays there at every larger budget.
 2. Training from the shipped base on count alone vs count + preference (the models fitted on
    --train-budget votes, active and random, seed 0), then the attribute and the count reward
    on a fixed eval set, with the issue's target: base mean + half the distance to the mean
@@ -146,9 +147,15 @@ def run_selection(kind: str, pref: str, pool, pool_prompts, test, budgets, fit_c
     return rows, models, campaign
 
 
-def votes_to_target(rows: dict[int, dict]) -> int | None:
-    """The smallest budget whose noisy accuracy reaches the target (None: none does)."""
-    return next((b for b in sorted(rows) if rows[b]["noisy"] >= TARGET_NOISY_ACCURACY), None)
+def votes_to_target(rows: dict[int, dict]) -> dict[str, int | None]:
+    """`first`: the smallest budget whose noisy accuracy reaches the target; `sustained`: the
+    smallest from which every larger budget stays there too (one fit's accuracy wobbles by
+    about 0.01-0.02, so a single crossing can be luck). None: never."""
+    budgets = sorted(rows)
+    reached = [rows[b]["noisy"] >= TARGET_NOISY_ACCURACY for b in budgets]
+    first = next((b for b, ok in zip(budgets, reached, strict=True) if ok), None)
+    sustained = next((b for i, b in enumerate(budgets) if all(reached[i:])), None)
+    return {"first": first, "sustained": sustained}
 
 
 def test_pairs(test_groups, prompts, attr, tie_band):
