@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup browser demo worker test test-fast lint format clean
+.PHONY: setup browser compose demo worker test test-fast lint format clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,7 +21,15 @@ browser:
 	  $$S apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$S apt-get install -y -qq \
 	  chromium; } || echo "warning: chromium not installed: the browser tests will be skipped"
 
-setup: $(STAMP) browser
+# `docker compose config` validates docker-compose.yml in the tests: where the docker CLI is
+# installed without the compose plugin, Debian's docker-compose is installed.
+compose:
+	@! command -v docker >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 \
+	  || command -v docker-compose >/dev/null 2>&1 || { S=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$S apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$S apt-get install -y -qq \
+	  docker-compose; } || echo "warning: docker-compose not installed: the compose test will fail"
+
+setup: $(STAMP) browser compose
 
 # migrations, the shapes dataset, an admin token (printed once), a worker and the server;
 # Ctrl-C stops all of it (app/serve.py)
