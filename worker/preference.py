@@ -38,7 +38,7 @@ from worker.training import clean_metrics
 log = logging.getLogger(__name__)
 
 FIT_FIELDS = ("features", "clip_path", "holdout_fraction", "epochs", "batch_size",
-              "learning_rate", "weight_decay", "ensemble", "seed")
+              "learning_rate", "weight_decay", "ensemble", "mirror_augment", "seed")
 
 
 class ImageCache:

@@ -16,6 +16,7 @@ from trainer.rewards.preference import (
     PreferenceModel,
     PreferencePair,
     fit_preference_model,
+    mirror_augment,
 )
 from trainer.shapes.world import COLORS, all_prompts, parse_prompt, render, shape_mask
 
@@ -112,6 +113,15 @@ def test_ensemble_scores_with_the_members_mean_and_loads_single_network_files(tm
     legacy = PreferenceModel.load(path)
     assert legacy.config.ensemble == 1
     np.testing.assert_allclose(legacy(images, prompts), members[1], rtol=1e-5, atol=1e-6)
+
+
+def test_mirror_augmentation_can_be_turned_off():
+    images = torch.arange(2 * 3 * 4 * 4, dtype=torch.float32).reshape(2, 3, 4, 4)
+    torch.manual_seed(0)
+    on = [mirror_augment(images, FitConfig()) for _ in range(40)]
+    assert any(torch.equal(x, images.flip(-1)) for x in on) and any(torch.equal(x, images) for x in on)
+    off = [mirror_augment(images, FitConfig(mirror_augment=False)) for _ in range(40)]
+    assert all(torch.equal(x, images) for x in off)
 
 
 def test_fit_refuses_too_few_votes():

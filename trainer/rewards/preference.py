@@ -56,6 +56,7 @@ class FitConfig:
     learning_rate: float = 2e-3
     weight_decay: float = 1e-3
     ensemble: int = 5  # networks averaged; each is trained on all the training votes
+    mirror_augment: bool = True  # random left-right mirrors (assumes no left/right preference)
     seed: int = 0
     device: str = "cpu"
 
@@ -231,6 +232,17 @@ class _ClipEncoder:
         return F.normalize(out.image_embeds, dim=-1), F.normalize(out.text_embeds, dim=-1)
 
 
+def mirror_augment(images: torch.Tensor, config: FitConfig) -> torch.Tensor:
+    """A random left-right mirror of a batch of shapes images (when `config.mirror_augment`).
+
+    It doubles the variety of the votes but assumes that nobody prefers left over right; turn
+    it off for a campaign where that is the point.
+    """
+    if config.features == "shapes" and config.mirror_augment and torch.rand(()) < 0.5:
+        return images.flip(-1)
+    return images
+
+
 def _train_member(net: nn.Module, inputs_a, inputs_b, labels: torch.Tensor, augment,
                   config: FitConfig, seed: int) -> None:
     """Minimise the Bradley-Terry log-loss of one network (its own batch order)."""
@@ -285,10 +297,7 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
         return model._inputs(images_a, prompts), model._inputs(images_b, prompts), labels
 
     def augment(images: torch.Tensor) -> torch.Tensor:
-        # a left-right mirror changes no attribute a person could plausibly care about here
-        if config.features == "shapes" and torch.rand(()) < 0.5:
-            return images.flip(-1)
-        return images
+        return mirror_augment(images, config)
 
     inputs_a, inputs_b, labels = tensors(train)
     for index, member in enumerate(model.net.members):
