@@ -99,6 +99,23 @@ class Campaign:
             a, b, prompt = self.pool[gi, i], self.pool[gi, j], self.prompts[gi]
             self.votes.append(PreferencePair(a, b, prompt, self.annotator.vote(a, b, prompt)))
 
+    def collect_cross(self, n: int, reference: np.ndarray, reference_prompts: list[str]) -> None:
+        """`n` votes of a current-pool sample against a reference sample (e.g. the base
+        model's) of the same prompt: the cross-checkpoint pairs that show a drift as a loss."""
+        by_prompt: dict[str, list[int]] = {}
+        for index, prompt in enumerate(reference_prompts):
+            by_prompt.setdefault(prompt, []).append(index)
+        g = self.pool.shape[1]
+        for _ in range(n):
+            gi = int(self.rng.integers(len(self.prompts)))
+            refs = by_prompt[self.prompts[gi]]
+            a = self.pool[gi, int(self.rng.integers(g))]
+            b = reference[refs[int(self.rng.integers(len(refs)))], int(self.rng.integers(g))]
+            if self.rng.random() < 0.5:
+                a, b = b, a
+            prompt = self.prompts[gi]
+            self.votes.append(PreferencePair(a, b, prompt, self.annotator.vote(a, b, prompt)))
+
     def _active_pick(self):
         n_groups, g = self.pool.shape[:2]
         start = int(self.rng.integers(n_groups))
@@ -180,9 +197,10 @@ def test_pairs(test_groups, prompts, attr, tie_band):
 def train_images(weights, iterations, device, lr, eval_prompts, eval_seeds,
                  preference_model=None, uncertainty_penalty=1.0, rounds=None):
     """Train from the base and sample the eval set. `rounds` = (campaign, fit config, every,
-    votes): every `every` iterations, roll out one group per prompt from the current policy,
-    vote `votes` of its pairs (active), refit on all the votes and blend the new model in,
-    as a train job with preference_refit_every does while annotators keep voting."""
+    votes, cross share, (base pool, its prompts)): every `every` iterations, roll out one
+    group per prompt from the current policy, vote `votes` pairs (active within its groups,
+    and the cross share against base samples), refit on all the votes and blend the new
+    model in, as a train job with preference_refit_every does while annotators keep voting."""
     cfg = TrainConfig(iterations=iterations, learning_rate=lr, device=device,
                       reward_weights=weights, prompts_per_iteration=4, group_size=12,
                       checkpoint_every=10**6, sample_every=10**6,
@@ -193,14 +211,17 @@ def train_images(weights, iterations, device, lr, eval_prompts, eval_seeds,
     refits = []
 
     def refit(tr: Trainer, _result) -> None:
-        campaign, fit_cfg, every, n_votes = rounds
+        campaign, fit_cfg, every, n_votes, cross_share, reference = rounds
         if tr.iteration % every or tr.iteration >= iterations:
             return
         prompts = all_prompts()
         seeds = [7 * 10**6 + tr.iteration * 100 + i for i in range(len(prompts))]
         groups = make_groups(tr.model, prompts, seeds, 8, device)
         campaign.set_pool(groups, prompts, pool_scores(get_reward("preference"), groups, prompts))
-        campaign.collect(n_votes, active=True)
+        n_cross = int(round(n_votes * cross_share))
+        campaign.collect(n_votes - n_cross, active=True)
+        if n_cross:
+            campaign.collect_cross(n_cross, *reference)
         model = fit_preference_model(campaign.votes, fit_cfg, version=len(campaign.votes))
         tr.set_preference_model(model)
         refits.append({"iteration": tr.iteration, "votes": len(campaign.votes),
@@ -251,6 +272,9 @@ def main() -> None:
                     help="rounds: every N iterations vote on the policy's own samples and "
                     "refit (0: train on the first model only)")
     ap.add_argument("--refit-votes", type=int, default=300, help="votes per round")
+    ap.add_argument("--cross-share", type=float, default=0.0,
+                    help="share of a round's votes that pit a policy sample against a base "
+                    "sample of the same prompt (the rest: within the policy's groups)")
     ap.add_argument("--train-budget", type=int, default=1000,
                     help="votes behind the preference model used for training")
     args = ap.parse_args()
@@ -313,7 +337,8 @@ def main() -> None:
                     if args.refit_every:
                         campaign = copy.copy(campaign)  # each run votes on its own policy
                         campaign.votes = list(campaign.votes)
-                        rounds = (campaign, fit_cfg, args.refit_every, args.refit_votes)
+                        rounds = (campaign, fit_cfg, args.refit_every, args.refit_votes,
+                                  args.cross_share, (pool, pool_prompts))
                     weights = {"count": 1.0, **dict(args.guard_rewards),
                                "preference": args.preference_weight}
                     images, secs, refits = train_images(weights, args.iterations,
