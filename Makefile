@@ -6,6 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup browser compose demo worker test test-fast lint format clean
 
+# Debian packages the tests need, as root or through sudo
+APT_INSTALL = S=$$([ "$$(id -u)" = 0 ] || echo sudo); $$S apt-get update -qq \
+	&& DEBIAN_FRONTEND=noninteractive $$S apt-get install -y -qq
+
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
@@ -17,17 +21,15 @@ $(STAMP): pyproject.toml
 # Debian's chromium for the browser tests (tests/e2e drive it with Playwright; never
 # `playwright install`). Checked on every `make setup` / `make test`, installed if missing.
 browser:
-	@command -v chromium >/dev/null 2>&1 || { S=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-	  $$S apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$S apt-get install -y -qq \
-	  chromium; } || echo "warning: chromium not installed: the browser tests will be skipped"
+	@command -v chromium >/dev/null 2>&1 || { $(APT_INSTALL) chromium; } \
+	  || echo "warning: chromium not installed: the browser tests will be skipped"
 
 # `docker compose config` validates docker-compose.yml in the tests: where the docker CLI is
 # installed without the compose plugin, Debian's docker-compose is installed.
 compose:
 	@! command -v docker >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 \
-	  || command -v docker-compose >/dev/null 2>&1 || { S=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-	  $$S apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$S apt-get install -y -qq \
-	  docker-compose; } || echo "warning: docker-compose not installed: the compose test will fail"
+	  || command -v docker-compose >/dev/null 2>&1 || { $(APT_INSTALL) docker-compose; } \
+	  || echo "warning: docker-compose not installed: the compose test will fail"
 
 setup: $(STAMP) browser compose
 

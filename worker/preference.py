@@ -146,10 +146,8 @@ def resolve_preference(config: TrainConfig, latest: int | None = None
         return "", None, 0
     spec = config.preference_model.strip()
     with session_scope() as s:
-        if spec in ("", "latest") and latest:
-            row = pref_svc.get_model(s, latest)
-        elif spec in ("", "latest"):
-            row = pref_svc.latest_model(s)
+        if spec in ("", "latest"):
+            row = pref_svc.get_model(s, latest) if latest else pref_svc.latest_model(s)
             if row is None:
                 raise ValueError("reward_weights has 'preference' but no preference model has "
                                  "been fitted yet: run a fit_preference job first")

@@ -119,14 +119,14 @@ class ClipPreferenceHead(nn.Module):
 
 
 class Ensemble(nn.Module):
-    """The mean score of several networks with the same inputs."""
+    """Several networks with the same inputs; (members, N) scores."""
 
     def __init__(self, members: list[nn.Module]) -> None:
         super().__init__()
         self.members = nn.ModuleList(members)
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        return torch.stack([member(*inputs) for member in self.members]).mean(0)
+        return torch.stack([member(*inputs) for member in self.members])
 
 
 class PreferenceModel:
@@ -163,10 +163,8 @@ class PreferenceModel:
     def member_scores(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
         """(ensemble, N): every network's score."""
         self.net.eval()
-        chunks = []
-        for i in range(0, len(prompts), 512):
-            inputs = self._inputs(images[i:i + 512], prompts[i:i + 512])
-            chunks.append(torch.stack([m(*inputs) for m in self.net.members]).float().cpu())
+        chunks = [self.net(*self._inputs(images[i:i + 512], prompts[i:i + 512])).float().cpu()
+                  for i in range(0, len(prompts), 512)]
         return torch.cat(chunks, 1).numpy().astype(np.float64)
 
     def scores(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
@@ -243,8 +241,8 @@ def mirror_augment(images: torch.Tensor, config: FitConfig) -> torch.Tensor:
     return images
 
 
-def _train_member(net: nn.Module, inputs_a, inputs_b, labels: torch.Tensor, augment,
-                  config: FitConfig, seed: int) -> None:
+def _train_member(net: nn.Module, inputs_a, inputs_b, labels: torch.Tensor, config: FitConfig,
+                  seed: int) -> None:
     """Minimise the Bradley-Terry log-loss of one network (its own batch order)."""
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(net.parameters(), lr=config.learning_rate,
@@ -258,8 +256,8 @@ def _train_member(net: nn.Module, inputs_a, inputs_b, labels: torch.Tensor, augm
         perm = torch.randperm(n, generator=generator)
         for i in range(0, n, config.batch_size):
             idx = perm[i:i + config.batch_size].to(config.device)
-            ra = net(augment(inputs_a[0][idx]), inputs_a[1][idx])
-            rb = net(augment(inputs_b[0][idx]), inputs_b[1][idx])
+            ra = net(mirror_augment(inputs_a[0][idx], config), inputs_a[1][idx])
+            rb = net(mirror_augment(inputs_b[0][idx], config), inputs_b[1][idx])
             loss = F.binary_cross_entropy_with_logits(ra - rb, labels[idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -296,12 +294,9 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
         labels = torch.tensor([OUTCOME_LABEL[p.outcome] for p in subset], device=config.device)
         return model._inputs(images_a, prompts), model._inputs(images_b, prompts), labels
 
-    def augment(images: torch.Tensor) -> torch.Tensor:
-        return mirror_augment(images, config)
-
     inputs_a, inputs_b, labels = tensors(train)
     for index, member in enumerate(model.net.members):
-        _train_member(member, inputs_a, inputs_b, labels, augment, config, seed=config.seed + index)
+        _train_member(member, inputs_a, inputs_b, labels, config, seed=config.seed + index)
     model.net.eval()
 
     def evaluate(subset: list[PreferencePair]) -> tuple[float | None, float | None]:
