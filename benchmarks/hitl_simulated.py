@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import time
 
@@ -41,7 +42,8 @@ from trainer.neighbor_grpo import group_noises
 from trainer.rewards import compute_rewards, get_reward
 from trainer.rewards.attributes import PREFERENCES, SimulatedAnnotator, attribute_values
 from trainer.rewards.preference import FitConfig, PreferencePair, fit_preference_model
-from trainer.shapes.world import all_prompts
+from trainer.rewards.shapes import BACKGROUND_TOLERANCE
+from trainer.shapes.world import BACKGROUND, all_prompts
 from trainer.solvers import rollout
 
 
@@ -195,7 +197,7 @@ def test_pairs(test_groups, prompts, attr, tie_band):
 
 
 def train_images(weights, iterations, device, lr, eval_prompts, eval_seeds,
-                 preference_model=None, uncertainty_penalty=1.0, rounds=None):
+                 preference_model=None, uncertainty_penalty=1.0, rounds=None, kl=0.0):
     """Train from the base and sample the eval set. `rounds` = (campaign, fit config, every,
     votes, cross share, (base pool, its prompts)): every `every` iterations, roll out one
     group per prompt from the current policy, vote `votes` pairs (active within its groups,
@@ -204,7 +206,7 @@ def train_images(weights, iterations, device, lr, eval_prompts, eval_seeds,
     cfg = TrainConfig(iterations=iterations, learning_rate=lr, device=device,
                       reward_weights=weights, prompts_per_iteration=4, group_size=12,
                       checkpoint_every=10**6, sample_every=10**6,
-                      preference_uncertainty_penalty=uncertainty_penalty)
+                      preference_uncertainty_penalty=uncertainty_penalty, kl_coefficient=kl)
     trainer = Trainer(cfg)
     if preference_model is not None:
         trainer.set_preference_model(preference_model)
@@ -234,9 +236,16 @@ def train_images(weights, iterations, device, lr, eval_prompts, eval_seeds,
 
 
 def measure(images, eval_prompts, attr, seconds=None):
+    """The attribute and the count reward; also how much of the canvas is not background
+    (`foreground`) and the share of images that are almost all foreground (`filled`): a
+    degenerate policy that paints the whole canvas can score well on `size`."""
+    distance = np.sqrt(((images.astype(np.float32) - np.asarray(BACKGROUND, np.float32)) ** 2).sum(-1))
+    foreground = (distance >= BACKGROUND_TOLERANCE).mean((1, 2))
     out = {"attr": round(float(attribute_values(attr, images, eval_prompts).mean()), 4),
            "count": round(float(compute_rewards(["count"], images, eval_prompts)["count"]
-                                .mean()), 4)}
+                                .mean()), 4),
+           "foreground": round(float(foreground.mean()), 3),
+           "filled": round(float((foreground > 0.9).mean()), 3)}
     if seconds is not None:
         out["train_s"] = round(seconds, 1)
     return out
@@ -263,6 +272,8 @@ def main() -> None:
                     help="weight of the preference reward next to count (1.0)")
     ap.add_argument("--uncertainty-penalties", nargs="+", type=float, default=[1.0],
                     help="TrainConfig.preference_uncertainty_penalty: one blended run each")
+    ap.add_argument("--kl-coefficients", nargs="+", type=float, default=[0.0],
+                    help="TrainConfig.kl_coefficient (KL to the base model): one blended run each")
     ap.add_argument("--guard-rewards", nargs="*", default=[],
                     type=lambda text: (text.split("=")[0], float(text.split("=")[1])),
                     help="more verifiable rewards in the blend, NAME=WEIGHT (e.g. color=1)")
@@ -275,6 +286,8 @@ def main() -> None:
     ap.add_argument("--cross-share", type=float, default=0.0,
                     help="share of a round's votes that pit a policy sample against a base "
                     "sample of the same prompt (the rest: within the policy's groups)")
+    ap.add_argument("--save-images", default="",
+                    help="directory for each trained policy's eval images (.npz)")
     ap.add_argument("--train-budget", type=int, default=1000,
                     help="votes behind the preference model used for training")
     args = ap.parse_args()
@@ -290,6 +303,9 @@ def main() -> None:
     eval_prompts = [p for p in prompts for _ in range(8)]
     eval_seeds = [5000 + i for i in range(len(eval_prompts))]
     base_images = sample_images(base, eval_prompts, eval_seeds)
+    if args.save_images:
+        np.savez_compressed(f"{args.save_images}/base.npz", images=base_images,
+                            prompts=np.array(eval_prompts))
     summary: dict = {"device": dev, "args": vars(args)}
     count_only = None
     for pref in args.preferences:
@@ -320,9 +336,7 @@ def main() -> None:
         if args.iterations:
             base_vals = attribute_values(attr, base_images, eval_prompts)
             decile = float(np.sort(base_vals)[-max(1, len(base_vals) // 10):].mean())
-            out["base"] = {"attr": float(base_vals.mean()), "count": float(
-                compute_rewards(["count"], base_images, eval_prompts)["count"].mean()),
-                "best_decile_attr": decile,
+            out["base"] = {**measure(base_images, eval_prompts, attr), "best_decile_attr": decile,
                 "target_attr": float(base_vals.mean() + 0.5 * (decile - base_vals.mean()))}
             if count_only is None and args.count_only:
                 count_only = train_images({"count": 1.0}, args.iterations, dev,
@@ -332,7 +346,7 @@ def main() -> None:
             print(json.dumps({"preference": pref, "base": out["base"],
                               "count_only": out.get("count_only")}), flush=True)
             for kind, (model, campaign, fit_cfg) in models.items():
-                for penalty in args.uncertainty_penalties:
+                for penalty, kl in itertools.product(args.uncertainty_penalties, args.kl_coefficients):
                     rounds = None
                     if args.refit_every:
                         campaign = copy.copy(campaign)  # each run votes on its own policy
@@ -341,10 +355,14 @@ def main() -> None:
                                   args.cross_share, (pool, pool_prompts))
                     weights = {"count": 1.0, **dict(args.guard_rewards),
                                "preference": args.preference_weight}
-                    images, secs, refits = train_images(weights, args.iterations,
-                        dev, args.learning_rate, eval_prompts, eval_seeds, model, penalty, rounds)
-                    key = f"count+preference({kind}, penalty {penalty:g})"
+                    images, secs, refits = train_images(weights, args.iterations, dev,
+                        args.learning_rate, eval_prompts, eval_seeds, model, penalty, rounds, kl)
+                    key = f"count+preference({kind}, penalty {penalty:g}, kl {kl:g})"
                     out[key] = {**measure(images, eval_prompts, attr, secs), "refits": refits}
+                    if args.save_images:
+                        name = f"{pref}_{kind}_pw{args.preference_weight:g}_p{penalty:g}_kl{kl:g}"
+                        np.savez_compressed(f"{args.save_images}/{name}.npz", images=images,
+                                            prompts=np.array(eval_prompts))
                     print(json.dumps({"preference": pref, key: out[key]}), flush=True)
         summary[pref] = out
     print("SUMMARY " + json.dumps(summary))

@@ -70,6 +70,13 @@ class TrainConfig:
                              "exactly 1 at the first update); 'rollout' = the anchor's stored "
                              "next latent (the paper's literal Algorithm 1).",
                              choices=("one_step", "rollout"))
+    kl_coefficient: float = _field(0.0, "beta: weight of KL(policy || base model) in the loss, "
+                                   "the KL of the two leaping policies' kernels at each anchor "
+                                   "(squared distance of their one-step predictions over the "
+                                   "temperature). Keeps the policy near the base, where a learned "
+                                   "reward can be trusted; costs one more forward pass per "
+                                   "anchor step. 0 disables it (the paper's setting). Neighbor "
+                                   "GRPO only.", min=0.0, max=1e6)
     # --- SDE baseline --------------------------------------------------------------------
     eta: float = _field(0.7, "SDE baseline: noise level eta of the SDE sampler "
                         "(sigma_t = eta * sqrt(t / (1 - t))).", min=0.0, max=5.0)
@@ -138,6 +145,8 @@ class TrainConfig:
         if self.num_train_timesteps > self.rollout_steps:
             raise ConfigError("num_train_timesteps", f"must be <= rollout_steps "
                               f"({self.rollout_steps}), got {self.num_train_timesteps}")
+        if self.kl_coefficient > 0 and self.method != "neighbor":
+            raise ConfigError("kl_coefficient", "is implemented for method 'neighbor' only")
         if not self.reward_weights:
             raise ConfigError("reward_weights", "needs at least one named reward")
         for name, weight in self.reward_weights.items():

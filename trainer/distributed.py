@@ -112,11 +112,11 @@ def make_distributed(trainer):
     def sample_prompts() -> list[str]:
         return global_sample()[rank::world]
 
-    def sharded_iteration(model, optimizer, prompts, config, generator):
+    def sharded_iteration(model, optimizer, prompts, config, generator, **extra):
         # one draw from the shared RNG keeps ranks in step; each rank gets its own stream
         base = int(torch.randint(0, 2**62, (1,), generator=generator))
         local = torch.Generator().manual_seed(base + rank)
-        result = iterate(model, optimizer, prompts, config, local)
+        result = iterate(model, optimizer, prompts, config, local, **extra)
         result.metrics = _average_metrics(result.metrics, comm_device)
         result.metrics["world_size"] = world
         return result

@@ -6,6 +6,7 @@ callback to record metrics, rollout groups and checkpoints in the database.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Callable
@@ -59,6 +60,12 @@ class Trainer:
         self.iteration = 0
         self.prompt_pool = list(config.prompts) or all_prompts()
         self._iterate = ITERATIONS[config.method]
+        # the frozen base model the KL penalty measures against (copied before any update or
+        # resume, so a resumed run keeps the same reference)
+        self.reference: FlowModel | None = None
+        if config.kl_coefficient > 0:
+            unwrapped = getattr(self.model, "inner", self.model)  # DDP's module, not DDP
+            self.reference = copy.deepcopy(unwrapped).requires_grad_(False).eval()
         self.preference_version: int | None = None
         path = Path(config.preference_model) if config.preference_model else None
         if "preference" in config.reward_weights and path is not None:
@@ -89,8 +96,9 @@ class Trainer:
         return [pool[i] for i in idx.tolist()]
 
     def step(self) -> IterationResult:
+        extra = {"reference": self.reference} if self.reference is not None else {}
         result = self._iterate(self.model, self.optimizer, self.sample_prompts(), self.config,
-                               self.generator)
+                               self.generator, **extra)
         self.iteration += 1
         result.metrics["iteration"] = self.iteration
         result.metrics["reward_weights"] = dict(self.config.reward_weights)

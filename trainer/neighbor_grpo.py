@@ -22,6 +22,9 @@ Where this departs from the paper, and why:
   nearly one-hot. Everything is computed in log space in float32.
 - Advantages are scaled by sqrt(G) in the quasi-norm reweighting so that p = 2 equals the
   plain z-score.
+- An optional KL penalty to the base model (`kl_coefficient`, off by default as in the paper),
+  for rewards a policy can exploit away from the base model's images, such as one learned from
+  votes (`reference_penalty`).
 - Several prompts per iteration are batched: each anchor slot's optimizer step averages the
   loss over the prompts' groups and the K timesteps (the paper's gradient accumulation).
 """
@@ -180,7 +183,10 @@ def reward_metrics(raw: dict[str, np.ndarray], weights: dict[str, float]) -> dic
 # ---------------------------------------------------------------------------------------
 def neighbor_grpo_iteration(model: FlowModel, optimizer: torch.optim.Optimizer,
                             prompts: list[str], config: TrainConfig,
-                            generator: torch.Generator) -> IterationResult:
+                            generator: torch.Generator,
+                            reference: FlowModel | None = None) -> IterationResult:
+    """One iteration; with `config.kl_coefficient` > 0, `reference` (the frozen base model)
+    anchors the policy (see `reference_penalty`)."""
     start = time.perf_counter()
     device = next(model.parameters()).device
     P, G, B, K, T = (len(prompts), config.group_size, config.num_anchors,
@@ -214,14 +220,20 @@ def neighbor_grpo_iteration(model: FlowModel, optimizer: torch.optim.Optimizer,
     candidates = latents[steps + 1, torch.arange(P)[:, None]]  # (P, K, G, F) members at t_{k+1}
     cond_pk = index_cond(cond, torch.arange(P).repeat_interleave(K))  # (P*K, ...)
 
-    def one_step_prediction(b: int) -> torch.Tensor:
-        """x_theta for anchor slot b: one Euler step of the current weights, (P*K, F)."""
+    def one_step_prediction(b: int, net: FlowModel = model) -> torch.Tensor:
+        """x_theta for anchor slot b: one Euler step of `net` (the current weights), (P*K, F)."""
         x = x_src[:, b].reshape(P * K, *model.latent_shape)
         t_from, t_to = t_src[:, b].reshape(-1), t_dst[:, b].reshape(-1)
-        return euler_step(x, model(x, t_from, cond_pk), t_from, t_to).reshape(P * K, latent_dim)
+        return euler_step(x, net(x, t_from, cond_pk), t_from, t_to).reshape(P * K, latent_dim)
 
     # pi_old: computed from the rollout weights, before any update of this iteration.
     with torch.no_grad():
+        use_reference = config.kl_coefficient > 0
+        if use_reference:
+            if reference is None:
+                raise ValueError("kl_coefficient > 0 needs the reference (base) model")
+            reference.eval()
+            ref_pred = torch.stack([one_step_prediction(b, reference) for b in range(B)], 1)
         if config.old_policy == "one_step":
             old_pred = torch.stack([one_step_prediction(b) for b in range(B)], 1)  # (P*K, B, F)
         else:  # the paper's literal choice: the anchor's own next latent
@@ -236,8 +248,13 @@ def neighbor_grpo_iteration(model: FlowModel, optimizer: torch.optim.Optimizer,
     for b in range(B):
         logp_old = _neighbor_log_probs(cand_pk, old_pred[:, b], temperature)  # (P*K, G)
         optimizer.zero_grad(set_to_none=True)
-        logp_new = _neighbor_log_probs(cand_pk, one_step_prediction(b), temperature)
+        new_pred = one_step_prediction(b)
+        logp_new = _neighbor_log_probs(cand_pk, new_pred, temperature)
         loss = clipped_objective(logp_new, logp_old, adv_pk, config.clip_range)
+        if use_reference:
+            kl = reference_penalty(new_pred, ref_pred[:, b], temperature)
+            loss = loss + config.kl_coefficient * kl
+            stats.kls.append(kl.item())
         stats.step(model, optimizer, loss, logp_new, logp_old, config.max_grad_norm)
 
     metrics = reward_metrics(raw_rewards, config.reward_weights)
@@ -246,12 +263,27 @@ def neighbor_grpo_iteration(model: FlowModel, optimizer: torch.optim.Optimizer,
         "advantage_abs_mean": float(advantages.abs().mean()),
         "seconds": time.perf_counter() - start, "rollout_seconds": rollout_seconds,
         # per-sample network evaluations: rollouts, pi_old predictions, trained predictions
-        "forward_passes": P * G * T + (P * B * K if config.old_policy == "one_step" else 0) + P * B * K,
+        # (and the reference model's predictions when the KL penalty is on)
+        "forward_passes": P * G * T + (P * B * K if config.old_policy == "one_step" else 0)
+        + P * B * K + (P * B * K if use_reference else 0),
         "backward_passes": P * B * K,
         "optimizer_steps": B,
     })
     return IterationResult(prompts, noise_seeds, images, raw_rewards,
                            advantages.cpu().numpy(), anchors.numpy(), metrics)
+
+
+def reference_penalty(prediction: torch.Tensor, reference_prediction: torch.Tensor,
+                      temperature: float) -> torch.Tensor:
+    """KL(pi_theta || pi_ref) of the leaping policies' kernels, averaged over the anchors.
+
+    Both policies score a candidate by exp(-||x - prediction||^2 / temperature), a Gaussian of
+    variance temperature / 2 around their one-step prediction, and the KL of two such Gaussians
+    is ||prediction - reference_prediction||^2 / temperature. It keeps the policy near the base
+    model, where a learned reward (fitted on the base model's samples) can be trusted.
+    """
+    diff = prediction.float() - reference_prediction.float()
+    return diff.pow(2).sum(-1).mean() / temperature
 
 
 class UpdateStats:
@@ -263,6 +295,7 @@ class UpdateStats:
         self.clip_fractions: list[float] = []
         self.abs_log_ratios: list[float] = []
         self.grad_norms: list[float] = []
+        self.kls: list[float] = []
 
     def step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor,
              logp_new: torch.Tensor, logp_old: torch.Tensor, max_grad_norm: float) -> None:
@@ -282,7 +315,10 @@ class UpdateStats:
             self.grad_norms.append(grad_norm)
 
     def metrics(self) -> dict[str, float]:
-        return {"loss": float(np.mean(self.losses)),
-                "clip_fraction": float(np.mean(self.clip_fractions)),
-                "abs_log_ratio": float(np.mean(self.abs_log_ratios)),
-                "grad_norm": float(np.mean(self.grad_norms))}
+        out = {"loss": float(np.mean(self.losses)),
+               "clip_fraction": float(np.mean(self.clip_fractions)),
+               "abs_log_ratio": float(np.mean(self.abs_log_ratios)),
+               "grad_norm": float(np.mean(self.grad_norms))}
+        if self.kls:
+            out["kl_to_reference"] = float(np.mean(self.kls))
+        return out

@@ -10,6 +10,7 @@ from trainer.neighbor_grpo import (
     group_advantages,
     leaping_log_probs,
     perturb_noise,
+    reference_penalty,
 )
 
 
@@ -155,3 +156,18 @@ def test_gradient_moves_prediction_toward_positive_and_away_from_negative_candid
     dist = (candidates - x.detach()).norm(dim=-1)
     assert dist[0] < 1.0 - 0.1  # closer to the positive candidate than at the start
     assert dist[1] > 1.0 + 0.1  # farther from the negative one
+
+
+# -- reference_penalty -----------------------------------------------------------------------
+def test_reference_penalty_hand_computed_and_zero_at_the_reference():
+    prediction = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+    reference = torch.tensor([[0.0, 0.0], [0.0, 2.0]])
+    # squared distances 1 and 4, mean 2.5, over temperature 2
+    assert reference_penalty(prediction, reference, 2.0).item() == pytest.approx(1.25)
+    assert reference_penalty(prediction, prediction.clone(), 2.0).item() == 0.0
+
+
+def test_reference_penalty_gradient_pulls_the_prediction_back():
+    x = torch.tensor([[3.0, -1.0]], requires_grad=True)
+    reference_penalty(x, torch.zeros(1, 2), 1.0).backward()
+    assert torch.allclose(x.grad, 2 * x.detach())  # d/dx ||x||^2

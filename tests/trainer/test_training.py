@@ -45,8 +45,10 @@ def test_ratio_is_one_at_first_update_with_one_step_old_policy_but_not_the_liter
     assert literal["abs_log_ratio"] > 0.1  # DPM++ latents are not what an Euler step predicts
 
 
-def test_resume_equals_an_uninterrupted_run(tmp_path):
-    config = TrainConfig.from_dict({**TINY, "iterations": 4, "learning_rate": 1e-4})
+@pytest.mark.parametrize("kl_coefficient", [0.0, 1.0])
+def test_resume_equals_an_uninterrupted_run(tmp_path, kl_coefficient):
+    config = TrainConfig.from_dict({**TINY, "iterations": 4, "learning_rate": 1e-4,
+                                    "kl_coefficient": kl_coefficient})
     straight = Trainer(config)
     straight_metrics = [straight.step().metrics for _ in range(4)]
 
@@ -61,6 +63,26 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
         for key in ("reward_mean", "loss", "abs_log_ratio", "grad_norm", "iteration"):
             assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
     torch.testing.assert_close(_params(straight.model), _params(resumed.model))
+    if kl_coefficient:  # the KL is still measured against the base, not the checkpoint
+        assert straight_metrics[2]["kl_to_reference"] > 0
+        torch.testing.assert_close(_params(resumed.reference), _params(Trainer(config).model))
+
+
+def test_kl_penalty_keeps_the_policy_near_the_base_model():
+    kls, forward_passes = {}, {}
+    for kl in (1e-9, 1e4):  # 1e-9: measured, with no effect on the update
+        trainer = Trainer(TrainConfig.from_dict({**TINY, "iterations": 4, "learning_rate": 1e-3,
+                                                 "kl_coefficient": kl}))
+        base = _params(trainer.model)
+        trainer.run()
+        metrics = trainer.step().metrics
+        kls[kl], forward_passes[kl] = metrics["kl_to_reference"], metrics["forward_passes"]
+        torch.testing.assert_close(_params(trainer.reference), base)  # the reference is frozen
+        assert not torch.equal(_params(trainer.model), base)
+    assert kls[1e4] < 0.2 * kls[1e-9], kls
+    P, G, B, K, T = 2, 4, 2, 2, 4
+    assert forward_passes[1e4] == P * G * T + 3 * P * B * K  # + the reference's predictions
+    assert "kl_to_reference" not in Trainer(TrainConfig.from_dict(TINY)).step().metrics
 
 
 def test_config_errors_name_the_field():
@@ -77,6 +99,10 @@ def test_config_errors_name_the_field():
         TrainConfig.from_dict({"iterations": "ten"})
     with pytest.raises(ConfigError, match="reward_weights"):
         TrainConfig.from_dict({"reward_weights": {}})
+    with pytest.raises(ConfigError, match="kl_coefficient: is implemented for method 'neighbor'"):
+        TrainConfig.from_dict({"method": "sde", "kl_coefficient": 0.1})
+    with pytest.raises(ConfigError, match="kl_coefficient"):
+        TrainConfig.from_dict({"kl_coefficient": -1.0})
     assert load_config("shapes-quick-demo").iterations == PRESETS["shapes-quick-demo"]["iterations"]
     described = {f["name"]: f for f in TrainConfig.describe()}
     assert all(f["help"] for f in described.values())
