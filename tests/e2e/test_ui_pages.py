@@ -18,16 +18,21 @@ def _tab(page, name: str) -> None:
 
 
 def _upload(page, path) -> None:
-    clear = page.locator("#dataset-file button[aria-label='Clear']")
-    if clear.count():
-        clear.first.click()
-    page.locator("#dataset-file").wait_for()  # the tab's content is rendered
-    shown = page.locator("#dataset-file").get_by_text(path.name).first
+    box = page.locator("#dataset-file")
+    box.wait_for()  # the tab's content is rendered
+    file_input = box.locator("input[type=file]")
+    clear = box.locator("button[aria-label='Clear']")
+    # Gradio shows the chosen file's name as text or, split into stem and extension, in the
+    # cell's aria-label, depending on the version
+    shown = box.get_by_text(path.name).or_(box.get_by_label(path.name)).first
     for attempt in range(3):
-        # on a loaded machine the browser's first file upload can be lost before the
-        # component has wired its handlers; setting the file again is what a user would do
-        page.locator("#dataset-file input[type=file]").set_input_files(str(path))
+        # on a loaded machine a click or an upload can be lost while the component re-renders;
+        # doing it again is what a user would do
+        if clear.count():  # an earlier file is shown: clear it to get the file input back
+            clear.first.click()
         try:
+            file_input.wait_for(state="attached", timeout=10_000)
+            file_input.set_input_files(str(path))
             shown.wait_for(timeout=20_000)
             break
         except Exception:
