@@ -1,0 +1,51 @@
+"""The humans-in-the-loop benchmark scripts run and measure what they say (tiny sizes)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from trainer.shapes.world import BACKGROUND, COLORS
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_measure_flags_a_filled_canvas():
+    measure = _load("hitl_simulated").measure
+    prompts = ["one red square", "one red square"]
+    blank = np.full((2, 32, 32, 3), BACKGROUND, np.uint8)
+    filled = np.full((2, 32, 32, 3), COLORS["red"], np.uint8)
+    one_object = blank.copy()
+    one_object[:, 4:12, 4:12] = COLORS["red"]
+    assert measure(blank, prompts, "size") == {"attr": 0.0, "count": 0.5, "foreground": 0.0,
+                                                     "filled": 0.0}
+    assert measure(filled, prompts, "size")["filled"] == 1.0
+    row = measure(one_object, prompts, "size")
+    assert row["foreground"] == round(64 / 1024, 3) and row["filled"] == 0.0 and row["count"] == 1.0
+    assert measure(filled, prompts, "size")["attr"] > row["attr"] > 0  # why `filled` is needed
+
+
+def test_overoptimisation_probe_runs_and_reports_the_kl():
+    out = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "hitl_overoptimisation.py"), "--device", "cpu",
+         "--votes", "40", "--epochs", "1", "--ensemble", "1", "--iterations", "2", "--every", "1",
+         "--kl-coefficients", "0", "10"],
+        capture_output=True, text=True, timeout=600, check=True).stdout
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    trained = {(r["kl"], r["iteration"]): r for r in rows if r.get("iteration")}
+    assert set(trained) == {(0.0, 1), (0.0, 2), (10.0, 1), (10.0, 2)}
+    assert trained[(0.0, 2)]["kl_to_reference"] is None
+    assert trained[(10.0, 2)]["kl_to_reference"] > 0
+    assert all(0.0 <= r["foreground"] <= 1.0 for r in trained.values())
