@@ -19,24 +19,19 @@ import time
 
 import numpy as np
 import torch
-from hitl_simulated import Campaign, make_groups  # this directory (run as a script)
+from hitl_simulated import Campaign, make_groups, measure  # this directory (run as a script)
 
 from trainer.config import TrainConfig
 from trainer.evaluation import sample_images
 from trainer.loop import Trainer, load_model
-from trainer.rewards import compute_rewards
-from trainer.rewards.attributes import PREFERENCES, attribute_values
+from trainer.rewards.attributes import PREFERENCES
 from trainer.rewards.preference import FitConfig, fit_preference_model
-from trainer.rewards.shapes import BACKGROUND_TOLERANCE
-from trainer.shapes.world import BACKGROUND, all_prompts
+from trainer.shapes.world import all_prompts
 
 
 def snapshot(model, reward_model, prompts, seeds, attr) -> dict:
     images = sample_images(model, prompts, seeds)
-    distance = np.sqrt(((images.astype(np.float32) - np.asarray(BACKGROUND, np.float32)) ** 2).sum(-1))
-    return {"attr": round(float(attribute_values(attr, images, prompts).mean()), 4),
-            "count": round(float(compute_rewards(["count"], images, prompts)["count"].mean()), 4),
-            "foreground": round(float((distance >= BACKGROUND_TOLERANCE).mean()), 3),
+    return {**measure(images, prompts, attr),
             "pref_score": round(float(reward_model.scores(images, prompts).mean()), 2)}
 
 

@@ -42,8 +42,8 @@ from trainer.neighbor_grpo import group_noises
 from trainer.rewards import compute_rewards, get_reward
 from trainer.rewards.attributes import PREFERENCES, SimulatedAnnotator, attribute_values
 from trainer.rewards.preference import FitConfig, PreferencePair, fit_preference_model
-from trainer.rewards.shapes import BACKGROUND_TOLERANCE
-from trainer.shapes.world import BACKGROUND, all_prompts
+from trainer.rewards.shapes import foreground_mask
+from trainer.shapes.world import all_prompts
 from trainer.solvers import rollout
 
 
@@ -96,10 +96,7 @@ class Campaign:
                     pass
             self.used.add(choice)
             gi, i, j = choice
-            if self.rng.random() < 0.5:
-                i, j = j, i
-            a, b, prompt = self.pool[gi, i], self.pool[gi, j], self.prompts[gi]
-            self.votes.append(PreferencePair(a, b, prompt, self.annotator.vote(a, b, prompt)))
+            self._vote(self.pool[gi, i], self.pool[gi, j], self.prompts[gi])
 
     def collect_cross(self, n: int, reference: np.ndarray, reference_prompts: list[str]) -> None:
         """`n` votes of a current-pool sample against a reference sample (e.g. the base
@@ -113,10 +110,13 @@ class Campaign:
             refs = by_prompt[self.prompts[gi]]
             a = self.pool[gi, int(self.rng.integers(g))]
             b = reference[refs[int(self.rng.integers(len(refs)))], int(self.rng.integers(g))]
-            if self.rng.random() < 0.5:
-                a, b = b, a
-            prompt = self.prompts[gi]
-            self.votes.append(PreferencePair(a, b, prompt, self.annotator.vote(a, b, prompt)))
+            self._vote(a, b, self.prompts[gi])
+
+    def _vote(self, a: np.ndarray, b: np.ndarray, prompt: str) -> None:
+        """The annotator's vote on the pair, shown in a random order."""
+        if self.rng.random() < 0.5:
+            a, b = b, a
+        self.votes.append(PreferencePair(a, b, prompt, self.annotator.vote(a, b, prompt)))
 
     def _active_pick(self):
         n_groups, g = self.pool.shape[:2]
@@ -239,8 +239,7 @@ def measure(images, eval_prompts, attr, seconds=None):
     """The attribute and the count reward; also how much of the canvas is not background
     (`foreground`) and the share of images that are almost all foreground (`filled`): a
     degenerate policy that paints the whole canvas can score well on `size`."""
-    distance = np.sqrt(((images.astype(np.float32) - np.asarray(BACKGROUND, np.float32)) ** 2).sum(-1))
-    foreground = (distance >= BACKGROUND_TOLERANCE).mean((1, 2))
+    foreground = foreground_mask(images).mean((1, 2))
     out = {"attr": round(float(attribute_values(attr, images, eval_prompts).mean()), 4),
            "count": round(float(compute_rewards(["count"], images, eval_prompts)["count"]
                                 .mean()), 4),

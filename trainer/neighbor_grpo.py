@@ -226,13 +226,12 @@ def neighbor_grpo_iteration(model: FlowModel, optimizer: torch.optim.Optimizer,
         t_from, t_to = t_src[:, b].reshape(-1), t_dst[:, b].reshape(-1)
         return euler_step(x, net(x, t_from, cond_pk), t_from, t_to).reshape(P * K, latent_dim)
 
+    use_reference = config.kl_coefficient > 0
+    if use_reference and reference is None:
+        raise ValueError("kl_coefficient > 0 needs the reference (base) model")
     # pi_old: computed from the rollout weights, before any update of this iteration.
     with torch.no_grad():
-        use_reference = config.kl_coefficient > 0
         if use_reference:
-            if reference is None:
-                raise ValueError("kl_coefficient > 0 needs the reference (base) model")
-            reference.eval()
             ref_pred = torch.stack([one_step_prediction(b, reference) for b in range(B)], 1)
         if config.old_policy == "one_step":
             old_pred = torch.stack([one_step_prediction(b) for b in range(B)], 1)  # (P*K, B, F)

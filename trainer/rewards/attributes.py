@@ -3,8 +3,8 @@
 Used to rehearse a voting campaign and to test that the preference model learns what people
 want: `size` (how chunky the requested colour looks: the colour mass near each of its pixels,
 averaged over them; larger is preferred by the "larger" annotator) and `upper` (how high the
-colour sits: 1 at the top row, 0 at the bottom; preferred by the "upper" annotator). Neither the shapes rewards nor the preference model know
-these exist.
+colour sits: 1 at the top row, 0 at the bottom; preferred by the "upper" annotator). Neither
+the shapes rewards nor the preference model know these exist.
 """
 
 from __future__ import annotations
@@ -30,12 +30,13 @@ def colour_weight(image: np.ndarray, color: str) -> np.ndarray:
 
 
 def _gaussian_blur(image: np.ndarray, sigma: float) -> np.ndarray:
+    """(H, W) blurred with a Gaussian, zeros beyond the edges: B @ image @ B.T, where row i of
+    the band matrix B holds the kernel centred on pixel i (separable, no Python loop)."""
     radius = int(3 * sigma)
-    kernel = np.exp(-np.arange(-radius, radius + 1) ** 2 / (2 * sigma**2))
-    kernel /= kernel.sum()
-    padded = np.pad(image, radius)
-    rows = np.stack([np.convolve(row, kernel, mode="valid") for row in padded])
-    return np.stack([np.convolve(col, kernel, mode="valid") for col in rows.T]).T
+    offsets = np.arange(image.shape[0])[None, :] - np.arange(image.shape[0])[:, None]
+    band = np.exp(-offsets.astype(np.float64) ** 2 / (2 * sigma**2)) * (np.abs(offsets) <= radius)
+    band /= np.exp(-np.arange(-radius, radius + 1) ** 2 / (2 * sigma**2)).sum()
+    return band @ image @ band.T
 
 
 def object_size(image: np.ndarray, prompt: str) -> float:

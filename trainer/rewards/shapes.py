@@ -31,6 +31,12 @@ def color_mask(image: np.ndarray, color: str) -> np.ndarray:
     return np.sqrt((diff**2).sum(-1)) < COLOR_TOLERANCE
 
 
+def foreground_mask(images: np.ndarray) -> np.ndarray:
+    """(..., H, W) bool: pixels that are not background, for one image or a batch."""
+    diff = images.astype(np.float32) - np.asarray(BACKGROUND, dtype=np.float32)
+    return np.sqrt((diff**2).sum(-1)) >= BACKGROUND_TOLERANCE
+
+
 def components(mask: np.ndarray) -> list[np.ndarray]:
     """4-connected components of a bool mask, each as an (n, 2) array of (row, col)."""
     seen = np.zeros_like(mask, dtype=bool)
@@ -95,8 +101,7 @@ def color_reward(images: np.ndarray, prompts: list[str]) -> np.ndarray:
     out = []
     for image, text in zip(images, prompts, strict=True):
         p = parse_prompt(text)
-        diff = image.astype(np.float32) - np.asarray(BACKGROUND, dtype=np.float32)
-        foreground = np.sqrt((diff**2).sum(-1)) >= BACKGROUND_TOLERANCE
+        foreground = foreground_mask(image)
         n = foreground.sum()
         out.append(float((color_mask(image, p.color) & foreground).sum() / n) if n else 0.0)
     return np.asarray(out)
