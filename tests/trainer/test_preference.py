@@ -40,6 +40,13 @@ def test_attributes_and_simulated_annotator():
     np.testing.assert_allclose(sizes[2], sizes[0], rtol=1e-6)  # per object: a second copy adds nothing
     k = np.exp(-np.arange(-6, 7) ** 2 / 8.0)
     np.testing.assert_allclose(sizes[3], (k[6] / k.sum()) ** 2, rtol=1e-6)  # a speck: its own weight
+    # Flooding the canvas in the requested colour: full size up to half of it covered, then
+    # down to nothing at three quarters, so "larger" never prefers a canvas without an object.
+    half, most = _draw("one red square", 0, 0, 1), _draw("one red square", 0, 0, 1)
+    half[:16], most[:28] = COLORS["red"], COLORS["red"]
+    flooded = attribute_values("size", np.stack([half, most]), ["one red square"] * 2)
+    assert flooded[0] > sizes[1] and flooded[1] == 0.0
+    assert SimulatedAnnotator("larger", flip=0.0).vote(big, most, "one red square") == "a"
     upper = compute_rewards(["attr_upper"], np.stack([top, bottom]), ["one red square"] * 2)["attr_upper"]
     assert upper[0] > 0.8 and upper[1] < 0.2
     honest = SimulatedAnnotator("larger", flip=0.0)

@@ -2,7 +2,8 @@
 
 Used to rehearse a voting campaign and to test that the preference model learns what people
 want: `size` (how chunky the requested colour looks: the colour mass near each of its pixels,
-averaged over them; larger is preferred by the "larger" annotator) and `upper` (how high the
+averaged over them, and nothing once the canvas is flooded; larger is preferred by the
+"larger" annotator) and `upper` (how high the
 colour sits: 1 at the top row, 0 at the bottom; preferred by the "upper" annotator). Neither
 the shapes rewards nor the preference model know these exist.
 """
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainer.rewards.registry import register_reward
-from trainer.rewards.shapes import COLOR_TOLERANCE
+from trainer.rewards.shapes import COLOR_TOLERANCE, foreground_mask
 from trainer.shapes.world import COLORS, IMAGE_SIZE, parse_prompt
 
 
@@ -39,18 +40,29 @@ def _gaussian_blur(image: np.ndarray, sigma: float) -> np.ndarray:
     return band @ image @ band.T
 
 
+# Share of the canvas that is not background from which objects stop reading as objects, and
+# the share at which nothing does: the shipped base model's samples cover at most 28%.
+FLOOD_START, FLOOD_END = 0.5, 0.75
+
+
 def object_size(image: np.ndarray, prompt: str) -> float:
-    """Colour mass within about 2 px of each pixel of the requested colour, averaged over them.
+    """Colour mass within about 2 px of each pixel of the requested colour, averaged over them,
+    scaled down to 0 as the canvas floods (from FLOOD_START to FLOOD_END of it not background).
 
     Grows with the size of the blobs the colour forms (a speck scores low, a filled 9x9 square
     high) and changes smoothly with the pixels, the way a person sees "bigger": counting
     objects as connected components instead would let one faint bridge pixel halve the size.
+    The flood term is there because someone who asked for larger circles does not prefer a
+    canvas painted edge to edge: without it that canvas scores highest, and a policy trained on
+    this very function (not a model of it) paints it (docs/benchmarks.md).
     """
     weight = colour_weight(image, parse_prompt(prompt).color)
     total = weight.sum()
     if total < 1e-6:
         return 0.0
-    return float((weight * _gaussian_blur(weight, 2.0)).sum() / total)
+    coverage = float(foreground_mask(image).mean())
+    not_flooded = float(np.clip((FLOOD_END - coverage) / (FLOOD_END - FLOOD_START), 0.0, 1.0))
+    return float((weight * _gaussian_blur(weight, 2.0)).sum() / total) * not_flooded
 
 
 def upperness(image: np.ndarray, prompt: str) -> float:
