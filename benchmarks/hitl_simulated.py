@@ -197,16 +197,19 @@ def test_pairs(test_groups, prompts, attr, tie_band):
 
 
 def train_images(weights, iterations, device, lr, eval_prompts, eval_seeds,
-                 preference_model=None, uncertainty_penalty=1.0, rounds=None, kl=0.0):
+                 preference_model=None, uncertainty_penalty=1.0, rounds=None, kl=0.0,
+                 overrides=None):
     """Train from the base and sample the eval set. `rounds` = (campaign, fit config, every,
     votes, cross share, (base pool, its prompts)): every `every` iterations, roll out one
     group per prompt from the current policy, vote `votes` pairs (active within its groups,
     and the cross share against base samples), refit on all the votes and blend the new
-    model in, as a train job with preference_refit_every does while annotators keep voting."""
+    model in, as a train job with preference_refit_every does while annotators keep voting.
+    `overrides`: more TrainConfig fields (e.g. the method or sigma)."""
     cfg = TrainConfig(iterations=iterations, learning_rate=lr, device=device,
                       reward_weights=weights, prompts_per_iteration=4, group_size=12,
                       checkpoint_every=10**6, sample_every=10**6,
-                      preference_uncertainty_penalty=uncertainty_penalty, kl_coefficient=kl)
+                      preference_uncertainty_penalty=uncertainty_penalty, kl_coefficient=kl,
+                      **(overrides or {}))
     trainer = Trainer(cfg)
     if preference_model is not None:
         trainer.set_preference_model(preference_model)
@@ -287,6 +290,9 @@ def main() -> None:
                     "sample of the same prompt (the rest: within the policy's groups)")
     ap.add_argument("--save-images", default="",
                     help="directory for each trained policy's eval images (.npz)")
+    ap.add_argument("--train-overrides", type=json.loads, default={},
+                    help='more TrainConfig fields for every training run, as JSON, e.g. '
+                    '\'{"method": "sde", "rollout_solver": "euler", "clip_range": 1e-4}\'')
     ap.add_argument("--train-budget", type=int, default=1000,
                     help="votes behind the preference model used for training")
     args = ap.parse_args()
@@ -339,7 +345,8 @@ def main() -> None:
                 "target_attr": float(base_vals.mean() + 0.5 * (decile - base_vals.mean()))}
             if count_only is None and args.count_only:
                 count_only = train_images({"count": 1.0}, args.iterations, dev,
-                                          args.learning_rate, eval_prompts, eval_seeds)[:2]
+                                          args.learning_rate, eval_prompts, eval_seeds,
+                                          overrides=args.train_overrides)[:2]
             if count_only is not None:
                 out["count_only"] = measure(count_only[0], eval_prompts, attr, count_only[1])
             print(json.dumps({"preference": pref, "base": out["base"],
@@ -355,7 +362,8 @@ def main() -> None:
                     weights = {"count": 1.0, **dict(args.guard_rewards),
                                "preference": args.preference_weight}
                     images, secs, refits = train_images(weights, args.iterations, dev,
-                        args.learning_rate, eval_prompts, eval_seeds, model, penalty, rounds, kl)
+                        args.learning_rate, eval_prompts, eval_seeds, model, penalty, rounds, kl,
+                        args.train_overrides)
                     key = f"count+preference({kind}, penalty {penalty:g}, kl {kl:g})"
                     out[key] = {**measure(images, eval_prompts, attr, secs), "refits": refits}
                     if args.save_images:
