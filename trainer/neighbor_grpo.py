@@ -27,6 +27,14 @@ Where this departs from the paper, and why:
   votes (`reference_penalty`).
 - Several prompts per iteration are batched: each anchor slot's optimizer step averages the
   loss over the prompts' groups and the K timesteps (the paper's gradient accumulation).
+
+What the update can move (a property of the leaping policy, not of this code): at ratio 1 the
+gradient on the one-step prediction is proportional to sum_i A_i x_{t_{k+1}}^(i), one linear
+combination of the group's latents for every anchor; the temperature only scales it. Where
+objects sit and how many there are survive such a blend and do move. How large and crisp they
+are does not: a blend of neighbours with big objects in different places is a faint smear.
+Trained on the `size` attribute itself, size fell, where the SDE baseline raised it
+(docs/benchmarks.md, "What the trainer can move").
 """
 
 from __future__ import annotations

@@ -158,6 +158,22 @@ def test_gradient_moves_prediction_toward_positive_and_away_from_negative_candid
     assert dist[1] > 1.0 + 0.1  # farther from the negative one
 
 
+@pytest.mark.parametrize("temperature", [1.0, 50.0, 3072.0])
+def test_first_step_gradient_is_the_advantage_weighted_sum_of_the_candidates(temperature):
+    # At ratio 1 the loss's gradient on the prediction is -(2 / (G T)) sum_i A_i x_i (the A_i
+    # sum to 0): every anchor of a group is pulled along one linear combination of the group's
+    # latents, whatever the temperature, which only scales it. docs/benchmarks.md shows what
+    # this means for an attribute such as object size.
+    candidates = torch.randn(12, 3, 8, 8, dtype=torch.float64)
+    advantages = group_advantages(torch.rand(12)).double()
+    x = torch.randn(3, 8, 8, dtype=torch.float64, requires_grad=True)
+    logp_old = leaping_log_probs(candidates, x.detach(), temperature)
+    loss = clipped_objective(leaping_log_probs(candidates, x, temperature), logp_old, advantages, 0.2)
+    (grad,) = torch.autograd.grad(loss, x)
+    expected = -(2.0 / (12 * temperature)) * (advantages.view(12, 1, 1, 1) * candidates).sum(0)
+    torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-5)  # float32 inside
+
+
 # -- reference_penalty -----------------------------------------------------------------------
 def test_reference_penalty_hand_computed_and_zero_at_the_reference():
     prediction = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
