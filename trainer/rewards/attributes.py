@@ -3,9 +3,9 @@
 Used to rehearse a voting campaign and to test that the preference model learns what people
 want: `size` (how chunky the requested colour looks: the colour mass near each of its pixels,
 averaged over them, and nothing once the canvas is flooded; larger is preferred by the
-"larger" annotator) and `upper` (how high the
-colour sits: 1 at the top row, 0 at the bottom; preferred by the "upper" annotator). Neither
-the shapes rewards nor the preference model know these exist.
+"larger" annotator) and `upper` (how high the colour sits: 1 at the top row, 0 at the bottom;
+preferred by the "upper" annotator). Neither the shapes rewards nor the preference model know
+these exist.
 """
 
 from __future__ import annotations
