@@ -42,7 +42,7 @@ def test_attributes_and_simulated_annotator():
     np.testing.assert_allclose(sizes[3], (k[6] / k.sum()) ** 2, rtol=1e-6)  # a speck: its own weight
     # Flooding the canvas in the requested colour: full size up to half of it covered, then
     # down to nothing at three quarters, so "larger" never prefers a canvas without an object.
-    half, most = _draw("one red square", 0, 0, 1), _draw("one red square", 0, 0, 1)
+    half, most = np.full((2, 32, 32, 3), 250, dtype=np.uint8)
     half[:16], most[:28] = COLORS["red"], COLORS["red"]
     flooded = attribute_values("size", np.stack([half, most]), ["one red square"] * 2)
     assert flooded[0] > sizes[1] and flooded[1] == 0.0
