@@ -308,9 +308,13 @@ def main() -> None:
     eval_prompts = [p for p in prompts for _ in range(8)]
     eval_seeds = [5000 + i for i in range(len(eval_prompts))]
     base_images = sample_images(base, eval_prompts, eval_seeds)
-    if args.save_images:
-        np.savez_compressed(f"{args.save_images}/base.npz", images=base_images,
-                            prompts=np.array(eval_prompts))
+
+    def save_images(name: str, images: np.ndarray) -> None:
+        if args.save_images:
+            np.savez_compressed(f"{args.save_images}/{name}.npz", images=images,
+                                prompts=np.array(eval_prompts))
+
+    save_images("base", base_images)
     summary: dict = {"device": dev, "args": vars(args)}
     count_only = None
     for pref in args.preferences:
@@ -366,10 +370,8 @@ def main() -> None:
                         args.train_overrides)
                     key = f"count+preference({kind}, penalty {penalty:g}, kl {kl:g})"
                     out[key] = {**measure(images, eval_prompts, attr, secs), "refits": refits}
-                    if args.save_images:
-                        name = f"{pref}_{kind}_pw{args.preference_weight:g}_p{penalty:g}_kl{kl:g}"
-                        np.savez_compressed(f"{args.save_images}/{name}.npz", images=images,
-                                            prompts=np.array(eval_prompts))
+                    save_images(f"{pref}_{kind}_pw{args.preference_weight:g}_p{penalty:g}_kl{kl:g}",
+                                images)
                     print(json.dumps({"preference": pref, key: out[key]}), flush=True)
         summary[pref] = out
     print("SUMMARY " + json.dumps(summary))

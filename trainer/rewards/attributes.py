@@ -10,14 +10,15 @@ these exist.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from trainer.rewards.registry import register_reward
-from trainer.rewards.shapes import COLOR_TOLERANCE, foreground_mask
-from trainer.shapes.world import COLORS, IMAGE_SIZE, parse_prompt
+from trainer.rewards.shapes import COLOR_TOLERANCE, color_distance, foreground_mask
+from trainer.shapes.world import IMAGE_SIZE, parse_prompt
 
 
 def colour_weight(image: np.ndarray, color: str) -> np.ndarray:
@@ -26,17 +27,24 @@ def colour_weight(image: np.ndarray, color: str) -> np.ndarray:
     Perceptual rather than thresholded: a person judging "higher" or "bigger" sees faint
     pixels a little, not all-or-nothing, so the simulated annotator does too.
     """
-    diff = image.astype(np.float32) - np.asarray(COLORS[color], dtype=np.float32)
-    return np.clip(1.0 - np.sqrt((diff**2).sum(-1)) / COLOR_TOLERANCE, 0.0, 1.0)
+    return np.clip(1.0 - color_distance(image, color) / COLOR_TOLERANCE, 0.0, 1.0)
+
+
+@functools.lru_cache(maxsize=8)
+def _blur_band(size: int, sigma: float) -> np.ndarray:
+    """(size, size) band matrix whose row i holds the Gaussian kernel centred on pixel i."""
+    radius = int(3 * sigma)
+    offsets = np.arange(size)[None, :] - np.arange(size)[:, None]
+    band = np.exp(-offsets.astype(np.float64) ** 2 / (2 * sigma**2)) * (np.abs(offsets) <= radius)
+    band /= np.exp(-np.arange(-radius, radius + 1) ** 2 / (2 * sigma**2)).sum()
+    band.flags.writeable = False  # shared by every call
+    return band
 
 
 def _gaussian_blur(image: np.ndarray, sigma: float) -> np.ndarray:
-    """(H, W) blurred with a Gaussian, zeros beyond the edges: B @ image @ B.T, where row i of
-    the band matrix B holds the kernel centred on pixel i (separable, no Python loop)."""
-    radius = int(3 * sigma)
-    offsets = np.arange(image.shape[0])[None, :] - np.arange(image.shape[0])[:, None]
-    band = np.exp(-offsets.astype(np.float64) ** 2 / (2 * sigma**2)) * (np.abs(offsets) <= radius)
-    band /= np.exp(-np.arange(-radius, radius + 1) ** 2 / (2 * sigma**2)).sum()
+    """(H, W) blurred with a Gaussian, zeros beyond the edges: B @ image @ B.T (separable, no
+    Python loop)."""
+    band = _blur_band(image.shape[0], sigma)
     return band @ image @ band.T
 
 

@@ -25,10 +25,15 @@ MIN_COMPONENT_PIXELS = 4  # specks smaller than this are noise, not objects
 FILL_PROTOTYPES = {"square": 1.0, "circle": np.pi / 4, "triangle": 0.5}
 
 
+def color_distance(image: np.ndarray, color: str) -> np.ndarray:
+    """(H, W) RGB distance of every pixel to `color`."""
+    diff = image.astype(np.float32) - np.asarray(COLORS[color], dtype=np.float32)
+    return np.sqrt((diff**2).sum(-1))
+
+
 def color_mask(image: np.ndarray, color: str) -> np.ndarray:
     """(H, W) bool: pixels of `color`."""
-    diff = image.astype(np.float32) - np.asarray(COLORS[color], dtype=np.float32)
-    return np.sqrt((diff**2).sum(-1)) < COLOR_TOLERANCE
+    return color_distance(image, color) < COLOR_TOLERANCE
 
 
 def foreground_mask(images: np.ndarray) -> np.ndarray:
