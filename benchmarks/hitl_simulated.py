@@ -1,6 +1,6 @@
 """Humans in the loop with simulated annotators (issue 6), in-process (no HTTP), CPU or GPU.
 
-For each preference (larger, upper; attributes the verifiable rewards ignore):
+For each preference (upper, left, larger, centred; attributes the verifiable rewards ignore):
 1. Held-out pair accuracy of the preference model against the number of votes (100 ... 3000)
    with uniformly random vs active pair selection (as GET /api/votes/next does it: 80% active,
    of which a quarter the pair where the count reward and the model disagree and the rest
@@ -256,7 +256,8 @@ def measure(images, eval_prompts, attr, seconds=None):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--preferences", nargs="+", default=["larger", "upper"])
+    ap.add_argument("--preferences", nargs="+", default=["upper", "left", "larger"],
+                    help=f"simulated preferences, of {sorted(PREFERENCES)}")
     ap.add_argument("--budgets", nargs="+", type=int, default=[100, 200, 300, 500, 1000, 3000])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2],
                     help="annotator noise, vote selection and fit seeds")
@@ -266,6 +267,9 @@ def main() -> None:
     ap.add_argument("--ensemble", type=int, default=5, help="networks per preference model")
     ap.add_argument("--width", type=int, default=32, help="preference network channels")
     ap.add_argument("--fit-learning-rate", type=float, default=2e-3)
+    ap.add_argument("--mirror-augment", action=argparse.BooleanOptionalAction,
+                    default=FitConfig.mirror_augment,
+                    help="FitConfig.mirror_augment: fit on random left-right mirrors of the votes")
     ap.add_argument("--selections", nargs="+", default=["random", "active"])
     ap.add_argument("--pool-seeds", type=int, default=8, help="groups per prompt in the pool")
     ap.add_argument("--iterations", type=int, default=300, help="0 skips training")
@@ -326,7 +330,8 @@ def main() -> None:
             per_seed = {}
             for seed in args.seeds:
                 fit_cfg = FitConfig(epochs=args.epochs, device=dev, seed=seed, width=args.width,
-                                    learning_rate=args.fit_learning_rate, ensemble=args.ensemble)
+                                    learning_rate=args.fit_learning_rate, ensemble=args.ensemble,
+                                    mirror_augment=args.mirror_augment)
                 rows, fitted, campaign = run_selection(kind, pref, pool, pool_prompts, test,
                                                        args.budgets, fit_cfg, seed, args.tie_band)
                 per_seed[seed] = {"rows": rows, "votes_to_target": votes_to_target(rows)}

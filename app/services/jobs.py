@@ -107,8 +107,9 @@ class FitPreferenceConfig(_Cfg):
     ensemble: int = Field(5, ge=1, le=32, description="Networks trained from different "
                           "initialisations and averaged; fewer fit faster, more rank close pairs "
                           "more reliably.")
-    mirror_augment: bool = Field(True, description="Train on random left-right mirrors of the "
-                                 "shapes images; turn off when annotators may prefer one side.")
+    mirror_augment: bool = Field(False, description="Train on random left-right mirrors of the "
+                                 "shapes images: more variety from few votes, but a preference "
+                                 "for one side can then not be learned.")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the held-out split and the "
                       "initialisations.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to fit; 'auto' "

@@ -3,9 +3,10 @@
 Used to rehearse a voting campaign and to test that the preference model learns what people
 want: `size` (how chunky the requested colour looks: the colour mass near each of its pixels,
 averaged over them, and nothing once the canvas is flooded; larger is preferred by the
-"larger" annotator) and `upper` (how high the colour sits: 1 at the top row, 0 at the bottom;
-preferred by the "upper" annotator). Neither the shapes rewards nor the preference model know
-these exist.
+"larger" annotator), `upper` (how high the colour sits: 1 at the top row, 0 at the bottom;
+preferred by the "upper" annotator), `left` (the same across: the "left" annotator) and
+`centre` (how close to the canvas centre: the "centred" annotator). Neither the shapes rewards
+nor the preference model know these exist.
 """
 
 from __future__ import annotations
@@ -83,12 +84,36 @@ def upperness(image: np.ndarray, prompt: str) -> float:
     return 1.0 - mean_row / (IMAGE_SIZE - 1)
 
 
+def leftness(image: np.ndarray, prompt: str) -> float:
+    """1 when the requested colour sits on the left column, 0 on the right (colour-mass weighted)."""
+    return upperness(np.swapaxes(image, 0, 1), prompt)
+
+
+def centredness(image: np.ndarray, prompt: str) -> float:
+    """1 when all of the requested colour sits at the canvas centre, 0 when it is all in the
+    corners: 1 minus its colour-mass weighted mean distance from the centre, over the corner's.
+
+    The mean of the distances, not the distance of the mean position, so that objects in
+    opposite corners do not count as centred.
+    """
+    weight = colour_weight(image, parse_prompt(prompt).color)
+    total = weight.sum()
+    if total < 1e-6:
+        return 0.0
+    centre = (image.shape[0] - 1) / 2
+    rows, cols = np.mgrid[0:image.shape[0], 0:image.shape[1]]
+    distance = np.hypot(rows - centre, cols - centre)
+    return 1.0 - float((weight * distance).sum() / total) / float(distance.max())
+
+
 ATTRIBUTES: dict[str, Callable[[np.ndarray, str], float]] = {
     "size": object_size,
     "upper": upperness,
+    "left": leftness,
+    "centre": centredness,
 }
 # preference name -> the attribute it prefers larger values of
-PREFERENCES = {"larger": "size", "upper": "upper"}
+PREFERENCES = {"larger": "size", "upper": "upper", "left": "left", "centred": "centre"}
 
 
 def attribute_values(name: str, images: np.ndarray, prompts: list[str]) -> np.ndarray:

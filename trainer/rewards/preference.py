@@ -56,7 +56,9 @@ class FitConfig:
     learning_rate: float = 2e-3
     weight_decay: float = 1e-3
     ensemble: int = 5  # networks averaged; each is trained on all the training votes
-    mirror_augment: bool = True  # random left-right mirrors (assumes no left/right preference)
+    # random left-right mirrors: off, because they assume nobody prefers one side, and a
+    # campaign for "subject on the left" then learns nothing (docs/benchmarks.md)
+    mirror_augment: bool = False
     seed: int = 0
     device: str = "cpu"
 
@@ -233,8 +235,9 @@ class _ClipEncoder:
 def mirror_augment(images: torch.Tensor, config: FitConfig) -> torch.Tensor:
     """A random left-right mirror of a batch of shapes images (when `config.mirror_augment`).
 
-    It doubles the variety of the votes but assumes that nobody prefers left over right; turn
-    it off for a campaign where that is the point.
+    It doubles the variety of the votes but assumes that nobody prefers left over right, which
+    the model may not assume: with it, 3,000 votes for "left" fit to chance. Turn it on only
+    for a campaign known to be mirror-blind.
     """
     if config.features == "shapes" and config.mirror_augment and torch.rand(()) < 0.5:
         return images.flip(-1)
