@@ -84,6 +84,13 @@ def _pairs(n: int, preference: str, flip: float, seed: int) -> list[PreferencePa
     return pairs
 
 
+def _pair_accuracy(model: PreferenceModel, pairs: list[PreferencePair]) -> float:
+    """Share of the (decisive, noise-free) pairs whose winner the model gives P > 0.5."""
+    p = model.prob_a_beats_b(np.stack([q.image_a for q in pairs]), np.stack([q.image_b for q in pairs]),
+                             [q.prompt for q in pairs])
+    return float(((p > 0.5) == np.array([q.outcome == "a" for q in pairs])).mean())
+
+
 @pytest.mark.slow
 def test_fit_learns_an_unknown_preference_and_round_trips(tmp_path):
     pairs = _pairs(400, "upper", flip=0.0, seed=0)
@@ -93,10 +100,7 @@ def test_fit_learns_an_unknown_preference_and_round_trips(tmp_path):
     assert report.votes_ignored == {"skip": 3} and report.votes_fitted == 400
     assert report.heldout_pairs == 80 and report.heldout_accuracy > 0.8, report
     fresh = _pairs(200, "upper", flip=0.0, seed=1)
-    p = model.prob_a_beats_b(np.stack([q.image_a for q in fresh]), np.stack([q.image_b for q in fresh]),
-                             [q.prompt for q in fresh])
-    truth = np.array([q.outcome == "a" for q in fresh])
-    assert ((p > 0.5) == truth).mean() > 0.8
+    assert _pair_accuracy(model, fresh) > 0.8
     path = tmp_path / "pref.safetensors"
     model.save(path)
     loaded = PreferenceModel.load(path)
@@ -111,10 +115,7 @@ def test_default_fit_learns_a_left_right_preference():
     """Fails if the fit mirrors images by default: a mirror-blind model ranks "left" votes at
     chance (with mirrors on, 3,000 votes fitted to 0.49-0.54, docs/benchmarks.md)."""
     model = fit_preference_model(_pairs(300, "left", flip=0.0, seed=0), FitConfig(epochs=25, ensemble=1))
-    fresh = _pairs(200, "left", flip=0.0, seed=1)
-    p = model.prob_a_beats_b(np.stack([q.image_a for q in fresh]), np.stack([q.image_b for q in fresh]),
-                             [q.prompt for q in fresh])
-    assert ((p > 0.5) == np.array([q.outcome == "a" for q in fresh])).mean() > 0.8
+    assert _pair_accuracy(model, _pairs(200, "left", flip=0.0, seed=1)) > 0.8
 
 
 def test_ensemble_scores_with_the_members_mean_and_loads_single_network_files(tmp_path):

@@ -7,7 +7,7 @@ CI-sized (a loaded 2-core CPU): what is asserted is what is reliable at this siz
 preference model learns the annotators' preference, through the worker's fit job; the online
 refit; the blended reward, its weights and the model version on every iteration's metrics).
 The attribute's movement is printed, not asserted: at this size it moves either way (240
-votes on 12 prompts fit to about 0.8, and 8 to 40 iterations exploit that), and it is
+votes on 12 prompts fit to about 0.8, and 8 iterations, or 40 when tried, exploit that), and it is
 measured at a real budget by benchmarks/hitl_simulated.py. Two annotator preferences,
 `upper` and `left`, so that a fit that assumes one of them away (as left-right mirrors did
 for `left`) fails here.

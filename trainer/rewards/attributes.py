@@ -89,6 +89,15 @@ def leftness(image: np.ndarray, prompt: str) -> float:
     return upperness(np.swapaxes(image, 0, 1), prompt)
 
 
+@functools.lru_cache(maxsize=4)
+def _centre_distance(height: int, width: int) -> np.ndarray:
+    """(height, width) distance of every pixel from the canvas centre."""
+    rows, cols = np.mgrid[0:height, 0:width]
+    distance = np.hypot(rows - (height - 1) / 2, cols - (width - 1) / 2)
+    distance.flags.writeable = False  # shared by every call
+    return distance
+
+
 def centredness(image: np.ndarray, prompt: str) -> float:
     """1 when all of the requested colour sits at the canvas centre, 0 when it is all in the
     corners: 1 minus its colour-mass weighted mean distance from the centre, over the corner's.
@@ -100,9 +109,7 @@ def centredness(image: np.ndarray, prompt: str) -> float:
     total = weight.sum()
     if total < 1e-6:
         return 0.0
-    centre = (image.shape[0] - 1) / 2
-    rows, cols = np.mgrid[0:image.shape[0], 0:image.shape[1]]
-    distance = np.hypot(rows - centre, cols - centre)
+    distance = _centre_distance(*image.shape[:2])
     return 1.0 - float((weight * distance).sum() / total) / float(distance.max())
 
 
