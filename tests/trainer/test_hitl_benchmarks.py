@@ -49,3 +49,24 @@ def test_overoptimisation_probe_runs_and_reports_the_kl():
     assert trained[(0.0, 2)]["kl_to_reference"] is None
     assert trained[(10.0, 2)]["kl_to_reference"] > 0
     assert all(0.0 <= r["foreground"] <= 1.0 for r in trained.values())
+
+
+def test_test_size_probe_passes_a_paired_rise_and_fails_a_count_drop(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # it imports hitl_simulated, as a script does
+    paired_result = _load("hitl_test_size").paired_result
+    prompts = ["one red square"] * 4
+    base = np.full((4, 32, 32, 3), BACKGROUND, np.uint8)
+    raised = base.copy()
+    for i, top in enumerate((20, 22, 20, 22)):  # low squares, then the same squares higher up
+        base[i, top:top + 8, 4:12] = COLORS["red"]
+        raised[i, top - 12 - i:top - 4 - i, 4:12] = COLORS["red"]
+    row = paired_result(base, raised, prompts, "upper")
+    assert row["attr_moved"] > 0 and row["standard_errors"] > 2 and row["passes"], row
+    assert row["count"] == row["base_count"] == 1.0
+    lowered = paired_result(raised, base, prompts, "upper")
+    assert lowered["attr_moved"] < 0 and not lowered["passes"], lowered
+    doubled = raised.copy()
+    doubled[:, 0:6, 22:28] = COLORS["red"]  # higher still, but two squares for "one"
+    row = paired_result(base, doubled, prompts, "upper")
+    assert row["attr_moved"] > 0 and row["count"] < row["base_count"] - 0.02
+    assert not row["passes"], row
