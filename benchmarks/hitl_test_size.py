@@ -12,12 +12,13 @@ line each, so that the test's settings can be chosen by how often they pass rath
 lucky run.
 
     python benchmarks/hitl_test_size.py --preferences upper left --seeds 3 5 7 11 \
-        --kl-coefficients 0 0.1
+        --kl-coefficients 0 0.1 --preference-weights 1 0
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 
@@ -60,8 +61,9 @@ def main() -> None:
     ap.add_argument("--votes", type=int, default=240)
     ap.add_argument("--iterations", type=int, default=100)
     ap.add_argument("--learning-rate", type=float, default=1e-5)
-    ap.add_argument("--preference-weight", type=float, default=1.0, help="count's is 1")
-    ap.add_argument("--eval-seeds", type=int, default=8, help="eval noises per prompt")
+    ap.add_argument("--preference-weights", nargs="+", type=float, default=[1.0],
+                    help="count's is 1; 0 is the control (count alone, with the same votes)")
+    ap.add_argument("--eval-seeds", type=int, default=32, help="eval noises per prompt")
     args = ap.parse_args()
     torch.manual_seed(0)
     base = load_model(TrainConfig())
@@ -79,12 +81,12 @@ def main() -> None:
             model = fit_preference_model(campaign.votes, FitConfig(
                 epochs=25, ensemble=2, holdout_fraction=0.25, seed=seed), version=1)
             fit_s = time.perf_counter() - start
-            for kl in args.kl_coefficients:
+            for kl, weight in itertools.product(args.kl_coefficients, args.preference_weights):
                 config = TrainConfig(
                     iterations=args.iterations, learning_rate=args.learning_rate,
                     kl_coefficient=kl, prompts=prompts, prompts_per_iteration=3, group_size=8,
                     num_anchors=4, num_train_timesteps=4, rollout_steps=8, device=args.device,
-                    reward_weights={"count": 1.0, "preference": args.preference_weight},
+                    reward_weights={"count": 1.0, "preference": weight},
                     checkpoint_every=10**6, sample_every=10**6)
                 trainer = Trainer(config)
                 trainer.set_preference_model(model)
@@ -92,7 +94,7 @@ def main() -> None:
                 trainer.run()
                 images = sample_images(trainer.model.cpu(), eval_prompts, eval_seeds)
                 print(json.dumps({
-                    "preference": preference, "seed": seed, "kl": kl,
+                    "preference": preference, "seed": seed, "kl": kl, "preference_weight": weight,
                     "heldout_accuracy": model.report.heldout_accuracy,
                     **paired_result(base_images, images, eval_prompts, PREFERENCES[preference]),
                     "fit_s": round(fit_s, 1),
