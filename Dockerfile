@@ -19,7 +19,7 @@ RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
 # dependencies first (cached while only the code changes)
 COPY pyproject.toml README.md ./
 RUN mkdir -p app worker trainer && touch app/__init__.py worker/__init__.py trainer/__init__.py \
-    && pip install ".[server]" && pip uninstall -y neighbor-grpo-studio
+    && pip install ".[server,clip]" && pip uninstall -y neighbor-grpo-studio
 COPY alembic.ini ./
 COPY migrations ./migrations
 COPY app ./app

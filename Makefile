@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# the CPU wheel of torch; a plain `torch` would pull a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[server,dev]'
+	$(BIN)/pip install -q -e '.[server,dev,clip]'
 	touch $(STAMP)
 
 # Debian's chromium for the browser tests (tests/e2e drive it with Playwright; never

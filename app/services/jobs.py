@@ -154,6 +154,9 @@ def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
         name = ".".join(str(p) for p in err["loc"]) or "config"
         raise Invalid(f"config.{name}: {err['msg']}", field=name) from None
     out = cfg.model_dump()
+    if out.get("features") == "clip" and not out["clip_path"].strip():
+        raise Invalid("config.clip_path: features 'clip' needs the local path of CLIP weights "
+                      "(a transformers save_pretrained directory) on the worker", field="clip_path")
     ds_id = out.get("dataset_id")
     if ds_id is not None and session.get(Dataset, ds_id) is None:
         raise Invalid(f"config.dataset_id: dataset {ds_id} not found", field="dataset_id")

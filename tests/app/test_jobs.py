@@ -60,6 +60,10 @@ def test_other_kinds_validate(client, admin):
     r = client.post("/api/jobs", json={"kind": "fit_preference", "config": {"epochs": 0}},
                     headers=admin)
     assert r.status_code == 422 and r.json()["field"] == "epochs"
+    r = client.post("/api/jobs", json={"kind": "fit_preference", "config": {"features": "clip"}},
+                    headers=admin)
+    assert r.status_code == 422 and r.json()["field"] == "clip_path", r.json()
+    assert "CLIP weights" in r.json()["detail"]
     r = client.post("/api/jobs", json={"kind": "fit_preference"}, headers=admin)
     assert r.status_code == 201 and r.json()["config"]["epochs"] == 60  # FitConfig default
     r = client.post("/api/jobs", json={"kind": "bake"}, headers=admin)

@@ -72,3 +72,50 @@ def test_fit_preference_without_votes_fails_saying_why(stack):
     stack.send(job_id, "fit_preference")
     job = wait_for(lambda: _done(job_id), 60, "the fit job", stack)
     assert job.status == "failed" and "0 clean votes" in job.error
+
+
+def test_fit_preference_on_clip_features_scores_the_stored_samples(stack, tiny_clip_path):
+    """features="clip" through the worker: a frozen CLIP from a local path (the tiny one of
+    tests/conftest.py), votes on a rollout's groups, the fitted model's score cached on every
+    stored sample; a clip_path the worker cannot find fails the job naming it."""
+    from sqlalchemy import select
+
+    from app.db import session_scope
+    from app.models import PreferenceModelRow, Sample
+    from app.services import auth, datasets, jobs, rollouts
+    from app.services.votes import record_vote
+    from trainer.shapes.world import all_prompts
+
+    stack.start_worker()
+    with session_scope() as s:
+        data = ("\n".join(all_prompts()[:4]) + "\n").encode()
+        ds = datasets.import_dataset(s, filename="p.txt", data=data).dataset.id
+        roll = jobs.create_job(s, "rollout", {"dataset_id": ds, "group_size": 4, "steps": 4}).id
+    stack.send(roll, "rollout")
+    assert wait_for(lambda: _done(roll), 60, "the rollout job", stack).status == "succeeded"
+    with session_scope() as s:
+        annotator, _ = auth.create_user(s, "ann", "annotator")
+        groups, _ = rollouts.list_groups(s, job_id=roll)
+        pairs = [(g.samples[i].id, g.samples[j].id) for g in groups
+                 for i in range(4) for j in range(i + 1, 4)]
+        for n, (a, b) in enumerate(pairs):
+            record_vote(s, annotator, client_vote_id=f"v{n}", sample_a_id=a, sample_b_id=b,
+                        outcome="a" if n % 3 else "b")
+        missing = jobs.create_job(s, "fit_preference", {
+            "features": "clip", "clip_path": str(tiny_clip_path.parent / "nowhere")}).id
+        fit = jobs.create_job(s, "fit_preference", {
+            "features": "clip", "clip_path": str(tiny_clip_path), "epochs": 2, "ensemble": 2,
+            "device": "cpu"}).id
+    stack.send(missing, "fit_preference")
+    stack.send(fit, "fit_preference")
+    job = wait_for(lambda: _done(missing), 60, "the fit job without weights", stack)
+    assert job.status == "failed" and "clip_path" in job.error and "nowhere" in job.error
+    job = wait_for(lambda: _done(fit), 120, "the CLIP fit job", stack)
+    assert job.status == "succeeded", job.error
+    with session_scope() as s:
+        record = s.scalars(select(PreferenceModelRow)).one()
+        assert record.votes_used == len(pairs) == 24
+        scored = s.execute(select(Sample.preference_score, Sample.preference_version)).all()
+        assert len(scored) == 16
+        assert all(score is not None and version == record.version for score, version in scored)
+        assert len({round(score, 6) for score, _ in scored}) > 1  # scores differ per image

@@ -217,7 +217,11 @@ class _ClipEncoder:
     def __init__(self, path: str, device: str) -> None:
         if not path or not Path(path).exists():
             raise FileNotFoundError(f"clip_path {path!r} does not exist (weights load from a local path)")
-        from transformers import CLIPModel, CLIPProcessor
+        try:
+            from transformers import CLIPModel, CLIPProcessor
+        except ImportError as error:
+            raise ImportError("features='clip' needs transformers: pip install "
+                              "'neighbor-grpo-studio[clip]'") from error
 
         self.model = CLIPModel.from_pretrained(path, local_files_only=True).to(device).eval()
         self.processor = CLIPProcessor.from_pretrained(path, local_files_only=True)
