@@ -200,10 +200,11 @@ def train_images(weights, iterations, device, lr, eval_prompts, eval_seeds,
                  preference_model=None, uncertainty_penalty=1.0, rounds=None, kl=0.0,
                  overrides=None):
     """Train from the base and sample the eval set. `rounds` = (campaign, fit config, every,
-    votes, cross share, (base pool, its prompts)): every `every` iterations, roll out one
-    group per prompt from the current policy, vote `votes` pairs (active within its groups,
-    and the cross share against base samples), refit on all the votes and blend the new
-    model in, as a train job with preference_refit_every does while annotators keep voting.
+    votes, cross share, (base pool, its prompts), active): every `every` iterations, roll out
+    one group per prompt from the current policy, vote `votes` pairs (within its groups, picked
+    actively or uniformly at random, and the cross share against base samples), refit on all
+    the votes and blend the new model in, as a train job with preference_refit_every does
+    while annotators keep voting.
     `overrides`: more TrainConfig fields (e.g. the method or sigma)."""
     cfg = TrainConfig(iterations=iterations, learning_rate=lr, device=device,
                       reward_weights=weights, prompts_per_iteration=4, group_size=12,
@@ -216,7 +217,7 @@ def train_images(weights, iterations, device, lr, eval_prompts, eval_seeds,
     refits = []
 
     def refit(tr: Trainer, _result) -> None:
-        campaign, fit_cfg, every, n_votes, cross_share, reference = rounds
+        campaign, fit_cfg, every, n_votes, cross_share, reference, active = rounds
         if tr.iteration % every or tr.iteration >= iterations:
             return
         prompts = all_prompts()
@@ -224,7 +225,7 @@ def train_images(weights, iterations, device, lr, eval_prompts, eval_seeds,
         groups = make_groups(tr.model, prompts, seeds, 8, device)
         campaign.set_pool(groups, prompts, pool_scores(get_reward("preference"), groups, prompts))
         n_cross = int(round(n_votes * cross_share))
-        campaign.collect(n_votes - n_cross, active=True)
+        campaign.collect(n_votes - n_cross, active=active)
         if n_cross:
             campaign.collect_cross(n_cross, *reference)
         model = fit_preference_model(campaign.votes, fit_cfg, version=len(campaign.votes))
@@ -367,7 +368,7 @@ def main() -> None:
                         campaign = copy.copy(campaign)  # each run votes on its own policy
                         campaign.votes = list(campaign.votes)
                         rounds = (campaign, fit_cfg, args.refit_every, args.refit_votes,
-                                  args.cross_share, (pool, pool_prompts))
+                                  args.cross_share, (pool, pool_prompts), kind == "active")
                     weights = {"count": 1.0, **dict(args.guard_rewards),
                                "preference": args.preference_weight}
                     images, secs, refits = train_images(weights, args.iterations, dev,
