@@ -30,6 +30,7 @@ import copy
 import itertools
 import json
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -196,15 +197,27 @@ def test_pairs(test_groups, prompts, attr, tie_band):
     return np.stack(a_list), np.stack(b_list), ps, np.array(truth), np.array(decisive)
 
 
+@dataclass
+class Rounds:
+    """Rounds of votes during training (see train_images)."""
+
+    campaign: Campaign
+    fit_config: FitConfig
+    every: int  # iterations between rounds
+    votes: int  # per round
+    cross_share: float  # share of a round's votes against base samples
+    reference: tuple[np.ndarray, list[str]]  # the base pool and its prompts
+    active: bool  # within-group pairs picked actively, else uniformly at random
+
+
 def train_images(weights, iterations, device, lr, eval_prompts, eval_seeds,
                  preference_model=None, uncertainty_penalty=1.0, rounds=None, kl=0.0,
                  overrides=None):
-    """Train from the base and sample the eval set. `rounds` = (campaign, fit config, every,
-    votes, cross share, (base pool, its prompts), active): every `every` iterations, roll out
-    one group per prompt from the current policy, vote `votes` pairs (within its groups, picked
-    actively or uniformly at random, and the cross share against base samples), refit on all
-    the votes and blend the new model in, as a train job with preference_refit_every does
-    while annotators keep voting.
+    """Train from the base and sample the eval set. With `rounds`: every `rounds.every`
+    iterations, roll out one group per prompt from the current policy, vote `rounds.votes`
+    pairs (within its groups, picked actively or uniformly at random, and the cross share
+    against base samples), refit on all the votes and blend the new model in, as a train job
+    with preference_refit_every does while annotators keep voting.
     `overrides`: more TrainConfig fields (e.g. the method or sigma)."""
     cfg = TrainConfig(iterations=iterations, learning_rate=lr, device=device,
                       reward_weights=weights, prompts_per_iteration=4, group_size=12,
@@ -217,18 +230,18 @@ def train_images(weights, iterations, device, lr, eval_prompts, eval_seeds,
     refits = []
 
     def refit(tr: Trainer, _result) -> None:
-        campaign, fit_cfg, every, n_votes, cross_share, reference, active = rounds
-        if tr.iteration % every or tr.iteration >= iterations:
+        campaign = rounds.campaign
+        if tr.iteration % rounds.every or tr.iteration >= iterations:
             return
         prompts = all_prompts()
         seeds = [7 * 10**6 + tr.iteration * 100 + i for i in range(len(prompts))]
         groups = make_groups(tr.model, prompts, seeds, 8, device)
         campaign.set_pool(groups, prompts, pool_scores(get_reward("preference"), groups, prompts))
-        n_cross = int(round(n_votes * cross_share))
-        campaign.collect(n_votes - n_cross, active=active)
+        n_cross = int(round(rounds.votes * rounds.cross_share))
+        campaign.collect(rounds.votes - n_cross, active=rounds.active)
         if n_cross:
-            campaign.collect_cross(n_cross, *reference)
-        model = fit_preference_model(campaign.votes, fit_cfg, version=len(campaign.votes))
+            campaign.collect_cross(n_cross, *rounds.reference)
+        model = fit_preference_model(campaign.votes, rounds.fit_config, version=len(campaign.votes))
         tr.set_preference_model(model)
         refits.append({"iteration": tr.iteration, "votes": len(campaign.votes),
                        "report_heldout": model.report.heldout_accuracy})
@@ -367,8 +380,8 @@ def main() -> None:
                     if args.refit_every:
                         campaign = copy.copy(campaign)  # each run votes on its own policy
                         campaign.votes = list(campaign.votes)
-                        rounds = (campaign, fit_cfg, args.refit_every, args.refit_votes,
-                                  args.cross_share, (pool, pool_prompts), kind == "active")
+                        rounds = Rounds(campaign, fit_cfg, args.refit_every, args.refit_votes,
+                                        args.cross_share, (pool, pool_prompts), kind == "active")
                     weights = {"count": 1.0, **dict(args.guard_rewards),
                                "preference": args.preference_weight}
                     images, secs, refits = train_images(weights, args.iterations, dev,
