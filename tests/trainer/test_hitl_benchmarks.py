@@ -18,6 +18,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 def _load(name: str):
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # as an import does: dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
