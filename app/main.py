@@ -66,9 +66,9 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
         # a value the database cannot hold (e.g. an integer out of range): the client's fault
         return JSONResponse({"detail": f"value out of range: {exc.orig}"}, status_code=422)
 
-    from app.api import auth, checkpoints, datasets, jobs, preference, rollouts, votes
+    from app.api import auth, checkpoints, datasets, jobs, media, preference, rollouts, votes
 
-    for module in (auth, datasets, rollouts, votes, jobs, checkpoints, preference):
+    for module in (auth, datasets, rollouts, media, votes, jobs, checkpoints, preference):
         app.include_router(module.router, prefix="/api")
 
     @app.get("/healthz", tags=["health"])
@@ -84,4 +84,6 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
             pass
         else:
             app = mount(app)
+    # stored files need a token on the UI's routes too (app/api/media.py says the rule)
+    app.add_middleware(media.StoredFilesGuard, ui_path="/ui")
     return app

@@ -6,7 +6,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.responses import FileResponse
 
-from app.api.deps import MAX_ID, PathId, QueryId, SessionDep, UserDep
+from app.api.deps import MAX_ID, FileReaderDep, PathId, QueryId, SessionDep, UserDep
 from app.models import Checkpoint
 from app.schemas import CheckpointOut, Leaderboard, Page
 from app.services import checkpoints as svc
@@ -30,8 +30,8 @@ def list_checkpoints(session: SessionDep, _user: UserDep, job_id: QueryId = None
 
 
 @router.get("/checkpoints/{checkpoint_id}/download", response_class=FileResponse,
-            responses={404: {}})
-def download(checkpoint_id: PathId, session: SessionDep, _user: UserDep) -> FileResponse:
+            responses={401: {}, 404: {}})
+def download(checkpoint_id: PathId, session: SessionDep, _user: FileReaderDep) -> FileResponse:
     ckpt = svc.get_checkpoint(session, checkpoint_id)
     full = svc.checkpoint_file(session, checkpoint_id)
     suffix = Path(full).suffix or ".safetensors"

@@ -16,6 +16,9 @@ from app.models import User
 from app.services import auth
 from app.services.jobs import Enqueuer
 
+# the UI's login stores the API token in this HttpOnly cookie (POST /api/auth/session)
+SESSION_COOKIE = "ngs_session"
+
 bearer = HTTPBearer(auto_error=False, description="API token from `python -m app create-user`")
 
 
@@ -47,6 +50,17 @@ async def current_user(
     return await run_in_threadpool(_authenticate, token)
 
 
+async def file_reader(
+    request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> User:
+    """The caller of a route that returns stored bytes (images, checkpoints): the bearer token,
+    or else the session cookie the UI sets at login, because a browser's `<img src>` cannot
+    send a header. Only read-only routes take the cookie, so it can never trigger an action."""
+    token = creds.credentials if creds else request.cookies.get(SESSION_COOKIE)
+    return await current_user(
+        HTTPAuthorizationCredentials(scheme="Bearer", credentials=token) if token else None)
+
+
 def admin_user(user: Annotated[User, Depends(current_user)]) -> User:
     return auth.require_role(user, "admin")
 
@@ -60,6 +74,7 @@ def settings_dep() -> Settings:
 
 
 UserDep = Annotated[User, Depends(current_user)]
+FileReaderDep = Annotated[User, Depends(file_reader)]
 AdminDep = Annotated[User, Depends(admin_user)]
 EnqueuerDep = Annotated[Enqueuer | None, Depends(get_enqueuer)]
 SettingsDep = Annotated[Settings, Depends(settings_dep)]

@@ -3,13 +3,11 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
-from fastapi.responses import FileResponse
 
-from app.api.deps import MAX_ID, PathId, QueryId, SessionDep, SettingsDep, UserDep, media_url
+from app.api.deps import MAX_ID, PathId, QueryId, SessionDep, UserDep, media_url
 from app.models import RolloutGroup
 from app.schemas import GroupOut, Page, SampleOut
 from app.services import rollouts as svc
-from app.services import storage
 
 router = APIRouter(tags=["rollouts"])
 
@@ -44,11 +42,3 @@ def list_groups(session: SessionDep, _user: UserDep, job_id: QueryId = None,
 @router.get("/rollouts/{group_id}", response_model=GroupOut, responses={404: {}})
 def get_group(group_id: PathId, session: SessionDep, _user: UserDep) -> GroupOut:
     return group_out(svc.get_group(session, group_id))
-
-
-@router.get("/media/{path:path}", response_class=FileResponse, responses={404: {}})
-def media(path: str, _user: UserDep, settings: SettingsDep) -> FileResponse:
-    """A file from the storage directory (never outside it), cacheable: files never change."""
-    full = storage.resolve(path)
-    return FileResponse(full, headers={
-        "Cache-Control": f"private, max-age={settings.image_cache_seconds}, immutable"})

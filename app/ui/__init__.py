@@ -53,11 +53,14 @@ def build_ui(enqueuer: Enqueuer | None = None) -> gr.Blocks:
 
 
 def mount(app: FastAPI) -> FastAPI:
-    """Mount the UI at /ui (images under the storage directory may be served to it)."""
+    """Mount the UI at /ui. Gradio never serves the data or storage directories: stored
+    images reach the page inlined or through /api/media with the login's session cookie
+    (app/api/media.py holds the access rule)."""
     from app.config import get_settings
 
-    storage = get_settings().resolved_storage_dir
+    settings = get_settings()
+    blocked = {str(settings.data_dir.resolve()), str(settings.resolved_storage_dir)}
     ui = build_ui(enqueuer=getattr(app.state, "enqueuer", None))
     return gr.mount_gradio_app(app, ui, path=PATH, css=CSS, head=HEAD,
-                               allowed_paths=[str(storage)], footer_links=[],
+                               blocked_paths=sorted(blocked), footer_links=[],
                                theme=gr.themes.Default())

@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy.orm import Session
 
@@ -24,7 +25,7 @@ from app.models import User
 from app.services import auth, storage
 
 # images at most this big are inlined as data URIs (no request, nothing to leak in a URL);
-# bigger ones are served by Gradio from the storage directory (allowed_paths)
+# bigger ones load from /api/media with the session cookie set at login (app/api/media.py)
 INLINE_MAX_BYTES = 256 * 1024
 
 
@@ -62,7 +63,7 @@ def esc(value: Any) -> str:
 
 
 def image_src(rel_path: str) -> str:
-    """A data URI for a small image, else a Gradio file URL (the storage dir is allowed)."""
+    """A data URI for a small image, else its /api/media URL (the login's cookie opens it)."""
     try:
         path = storage.resolve(rel_path)
     except ServiceError:
@@ -74,7 +75,7 @@ def image_src(rel_path: str) -> str:
     if size <= INLINE_MAX_BYTES:
         mime = "image/png" if path.suffix.lower() == ".png" else "image/jpeg"
         return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()}"
-    return f"/ui/gradio_api/file={path}"
+    return "/api/media/" + quote(path.relative_to(storage.storage_root()).as_posix())
 
 
 def fmt(x: Any, digits: int = 3) -> str:

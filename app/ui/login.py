@@ -12,6 +12,26 @@ ANNOTATOR_TABS = ("arena", "annotators")  # annotators see their own stats on th
 ADMIN_TABS = ("arena", "rollouts", "jobs", "leaderboard", "datasets", "annotators")
 
 
+# Before the server checks the token, the browser trades it for the HttpOnly session cookie
+# that lets <img src="/api/media/..."> load stored images (app/api/media.py); a wrong token
+# gets no cookie and the server's answer below says why.
+START_SESSION_JS = """async (token, state) => {
+  const t = (token || "").trim();
+  if (t) {
+    try {
+      await fetch("/api/auth/session", {method: "POST", credentials: "same-origin",
+                                        headers: {Authorization: "Bearer " + t}});
+    } catch (e) { /* the server-side login reports any problem */ }
+  }
+  return [token, state];
+}"""
+END_SESSION_JS = """async () => {
+  try { await fetch("/api/auth/session", {method: "DELETE", credentials: "same-origin"}); }
+  catch (e) { /* nothing to forget */ }
+  return [];
+}"""
+
+
 @dataclass
 class Login:
     box: gr.Column
@@ -45,8 +65,10 @@ class Login:
 
         outputs = [self.user, self.status, self.box, self.logout, tabs, *pages.values()]
         for trigger in (self.button.click, self.token.submit):
-            trigger(login, [self.token, self.user], outputs, api_visibility="private")
-        self.logout.click(logout, None, outputs, api_visibility="private")
+            trigger(login, [self.token, self.user], outputs, api_visibility="private",
+                    js=START_SESSION_JS)
+        self.logout.click(logout, None, outputs, api_visibility="private",
+                          js=END_SESSION_JS)
 
 
 def build_login(user: gr.State) -> Login:

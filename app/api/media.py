@@ -1,0 +1,95 @@
+"""Stored files (images, checkpoints, preference models): the one access rule for every byte
+under STORAGE_DIR.
+
+The rule: a stored file leaves the server only to a caller with a valid token, given as
+`Authorization: Bearer` or as the UI's session cookie (`ngs_session`, HttpOnly, set by
+`POST /api/auth/session` when someone logs in to the UI). It is enforced here, twice over:
+
+- `GET /api/media/{path}` is the only route that serves a file by its storage path (the UI's
+  images larger than it inlines point here too), and it needs `file_reader`;
+- the Gradio UI never serves the storage directory (`blocked_paths` in `app.ui.mount`), and
+  `StoredFilesGuard` answers 401 on every Gradio route that serves or accepts files (uploaded
+  prompt files are users' data too) unless the request carries a valid token.
+
+Checkpoint downloads (`/api/checkpoints/{id}/download`) take the same `file_reader`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from fastapi import APIRouter
+from fastapi.responses import FileResponse, JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app import db
+from app.api.deps import SESSION_COOKIE, FileReaderDep, SettingsDep
+from app.errors import Unauthorized
+from app.services import auth, storage
+
+router = APIRouter(tags=["media"])
+
+
+@router.get("/media/{path:path}", response_class=FileResponse, responses={401: {}, 404: {}})
+def media(path: str, _user: FileReaderDep, settings: SettingsDep) -> FileResponse:
+    """A file from the storage directory (never outside it), cacheable: files never change."""
+    full = storage.resolve(path)
+    return FileResponse(full, headers={
+        "Cache-Control": f"private, max-age={settings.image_cache_seconds}, immutable"})
+
+
+# Gradio's routes that serve a file from disk or take one in (relative to the UI's mount);
+# the UI shell (page, scripts, config, the queue its handlers run on) stays public so that the
+# login box can load, and every handler checks the token itself (app.ui.common.caller).
+GRADIO_FILE_ROUTES = re.compile(
+    r"^/(gradio_api/)?(file=|file/|proxy=|stream/|upload|run-history/|custom_component/)")
+
+
+def request_token(scope: Scope) -> str | None:
+    """The bearer token of an ASGI request, or else its session cookie."""
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    for part in headers.get("cookie", "").split(";"):
+        name, _, value = part.strip().partition("=")
+        if name == SESSION_COOKIE and value:
+            return value
+    return None
+
+
+def token_is_valid(token: str | None) -> bool:
+    if not token:
+        return False
+    if auth.token_cache.get(auth.hash_token(token)) is not None:
+        return True
+    try:
+        with db.new_session() as session:
+            auth.authenticate(session, token)
+    except Unauthorized:
+        return False
+    return True
+
+
+class StoredFilesGuard:
+    """ASGI middleware: Gradio's file routes under `ui_path` need a valid token or cookie."""
+
+    def __init__(self, app: ASGIApp, ui_path: str = "/ui") -> None:
+        self.app, self.ui_path = app, ui_path.rstrip("/")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path = re.sub(r"/{2,}", "/", scope["path"])  # "/ui//file=" routes like "/ui/file="
+            if path.startswith(self.ui_path + "/"):
+                sub = path[len(self.ui_path):]
+                if GRADIO_FILE_ROUTES.match(sub):
+                    from starlette.concurrency import run_in_threadpool
+
+                    if not await run_in_threadpool(token_is_valid, request_token(scope)):
+                        response = JSONResponse(
+                            {"detail": "stored files need a valid token: log in to the UI, or "
+                                       "send Authorization: Bearer <token>"},
+                            status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                        await response(scope, receive, send)
+                        return
+        await self.app(scope, receive, send)
