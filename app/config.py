@@ -1,7 +1,7 @@
 """Settings: every knob the server (and the worker, through it) reads from the environment.
 
 `DATABASE_URL` unset means a SQLite file under `DATA_DIR`; `STORAGE_DIR` unset means
-`DATA_DIR/storage`; `BROKER_URL` unset means the worker's embedded broker (kombu's filesystem
+`DATA_DIR/storage`; `MODELS_DIR` unset means `DATA_DIR/models`; `BROKER_URL` unset means the worker's embedded broker (kombu's filesystem
 transport under `DATA_DIR/broker`).
 """
 
@@ -19,6 +19,9 @@ class Settings(BaseSettings):
     data_dir: Path = Path("./data")
     database_url: str | None = None
     storage_dir: Path | None = None
+    # local model weights jobs may name by path (base checkpoints, CLIP for preference fits);
+    # with STORAGE_DIR the only places a job config's paths may point into
+    models_dir: Path | None = None
     broker_url: str | None = None
     # --- workers (worker/celery_app.py, worker/reaper.py) ------------------------------
     # Celery result backend; unset: the broker's Redis, or with the embedded broker a SQLite
@@ -54,6 +57,10 @@ class Settings(BaseSettings):
     @property
     def resolved_storage_dir(self) -> Path:
         return (self.storage_dir or self.data_dir / "storage").resolve()
+
+    @property
+    def resolved_models_dir(self) -> Path:
+        return (self.models_dir or self.data_dir / "models").resolve()
 
 
 @lru_cache

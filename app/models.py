@@ -241,3 +241,17 @@ class PreferenceModelRow(Base):
     heldout_log_loss: Mapped[float | None] = mapped_column(Float)
     report: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class WorkerRow(Base):
+    """A Celery worker as it last reported itself (at start and every reaper round): which
+    queues it consumes and which devices it has. Job submission checks a config's `device`
+    against these, and a queued job with no live worker for it says what it waits for."""
+
+    __tablename__ = "workers"
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    queues: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    cuda_devices: Mapped[int] = mapped_column(Integer, default=0)
+    device_names: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from datetime import UTC, datetime
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 T = TypeVar("T")
+
+
+def _as_utc(value: datetime) -> datetime:
+    # SQLite hands back naive datetimes (stored as UTC), PostgreSQL aware ones in the session's
+    # time zone, a fresh row the aware value it was given: all leave as UTC, written with "Z".
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+UTCDateTime = Annotated[datetime, AfterValidator(_as_utc)]
+"""Every datetime the API returns: timezone-aware UTC, whatever the database gave."""
 
 
 class ORM(BaseModel):
@@ -41,7 +51,14 @@ class DatasetOut(ORM):
     num_eval: int
     duplicates_dropped: int
     eval_fraction: float
-    created_at: datetime
+    created_at: UTCDateTime
+
+
+class DatasetCreated(DatasetOut):
+    """The upload's answer: the dataset and what the import skipped."""
+
+    blank_lines_skipped: int = Field(
+        0, description="blank lines skipped (.txt, .jsonl and .csv): not prompts, not errors")
 
 
 class PromptOut(ORM):
@@ -74,7 +91,7 @@ class GroupOut(ORM):
     steps: int
     sigma: float
     seed: int
-    created_at: datetime
+    created_at: UTCDateTime
     samples: list[SampleOut]
 
 
@@ -97,7 +114,7 @@ class VoteIn(BaseModel):
     sample_b_id: int = Field(ge=1, le=2**31 - 1, description="The sample shown on the right.")
     outcome: Literal["a", "b", "tie", "both_bad", "skip"]
     session_id: str | None = Field(None, max_length=64)
-    shown_at: datetime | None = None
+    shown_at: UTCDateTime | None = None  # naive: taken as UTC; stored as UTC on either database
     latency_ms: int | None = Field(None, ge=0, le=2**31 - 1)
     selection: str | None = Field(None, max_length=50)
 
@@ -110,11 +127,11 @@ class VoteOut(ORM):
     sample_a_id: int
     sample_b_id: int
     outcome: str
-    shown_at: datetime | None
+    shown_at: UTCDateTime | None
     latency_ms: int | None
     selection: str
     excluded: bool
-    created_at: datetime
+    created_at: UTCDateTime
     duplicate: bool = False
 
 
@@ -145,10 +162,12 @@ class JobOut(ORM):
     worker: str | None
     cancel_requested: bool
     attempts: int
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    heartbeat_at: datetime | None
+    created_at: UTCDateTime
+    started_at: UTCDateTime | None
+    finished_at: UTCDateTime | None
+    heartbeat_at: UTCDateTime | None
+    # a queued job no live worker can take says what it waits for (app/services/workers.py)
+    waiting_for: str | None = None
 
 
 class JobDetail(JobOut):
@@ -162,7 +181,7 @@ class CheckpointOut(ORM):
     name: str
     format: str
     parent_id: int | None
-    created_at: datetime
+    created_at: UTCDateTime
     download_url: str = ""
 
 
@@ -202,7 +221,7 @@ class PreferenceModelOut(ORM):
     heldout_accuracy: float | None
     heldout_log_loss: float | None
     report: dict[str, Any]
-    created_at: datetime
+    created_at: UTCDateTime
     download_url: str = ""
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,37 @@ class ConfigError(ValueError):
         super().__init__(f"{field_name}: {message}")
         self.field = field_name
         self.message = message
+
+
+class ConfigErrors(ConfigError):
+    """Several bad fields at once; `errors` lists them (`field`/`message` are the first's)."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        super().__init__(errors[0].field, errors[0].message)
+        self.errors = errors
+        self.args = ("; ".join(str(e) for e in errors),)
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+# "preference" is blended in at run time from a fitted model (Trainer.set_preference_model)
+RUN_TIME_REWARDS = ("preference",)
+
+
+def _reward_weight_problems(weights: dict, known: list[str]) -> list[ConfigError]:
+    if not weights:
+        return [ConfigError("reward_weights", "needs at least one named reward")]
+    out = []
+    for name, weight in weights.items():
+        if (not isinstance(name, str) or isinstance(weight, bool)
+                or not isinstance(weight, (int, float)) or not math.isfinite(weight)):
+            out.append(ConfigError("reward_weights", f"must map names to finite numbers, got "
+                                                     f"{name!r}: {weight!r}"))
+        elif name not in known and name not in RUN_TIME_REWARDS:
+            out.append(ConfigError("reward_weights", f"unknown reward {name!r}; known: "
+                                   f"{sorted([*known, *RUN_TIME_REWARDS])}"))
+    return out
 
 
 def _field(default: Any, help: str, *, min: float | None = None, max: float | None = None,
@@ -122,50 +154,67 @@ class TrainConfig:
                          choices=("auto", "cpu", "cuda"))
 
     # ------------------------------------------------------------------------------------
-    def validate(self) -> TrainConfig:
-        """Check every field; raise ConfigError naming the first bad one."""
+    def problems(self) -> list[ConfigError]:
+        """Every bad field, each naming the field and what is allowed (empty when valid)."""
+        from trainer.rewards import reward_names
+
+        out: list[ConfigError] = []
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             meta = f.metadata
             expected = {"int": int, "float": (int, float), "str": str, "bool": bool,
                         "list": list, "dict": dict}[str(f.type)]
             if isinstance(value, bool) and str(f.type) in ("int", "float"):
-                raise ConfigError(f.name, f"must be a number, got {value!r}")
-            if not isinstance(value, expected):
-                raise ConfigError(f.name, f"must be of type {f.type}, got {value!r}")
-            if meta["choices"] and value not in meta["choices"]:
-                raise ConfigError(f.name, f"must be one of {list(meta['choices'])}, got {value!r}")
-            if meta["min"] is not None and value < meta["min"]:
-                raise ConfigError(f.name, f"must be in [{meta['min']}, {meta['max']}], got {value!r}")
-            if meta["max"] is not None and value > meta["max"]:
-                raise ConfigError(f.name, f"must be in [{meta['min']}, {meta['max']}], got {value!r}")
-        if self.num_anchors > self.group_size:
-            raise ConfigError("num_anchors", f"must be <= group_size ({self.group_size}), "
-                              f"got {self.num_anchors}")
-        if self.num_train_timesteps > self.rollout_steps:
-            raise ConfigError("num_train_timesteps", f"must be <= rollout_steps "
-                              f"({self.rollout_steps}), got {self.num_train_timesteps}")
-        if self.kl_coefficient > 0 and self.method != "neighbor":
-            raise ConfigError("kl_coefficient", "is implemented for method 'neighbor' only")
-        if not self.reward_weights:
-            raise ConfigError("reward_weights", "needs at least one named reward")
-        for name, weight in self.reward_weights.items():
-            if not isinstance(name, str) or isinstance(weight, bool) or not isinstance(weight, (int, float)):
-                raise ConfigError("reward_weights", f"must map names to numbers, got {name!r}: {weight!r}")
-        if not all(isinstance(p, str) and p.strip() for p in self.prompts):
-            raise ConfigError("prompts", "must be a list of non-empty strings")
+                out.append(ConfigError(f.name, f"must be a number, got {value!r}"))
+            elif not isinstance(value, expected):
+                out.append(ConfigError(f.name, f"must be of type {f.type}, got {value!r}"))
+            elif isinstance(value, float) and not math.isfinite(value):
+                out.append(ConfigError(f.name, f"must be a finite number, got {value!r}"))
+            elif meta["choices"] and value not in meta["choices"]:
+                out.append(ConfigError(f.name, f"must be one of {list(meta['choices'])}, "
+                                               f"got {value!r}"))
+            elif ((meta["min"] is not None and value < meta["min"])
+                  or (meta["max"] is not None and value > meta["max"])):
+                out.append(ConfigError(f.name, f"must be in [{meta['min']}, {meta['max']}], "
+                                               f"got {value!r}"))
+        bad = {e.field for e in out}
+        if not bad & {"num_anchors", "group_size"} and self.num_anchors > self.group_size:
+            out.append(ConfigError("num_anchors", f"must be <= group_size ({self.group_size}), "
+                                                  f"got {self.num_anchors}"))
+        if (not bad & {"num_train_timesteps", "rollout_steps"}
+                and self.num_train_timesteps > self.rollout_steps):
+            out.append(ConfigError("num_train_timesteps", f"must be <= rollout_steps "
+                                   f"({self.rollout_steps}), got {self.num_train_timesteps}"))
+        if "kl_coefficient" not in bad and self.kl_coefficient > 0 and self.method != "neighbor":
+            out.append(ConfigError("kl_coefficient", "is implemented for method 'neighbor' only"))
+        if "reward_weights" not in bad:
+            out += _reward_weight_problems(self.reward_weights, reward_names())
+        if "prompts" not in bad and not all(isinstance(p, str) and p.strip() and "\x00" not in p
+                                            for p in self.prompts):
+            out.append(ConfigError("prompts", "must be a list of non-empty strings without NUL "
+                                              "characters"))
+        return out
+
+    def validate(self) -> TrainConfig:
+        """Check every field; raise ConfigErrors naming every bad one."""
+        problems = self.problems()
+        if problems:
+            raise ConfigErrors(problems)
         return self
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """Build and validate; unknown fields are errors (a typo must not be ignored)."""
+        """Build and validate; unknown fields are errors (a typo must not be ignored). Every
+        problem is reported at once (ConfigErrors)."""
         if not isinstance(data, dict):
             raise ConfigError("config", "must be a JSON object")
         known = {f.name for f in dataclasses.fields(cls)}
-        for key in data:
-            if key not in known:
-                raise ConfigError(key, "unknown field")
-        return cls(**data).validate()
+        unknown = [ConfigError(str(key), "unknown field") for key in data if key not in known]
+        config = cls(**{k: v for k, v in data.items() if k in known})
+        problems = unknown + config.problems()
+        if problems:
+            raise ConfigErrors(problems)
+        return config
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -23,7 +23,6 @@ import torch.distributed as dist
 
 from app.db import session_scope
 from app.services import checkpoints, jobs, storage
-from trainer.config import TrainConfig
 from trainer.distributed import (
     DistributedFlowModel,
     broadcast_ints,
@@ -36,6 +35,7 @@ from worker.training import (
     TrainRecorder,
     attach_preference,
     attach_preference_version,
+    job_train_config,
     prepare_trainer,
 )
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     rank, _world = init_from_env()
     comm = local_device() if dist.get_backend() == "nccl" else "cpu"
     with session_scope() as s:
-        config = TrainConfig.from_dict(dict(jobs.get_job(s, job_id).config))
+        config = job_train_config(jobs.get_job(s, job_id).config)
     model = DistributedFlowModel(load_model(config))  # collective: every rank, same time
     if rank == 0:  # resumes and truncates the metric history past the checkpoint
         trainer, config, ckpt_id, last_vote = prepare_trainer(job_id, model=model)

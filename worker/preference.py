@@ -15,7 +15,6 @@ from __future__ import annotations
 import io
 import logging
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -58,7 +57,10 @@ class ImageCache:
 
 def fit_config_from(cfg: dict[str, Any]) -> FitConfig:
     device = str(resolve_device(cfg.get("device", "auto")))
-    return FitConfig(**{k: cfg[k] for k in FIT_FIELDS if k in cfg}, device=device)
+    fields = {k: cfg[k] for k in FIT_FIELDS if k in cfg}
+    if fields.get("clip_path"):  # inside STORAGE_DIR or MODELS_DIR, as submission checked
+        fields["clip_path"] = str(storage.job_path(fields["clip_path"], want="dir"))
+    return FitConfig(**fields, device=device)
 
 
 def fit_and_record(fit_config: FitConfig, *, job_id: int | None = None, min_votes: int = 0,
@@ -154,9 +156,9 @@ def resolve_preference(config: TrainConfig, latest: int | None = None
         elif spec.lstrip("v").isdigit():
             row = pref_svc.get_model(s, int(spec.lstrip("v")))
         else:
-            path = Path(spec)
-            full = path if path.is_absolute() else storage.storage_root() / path
-            if not full.is_file():
-                raise FileNotFoundError(f"preference_model {spec!r} not found")
+            try:
+                full = storage.job_path(spec)
+            except ValueError as exc:
+                raise FileNotFoundError(f"preference_model: {exc}") from None
             return str(full), None, 0
         return str(storage.resolve(row.path)), row.version, row.last_vote_id

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 
 from app.config import get_settings
@@ -37,14 +38,19 @@ def reap_once() -> list[tuple[int, str, str]]:
 
 
 class ReaperThread(threading.Thread):
-    def __init__(self, interval: float) -> None:
+    """`reap_once` every `interval` seconds, after `on_round` (the worker's liveness report)."""
+
+    def __init__(self, interval: float, on_round: Callable[[], None] | None = None) -> None:
         super().__init__(name="job-reaper", daemon=True)
         self.interval = interval
+        self.on_round = on_round
         self.stopped = threading.Event()
 
     def run(self) -> None:
         while True:
             try:
+                if self.on_round is not None:
+                    self.on_round()
                 reap_once()
             except Exception:  # the database may be briefly away; try again next round
                 log.exception("reaper round failed")

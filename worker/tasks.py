@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -151,10 +152,38 @@ def run_torchrun(job_id: int, worker_name: str, nproc: int) -> str:
 
 
 # --- worker lifecycle -------------------------------------------------------------------------
+def consumed_queues(consumer) -> list[str]:
+    """The queues this worker takes tasks from (`-Q`); all of them when it cannot tell."""
+    from worker.celery_app import QUEUES
+
+    try:
+        names = [q.name for q in consumer.task_consumer.queues]
+    except AttributeError:
+        names = list((consumer.app.amqp.queues.consume_from or {}) if consumer else [])
+    return names or list(QUEUES)
+
+
+def report_worker(name: str, queues: list[str]) -> None:
+    """Record this worker's queues and devices (`app.services.workers`): submission checks a
+    job's `device` against them, and a queued job says when no live worker can take it."""
+    import torch
+
+    from app.services import workers
+
+    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    names = [torch.cuda.get_device_name(i) for i in range(cuda)]
+    with session_scope() as s:
+        workers.report(s, name, queues, cuda, names)
+
+
 @signals.worker_ready.connect
 def _start_reaper(sender=None, **_kwargs) -> None:
-    """The startup check (first round at once), then every REAPER_INTERVAL_SECONDS."""
-    thread = ReaperThread(get_settings().reaper_interval_seconds)
+    """Report this worker, then the reaper's startup check (first round at once) and every
+    REAPER_INTERVAL_SECONDS both again (the report keeps the worker counted as live)."""
+    name = getattr(sender, "hostname", None) or socket.gethostname()
+    queues = consumed_queues(sender)
+    thread = ReaperThread(get_settings().reaper_interval_seconds,
+                          on_round=lambda: report_worker(name, queues))
     thread.start()
 
 

@@ -183,12 +183,22 @@ def maybe_refit_preference(trainer: Trainer, config: TrainConfig, job_id: int,
              "preference_heldout_accuracy": row["heldout_accuracy"]}, row["last_vote_id"])
 
 
+def job_train_config(config: dict[str, Any]) -> TrainConfig:
+    """A train job's stored config as the trainer takes it: validated again, with a relative
+    base_checkpoint resolved the way submission checked it (inside STORAGE_DIR or MODELS_DIR,
+    `storage.job_path`), so the worker's working directory never matters."""
+    cfg = TrainConfig.from_dict(dict(config))
+    if cfg.base_checkpoint:
+        cfg.base_checkpoint = str(storage.job_path(cfg.base_checkpoint))
+    return cfg
+
+
 def prepare_trainer(job_id: int, model=None) -> tuple[Trainer, TrainConfig, int | None, int]:
     """The job's trainer, resumed from its newest recorded checkpoint (if any); also the
     checkpoint's id and the newest vote its preference model saw (0 without one)."""
     with session_scope() as s:
         job = jobs.get_job(s, job_id)
-        config = TrainConfig.from_dict(dict(job.config))
+        config = job_train_config(job.config)
         ckpt = checkpoints.latest_checkpoint(s, job_id)
         ckpt_id, ckpt_path = (ckpt.id, ckpt.path) if ckpt is not None else (None, None)
     trainer = Trainer(config, model=model)

@@ -7,28 +7,46 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi.responses import Response, StreamingResponse
+from pydantic import WithJsonSchema
 
 from app.api.deps import AdminDep, PathId, QueryId, SessionDep, SettingsDep, UserDep
-from app.errors import PayloadTooLarge
-from app.schemas import DatasetOut, Page, PromptOut
+from app.errors import Invalid, PayloadTooLarge
+from app.schemas import DatasetCreated, DatasetOut, Page, PromptOut
 from app.services import datasets as svc
 
 router = APIRouter(tags=["datasets"])
 
+# A multipart part with an empty filename arrives as a plain string, not an UploadFile; taking
+# both lets the route say what is wrong instead of pydantic's "Expected UploadFile". The schema
+# stays the file's.
+FilePart = Annotated[
+    UploadFile | str,
+    File(description="prompts as .txt, .csv, .jsonl or .parquet"),
+    WithJsonSchema({"type": "string", "contentMediaType": "application/octet-stream"}),
+]
 
-@router.post("/datasets", response_model=DatasetOut, status_code=201,
-             responses={400: {}, 413: {}, 422: {}})
+
+def _json(value: object) -> str:
+    # allow_nan=False: the export is strict JSON (the service already made NaN/inf null)
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+@router.post("/datasets", response_model=DatasetCreated, status_code=201,
+             responses={400: {}, 409: {}, 413: {}, 422: {}})
 def upload_dataset(
     request: Request,
     session: SessionDep,
     settings: SettingsDep,
     _admin: AdminDep,
-    file: Annotated[UploadFile, File(description="prompts as .txt, .csv, .jsonl or .parquet")],
+    file: FilePart,
     name: Annotated[str | None, Form(max_length=200)] = None,
     eval_fraction: Annotated[float, Form(ge=0.0, lt=1.0)] = 0.0,
     seed: Annotated[int, Form(ge=0, le=2**31 - 1)] = 0,
-) -> DatasetOut:
-    filename = file.filename or ""
+) -> DatasetCreated:
+    if isinstance(file, str) or not file.filename:
+        raise Invalid("file: a file with a name is required (.txt, .csv, .jsonl or .parquet)",
+                      field="file")
+    filename = file.filename
     limit = settings.max_upload_bytes
     length = request.headers.get("content-length")
     if length and length.isdigit() and int(length) > limit + 1024 * 1024:
@@ -39,7 +57,9 @@ def upload_dataset(
                                 eval_fraction=eval_fraction, seed=seed,
                                 max_prompt_length=settings.max_prompt_length, max_bytes=limit)
     session.commit()
-    return DatasetOut.model_validate(result.dataset)
+    out = DatasetCreated.model_validate(result.dataset)
+    out.blank_lines_skipped = result.blank_lines_skipped
+    return out
 
 
 @router.get("/datasets", response_model=Page[DatasetOut])
@@ -66,10 +86,10 @@ def export_dataset(dataset_id: PathId, session: SessionDep, _user: UserDep,
         writer.writerow(["id", "prompt", "split", "metadata"])
         for r in rows:
             writer.writerow([r["id"], r["prompt"], r["split"],
-                             json.dumps(r["metadata"]) if r["metadata"] else ""])
+                             _json(r["metadata"]) if r["metadata"] else ""])
         body, media = buf.getvalue(), "text/csv"
     else:
-        body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        body = "".join(_json(r) + "\n" for r in rows)
         media = "application/x-ndjson"
     return StreamingResponse(
         iter([body]), media_type=media,

@@ -8,12 +8,15 @@ from app.api.deps import MAX_ID, AdminDep, EnqueuerDep, PathId, SessionDep, User
 from app.models import Job
 from app.schemas import JobDetail, JobIn, JobOut, MetricPoint, Page
 from app.services import jobs as svc
+from app.services import workers
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 
-def job_out(job: Job, cls: type[JobOut] = JobOut, **extra: Any) -> Any:
+def job_out(job: Job, cls: type[JobOut] = JobOut, waiting: dict[int, str] | None = None,
+            **extra: Any) -> Any:
     out = cls.model_validate(job)
+    out.waiting_for = (waiting or {}).get(job.id)
     if job.total_iterations:
         out.progress = min(1.0, job.iteration / job.total_iterations)
     elif job.status == "succeeded":
@@ -30,7 +33,7 @@ def create_job(body: JobIn, session: SessionDep, admin: AdminDep,
                          dataset_id=body.dataset_id, user=admin)
     session.commit()
     svc.enqueue(enqueuer, job)
-    return job_out(job)
+    return job_out(job, waiting=workers.waiting_for(session, [job]))
 
 
 @router.get("", response_model=Page[JobOut])
@@ -40,7 +43,9 @@ def list_jobs(session: SessionDep, _user: UserDep,
               limit: Annotated[int, Query(ge=1, le=500)] = 50,
               offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> Page[JobOut]:
     rows, total = svc.list_jobs(session, status=status, kind=kind, limit=limit, offset=offset)
-    return Page(items=[job_out(j) for j in rows], total=total, limit=limit, offset=offset)
+    waiting = workers.waiting_for(session, rows)
+    return Page(items=[job_out(j, waiting=waiting) for j in rows], total=total, limit=limit,
+                offset=offset)
 
 
 @router.get("/config-schema")
@@ -56,7 +61,8 @@ def config_schema(_user: UserDep) -> dict[str, Any]:
 def get_job(job_id: PathId, session: SessionDep, _user: UserDep) -> JobDetail:
     job = svc.get_job(session, job_id)
     history = [MetricPoint.model_validate(m) for m in svc.metric_history(session, job_id)]
-    return job_out(job, JobDetail, metric_history=history)
+    return job_out(job, JobDetail, waiting=workers.waiting_for(session, [job]),
+                   metric_history=history)
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses={404: {}, 409: {}})
@@ -72,4 +78,4 @@ def resume_job(job_id: PathId, session: SessionDep, _admin: AdminDep,
     job = svc.resume_job(session, job_id)
     session.commit()
     svc.enqueue(enqueuer, job)
-    return job_out(job)
+    return job_out(job, waiting=workers.waiting_for(session, [job]))

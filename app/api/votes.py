@@ -43,7 +43,8 @@ async def next_pair(user: UserDep,
 
 @router.post("", response_model=VoteOut, status_code=201,
              responses={200: {"model": VoteOut, "description": "duplicate client_vote_id"},
-                        409: {}, 422: {}})
+                        409: {"description": "pair already judged, or client_vote_id already "
+                              "used for a different vote"}, 422: {}})
 async def post_vote(body: VoteIn, user: UserDep) -> VoteOut | Response:
     out, created = await run_in_threadpool(_vote, user, body)
     if created:
@@ -59,6 +60,8 @@ def export(session: SessionDep, _user: UserDep,
     if format == "parquet":
         return Response(svc.export_parquet(session), media_type="application/vnd.apache.parquet",
                         headers={"Content-Disposition": 'attachment; filename="votes.parquet"'})
-    body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in svc.export_votes(session))
+    # allow_nan=False: strict JSON, always (no row field can hold NaN or inf today)
+    body = "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n"
+                   for r in svc.export_votes(session))
     return Response(body, media_type="application/x-ndjson",
                     headers={"Content-Disposition": 'attachment; filename="votes.jsonl"'})

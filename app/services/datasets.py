@@ -2,7 +2,10 @@
 
 Every problem in an upload is an `Invalid` (or `PayloadTooLarge`) whose message names the file,
 the line or row, and the reason; parsing finishes before anything is written, so a bad upload
-stores nothing.
+stores nothing. Blank lines (of a .txt, .jsonl or .csv) are skipped and counted, not errors: they
+separate records, they are not records. An empty prompt in a record is an error.
+
+Metadata is stored and exported as strict JSON: non-finite numbers (NaN, 1e400) become null.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import random
+import re
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
@@ -33,9 +38,18 @@ class ParsedPrompt:
 
 
 @dataclass
+class ParsedUpload:
+    format: str
+    prompts: list[ParsedPrompt]  # unique, normalised
+    duplicates_dropped: int
+    blank_lines_skipped: int
+
+
+@dataclass
 class ImportResult:
     dataset: Dataset
     duplicates_dropped: int
+    blank_lines_skipped: int = 0
 
 
 def normalise(text: str) -> str:
@@ -66,28 +80,46 @@ def _decode(filename: str, data: bytes) -> str:
         ) from None
 
 
+def json_safe(value: Any) -> Any:
+    """`value` with every non-finite float (NaN, inf: what 1e400 parses to) replaced by None,
+    in nested dicts and lists too: json.dumps would write them as the non-JSON tokens NaN and
+    Infinity, and PostgreSQL's json type refuses them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def _meta_value(value: Any) -> Any:
-    # parquet/csv values made JSON-safe
+    # parquet values made JSON-safe (dates, bytes, decimals: their text)
+    value = json_safe(value)
     try:
-        json.dumps(value)
+        json.dumps(value, allow_nan=False)
         return value
     except (TypeError, ValueError):
         return str(value)
 
 
-def _parse_txt(filename: str, text: str) -> list[ParsedPrompt]:
-    lines = text.splitlines()
-    while lines and not lines[-1].strip():
-        lines.pop()  # trailing blank lines are not prompts
-    return [ParsedPrompt(line, None, f"line {i}") for i, line in enumerate(lines, 1)]
+def _parse_txt(filename: str, text: str) -> tuple[list[ParsedPrompt], int]:
+    out: list[ParsedPrompt] = []
+    blank = 0
+    for i, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            out.append(ParsedPrompt(line, None, f"line {i}"))
+        else:
+            blank += 1
+    return out, blank
 
 
-def _parse_csv(filename: str, text: str) -> list[ParsedPrompt]:
+def _parse_csv(filename: str, text: str) -> tuple[list[ParsedPrompt], int]:
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     try:
         header = next(reader)
     except StopIteration:
-        return []
+        return [], 0
     except csv.Error as exc:
         raise Invalid(f"{filename}: line 1: malformed CSV header ({exc})", file=filename, line=1) from None
     header = [h.strip() for h in header]
@@ -99,7 +131,7 @@ def _parse_csv(filename: str, text: str) -> list[ParsedPrompt]:
         )
     col = header.index("prompt")
     out: list[ParsedPrompt] = []
-    row_no = 0
+    row_no = blank = 0
     while True:
         try:
             row = next(reader)
@@ -111,7 +143,8 @@ def _parse_csv(filename: str, text: str) -> list[ParsedPrompt]:
                 file=filename,
                 line=reader.line_num,
             ) from None
-        if not row:
+        if not row:  # an empty line: the csv module gives no fields at all
+            blank += 1
             continue
         row_no += 1
         if len(row) != len(header):
@@ -124,13 +157,23 @@ def _parse_csv(filename: str, text: str) -> list[ParsedPrompt]:
             )
         meta = {k: v for i, (k, v) in enumerate(zip(header, row, strict=True)) if i != col}
         out.append(ParsedPrompt(row[col], meta or None, f"line {reader.line_num} (row {row_no})"))
-    return out
+    return out, blank
 
 
-def _parse_jsonl(filename: str, text: str) -> list[ParsedPrompt]:
+# JSON text holds no raw CR or LF, but may hold U+2028 and friends, which str.splitlines()
+# would also split at.
+_JSONL_LINE = re.compile(r"\r\n|\r|\n")
+
+
+def _parse_jsonl(filename: str, text: str) -> tuple[list[ParsedPrompt], int]:
     out: list[ParsedPrompt] = []
-    for i, line in enumerate(text.splitlines(), 1):
+    blank = 0
+    lines = _JSONL_LINE.split(text)
+    if lines and lines[-1] == "":
+        lines.pop()  # the last line's terminator, not a blank line
+    for i, line in enumerate(lines, 1):
         if not line.strip():
+            blank += 1
             continue
         try:
             obj = json.loads(line)
@@ -140,6 +183,9 @@ def _parse_jsonl(filename: str, text: str) -> list[ParsedPrompt]:
                 file=filename,
                 line=i,
             ) from None
+        except (ValueError, RecursionError) as exc:  # an int of > 4300 digits; deep nesting
+            raise Invalid(f"{filename}: line {i}: malformed JSON ({exc})", file=filename,
+                          line=i) from None
         if not isinstance(obj, dict):
             raise Invalid(f"{filename}: line {i}: expected a JSON object", file=filename, line=i)
         if "prompt" not in obj:
@@ -147,11 +193,11 @@ def _parse_jsonl(filename: str, text: str) -> list[ParsedPrompt]:
         prompt = obj.pop("prompt")
         if not isinstance(prompt, str):
             raise Invalid(f"{filename}: line {i}: 'prompt' must be a string", file=filename, line=i)
-        out.append(ParsedPrompt(prompt, obj or None, f"line {i}"))
-    return out
+        out.append(ParsedPrompt(prompt, json_safe(obj) or None, f"line {i}"))
+    return out, blank
 
 
-def _parse_parquet(filename: str, data: bytes) -> list[ParsedPrompt]:
+def _parse_parquet(filename: str, data: bytes) -> tuple[list[ParsedPrompt], int]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -175,22 +221,23 @@ def _parse_parquet(filename: str, data: bytes) -> list[ParsedPrompt]:
         prompt = rec.pop("prompt")
         meta = {k: _meta_value(v) for k, v in rec.items()}
         out.append(ParsedPrompt(prompt if prompt is not None else "", meta or None, f"row {i}"))
-    return out
+    return out, 0
 
 
 def parse_upload(filename: str, data: bytes, *, max_prompt_length: int,
-                 max_bytes: int) -> tuple[str, list[ParsedPrompt], int]:
-    """Parse and check an upload. Returns (format, unique prompts, duplicates dropped)."""
+                 max_bytes: int) -> ParsedUpload:
+    """Parse and check an upload: its unique prompts, duplicates dropped, blank lines skipped."""
     fmt = detect_format(filename)
     if len(data) > max_bytes:
         raise PayloadTooLarge(
             f"{filename}: file is larger than the limit of {max_bytes} bytes", file=filename
         )
     if fmt == "parquet":
-        parsed = _parse_parquet(filename, data)
+        parsed, blank = _parse_parquet(filename, data)
     else:
         text = _decode(filename, data)
-        parsed = {"txt": _parse_txt, "csv": _parse_csv, "jsonl": _parse_jsonl}[fmt](filename, text)
+        parsed, blank = {"txt": _parse_txt, "csv": _parse_csv,
+                         "jsonl": _parse_jsonl}[fmt](filename, text)
     unique: list[ParsedPrompt] = []
     seen: set[str] = set()
     for p in parsed:
@@ -214,23 +261,45 @@ def parse_upload(filename: str, data: bytes, *, max_prompt_length: int,
         unique.append(p)
     if not unique:
         raise Invalid(f"{filename}: no prompts found", file=filename)
-    return fmt, unique, len(parsed) - len(unique)
+    return ParsedUpload(fmt, unique, len(parsed) - len(unique), blank)
+
+
+def dataset_name(filename: str, name: str | None) -> str:
+    """The name a dataset gets: the given one, else the file's stem."""
+    name = (name or "").strip() or PurePath(filename).stem or "dataset"
+    if "\x00" in name:  # PostgreSQL refuses it; SQLite would store a name nobody can type
+        raise Invalid("name: must not contain NUL characters", field="name")
+    return name[:200]
+
+
+def check_name_free(session: Session, name: str) -> None:
+    """Conflict if a dataset already has this name (names pick datasets in the UI and the
+    demo). A check, not a unique index: two uploads racing with one name can both pass."""
+    taken = session.scalar(select(Dataset.id).where(Dataset.name == name)
+                           .order_by(Dataset.id).limit(1))
+    if taken is not None:
+        raise Conflict(f"name: a dataset named '{name}' already exists (dataset {taken}); "
+                       "choose another name or delete that dataset", field="name",
+                       dataset_id=taken)
 
 
 def import_dataset(session: Session, *, filename: str, data: bytes, name: str | None = None,
                    eval_fraction: float = 0.0, seed: int = 0, max_prompt_length: int = 2000,
                    max_bytes: int = 50 * 1024 * 1024) -> ImportResult:
-    """Parse, then write the dataset and its prompts (flush, no commit)."""
+    """Parse, then write the dataset and its prompts (flush, no commit). A name (given, or the
+    file's stem) that another dataset has is a Conflict."""
     if not 0.0 <= eval_fraction < 1.0:
         raise Invalid("eval_fraction must be in [0, 1)", field="eval_fraction")
-    fmt, prompts, dropped = parse_upload(filename, data, max_prompt_length=max_prompt_length,
-                                         max_bytes=max_bytes)
+    name = dataset_name(filename, name)
+    check_name_free(session, name)
+    parsed = parse_upload(filename, data, max_prompt_length=max_prompt_length,
+                          max_bytes=max_bytes)
+    prompts, dropped = parsed.prompts, parsed.duplicates_dropped
     n_eval = round(len(prompts) * eval_fraction)
     order = list(range(len(prompts)))
     random.Random(seed).shuffle(order)
     eval_idx = set(order[:n_eval])
-    name = (name or "").strip() or PurePath(filename).stem or "dataset"
-    ds = Dataset(name=name[:200], filename=filename[:300], format=fmt, num_prompts=len(prompts),
+    ds = Dataset(name=name, filename=filename[:300], format=parsed.format, num_prompts=len(prompts),
                  num_eval=n_eval, duplicates_dropped=dropped, eval_fraction=eval_fraction)
     session.add(ds)
     session.flush()
@@ -241,7 +310,7 @@ def import_dataset(session: Session, *, filename: str, data: bytes, name: str | 
     ]
     for start in range(0, len(rows), 5000):
         session.execute(insert(Prompt), rows[start:start + 5000])
-    return ImportResult(ds, dropped)
+    return ImportResult(ds, dropped, parsed.blank_lines_skipped)
 
 
 def list_datasets(session: Session, *, limit: int = 100, offset: int = 0) -> tuple[list[Dataset], int]:
@@ -264,7 +333,9 @@ def export_rows(session: Session, dataset_id: int) -> list[dict[str, Any]]:
         .where(Prompt.dataset_id == dataset_id)
         .order_by(Prompt.position)
     )
-    return [{"id": r.id, "prompt": r.text, "split": r.split, "metadata": r.meta} for r in rows]
+    # json_safe: rows stored before metadata was cleaned on import may hold NaN/inf (SQLite)
+    return [{"id": r.id, "prompt": r.text, "split": r.split, "metadata": json_safe(r.meta)}
+            for r in rows]
 
 
 def delete_dataset(session: Session, dataset_id: int) -> None:
@@ -290,7 +361,11 @@ def list_prompts(session: Session, *, dataset_id: int | None = None, split: str 
         stmt = stmt.where(Prompt.dataset_id == dataset_id)
     if split is not None:
         stmt = stmt.where(Prompt.split == split)
+    if q and "\x00" in q:
+        # SQLite ends the pattern at the NUL (so it matched everything), PostgreSQL refuses it
+        raise Invalid("q: must not contain NUL characters", field="q")
     if q:
+        # LIKE wildcards in q are text to find, not patterns
         escaped = q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         stmt = stmt.where(func.lower(Prompt.text).like(f"%{escaped.lower()}%", escape="\\"))
     total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0

@@ -37,12 +37,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
+from app.config import get_settings
 from app.errors import Conflict, Invalid, NotFound
 from app.models import JOB_KINDS, Checkpoint, Dataset, Job, JobMetric, User, utcnow
+from app.services import storage, workers
+from app.services.workers import QUEUES
 
 log = logging.getLogger(__name__)
 
-QUEUES = {"train": "gpu", "rollout": "gpu", "evaluate": "gpu", "fit_preference": "cpu"}
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 Enqueuer = Callable[[int, str], None]
@@ -67,15 +69,17 @@ class RolloutConfig(_Cfg):
     solver: Literal["dpm++", "euler"] = "dpm++"
     steps: int = Field(8, ge=2, le=1000)
     seed: int = Field(0, ge=0, le=2**31 - 1)
-    model: str = "shapes"
-    reward_names: list[str] = Field(default_factory=list, max_length=32)
+    model: Literal["shapes"] = Field("shapes", description="Model adapter of the checkpoint.")
+    reward_names: list[str] = Field(default_factory=list, max_length=32,
+                                    description="Rewards scored on each sample (registry "
+                                    "names); empty: count, color and shape.")
 
 
 class EvaluateConfig(_Cfg):
     """Fixed prompts and seeds from checkpoints; images feed cross-checkpoint votes."""
 
-    checkpoint_ids: list[Annotated[int, Field(ge=1, le=MAX_ID)]] = Field(min_length=1,
-                                                                         max_length=64)
+    checkpoint_ids: list[Annotated[int, Field(ge=1, le=MAX_ID)]] = Field(
+        min_length=2, max_length=64, description="Two or more distinct checkpoints to compare.")
     dataset_id: int | None = Field(None, ge=1, le=MAX_ID)
     split: Literal["train", "eval", "all"] = "eval"
     prompts: list[str] = Field(default_factory=list, max_length=10_000)
@@ -83,8 +87,10 @@ class EvaluateConfig(_Cfg):
     seeds: list[Annotated[int, Field(ge=0, le=MAX_ID)]] = Field(default_factory=lambda: [0, 1, 2, 3], min_length=1, max_length=1000)
     solver: Literal["dpm++", "euler"] = "dpm++"
     steps: int = Field(8, ge=2, le=1000)
-    model: str = "shapes"
-    reward_names: list[str] = Field(default_factory=list, max_length=32)
+    model: Literal["shapes"] = Field("shapes", description="Model adapter of the checkpoints.")
+    reward_names: list[str] = Field(default_factory=list, max_length=32,
+                                    description="Rewards scored on each image (registry names); "
+                                    "empty: count, color and shape.")
 
 
 class FitPreferenceConfig(_Cfg):
@@ -123,50 +129,151 @@ KIND_CONFIGS: dict[str, type[_Cfg]] = {
 }
 
 
-def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
-                    preset: str | None = None) -> dict[str, Any]:
-    """The full validated config of a job (defaults filled in); Invalid naming the bad field."""
-    if kind not in JOB_KINDS:
-        raise Invalid(f"kind must be one of {list(JOB_KINDS)}, got {kind!r}", field="kind")
-    config = dict(config or {})
-    if kind == "train":
-        from trainer.config import PRESETS, ConfigError, TrainConfig
+Problems = list[tuple[str, str]]  # (field, message), every one found
 
-        data: dict[str, Any] = {}
-        if preset:
-            if preset not in PRESETS:
-                raise Invalid(f"preset: unknown preset {preset!r}; one of {list(PRESETS)}",
-                              field="preset")
-            data.update(PRESETS[preset])
-        data.update(config)
-        try:
-            return TrainConfig.from_dict(data).to_dict()
-        except ConfigError as exc:
-            raise Invalid(f"config.{exc.field}: {exc.message}", field=exc.field) from None
-        except TypeError as exc:  # dataclass construction problems
-            raise Invalid(f"config: {exc}", field="config") from None
+
+def _train_config(config: dict[str, Any], preset: str | None, problems: Problems
+                  ) -> dict[str, Any]:
+    from trainer.config import PRESETS, ConfigErrors, TrainConfig
+
+    data: dict[str, Any] = {}
     if preset:
-        raise Invalid(f"preset: presets exist only for train jobs, not {kind}", field="preset")
+        if preset not in PRESETS:
+            problems.append(("preset", f"unknown preset {preset!r}; one of {list(PRESETS)}"))
+        else:
+            data.update(PRESETS[preset])
+    data.update(config)
     try:
-        cfg = KIND_CONFIGS[kind].model_validate(config)
+        return TrainConfig.from_dict(data).to_dict()
+    except ConfigErrors as exc:
+        problems.extend((e.field, e.message) for e in exc.errors)
+    return {**TrainConfig().to_dict(), **data}  # the server's own checks still run on it
+
+
+def _kind_config(kind: str, config: dict[str, Any], problems: Problems) -> dict[str, Any]:
+    try:
+        return KIND_CONFIGS[kind].model_validate(config).model_dump()
     except ValidationError as exc:
-        err = exc.errors()[0]
-        name = ".".join(str(p) for p in err["loc"]) or "config"
-        raise Invalid(f"config.{name}: {err['msg']}", field=name) from None
-    out = cfg.model_dump()
-    if out.get("features") == "clip" and not out["clip_path"].strip():
-        raise Invalid("config.clip_path: features 'clip' needs the local path of CLIP weights "
-                      "(a transformers save_pretrained directory) on the worker", field="clip_path")
+        for err in exc.errors():
+            name = ".".join(str(p) for p in err["loc"][:1]) or "config"
+            where = ".".join(str(p) for p in err["loc"][1:])
+            problems.append((name, f"{where + ': ' if where else ''}{err['msg']}"))
+    return dict(config)  # the server's own checks still run on it
+
+
+def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
+                           problems: Problems) -> None:
+    """What the worker would otherwise fail on: rewards it does not know, prompts longer than
+    an upload may hold, paths outside the storage and models directories, missing rows, a
+    device no live worker has. Fields already found malformed are not checked again."""
+    from trainer.config import RUN_TIME_REWARDS
+    from trainer.rewards import reward_names
+
+    malformed = {field for field, _ in problems}
+    expected = {"prompts": list, "reward_names": list, "base_checkpoint": str,
+                "features": str, "clip_path": str, "reward_weights": dict,
+                "preference_model": str, "dataset_id": int, "checkpoint_id": int,
+                "checkpoint_ids": list, "device": str}
+    out = {k: v for k, v in config.items()
+           if k in expected and k not in malformed and isinstance(v, expected[k])
+           and not isinstance(v, bool)}
+    if "checkpoint_ids" in out and not all(isinstance(c, int) for c in out["checkpoint_ids"]):
+        del out["checkpoint_ids"]
+
+    limit = get_settings().max_prompt_length
+    for i, prompt in enumerate(out.get("prompts") or []):
+        if isinstance(prompt, str) and len(prompt) > limit:
+            problems.append(("prompts", f"prompt {i} has {len(prompt)} characters; the limit "
+                                        f"is {limit} (MAX_PROMPT_LENGTH)"))
+        if isinstance(prompt, str) and ("\x00" in prompt or not prompt.strip()):
+            problems.append(("prompts", f"prompt {i} is empty or contains a NUL character"))
+    known = reward_names()
+    for name in out.get("reward_names") or []:
+        if name not in known:
+            problems.append(("reward_names", f"unknown reward {name!r}; known: {known}"))
+    if out.get("base_checkpoint"):
+        try:
+            storage.job_path(out["base_checkpoint"])
+        except ValueError as exc:
+            problems.append(("base_checkpoint", str(exc)))
+    if out.get("features") == "clip":
+        if not out.get("clip_path", "").strip():
+            problems.append(("clip_path", "features 'clip' needs the local path of CLIP weights "
+                                          "(a transformers save_pretrained directory) under "
+                                          "MODELS_DIR"))
+        else:
+            try:
+                storage.job_path(out["clip_path"], want="dir")
+            except ValueError as exc:
+                problems.append(("clip_path", str(exc)))
+    if kind == "train" and any(n in RUN_TIME_REWARDS for n in out.get("reward_weights", {})):
+        problem = preference_problem(session, out.get("preference_model", ""))
+        if problem:
+            problems.append(("preference_model", problem))
     ds_id = out.get("dataset_id")
     if ds_id is not None and session.get(Dataset, ds_id) is None:
-        raise Invalid(f"config.dataset_id: dataset {ds_id} not found", field="dataset_id")
-    for key in ("checkpoint_id",):
-        if out.get(key) is not None and session.get(Checkpoint, out[key]) is None:
-            raise Invalid(f"config.{key}: checkpoint {out[key]} not found", field=key)
-    for cid in out.get("checkpoint_ids") or []:
-        if session.get(Checkpoint, cid) is None:
-            raise Invalid(f"config.checkpoint_ids: checkpoint {cid} not found",
-                          field="checkpoint_ids")
+        problems.append(("dataset_id", f"dataset {ds_id} not found"))
+    if out.get("checkpoint_id") is not None and session.get(Checkpoint, out["checkpoint_id"]) is None:
+        problems.append(("checkpoint_id", f"checkpoint {out['checkpoint_id']} not found"))
+    ids = out.get("checkpoint_ids") or []
+    if len(set(ids)) < len(ids):
+        problems.append(("checkpoint_ids", "must not repeat a checkpoint"))
+    missing = [cid for cid in dict.fromkeys(ids) if session.get(Checkpoint, cid) is None]
+    if missing:
+        problems.append(("checkpoint_ids", f"checkpoint(s) {missing} not found"))
+    device = workers.device_problem(session, kind, out)
+    if device:
+        problems.append(("device", device))
+
+
+def preference_problem(session: Session, spec: str) -> str | None:
+    """Why the preference model a train config names cannot be loaded, or None."""
+    from app.services import preference as pref_svc
+
+    spec = spec.strip()
+    if spec in ("", "latest"):
+        if pref_svc.latest_model(session) is None:
+            return ("reward_weights has 'preference' but no preference model has been fitted "
+                    "yet: run a fit_preference job first")
+        return None
+    if spec.lstrip("v").isdigit():
+        version = int(spec.lstrip("v"))
+        try:
+            if version > MAX_ID or pref_svc.get_model(session, version) is None:
+                raise NotFound(spec)
+        except NotFound:
+            return f"preference model version {spec!r} not found"
+        return None
+    try:
+        storage.job_path(spec)
+    except ValueError as exc:
+        return f"must be '', 'latest', 'vN' or a path: {exc}"
+    return None
+
+
+def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
+                    preset: str | None = None) -> dict[str, Any]:
+    """The full validated config of a job (defaults filled in). Everything a worker would
+    reject is rejected here, every problem at once: Invalid whose `errors` lists
+    {field, message} for each (and `field` names the first)."""
+    if kind not in JOB_KINDS:
+        raise Invalid(f"kind must be one of {list(JOB_KINDS)}, got {kind!r}", field="kind")
+    if config is not None and not isinstance(config, dict):
+        raise Invalid("config: must be a JSON object", field="config")
+    config = dict(config or {})
+    problems: Problems = []
+    if kind == "train":
+        out = _train_config(config, preset, problems)
+    else:
+        if preset:
+            problems.append(("preset", f"presets exist only for train jobs, not {kind}"))
+        out = _kind_config(kind, config, problems)
+    _check_paths_and_names(session, kind, out, problems)
+    if problems:
+        errors = [{"field": f, "message": m} for f, m in problems]
+        summary = "; ".join(f"config.{f}: {m}" if f != "preset" else f"{f}: {m}"
+                            for f, m in problems)
+        raise Invalid(summary, field=problems[0][0], errors=errors)
     return out
 
 

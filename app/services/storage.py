@@ -37,6 +37,27 @@ def resolve(rel_path: str, root: Path | None = None) -> Path:
     return full
 
 
+def job_path(value: str, *, want: str = "file") -> Path:
+    """The file (or directory, `want="dir"`) a job config names by path: absolute, or relative
+    to STORAGE_DIR (then MODELS_DIR), and in every case inside one of those two, so that a job
+    can never read an arbitrary file on a worker. ValueError says what is allowed."""
+    settings = get_settings()
+    roots = [settings.resolved_storage_dir, settings.resolved_models_dir]
+    allowed = f"a {want} under STORAGE_DIR ({roots[0]}) or MODELS_DIR ({roots[1]})"
+    if not value.strip() or "\x00" in value:
+        raise ValueError(f"must name {allowed}")
+    given = Path(value)
+    for candidate in [given] if given.is_absolute() else [root / given for root in roots]:
+        try:
+            full = candidate.resolve()  # symlinks followed: one that leaves the roots is out
+        except (OSError, RuntimeError):
+            continue
+        if any(full.is_relative_to(root) for root in roots) and (
+                full.is_file() if want == "file" else full.is_dir()):
+            return full
+    raise ValueError(f"{value!r} is not {allowed}")
+
+
 def write_bytes(rel_path: str, data: bytes, root: Path | None = None) -> Path:
     """Write atomically (temp file + rename) to `root/rel_path`; returns the full path."""
     base = storage_root(root)

@@ -15,7 +15,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import and_, case, func, select
@@ -359,13 +359,23 @@ def record_vote(session: Session, annotator: User, *, client_vote_id: str, sampl
                 shown_at: datetime | None = None, latency_ms: int | None = None,
                 selection: str | None = None) -> tuple[Vote, bool]:
     """Record one vote and COMMIT. Returns (vote, created). The same client_vote_id again
-    returns the first vote with created=False; a pair already judged is a Conflict."""
+    with the same vote (pair, sides and outcome) is a retry: the first vote with created=False;
+    with a different vote it is a Conflict, as is a pair already judged."""
     if outcome not in OUTCOMES:
         raise Invalid(f"outcome must be one of {list(OUTCOMES)}", field="outcome")
 
     def existing() -> Vote | None:
-        return session.scalar(select(Vote).where(Vote.annotator_id == annotator.id,
-                                                 Vote.client_vote_id == client_vote_id))
+        found = session.scalar(select(Vote).where(Vote.annotator_id == annotator.id,
+                                                  Vote.client_vote_id == client_vote_id))
+        # session_id, shown_at, latency_ms may differ on a retry; what was judged may not
+        if found is not None and (found.sample_a_id, found.sample_b_id, found.outcome) != (
+                sample_a_id, sample_b_id, outcome):
+            raise Conflict(
+                f"client_vote_id {client_vote_id}: already used for a different vote "
+                f"(sample_a_id {found.sample_a_id}, sample_b_id {found.sample_b_id}, outcome "
+                f"{found.outcome}); a new vote needs a new client_vote_id",
+                field="client_vote_id", vote_id=found.id)
+        return found
 
     try:
         _valid_pair(session, sample_a_id, sample_b_id)
@@ -402,6 +412,14 @@ EXPORT_COLUMNS = (
 LABELS = {"a": (1.0, 0.0), "b": (0.0, 1.0), "tie": (0.5, 0.5)}
 
 
+def _utc_iso(value: datetime | None) -> str | None:
+    # as the API writes datetimes (app.schemas.UTCDateTime): UTC with "Z"; SQLite gives naive
+    if value is None:
+        return None
+    value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    return value.isoformat().replace("+00:00", "Z")
+
+
 def export_votes(session: Session, batch: int = 5000) -> Iterator[dict[str, Any]]:
     """All votes, Pick-a-Pic style: image_0 is the sample shown on the left (a), image_1 the
     right (b); label_0/label_1 are 1/0, 0/1 or 0.5/0.5 (tie); both_bad and skip have null
@@ -432,8 +450,7 @@ def export_votes(session: Session, batch: int = 5000) -> Iterator[dict[str, Any]
                 "rollout_group_0_id": gida, "rollout_group_1_id": gidb,
                 "outcome": v.outcome, "label_0": l0, "label_1": l1, "has_label": l0 is not None,
                 "selection": v.selection, "excluded": v.excluded,
-                "shown_at": v.shown_at.isoformat() if v.shown_at else None,
-                "created_at": v.created_at.isoformat() if v.created_at else None,
+                "shown_at": _utc_iso(v.shown_at), "created_at": _utc_iso(v.created_at),
                 "latency_ms": v.latency_ms,
             }
         last = rows[-1][0].id

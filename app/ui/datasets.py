@@ -58,12 +58,14 @@ def upload(user_state: dict | None, file: str | None, name: str, eval_fraction: 
                 eval_fraction=float(eval_fraction or 0.0), seed=int(seed or 0),
                 max_prompt_length=get_settings().max_prompt_length, max_bytes=limit)
             ds_id, dropped = result.dataset.id, result.duplicates_dropped
+            blank = result.blank_lines_skipped
             count = result.dataset.num_prompts
     except Exception as exc:  # noqa: BLE001 - the service's message, as the API returns it
         return (f'<div class="ngs-notice ngs-error" id="dataset-error">{esc(error_text(exc))}'
                 f"</div>", "", gr.skip())
     status = (f'<div class="ngs-notice ngs-ok" id="dataset-ok" data-dataset="{ds_id}">'
-              f"Imported dataset {ds_id}: {count} prompts, {dropped} duplicate(s) dropped."
+              f"Imported dataset {ds_id}: {count} prompts, {dropped} duplicate(s) dropped, "
+              f"{blank} blank line(s) skipped."
               f"</div>")
     return status, preview(ds_id), dataset_list()
 

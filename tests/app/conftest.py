@@ -16,7 +16,7 @@ from PIL import Image
 from sqlalchemy import text
 
 PG_ADMIN = os.environ.get("NGRPO_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-TABLES = ["votes", "preference_models", "samples", "rollout_groups", "job_metrics",
+TABLES = ["workers", "votes", "preference_models", "samples", "rollout_groups", "job_metrics",
           "checkpoints", "jobs", "prompts",
           "datasets", "api_tokens", "users"]
 

@@ -43,6 +43,7 @@ def test_upload_each_format_dedupes(client, admin, session, name):
     assert r.status_code == 201, r.text
     body = r.json()
     assert body["num_prompts"] == 2 and body["duplicates_dropped"] == 1
+    assert body["blank_lines_skipped"] == (1 if name == "p.txt" else 0)  # p.txt's last line
     assert body["format"] == name.split(".")[1]
     prompts = client.get("/api/prompts", params={"dataset_id": body["id"]}, headers=admin).json()
     assert [p["text"] for p in prompts["items"]] == ["one red circle", "two blue squares"]
@@ -83,8 +84,30 @@ def test_prompt_pagination_and_search(client, admin):
     assert client.get("/api/prompts", params={"q": "%"}, headers=admin).json()["total"] == 1
 
 
+def test_prompt_search_wildcards_are_literal(client, admin):
+    upload(client, admin, "w.txt", b"a_b\naxb\n100% red\n1000 red\nback\\slash\nbackslash\n")
+
+    def found(q):
+        r = client.get("/api/prompts", params={"q": q}, headers=admin)
+        assert r.status_code == 200, r.text
+        return [p["text"] for p in r.json()["items"]]
+
+    assert found("a_b") == ["a_b"]
+    assert found("_") == ["a_b"]
+    assert found("0%") == ["100% red"]
+    assert found("%%") == []
+    assert found("k\\s") == ["back\\slash"]
+
+
+def test_prompt_search_refuses_nul(client, admin):
+    upload(client, admin, "n.txt", b"one\ntwo\n")
+    for q in ("\x00", "one\x00", "%\x00"):
+        r = client.get("/api/prompts", params={"q": q}, headers=admin)
+        assert r.status_code == 422, r.text
+        assert r.json() == {"detail": "q: must not contain NUL characters", "field": "q"}
+
+
 BAD = [
-    ("e.txt", b"fine\n   \nfine too\n", 422, "e.txt: line 2: empty prompt"),
     ("long.txt", b"ok\n" + b"x" * 2001 + b"\n", 422, "long.txt: line 2: prompt too long"),
     ("nocol.csv", b"text,other\nhello,1\n", 422, "nocol.csv: line 1: missing column 'prompt'"),
     ("rag.csv", b"prompt,a\nhello,1\nbad,1,2\n", 422, "rag.csv: line 3 (row 2): malformed row"),
@@ -94,11 +117,20 @@ BAD = [
     ("k.jsonl", b'{"prompt": "ok"}\n{"text": "x"}\n', 422, "k.jsonl: line 2: missing key 'prompt'"),
     ("n.jsonl", b'{"prompt": "ok"}\n[1]\n', 422, "n.jsonl: line 2: expected a JSON object"),
     ("e.jsonl", b'{"prompt": "ok"}\n{"prompt": "  "}\n', 422, "e.jsonl: line 2: empty prompt"),
+    ("e2.jsonl", b'{"prompt": "ok"}\n\n{"prompt": ""}\n', 422, "e2.jsonl: line 3: empty prompt"),
+    ("e.csv", b"prompt,k\nok,1\n  ,2\n", 422, "e.csv: line 3 (row 2): empty prompt"),
+    ("e1.csv", b"prompt\nok\n  \n", 422, "e1.csv: line 3 (row 2): empty prompt"),
+    ("big.jsonl", b'{"prompt": "ok", "n": ' + b"9" * 5000 + b"}\n", 422,
+     "big.jsonl: line 1: malformed JSON"),
+    ("deep.jsonl", b'{"prompt": "ok", "n": ' + b"[" * 100000 + b"]" * 100000 + b"}\n", 422,
+     "deep.jsonl: line 1: malformed JSON"),
     ("x.parquet", b"not parquet at all", 422, "x.parquet: not a readable parquet file"),
     ("c.parquet", _parquet({"text": ["a"]}), 422, "c.parquet: missing column 'prompt'"),
     ("r.parquet", _parquet({"prompt": ["a", None]}), 422, "r.parquet: row 2: empty prompt"),
     ("p.pdf", b"%PDF", 400, "p.pdf: unsupported file type .pdf"),
     ("empty.txt", b"", 422, "empty.txt: no prompts found"),
+    ("blank.txt", b"\n  \n\t\n\n", 422, "blank.txt: no prompts found"),
+    ("blank.jsonl", b"\n \n\n", 422, "blank.jsonl: no prompts found"),
 ]
 
 
@@ -147,3 +179,91 @@ def test_delete_refuses_dataset_of_running_job(client, admin, session):
     assert client.delete(f"/api/datasets/{ds}", headers=admin).status_code == 204
     assert counts(session) == (0, 0)
     assert client.get(f"/api/datasets/{ds}", headers=admin).status_code == 404
+
+
+def test_txt_blank_lines_are_skipped_and_counted(client, admin):
+    # leading, separating, whitespace-only and trailing blank lines; CRLF too
+    data = b"\n  \none red circle\r\n\r\n\t\ntwo blue squares\n\n\n"
+    r = upload(client, admin, "gaps.txt", data)
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert (body["num_prompts"], body["blank_lines_skipped"], body["duplicates_dropped"]) == \
+        (2, 6, 0)
+    prompts = client.get("/api/prompts", params={"dataset_id": body["id"]}, headers=admin).json()
+    assert [p["text"] for p in prompts["items"]] == ["one red circle", "two blue squares"]
+    assert [p["position"] for p in prompts["items"]] == [0, 1]
+    # the count belongs to the upload's answer, not to the stored dataset
+    assert "blank_lines_skipped" not in client.get(f"/api/datasets/{body['id']}",
+                                                   headers=admin).json()
+    # errors after blank lines still name the file's own line number
+    r = upload(client, admin, "later.txt", b"\n\nok\n" + b"x" * 2001 + b"\n")
+    assert r.status_code == 422 and r.json()["detail"].startswith("later.txt: line 4: prompt too long")
+
+
+def test_jsonl_and_csv_blank_lines_are_skipped_and_counted(client, admin):
+    r = upload(client, admin, "g.jsonl", b'\n{"prompt": "a"}\n   \n\n{"prompt": "b"}\n\n')
+    assert r.status_code == 201, r.text
+    assert (r.json()["num_prompts"], r.json()["blank_lines_skipped"]) == (2, 4)
+    r = upload(client, admin, "h.csv", b"prompt,k\na,1\n\nb,2\n\n")
+    assert r.status_code == 201, r.text
+    assert (r.json()["num_prompts"], r.json()["blank_lines_skipped"]) == (2, 2)
+    # a JSON string may hold U+2028 (a line break to str.splitlines, not to JSON lines)
+    r = upload(client, admin, "u.jsonl", '{"prompt": "a\u2028b"}\n{"prompt": "c"}\n'.encode())
+    assert r.status_code == 201, r.text
+    assert (r.json()["num_prompts"], r.json()["blank_lines_skipped"]) == (2, 0)
+
+
+def test_upload_without_a_filename_names_the_field(client, admin, session):
+    for files in ({"file": ("", b"one\n", "text/plain")},
+                  {"file": (None, b"one\n", "text/plain")}):
+        r = client.post("/api/datasets", files=files, headers=admin)
+        assert r.status_code == 422, r.text
+        assert r.json() == {"detail": "file: a file with a name is required (.txt, .csv, "
+                            ".jsonl or .parquet)", "field": "file"}
+    assert counts(session) == (0, 0)
+    # the docs still describe a file upload
+    schema = client.get("/openapi.json").json()
+    body = schema["paths"]["/api/datasets"]["post"]["requestBody"]["content"]
+    ref = body["multipart/form-data"]["schema"]["$ref"].rsplit("/", 1)[1]
+    assert schema["components"]["schemas"][ref]["properties"]["file"]["contentMediaType"] == \
+        "application/octet-stream"
+
+
+def test_duplicate_dataset_name_is_a_conflict(client, admin, session):
+    first = upload(client, admin, "a.txt", b"one\n", name="mine").json()["id"]
+    r = upload(client, admin, "b.txt", b"two\n", name="  mine ")
+    assert r.status_code == 409, r.text
+    assert r.json()["detail"] == (f"name: a dataset named 'mine' already exists (dataset {first}); "
+                                  "choose another name or delete that dataset")
+    assert (r.json()["field"], r.json()["dataset_id"]) == ("name", first)
+    # a name taken from the file's stem counts too
+    stem = upload(client, admin, "b.txt", b"two\n").json()["id"]
+    r = upload(client, admin, "b.txt", b"three\n")
+    assert r.status_code == 409 and f"(dataset {stem})" in r.json()["detail"]
+    assert counts(session) == (2, 2)
+    assert upload(client, admin, "b.txt", b"three\n", name="b2").status_code == 201
+    # deleting frees the name
+    assert client.delete(f"/api/datasets/{first}", headers=admin).status_code == 204
+    assert upload(client, admin, "c.txt", b"four\n", name="mine").status_code == 201
+    r = upload(client, admin, "n.txt", b"five\n", name="bad\x00name")
+    assert r.status_code == 422 and r.json()["field"] == "name"
+
+
+def test_serve_bootstrap_seeds_shapes_once(settings, session):
+    from app.models import Dataset
+    from app.serve import SHAPES_DATASET, bootstrap
+
+    first = bootstrap(demo_job=False)
+    second = bootstrap(demo_job=False)  # the second start of `python -m app serve`
+    assert second.dataset_id == first.dataset_id
+    assert session.scalar(select(func.count()).select_from(Dataset)
+                          .where(Dataset.name == SHAPES_DATASET)) == 1
+
+
+def test_datetimes_carry_utc_on_post_and_in_lists(client, admin):
+    posted = upload(client, admin, "t.txt", b"one\n").json()
+    listed = client.get("/api/datasets", headers=admin).json()["items"][0]
+    got = client.get(f"/api/datasets/{posted['id']}", headers=admin).json()
+    for value in (posted["created_at"], listed["created_at"], got["created_at"]):
+        assert value.endswith("Z"), value
+    assert posted["created_at"] == listed["created_at"] == got["created_at"]

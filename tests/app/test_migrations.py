@@ -5,7 +5,7 @@ from sqlalchemy import create_engine, inspect
 from app.migrate import downgrade, upgrade
 
 EXPECTED = {"users", "api_tokens", "datasets", "prompts", "jobs", "job_metrics", "checkpoints",
-            "rollout_groups", "samples", "votes", "preference_models"}
+            "rollout_groups", "samples", "votes", "preference_models", "workers"}
 
 
 def _roundtrip(url: str) -> None:

@@ -174,3 +174,46 @@ def test_sides_are_randomised(session, make_group, annotator):
     rng = random.Random(1)
     lefts = [next_pair(session, 1, rng=rng).a_id for _ in range(200)]
     assert 60 < lefts.count(min(lefts)) < 140  # both orders, about half each
+
+
+def test_reused_client_vote_id_for_a_different_vote_is_a_conflict(client, annotator, make_group,
+                                                                   make_user, session):
+    from app.models import Vote
+
+    make_group(g=3)
+    pair = client.get("/api/votes/next", headers=annotator).json()
+    a, b = pair["a"]["sample_id"], pair["b"]["sample_id"]
+    first = vote(client, annotator, pair, "a", vid="vote-1")
+    assert first.status_code == 201
+    expected = (f"client_vote_id vote-1: already used for a different vote (sample_a_id {a}, "
+                f"sample_b_id {b}, outcome a); a new vote needs a new client_vote_id")
+    other = client.get("/api/votes/next", headers=annotator).json()
+    swapped = {"a": pair["b"], "b": pair["a"], "selection": "x"}
+    for p, outcome in ((pair, "b"), (pair, "tie"), (other, "a"), (swapped, "b")):
+        r = vote(client, annotator, p, outcome, vid="vote-1")
+        assert r.status_code == 409, r.text
+        assert r.json() == {"detail": expected, "field": "client_vote_id",
+                            "vote_id": first.json()["id"]}
+    # the same vote again is a retry, even if its timing fields differ
+    r = vote(client, annotator, pair, "a", vid="vote-1", latency_ms=99, session_id="s2")
+    assert r.status_code == 200 and r.json()["id"] == first.json()["id"]
+    assert r.json()["latency_ms"] == 1234 and r.json()["duplicate"] is True
+    assert session.scalar(select(func.count()).select_from(Vote)) == 1
+    # another annotator may use the same client id
+    assert vote(client, make_user("carl", "annotator"), pair, "b", vid="vote-1").status_code \
+        == 201
+
+
+def test_vote_datetimes_carry_utc(client, admin, annotator, make_group):
+    make_group(g=3)
+    pair = client.get("/api/votes/next", headers=annotator).json()
+    created = vote(client, annotator, pair, "a", vid="t-1", shown_at="2026-01-01T14:00:00+02:00")
+    again = vote(client, annotator, pair, "a", vid="t-1")  # read back from the database
+    assert (created.status_code, again.status_code) == (201, 200)
+    for body in (created.json(), again.json()):
+        assert body["shown_at"] == "2026-01-01T12:00:00Z"
+        assert body["created_at"].endswith("Z")
+    assert created.json()["created_at"] == again.json()["created_at"]
+    row = json.loads(client.get("/api/votes/export", headers=admin).text.splitlines()[0])
+    assert row["shown_at"] == "2026-01-01T12:00:00Z"
+    assert row["created_at"] == created.json()["created_at"]

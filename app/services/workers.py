@@ -1,0 +1,86 @@
+"""Workers as they report themselves: the queues they consume and the devices they have.
+
+Each worker process calls `report` when it starts and every reaper round (worker/tasks.py),
+so `live` is everyone seen within `live_seconds`. Submission uses it to reject a config that no
+live worker could run (`device: "cuda"` where every live worker of the queue is CPU-only), and a
+queued job whose queue has no live worker at all is accepted but says what it waits for
+(`waiting_for`): workers may simply not have started yet.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.config import get_settings
+from app.models import Job, WorkerRow, utcnow
+
+# which queue each job kind goes to (one place: the API's enqueue and the worker's routes)
+QUEUES = {"train": "gpu", "rollout": "gpu", "evaluate": "gpu", "fit_preference": "cpu"}
+
+
+def live_seconds() -> float:
+    """A worker unseen for longer than this is not counted: three reaper rounds, and never
+    less than the time after which its jobs count as stale."""
+    s = get_settings()
+    return max(3 * s.reaper_interval_seconds, s.job_stale_seconds)
+
+
+def report(session: Session, name: str, queues: list[str], cuda_devices: int,
+           device_names: list[str]) -> WorkerRow:
+    """Insert or refresh this worker's row (flush, no commit)."""
+    row = session.get(WorkerRow, name[:200])
+    now = utcnow()
+    if row is None:
+        row = WorkerRow(name=name[:200], started_at=now)
+        session.add(row)
+    row.queues, row.cuda_devices = sorted(set(queues)), int(cuda_devices)
+    row.device_names, row.last_seen_at = list(device_names), now
+    session.flush()
+    return row
+
+
+def live(session: Session) -> list[WorkerRow]:
+    cutoff = utcnow() - timedelta(seconds=live_seconds())
+    return list(session.scalars(select(WorkerRow).where(WorkerRow.last_seen_at >= cutoff)
+                                .order_by(WorkerRow.name)))
+
+
+def wants_cuda(kind: str, config: dict[str, Any]) -> bool:
+    return config.get("device") == "cuda"
+
+
+def device_problem(session: Session, kind: str, config: dict[str, Any]) -> str | None:
+    """Why no live worker could run this config, when live workers of its queue exist and
+    none has what it needs; None when one can, or when none has reported yet (then the job
+    waits, see `waiting_for`)."""
+    if not wants_cuda(kind, config):
+        return None
+    queue = QUEUES[kind]
+    on_queue = [w for w in live(session) if queue in w.queues]
+    if not on_queue or any(w.cuda_devices > 0 for w in on_queue):
+        return None
+    names = ", ".join(w.name for w in on_queue[:5])
+    return (f"'cuda' but no live worker on queue {queue!r} has a CUDA device (CPU only: "
+            f"{names}); use 'auto' or 'cpu', or start a worker on a GPU machine")
+
+
+def waiting_for(session: Session, jobs: list[Job]) -> dict[int, str]:
+    """For queued jobs that no live worker can take: job id -> what it waits for."""
+    queued = [j for j in jobs if j.status == "queued"]
+    if not queued:
+        return {}
+    workers = live(session)
+    out = {}
+    for job in queued:
+        queue = QUEUES.get(job.kind, "gpu")
+        cuda = wants_cuda(job.kind, job.config or {})
+        able = [w for w in workers if queue in w.queues and (w.cuda_devices > 0 or not cuda)]
+        if not able:
+            need = " with a CUDA device" if cuda else ""
+            out[job.id] = (f"waiting for a worker{need} on queue {queue!r}: none has reported "
+                           f"in the last {live_seconds():.0f} s")
+    return out

@@ -1,0 +1,202 @@
+"""Issue 14: a job config the worker would reject is rejected at submission, every problem at
+once, each naming its field; and what is accepted is what the worker then loads."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import func, select
+
+
+def _post(client, headers, kind, config, preset=None):
+    body = {"kind": kind, "config": config}
+    if preset:
+        body["preset"] = preset
+    return client.post("/api/jobs", json=body, headers=headers)
+
+
+def _fields(response) -> list[str]:
+    return [e["field"] for e in response.json()["errors"]]
+
+
+def _job_count(session) -> int:
+    from app.models import Job
+
+    session.expire_all()
+    return session.scalar(select(func.count()).select_from(Job))
+
+
+def _report_worker(name: str, queues: list[str], cuda: int) -> None:
+    from app.db import session_scope
+    from app.services import workers
+
+    with session_scope() as s:
+        workers.report(s, name, queues, cuda, ["NVIDIA H100"] * cuda)
+
+
+def test_unknown_reward_is_422_naming_it_and_the_known_ones(client, admin, session, enqueuer):
+    r = _post(client, admin, "train", {"reward_weights": {"beauty": 1}}, "tiny")
+    assert r.status_code == 422, r.text
+    assert _fields(r) == ["reward_weights"]
+    message = r.json()["errors"][0]["message"]
+    assert "'beauty'" in message and "count" in message
+    assert _job_count(session) == 0 and enqueuer.calls == []
+    r = _post(client, admin, "rollout", {"dataset_id": 1, "reward_names": ["beauty"]})
+    assert "reward_names" in _fields(r) and "'beauty'" in r.text
+
+
+def test_every_problem_is_reported_at_once(client, admin, session):
+    r = _post(client, admin, "train", {"group_size": 1, "learning_rate": 5.0,
+                                       "lerning_rate": 1e-5, "reward_weights": {"beauty": 1},
+                                       "base_checkpoint": "/etc/passwd"})
+    assert r.status_code == 422
+    assert set(_fields(r)) == {"group_size", "learning_rate", "lerning_rate",
+                               "reward_weights", "base_checkpoint"}
+    assert r.json()["field"] in set(_fields(r))
+    for name in _fields(r):
+        assert f"config.{name}" in r.json()["detail"]
+    r = _post(client, admin, "evaluate", {"checkpoint_ids": [1], "seeds": [], "steps": 1,
+                                          "model": "flux"})
+    assert {"checkpoint_ids", "seeds", "steps", "model"} <= set(_fields(r))
+    assert _job_count(session) == 0
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "../../../../../etc/passwd", "nope.safetensors"])
+def test_base_checkpoint_outside_storage_and_models_is_422(client, admin, path):
+    r = _post(client, admin, "train", {"base_checkpoint": path}, "tiny")
+    assert r.status_code == 422 and _fields(r) == ["base_checkpoint"]
+    assert "STORAGE_DIR" in r.text and "MODELS_DIR" in r.text
+
+
+def test_symlink_out_of_the_models_dir_is_refused(client, admin, settings):
+    models = settings.resolved_models_dir
+    models.mkdir(parents=True, exist_ok=True)
+    (models / "escape.safetensors").symlink_to("/etc/passwd")
+    r = _post(client, admin, "train", {"base_checkpoint": "escape.safetensors"}, "tiny")
+    assert r.status_code == 422 and _fields(r) == ["base_checkpoint"]
+
+
+def test_base_checkpoint_under_models_dir_is_accepted_and_the_worker_loads_it(
+        client, admin, settings):
+    from app.db import session_scope
+    from app.models import Job
+    from trainer.loop import SHIPPED_BASE, load_model
+    from worker.training import job_train_config
+
+    models = settings.resolved_models_dir
+    (models / "shapes").mkdir(parents=True)
+    (models / "shapes" / "base.safetensors").write_bytes(SHIPPED_BASE.read_bytes())
+    for given in ("shapes/base.safetensors", str(models / "shapes" / "base.safetensors")):
+        r = _post(client, admin, "train", {"base_checkpoint": given, "device": "cpu"}, "tiny")
+        assert r.status_code == 201, r.text
+        with session_scope() as s:
+            config = job_train_config(s.get(Job, r.json()["id"]).config)
+        assert config.base_checkpoint == str(models / "shapes" / "base.safetensors")
+        assert load_model(config) is not None  # what the worker builds the trainer from
+
+
+def test_long_and_blank_prompts_are_422_with_the_upload_limit(client, admin, settings):
+    limit = settings.max_prompt_length
+    r = _post(client, admin, "train", {"prompts": ["x" * 100_000, "ok"]}, "tiny")
+    assert r.status_code == 422 and _fields(r) == ["prompts"]
+    assert str(limit) in r.text and "prompt 0" in r.text
+    r = _post(client, admin, "train", {"prompts": ["x" * limit]}, "tiny")
+    assert r.status_code == 201, r.text
+    r = _post(client, admin, "evaluate", {"checkpoint_ids": [1, 2], "prompts": ["y" * (limit + 1)]})
+    assert "prompts" in _fields(r)
+
+
+def test_evaluate_needs_two_distinct_existing_checkpoints(client, admin, session):
+    from app.services.checkpoints import record_checkpoint
+
+    ck = [record_checkpoint(session, None, 0, f"ck/{i}.safetensors", name=f"c{i}")
+          for i in range(2)]
+    session.commit()
+    r = _post(client, admin, "evaluate", {"checkpoint_ids": [ck[0]]})
+    assert r.status_code == 422 and _fields(r) == ["checkpoint_ids"] and "at least 2" in r.text
+    r = _post(client, admin, "evaluate", {"checkpoint_ids": [ck[0], ck[0]]})
+    assert r.status_code == 422 and "repeat" in r.text
+    r = _post(client, admin, "evaluate", {"checkpoint_ids": [ck[0], 999]})
+    assert r.status_code == 422 and "[999] not found" in r.text
+    assert _post(client, admin, "evaluate", {"checkpoint_ids": ck}).status_code == 201
+
+
+def test_cuda_is_checked_against_what_live_workers_report(client, admin, session):
+    # no worker has reported yet: accepted, and the job says what it waits for
+    r = _post(client, admin, "train", {"device": "cuda"}, "tiny")
+    assert r.status_code == 201, r.text
+    waiting = r.json()["waiting_for"]
+    assert "CUDA" in waiting and "'gpu'" in waiting
+    job_id = r.json()["id"]
+    # a CPU-only worker serves the gpu queue: a cuda config is refused, naming the worker
+    _report_worker("cpu-box", ["gpu", "cpu"], cuda=0)
+    r = _post(client, admin, "train", {"device": "cuda"}, "tiny")
+    assert r.status_code == 422 and _fields(r) == ["device"] and "cpu-box" in r.text
+    assert _post(client, admin, "train", {"device": "auto"}, "tiny").status_code == 201
+    page = client.get(f"/api/jobs/{job_id}", headers=admin).json()
+    assert "CUDA" in page["waiting_for"]  # the earlier job still waits for a GPU worker
+    # a GPU worker reports in: accepted, and nothing waits
+    _report_worker("gpu-box", ["gpu"], cuda=2)
+    r = _post(client, admin, "train", {"device": "cuda"}, "tiny")
+    assert r.status_code == 201 and r.json()["waiting_for"] is None
+    assert client.get(f"/api/jobs/{job_id}", headers=admin).json()["waiting_for"] is None
+    listed = client.get("/api/jobs", headers=admin).json()["items"]
+    assert all(j["waiting_for"] is None for j in listed)
+
+
+def test_a_queue_without_a_live_worker_is_waited_for(client, admin, settings):
+    from datetime import timedelta
+
+    from app.db import session_scope
+    from app.models import WorkerRow, utcnow
+
+    _report_worker("old-gpu", ["gpu"], cuda=1)
+    with session_scope() as s:  # it stopped reporting long ago
+        s.get(WorkerRow, "old-gpu").last_seen_at = utcnow() - timedelta(hours=1)
+    r = _post(client, admin, "train", {}, "tiny")
+    assert r.status_code == 201 and "waiting for a worker on queue 'gpu'" in r.json()["waiting_for"]
+    r = _post(client, admin, "fit_preference", {"device": "cuda"})
+    assert r.status_code == 201 and "'cpu'" in r.json()["waiting_for"]
+
+
+def test_worker_reports_its_real_devices_and_queues(settings):
+    import torch
+
+    from app.db import session_scope
+    from app.models import WorkerRow
+    from worker.tasks import report_worker
+
+    report_worker("celery@here", ["cpu"])
+    with session_scope() as s:
+        row = s.get(WorkerRow, "celery@here")
+        assert row.queues == ["cpu"] and row.cuda_devices == torch.cuda.device_count()
+
+
+def test_preference_reward_needs_a_fitted_model_or_an_allowed_path(client, admin, settings):
+    weights = {"count": 1, "preference": 1}
+    r = _post(client, admin, "train", {"reward_weights": weights}, "tiny")
+    assert r.status_code == 422 and _fields(r) == ["preference_model"]
+    assert "fit_preference" in r.text
+    r = _post(client, admin, "train", {"reward_weights": weights, "preference_model": "v7"}, "tiny")
+    assert r.status_code == 422 and "v7" in r.text
+    r = _post(client, admin, "train", {"reward_weights": weights,
+                                       "preference_model": "/etc/passwd"}, "tiny")
+    assert r.status_code == 422 and _fields(r) == ["preference_model"]
+
+
+def test_clip_path_must_be_a_directory_under_models_dir(client, admin, settings):
+    r = _post(client, admin, "fit_preference", {"features": "clip", "clip_path": "/etc"})
+    assert r.status_code == 422 and _fields(r) == ["clip_path"]
+    (settings.resolved_models_dir / "clip").mkdir(parents=True)
+    r = _post(client, admin, "fit_preference", {"features": "clip", "clip_path": "clip"})
+    assert r.status_code == 201, r.text
+
+
+def test_trainer_cli_config_reports_every_bad_field():
+    from trainer.config import ConfigErrors, TrainConfig
+
+    with pytest.raises(ConfigErrors) as err:
+        TrainConfig.from_dict({"group_size": 1, "sigma": 2.0, "typo": 1,
+                               "reward_weights": {"beauty": 1}})
+    assert [e.field for e in err.value.errors] == ["typo", "group_size", "sigma",
+                                                   "reward_weights"]
+    assert "typo: unknown field" in str(err.value) and "'beauty'" in str(err.value)
