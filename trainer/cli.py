@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except ConfigError as exc:
-        print(f"error: config field '{exc.field}': {exc.message}", file=sys.stderr)
+        for err in getattr(exc, "errors", [exc]):  # ConfigErrors lists every bad field
+            print(f"error: config field '{err.field}': {err.message}", file=sys.stderr)
         return 2
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

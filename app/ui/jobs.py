@@ -11,7 +11,7 @@ from typing import Any
 
 import gradio as gr
 
-from app.services import checkpoints, datasets, rollouts
+from app.services import checkpoints, datasets, rollouts, workers
 from app.services import jobs as svc
 from app.services.jobs import Enqueuer
 from app.ui.common import (
@@ -130,11 +130,17 @@ def launch(enqueuer: Enqueuer | None, user_state: dict | None, dataset_id: int |
             svc.enqueue(enqueuer, job)
             job_id = job.id
     except Exception as exc:  # noqa: BLE001
-        field = getattr(exc, "details", {}).get("field")
-        if field in names:
-            return None, [notice(f"{field}: fix the field below", "error"),
-                          *[_field_error(error_text(exc) if n == field else None)
-                            for n in names]]
+        # the service lists every bad field at once; each message goes beside its field
+        found: dict[str, list[str]] = {}
+        for err in getattr(exc, "details", {}).get("errors") or []:
+            found.setdefault(err["field"], []).append(err["message"])
+        shown = {n: "; ".join(found[n]) for n in names if n in found}
+        if shown:
+            others = [f"{f}: {'; '.join(m)}" for f, m in found.items() if f not in shown]
+            head = f"{len(found)} field(s) need fixing" + (f" ({'; '.join(others)})"
+                                                          if others else "")
+            return None, [notice(head, "error"),
+                          *[_field_error(shown.get(n)) for n in names]]
         return None, [notice(error_text(exc), "error"), *blank]
     return job_id, [f'<div class="ngs-notice ngs-ok" id="launched" data-job="{job_id}">Launched '
             f"train job {job_id}.</div>", *blank]
@@ -175,7 +181,7 @@ def plots_html(history: list[Any]) -> str:
             + "</div>")
 
 
-def job_header(job: Any) -> str:
+def job_header(job: Any, waiting: str | None = None) -> str:
     frac = (min(1.0, job.iteration / job.total_iterations) if job.total_iterations
             else (1.0 if job.status == "succeeded" else 0.0))
     return (f'<div id="job-detail" data-job="{job.id}" data-status="{esc(job.status)}" '
@@ -184,7 +190,8 @@ def job_header(job: Any) -> str:
             f'{" (cancel requested)" if job.cancel_requested and job.status == "running" else ""}'
             f" &middot; worker {esc(job.worker or '–')} &middot; attempts {job.attempts}"
             f"{progress_bar(frac, f'{job.iteration}/{job.total_iterations or chr(63)}', 'job-detail-progress')}"
-            f'{notice(job.error, "error") if job.error else ""}</div>')
+            f'{notice(job.error, "error") if job.error else ""}'
+            f'{notice(waiting, "info") if waiting else ""}</div>')
 
 
 def job_view(user_state: dict | None, job_id: int | None, view: dict | None):
@@ -199,7 +206,7 @@ def job_view(user_state: dict | None, job_id: int | None, view: dict | None):
                 return (listing, notice("Pick a job to see its curves and samples."), "", "",
                         view)
             job = svc.get_job(s, int(job_id))
-            header = job_header(job)
+            header = job_header(job, workers.waiting_for(s, [job]).get(job.id))
             history = svc.metric_history(s, job.id)
             key_plots = (job.id, len(history), history[-1].iteration if history else None)
             plots = plots_html(history) if view.get("plots") != list(key_plots) else gr.skip()

@@ -39,6 +39,28 @@ def test_launch_form_errors_beside_fields(settings, admin, enqueuer):
     assert job_id is not None and enqueuer.calls == [(job_id, "train")]
 
 
+def test_launch_form_shows_every_error_at_once(settings, admin, enqueuer):
+    names = [d["name"] for d in jobs.describe()]
+    values = jobs.form_values("tiny")
+    values[names.index("num_anchors")] = 99
+    values[names.index("reward_weights")] = '{"beauty": 1}'
+    values[names.index("base_checkpoint")] = "/etc/passwd"
+    job_id, out = jobs.launch(enqueuer, _token(admin), None, *values)
+    assert job_id is None and "3 field(s) need fixing" in out[0]
+    errors = dict(zip(names, out[1:], strict=True))
+    assert "group_size" in errors["num_anchors"] and "beauty" in errors["reward_weights"]
+    assert "MODELS_DIR" in errors["base_checkpoint"]
+    assert sum(bool(v) for v in errors.values()) == 3 and enqueuer.calls == []
+
+
+def test_job_page_says_what_a_queued_job_waits_for(settings, admin, enqueuer):
+    values = jobs.form_values("tiny")
+    values[[d["name"] for d in jobs.describe()].index("device")] = "cuda"
+    job_id, _ = jobs.launch(enqueuer, _token(admin), None, *values)
+    _, header, *_ = jobs.job_view(_token(admin), job_id, None)
+    assert "waiting for a worker with a CUDA device on queue &#x27;gpu&#x27;" in header
+
+
 def test_arena_vote_prefetch_and_dedupe(settings, annotator, make_group):
     import json
 
