@@ -15,9 +15,11 @@ def run_cli(*args, cwd=None):
 
 def test_bad_config_names_the_field_and_writes_nothing(tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("train", "--config", "tiny", "--set", "sigma=3", "--out", str(out))
+    proc = run_cli("train", "--config", "tiny", "--set", "sigma=3", "--set",
+                   'reward_weights={"beauty": 1}', "--out", str(out))
     assert proc.returncode == 2
     assert "sigma" in proc.stderr and "[0.0, 1.0]" in proc.stderr
+    assert "'reward_weights'" in proc.stderr and "'beauty'" in proc.stderr  # both at once
     assert not out.exists()
     bad_file = tmp_path / "bad.json"
     bad_file.write_text(json.dumps({"learning_rat": 1e-5}))
