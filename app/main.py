@@ -31,10 +31,23 @@ def migrations_current() -> bool:
     return current == heads
 
 
+def default_enqueuer() -> Enqueuer | None:
+    """Celery, when the worker package is installed beside the app (it is in this project);
+    without it, launched jobs stay queued and say so in the log."""
+    try:
+        from worker.celery_app import enqueue
+    except ImportError as exc:
+        log.warning("no worker package (%s): launched jobs stay queued", exc)
+        return None
+    return enqueue
+
+
 def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = None,
                mount_ui: bool = True) -> FastAPI:
     """Build the app. `settings` rebinds the database engine (tests); `enqueuer(job_id, kind)`
-    replaces the Celery enqueue (default: `app.services.jobs.celery_enqueue`)."""
+    sends launched jobs to workers (default: `worker.celery_app.enqueue`, the Celery task of
+    the kind on its queue). The enqueuer is injected here, at the edge, so that services never
+    import the worker."""
     if settings is not None:
         db.configure(settings)
     settings = settings or get_settings()
@@ -52,7 +65,7 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
     app = FastAPI(title="Neighbor GRPO Studio", version="0.1.0", lifespan=lifespan,
                   description="Datasets, rollouts, pairwise votes, jobs and checkpoints.")
     app.state.settings = settings
-    app.state.enqueuer = enqueuer
+    app.state.enqueuer = enqueuer or default_enqueuer()
 
     @app.exception_handler(ServiceError)
     async def service_error(_request: Request, exc: ServiceError) -> JSONResponse:

@@ -39,7 +39,6 @@ NAMING = {
 
 ROLES = ("admin", "annotator")
 SPLITS = ("train", "eval")
-JOB_KINDS = ("train", "rollout", "evaluate", "fit_preference")
 JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 OUTCOMES = ("a", "b", "tie", "both_bad", "skip")
 

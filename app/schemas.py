@@ -7,6 +7,8 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from app.job_kinds import KindName
+
 T = TypeVar("T")
 
 
@@ -137,7 +139,7 @@ class VoteOut(ORM):
 
 class JobIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    kind: Literal["train", "rollout", "evaluate", "fit_preference"]
+    kind: KindName
     config: dict[str, Any] = Field(default_factory=dict)
     preset: str | None = Field(None, max_length=100)
     dataset_id: int | None = Field(None, ge=1, le=2**31 - 1)

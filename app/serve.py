@@ -21,10 +21,11 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
+from app.services.jobs import SHAPES_DATASET
+
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
-SHAPES_DATASET = "shapes"
 
 
 @dataclass
@@ -54,9 +55,9 @@ def bootstrap(demo_job: bool = True) -> Bootstrap:
         if s.scalar(select(User.id).where(User.role == "admin").limit(1)) is None:
             _, token = auth.create_user(s, "admin", "admin")
         if demo_job and not s.scalar(select(func.count()).select_from(Job)):
-            job_id = jobs.create_job(s, "train", preset="shapes-quick-demo").id
-    if job_id is not None:
-        jobs.celery_enqueue(job_id, "train")
+            from worker.celery_app import enqueue
+
+            job_id = jobs.launch_job(s, enqueue, "train", preset="shapes-quick-demo").id
     return Bootstrap(ds_id, token, job_id)
 
 

@@ -23,8 +23,9 @@ from celery import Celery
 from kombu import Queue
 
 from app.config import Settings, get_settings
+from app.job_kinds import KINDS, QUEUE_NAMES
 
-QUEUES = ("gpu", "cpu")
+QUEUES = QUEUE_NAMES
 
 
 def broker_settings(settings: Settings) -> dict:
@@ -62,7 +63,7 @@ def make_celery(settings: Settings | None = None) -> Celery:
     app.conf.update(
         task_queues=[Queue(name, routing_key=name) for name in QUEUES],
         task_default_queue="gpu",
-        task_routes={"worker.tasks.fit_preference": {"queue": "cpu"},
+        task_routes={**{k.task: {"queue": k.queue} for k in KINDS.values()},
                      "worker.tasks.reap": {"queue": "cpu"}},
         # a job is acknowledged only when it has finished; a worker that dies mid-job leaves
         # it to the broker (Redis: after visibility_timeout) and to the reaper (at once)
@@ -86,3 +87,10 @@ def make_celery(settings: Settings | None = None) -> Celery:
 
 
 celery_app = make_celery()
+
+
+def enqueue(job_id: int, kind: str) -> None:
+    """The application's default enqueuer (`create_app`, the demo, the reaper, a requeue):
+    the kind's task with args [job_id], to the kind's queue (`app.job_kinds`)."""
+    job_kind = KINDS[kind]
+    celery_app.send_task(job_kind.task, args=[job_id], queue=job_kind.queue)

@@ -89,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     if error is not None:
         raise error
     if recorder.requeued:
-        jobs.celery_enqueue(job_id, "train")
+        from worker.celery_app import enqueue
+
+        enqueue(job_id, "train")
     elif not recorder.cancelled:
         with session_scope() as s:
             if jobs.holds(s, job_id, worker_name):

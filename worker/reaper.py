@@ -20,6 +20,7 @@ from datetime import timedelta
 from app.config import get_settings
 from app.db import session_scope
 from app.services import jobs
+from worker.celery_app import enqueue
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ def reap_once() -> list[tuple[int, str, str]]:
     for job_id, kind, status in acted:
         log.warning("reaper: job %s (%s) had a stale heartbeat -> %s", job_id, kind, status)
         if status == "queued":
-            jobs.celery_enqueue(job_id, kind)
+            enqueue(job_id, kind)
     return acted
 
 

@@ -32,7 +32,7 @@ from celery import signals
 from app.config import get_settings
 from app.db import session_scope
 from app.services import jobs
-from worker.celery_app import celery_app
+from worker.celery_app import celery_app, enqueue
 from worker.lease import JobLease, LeaseLost
 from worker.reaper import ReaperThread, reap_once
 
@@ -55,7 +55,7 @@ def run_job(job_id: int, body: Callable[[int, str], str]) -> str:
     if SHUTDOWN.is_set():  # leaving: hand the message on to the next worker, untouched
         with session_scope() as s:
             kind = jobs.get_job(s, lease.job_id).kind
-        jobs.celery_enqueue(lease.job_id, kind)
+        enqueue(lease.job_id, kind)
         return "deferred"
     if not lease.claim():
         log.info("job %s is finished, cancelled or held by another worker: skipped", job_id)

@@ -221,7 +221,9 @@ def run_training(job_id: int, worker_name: str, shutdown: threading.Event | None
     if recorder.cancelled:
         return "cancelled"
     if recorder.requeued:
-        jobs.celery_enqueue(job_id, "train")
+        from worker.celery_app import enqueue
+
+        enqueue(job_id, "train")
         return "queued"
     with session_scope() as s:
         if not jobs.holds(s, job_id, worker_name):

@@ -5,6 +5,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query
 
 from app.api.deps import MAX_ID, AdminDep, EnqueuerDep, PathId, SessionDep, UserDep
+from app.job_kinds import KINDS, KindName
 from app.models import Job
 from app.schemas import JobDetail, JobIn, JobOut, MetricPoint, Page
 from app.services import jobs as svc
@@ -29,17 +30,15 @@ def job_out(job: Job, cls: type[JobOut] = JobOut, waiting: dict[int, str] | None
 @router.post("", response_model=JobOut, status_code=201, responses={422: {}})
 def create_job(body: JobIn, session: SessionDep, admin: AdminDep,
                enqueuer: EnqueuerDep) -> JobOut:
-    job = svc.create_job(session, body.kind, body.config, preset=body.preset,
+    job = svc.launch_job(session, enqueuer, body.kind, body.config, preset=body.preset,
                          dataset_id=body.dataset_id, user=admin)
-    session.commit()
-    svc.enqueue(enqueuer, job)
     return job_out(job, waiting=workers.waiting_for(session, [job]))
 
 
 @router.get("", response_model=Page[JobOut])
 def list_jobs(session: SessionDep, _user: UserDep,
               status: Literal["queued", "running", "succeeded", "failed", "cancelled"] | None = None,
-              kind: Literal["train", "rollout", "evaluate", "fit_preference"] | None = None,
+              kind: KindName | None = None,
               limit: Annotated[int, Query(ge=1, le=500)] = 50,
               offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> Page[JobOut]:
     rows, total = svc.list_jobs(session, status=status, kind=kind, limit=limit, offset=offset)
@@ -54,7 +53,7 @@ def config_schema(_user: UserDep) -> dict[str, Any]:
     from trainer.config import PRESETS, TrainConfig
 
     return {"train": TrainConfig.describe(), "presets": PRESETS,
-            **{k: m.model_json_schema() for k, m in svc.KIND_CONFIGS.items()}}
+            **{k.name: k.config.model_json_schema() for k in KINDS.values() if k.config}}
 
 
 @router.get("/{job_id}", response_model=JobDetail, responses={404: {}})

@@ -20,113 +20,35 @@ Workers that may race (two workers on one queue, a redelivered message, a reaper
 `holds` to check each iteration that the job is still theirs. `reap_stale` is the reaper's
 half: a running job whose heartbeat is stale goes back to the queue (or to failed/cancelled).
 
-Enqueueing happens after the commit, through a replaceable enqueuer: `create_app(enqueuer=...)`
-(or `app.state.enqueuer`) in the API; the default sends a Celery task named
-`worker.tasks.<kind>` with args [job_id] to the kind's queue.
+`launch_job` is the one way a job starts (the API, the UI and the demo call it): validate,
+write, commit, then enqueue through the enqueuer the application was built with
+(`create_app(enqueuer=...)`, default `worker.celery_app.enqueue`: a Celery task named after the
+kind, to its queue). The kinds themselves are declared once, in `app.job_kinds`.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from app.config import get_settings
 from app.errors import Conflict, Invalid, NotFound
-from app.models import JOB_KINDS, Checkpoint, Dataset, Job, JobMetric, User, utcnow
-from app.services import storage, workers
-from app.services.workers import QUEUES
+from app.job_kinds import KIND_NAMES, KINDS, MAX_ID
+from app.models import Checkpoint, Dataset, Job, JobMetric, User, utcnow
+from app.services import auth, storage, workers
 
 log = logging.getLogger(__name__)
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
+# (job id, kind) -> sends the job to a worker; called after the commit
 Enqueuer = Callable[[int, str], None]
-MAX_ID = 2**31 - 1
-
-
-# --- configs of the non-train kinds --------------------------------------------------------
-class _Cfg(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class RolloutConfig(_Cfg):
-    """Sample groups for a dataset's prompts from a checkpoint and store them for voting."""
-
-    dataset_id: int = Field(ge=1, le=MAX_ID, description="Dataset whose prompts are sampled.")
-    checkpoint_id: int | None = Field(None, ge=1, le=MAX_ID,
-                                      description="Checkpoint to sample; none = base model.")
-    split: Literal["train", "eval", "all"] = "train"
-    max_prompts: int | None = Field(None, ge=1, le=100_000)
-    group_size: int = Field(8, ge=2, le=256, description="Samples per group (G).")
-    sigma: float = Field(0.3, ge=0.0, le=1.0, description="Neighbourhood radius of the noises.")
-    solver: Literal["dpm++", "euler"] = "dpm++"
-    steps: int = Field(8, ge=2, le=1000)
-    seed: int = Field(0, ge=0, le=2**31 - 1)
-    model: Literal["shapes"] = Field("shapes", description="Model adapter of the checkpoint.")
-    reward_names: list[str] = Field(default_factory=list, max_length=32,
-                                    description="Rewards scored on each sample (registry "
-                                    "names); empty: count, color and shape.")
-
-
-class EvaluateConfig(_Cfg):
-    """Fixed prompts and seeds from checkpoints; images feed cross-checkpoint votes."""
-
-    checkpoint_ids: list[Annotated[int, Field(ge=1, le=MAX_ID)]] = Field(
-        min_length=2, max_length=64, description="Two or more distinct checkpoints to compare.")
-    dataset_id: int | None = Field(None, ge=1, le=MAX_ID)
-    split: Literal["train", "eval", "all"] = "eval"
-    prompts: list[str] = Field(default_factory=list, max_length=10_000)
-    max_prompts: int | None = Field(None, ge=1, le=100_000)
-    seeds: list[Annotated[int, Field(ge=0, le=MAX_ID)]] = Field(default_factory=lambda: [0, 1, 2, 3], min_length=1, max_length=1000)
-    solver: Literal["dpm++", "euler"] = "dpm++"
-    steps: int = Field(8, ge=2, le=1000)
-    model: Literal["shapes"] = Field("shapes", description="Model adapter of the checkpoints.")
-    reward_names: list[str] = Field(default_factory=list, max_length=32,
-                                    description="Rewards scored on each image (registry names); "
-                                    "empty: count, color and shape.")
-
-
-class FitPreferenceConfig(_Cfg):
-    """Refit the human-preference reward model from clean votes (trainer.rewards.preference
-    FitConfig's fields); the file goes to STORAGE_DIR/preference/vN.safetensors."""
-
-    min_votes: int = Field(0, ge=0, le=10_000_000,
-                           description="Fail unless at least this many clean votes exist.")
-    features: Literal["shapes", "clip"] = Field(
-        "shapes", description="'shapes': a small convolutional network on the pixels; 'clip': "
-        "a frozen CLIP image-text embedding from clip_path with a small head.")
-    clip_path: str = Field("", description="Local CLIP weights for features='clip'.")
-    holdout_fraction: float = Field(0.2, ge=0.0, lt=1.0, description="Share of the votes kept "
-                                    "out of the fit to report held-out pair accuracy and log-loss.")
-    epochs: int = Field(60, ge=1, le=10_000, description="Passes over the training votes.")
-    batch_size: int = Field(64, ge=1, le=65_536, description="Votes per optimizer step.")
-    learning_rate: float = Field(2e-3, gt=0.0, le=1.0, description="Peak AdamW learning rate "
-                                 "(one-cycle schedule).")
-    weight_decay: float = Field(1e-3, ge=0.0, le=1.0, description="AdamW weight decay.")
-    ensemble: int = Field(5, ge=1, le=32, description="Networks trained from different "
-                          "initialisations and averaged; fewer fit faster, more rank close pairs "
-                          "more reliably.")
-    mirror_augment: bool = Field(False, description="Train on random left-right mirrors of the "
-                                 "shapes images: more variety from few votes, but a preference "
-                                 "for one side can then not be learned.")
-    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the held-out split and the "
-                      "initialisations.")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to fit; 'auto' "
-                                                   "takes the GPU when there is one.")
-    score_samples: bool = Field(True, description="Cache the new model's score on every "
-                                "stored sample (active pair selection reads it).")
-
-
-KIND_CONFIGS: dict[str, type[_Cfg]] = {
-    "rollout": RolloutConfig, "evaluate": EvaluateConfig, "fit_preference": FitPreferenceConfig,
-}
 
 
 Problems = list[tuple[str, str]]  # (field, message), every one found
@@ -151,8 +73,10 @@ def _train_config(config: dict[str, Any], preset: str | None, problems: Problems
 
 
 def _kind_config(kind: str, config: dict[str, Any], problems: Problems) -> dict[str, Any]:
+    model = KINDS[kind].config
+    assert model is not None, kind
     try:
-        return KIND_CONFIGS[kind].model_validate(config).model_dump()
+        return model.model_validate(config).model_dump()
     except ValidationError as exc:
         for err in exc.errors():
             name = ".".join(str(p) for p in err["loc"][:1]) or "config"
@@ -256,13 +180,13 @@ def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
     """The full validated config of a job (defaults filled in). Everything a worker would
     reject is rejected here, every problem at once: Invalid whose `errors` lists
     {field, message} for each (and `field` names the first)."""
-    if kind not in JOB_KINDS:
-        raise Invalid(f"kind must be one of {list(JOB_KINDS)}, got {kind!r}", field="kind")
+    if kind not in KINDS:
+        raise Invalid(f"kind must be one of {list(KIND_NAMES)}, got {kind!r}", field="kind")
     if config is not None and not isinstance(config, dict):
         raise Invalid("config: must be a JSON object", field="config")
     config = dict(config or {})
     problems: Problems = []
-    if kind == "train":
+    if KINDS[kind].config is None:
         out = _train_config(config, preset, problems)
     else:
         if preset:
@@ -295,23 +219,62 @@ def create_job(session: Session, kind: str, config: dict[str, Any] | None = None
     return job
 
 
-def celery_enqueue(job_id: int, kind: str) -> None:
-    """The default enqueuer: `worker.celery_app.celery_app.send_task` to the kind's queue.
-    Without a worker package the job stays queued (and this logs why)."""
-    try:
-        module = importlib.import_module("worker.celery_app")
-    except ImportError as exc:
-        log.warning("job %s left queued: worker.celery_app is not importable (%s)", job_id, exc)
-        return
-    module.celery_app.send_task(f"worker.tasks.{kind}", args=[job_id], queue=QUEUES[kind])
-
-
 def enqueue(enqueuer: Enqueuer | None, job: Job) -> None:
-    """Call the enqueuer after commit; a broker failure leaves the job queued and is logged."""
+    """Call the enqueuer after commit; a broker failure (or no enqueuer) leaves the job queued
+    and is logged: a worker's reaper or a resume sends it later."""
+    if enqueuer is None:
+        log.warning("job %s left queued: this application has no enqueuer", job.id)
+        return
     try:
-        (enqueuer or celery_enqueue)(job.id, job.kind)
+        enqueuer(job.id, job.kind)
     except Exception:
         log.exception("could not enqueue job %s; it stays queued", job.id)
+
+
+def launch_job(session: Session, enqueuer: Enqueuer | None, kind: str,
+               config: dict[str, Any] | None = None, *, preset: str | None = None,
+               dataset_id: int | None = None, user: User | None = None) -> Job:
+    """The one way a job starts: the caller's role checked against the kind's, the config
+    validated completely, the queued row committed, then the job enqueued."""
+    if user is not None and kind in KINDS:
+        auth.require_role(user, KINDS[kind].launch_role)
+    job = create_job(session, kind, config, preset=preset, dataset_id=dataset_id, user=user)
+    session.commit()
+    enqueue(enqueuer, job)
+    return job
+
+
+# how many prompts, and at most how many members a group, "send newest rollouts to the arena"
+# samples: enough pairs for a round of votes, small enough to finish in a minute on a CPU
+ARENA_ROLLOUT_PROMPTS = 16
+ARENA_ROLLOUT_MAX_GROUP = 16
+SHAPES_DATASET = "shapes"  # the built-in prompts, loaded by `python -m app serve`
+
+
+def send_to_arena(session: Session, enqueuer: Enqueuer | None, source_job_id: int,
+                  user: User | None = None) -> tuple[Job, Checkpoint | None]:
+    """Launch a rollout job from a train job's newest checkpoint (the base model before the
+    first), on the job's dataset or else the built-in shapes prompts, with the job's group
+    size and sigma; its groups become pairs in the arena. Returns the job and the checkpoint."""
+    from app.services import checkpoints, datasets
+
+    src = get_job(session, source_job_id)
+    ckpt = checkpoints.latest_checkpoint(session, src.id)
+    ds_id = src.dataset_id
+    if ds_id is None:
+        rows, _ = datasets.list_datasets(session, limit=1000)
+        named = [d for d in rows if d.name == SHAPES_DATASET] or rows
+        if not named:
+            raise Invalid("no dataset to draw prompts from: upload one first", field="dataset_id")
+        ds_id = named[-1].id
+    cfg = src.config or {}
+    job = launch_job(session, enqueuer, "rollout", {
+        "dataset_id": ds_id, "checkpoint_id": ckpt.id if ckpt else None,
+        "max_prompts": ARENA_ROLLOUT_PROMPTS,
+        "group_size": max(2, min(int(cfg.get("group_size", 8)), ARENA_ROLLOUT_MAX_GROUP)),
+        "sigma": float(cfg.get("sigma", 0.3)),
+    }, user=user)
+    return job, ckpt
 
 
 def get_job(session: Session, job_id: int) -> Job:

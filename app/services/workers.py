@@ -16,10 +16,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.config import get_settings
+from app.job_kinds import KINDS
 from app.models import Job, WorkerRow, utcnow
-
-# which queue each job kind goes to (one place: the API's enqueue and the worker's routes)
-QUEUES = {"train": "gpu", "rollout": "gpu", "evaluate": "gpu", "fit_preference": "cpu"}
 
 
 def live_seconds() -> float:
@@ -59,7 +57,7 @@ def device_problem(session: Session, kind: str, config: dict[str, Any]) -> str |
     waits, see `waiting_for`)."""
     if not wants_cuda(kind, config):
         return None
-    queue = QUEUES[kind]
+    queue = KINDS[kind].queue
     on_queue = [w for w in live(session) if queue in w.queues]
     if not on_queue or any(w.cuda_devices > 0 for w in on_queue):
         return None
@@ -76,7 +74,7 @@ def waiting_for(session: Session, jobs: list[Job]) -> dict[int, str]:
     workers = live(session)
     out = {}
     for job in queued:
-        queue = QUEUES.get(job.kind, "gpu")
+        queue = KINDS[job.kind].queue
         cuda = wants_cuda(job.kind, job.config or {})
         able = [w for w in workers if queue in w.queues and (w.cuda_devices > 0 or not cuda)]
         if not able:

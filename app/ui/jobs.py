@@ -11,7 +11,7 @@ from typing import Any
 
 import gradio as gr
 
-from app.services import checkpoints, datasets, rollouts, workers
+from app.services import datasets, rollouts, workers
 from app.services import jobs as svc
 from app.services.jobs import Enqueuer
 from app.ui.common import (
@@ -125,10 +125,8 @@ def launch(enqueuer: Enqueuer | None, user_state: dict | None, dataset_id: int |
                       *[_field_error(errors.get(n)) for n in names]]
     try:
         with session() as s:
-            job = svc.create_job(s, "train", config, dataset_id=dataset_id or None, user=user)
-            s.commit()
-            svc.enqueue(enqueuer, job)
-            job_id = job.id
+            job_id = svc.launch_job(s, enqueuer, "train", config,
+                                    dataset_id=dataset_id or None, user=user).id
     except Exception as exc:  # noqa: BLE001
         # the service lists every bad field at once; each message goes beside its field
         found: dict[str, list[str]] = {}
@@ -244,26 +242,10 @@ def act(enqueuer: Enqueuer | None, action: str, user_state: dict | None,
                 svc.enqueue(enqueuer, job)
                 return notice(f"Job {job.id} queued to resume from its newest checkpoint.", "ok")
             # send newest rollouts to the arena: sample fresh groups from the newest checkpoint
-            src = svc.get_job(s, int(job_id))
-            ckpt = checkpoints.latest_checkpoint(s, src.id)
-            ds_id = src.dataset_id
-            if ds_id is None:
-                rows, _ = datasets.list_datasets(s, limit=1000)
-                named = [d for d in rows if d.name == "shapes"] or rows
-                if not named:
-                    raise ValueError("no dataset to draw prompts from: upload one first")
-                ds_id = named[-1].id
-            g = int((src.config or {}).get("group_size", 8))
-            job = svc.create_job(s, "rollout", {
-                "dataset_id": ds_id, "checkpoint_id": ckpt.id if ckpt else None,
-                "max_prompts": 16, "group_size": max(2, min(g, 16)),
-                "sigma": float((src.config or {}).get("sigma", 0.3)),
-            }, user=user)
-            s.commit()
-            svc.enqueue(enqueuer, job)
+            job, ckpt = svc.send_to_arena(s, enqueuer, int(job_id), user=user)
             what = f"checkpoint {ckpt.name}" if ckpt else "the base model"
-            return notice(f"Rollout job {job.id} queued: 16 prompts from {what}; its groups "
-                          "go to the arena as they arrive.", "ok")
+            return notice(f"Rollout job {job.id} queued: {job.config['max_prompts']} prompts "
+                          f"from {what}; its groups go to the arena as they arrive.", "ok")
     except Exception as exc:  # noqa: BLE001
         return notice(error_text(exc), "error")
 

@@ -81,11 +81,9 @@ def evaluate(enqueuer: Enqueuer | None, user_state: dict | None, ids: list[int] 
         if not ids or len(ids) < 2:
             raise ValueError("pick two or more checkpoints to compare")
         with session() as s:
-            job = jobs_svc.create_job(s, "evaluate", {
+            job = jobs_svc.launch_job(s, enqueuer, "evaluate", {
                 "checkpoint_ids": [int(i) for i in ids],
                 "seeds": list(range(int(seeds or 4)))}, user=user)
-            s.commit()
-            jobs_svc.enqueue(enqueuer, job)
             return (f'<div class="ngs-notice ngs-ok" id="evaluate-launched" '
                     f'data-job="{job.id}">Evaluate job {job.id} queued for '
                     f"{len(ids)} checkpoints; its images go to the arena as cross-checkpoint "

@@ -167,18 +167,14 @@ def test_default_enqueuer_without_worker_leaves_job_queued(settings, admin, monk
 
 
 def test_default_enqueuer_sends_celery_task(settings, admin, monkeypatch):
-    import sys
-    import types
-
     from fastapi.testclient import TestClient
 
     from app.main import create_app
+    from worker.celery_app import celery_app
 
-    sent = []
-    fake = types.ModuleType("worker.celery_app")
-    fake.celery_app = types.SimpleNamespace(
-        send_task=lambda name, args, queue: sent.append((name, args, queue)))
-    monkeypatch.setitem(sys.modules, "worker.celery_app", fake)
+    sent = []  # what would go to the broker: the task of the kind, on the kind's queue
+    monkeypatch.setattr(celery_app, "send_task",
+                        lambda name, args, queue: sent.append((name, args, queue)))
     with TestClient(create_app(settings, mount_ui=False)) as c:
         j = c.post("/api/jobs", json={"kind": "train", "preset": "tiny"}, headers=admin).json()
         k = c.post("/api/jobs", json={"kind": "fit_preference"}, headers=admin).json()

@@ -1,0 +1,121 @@
+"""The job kinds: each declared once, here, with its config, queue, task and who may launch
+it. The API (`POST /api/jobs`, its schemas and filters), the UI, the demo, the database column
+and the worker's Celery routes all read this registry; adding a kind is one entry below plus
+its task in worker/tasks.py (a test checks that every kind has one).
+
+This module imports no database or worker code, so the models, the services and the worker can
+all import it. Train jobs take `trainer.config.TrainConfig` (a dataclass with its own checks);
+the other kinds take the pydantic models below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_ID = 2**31 - 1  # the largest id an INTEGER primary key holds (PostgreSQL int4)
+
+
+class _Cfg(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Cfg(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RolloutConfig(_Cfg):
+    """Sample groups for a dataset's prompts from a checkpoint and store them for voting."""
+
+    dataset_id: int = Field(ge=1, le=MAX_ID, description="Dataset whose prompts are sampled.")
+    checkpoint_id: int | None = Field(None, ge=1, le=MAX_ID,
+                                      description="Checkpoint to sample; none = base model.")
+    split: Literal["train", "eval", "all"] = "train"
+    max_prompts: int | None = Field(None, ge=1, le=100_000)
+    group_size: int = Field(8, ge=2, le=256, description="Samples per group (G).")
+    sigma: float = Field(0.3, ge=0.0, le=1.0, description="Neighbourhood radius of the noises.")
+    solver: Literal["dpm++", "euler"] = "dpm++"
+    steps: int = Field(8, ge=2, le=1000)
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    model: Literal["shapes"] = Field("shapes", description="Model adapter of the checkpoint.")
+    reward_names: list[str] = Field(default_factory=list, max_length=32,
+                                    description="Rewards scored on each sample (registry "
+                                    "names); empty: count, color and shape.")
+
+
+class EvaluateConfig(_Cfg):
+    """Fixed prompts and seeds from checkpoints; images feed cross-checkpoint votes."""
+
+    checkpoint_ids: list[Annotated[int, Field(ge=1, le=MAX_ID)]] = Field(
+        min_length=2, max_length=64, description="Two or more distinct checkpoints to compare.")
+    dataset_id: int | None = Field(None, ge=1, le=MAX_ID)
+    split: Literal["train", "eval", "all"] = "eval"
+    prompts: list[str] = Field(default_factory=list, max_length=10_000)
+    max_prompts: int | None = Field(None, ge=1, le=100_000)
+    seeds: list[Annotated[int, Field(ge=0, le=MAX_ID)]] = Field(default_factory=lambda: [0, 1, 2, 3], min_length=1, max_length=1000)
+    solver: Literal["dpm++", "euler"] = "dpm++"
+    steps: int = Field(8, ge=2, le=1000)
+    model: Literal["shapes"] = Field("shapes", description="Model adapter of the checkpoints.")
+    reward_names: list[str] = Field(default_factory=list, max_length=32,
+                                    description="Rewards scored on each image (registry names); "
+                                    "empty: count, color and shape.")
+
+
+class FitPreferenceConfig(_Cfg):
+    """Refit the human-preference reward model from clean votes (trainer.rewards.preference
+    FitConfig's fields); the file goes to STORAGE_DIR/preference/vN.safetensors."""
+
+    min_votes: int = Field(0, ge=0, le=10_000_000,
+                           description="Fail unless at least this many clean votes exist.")
+    features: Literal["shapes", "clip"] = Field(
+        "shapes", description="'shapes': a small convolutional network on the pixels; 'clip': "
+        "a frozen CLIP image-text embedding from clip_path with a small head.")
+    clip_path: str = Field("", description="Local CLIP weights for features='clip'.")
+    holdout_fraction: float = Field(0.2, ge=0.0, lt=1.0, description="Share of the votes kept "
+                                    "out of the fit to report held-out pair accuracy and log-loss.")
+    epochs: int = Field(60, ge=1, le=10_000, description="Passes over the training votes.")
+    batch_size: int = Field(64, ge=1, le=65_536, description="Votes per optimizer step.")
+    learning_rate: float = Field(2e-3, gt=0.0, le=1.0, description="Peak AdamW learning rate "
+                                 "(one-cycle schedule).")
+    weight_decay: float = Field(1e-3, ge=0.0, le=1.0, description="AdamW weight decay.")
+    ensemble: int = Field(5, ge=1, le=32, description="Networks trained from different "
+                          "initialisations and averaged; fewer fit faster, more rank close pairs "
+                          "more reliably.")
+    mirror_augment: bool = Field(False, description="Train on random left-right mirrors of the "
+                                 "shapes images: more variety from few votes, but a preference "
+                                 "for one side can then not be learned.")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the held-out split and the "
+                      "initialisations.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to fit; 'auto' "
+                                                   "takes the GPU when there is one.")
+    score_samples: bool = Field(True, description="Cache the new model's score on every "
+                                "stored sample (active pair selection reads it).")
+
+
+
+@dataclass(frozen=True)
+class JobKind:
+    name: str
+    queue: str  # the Celery queue its task goes to: "gpu" (sampling, training) or "cpu"
+    summary: str
+    config: type[BaseModel] | None  # None: trainer.config.TrainConfig
+    launch_role: str = "admin"  # who may launch it
+
+    @property
+    def task(self) -> str:
+        """The Celery task name the worker registers for it (worker/tasks.py)."""
+        return f"worker.tasks.{self.name}"
+
+
+KINDS: dict[str, JobKind] = {k.name: k for k in (
+    JobKind("train", "gpu", "Neighbor GRPO or the SDE baseline (trainer.config.TrainConfig)",
+            None),
+    JobKind("rollout", "gpu", RolloutConfig.__doc__ or "", RolloutConfig),
+    JobKind("evaluate", "gpu", EvaluateConfig.__doc__ or "", EvaluateConfig),
+    JobKind("fit_preference", "cpu", FitPreferenceConfig.__doc__ or "", FitPreferenceConfig),
+)}
+KIND_NAMES: tuple[str, ...] = tuple(KINDS)
+KindName = Literal[KIND_NAMES]  # type: ignore[valid-type]  # the OpenAPI enum of kinds
+QUEUE_NAMES: tuple[str, ...] = tuple(dict.fromkeys(k.queue for k in KINDS.values()))

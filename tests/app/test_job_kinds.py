@@ -1,0 +1,70 @@
+"""The job-kind registry (app/job_kinds.py) is the one list of kinds: the API's enum, the
+worker's tasks and routes, and the launch use case all follow it."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_every_kind_has_a_worker_task_routed_to_its_queue(tmp_path, monkeypatch):
+    monkeypatch.setenv("DATA_DIR", str(tmp_path))  # the embedded broker's folders go here
+    from app.job_kinds import KINDS, QUEUE_NAMES
+    from worker.celery_app import celery_app, make_celery
+
+    import worker.tasks  # noqa: F401  (registers the tasks)
+
+    app = make_celery()
+    for kind in KINDS.values():
+        assert kind.task in celery_app.tasks, f"no task for kind {kind.name}"
+        assert app.conf.task_routes[kind.task] == {"queue": kind.queue}
+        assert kind.queue in QUEUE_NAMES
+    assert {q.name for q in app.conf.task_queues} == set(QUEUE_NAMES)
+
+
+def test_api_enum_and_config_schemas_follow_the_registry(client, admin):
+    from app.job_kinds import KINDS
+
+    spec = client.get("/openapi.json").json()
+    enum = spec["components"]["schemas"]["JobIn"]["properties"]["kind"]["enum"]
+    assert enum == list(KINDS)
+    schema = client.get("/api/jobs/config-schema", headers=admin).json()
+    assert {k for k in KINDS if KINDS[k].config} <= set(schema) and "train" in schema
+
+
+def test_launch_job_checks_the_kinds_role_commits_then_enqueues(settings, session, enqueuer):
+    from app.db import session_scope
+    from app.errors import Forbidden
+    from app.models import Job, User
+    from app.services import auth, jobs
+
+    with session_scope() as s:
+        annotator, _ = auth.create_user(s, "ann", "annotator")
+        admin, _ = auth.create_user(s, "adm", "admin")
+        s.expunge_all()
+
+    seen = []
+
+    def check_committed(job_id: int, kind: str) -> None:
+        with session_scope() as s:  # another session sees the row: committed before enqueue
+            seen.append(s.get(Job, job_id).status)
+        enqueuer(job_id, kind)
+
+    with pytest.raises(Forbidden):
+        jobs.launch_job(session, check_committed, "train", preset="tiny", user=annotator)
+    job = jobs.launch_job(session, check_committed, "train", preset="tiny", user=admin)
+    assert seen == ["queued"] and enqueuer.calls == [(job.id, "train")]
+    assert isinstance(session.get(User, admin.id), User)
+
+
+def test_send_to_arena_uses_the_jobs_group_size_capped(settings, session, enqueuer):
+    from app.services import datasets, jobs
+
+    datasets.import_dataset(session, filename="shapes.txt", data=b"one red circle\n",
+                            name=jobs.SHAPES_DATASET)
+    src = jobs.launch_job(session, enqueuer, "train", {"group_size": 40, "num_anchors": 2},
+                          preset="tiny")
+    job, ckpt = jobs.send_to_arena(session, enqueuer, src.id)
+    assert ckpt is None and job.kind == "rollout"
+    assert job.config["group_size"] == jobs.ARENA_ROLLOUT_MAX_GROUP
+    assert job.config["max_prompts"] == jobs.ARENA_ROLLOUT_PROMPTS
+    assert enqueuer.calls[-1] == (job.id, "rollout")
