@@ -11,7 +11,8 @@ The rule: a stored file leaves the server only to a caller with a valid token, g
   `StoredFilesGuard` answers 401 on every Gradio route that serves or accepts files (uploaded
   prompt files are users' data too) unless the request carries a valid token.
 
-Checkpoint downloads (`/api/checkpoints/{id}/download`) take the same `file_reader`.
+Checkpoint and preference-model downloads (`/api/checkpoints/{id}/download`,
+`/api/preference-models/{version}/download`) take the same `file_reader`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.responses import FileResponse
 
-from app.api.deps import MAX_ID, AdminDep, PathId, SessionDep, UserDep
+from app.api.deps import MAX_ID, AdminDep, FileReaderDep, PathId, SessionDep, UserDep
 from app.models import PreferenceModelRow
 from app.schemas import AnnotatorStats, Page, PreferenceModelOut, UserCreated, UserIn
 from app.services import annotators, auth, storage
@@ -32,8 +32,8 @@ def list_models(session: SessionDep, _user: UserDep,
     return Page(items=[_out(r) for r in rows], total=total, limit=limit, offset=offset)
 
 
-@router.get("/preference-models/{version}/download")
-def download(version: PathId, session: SessionDep, _user: UserDep) -> FileResponse:
+@router.get("/preference-models/{version}/download", responses={401: {}, 404: {}})
+def download(version: PathId, session: SessionDep, _user: FileReaderDep) -> FileResponse:
     row = svc.get_model(session, version)
     return FileResponse(storage.resolve(row.path), media_type="application/octet-stream",
                         filename=f"preference-v{row.version}.safetensors")
