@@ -49,6 +49,20 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}\n\n{tail}"[:8000]
 
 
+def missing_device(config: dict) -> str | None:
+    """Why this worker cannot run a config (it asks for CUDA and there is none here), or None.
+    Submission refuses such configs while a live worker reports the same; a job accepted
+    before any worker reported can still land here, and fails with this, not a traceback."""
+    if config.get("device") != "cuda":
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return ("the job asks for device 'cuda' but this worker has no CUDA device; resume it "
+            "once a worker with a GPU serves its queue, or relaunch it with device 'auto'")
+
+
 def run_job(job_id: int, body: Callable[[int, str], str]) -> str:
     """Claim the job, keep its heartbeat, run `body(job_id, worker_name)`, record failure."""
     lease = JobLease(int(job_id))
@@ -60,6 +74,11 @@ def run_job(job_id: int, body: Callable[[int, str], str]) -> str:
     if not lease.claim():
         log.info("job %s is finished, cancelled or held by another worker: skipped", job_id)
         return "skipped"
+    with session_scope() as s:
+        problem = missing_device(dict(jobs.get_job(s, lease.job_id).config or {}))
+        if problem:
+            jobs.mark_failed(s, lease.job_id, f"{lease.worker_name}: {problem}")
+            return "failed"
     lease.start_heartbeat()
     try:
         return body(lease.job_id, lease.worker_name)

@@ -200,3 +200,22 @@ def test_trainer_cli_config_reports_every_bad_field():
     assert [e.field for e in err.value.errors] == ["typo", "group_size", "sigma",
                                                    "reward_weights"]
     assert "typo: unknown field" in str(err.value) and "'beauty'" in str(err.value)
+
+
+def test_a_cuda_job_on_a_worker_without_cuda_fails_with_a_clear_reason(settings, session):
+    import torch
+
+    from app.models import Job
+    from app.services import jobs
+    from worker.tasks import run_job
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the job would run")
+    job = jobs.create_job(session, "train", {"device": "cuda"}, preset="tiny")
+    session.commit()
+    ran = []
+    assert run_job(job.id, lambda jid, name: ran.append(jid) or "succeeded") == "failed"
+    session.expire_all()
+    row = session.get(Job, job.id)
+    assert ran == [] and row.status == "failed"
+    assert "no CUDA device" in row.error and "Traceback" not in row.error
