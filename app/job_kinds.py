@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-MAX_ID = 2**31 - 1  # the largest id an INTEGER primary key holds (PostgreSQL int4)
+from app.limits import MAX_ID
 
 
 class _Cfg(BaseModel):
@@ -38,7 +38,7 @@ class RolloutConfig(_Cfg):
     sigma: float = Field(0.3, ge=0.0, le=1.0, description="Neighbourhood radius of the noises.")
     solver: Literal["dpm++", "euler"] = "dpm++"
     steps: int = Field(8, ge=2, le=1000)
-    seed: int = Field(0, ge=0, le=2**31 - 1)
+    seed: int = Field(0, ge=0, le=MAX_ID)
     model: Literal["shapes"] = Field("shapes", description="Model adapter of the checkpoint.")
     reward_names: list[str] = Field(default_factory=list, max_length=32,
                                     description="Rewards scored on each sample (registry "
@@ -86,7 +86,7 @@ class FitPreferenceConfig(_Cfg):
     mirror_augment: bool = Field(False, description="Train on random left-right mirrors of the "
                                  "shapes images: more variety from few votes, but a preference "
                                  "for one side can then not be learned.")
-    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the held-out split and the "
+    seed: int = Field(0, ge=0, le=MAX_ID, description="Seed of the held-out split and the "
                       "initialisations.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to fit; 'auto' "
                                                    "takes the GPU when there is one.")

@@ -88,15 +88,10 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    # --- the Gradio UI (issue 5) mounts here: ---------------------------------------------
-    #   from app.ui import build_ui; app = gr.mount_gradio_app(app, build_ui(), path="/ui")
-    if mount_ui:
-        try:
-            from app.ui import mount  # type: ignore[attr-defined]
-        except ImportError:
-            pass
-        else:
-            app = mount(app)
+    if mount_ui:  # the Gradio UI at /ui (gradio is a server dependency: a missing one is an error)
+        from app.ui import mount
+
+        app = mount(app)
     # stored files need a token on the UI's routes too (app/api/media.py says the rule)
     app.add_middleware(media.StoredFilesGuard, ui_path="/ui")
     return app

@@ -24,6 +24,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from app.limits import NAME_LENGTH
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -38,8 +40,6 @@ NAMING = {
 }
 
 ROLES = ("admin", "annotator")
-SPLITS = ("train", "eval")
-JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 OUTCOMES = ("a", "b", "tie", "both_bad", "skip")
 
 
@@ -75,7 +75,7 @@ class ApiToken(Base):
 class Dataset(Base):
     __tablename__ = "datasets"
     id: Mapped[int] = mapped_column(primary_key=True)
-    name: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH))
     filename: Mapped[str] = mapped_column(String(300))
     format: Mapped[str] = mapped_column(String(10))
     num_prompts: Mapped[int] = mapped_column(Integer, default=0)
@@ -114,7 +114,7 @@ class Job(Base):
     total_iterations: Mapped[int | None] = mapped_column(Integer)
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(Text)
-    worker: Mapped[str | None] = mapped_column(String(200))
+    worker: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -140,7 +140,7 @@ class Checkpoint(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), index=True)
     iteration: Mapped[int] = mapped_column(Integer, default=0)
-    name: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH))
     path: Mapped[str] = mapped_column(Text)
     format: Mapped[str] = mapped_column(String(20), default="safetensors")
     parent_id: Mapped[int | None] = mapped_column(ForeignKey("checkpoints.id", ondelete="SET NULL"))
@@ -248,7 +248,7 @@ class WorkerRow(Base):
     against these, and a queued job with no live worker for it says what it waits for."""
 
     __tablename__ = "workers"
-    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
     queues: Mapped[list[Any]] = mapped_column(JSON, default=list)
     cuda_devices: Mapped[int] = mapped_column(Integer, default=0)
     device_names: Mapped[list[Any]] = mapped_column(JSON, default=list)

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from app.job_kinds import KindName
+from app.limits import MAX_ID
 
 T = TypeVar("T")
 
@@ -112,12 +113,12 @@ class NextPair(BaseModel):
 class VoteIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     client_vote_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")
-    sample_a_id: int = Field(ge=1, le=2**31 - 1, description="The sample shown on the left.")
-    sample_b_id: int = Field(ge=1, le=2**31 - 1, description="The sample shown on the right.")
+    sample_a_id: int = Field(ge=1, le=MAX_ID, description="The sample shown on the left.")
+    sample_b_id: int = Field(ge=1, le=MAX_ID, description="The sample shown on the right.")
     outcome: Literal["a", "b", "tie", "both_bad", "skip"]
     session_id: str | None = Field(None, max_length=64)
     shown_at: UTCDateTime | None = None  # naive: taken as UTC; stored as UTC on either database
-    latency_ms: int | None = Field(None, ge=0, le=2**31 - 1)
+    latency_ms: int | None = Field(None, ge=0, le=MAX_ID)
     selection: str | None = Field(None, max_length=50)
 
 
@@ -142,7 +143,7 @@ class JobIn(BaseModel):
     kind: KindName
     config: dict[str, Any] = Field(default_factory=dict)
     preset: str | None = Field(None, max_length=100)
-    dataset_id: int | None = Field(None, ge=1, le=2**31 - 1)
+    dataset_id: int | None = Field(None, ge=1, le=MAX_ID)
 
 
 class MetricPoint(ORM):

@@ -1,8 +1,9 @@
 """Holding a job: claim it atomically, keep its heartbeat fresh, notice when it is lost.
 
-`JobLease` is a context manager: it claims the job (None when another worker holds it or it is
-finished), runs a daemon thread that touches the heartbeat every `JOB_HEARTBEAT_SECONDS`
-(so a long iteration never looks like a dead worker), and stops that thread on exit.
+`JobLease.claim()` takes the job (False when another worker holds it or it is finished);
+`start_heartbeat()` runs a daemon thread that touches the heartbeat every
+`JOB_HEARTBEAT_SECONDS` (so a long iteration never looks like a dead worker); `stop()` (or
+leaving a `with` block) stops that thread.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from pydantic import WithJsonSchema
 
 from app.api.deps import AdminDep, PathId, QueryId, SessionDep, SettingsDep, UserDep
 from app.errors import Invalid, PayloadTooLarge
+from app.limits import MAX_ID, NAME_LENGTH
 from app.schemas import DatasetCreated, DatasetOut, Page, PromptOut
 from app.services import datasets as svc
 
@@ -39,9 +40,9 @@ def upload_dataset(
     settings: SettingsDep,
     _admin: AdminDep,
     file: FilePart,
-    name: Annotated[str | None, Form(max_length=200)] = None,
+    name: Annotated[str | None, Form(max_length=NAME_LENGTH)] = None,
     eval_fraction: Annotated[float, Form(ge=0.0, lt=1.0)] = 0.0,
-    seed: Annotated[int, Form(ge=0, le=2**31 - 1)] = 0,
+    seed: Annotated[int, Form(ge=0, le=MAX_ID)] = 0,
 ) -> DatasetCreated:
     if isinstance(file, str) or not file.filename:
         raise Invalid("file: a file with a name is required (.txt, .csv, .jsonl or .parquet)",
@@ -65,7 +66,7 @@ def upload_dataset(
 @router.get("/datasets", response_model=Page[DatasetOut])
 def list_datasets(session: SessionDep, _user: UserDep,
                   limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-                  offset: Annotated[int, Query(ge=0, le=2**31)] = 0) -> Page[DatasetOut]:
+                  offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> Page[DatasetOut]:
     rows, total = svc.list_datasets(session, limit=limit, offset=offset)
     return Page(items=[DatasetOut.model_validate(r) for r in rows], total=total, limit=limit,
                 offset=offset)
@@ -110,7 +111,7 @@ def list_prompts(session: SessionDep, _user: UserDep,
                  split: Literal["train", "eval"] | None = None,
                  q: Annotated[str | None, Query(max_length=2000)] = None,
                  limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-                 offset: Annotated[int, Query(ge=0, le=2**31)] = 0) -> Page[PromptOut]:
+                 offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> Page[PromptOut]:
     rows, total = svc.list_prompts(session, dataset_id=dataset_id, split=split, q=q,
                                    limit=limit, offset=offset)
     return Page(items=[PromptOut.model_validate(r) for r in rows], total=total, limit=limit,

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from app import db
 from app.config import Settings, get_settings
+from app.limits import MAX_ID
 from app.models import User
 from app.services import auth
 from app.services.jobs import Enqueuer
@@ -79,7 +80,6 @@ AdminDep = Annotated[User, Depends(admin_user)]
 EnqueuerDep = Annotated[Enqueuer | None, Depends(get_enqueuer)]
 SettingsDep = Annotated[Settings, Depends(settings_dep)]
 
-MAX_ID = 2**31 - 1
 PathId = Annotated[int, Path(ge=1, le=MAX_ID)]
 QueryId = Annotated[int | None, Query(ge=1, le=MAX_ID)]
 

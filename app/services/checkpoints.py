@@ -8,6 +8,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.errors import Invalid, NotFound
+from app.limits import NAME_LENGTH
 from app.models import Checkpoint, Job
 from app.services import storage
 
@@ -33,7 +34,7 @@ def record_checkpoint(session: Session, job_id: int | None, iteration: int, path
         session.flush()
         return existing.id
     ckpt = Checkpoint(job_id=job_id, iteration=iteration, path=rel, format=format,
-                      parent_id=parent_id, name=name[:200])
+                      parent_id=parent_id, name=name[:NAME_LENGTH])
     session.add(ckpt)
     session.flush()
     return ckpt.id

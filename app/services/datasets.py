@@ -24,6 +24,7 @@ from sqlalchemy import delete, func, insert, select
 from sqlalchemy.orm import Session
 
 from app.errors import BadRequest, Conflict, Invalid, NotFound, PayloadTooLarge
+from app.limits import NAME_LENGTH
 from app.models import Dataset, Job, Prompt
 
 FORMATS = ("txt", "csv", "jsonl", "parquet")
@@ -269,7 +270,7 @@ def dataset_name(filename: str, name: str | None) -> str:
     name = (name or "").strip() or PurePath(filename).stem or "dataset"
     if "\x00" in name:  # PostgreSQL refuses it; SQLite would store a name nobody can type
         raise Invalid("name: must not contain NUL characters", field="name")
-    return name[:200]
+    return name[:NAME_LENGTH]
 
 
 def check_name_free(session: Session, name: str) -> None:

@@ -39,7 +39,8 @@ from sqlalchemy.orm import Session
 
 from app.config import get_settings
 from app.errors import Conflict, Invalid, NotFound
-from app.job_kinds import KIND_NAMES, KINDS, MAX_ID
+from app.job_kinds import KIND_NAMES, KINDS
+from app.limits import MAX_ID, NAME_LENGTH
 from app.models import Checkpoint, Dataset, Job, JobMetric, User, utcnow
 from app.services import auth, storage, workers
 
@@ -334,7 +335,7 @@ def mark_running(session: Session, job_id: int, worker_name: str) -> Job:
     if job.status in TERMINAL:
         raise Conflict(f"job {job_id} is {job.status}; not starting it")
     now = utcnow()
-    job.status, job.worker, job.heartbeat_at = "running", worker_name[:200], now
+    job.status, job.worker, job.heartbeat_at = "running", worker_name[:NAME_LENGTH], now
     job.started_at = job.started_at or now
     job.attempts += 1
     session.flush()
@@ -346,7 +347,7 @@ def heartbeat(session: Session, job_id: int, worker_name: str | None = None) -> 
     job = get_job(session, job_id)
     job.heartbeat_at = utcnow()
     if worker_name:
-        job.worker = worker_name[:200]
+        job.worker = worker_name[:NAME_LENGTH]
     session.flush()
     return job.cancel_requested
 
@@ -432,7 +433,7 @@ def claim(session: Session, job_id: int, worker_name: str, stale_after: timedelt
         .where((Job.status == "queued") | (
             (Job.status == "running")
             & (Job.heartbeat_at.is_(None) | (Job.heartbeat_at < now - stale_after))))
-        .values(status="running", worker=worker_name[:200], heartbeat_at=now,
+        .values(status="running", worker=worker_name[:NAME_LENGTH], heartbeat_at=now,
                 started_at=func.coalesce(Job.started_at, now), attempts=Job.attempts + 1)
         .execution_options(synchronize_session=False)
     )
@@ -444,7 +445,7 @@ def claim(session: Session, job_id: int, worker_name: str, stale_after: timedelt
 def holds(session: Session, job_id: int, worker_name: str) -> bool:
     """Whether `worker_name` still runs this job (a reaper may have handed it to another)."""
     row = session.execute(select(Job.status, Job.worker).where(Job.id == job_id)).one_or_none()
-    return row is not None and row[0] == "running" and row[1] == worker_name[:200]
+    return row is not None and row[0] == "running" and row[1] == worker_name[:NAME_LENGTH]
 
 
 def truncate_history(session: Session, job_id: int, iteration: int) -> None:

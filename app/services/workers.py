@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from app.config import get_settings
 from app.job_kinds import KINDS
+from app.limits import NAME_LENGTH
 from app.models import Job, WorkerRow, utcnow
 
 
@@ -30,10 +31,10 @@ def live_seconds() -> float:
 def report(session: Session, name: str, queues: list[str], cuda_devices: int,
            device_names: list[str]) -> WorkerRow:
     """Insert or refresh this worker's row (flush, no commit)."""
-    row = session.get(WorkerRow, name[:200])
+    row = session.get(WorkerRow, name[:NAME_LENGTH])
     now = utcnow()
     if row is None:
-        row = WorkerRow(name=name[:200], started_at=now)
+        row = WorkerRow(name=name[:NAME_LENGTH], started_at=now)
         session.add(row)
     row.queues, row.cuda_devices = sorted(set(queues)), int(cuda_devices)
     row.device_names, row.last_seen_at = list(device_names), now

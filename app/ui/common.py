@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -20,7 +19,7 @@ from urllib.parse import quote
 from sqlalchemy.orm import Session
 
 from app import db
-from app.errors import Forbidden, ServiceError, Unauthorized
+from app.errors import ServiceError, Unauthorized
 from app.models import User
 from app.services import auth, storage
 
@@ -52,10 +51,6 @@ def error_text(exc: Exception) -> str:
     if isinstance(exc, ServiceError):
         return exc.message
     return f"{type(exc).__name__}: {exc}"
-
-
-def is_auth_error(exc: Exception) -> bool:
-    return isinstance(exc, Unauthorized | Forbidden)
 
 
 def esc(value: Any) -> str:
@@ -285,6 +280,3 @@ HEAD = """
 </script>
 """
 
-
-def json_attr(value: Any) -> str:
-    return esc(json.dumps(value))
