@@ -25,6 +25,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from app.limits import NAME_LENGTH
+from trainer.rewards.outcomes import OUTCOMES  # noqa: F401  (the values votes.outcome holds)
 
 
 def utcnow() -> datetime:
@@ -40,7 +41,6 @@ NAMING = {
 }
 
 ROLES = ("admin", "annotator")
-OUTCOMES = ("a", "b", "tie", "both_bad", "skip")
 
 
 class Base(DeclarativeBase):

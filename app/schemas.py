@@ -9,6 +9,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from app.job_kinds import KindName
 from app.limits import MAX_ID
+from trainer.rewards.outcomes import OUTCOMES
 
 T = TypeVar("T")
 
@@ -115,7 +116,7 @@ class VoteIn(BaseModel):
     client_vote_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")
     sample_a_id: int = Field(ge=1, le=MAX_ID, description="The sample shown on the left.")
     sample_b_id: int = Field(ge=1, le=MAX_ID, description="The sample shown on the right.")
-    outcome: Literal["a", "b", "tie", "both_bad", "skip"]
+    outcome: Literal[OUTCOMES]  # the same enum in OpenAPI as the values spelt out
     session_id: str | None = Field(None, max_length=64)
     shown_at: UTCDateTime | None = None  # naive: taken as UTC; stored as UTC on either database
     latency_ms: int | None = Field(None, ge=0, le=MAX_ID)

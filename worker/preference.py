@@ -26,6 +26,7 @@ from app.services import preference as pref_svc
 from trainer.config import TrainConfig
 from trainer.loop import resolve_device
 from trainer.rewards.preference import (
+    LABELLED_OUTCOMES,
     FitConfig,
     PreferenceModel,
     PreferencePair,
@@ -72,7 +73,7 @@ def fit_and_record(fit_config: FitConfig, *, job_id: int | None = None, min_vote
     with session_scope() as s:
         rows = pref_svc.fit_votes(s)
         version = pref_svc.next_version(s)
-    clean = sum(r["outcome"] in ("a", "b", "tie") for r in rows)
+    clean = sum(r["outcome"] in LABELLED_OUTCOMES for r in rows)
     if clean < max(min_votes, 4):
         raise ValueError(f"fit_preference: {clean} clean votes (a, b or tie); need at least "
                          f"{max(min_votes, 4)}")

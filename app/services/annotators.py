@@ -29,8 +29,8 @@ from app.errors import NotFound
 from app.models import Sample, User, Vote
 from app.services import auth
 from app.services.votes import automatic_reward
+from trainer.rewards.outcomes import LABELLED_OUTCOMES, Outcome
 
-CLEAN = ("a", "b", "tie")
 FLAG_ALPHA = 0.05
 FLAG_MIN_SHARED = 20
 
@@ -44,9 +44,9 @@ def binomial_p_above_half(successes: int, n: int) -> float:
 
 def _label(outcome: str, a_id: int, lo: int) -> str:
     """'lo', 'hi' or 'tie': which sample of the pair won, independent of the sides."""
-    if outcome == "tie":
+    if not Outcome(outcome).decisive:
         return "tie"
-    winner_is_a = outcome == "a"
+    winner_is_a = outcome == Outcome.A
     return "lo" if (a_id == lo) == winner_is_a else "hi"
 
 
@@ -67,10 +67,10 @@ def stats(session: Session, *, annotator_id: int | None = None) -> list[dict[str
         p["votes"] += 1
         if latency is not None:
             p["latencies"].append(latency)
-        if outcome in CLEAN:
+        if outcome in LABELLED_OUTCOMES:
             p["clean"] += 1
             by_pair[(lo, hi)].append((uid, _label(outcome, a, lo)))
-            if outcome != "tie":
+            if Outcome(outcome).decisive:
                 sample_ids.update((a, b))
     rewards: dict[int, float | None] = {}
     ids = sorted(sample_ids)

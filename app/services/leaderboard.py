@@ -17,6 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
 from app.models import Checkpoint, RolloutGroup, Sample, Vote
+from trainer.rewards.outcomes import LABELLED_OUTCOMES, TARGET_A
 
 PSEUDO = 0.1
 
@@ -28,7 +29,7 @@ def _cross_votes(session: Session) -> list[tuple[int, int, str]]:
         select(ga.checkpoint_id, gb.checkpoint_id, Vote.outcome)
         .join(sa, sa.id == Vote.sample_a_id).join(sb, sb.id == Vote.sample_b_id)
         .join(ga, ga.id == sa.group_id).join(gb, gb.id == sb.group_id)
-        .where(Vote.excluded.is_(False), Vote.outcome.in_(("a", "b", "tie")),
+        .where(Vote.excluded.is_(False), Vote.outcome.in_(LABELLED_OUTCOMES),
                ga.checkpoint_id.is_not(None), gb.checkpoint_id.is_not(None),
                ga.checkpoint_id != gb.checkpoint_id)
     ).all()
@@ -71,7 +72,7 @@ def compute(session: Session, *, bootstrap: int = 200, seed: int = 0) -> dict[st
     # each vote as a (winner-row, loser-col, weight) triple list; ties add 0.5 both ways
     ia = np.array([index[a] for a, _, _ in votes])
     ib = np.array([index[b] for _, b, _ in votes])
-    score_a = np.array([{"a": 1.0, "b": 0.0, "tie": 0.5}[o] for _, _, o in votes])
+    score_a = np.array([TARGET_A[o] for _, _, o in votes])
 
     def wins_of(weights: np.ndarray) -> np.ndarray:
         w = np.zeros((n, n))

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, aliased
 
 from app.errors import Conflict, Invalid
 from app.models import OUTCOMES, RolloutGroup, Sample, User, Vote
+from trainer.rewards.outcomes import TARGET_A
 
 
 @dataclass
@@ -409,7 +410,6 @@ EXPORT_COLUMNS = (
     "outcome", "label_0", "label_1", "has_label", "selection", "excluded",
     "shown_at", "created_at", "latency_ms",
 )
-LABELS = {"a": (1.0, 0.0), "b": (0.0, 1.0), "tie": (0.5, 0.5)}
 
 
 def _utc_iso(value: datetime | None) -> str | None:
@@ -440,7 +440,8 @@ def export_votes(session: Session, batch: int = 5000) -> Iterator[dict[str, Any]
         if not rows:
             return
         for v, annotator, prompt, pa, pb, ca, cb, gida, gidb in rows:
-            l0, l1 = LABELS.get(v.outcome, (None, None))
+            l0 = TARGET_A.get(v.outcome)  # the Bradley-Terry target of the left image
+            l1 = None if l0 is None else 1.0 - l0
             yield {
                 "vote_id": v.id, "client_vote_id": v.client_vote_id, "annotator": annotator,
                 "session_id": v.session_id, "prompt": prompt,

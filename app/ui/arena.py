@@ -23,13 +23,11 @@ import gradio as gr
 from app.models import OUTCOMES
 from app.services import rollouts, votes
 from app.ui.common import caller, error_text, esc, fmt, image_src, notice, session
+from trainer.rewards.outcomes import Outcome
 
-BUTTONS = [  # (outcome, label, key shown on the button)
-    ("a", "A is better", "1"), ("b", "B is better", "2"), ("tie", "Tie", "3"),
-    ("both_bad", "Both bad", "4"), ("skip", "Skip", "space"),
-]
-LABELS = {"a": "A is better", "b": "B is better", "tie": "Tie", "both_bad": "Both bad",
-          "skip": "Skip"}
+# the key shown on each outcome's button (the page script in app.ui.common binds them)
+KEYS = {Outcome.A: "1", Outcome.B: "2", Outcome.TIE: "3", Outcome.BOTH_BAD: "4",
+        Outcome.SKIP: "space"}
 
 def new_arena_state() -> dict[str, Any]:
     return {"session_id": uuid.uuid4().hex, "current": None, "next": None,
@@ -73,7 +71,7 @@ def reveal_html(last: dict[str, Any] | None) -> str:
         return ""
     a, b = last["sources"].get(str(last["a_id"])), last["sources"].get(str(last["b_id"]))
     return (f'<div class="ngs-reveal" data-vote="{last["vote_id"]}">You chose '
-            f'<b>{esc(LABELS[last["outcome"]])}</b>. A: {_side_text(a)} &middot; '
+            f'<b>{esc(Outcome(last["outcome"]).label)}</b>. A: {_side_text(a)} &middot; '
             f'B: {_side_text(b)}</div>')
 
 
@@ -174,10 +172,10 @@ def build_arena(user: gr.State) -> gr.Blocks:
         counters = gr.HTML(elem_id="arena-counters")
         pair = gr.HTML(elem_id="arena-pair", min_height=300)
         with gr.Row(elem_id="arena-buttons"):
-            buttons = [gr.Button(f"{label} [{key}]", elem_id=f"vote-{outcome}",
-                                 elem_classes=["ngs-vote"],
-                                 variant="primary" if outcome in ("a", "b") else "secondary")
-                       for outcome, label, key in BUTTONS]
+            buttons = [gr.Button(f"{outcome.label} [{KEYS[outcome]}]",
+                                 elem_id=f"vote-{outcome.value}", elem_classes=["ngs-vote"],
+                                 variant="primary" if outcome.decisive else "secondary")
+                       for outcome in Outcome]
         reveal = gr.HTML(elem_id="arena-reveal")
         meta = gr.Textbox(visible=False)
         outputs = [pair, reveal, counters, arena]

@@ -8,10 +8,9 @@ import pytest
 
 def test_every_kind_has_a_worker_task_routed_to_its_queue(tmp_path, monkeypatch):
     monkeypatch.setenv("DATA_DIR", str(tmp_path))  # the embedded broker's folders go here
+    import worker.tasks  # noqa: F401  (registers the tasks)
     from app.job_kinds import KINDS, QUEUE_NAMES
     from worker.celery_app import celery_app, make_celery
-
-    import worker.tasks  # noqa: F401  (registers the tasks)
 
     app = make_celery()
     for kind in KINDS.values():

@@ -6,7 +6,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import transformers  # the clip extra, which `make setup` installs
 from safetensors.torch import save_file
 
 from trainer.config import TrainConfig
@@ -169,6 +168,8 @@ def test_fit_refuses_too_few_votes():
 @torch.no_grad()
 def _embedding_direction(clip_path: Path, images: np.ndarray) -> np.ndarray:
     """Each image's normalised CLIP image embedding along one fixed random direction."""
+    import transformers  # the clip extra, which `make setup` installs; imported here (~1 s)
+
     processor = transformers.CLIPProcessor.from_pretrained(clip_path)
     model = transformers.CLIPModel.from_pretrained(clip_path).eval()
     pixels = processor(images=list(images), return_tensors="pt")["pixel_values"]
@@ -222,3 +223,29 @@ def test_clip_features_need_an_existing_local_path(tmp_path):
     for missing in ("", str(tmp_path / "nowhere")):
         with pytest.raises(FileNotFoundError, match="clip_path"):
             fit_preference_model(pairs, FitConfig(features="clip", clip_path=missing, epochs=1))
+
+
+def test_outcome_table_pins_each_outcomes_meaning():
+    from trainer.rewards.preference import LABELLED_OUTCOMES, OUTCOMES, TARGET_A, Outcome
+
+    table = {o.value: (o.label, o.counts, o.target_a, o.decisive) for o in Outcome}
+    assert table == {
+        "a": ("A is better", True, 1.0, True),
+        "b": ("B is better", True, 0.0, True),
+        "tie": ("Tie", True, 0.5, False),
+        "both_bad": ("Both bad", False, None, False),
+        "skip": ("Skip", False, None, False),
+    }
+    assert OUTCOMES == ("a", "b", "tie", "both_bad", "skip")  # stored strings: never change
+    assert LABELLED_OUTCOMES == ("a", "b", "tie")
+    assert TARGET_A == {"a": 1.0, "b": 0.0, "tie": 0.5}
+    assert all(type(v) is str for v in OUTCOMES + LABELLED_OUTCOMES)  # plain for SQL and JSON
+
+
+def test_the_api_accepts_exactly_the_outcome_values():
+    from app.models import OUTCOMES as stored
+    from app.schemas import VoteIn
+    from trainer.rewards.preference import Outcome
+
+    accepted = VoteIn.model_json_schema()["properties"]["outcome"]["enum"]
+    assert accepted == [o.value for o in Outcome] == list(stored)

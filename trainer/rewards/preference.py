@@ -32,9 +32,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from trainer.rewards.outcomes import LABELLED_OUTCOMES, OUTCOMES, TARGET_A, Outcome
 from trainer.shapes.world import PROMPT_LENGTH, VOCAB, tokenize
-
-OUTCOME_LABEL = {"a": 1.0, "b": 0.0, "tie": 0.5}  # P(a beats b) targets; others are not fitted
 
 
 @dataclass
@@ -42,7 +41,7 @@ class PreferencePair:
     image_a: np.ndarray  # (H, W, 3) uint8
     image_b: np.ndarray
     prompt: str
-    outcome: str  # a | b | tie | both_bad | skip
+    outcome: str  # an Outcome value
 
 
 @dataclass
@@ -280,7 +279,7 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
     ignored: dict[str, int] = {}
     usable = []
     for pair in pairs:
-        if pair.outcome in OUTCOME_LABEL:
+        if pair.outcome in TARGET_A:  # the outcomes that count, each with its target
             usable.append(pair)
         else:
             ignored[pair.outcome] = ignored.get(pair.outcome, 0) + 1
@@ -298,7 +297,7 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
         images_a = np.stack([p.image_a for p in subset])
         images_b = np.stack([p.image_b for p in subset])
         prompts = [p.prompt for p in subset]
-        labels = torch.tensor([OUTCOME_LABEL[p.outcome] for p in subset], device=config.device)
+        labels = torch.tensor([TARGET_A[p.outcome] for p in subset], device=config.device)
         return model._inputs(images_a, prompts), model._inputs(images_b, prompts), labels
 
     inputs_a, inputs_b, labels = tensors(train)
@@ -311,8 +310,8 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
             return None, None
         p = model.prob_a_beats_b(np.stack([q.image_a for q in subset]),
                                  np.stack([q.image_b for q in subset]), [q.prompt for q in subset])
-        y = np.array([OUTCOME_LABEL[q.outcome] for q in subset])
-        decisive = y != 0.5
+        y = np.array([TARGET_A[q.outcome] for q in subset])
+        decisive = np.array([Outcome(q.outcome).decisive for q in subset])
         accuracy = float(((p > 0.5) == (y > 0.5))[decisive].mean()) if decisive.any() else None
         pc = np.clip(p, 1e-6, 1 - 1e-6)
         log_loss = float(-(y * np.log(pc) + (1 - y) * np.log(1 - pc)).mean())
@@ -329,4 +328,4 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
 
 
 __all__ = ["FitConfig", "FitReport", "PreferenceModel", "PreferencePair", "fit_preference_model",
-           "PROMPT_LENGTH"]
+           "PROMPT_LENGTH", "Outcome", "OUTCOMES", "LABELLED_OUTCOMES", "TARGET_A"]
