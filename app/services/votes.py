@@ -403,12 +403,18 @@ def record_vote(session: Session, annotator: User, *, client_vote_id: str, sampl
 
 
 # --- export --------------------------------------------------------------------------------
-EXPORT_COLUMNS = (
-    "vote_id", "client_vote_id", "annotator", "session_id", "prompt",
-    "image_0_uid", "image_1_uid", "image_0_path", "image_1_path",
-    "checkpoint_0_id", "checkpoint_1_id", "rollout_group_0_id", "rollout_group_1_id",
-    "outcome", "label_0", "label_1", "has_label", "selection", "excluded",
-    "shown_at", "created_at", "latency_ms",
+# the vote export's columns and their parquet types, in order (README: "Vote export schema");
+# export_votes writes exactly these keys, export_parquet types them
+EXPORT_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("vote_id", "int64"), ("client_vote_id", "string"), ("annotator", "string"),
+    ("session_id", "string"), ("prompt", "string"),
+    ("image_0_uid", "int64"), ("image_1_uid", "int64"),
+    ("image_0_path", "string"), ("image_1_path", "string"),
+    ("checkpoint_0_id", "int64"), ("checkpoint_1_id", "int64"),
+    ("rollout_group_0_id", "int64"), ("rollout_group_1_id", "int64"),
+    ("outcome", "string"), ("label_0", "float64"), ("label_1", "float64"),
+    ("has_label", "bool_"), ("selection", "string"), ("excluded", "bool_"),
+    ("shown_at", "string"), ("created_at", "string"), ("latency_ms", "int64"),
 )
 
 
@@ -463,17 +469,7 @@ def export_parquet(session: Session) -> bytes:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pa.schema([
-        ("vote_id", pa.int64()), ("client_vote_id", pa.string()), ("annotator", pa.string()),
-        ("session_id", pa.string()), ("prompt", pa.string()),
-        ("image_0_uid", pa.int64()), ("image_1_uid", pa.int64()),
-        ("image_0_path", pa.string()), ("image_1_path", pa.string()),
-        ("checkpoint_0_id", pa.int64()), ("checkpoint_1_id", pa.int64()),
-        ("rollout_group_0_id", pa.int64()), ("rollout_group_1_id", pa.int64()),
-        ("outcome", pa.string()), ("label_0", pa.float64()), ("label_1", pa.float64()),
-        ("has_label", pa.bool_()), ("selection", pa.string()), ("excluded", pa.bool_()),
-        ("shown_at", pa.string()), ("created_at", pa.string()), ("latency_ms", pa.int64()),
-    ])
+    schema = pa.schema([(name, getattr(pa, kind)()) for name, kind in EXPORT_COLUMNS])
     rows = list(export_votes(session))
     table = pa.Table.from_pylist(rows, schema=schema)
     buf = io.BytesIO()

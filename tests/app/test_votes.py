@@ -143,6 +143,9 @@ def test_export_jsonl_and_parquet(client, admin, annotator, make_group):
     pq_rows = pq.read_table(io.BytesIO(client.get("/api/votes/export?format=parquet",
                                                   headers=admin).content)).to_pylist()
     assert [r["vote_id"] for r in pq_rows] == [r["vote_id"] for r in rows]
+    from app.services.votes import EXPORT_COLUMNS
+
+    assert all(list(r) == [name for name, _ in EXPORT_COLUMNS] for r in rows + pq_rows)
     for (p, o), row, prow in zip(sent, rows, pq_rows, strict=True):
         assert row["prompt"] == "two red circles" and row["annotator"] == "bob"
         assert row["image_0_uid"] == p["a"]["sample_id"]
