@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 from dataclasses import asdict
@@ -37,8 +38,9 @@ from worker.training import clean_metrics
 
 log = logging.getLogger(__name__)
 
-FIT_FIELDS = ("features", "clip_path", "holdout_fraction", "epochs", "batch_size",
-              "learning_rate", "weight_decay", "ensemble", "mirror_augment", "seed")
+# the fit_preference job's config fields that are FitConfig's (the job adds min_votes and
+# score_samples; the worker chooses the device): one list, FitConfig's own
+FIT_FIELDS = tuple(f.name for f in dataclasses.fields(FitConfig) if f.name != "device")
 
 
 class ImageCache:

@@ -67,3 +67,17 @@ def test_send_to_arena_uses_the_jobs_group_size_capped(settings, session, enqueu
     assert job.config["group_size"] == jobs.ARENA_ROLLOUT_MAX_GROUP
     assert job.config["max_prompts"] == jobs.ARENA_ROLLOUT_PROMPTS
     assert enqueuer.calls[-1] == (job.id, "rollout")
+
+
+def test_fit_preference_job_config_is_fitconfig_plus_job_settings():
+    from app.job_kinds import FitPreferenceConfig
+    from worker.preference import FIT_FIELDS
+
+    job_fields = set(FitPreferenceConfig.model_fields)
+    # every FitConfig field a job may set is in the job's config, with the same default
+    assert set(FIT_FIELDS) - {"width"} <= job_fields
+    assert job_fields - set(FIT_FIELDS) == {"min_votes", "score_samples", "device"}
+    from trainer.rewards.preference import FitConfig
+
+    for name in set(FIT_FIELDS) & job_fields:
+        assert FitPreferenceConfig.model_fields[name].default == getattr(FitConfig(), name), name
