@@ -1,4 +1,5 @@
-"""Fixtures shared by the trainer, app and worker tests."""
+"""Fixtures shared by the trainer, app and worker tests, and the markers that say what each test
+needs (`make check` deselects what needs a service, a browser, subprocesses or minutes)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,66 @@ def save_tiny_clip(directory: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_clip_path(tmp_path_factory) -> Path:
     return save_tiny_clip(tmp_path_factory.mktemp("clip"))
+
+
+# -- markers (registered in pyproject.toml), applied here so that no test file has to say them:
+#   postgres    needs the local PostgreSQL: the [postgres] variant of db_url (tests/app), a
+#               postgres-* backend of `stack` (tests/worker), or fresh_pg_url / pg_database
+#   redis       needs the local Redis: a *-redis backend of `stack`
+#   worker      everything in tests/worker: real Celery worker processes (and torchrun, docker)
+#   e2e, browser  everything in tests/e2e: uvicorn, a worker and chromium under Playwright
+#   subprocess  spawns Python subprocesses (a CLI round trip, a benchmark script): listed below
+#   slow        takes long: marked in the test file, or listed below (from `--durations`)
+# `make check` runs -m "not slow and not postgres and not redis and not worker and not e2e and
+# not subprocess"; `make test` runs them all.
+
+PG_FIXTURES = {"fresh_pg_url", "pg_database"}
+
+# "path::function" (every parametrization of it)
+SUBPROCESS = {
+    "tests/app/test_auth.py::test_cli_create_user_prints_token_once_and_stores_hash",
+    "tests/app/test_migrations.py::test_cli_migrate_creates_default_sqlite",
+    "tests/trainer/test_cli.py::*",
+    "tests/trainer/test_hitl_benchmarks.py::test_overoptimisation_probe_runs_and_reports_the_kl",
+}
+# measured with --durations on the 2-core box (seconds, call + setup); `make check` stays < 2 min
+SLOW = {
+    # a 200-step Euler reference on the base model: 97
+    "tests/trainer/test_solvers.py::test_dpm_solver_8_steps_is_closer_to_the_reference_than_euler_8",
+    "tests/trainer/test_training.py::test_resume_equals_an_uninterrupted_run",  # 26-44 each
+    "tests/trainer/test_training.py::test_kl_penalty_keeps_the_policy_near_the_base_model",  # 20
+    # a tiny CLIP saved and fitted: 25
+    "tests/trainer/test_preference.py::test_clip_head_learns_from_votes_round_trips_and_trains",
+    "tests/app/test_fuzz.py::*",  # schemathesis: 33 on SQLite
+    "tests/app/test_route_access.py::*",  # every route, UI mounted: 36 on SQLite
+}
+
+
+def _listed(table: set[str], path: str, name: str) -> bool:
+    return f"{path}::{name}" in table or f"{path}::*" in table
+
+
+def pytest_collection_modifyitems(config, items):
+    root = Path(__file__).resolve().parent.parent
+    for item in items:
+        try:
+            path = item.path.resolve().relative_to(root).as_posix()
+        except ValueError:
+            continue
+        name = getattr(item, "originalname", None) or item.name.split("[", 1)[0]
+        params = getattr(item, "callspec", None)
+        values = [str(v) for v in params.params.values()] if params else []
+        backend = " ".join(v for v in values if v.startswith(("sqlite", "postgres")))
+        if "postgres" in backend or PG_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.postgres)
+        if "redis" in backend:
+            item.add_marker(pytest.mark.redis)
+        if path.startswith("tests/worker/"):
+            item.add_marker(pytest.mark.worker)
+        elif path.startswith("tests/e2e/"):
+            item.add_marker(pytest.mark.e2e)
+            item.add_marker(pytest.mark.browser)
+        if _listed(SUBPROCESS, path, name):
+            item.add_marker(pytest.mark.subprocess)
+        if _listed(SLOW, path, name):
+            item.add_marker(pytest.mark.slow)

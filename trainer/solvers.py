@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from diffusers import DPMSolverMultistepScheduler
+
+if TYPE_CHECKING:
+    from diffusers import DPMSolverMultistepScheduler
 
 # velocity(x, t, cond) with t a (N,) tensor
 VelocityFn = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]
@@ -59,6 +61,9 @@ def euler_rollout(velocity_fn: VelocityFn, noise: torch.Tensor, cond: Any, steps
 
 
 def dpm_solver_scheduler(steps: int) -> DPMSolverMultistepScheduler:
+    # imported here: diffusers pulls in torch._dynamo (about 3 s), which only DPM rollouts need
+    from diffusers import DPMSolverMultistepScheduler
+
     scheduler = DPMSolverMultistepScheduler(
         prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=1.0,
         algorithm_type="dpmsolver++", solver_order=2, final_sigmas_type="zero",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.ui import arena, jobs
-from app.ui.common import line_plot
+# app.ui imports gradio (about 4 s): each test imports the handlers it needs, so that collecting
+# the suite (or a part of it that runs no UI test) does not pay for it
 
 
 def _token(headers: dict[str, str]) -> dict[str, str]:
@@ -14,6 +14,8 @@ def _token(headers: dict[str, str]) -> dict[str, str]:
 
 
 def test_admin_handlers_refuse_annotators(settings, annotator):
+    from app.ui import jobs
+
     user = _token(annotator)
     job_id, out = jobs.launch(None, user, None, *jobs.form_values("tiny"))
     assert job_id is None and "needs role admin" in out[0]
@@ -22,6 +24,8 @@ def test_admin_handlers_refuse_annotators(settings, annotator):
 
 
 def test_launch_form_errors_beside_fields(settings, admin, enqueuer):
+    from app.ui import jobs
+
     names = [d["name"] for d in jobs.describe()]
     values = jobs.form_values("tiny")
     values[names.index("num_anchors")] = 99
@@ -40,6 +44,8 @@ def test_launch_form_errors_beside_fields(settings, admin, enqueuer):
 
 
 def test_launch_form_shows_every_error_at_once(settings, admin, enqueuer):
+    from app.ui import jobs
+
     names = [d["name"] for d in jobs.describe()]
     values = jobs.form_values("tiny")
     values[names.index("num_anchors")] = 99
@@ -54,6 +60,8 @@ def test_launch_form_shows_every_error_at_once(settings, admin, enqueuer):
 
 
 def test_job_page_says_what_a_queued_job_waits_for(settings, admin, enqueuer):
+    from app.ui import jobs
+
     values = jobs.form_values("tiny")
     values[[d["name"] for d in jobs.describe()].index("device")] = "cuda"
     job_id, _ = jobs.launch(enqueuer, _token(admin), None, *values)
@@ -66,6 +74,7 @@ def test_arena_vote_prefetch_and_dedupe(settings, annotator, make_group):
 
     from app.db import session_scope
     from app.services import votes
+    from app.ui import arena
 
     make_group(g=4)
     user = _token(annotator)
@@ -90,5 +99,7 @@ def test_arena_vote_prefetch_and_dedupe(settings, annotator, make_group):
 
 @pytest.mark.parametrize("n", [0, 1, 5])
 def test_line_plot_points(n):
+    from app.ui.common import line_plot
+
     svg = line_plot("r", list(range(n)), {"r": [float(i) for i in range(n)]})
     assert f'data-points="{n}"' in svg and svg.endswith("</svg>")
