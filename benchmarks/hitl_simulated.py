@@ -37,9 +37,9 @@ import torch
 
 from trainer.config import TrainConfig
 from trainer.evaluation import sample_images
+from trainer.grpo import group_noises
 from trainer.loop import Trainer, load_model
 from trainer.models.base import repeat_cond
-from trainer.neighbor_grpo import group_noises
 from trainer.rewards import compute_rewards, get_reward
 from trainer.rewards.attributes import PREFERENCES, SimulatedAnnotator, attribute_values
 from trainer.rewards.preference import FitConfig, PreferencePair, fit_preference_model

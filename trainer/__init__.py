@@ -1,0 +1,91 @@
+"""Neighbor GRPO for flow-matching image models: a PyTorch library, usable without the server.
+
+    from trainer import Trainer, load_config
+
+    trainer = Trainer(load_config("tiny", {"device": "cpu"}))
+    for _ in range(trainer.config.iterations):
+        print(trainer.step().metrics["reward_mean"])
+    trainer.save_checkpoint("runs/notebook/checkpoints")
+
+The public API (`__all__`), by what it is for:
+
+- Configuring a run: `TrainConfig` (one dataclass, help text on every field), `PRESETS`,
+  `load_config(preset_or_json_path, overrides)`, `ConfigError`.
+- Training: `Trainer` (model, optimizer, RNG; `step()`, `run(on_iteration)`,
+  `save_checkpoint` / `load_checkpoint`, `set_preference_model`), `latest_checkpoint`,
+  `load_model`, and the iteration functions it calls, `neighbor_grpo_iteration` (the
+  algorithm, trainer/neighbor_grpo.py) and `sde_grpo_iteration` (the SDE baseline), each
+  returning an `IterationResult` (images, rewards, advantages, anchors, metrics).
+- Models: `FlowModel`, the interface a model adapter implements (velocity, prompt encoder,
+  decoder), and `ShapesDiT` / `ShapesDiTConfig`, the built-in tiny DiT of the shapes world.
+- Rewards: `register_reward(name, fn)` (fn: (images, prompts) -> scores), `get_reward`,
+  `reward_names`, `compute_rewards`; `PreferenceModel`, a reward fitted to human votes.
+- Evaluation: `sample_images` (deterministic ODE sampling), `evaluate` (the fixed 48 x 20
+  set), `all_prompts` (the shapes world's 48 prompts).
+
+Names are imported on first use (PEP 562), so `import trainer` does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS: dict[str, str] = {
+    "TrainConfig": "trainer.config",
+    "PRESETS": "trainer.config",
+    "ConfigError": "trainer.config",
+    "load_config": "trainer.config",
+    "Trainer": "trainer.loop",
+    "latest_checkpoint": "trainer.loop",
+    "load_model": "trainer.loop",
+    "IterationResult": "trainer.grpo",
+    "neighbor_grpo_iteration": "trainer.neighbor_grpo",
+    "sde_grpo_iteration": "trainer.sde_grpo",
+    "FlowModel": "trainer.models.base",
+    "ShapesDiT": "trainer.models.shapes_dit",
+    "ShapesDiTConfig": "trainer.models.shapes_dit",
+    "register_reward": "trainer.rewards",
+    "get_reward": "trainer.rewards",
+    "reward_names": "trainer.rewards",
+    "compute_rewards": "trainer.rewards",
+    "PreferenceModel": "trainer.rewards.preference",
+    "sample_images": "trainer.evaluation",
+    "evaluate": "trainer.evaluation",
+    "all_prompts": "trainer.shapes.world",
+}
+
+__all__ = [
+    "TrainConfig", "PRESETS", "ConfigError", "load_config",
+    "Trainer", "latest_checkpoint", "load_model",
+    "IterationResult", "neighbor_grpo_iteration", "sde_grpo_iteration",
+    "FlowModel", "ShapesDiT", "ShapesDiTConfig",
+    "register_reward", "get_reward", "reward_names", "compute_rewards", "PreferenceModel",
+    "sample_images", "evaluate", "all_prompts",
+]  # the keys of _EXPORTS, spelled out for linters and type checkers
+
+if TYPE_CHECKING:
+    from trainer.config import PRESETS, ConfigError, TrainConfig, load_config
+    from trainer.evaluation import evaluate, sample_images
+    from trainer.grpo import IterationResult
+    from trainer.loop import Trainer, latest_checkpoint, load_model
+    from trainer.models.base import FlowModel
+    from trainer.models.shapes_dit import ShapesDiT, ShapesDiTConfig
+    from trainer.neighbor_grpo import neighbor_grpo_iteration
+    from trainer.rewards import compute_rewards, get_reward, register_reward, reward_names
+    from trainer.rewards.preference import PreferenceModel
+    from trainer.sde_grpo import sde_grpo_iteration
+    from trainer.shapes.world import all_prompts
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trainer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # imported once; later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

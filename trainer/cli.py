@@ -31,6 +31,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.method:
         overrides["method"] = args.method
     config = load_config(args.config, overrides)  # validated before anything is written
+    if "preference" in config.reward_weights and not Path(config.preference_model).is_file():
+        raise ConfigError("preference_model", "reward 'preference' needs the path of a fitted "
+                          f"preference model (safetensors); {config.preference_model!r} is not "
+                          "a file")
     run = RunDirectory(Path(args.out), config, resume=args.resume)
     run.train(progress=not args.no_progress)
     print(f"metrics:      {run.metrics_path}")

@@ -1,7 +1,8 @@
 """The training loop around one iteration: model loading, optimizer, RNG, checkpoints, resume.
 
-Used by the CLI (`python -m trainer train`) and by the Celery worker, which passes its own
-callback to record metrics, rollout groups and checkpoints in the database.
+`Trainer(config).step()` runs one iteration; `run(on_iteration)` runs them all, handing each
+result to the callback (which records it wherever its caller keeps results, and may stop the
+run). The CLI's run directory (trainer/run_dir.py) is one such caller.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from trainer.config import TrainConfig
+from trainer.grpo import IterationResult
 from trainer.models.base import FlowModel
-from trainer.neighbor_grpo import IterationResult, neighbor_grpo_iteration
+from trainer.neighbor_grpo import neighbor_grpo_iteration
 from trainer.sde_grpo import sde_grpo_iteration
 from trainer.shapes.world import all_prompts
 
@@ -48,7 +50,12 @@ def load_model(config: TrainConfig, device: torch.device | str = "cpu") -> FlowM
 
 
 class Trainer:
-    """Holds model, optimizer and RNG; `step()` runs one GRPO iteration."""
+    """Holds model, optimizer and RNG; `step()` runs one GRPO iteration.
+
+    `config.preference_model` is a path: when it is a file (and reward_weights has
+    "preference") the trainer loads it; otherwise the caller blends a preference model in
+    with `set_preference_model` before the first step.
+    """
 
     def __init__(self, config: TrainConfig, model: FlowModel | None = None) -> None:
         self.config = config.validate()
@@ -68,13 +75,10 @@ class Trainer:
             self.reference = copy.deepcopy(unwrapped).requires_grad_(False).eval()
         self.preference_version: int | None = None
         path = Path(config.preference_model) if config.preference_model else None
-        if "preference" in config.reward_weights and path is not None:
-            if path.is_file():
-                from trainer.rewards.preference import PreferenceModel
+        if "preference" in config.reward_weights and path is not None and path.is_file():
+            from trainer.rewards.preference import PreferenceModel
 
-                self.set_preference_model(PreferenceModel.load(path, str(self.device)))
-            elif not re.fullmatch(r"latest|v?\d+", config.preference_model):  # worker names
-                raise FileNotFoundError(f"preference_model {config.preference_model} not found")
+            self.set_preference_model(PreferenceModel.load(path, str(self.device)))
 
     def set_preference_model(self, model, version: int | None = None) -> None:
         """Blend `model` (a `PreferenceModel`) in as the reward named "preference"; its version

@@ -4,12 +4,15 @@ The deterministic ODE sampler stays deterministic; the group's diversity comes f
 neighborhood of initial noises, and the policy whose ratio is clipped is a softmax over the
 group members' latents of their distance to a one-step prediction from an anchor:
 
-    1. perturb_noise        eps_i = sqrt(1 - sigma^2) eps* + sigma delta_i
-    2. rollout              old policy, no gradient, every latent x_{t_k}^(i) kept
-    3. group_advantages     z-score per group, optional quasi-norm reweighting (p < 2)
-    4. leaping_log_probs    log pi(i) = log_softmax_i(-||x_{t_k}^(i) - x_theta||^2 / temperature)
-    5. clipped_objective    -mean_i min(A_i rho_i, A_i clip(rho_i, 1 - eps, 1 + eps))
-    6. symmetric anchors    B anchors x K timesteps; one optimizer step per anchor
+    1. perturb_noise          eps_i = sqrt(1 - sigma^2) eps* + sigma delta_i             [grpo]
+    2. rollout_neighborhoods  old policy, no gradient, every latent x_{t_k}^(i) kept
+    3. score_groups           z-score per group, optional quasi-norm reweighting (p < 2) [grpo]
+    4. leaping_log_probs      log pi(i) = log_softmax_i(-||x_{t_k}^(i) - x_theta||^2 / temperature)
+    5. clipped_objective      -mean_i min(A_i rho_i, A_i clip(rho_i, 1 - eps, 1 + eps))  [grpo]
+    6. sample_anchor_steps    B anchors x K timesteps; update_policy: one optimizer step per anchor
+
+`neighbor_grpo_iteration` composes them (Algorithm 1). Steps marked [grpo] are shared with the
+SDE baseline and live in trainer/grpo.py, with the optimizer step and the iteration's metrics.
 
 Where this departs from the paper, and why:
 - pi_old is the *rollout weights'* one-step Euler prediction from the anchor (computed before
@@ -41,51 +44,59 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from trainer.config import TrainConfig
+from trainer.grpo import (
+    IterationResult,
+    UpdateStats,
+    clipped_objective,
+    draw_noise_seeds,
+    group_noises,
+    iteration_metrics,
+    optimizer_step,
+    score_groups,
+)
 from trainer.models.base import FlowModel, index_cond, repeat_cond
-from trainer.rewards import compute_rewards
 from trainer.solvers import euler_step, rollout
 
 
 # ---------------------------------------------------------------------------------------
-# 1. The neighborhood of initial noises
+# 1-2. The neighborhood of initial noises, rolled out deterministically
 # ---------------------------------------------------------------------------------------
-def perturb_noise(base_noise: torch.Tensor, group_size: int, sigma: float,
-                  generator: torch.Generator | None = None) -> torch.Tensor:
-    """G perturbed copies of one noise, (G, *base_noise.shape), each still N(0, I)."""
-    if not 0.0 <= sigma <= 1.0:
-        raise ValueError(f"sigma must be in [0, 1], got {sigma}")
-    delta = torch.randn((group_size, *base_noise.shape), generator=generator,
-                        device=base_noise.device, dtype=base_noise.dtype)  # (G, *D)
-    return math.sqrt(1.0 - sigma**2) * base_noise.unsqueeze(0) + sigma * delta
+@dataclass
+class Neighborhoods:
+    """Every group member's ODE trajectory under the old policy."""
+
+    noise_seeds: list[int]  # (P,) seed of each prompt's shared noise eps*
+    cond: Any  # the prompts' conditioning, (P, ...)
+    latents: torch.Tensor  # (T+1, P, G, F) every latent, flattened
+    timesteps: torch.Tensor  # (T+1,) from ~1 (noise) to 0 (data)
+    latent_shape: tuple[int, ...]  # (*D), F = prod(D)
+
+    @property
+    def final(self) -> torch.Tensor:
+        """The samples, (P, G, *D)."""
+        p_count, g = self.latents.shape[1:3]
+        return self.latents[-1].view(p_count, g, *self.latent_shape)
 
 
-# ---------------------------------------------------------------------------------------
-# 3. Group-relative advantages
-# ---------------------------------------------------------------------------------------
-def group_advantages(rewards: torch.Tensor, p: float = 2.0, eps: float = 1e-4) -> torch.Tensor:
-    """Per-group z-score along the last axis; for p != 2, sqrt(G) * z / ||z||_p.
-
-    A flat group (all rewards equal) gets zeros. p < 2 shrinks flat groups (many similar
-    z's) more than sparse ones (one outlier), keeping sign and order.
-    """
-    rewards = torch.as_tensor(rewards, dtype=torch.float32)
-    if not torch.isfinite(rewards).all():
-        raise ValueError("rewards contain NaN or inf")
-    group = rewards.shape[-1]
-    mean = rewards.mean(-1, keepdim=True)
-    std = rewards.std(-1, unbiased=False, keepdim=True)  # population std
-    z = torch.where(std > 0, (rewards - mean) / (std + eps), torch.zeros_like(rewards))
-    if p == 2.0:
-        return z
-    norm = z.abs().pow(p).sum(-1, keepdim=True).pow(1.0 / p)  # ||z||_p
-    return torch.where(norm > 0, math.sqrt(group) * z / norm.clamp_min(1e-12), torch.zeros_like(z))
+def rollout_neighborhoods(model: FlowModel, prompts: list[str], config: TrainConfig,
+                          generator: torch.Generator) -> Neighborhoods:
+    """Per prompt G noises around a fresh eps* (sigma), rolled out with no gradient by the
+    current (old) weights with the configured solver, every latent kept."""
+    device = next(model.parameters()).device
+    P, G, T = len(prompts), config.group_size, config.rollout_steps
+    cond = model.encode_prompts(prompts)
+    noise_seeds = draw_noise_seeds(P, generator)
+    noises = group_noises(noise_seeds, G, config.sigma, model.latent_shape, device)  # (P, G, *D)
+    model.eval()
+    traj = rollout(config.rollout_solver, model, noises.flatten(0, 1), repeat_cond(cond, G), T)
+    latents = traj.latents.view(T + 1, P, G, math.prod(model.latent_shape))  # (T+1, P, G, F)
+    return Neighborhoods(noise_seeds, cond, latents, traj.timesteps, tuple(model.latent_shape))
 
 
 # ---------------------------------------------------------------------------------------
@@ -113,173 +124,6 @@ def leaping_log_probs(candidates: torch.Tensor, anchor: torch.Tensor,
     return log_probs[0] if single else log_probs
 
 
-# ---------------------------------------------------------------------------------------
-# 5. The clipped objective
-# ---------------------------------------------------------------------------------------
-def clipped_objective(logp_new: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor,
-                      clip_range: float) -> torch.Tensor:
-    """Scalar loss to minimise: -mean(min(A rho, A clip(rho, 1 - eps, 1 + eps)))."""
-    ratio = torch.exp(logp_new - logp_old)
-    unclipped = advantages * ratio
-    clipped = advantages * ratio.clamp(1.0 - clip_range, 1.0 + clip_range)
-    return -torch.minimum(unclipped, clipped).mean()
-
-
-# ---------------------------------------------------------------------------------------
-# Rewards shared with the SDE baseline
-# ---------------------------------------------------------------------------------------
-def blended_group_rewards(raw: dict[str, np.ndarray], weights: dict[str, float],
-                          group_shape: tuple[int, int]) -> torch.Tensor:
-    """Weighted sum of named rewards, each z-scored per group first (scale never sets weight)."""
-    total = torch.zeros(group_shape)
-    for name, weight in weights.items():
-        total += float(weight) * group_advantages(torch.as_tensor(raw[name]).view(group_shape))
-    return total  # (P, G)
-
-
-@dataclass
-class IterationResult:
-    """What one iteration produced: for metrics, sample grids and stored rollout groups."""
-
-    prompts: list[str]
-    noise_seeds: list[int]  # seed of each prompt's shared noise eps*
-    images: np.ndarray  # (P, G, H, W, 3) uint8
-    rewards: dict[str, np.ndarray]  # name -> (P, G)
-    advantages: np.ndarray  # (P, G)
-    anchors: np.ndarray  # (P, B) member indices trained as anchors (all members for SDE)
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-def group_noises(noise_seeds: list[int], group_size: int, sigma: float,
-                 latent_shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """(P, G, *D): each prompt's neighborhood, reproducible from its seed alone."""
-    noises = []
-    for seed in noise_seeds:
-        gen = torch.Generator().manual_seed(seed)
-        base = torch.randn(latent_shape, generator=gen)  # eps*
-        noises.append(perturb_noise(base, group_size, sigma, generator=gen))
-    return torch.stack(noises).to(device)
-
-
-def score_groups(model: FlowModel, final_latents: torch.Tensor, prompts: list[str],
-                 config: TrainConfig, generator: torch.Generator,
-                 reward_fns: dict[str, Any] | None = None) -> tuple[np.ndarray, dict, torch.Tensor]:
-    """Decode, score, blend and normalise. Returns images (P,G,...), raw rewards, advantages."""
-    p_count, g = final_latents.shape[:2]
-    images = model.decode(final_latents.flatten(0, 1))  # (P*G, H, W, 3)
-    member_prompts = [text for text in prompts for _ in range(g)]
-    raw = compute_rewards(list(config.reward_weights), images, member_prompts)
-    blended = blended_group_rewards(raw, config.reward_weights, (p_count, g))
-    advantages = group_advantages(blended, p=config.quasi_norm_p)  # (P, G)
-    if config.shuffle_advantages:  # the control: same magnitudes, no reward signal
-        perm = torch.argsort(torch.rand(advantages.shape, generator=generator), dim=-1)
-        advantages = torch.gather(advantages, -1, perm)
-    raw = {name: r.reshape(p_count, g) for name, r in raw.items()}
-    return images.reshape(p_count, g, *images.shape[1:]), raw, advantages
-
-
-def reward_metrics(raw: dict[str, np.ndarray], weights: dict[str, float]) -> dict[str, float]:
-    total_weight = sum(abs(w) for w in weights.values()) or 1.0
-    combined = sum(w * raw[n] for n, w in weights.items()) / total_weight
-    metrics = {"reward_mean": float(combined.mean()), "reward_std": float(combined.std())}
-    metrics.update({f"reward/{name}": float(r.mean()) for name, r in raw.items()})
-    return metrics
-
-
-# ---------------------------------------------------------------------------------------
-# One iteration (Algorithm 1)
-# ---------------------------------------------------------------------------------------
-def neighbor_grpo_iteration(model: FlowModel, optimizer: torch.optim.Optimizer,
-                            prompts: list[str], config: TrainConfig,
-                            generator: torch.Generator,
-                            reference: FlowModel | None = None) -> IterationResult:
-    """One iteration; with `config.kl_coefficient` > 0, `reference` (the frozen base model)
-    anchors the policy (see `reference_penalty`)."""
-    start = time.perf_counter()
-    device = next(model.parameters()).device
-    P, G, B, K, T = (len(prompts), config.group_size, config.num_anchors,
-                     config.num_train_timesteps, config.rollout_steps)
-    cond = model.encode_prompts(prompts)
-    latent_dim = math.prod(model.latent_shape)
-    temperature = config.temperature or float(latent_dim)
-
-    # 1-2. Neighborhood of noises, deterministic rollouts with the old policy.
-    noise_seeds = torch.randint(0, 2**62, (P,), generator=generator).tolist()
-    noises = group_noises(noise_seeds, G, config.sigma, model.latent_shape, device)  # (P, G, *D)
-    model.eval()
-    traj = rollout(config.rollout_solver, model, noises.flatten(0, 1), repeat_cond(cond, G), T)
-    latents = traj.latents.view(T + 1, P, G, latent_dim)  # (T+1, P, G, F)
-    timesteps = traj.timesteps  # (T+1,)
-    rollout_seconds = time.perf_counter() - start
-
-    # 3. Rewards -> advantages.
-    images, raw_rewards, advantages = score_groups(model, traj.final.view(P, G, *model.latent_shape),
-                                                   prompts, config, generator)
-    advantages = advantages.to(device)
-
-    # 6. Symmetric anchor sampling: B anchors per group, K steps per prompt.
-    anchors = torch.stack([torch.randperm(G, generator=generator)[:B] for _ in range(P)])  # (P, B)
-    steps = torch.stack([torch.randperm(T, generator=generator)[:K] for _ in range(P)])  # (P, K)
-    prompt_idx = torch.arange(P)[:, None, None].expand(P, B, K)
-    step_idx = steps[:, None, :].expand(P, B, K)
-    anchor_idx = anchors[:, :, None].expand(P, B, K)
-    x_src = latents[step_idx, prompt_idx, anchor_idx]  # (P, B, K, F) the anchor at t_k
-    t_src, t_dst = timesteps[step_idx], timesteps[step_idx + 1]  # (P, B, K)
-    candidates = latents[steps + 1, torch.arange(P)[:, None]]  # (P, K, G, F) members at t_{k+1}
-    cond_pk = index_cond(cond, torch.arange(P).repeat_interleave(K))  # (P*K, ...)
-
-    def one_step_prediction(b: int, net: FlowModel = model) -> torch.Tensor:
-        """x_theta for anchor slot b: one Euler step of `net` (the current weights), (P*K, F)."""
-        x = x_src[:, b].reshape(P * K, *model.latent_shape)
-        t_from, t_to = t_src[:, b].reshape(-1), t_dst[:, b].reshape(-1)
-        return euler_step(x, net(x, t_from, cond_pk), t_from, t_to).reshape(P * K, latent_dim)
-
-    use_reference = config.kl_coefficient > 0
-    if use_reference and reference is None:
-        raise ValueError("kl_coefficient > 0 needs the reference (base) model")
-    # pi_old: computed from the rollout weights, before any update of this iteration.
-    with torch.no_grad():
-        if use_reference:
-            ref_pred = torch.stack([one_step_prediction(b, reference) for b in range(B)], 1)
-        if config.old_policy == "one_step":
-            old_pred = torch.stack([one_step_prediction(b) for b in range(B)], 1)  # (P*K, B, F)
-        else:  # the paper's literal choice: the anchor's own next latent
-            old_pred = latents[step_idx + 1, prompt_idx, anchor_idx].permute(0, 2, 1, 3)
-            old_pred = old_pred.reshape(P * K, B, latent_dim)
-    cand_pk = candidates.reshape(P * K, G, latent_dim)  # (P*K, G, F)
-    adv_pk = advantages.repeat_interleave(K, dim=0)  # (P*K, G)
-
-    # 4-5. Leaping policy and clipped objective; one optimizer step per anchor slot.
-    model.train()
-    stats = UpdateStats(config.clip_range)
-    for b in range(B):
-        logp_old = _neighbor_log_probs(cand_pk, old_pred[:, b], temperature)  # (P*K, G)
-        optimizer.zero_grad(set_to_none=True)
-        new_pred = one_step_prediction(b)
-        logp_new = _neighbor_log_probs(cand_pk, new_pred, temperature)
-        loss = clipped_objective(logp_new, logp_old, adv_pk, config.clip_range)
-        if use_reference:
-            kl = reference_penalty(new_pred, ref_pred[:, b], temperature)
-            loss = loss + config.kl_coefficient * kl
-            stats.kls.append(kl.item())
-        stats.step(model, optimizer, loss, logp_new, logp_old, config.max_grad_norm)
-
-    metrics = reward_metrics(raw_rewards, config.reward_weights)
-    metrics.update(stats.metrics())
-    metrics.update({
-        "advantage_abs_mean": float(advantages.abs().mean()),
-        "seconds": time.perf_counter() - start, "rollout_seconds": rollout_seconds,
-        # per-sample network evaluations: rollouts, pi_old predictions, trained predictions
-        # (and the reference model's predictions when the KL penalty is on)
-        "forward_passes": P * G * T + (P * B * K if config.old_policy == "one_step" else 0)
-        + P * B * K + (P * B * K if use_reference else 0),
-        "backward_passes": P * B * K,
-        "optimizer_steps": B,
-    })
-    return IterationResult(prompts, noise_seeds, images, raw_rewards,
-                           advantages.cpu().numpy(), anchors.numpy(), metrics)
-
-
 def reference_penalty(prediction: torch.Tensor, reference_prediction: torch.Tensor,
                       temperature: float) -> torch.Tensor:
     """KL(pi_theta || pi_ref) of the leaping policies' kernels, averaged over the anchors.
@@ -293,39 +137,131 @@ def reference_penalty(prediction: torch.Tensor, reference_prediction: torch.Tens
     return diff.pow(2).sum(-1).mean() / temperature
 
 
-class UpdateStats:
-    """Backward, clip, optimizer step; and the PPO statistics of each step, averaged."""
+# ---------------------------------------------------------------------------------------
+# 6. Symmetric anchor sampling
+# ---------------------------------------------------------------------------------------
+@dataclass
+class AnchorSteps:
+    """What the update trains on, by anchor slot b: each prompt's b-th anchor at its K
+    timesteps, and every group member one step later (the leaping policy's candidates)."""
 
-    def __init__(self, clip_range: float) -> None:
-        self.clip_range = clip_range
-        self.losses: list[float] = []
-        self.clip_fractions: list[float] = []
-        self.abs_log_ratios: list[float] = []
-        self.grad_norms: list[float] = []
-        self.kls: list[float] = []
+    anchors: torch.Tensor  # (P, B) member index of each prompt's anchors
+    steps: torch.Tensor  # (P, K) the timesteps k trained for each prompt
+    x_src: torch.Tensor  # (P, B, K, F) the anchor at t_k
+    x_next: torch.Tensor  # (P, B, K, F) the anchor's own rollout latent at t_{k+1}
+    t_src: torch.Tensor  # (P, B, K) t_k
+    t_dst: torch.Tensor  # (P, B, K) t_{k+1}
+    candidates: torch.Tensor  # (P*K, G, F) the members at t_{k+1}
+    cond: Any  # (P*K, ...) each row's prompt conditioning
+    latent_shape: tuple[int, ...]
 
-    def step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor,
-             logp_new: torch.Tensor, logp_old: torch.Tensor, max_grad_norm: float) -> None:
-        loss.backward()
-        params = [p for p in model.parameters() if p.grad is not None]
-        if max_grad_norm > 0:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
-        else:
-            grad_norm = float(torch.norm(torch.stack([p.grad.norm() for p in params])))
-        optimizer.step()
-        with torch.no_grad():
-            log_ratio = logp_new - logp_old
-            self.losses.append(loss.item())
-            self.abs_log_ratios.append(log_ratio.abs().mean().item())
-            clipped = (log_ratio.exp() - 1).abs() > self.clip_range
-            self.clip_fractions.append(clipped.float().mean().item())
-            self.grad_norms.append(grad_norm)
+    def one_step_prediction(self, net: FlowModel, b: int) -> torch.Tensor:
+        """x_theta for anchor slot b: one Euler step of `net` from each anchor, (P*K, F)."""
+        p_count, _, k, features = self.x_src.shape
+        x = self.x_src[:, b].reshape(p_count * k, *self.latent_shape)
+        t_from, t_to = self.t_src[:, b].reshape(-1), self.t_dst[:, b].reshape(-1)
+        return euler_step(x, net(x, t_from, self.cond), t_from, t_to).reshape(p_count * k, features)
 
-    def metrics(self) -> dict[str, float]:
-        out = {"loss": float(np.mean(self.losses)),
-               "clip_fraction": float(np.mean(self.clip_fractions)),
-               "abs_log_ratio": float(np.mean(self.abs_log_ratios)),
-               "grad_norm": float(np.mean(self.grad_norms))}
-        if self.kls:
-            out["kl_to_reference"] = float(np.mean(self.kls))
-        return out
+    def predictions(self, net: FlowModel) -> torch.Tensor:
+        """Every slot's one-step prediction by `net`, (P*K, B, F)."""
+        return torch.stack([self.one_step_prediction(net, b) for b in range(self.anchors.shape[1])], 1)
+
+    def stored_next_latents(self) -> torch.Tensor:
+        """Every slot's anchor latent at t_{k+1} as the rollout left it, (P*K, B, F)."""
+        p_count, b, k, features = self.x_next.shape
+        return self.x_next.permute(0, 2, 1, 3).reshape(p_count * k, b, features)
+
+
+def sample_anchor_steps(groups: Neighborhoods, config: TrainConfig,
+                        generator: torch.Generator) -> AnchorSteps:
+    """Any member can be the anchor: per prompt B of the G members and K of the T steps."""
+    latents, timesteps = groups.latents, groups.timesteps  # (T+1, P, G, F), (T+1,)
+    P, G = latents.shape[1:3]
+    B, K, T = config.num_anchors, config.num_train_timesteps, config.rollout_steps
+    anchors = torch.stack([torch.randperm(G, generator=generator)[:B] for _ in range(P)])  # (P, B)
+    steps = torch.stack([torch.randperm(T, generator=generator)[:K] for _ in range(P)])  # (P, K)
+    prompt_idx = torch.arange(P)[:, None, None].expand(P, B, K)
+    step_idx = steps[:, None, :].expand(P, B, K)
+    anchor_idx = anchors[:, :, None].expand(P, B, K)
+    candidates = latents[steps + 1, torch.arange(P)[:, None]]  # (P, K, G, F)
+    return AnchorSteps(
+        anchors=anchors, steps=steps,
+        x_src=latents[step_idx, prompt_idx, anchor_idx],
+        x_next=latents[step_idx + 1, prompt_idx, anchor_idx],
+        t_src=timesteps[step_idx], t_dst=timesteps[step_idx + 1],
+        candidates=candidates.reshape(P * K, G, -1),
+        cond=index_cond(groups.cond, torch.arange(P).repeat_interleave(K)),
+        latent_shape=groups.latent_shape)
+
+
+# ---------------------------------------------------------------------------------------
+# 4-6. The update: one optimizer step per anchor slot
+# ---------------------------------------------------------------------------------------
+def update_policy(model: FlowModel, optimizer: torch.optim.Optimizer, batch: AnchorSteps,
+                  advantages: torch.Tensor, config: TrainConfig,
+                  reference: FlowModel | None = None) -> UpdateStats:
+    """pi_old (and the reference's predictions) from the weights before any update; then per
+    anchor slot the clipped objective of the leaping policy, averaged over the prompts' groups
+    and their K timesteps (plus the KL penalty), and one optimizer step."""
+    K = config.num_train_timesteps
+    temperature = config.temperature or float(batch.candidates.shape[-1])
+    use_reference = config.kl_coefficient > 0
+    with torch.no_grad():
+        ref_pred = batch.predictions(reference) if use_reference else None  # (P*K, B, F)
+        if config.old_policy == "one_step":
+            old_pred = batch.predictions(model)  # (P*K, B, F)
+        else:  # the paper's literal choice: the anchor's own next latent
+            old_pred = batch.stored_next_latents()
+    adv_pk = advantages.repeat_interleave(K, dim=0)  # (P*K, G)
+
+    model.train()
+    stats = UpdateStats(config.clip_range)
+    for b in range(batch.anchors.shape[1]):
+        logp_old = _neighbor_log_probs(batch.candidates, old_pred[:, b], temperature)  # (P*K, G)
+        new_pred = batch.one_step_prediction(model, b)  # (P*K, F)
+        logp_new = _neighbor_log_probs(batch.candidates, new_pred, temperature)
+        loss = clipped_objective(logp_new, logp_old, adv_pk, config.clip_range)
+        kl = None
+        if use_reference:
+            kl = reference_penalty(new_pred, ref_pred[:, b], temperature)
+            loss = loss + config.kl_coefficient * kl
+        grad_norm = optimizer_step(model, optimizer, loss, config.max_grad_norm)
+        stats.record(loss, logp_new, logp_old, grad_norm, kl)
+    return stats
+
+
+def neighbor_work(config: TrainConfig, prompt_count: int) -> dict[str, int]:
+    """Per-sample network evaluations and optimizer steps of one iteration: rollouts, pi_old
+    predictions, trained predictions (and the reference's, with the KL penalty on)."""
+    P, G, B = prompt_count, config.group_size, config.num_anchors
+    K, T = config.num_train_timesteps, config.rollout_steps
+    old = P * B * K if config.old_policy == "one_step" else 0
+    ref = P * B * K if config.kl_coefficient > 0 else 0
+    return {"forward_passes": P * G * T + old + P * B * K + ref,
+            "backward_passes": P * B * K, "optimizer_steps": B}
+
+
+# ---------------------------------------------------------------------------------------
+# One iteration (Algorithm 1)
+# ---------------------------------------------------------------------------------------
+def neighbor_grpo_iteration(model: FlowModel, optimizer: torch.optim.Optimizer,
+                            prompts: list[str], config: TrainConfig,
+                            generator: torch.Generator,
+                            reference: FlowModel | None = None) -> IterationResult:
+    """One iteration; with `config.kl_coefficient` > 0, `reference` (the frozen base model)
+    anchors the policy (see `reference_penalty`)."""
+    if config.kl_coefficient > 0 and reference is None:
+        raise ValueError("kl_coefficient > 0 needs the reference (base) model")
+    start = time.perf_counter()
+    groups = rollout_neighborhoods(model, prompts, config, generator)  # 1-2
+    rollout_seconds = time.perf_counter() - start
+    images, rewards, advantages = score_groups(model, groups.final, prompts, config, generator)  # 3
+    advantages = advantages.to(groups.latents.device)  # (P, G)
+    batch = sample_anchor_steps(groups, config, generator)  # 6
+    stats = update_policy(model, optimizer, batch, advantages, config, reference)  # 4-5
+    metrics = iteration_metrics(rewards, config, stats, advantages,
+                                seconds=time.perf_counter() - start,
+                                rollout_seconds=rollout_seconds,
+                                **neighbor_work(config, len(prompts)))
+    return IterationResult(prompts, groups.noise_seeds, images, rewards,
+                           advantages.cpu().numpy(), batch.anchors.numpy(), metrics)

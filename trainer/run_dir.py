@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from trainer.config import TrainConfig
+from trainer.grpo import IterationResult
 from trainer.loop import Trainer, latest_checkpoint
-from trainer.neighbor_grpo import IterationResult
 
 
 def image_grid(images: np.ndarray, scale: int = 2) -> np.ndarray:

@@ -7,28 +7,33 @@ The ODE sampler becomes an SDE with the same marginals (Flow-GRPO's form):
 
 so each step is a Gaussian policy with a likelihood. Every group member is trained on K of the
 T steps with the clipped ratio of Gaussian log-likelihoods: G x K forward-backward passes per
-group, against Neighbor GRPO's B x K. Prompts, rewards and advantages are shared with
-neighbor_grpo.py. Group members start from independent noises (Flow-GRPO).
+group, against Neighbor GRPO's B x K. Noises, rewards, advantages, the clipped objective and
+the optimizer step are shared with Neighbor GRPO (trainer/grpo.py). Group members start from
+independent noises (Flow-GRPO).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from trainer.config import TrainConfig
-from trainer.models.base import FlowModel, index_cond, repeat_cond
-from trainer.neighbor_grpo import (
+from trainer.grpo import (
     IterationResult,
     UpdateStats,
     clipped_objective,
+    draw_noise_seeds,
     group_noises,
-    reward_metrics,
+    iteration_metrics,
+    optimizer_step,
     score_groups,
 )
+from trainer.models.base import FlowModel, index_cond, repeat_cond
 from trainer.solvers import linear_timesteps
 
 
@@ -70,30 +75,47 @@ def sde_rollout(model: FlowModel, noise: torch.Tensor, cond, steps: int, eta: fl
     return torch.stack(latents), timesteps, torch.stack(log_probs)
 
 
-def sde_grpo_iteration(model: FlowModel, optimizer: torch.optim.Optimizer, prompts: list[str],
-                       config: TrainConfig, generator: torch.Generator) -> IterationResult:
-    start = time.perf_counter()
-    device = next(model.parameters()).device
-    P, G, K, T = len(prompts), config.group_size, config.num_train_timesteps, config.rollout_steps
-    cond = model.encode_prompts(prompts)
+@dataclass
+class SDEGroups:
+    """Every group member's stochastic trajectory under the old policy, members flattened."""
 
-    # Rollouts: independent noises (sigma = 1), stochastic steps, old log-probs recorded.
-    noise_seeds = torch.randint(0, 2**62, (P,), generator=generator).tolist()
+    noise_seeds: list[int]  # (P,)
+    member_cond: Any  # (P*G, ...) each member's prompt conditioning
+    latents: torch.Tensor  # (T+1, P*G, *D)
+    timesteps: torch.Tensor  # (T+1,)
+    old_log_probs: torch.Tensor  # (T, P*G) log-likelihood of each step taken
+
+    def final(self, prompt_count: int) -> torch.Tensor:
+        """The samples, (P, G, *D)."""
+        return self.latents[-1].view(prompt_count, -1, *self.latents.shape[2:])
+
+
+def rollout_sde_groups(model: FlowModel, prompts: list[str], config: TrainConfig,
+                       generator: torch.Generator) -> SDEGroups:
+    """Independent noises (sigma = 1), stochastic steps, old log-probs recorded."""
+    device = next(model.parameters()).device
+    P, G, T = len(prompts), config.group_size, config.rollout_steps
+    cond = model.encode_prompts(prompts)
+    noise_seeds = draw_noise_seeds(P, generator)
     noises = group_noises(noise_seeds, G, 1.0, model.latent_shape, device).flatten(0, 1)
     model.eval()
-    latents, timesteps, old_log_probs = sde_rollout(model, noises, repeat_cond(cond, G), T,
-                                                    config.eta, generator)
-    rollout_seconds = time.perf_counter() - start
-    images, raw_rewards, advantages = score_groups(model, latents[-1].view(P, G, *model.latent_shape),
-                                                   prompts, config, generator)
-    advantages = advantages.to(device).flatten()  # (P*G,)
-
-    # Train every member on K random steps; split members into num_anchors optimizer steps so
-    # both methods take the same number of optimizer steps per iteration.
-    steps = torch.stack([torch.randperm(T, generator=generator)[:K] for _ in range(P * G)])  # (P*G, K)
     member_cond = repeat_cond(cond, G)
+    latents, timesteps, old_log_probs = sde_rollout(model, noises, member_cond, T, config.eta,
+                                                    generator)
+    return SDEGroups(noise_seeds, member_cond, latents, timesteps, old_log_probs)
+
+
+def update_sde_policy(model: FlowModel, optimizer: torch.optim.Optimizer, groups: SDEGroups,
+                      advantages: torch.Tensor, config: TrainConfig,
+                      generator: torch.Generator) -> tuple[UpdateStats, int]:
+    """Train every member (advantages: (P*G,)) on K random steps; members are split into
+    num_anchors optimizer steps so both methods take the same number of optimizer steps per
+    iteration. Returns the statistics and the number of optimizer steps."""
+    latents, timesteps, old_log_probs = groups.latents, groups.timesteps, groups.old_log_probs
+    N, K, T = latents.shape[1], config.num_train_timesteps, config.rollout_steps
+    steps = torch.stack([torch.randperm(T, generator=generator)[:K] for _ in range(N)])  # (P*G, K)
     t_cap = float(timesteps[1])
-    chunks = torch.randperm(P * G, generator=generator).chunk(min(config.num_anchors, P * G))
+    chunks = torch.randperm(N, generator=generator).chunk(min(config.num_anchors, N))
     model.train()
     stats = UpdateStats(config.clip_range)
     for members in chunks:
@@ -102,22 +124,32 @@ def sde_grpo_iteration(model: FlowModel, optimizer: torch.optim.Optimizer, promp
         ks = m_steps.reshape(-1)
         x_t, x_s = latents[ks, rows], latents[ks + 1, rows]
         t, s = timesteps[ks], timesteps[ks + 1]
-        optimizer.zero_grad(set_to_none=True)
-        mean, std = sde_step_distribution(x_t, model(x_t, t, index_cond(member_cond, rows)), t, s,
-                                          config.eta, t_cap)
+        velocity = model(x_t, t, index_cond(groups.member_cond, rows))
+        mean, std = sde_step_distribution(x_t, velocity, t, s, config.eta, t_cap)
         logp_new = gaussian_log_prob(x_s, mean, std)
         logp_old = old_log_probs[ks, rows]
         loss = clipped_objective(logp_new, logp_old, advantages[rows], config.clip_range)
-        stats.step(model, optimizer, loss, logp_new, logp_old, config.max_grad_norm)
+        grad_norm = optimizer_step(model, optimizer, loss, config.max_grad_norm)
+        stats.record(loss, logp_new, logp_old, grad_norm)
+    return stats, len(chunks)
 
-    metrics = reward_metrics(raw_rewards, config.reward_weights)
-    metrics.update(stats.metrics())
-    metrics.update({
-        "advantage_abs_mean": float(advantages.abs().mean()),
-        "seconds": time.perf_counter() - start, "rollout_seconds": rollout_seconds,
-        "forward_passes": P * G * T + P * G * K, "backward_passes": P * G * K,
-        "optimizer_steps": len(chunks),
-    })
+
+def sde_grpo_iteration(model: FlowModel, optimizer: torch.optim.Optimizer, prompts: list[str],
+                       config: TrainConfig, generator: torch.Generator) -> IterationResult:
+    """One iteration: SDE rollouts, rewards -> advantages, clipped update of every member."""
+    start = time.perf_counter()
+    P, G, K, T = len(prompts), config.group_size, config.num_train_timesteps, config.rollout_steps
+    groups = rollout_sde_groups(model, prompts, config, generator)
+    rollout_seconds = time.perf_counter() - start
+    images, rewards, advantages = score_groups(model, groups.final(P), prompts, config, generator)
+    advantages = advantages.to(groups.latents.device).flatten()  # (P*G,)
+    stats, optimizer_steps = update_sde_policy(model, optimizer, groups, advantages, config,
+                                               generator)
+    metrics = iteration_metrics(rewards, config, stats, advantages,
+                                seconds=time.perf_counter() - start,
+                                rollout_seconds=rollout_seconds,
+                                forward_passes=P * G * T + P * G * K,
+                                backward_passes=P * G * K, optimizer_steps=optimizer_steps)
     all_members = np.tile(np.arange(G), (P, 1))
-    return IterationResult(prompts, noise_seeds, images, raw_rewards,
+    return IterationResult(prompts, groups.noise_seeds, images, rewards,
                            advantages.view(P, G).cpu().numpy(), all_members, metrics)

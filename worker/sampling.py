@@ -24,9 +24,9 @@ from app.models import Prompt, RolloutGroup
 from app.services import checkpoints, jobs, rollouts
 from trainer.config import TrainConfig
 from trainer.evaluation import sample_images
+from trainer.grpo import blended_group_rewards, group_advantages, group_noises
 from trainer.loop import load_model, resolve_device
 from trainer.models.base import FlowModel, repeat_cond
-from trainer.neighbor_grpo import blended_group_rewards, group_advantages, group_noises
 from trainer.rewards import compute_rewards
 from trainer.shapes.world import all_prompts
 from trainer.solvers import rollout

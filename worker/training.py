@@ -25,8 +25,8 @@ from PIL import Image
 from app.db import session_scope
 from app.services import checkpoints, jobs, rollouts, storage
 from trainer.config import TrainConfig
+from trainer.grpo import IterationResult
 from trainer.loop import Trainer
-from trainer.neighbor_grpo import IterationResult
 from worker.lease import LeaseLost
 
 log = logging.getLogger(__name__)

@@ -5,13 +5,8 @@ import math
 import pytest
 import torch
 
-from trainer.neighbor_grpo import (
-    clipped_objective,
-    group_advantages,
-    leaping_log_probs,
-    perturb_noise,
-    reference_penalty,
-)
+from trainer.grpo import clipped_objective, group_advantages, perturb_noise
+from trainer.neighbor_grpo import leaping_log_probs, reference_penalty
 
 
 # -- perturb_noise -------------------------------------------------------------------------

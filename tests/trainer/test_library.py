@@ -1,0 +1,137 @@
+"""The trainer as a library: its public API, the README's example, and its boundaries."""
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import trainer
+from trainer.config import TrainConfig
+from trainer.grpo import UpdateStats, optimizer_step
+from trainer.loop import Trainer
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAINER = ROOT / "trainer"
+
+
+def readme_library_example() -> str:
+    """The python block of README.md's "### As a library" section."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n### As a library\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert len(blocks) == 1, "the section should hold exactly one python example"
+    return blocks[0]
+
+
+def test_the_readme_example_trains_and_saves_a_checkpoint(tmp_path, monkeypatch, capsys):
+    code = readme_library_example()
+    # the same code at tiny size, writing under tmp_path
+    for old, new in [('"shapes-quick-demo"', '"tiny"'),
+                     ('"runs/notebook/checkpoints"', repr(str(tmp_path / "checkpoints")))]:
+        assert code.count(old) == 1, old
+        code = code.replace(old, new)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+
+    iterations = namespace["config"].iterations
+    assert namespace["trainer"].iteration == iterations == 3
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == iterations + 1 and lines[0].strip().startswith("1 reward")
+    checkpoint = namespace["checkpoint"]
+    assert checkpoint == tmp_path / "checkpoints" / "iter-000003"
+    assert (checkpoint / "model.safetensors").is_file()
+    assert (checkpoint / "trainer_state.safetensors").is_file()
+
+
+def test_public_api_names_resolve():
+    assert set(trainer.__all__) == set(trainer._EXPORTS)
+    for name in trainer.__all__:
+        assert getattr(trainer, name) is not None, name
+        assert name in dir(trainer)
+    assert trainer.Trainer is Trainer and trainer.TrainConfig is TrainConfig
+    assert issubclass(trainer.ShapesDiT, trainer.FlowModel)
+    assert "tiny" in trainer.PRESETS and "count" in trainer.reward_names()
+    with pytest.raises(AttributeError, match="no_such_name"):
+        trainer.no_such_name  # noqa: B018
+
+
+@pytest.mark.subprocess
+def test_import_trainer_is_cheap_and_star_import_gives_the_api():
+    code = ("import sys, trainer; assert 'torch' not in sys.modules, 'torch imported'; "
+            "from trainer import *; print(Trainer.__name__, neighbor_grpo_iteration.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=True).stdout
+    assert out.split() == ["Trainer", "neighbor_grpo_iteration"]
+
+
+def _trainer_imports(path: Path) -> set[str]:
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            modules.add(node.module)
+        elif isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+    return modules
+
+
+def test_the_methods_share_grpo_and_not_each_other():
+    assert "trainer.neighbor_grpo" not in _trainer_imports(TRAINER / "sde_grpo.py")
+    assert "trainer.sde_grpo" not in _trainer_imports(TRAINER / "neighbor_grpo.py")
+    grpo = _trainer_imports(TRAINER / "grpo.py")
+    assert not grpo & {"trainer.neighbor_grpo", "trainer.sde_grpo", "trainer.loop"}
+
+
+def test_the_trainer_knows_nothing_of_the_app_or_the_worker():
+    for path in TRAINER.rglob("*.py"):
+        if path.name == "config.py":  # help texts name worker jobs (owned elsewhere)
+            continue
+        imports = _trainer_imports(path)
+        assert not any(m.split(".")[0] in ("app", "worker") for m in imports), path
+        assert "worker" not in path.read_text().lower(), path
+
+
+def test_update_stats_only_record_and_optimizer_step_steps():
+    torch.manual_seed(0)
+    net = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in net.parameters()]
+    logp_old = torch.log_softmax(torch.randn(2, 4), -1)
+    logp_new = torch.log_softmax(net(torch.randn(2, 4, 3)).squeeze(-1), -1)
+    loss = -(logp_new * torch.randn(2, 4)).mean()
+
+    stats = UpdateStats(clip_range=0.2)
+    stats.record(loss, logp_new, logp_old, grad_norm=1.5)
+    assert all(torch.equal(a, p) for a, p in zip(before, net.parameters(), strict=True))
+    assert all(p.grad is None for p in net.parameters())
+    m = stats.metrics()
+    assert m["grad_norm"] == 1.5 and m["loss"] == pytest.approx(loss.item())
+    assert m["abs_log_ratio"] == pytest.approx((logp_new - logp_old).abs().mean().item())
+
+    grad_norm = optimizer_step(net, optimizer, loss, max_grad_norm=1e-3)
+    expected = torch.cat([p.grad.flatten() for p in net.parameters()]).norm().item()
+    assert grad_norm > 1e-3 and expected == pytest.approx(1e-3, rel=1e-4)  # clipped after
+    assert not all(torch.equal(a, p) for a, p in zip(before, net.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("name", ["latest", "v3", "7", "no/such/file.safetensors"])
+def test_a_preference_model_that_is_not_a_file_is_left_to_the_caller(name):
+    config = TrainConfig(device="cpu", preference_model=name,
+                         reward_weights={"count": 1.0, "preference": 1.0})
+    tr = Trainer(config)  # the caller attaches one with set_preference_model
+    assert tr.preference_version is None
+
+
+def test_the_cli_wants_a_preference_model_file(tmp_path, capsys):
+    from trainer.cli import main
+
+    out = tmp_path / "run"
+    code = main(["train", "--config", "tiny", "--set", "device=cpu", "--set",
+                 'reward_weights={"count": 1, "preference": 1}', "--set",
+                 "preference_model=latest", "--out", str(out), "--no-progress"])
+    assert code == 2 and not out.exists()
+    assert "preference_model" in capsys.readouterr().err

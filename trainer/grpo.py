@@ -1,0 +1,211 @@
+"""GRPO for flow models: the parts Neighbor GRPO and the SDE baseline share.
+
+Both methods roll out a group of G samples per prompt, score them, turn the rewards into
+group-relative advantages, and maximise a PPO-style clipped objective; they differ in where the
+group's randomness lives and in the policy whose ratio is clipped. The shared parts live here,
+so that trainer/neighbor_grpo.py is the algorithm alone and trainer/sde_grpo.py needs nothing
+from it:
+
+    group noises         each prompt's G initial noises, from one seed (sigma = 1: independent)
+    score_groups         decode, reward, blend, group-normalised advantages (+ the control)
+    clipped_objective    -mean min(A rho, A clip(rho, 1 - eps, 1 + eps))
+    optimizer_step       zero, backward, clip the gradient norm, step
+    UpdateStats          the PPO statistics of each optimizer step (records only)
+    IterationResult      what one iteration hands back, with `iteration_metrics`
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainer.config import TrainConfig
+from trainer.models.base import FlowModel
+from trainer.rewards import compute_rewards
+
+
+# ---------------------------------------------------------------------------------------
+# Group noises
+# ---------------------------------------------------------------------------------------
+def perturb_noise(base_noise: torch.Tensor, group_size: int, sigma: float,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+    """G perturbed copies of one noise, (G, *base_noise.shape), each still N(0, I):
+    eps_i = sqrt(1 - sigma^2) eps* + sigma delta_i (Neighbor GRPO's neighborhood)."""
+    if not 0.0 <= sigma <= 1.0:
+        raise ValueError(f"sigma must be in [0, 1], got {sigma}")
+    delta = torch.randn((group_size, *base_noise.shape), generator=generator,
+                        device=base_noise.device, dtype=base_noise.dtype)  # (G, *D)
+    return math.sqrt(1.0 - sigma**2) * base_noise.unsqueeze(0) + sigma * delta
+
+
+def group_noises(noise_seeds: list[int], group_size: int, sigma: float,
+                 latent_shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """(P, G, *D): each prompt's neighborhood, reproducible from its seed alone.
+    sigma = 1 gives independent noises (the SDE baseline's groups)."""
+    noises = []
+    for seed in noise_seeds:
+        gen = torch.Generator().manual_seed(seed)
+        base = torch.randn(latent_shape, generator=gen)  # eps*
+        noises.append(perturb_noise(base, group_size, sigma, generator=gen))
+    return torch.stack(noises).to(device)
+
+
+def draw_noise_seeds(prompt_count: int, generator: torch.Generator) -> list[int]:
+    """One seed per prompt for its shared noise eps* (stored with rollout groups)."""
+    return torch.randint(0, 2**62, (prompt_count,), generator=generator).tolist()
+
+
+# ---------------------------------------------------------------------------------------
+# Rewards -> group-relative advantages
+# ---------------------------------------------------------------------------------------
+def group_advantages(rewards: torch.Tensor, p: float = 2.0, eps: float = 1e-4) -> torch.Tensor:
+    """Per-group z-score along the last axis; for p != 2, sqrt(G) * z / ||z||_p.
+
+    A flat group (all rewards equal) gets zeros. p < 2 shrinks flat groups (many similar
+    z's) more than sparse ones (one outlier), keeping sign and order.
+    """
+    rewards = torch.as_tensor(rewards, dtype=torch.float32)
+    if not torch.isfinite(rewards).all():
+        raise ValueError("rewards contain NaN or inf")
+    group = rewards.shape[-1]
+    mean = rewards.mean(-1, keepdim=True)
+    std = rewards.std(-1, unbiased=False, keepdim=True)  # population std
+    z = torch.where(std > 0, (rewards - mean) / (std + eps), torch.zeros_like(rewards))
+    if p == 2.0:
+        return z
+    norm = z.abs().pow(p).sum(-1, keepdim=True).pow(1.0 / p)  # ||z||_p
+    return torch.where(norm > 0, math.sqrt(group) * z / norm.clamp_min(1e-12), torch.zeros_like(z))
+
+
+def blended_group_rewards(raw: dict[str, np.ndarray], weights: dict[str, float],
+                          group_shape: tuple[int, int]) -> torch.Tensor:
+    """Weighted sum of named rewards, each z-scored per group first (scale never sets weight)."""
+    total = torch.zeros(group_shape)
+    for name, weight in weights.items():
+        total += float(weight) * group_advantages(torch.as_tensor(raw[name]).view(group_shape))
+    return total  # (P, G)
+
+
+def score_groups(model: FlowModel, final_latents: torch.Tensor, prompts: list[str],
+                 config: TrainConfig, generator: torch.Generator
+                 ) -> tuple[np.ndarray, dict[str, np.ndarray], torch.Tensor]:
+    """Decode, score, blend and normalise final latents (P, G, *D).
+    Returns images (P, G, H, W, 3), raw rewards {name: (P, G)}, advantages (P, G)."""
+    p_count, g = final_latents.shape[:2]
+    images = model.decode(final_latents.flatten(0, 1))  # (P*G, H, W, 3)
+    member_prompts = [text for text in prompts for _ in range(g)]
+    raw = compute_rewards(list(config.reward_weights), images, member_prompts)
+    blended = blended_group_rewards(raw, config.reward_weights, (p_count, g))
+    advantages = group_advantages(blended, p=config.quasi_norm_p)  # (P, G)
+    if config.shuffle_advantages:  # the control: same magnitudes, no reward signal
+        perm = torch.argsort(torch.rand(advantages.shape, generator=generator), dim=-1)
+        advantages = torch.gather(advantages, -1, perm)
+    raw = {name: r.reshape(p_count, g) for name, r in raw.items()}
+    return images.reshape(p_count, g, *images.shape[1:]), raw, advantages
+
+
+# ---------------------------------------------------------------------------------------
+# The clipped objective and the optimizer step
+# ---------------------------------------------------------------------------------------
+def clipped_objective(logp_new: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor,
+                      clip_range: float) -> torch.Tensor:
+    """Scalar loss to minimise: -mean(min(A rho, A clip(rho, 1 - eps, 1 + eps)))."""
+    ratio = torch.exp(logp_new - logp_old)
+    unclipped = advantages * ratio
+    clipped = advantages * ratio.clamp(1.0 - clip_range, 1.0 + clip_range)
+    return -torch.minimum(unclipped, clipped).mean()
+
+
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor,
+                   max_grad_norm: float) -> float:
+    """Zero the gradients, backward, clip their norm (when max_grad_norm > 0), step.
+    Returns the gradient norm before clipping."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    params = [p for p in model.parameters() if p.grad is not None]
+    if max_grad_norm > 0:
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+    else:
+        grad_norm = float(torch.norm(torch.stack([p.grad.norm() for p in params])))
+    optimizer.step()
+    return grad_norm
+
+
+class UpdateStats:
+    """The PPO statistics of each optimizer step of one iteration, averaged by `metrics()`."""
+
+    def __init__(self, clip_range: float) -> None:
+        self.clip_range = clip_range
+        self.losses: list[float] = []
+        self.clip_fractions: list[float] = []
+        self.abs_log_ratios: list[float] = []
+        self.grad_norms: list[float] = []
+        self.kls: list[float] = []
+
+    @torch.no_grad()
+    def record(self, loss: torch.Tensor, logp_new: torch.Tensor, logp_old: torch.Tensor,
+               grad_norm: float, kl: torch.Tensor | None = None) -> None:
+        log_ratio = logp_new - logp_old
+        self.losses.append(loss.item())
+        self.abs_log_ratios.append(log_ratio.abs().mean().item())
+        clipped = (log_ratio.exp() - 1).abs() > self.clip_range
+        self.clip_fractions.append(clipped.float().mean().item())
+        self.grad_norms.append(grad_norm)
+        if kl is not None:
+            self.kls.append(kl.item())
+
+    def metrics(self) -> dict[str, float]:
+        out = {"loss": float(np.mean(self.losses)),
+               "clip_fraction": float(np.mean(self.clip_fractions)),
+               "abs_log_ratio": float(np.mean(self.abs_log_ratios)),
+               "grad_norm": float(np.mean(self.grad_norms))}
+        if self.kls:
+            out["kl_to_reference"] = float(np.mean(self.kls))
+        return out
+
+
+# ---------------------------------------------------------------------------------------
+# What an iteration hands back
+# ---------------------------------------------------------------------------------------
+@dataclass
+class IterationResult:
+    """What one iteration produced: for metrics, sample grids and stored rollout groups."""
+
+    prompts: list[str]
+    noise_seeds: list[int]  # seed of each prompt's shared noise eps*
+    images: np.ndarray  # (P, G, H, W, 3) uint8
+    rewards: dict[str, np.ndarray]  # name -> (P, G)
+    advantages: np.ndarray  # (P, G)
+    anchors: np.ndarray  # (P, B) member indices trained as anchors (all members for SDE)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def reward_metrics(raw: dict[str, np.ndarray], weights: dict[str, float]) -> dict[str, float]:
+    """The weighted mean reward (weights normalised by their absolute sum), its std, and
+    each named reward's mean."""
+    total_weight = sum(abs(w) for w in weights.values()) or 1.0
+    combined = sum(w * raw[n] for n, w in weights.items()) / total_weight
+    metrics = {"reward_mean": float(combined.mean()), "reward_std": float(combined.std())}
+    metrics.update({f"reward/{name}": float(r.mean()) for name, r in raw.items()})
+    return metrics
+
+
+def iteration_metrics(raw_rewards: dict[str, np.ndarray], config: TrainConfig,
+                      stats: UpdateStats, advantages: torch.Tensor, *, seconds: float,
+                      rollout_seconds: float, forward_passes: int, backward_passes: int,
+                      optimizer_steps: int) -> dict[str, Any]:
+    """One iteration's metrics: rewards, PPO statistics, advantage size, time and work
+    (per-sample network evaluations and optimizer steps)."""
+    metrics: dict[str, Any] = reward_metrics(raw_rewards, config.reward_weights)
+    metrics.update(stats.metrics())
+    metrics.update({
+        "advantage_abs_mean": float(advantages.abs().mean()),
+        "seconds": seconds, "rollout_seconds": rollout_seconds,
+        "forward_passes": forward_passes, "backward_passes": backward_passes,
+        "optimizer_steps": optimizer_steps,
+    })
+    return metrics
