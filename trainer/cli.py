@@ -44,16 +44,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_any_model(path: str, device: str):
+def _load_any_model(path: str, device: str, model: str = "shapes"):
     from trainer.loop import resolve_device
-    from trainer.models.shapes_dit import ShapesDiT
+    from trainer.models import load_flow_model
 
     p = Path(path)
     if p.is_dir():
         p = p / "model.safetensors"
     if not p.is_file():
         raise ConfigError("checkpoint", f"{path} does not exist")
-    return ShapesDiT.load(p, resolve_device(device))
+    return load_flow_model(model, p, resolve_device(device))
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
@@ -69,7 +69,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
         raise ConfigError("prompts", f"{args.prompts} holds no prompts")
     if args.seeds < 1:
         raise ConfigError("seeds", "must be >= 1")
-    model = _load_any_model(args.checkpoint, args.device)
+    model = _load_any_model(args.checkpoint, args.device, args.model)
     pairs = [(p, s) for p in prompts for s in range(args.seeds)]
     images = sample_images(model, [p for p, _ in pairs], [s for _, s in pairs], args.solver,
                            args.steps)
@@ -87,7 +87,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from trainer.evaluation import evaluate
 
-    model = _load_any_model(args.checkpoint, args.device)
+    model = _load_any_model(args.checkpoint, args.device, args.model)
     result = evaluate(model, solver=args.solver, steps=args.steps)
     result["checkpoint"] = str(args.checkpoint)
     text = json.dumps(result, indent=2)
@@ -124,6 +124,8 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--solver", choices=["dpm++", "euler"], default="dpm++")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--model", default="shapes", help="model adapter of the checkpoint "
+                        "(trainer.models.model_names())")
 
 
 def build_parser() -> argparse.ArgumentParser:

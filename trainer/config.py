@@ -70,8 +70,8 @@ class TrainConfig:
     method: str = _field("neighbor", "Training algorithm: Neighbor GRPO ('neighbor') or the "
                          "SDE-based baseline ('sde', DanceGRPO / Flow-GRPO style).",
                          choices=("neighbor", "sde"))
-    model: str = _field("shapes", "Model adapter. 'shapes' is the built-in tiny DiT that "
-                        "trains on a CPU.", choices=("shapes",))
+    model: str = _field("shapes", "Model adapter (trainer.models registry). 'shapes' is the "
+                        "built-in tiny DiT that trains on a CPU.", choices=("shapes",))
     base_checkpoint: str = _field("", "Path to the base model weights (safetensors). Empty "
                                   "means the shipped shapes base checkpoint.")
     prompts: list = _field([], "Training prompts. Empty means all 48 shapes prompts.")
@@ -131,14 +131,16 @@ class TrainConfig:
                                   "the reward registry (count, color, shape, combined, ...).")
     preference_model: str = _field("", "The human-preference reward model blended in as the "
                                    "reward 'preference' (give it a weight in reward_weights): a "
-                                   "path to its safetensors file; in a worker job also 'latest' "
-                                   "or empty (the newest fitted model) or 'vN' (version N).")
+                                   "path to its safetensors file. A studio job also takes 'latest' "
+                                   "or empty (the newest fitted model) or 'vN' (version N): the "
+                                   "studio resolves those and attaches the model itself.")
     preference_uncertainty_penalty: float = _field(
         1.0, "Reward 'preference' = the preference ensemble's mean score minus this many "
         "standard deviations between its networks, so that images unlike those voted on "
         "(where the networks disagree) earn less and the policy does not over-optimise the "
         "learned reward; 0 uses the mean alone.", min=0.0, max=100.0)
-    preference_refit_every: int = _field(0, "Worker jobs: refit the preference model every N "
+    # read by the studio's job runner (it holds the votes), not by the Trainer
+    preference_refit_every: int = _field(0, "Studio jobs: refit the preference model every N "
                                          "iterations from the votes that arrived meanwhile "
                                          "(online); 0 never refits.", min=0, max=1_000_000)
     # --- bookkeeping ---------------------------------------------------------------------
@@ -147,9 +149,11 @@ class TrainConfig:
                                min=1, max=1_000_000)
     checkpoint_every: int = _field(50, "Save a resumable checkpoint every N iterations "
                                    "(and at the end).", min=1, max=1_000_000)
-    eval_every: int = _field(0, "Evaluate (mean reward, exact-count accuracy) every N "
-                             "iterations; 0 disables.", min=0, max=1_000_000)
-    eval_seeds: int = _field(4, "Seeds per prompt in periodic evaluation.", min=1, max=1000)
+    eval_every: int = _field(0, "Evaluate (mean rewards, exact-count accuracy over every "
+                             "shapes prompt) every N iterations, logged as eval_* metrics; 0 "
+                             "disables.", min=0, max=1_000_000)
+    eval_seeds: int = _field(4, "Fixed seeds per prompt in periodic evaluation (eval_every).",
+                             min=1, max=1000)
     device: str = _field("auto", "Torch device: 'auto' (CUDA if present), 'cpu' or 'cuda'.",
                          choices=("auto", "cpu", "cuda"))
 

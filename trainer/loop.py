@@ -19,12 +19,13 @@ from safetensors.torch import save_file
 
 from trainer.config import TrainConfig
 from trainer.grpo import IterationResult
+from trainer.models import SHAPES_BASE
 from trainer.models.base import FlowModel
 from trainer.neighbor_grpo import neighbor_grpo_iteration
 from trainer.sde_grpo import sde_grpo_iteration
 from trainer.shapes.world import all_prompts
 
-SHIPPED_BASE = Path(__file__).parent / "shapes" / "assets" / "base.safetensors"
+SHIPPED_BASE = SHAPES_BASE  # the shapes adapter's default base weights
 CHECKPOINT_DIR_RE = re.compile(r"^iter-(\d+)$")
 
 ITERATIONS = {"neighbor": neighbor_grpo_iteration, "sde": sde_grpo_iteration}
@@ -39,14 +40,11 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_model(config: TrainConfig, device: torch.device | str = "cpu") -> FlowModel:
-    """The base model the config names (the shipped shapes base when none is given)."""
-    from trainer.models.shapes_dit import ShapesDiT
+    """The config's model adapter with its base weights (`base_checkpoint`; empty: the
+    adapter's default base, for shapes the shipped checkpoint)."""
+    from trainer.models import load_flow_model
 
-    path = Path(config.base_checkpoint) if config.base_checkpoint else SHIPPED_BASE
-    if not path.is_file():
-        raise FileNotFoundError(f"base checkpoint {path} not found; train one with "
-                                "`python -m trainer train-base --out DIR`")
-    return ShapesDiT.load(path, device)
+    return load_flow_model(config.model, config.base_checkpoint or None, device)
 
 
 class Trainer:
@@ -107,7 +105,22 @@ class Trainer:
         result.metrics["iteration"] = self.iteration
         result.metrics["reward_weights"] = dict(self.config.reward_weights)
         result.metrics["preference_model_version"] = self.preference_version
+        if self.config.eval_every and self.iteration % self.config.eval_every == 0:
+            result.metrics.update(self.evaluate())
         return result
+
+    def evaluate(self) -> dict[str, float]:
+        """Periodic evaluation (`eval_every`): mean rewards and exact-count accuracy over every
+        shapes prompt x `eval_seeds` fixed seeds, with the rollout solver, as `eval_*`
+        metrics. Its seeds are its own, so training's random stream is untouched."""
+        from trainer.evaluation import evaluate
+
+        model = getattr(self.model, "inner", self.model)  # DDP's module, not DDP
+        was_training = model.training
+        out = evaluate(model, seeds=tuple(range(self.config.eval_seeds)),
+                       solver=self.config.rollout_solver, steps=self.config.rollout_steps)
+        model.train(was_training)
+        return {f"eval_{k}": v for k, v in out.items() if isinstance(v, float)}
 
     def run(self, on_iteration: Callable[[Trainer, IterationResult], bool | None] | None = None
             ) -> None:

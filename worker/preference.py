@@ -61,7 +61,7 @@ class ImageCache:
 def fit_config_from(cfg: dict[str, Any]) -> FitConfig:
     device = str(resolve_device(cfg.get("device", "auto")))
     fields = {k: cfg[k] for k in FIT_FIELDS if k in cfg}
-    if fields.get("clip_path"):  # inside STORAGE_DIR or MODELS_DIR, as submission checked
+    if fields.get("features") == "clip":  # inside STORAGE_DIR or MODELS_DIR, as checked
         fields["clip_path"] = str(storage.job_path(fields["clip_path"], want="dir"))
     return FitConfig(**fields, device=device)
 

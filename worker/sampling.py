@@ -22,10 +22,9 @@ from sqlalchemy import select
 from app.db import session_scope
 from app.models import Prompt, RolloutGroup
 from app.services import checkpoints, jobs, rollouts
-from trainer.config import TrainConfig
 from trainer.evaluation import sample_images
 from trainer.grpo import blended_group_rewards, group_advantages, group_noises
-from trainer.loop import load_model, resolve_device
+from trainer.loop import resolve_device
 from trainer.models.base import FlowModel, repeat_cond
 from trainer.rewards import compute_rewards
 from trainer.shapes.world import all_prompts
@@ -44,17 +43,14 @@ class Cancelled(Exception):
 
 
 def load_checkpoint_model(checkpoint_id: int | None, model: str = "shapes") -> FlowModel:
-    """A recorded checkpoint's model, or the shipped base for None."""
-    from trainer.models.shapes_dit import ShapesDiT
+    """A recorded checkpoint's model (adapter `model`), or the adapter's base for None."""
+    from trainer.models import load_flow_model
 
-    device = resolve_device("auto")
-    if model != "shapes":
-        raise ValueError(f"model {model!r}: only 'shapes' is supported by this worker")
-    if checkpoint_id is None:
-        return load_model(TrainConfig()).to(device)
-    with session_scope() as s:
-        path = checkpoints.checkpoint_file(s, checkpoint_id)
-    return ShapesDiT.load(path, device)
+    path = None
+    if checkpoint_id is not None:
+        with session_scope() as s:
+            path = checkpoints.checkpoint_file(s, checkpoint_id)
+    return load_flow_model(model, path, resolve_device("auto"))
 
 
 def dataset_prompts(dataset_id: int, split: str, limit: int | None) -> list[tuple[int, str]]:

@@ -41,7 +41,7 @@ from app.config import get_settings
 from app.errors import Conflict, Invalid, NotFound
 from app.job_kinds import KIND_NAMES, KINDS
 from app.limits import MAX_ID, NAME_LENGTH
-from app.models import Checkpoint, Dataset, Job, JobMetric, User, utcnow
+from app.models import Checkpoint, Dataset, Job, JobMetric, Prompt, User, utcnow
 from app.services import auth, storage, workers
 
 log = logging.getLogger(__name__)
@@ -117,20 +117,25 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
         if name not in known:
             problems.append(("reward_names", f"unknown reward {name!r}; known: {known}"))
     if out.get("base_checkpoint"):
+        from trainer.models import weights_problem
+
         try:
-            storage.job_path(out["base_checkpoint"])
+            path = storage.job_path(out["base_checkpoint"])
         except ValueError as exc:
             problems.append(("base_checkpoint", str(exc)))
-    if out.get("features") == "clip":
-        if not out.get("clip_path", "").strip():
-            problems.append(("clip_path", "features 'clip' needs the local path of CLIP weights "
-                                          "(a transformers save_pretrained directory) under "
-                                          "MODELS_DIR"))
         else:
-            try:
-                storage.job_path(out["clip_path"], want="dir")
-            except ValueError as exc:
-                problems.append(("clip_path", str(exc)))
+            model = config.get("model") if isinstance(config.get("model"), str) else "shapes"
+            if (problem := weights_problem(model, path)) is not None:
+                problems.append(("base_checkpoint", problem))
+    if out.get("features") == "clip" and not out.get("clip_path", "").strip():
+        problems.append(("clip_path", "features 'clip' needs the local path of CLIP weights "
+                                      "(a transformers save_pretrained directory) under "
+                                      "MODELS_DIR"))
+    elif out.get("clip_path", "").strip():
+        try:
+            storage.job_path(out["clip_path"], want="dir")
+        except ValueError as exc:
+            problems.append(("clip_path", str(exc)))
     if kind == "train" and any(n in RUN_TIME_REWARDS for n in out.get("reward_weights", {})):
         problem = preference_problem(session, out.get("preference_model", ""))
         if problem:
@@ -138,6 +143,14 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
     ds_id = out.get("dataset_id")
     if ds_id is not None and session.get(Dataset, ds_id) is None:
         problems.append(("dataset_id", f"dataset {ds_id} not found"))
+    elif ds_id is not None and not out.get("prompts"):  # the worker samples this split
+        split = config.get("split") if isinstance(config.get("split"), str) else "all"
+        stmt = select(func.count()).select_from(Prompt).where(Prompt.dataset_id == ds_id)
+        if split != "all":
+            stmt = stmt.where(Prompt.split == split)
+        if not session.scalar(stmt):
+            problems.append(("split", f"dataset {ds_id} has no {split!r} prompts; choose "
+                                      "another split or 'all'"))
     if out.get("checkpoint_id") is not None and session.get(Checkpoint, out["checkpoint_id"]) is None:
         problems.append(("checkpoint_id", f"checkpoint {out['checkpoint_id']} not found"))
     ids = out.get("checkpoint_ids") or []
@@ -169,11 +182,13 @@ def preference_problem(session: Session, spec: str) -> str | None:
         except NotFound:
             return f"preference model version {spec!r} not found"
         return None
+    from trainer.models import weights_problem
+
     try:
-        storage.job_path(spec)
+        path = storage.job_path(spec)
     except ValueError as exc:
         return f"must be '', 'latest', 'vN' or a path: {exc}"
-    return None
+    return weights_problem("preference", path, weight_format="preference-model")
 
 
 def validate_config(session: Session, kind: str, config: dict[str, Any] | None,

@@ -94,6 +94,41 @@ def test_base_checkpoint_under_models_dir_is_accepted_and_the_worker_loads_it(
         assert load_model(config) is not None  # what the worker builds the trainer from
 
 
+def test_base_checkpoint_must_be_weights_of_the_model(client, admin, settings):
+    from trainer.rewards.preference import FitConfig, PreferenceModel
+
+    models = settings.resolved_models_dir
+    models.mkdir(parents=True, exist_ok=True)
+    (models / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)
+    PreferenceModel(FitConfig(width=8, ensemble=1)).save(models / "pref.safetensors")
+    for name, why in (("image.png", "not a safetensors file"),
+                      ("pref.safetensors", "not a 'shapes-dit' weights file")):
+        r = _post(client, admin, "train", {"base_checkpoint": name}, "tiny")
+        assert r.status_code == 422 and _fields(r) == ["base_checkpoint"] and why in r.text
+    # and a preference model given by path must be one
+    r = _post(client, admin, "train", {"reward_weights": {"count": 1, "preference": 1},
+                                       "preference_model": "image.png"}, "tiny")
+    assert r.status_code == 422 and _fields(r) == ["preference_model"]
+    r = _post(client, admin, "train", {"reward_weights": {"count": 1, "preference": 1},
+                                       "preference_model": "pref.safetensors"}, "tiny")
+    assert r.status_code == 201, r.text
+
+
+def test_a_split_without_prompts_is_422(client, admin):
+    up = client.post("/api/datasets", files={"file": ("p.txt", b"one\ntwo\n", "text/plain")},
+                     headers=admin).json()
+    ds = up["dataset"]["id"] if "dataset" in up else up["id"]
+    r = _post(client, admin, "rollout", {"dataset_id": ds, "split": "eval"})
+    assert r.status_code == 422 and _fields(r) == ["split"] and "no 'eval' prompts" in r.text
+    assert _post(client, admin, "rollout", {"dataset_id": ds}).status_code == 201
+    assert _post(client, admin, "rollout", {"dataset_id": ds, "split": "all"}).status_code == 201
+
+
+def test_clip_path_is_checked_whenever_given(client, admin):
+    r = _post(client, admin, "fit_preference", {"features": "shapes", "clip_path": "/etc"})
+    assert r.status_code == 422 and _fields(r) == ["clip_path"]
+
+
 def test_long_and_blank_prompts_are_422_with_the_upload_limit(client, admin, settings):
     limit = settings.max_prompt_length
     r = _post(client, admin, "train", {"prompts": ["x" * 100_000, "ok"]}, "tiny")
