@@ -168,7 +168,7 @@ def stack(request, tmp_path, monkeypatch) -> Iterator[Stack]:
         with engine.begin() as conn:
             conn.execute(text("TRUNCATE votes, preference_models, samples, rollout_groups, "
                               "job_metrics, checkpoints, jobs, prompts, datasets, api_tokens, "
-                              "users RESTART IDENTITY CASCADE"))
+                              "users, workers RESTART IDENTITY CASCADE"))
     s = Stack(env=env, tmp=tmp_path)
     try:
         yield s

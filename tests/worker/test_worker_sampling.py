@@ -4,6 +4,8 @@ summary metrics recorded; a fit_preference job without votes fails saying why.""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from worker_helpers import create_train_job, job_row, wait_for
 
@@ -77,10 +79,13 @@ def test_fit_preference_without_votes_fails_saying_why(stack):
 def test_fit_preference_on_clip_features_scores_the_stored_samples(stack, tiny_clip_path):
     """features="clip" through the worker: a frozen CLIP from a local path (the tiny one of
     tests/conftest.py), votes on a rollout's groups, the fitted model's score cached on every
-    stored sample; a clip_path the worker cannot find fails the job naming it."""
+    stored sample; a clip_path that is missing or outside MODELS_DIR is refused at submission,
+    naming it."""
     from sqlalchemy import select
 
+    from app.config import get_settings
     from app.db import session_scope
+    from app.errors import Invalid
     from app.models import PreferenceModelRow, Sample
     from app.services import auth, datasets, jobs, rollouts
     from app.services.votes import record_vote
@@ -101,15 +106,18 @@ def test_fit_preference_on_clip_features_scores_the_stored_samples(stack, tiny_c
         for n, (a, b) in enumerate(pairs):
             record_vote(s, annotator, client_vote_id=f"v{n}", sample_a_id=a, sample_b_id=b,
                         outcome="a" if n % 3 else "b")
-        missing = jobs.create_job(s, "fit_preference", {
-            "features": "clip", "clip_path": str(tiny_clip_path.parent / "nowhere")}).id
+    # weights the worker cannot find, or outside MODELS_DIR/STORAGE_DIR: refused at submission
+    models = get_settings().resolved_models_dir
+    shutil.copytree(tiny_clip_path, models / "tiny-clip")
+    for bad in (str(models / "nowhere"), str(tiny_clip_path)):
+        with session_scope() as s, pytest.raises(Invalid) as err:
+            jobs.create_job(s, "fit_preference", {"features": "clip", "clip_path": bad})
+        assert err.value.details["field"] == "clip_path" and bad in err.value.message
+    with session_scope() as s:
         fit = jobs.create_job(s, "fit_preference", {
-            "features": "clip", "clip_path": str(tiny_clip_path), "epochs": 2, "ensemble": 2,
+            "features": "clip", "clip_path": "tiny-clip", "epochs": 2, "ensemble": 2,
             "device": "cpu"}).id
-    stack.send(missing, "fit_preference")
     stack.send(fit, "fit_preference")
-    job = wait_for(lambda: _done(missing), 60, "the fit job without weights", stack)
-    assert job.status == "failed" and "clip_path" in job.error and "nowhere" in job.error
     job = wait_for(lambda: _done(fit), 120, "the CLIP fit job", stack)
     assert job.status == "succeeded", job.error
     with session_scope() as s:
