@@ -65,21 +65,15 @@ def fuzz_app(settings, admin, annotator, make_group):
 
 
 def _queues() -> list[str]:
-    try:
-        from app.job_kinds import QUEUE_NAMES
-    except ImportError:  # before the job registry
-        return ["gpu", "cpu"]
+    from app.job_kinds import QUEUE_NAMES
+
     return list(QUEUE_NAMES)
 
 
 def _kind_config(kind: str):
-    """The pydantic config model of a non-train kind, wherever this version declares it."""
-    try:
-        from app.job_kinds import KINDS
-    except ImportError:
-        from app.services.jobs import KIND_CONFIGS  # type: ignore[attr-defined]
+    """The pydantic config model of a non-train kind (the job registry declares it)."""
+    from app.job_kinds import KINDS
 
-        return KIND_CONFIGS[kind]
     return KINDS[kind].config
 
 

@@ -107,12 +107,12 @@ class Stack:
     def send(self, job_id: int, kind: str = "train") -> None:
         """Enqueue as the API does (a fresh Celery app on this test's settings)."""
         from app.config import get_settings
-        from app.services.jobs import QUEUES
+        from app.job_kinds import KINDS
         from worker.celery_app import make_celery
 
         app = make_celery(get_settings())
         try:
-            app.send_task(f"worker.tasks.{kind}", args=[job_id], queue=QUEUES[kind])
+            app.send_task(KINDS[kind].task, args=[job_id], queue=KINDS[kind].queue)
         finally:
             app.close()
 
