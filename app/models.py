@@ -164,7 +164,7 @@ class RolloutGroup(Base):
     solver: Mapped[str] = mapped_column(String(20))
     steps: Mapped[int] = mapped_column(Integer)
     sigma: Mapped[float] = mapped_column(Float)
-    # the trainer draws noise seeds in [0, 2**62): 64-bit
+    # the trainer draws noise seeds below trainer.grpo.SEED_LIMIT (2**62): 64-bit
     seed: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     samples: Mapped[list[Sample]] = relationship(

@@ -115,7 +115,7 @@ class TrainConfig:
     # --- shared optimisation -------------------------------------------------------------
     clip_range: float = _field(0.2, "PPO clip range epsilon on the ratio.", min=1e-8, max=10.0)
     learning_rate: float = _field(3e-6, "AdamW learning rate. Above ~3e-5 the shapes model "
-                                  "drifts and collapses (see PAPER.md).", min=1e-9, max=1e-2)
+                                  "drifts and collapses.", min=1e-9, max=1e-2)
     weight_decay: float = _field(0.0, "AdamW weight decay.", min=0.0, max=1.0)
     max_grad_norm: float = _field(1.0, "Gradient norm clip before each optimizer step "
                                   "(0 disables).", min=0.0, max=1e6)

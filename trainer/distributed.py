@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from trainer.grpo import SEED_LIMIT
 from trainer.models.base import FlowModel
 
 
@@ -114,7 +115,7 @@ def make_distributed(trainer):
 
     def sharded_iteration(model, optimizer, prompts, config, generator, **extra):
         # one draw from the shared RNG keeps ranks in step; each rank gets its own stream
-        base = int(torch.randint(0, 2**62, (1,), generator=generator))
+        base = int(torch.randint(0, SEED_LIMIT, (1,), generator=generator))
         local = torch.Generator().manual_seed(base + rank)
         result = iterate(model, optimizer, prompts, config, local, **extra)
         result.metrics = _average_metrics(result.metrics, comm_device)

@@ -54,9 +54,14 @@ def group_noises(noise_seeds: list[int], group_size: int, sigma: float,
     return torch.stack(noises).to(device)
 
 
+# seeds are drawn below 2**62: they fit a signed 64-bit column (rollout_groups.seed) and leave
+# room for small offsets (a rank's stream is seed + rank) without overflow
+SEED_LIMIT = 2**62
+
+
 def draw_noise_seeds(prompt_count: int, generator: torch.Generator) -> list[int]:
     """One seed per prompt for its shared noise eps* (stored with rollout groups)."""
-    return torch.randint(0, 2**62, (prompt_count,), generator=generator).tolist()
+    return torch.randint(0, SEED_LIMIT, (prompt_count,), generator=generator).tolist()
 
 
 # ---------------------------------------------------------------------------------------
