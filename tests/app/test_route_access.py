@@ -22,6 +22,9 @@ from fastapi.testclient import TestClient
 from starlette.routing import Mount
 
 TIMEOUT_S = 1.0  # Gradio's event streams (heartbeat, dev reload) never end by themselves
+# every other route answers; on a loaded CI box a first call (lazy imports) can take seconds
+ANSWER_TIMEOUT_S = 60.0
+STREAMS = ("heartbeat", "dev/reload", "/stream/", "queue/data", "upload_progress", "/call/")
 
 # --- how each mounted route is classified ----------------------------------------------------
 PUBLIC = "public"  # no token needed (docs, health, forgetting the session cookie)
@@ -168,7 +171,8 @@ class Caller:
     def __call__(self, method: str, url: str, headers: dict[str, str] | None = None,
                  **kw) -> Answer:
         request = httpx.Request(method, "http://testserver" + url, headers=headers or {}, **kw)
-        return self.client.portal.call(_asgi, self.client.app, request, TIMEOUT_S,
+        timeout = TIMEOUT_S if any(s in url for s in STREAMS) else ANSWER_TIMEOUT_S
+        return self.client.portal.call(_asgi, self.client.app, request, timeout,
                                        self.client.app_state)
 
 

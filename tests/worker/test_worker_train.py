@@ -105,12 +105,22 @@ def test_resume_after_cancel_continues_the_metric_history(stack):
 
 
 def test_a_config_that_fails_in_the_worker_ends_failed_with_the_error(stack):
+    import shutil
+
+    from app.config import get_settings
+    from trainer.loop import SHIPPED_BASE
+
     stack.start_worker()
-    missing = create_train_job(base_checkpoint="/nonexistent/base.safetensors")
+    # a base checkpoint that passed the submission check, then was deleted before the run
+    base = get_settings().resolved_models_dir / "gone" / "base.safetensors"
+    base.parent.mkdir(parents=True)
+    shutil.copy(SHIPPED_BASE, base)
+    missing = create_train_job(base_checkpoint="gone/base.safetensors")
+    base.unlink()
     stack.send(missing)
     job = wait_for(lambda: _finished(missing), 60, "the failing job", stack)
     assert job.status == "failed"
-    assert "FileNotFoundError" in job.error and "/nonexistent/base.safetensors" in job.error
+    assert "ValueError" in job.error and "gone/base.safetensors" in job.error
     assert job.finished_at is not None
     # the worker survives a failed job and runs the next one
     ok = create_train_job(iterations=1)
