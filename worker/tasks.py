@@ -16,6 +16,7 @@ retry policy is the reaper's.
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import socket
@@ -182,17 +183,23 @@ def consumed_queues(consumer) -> list[str]:
     return names or list(QUEUES)
 
 
+@functools.cache
+def local_cuda_devices() -> tuple[str, ...]:
+    """This process's CUDA device names (empty without CUDA); asked once, not every round."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return tuple(torch.cuda.get_device_name(i) for i in range(count))
+
+
 def report_worker(name: str, queues: list[str]) -> None:
     """Record this worker's queues and devices (`app.services.workers`): submission checks a
     job's `device` against them, and a queued job says when no live worker can take it."""
-    import torch
-
     from app.services import workers
 
-    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    names = [torch.cuda.get_device_name(i) for i in range(cuda)]
+    devices = local_cuda_devices()
     with session_scope() as s:
-        workers.report(s, name, queues, cuda, names)
+        workers.report(s, name, queues, len(devices), list(devices))
 
 
 @signals.worker_ready.connect

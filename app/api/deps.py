@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Annotated
 
 from fastapi import Depends, Path, Query, Request
@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from app import db
 from app.config import Settings, get_settings
+from app.errors import Unauthorized
 from app.limits import MAX_ID
 from app.models import User
 from app.services import auth
@@ -19,6 +20,23 @@ from app.services.jobs import Enqueuer
 
 # the UI's login stores the API token in this HttpOnly cookie (POST /api/auth/session)
 SESSION_COOKIE = "ngs_session"
+
+def session_cookie(cookies: Mapping[str, str]) -> str | None:
+    return cookies.get(SESSION_COOKIE) or None
+
+
+def authenticated(token: str | None) -> User | None:
+    """The owner of `token` (cached, as for every API call), or None."""
+    if not token:
+        return None
+    cached = auth.token_cache.get(auth.hash_token(token))
+    if cached is not None:
+        return cached
+    try:
+        return _authenticate(token)
+    except Unauthorized:
+        return None
+
 
 bearer = HTTPBearer(auto_error=False, description="API token from `python -m app create-user`")
 
@@ -57,7 +75,7 @@ async def file_reader(
     """The caller of a route that returns stored bytes (images, checkpoints): the bearer token,
     or else the session cookie the UI sets at login, because a browser's `<img src>` cannot
     send a header. Only read-only routes take the cookie, so it can never trigger an action."""
-    token = creds.credentials if creds else request.cookies.get(SESSION_COOKIE)
+    token = creds.credentials if creds else session_cookie(request.cookies)
     return await current_user(
         HTTPAuthorizationCredentials(scheme="Bearer", credentials=token) if token else None)
 

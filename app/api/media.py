@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import re
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app import db
-from app.api.deps import SESSION_COOKIE, FileReaderDep, SettingsDep
-from app.errors import Unauthorized
-from app.services import auth, storage
+from app.api.deps import FileReaderDep, SettingsDep, authenticated, session_cookie
+from app.services import storage
 
 router = APIRouter(tags=["media"])
 
@@ -48,28 +46,11 @@ GRADIO_FILE_ROUTES = re.compile(
 
 def request_token(scope: Scope) -> str | None:
     """The bearer token of an ASGI request, or else its session cookie."""
-    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-    scheme, _, token = headers.get("authorization", "").partition(" ")
+    request = Request(scope)
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
-    for part in headers.get("cookie", "").split(";"):
-        name, _, value = part.strip().partition("=")
-        if name == SESSION_COOKIE and value:
-            return value
-    return None
-
-
-def token_is_valid(token: str | None) -> bool:
-    if not token:
-        return False
-    if auth.token_cache.get(auth.hash_token(token)) is not None:
-        return True
-    try:
-        with db.new_session() as session:
-            auth.authenticate(session, token)
-    except Unauthorized:
-        return False
-    return True
+    return session_cookie(request.cookies)
 
 
 class StoredFilesGuard:
@@ -86,7 +67,7 @@ class StoredFilesGuard:
                 if GRADIO_FILE_ROUTES.match(sub):
                     from starlette.concurrency import run_in_threadpool
 
-                    if not await run_in_threadpool(token_is_valid, request_token(scope)):
+                    if await run_in_threadpool(authenticated, request_token(scope)) is None:
                         response = JSONResponse(
                             {"detail": "stored files need a valid token: log in to the UI, or "
                                        "send Authorization: Bearer <token>"},

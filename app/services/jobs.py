@@ -177,11 +177,12 @@ def preference_problem(session: Session, spec: str) -> str | None:
     if spec.lstrip("v").isdigit():
         version = int(spec.lstrip("v"))
         try:
-            if version > MAX_ID or pref_svc.get_model(session, version) is None:
-                raise NotFound(spec)
+            if version <= MAX_ID:
+                pref_svc.get_model(session, version)
+                return None
         except NotFound:
-            return f"preference model version {spec!r} not found"
-        return None
+            pass
+        return f"preference model version {spec!r} not found"
     from trainer.models import weights_problem
 
     try:

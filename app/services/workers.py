@@ -48,7 +48,7 @@ def live(session: Session) -> list[WorkerRow]:
                                 .order_by(WorkerRow.name)))
 
 
-def wants_cuda(kind: str, config: dict[str, Any]) -> bool:
+def wants_cuda(config: dict[str, Any]) -> bool:
     return config.get("device") == "cuda"
 
 
@@ -56,7 +56,7 @@ def device_problem(session: Session, kind: str, config: dict[str, Any]) -> str |
     """Why no live worker could run this config, when live workers of its queue exist and
     none has what it needs; None when one can, or when none has reported yet (then the job
     waits, see `waiting_for`)."""
-    if not wants_cuda(kind, config):
+    if not wants_cuda(config):
         return None
     queue = KINDS[kind].queue
     on_queue = [w for w in live(session) if queue in w.queues]
@@ -76,7 +76,7 @@ def waiting_for(session: Session, jobs: list[Job]) -> dict[int, str]:
     out = {}
     for job in queued:
         queue = KINDS[job.kind].queue
-        cuda = wants_cuda(job.kind, job.config or {})
+        cuda = wants_cuda(job.config or {})
         able = [w for w in workers if queue in w.queues and (w.cuda_devices > 0 or not cuda)]
         if not able:
             need = " with a CUDA device" if cuda else ""
