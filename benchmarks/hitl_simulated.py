@@ -39,7 +39,7 @@ from trainer.config import TrainConfig
 from trainer.evaluation import sample_images
 from trainer.grpo import group_noises
 from trainer.loop import Trainer, load_model
-from trainer.models.base import repeat_cond
+from trainer.models.base import repeat_cond, to_uint8
 from trainer.rewards import compute_rewards, get_reward
 from trainer.rewards.attributes import PREFERENCES, SimulatedAnnotator, attribute_values
 from trainer.rewards.preference import FitConfig, PreferencePair, fit_preference_model
@@ -56,7 +56,7 @@ def make_groups(model, prompts: list[str], seeds: list[int], g: int, device: str
         ps, ss = prompts[i:i + 64], seeds[i:i + 64]
         noises = group_noises(ss, g, 0.3, model.latent_shape, torch.device(device))
         cond = repeat_cond(model.encode_prompts(ps), g)
-        images = model.decode(rollout("dpm++", model, noises.flatten(0, 1), cond, 8).final)
+        images = to_uint8(model.decode(rollout("dpm++", model, noises.flatten(0, 1), cond, 8).final))
         out.append(images.reshape(len(ps), g, *images.shape[1:]))
     return np.concatenate(out)
 

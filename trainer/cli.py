@@ -44,16 +44,38 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_any_model(path: str, device: str, model: str = "shapes"):
+def _load_any_model(args: argparse.Namespace):
+    """The model `sample` / `evaluate` were given: --model (with --model-path for flux and
+    sd3) and --checkpoint on top; a checkpoint alone carries its run's model options."""
     from trainer.loop import resolve_device
-    from trainer.models import load_flow_model
+    from trainer.models import (
+        ModelSpec,
+        checkpoint_spec,
+        checkpoint_weights_file,
+        load_flow_model,
+        uses_model_directory,
+    )
 
-    p = Path(path)
-    if p.is_dir():
-        p = p / "model.safetensors"
-    if not p.is_file():
-        raise ConfigError("checkpoint", f"{path} does not exist")
-    return load_flow_model(model, p, resolve_device(device))
+    device = resolve_device(args.device)
+    checkpoint = Path(args.checkpoint) if args.checkpoint else None
+    if checkpoint is not None and not checkpoint.exists():
+        raise ConfigError("checkpoint", f"{checkpoint} does not exist")
+    if checkpoint is not None and checkpoint.is_dir() and checkpoint_weights_file(checkpoint) is None:
+        raise ConfigError("checkpoint", f"{checkpoint} holds no model weights")
+    if uses_model_directory(args.model) and not args.model_path:
+        raise ConfigError("model-path", f"--model {args.model} needs --model-path, its "
+                          "diffusers-format directory")
+    if checkpoint is None and args.model == "shapes":
+        return load_flow_model("shapes", None, device)
+    spec = checkpoint_spec(checkpoint) if checkpoint is not None else ModelSpec(args.model)
+    if args.model != "shapes" or spec.name != "shapes":
+        # the command line names the model and where it lives on this machine; the rest of
+        # the options (LoRA rank, resolution, guidance) come from the checkpoint's run
+        spec.name, spec.path = args.model, args.model_path
+    for option in ("resolution", "guidance_scale"):
+        if getattr(args, option, None) is not None:
+            setattr(spec, option, getattr(args, option))
+    return load_flow_model(spec, device=device)
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
@@ -69,7 +91,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
         raise ConfigError("prompts", f"{args.prompts} holds no prompts")
     if args.seeds < 1:
         raise ConfigError("seeds", "must be >= 1")
-    model = _load_any_model(args.checkpoint, args.device, args.model)
+    model = _load_any_model(args)
     pairs = [(p, s) for p in prompts for s in range(args.seeds)]
     images = sample_images(model, [p for p, _ in pairs], [s for _, s in pairs], args.solver,
                            args.steps)
@@ -87,9 +109,9 @@ def cmd_sample(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from trainer.evaluation import evaluate
 
-    model = _load_any_model(args.checkpoint, args.device, args.model)
+    model = _load_any_model(args)
     result = evaluate(model, solver=args.solver, steps=args.steps)
-    result["checkpoint"] = str(args.checkpoint)
+    result["checkpoint"] = str(args.checkpoint or "base")
     text = json.dumps(result, indent=2)
     print(text)
     out = Path(args.out) if args.out else None
@@ -124,8 +146,14 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--solver", choices=["dpm++", "euler"], default="dpm++")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--model", default="shapes", help="model adapter of the checkpoint "
-                        "(trainer.models.model_names())")
+    parser.add_argument("--model", default="shapes", choices=["shapes", "flux", "sd3"],
+                        help="model adapter (trainer.models.model_names())")
+    parser.add_argument("--model-path", default="", help="flux / sd3: the diffusers-format "
+                        "model directory (any local path)")
+    parser.add_argument("--resolution", type=int, default=None, help="image side in pixels "
+                        "(default: the checkpoint's run, else the model's)")
+    parser.add_argument("--guidance-scale", type=float, default=None, help="FLUX.1-dev "
+                        "guidance / SD3 CFG scale (default: the checkpoint's run, else 3.5)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(func=cmd_train)
 
     sample = sub.add_parser("sample", help="deterministic ODE sampling, one PNG per (prompt, seed)")
-    sample.add_argument("--checkpoint", required=True, help="model.safetensors or its directory")
+    sample.add_argument("--checkpoint", help="a checkpoint directory (checkpoints/iter-N) or a "
+                        "shapes model.safetensors; left out: the base model alone")
     sample.add_argument("--prompts", required=True, help="text file, one prompt per line")
     sample.add_argument("--seeds", type=int, default=4, help="seeds 0..N-1 per prompt")
     sample.add_argument("--out", required=True)
@@ -152,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     sample.set_defaults(func=cmd_sample)
 
     evaluate = sub.add_parser("evaluate", help="mean reward and exact-count accuracy, 48x20")
-    evaluate.add_argument("--checkpoint", required=True)
+    evaluate.add_argument("--checkpoint", help="as for sample; left out: the base model")
     evaluate.add_argument("--out", help="also write the JSON here")
     _add_sampling_options(evaluate)
     evaluate.set_defaults(func=cmd_evaluate)

@@ -57,105 +57,192 @@ def _reward_weight_problems(weights: dict, known: list[str]) -> list[ConfigError
 
 
 def _field(default: Any, help: str, *, min: float | None = None, max: float | None = None,
-           choices: tuple[str, ...] | None = None, **kwargs: Any) -> Any:
-    meta = {"help": help, "min": min, "max": max, "choices": choices}
+           choices: tuple[str, ...] | None = None, group: str = "algorithm",
+           **kwargs: Any) -> Any:
+    meta = {"help": help, "min": min, "max": max, "choices": choices, "group": group}
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda: json.loads(json.dumps(default)), metadata=meta, **kwargs)
     return field(default=default, metadata=meta, **kwargs)
 
 
+# The usual attention and MLP projections of FLUX's and SD3's transformer blocks (diffusers
+# module names; peft matches them as suffixes), as diffusers' DreamBooth LoRA scripts target
+DEFAULT_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj",
+                        "add_v_proj", "to_add_out", "ff.net.0.proj", "ff.net.2",
+                        "ff_context.net.0.proj", "ff_context.net.2"]
+
+
+# TrainConfig is split the way TRL splits a script's arguments: what model to train and how
+# (ModelArguments), the algorithm (AlgorithmArguments), the run's bookkeeping (RunArguments) and
+# settings the studio's job runner reads around the trainer (StudioArguments). They combine
+# into one flat config, which is what the API, the UI form, the CLI's --set and presets use.
 @dataclass
-class TrainConfig:
-    # --- what to train -------------------------------------------------------------------
+class ModelArguments:
+    model: str = _field("shapes", "Model adapter (trainer.models registry): 'shapes' is the "
+                        "built-in tiny DiT that trains on a CPU; 'flux' is FLUX.1 (dev with its "
+                        "guidance embedding, or schnell) and 'sd3' Stable Diffusion 3 / 3.5 "
+                        "(medium, large), both through diffusers from model_path.",
+                        choices=("shapes", "flux", "sd3"), group="model")
+    model_path: str = _field("", "flux / sd3: the diffusers-format model directory (the one "
+                             "holding model_index.json, transformer/, vae/, text encoders and "
+                             "tokenizers); loaded with local_files_only, nothing downloads. Studio "
+                             "jobs take only paths under the MODELS_DIR setting. Empty for "
+                             "shapes.", group="model")
+    base_checkpoint: str = _field("", "Weights to start from. shapes: a model.safetensors "
+                                  "(empty: the shipped base). flux / sd3: a checkpoint directory "
+                                  "of an earlier run (its LoRA or full transformer; empty: the "
+                                  "model at model_path).", group="model")
+    finetune: str = _field("full", "What trains: 'full' (every transformer weight) or 'lora' "
+                           "(low-rank adapters through peft; the base stays frozen, checkpoints "
+                           "hold the adapters alone, the KL reference is the model with its "
+                           "adapters disabled). FLUX on one card needs 'lora'. shapes: 'full'.",
+                           choices=("full", "lora"), group="model")
+    lora_rank: int = _field(32, "LoRA rank r (finetune='lora').", min=1, max=1024,
+                            group="model")
+    lora_alpha: float = _field(64.0, "LoRA alpha; the adapters' output is scaled by "
+                               "alpha / rank.", min=1e-6, max=1e6, group="model")
+    lora_target_modules: list = _field(DEFAULT_LORA_TARGETS, "Module names (suffixes) that get "
+                                       "LoRA adapters; the default covers the attention and MLP "
+                                       "projections of FLUX's and SD3's blocks.", group="model")
+    resolution: int = _field(0, "Image side in pixels (square). 0: the model's default (shapes "
+                             "32, flux / sd3 512). flux / sd3: a multiple of 16.",
+                             min=0, max=4096, group="model")
+    guidance_scale: float = _field(3.5, "FLUX.1-dev: the value fed to its guidance embedding "
+                                   "(schnell has none and ignores it); SD3: the classifier-free "
+                                   "guidance scale used in rollouts and training, as Flow-GRPO "
+                                   "does (<= 1 turns CFG off and halves the cost). shapes has no "
+                                   "guidance.", min=0.0, max=100.0, group="model")
+    mixed_precision: str = _field("auto", "Weights and compute dtype: 'bf16' (frozen weights in "
+                                  "bf16, trained LoRA weights in fp32, compute under bf16 "
+                                  "autocast), 'no' (fp32), or 'auto' (bf16 for flux / sd3 on CUDA, "
+                                  "fp32 otherwise).",
+                                  choices=("auto", "no", "bf16"), group="model")
+    gradient_checkpointing: bool = _field(False, "Recompute the transformer's activations in the "
+                                          "backward pass: less memory for more compute (flux / "
+                                          "sd3).", group="model")
+
+
+@dataclass
+class AlgorithmArguments:
     method: str = _field("neighbor", "Training algorithm: Neighbor GRPO ('neighbor') or the "
                          "SDE-based baseline ('sde', DanceGRPO / Flow-GRPO style).",
-                         choices=("neighbor", "sde"))
-    model: str = _field("shapes", "Model adapter (trainer.models registry). 'shapes' is the "
-                        "built-in tiny DiT that trains on a CPU.", choices=("shapes",))
-    base_checkpoint: str = _field("", "Path to the base model weights (safetensors). Empty "
-                                  "means the shipped shapes base checkpoint.")
-    prompts: list = _field([], "Training prompts. Empty means all 48 shapes prompts.")
+                         choices=("neighbor", "sde"), group="algorithm")
+    prompts: list = _field([], "Training prompts. Empty means all 48 shapes prompts.",
+                           group="algorithm")
     # --- budget --------------------------------------------------------------------------
-    iterations: int = _field(200, "Number of GRPO iterations.", min=1, max=1_000_000)
+    iterations: int = _field(200, "Number of GRPO iterations.", min=1, max=1_000_000,
+                             group="algorithm")
     prompts_per_iteration: int = _field(4, "Prompts per iteration; each gets its own group.",
-                                        min=1, max=1024)
+                                        min=1, max=1024, group="algorithm")
     group_size: int = _field(12, "G: group members (perturbed noises / rollouts) per prompt.",
-                             min=2, max=256)
+                             min=2, max=256, group="algorithm")
     # --- Neighbor GRPO -------------------------------------------------------------------
     sigma: float = _field(0.3, "Neighborhood radius: eps_i = sqrt(1-sigma^2) eps* + sigma "
                           "delta_i. 0 collapses the group onto one noise, 1 makes it "
-                          "independent.", min=0.0, max=1.0)
+                          "independent.", min=0.0, max=1.0, group="algorithm")
     num_anchors: int = _field(4, "B: anchors per group per iteration; one optimizer step "
-                              "each (symmetric anchor sampling).", min=1, max=256)
+                              "each (symmetric anchor sampling).", min=1, max=256,
+                              group="algorithm")
     num_train_timesteps: int = _field(4, "K: timesteps per anchor whose one-step predictions "
                                       "are trained (gradients accumulated over them).",
-                                      min=1, max=1000)
+                                      min=1, max=1000, group="algorithm")
     quasi_norm_p: float = _field(2.0, "p of the group-wise quasi-norm advantage reweighting; "
                                  "2 is the plain z-score, the paper's choice is 0.8.",
-                                 min=0.1, max=2.0)
+                                 min=0.1, max=2.0, group="algorithm")
     temperature: float = _field(0.0, "Temperature of the leaping policy softmax over "
                                 "-||x_i - x_theta||^2. 0 means the latent dimension (keeps "
                                 "log-ratios O(1) in any resolution); the paper uses 1.",
-                                min=0.0, max=1e9)
+                                min=0.0, max=1e9, group="algorithm")
     old_policy: str = _field("one_step", "How pi_old is computed: 'one_step' = the rollout "
                              "weights' one-step Euler prediction from the anchor (ratio is "
                              "exactly 1 at the first update); 'rollout' = the anchor's stored "
                              "next latent (the paper's literal Algorithm 1).",
-                             choices=("one_step", "rollout"))
+                             choices=("one_step", "rollout"), group="algorithm")
     kl_coefficient: float = _field(0.0, "beta: weight of KL(policy || base model) in the loss, "
                                    "the KL of the two leaping policies' kernels at each anchor "
                                    "(squared distance of their one-step predictions over the "
                                    "temperature). Keeps the policy near the base, where a learned "
                                    "reward can be trusted; costs one more forward pass per "
                                    "anchor step. 0 disables it (the paper's setting). Neighbor "
-                                   "GRPO only.", min=0.0, max=1e6)
+                                   "GRPO only.", min=0.0, max=1e6, group="algorithm")
     # --- SDE baseline --------------------------------------------------------------------
     eta: float = _field(0.7, "SDE baseline: noise level eta of the SDE sampler "
-                        "(sigma_t = eta * sqrt(t / (1 - t))).", min=0.0, max=5.0)
+                        "(sigma_t = eta * sqrt(t / (1 - t))).", min=0.0, max=5.0,
+                        group="algorithm")
     # --- shared optimisation -------------------------------------------------------------
-    clip_range: float = _field(0.2, "PPO clip range epsilon on the ratio.", min=1e-8, max=10.0)
+    clip_range: float = _field(0.2, "PPO clip range epsilon on the ratio.", min=1e-8, max=10.0,
+                               group="algorithm")
     learning_rate: float = _field(3e-6, "AdamW learning rate. Above ~3e-5 the shapes model "
-                                  "drifts and collapses.", min=1e-9, max=1e-2)
-    weight_decay: float = _field(0.0, "AdamW weight decay.", min=0.0, max=1.0)
+                                  "drifts and collapses.", min=1e-9, max=1e-2, group="algorithm")
+    weight_decay: float = _field(0.0, "AdamW weight decay.", min=0.0, max=1.0, group="algorithm")
     max_grad_norm: float = _field(1.0, "Gradient norm clip before each optimizer step "
-                                  "(0 disables).", min=0.0, max=1e6)
+                                  "(0 disables).", min=0.0, max=1e6, group="algorithm")
     shuffle_advantages: bool = _field(False, "Control run: shuffle advantages within each "
-                                      "group so the update carries no reward signal.")
+                                      "group so the update carries no reward signal.",
+                                      group="algorithm")
     # --- sampling ------------------------------------------------------------------------
     rollout_solver: str = _field("dpm++", "ODE solver for rollouts: DPM-Solver++(2M) or "
-                                 "Euler.", choices=("dpm++", "euler"))
-    rollout_steps: int = _field(8, "T: solver steps per rollout.", min=2, max=1000)
+                                 "Euler, on the model's own (shifted) schedule.",
+                                 choices=("dpm++", "euler"), group="algorithm")
+    rollout_steps: int = _field(8, "T: solver steps per rollout.", min=2, max=1000,
+                                group="algorithm")
     # --- rewards -------------------------------------------------------------------------
     reward_weights: dict = _field({"count": 1.0}, "Named rewards and their weights; each is "
                                   "normalised per group before weighting. Names come from "
-                                  "the reward registry (count, color, shape, combined, ...).")
+                                  "the reward registry (count, color, shape, combined, "
+                                  "jpeg_compressibility, ...).", group="algorithm")
     preference_model: str = _field("", "The human-preference reward model blended in as the "
                                    "reward 'preference' (give it a weight in reward_weights): a "
                                    "path to its safetensors file. A studio job also takes 'latest' "
                                    "or empty (the newest fitted model) or 'vN' (version N): the "
-                                   "studio resolves those and attaches the model itself.")
+                                   "studio resolves those and attaches the model itself.",
+                                   group="algorithm")
     preference_uncertainty_penalty: float = _field(
         1.0, "Reward 'preference' = the preference ensemble's mean score minus this many "
         "standard deviations between its networks, so that images unlike those voted on "
         "(where the networks disagree) earn less and the policy does not over-optimise the "
-        "learned reward; 0 uses the mean alone.", min=0.0, max=100.0)
-    # read by the studio's job runner (it holds the votes), not by the Trainer
-    preference_refit_every: int = _field(0, "Studio jobs: refit the preference model every N "
-                                         "iterations from the votes that arrived meanwhile "
-                                         "(online); 0 never refits.", min=0, max=1_000_000)
-    # --- bookkeeping ---------------------------------------------------------------------
-    seed: int = _field(0, "Seed for noises, anchors and timesteps.", min=0, max=2**31 - 1)
+        "learned reward; 0 uses the mean alone.", min=0.0, max=100.0, group="algorithm")
+
+
+@dataclass
+class RunArguments:
+    seed: int = _field(0, "Seed for noises, anchors and timesteps.", min=0, max=2**31 - 1,
+                       group="run")
     sample_every: int = _field(10, "Save a sample grid / rollout group every N iterations.",
-                               min=1, max=1_000_000)
+                               min=1, max=1_000_000, group="run")
     checkpoint_every: int = _field(50, "Save a resumable checkpoint every N iterations "
-                                   "(and at the end).", min=1, max=1_000_000)
+                                   "(and at the end).", min=1, max=1_000_000, group="run")
     eval_every: int = _field(0, "Evaluate (mean rewards, exact-count accuracy over every "
                              "shapes prompt) every N iterations, logged as eval_* metrics; 0 "
-                             "disables.", min=0, max=1_000_000)
+                             "disables.", min=0, max=1_000_000, group="run")
     eval_seeds: int = _field(4, "Fixed seeds per prompt in periodic evaluation (eval_every).",
-                             min=1, max=1000)
+                             min=1, max=1000, group="run")
     device: str = _field("auto", "Torch device: 'auto' (CUDA if present), 'cpu' or 'cuda'.",
-                         choices=("auto", "cpu", "cuda"))
+                         choices=("auto", "cpu", "cuda"), group="run")
+    rollout_batch_size: int = _field(0, "Rollouts solved (and decoded) per batch; 0: all P x G "
+                                     "at once. Lower it when a large model runs out of memory; "
+                                     "results do not change.", min=0, max=100_000, group="run")
+    train_batch_size: int = _field(0, "One-step predictions per forward-backward pass in the "
+                                   "update (gradients accumulate over the passes of one "
+                                   "optimizer step); 0: all at once. Results do not change.",
+                                   min=0, max=100_000, group="run")
+
+
+@dataclass
+class StudioArguments:
+    """Read by the studio's job runner (worker/training.py), which holds the votes; a Trainer
+    used as a library ignores them."""
+
+    preference_refit_every: int = _field(0, "Studio jobs: refit the preference model every N "
+                                         "iterations from the votes that arrived meanwhile "
+                                         "(online); 0 never refits.", min=0, max=1_000_000,
+                                         group="studio")
+
+
+@dataclass
+class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArguments):
+    """The one description of a training run (fields in the order of the groups: model,
+    algorithm, run, studio)."""
 
     # ------------------------------------------------------------------------------------
     def problems(self) -> list[ConfigError]:
@@ -193,10 +280,41 @@ class TrainConfig:
             out.append(ConfigError("kl_coefficient", "is implemented for method 'neighbor' only"))
         if "reward_weights" not in bad:
             out += _reward_weight_problems(self.reward_weights, reward_names())
+        out += self._model_problems(bad)
         if "prompts" not in bad and not all(isinstance(p, str) and p.strip() and "\x00" not in p
                                             for p in self.prompts):
             out.append(ConfigError("prompts", "must be a list of non-empty strings without NUL "
                                               "characters"))
+        return out
+
+    def _model_problems(self, bad: set[str]) -> list[ConfigError]:
+        """The model fields against each other (the model directory itself is checked when
+        the model loads, and by the studio at submission: trainer.models.model_dir_problem)."""
+        out = []
+        if "model" in bad:
+            return out
+        diffusers_model = self.model in ("flux", "sd3")
+        if diffusers_model and "model_path" not in bad and not self.model_path.strip():
+            out.append(ConfigError("model_path", f"model {self.model!r} needs the path of its "
+                                   "diffusers-format directory"))
+        if not diffusers_model:
+            if self.model_path:
+                out.append(ConfigError("model_path", f"must be empty for model {self.model!r} "
+                                       "(its weights come from base_checkpoint)"))
+            if self.finetune != "full":
+                out.append(ConfigError("finetune", f"model {self.model!r} trains in full only; "
+                                       "'lora' is for flux and sd3"))
+            if "resolution" not in bad and self.resolution not in (0, 32):
+                out.append(ConfigError("resolution", "the shapes model draws 32x32 images; use "
+                                       f"0 or 32, got {self.resolution}"))
+        elif "resolution" not in bad and self.resolution % 16:
+            out.append(ConfigError("resolution", f"must be a multiple of 16 for {self.model} "
+                                   f"(0: 512), got {self.resolution}"))
+        if "lora_target_modules" not in bad and not (
+                self.lora_target_modules
+                and all(isinstance(m, str) and m.strip() for m in self.lora_target_modules)):
+            out.append(ConfigError("lora_target_modules", "must be a non-empty list of module "
+                                   "names"))
         return out
 
     def validate(self) -> TrainConfig:
@@ -232,7 +350,8 @@ class TrainConfig:
             out.append({"name": f.name, "type": str(f.type), "default": default,
                         "help": f.metadata["help"], "min": f.metadata["min"],
                         "max": f.metadata["max"],
-                        "choices": list(f.metadata["choices"]) if f.metadata["choices"] else None})
+                        "choices": list(f.metadata["choices"]) if f.metadata["choices"] else None,
+                        "group": f.metadata["group"]})
         return out
 
 
@@ -250,6 +369,22 @@ PRESETS: dict[str, dict[str, Any]] = {
                      "group_size": 12, "num_train_timesteps": 4, "rollout_solver": "euler",
                      "rollout_steps": 8, "clip_range": 1e-4, "sample_every": 50,
                      "checkpoint_every": 100, "eval_every": 100},
+    # LoRA on a real model from a local diffusers directory (set model_path): the paper's
+    # cheapest setting, one prompt per iteration, micro-batched to fit one 80 GB card.
+    "flux-lora": {"model": "flux", "finetune": "lora", "lora_rank": 64, "lora_alpha": 64.0,
+                  "resolution": 512, "guidance_scale": 3.5, "mixed_precision": "auto",
+                  "iterations": 300, "prompts_per_iteration": 1, "group_size": 12,
+                  "num_anchors": 4, "num_train_timesteps": 4, "rollout_steps": 8,
+                  "learning_rate": 1e-5, "quasi_norm_p": 0.8, "sample_every": 10,
+                  "checkpoint_every": 50, "rollout_batch_size": 12, "train_batch_size": 4,
+                  "reward_weights": {"jpeg_compressibility": 1.0}},
+    "sd3-lora": {"model": "sd3", "finetune": "lora", "lora_rank": 32, "lora_alpha": 64.0,
+                 "resolution": 512, "guidance_scale": 4.5, "mixed_precision": "auto",
+                 "iterations": 300, "prompts_per_iteration": 1, "group_size": 12,
+                 "num_anchors": 4, "num_train_timesteps": 4, "rollout_steps": 8,
+                 "learning_rate": 1e-5, "quasi_norm_p": 0.8, "sample_every": 10,
+                 "checkpoint_every": 50, "rollout_batch_size": 12, "train_batch_size": 4,
+                 "reward_weights": {"jpeg_compressibility": 1.0}},
     # Tiny: for tests and smoke runs.
     "tiny": {"iterations": 3, "prompts_per_iteration": 2, "group_size": 4, "num_anchors": 2,
              "num_train_timesteps": 2, "rollout_steps": 4, "sample_every": 1,

@@ -18,9 +18,9 @@ Nothing in the trainer's other files knows about this module.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -60,8 +60,12 @@ class DistributedFlowModel(FlowModel):
         return self.ddp.module
 
     @property
-    def latent_shape(self) -> tuple[int, ...]:  # type: ignore[override]
+    def latent_shape(self) -> tuple[int, ...]:
         return self.inner.latent_shape
+
+    @property
+    def flow_shift(self) -> float:
+        return self.inner.flow_shift
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
         return self.ddp(x, t, cond)
@@ -69,11 +73,17 @@ class DistributedFlowModel(FlowModel):
     def encode_prompts(self, prompts: list[str]) -> Any:
         return self.inner.encode_prompts(prompts)
 
-    def decode(self, latents: torch.Tensor) -> np.ndarray:
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
         return self.inner.decode(latents)
 
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        self.inner.save(*args, **kwargs)
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return self.inner.trainable_parameters()
+
+    def save_weights(self, directory: Path, metadata: dict[str, str]) -> Path:
+        return self.inner.save_weights(directory, metadata)
+
+    def load_weights(self, directory: Path) -> None:
+        self.inner.load_weights(directory)
 
     def state_dict(self, *args: Any, **kwargs: Any):  # the unwrapped names
         return self.inner.state_dict(*args, **kwargs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from trainer.models.base import FlowModel
+from trainer.models.base import FlowModel, to_uint8
 from trainer.rewards import compute_rewards
 from trainer.shapes.world import all_prompts
 from trainer.solvers import rollout
@@ -30,8 +30,9 @@ def sample_images(model: FlowModel, prompts: list[str], seeds: list[int], solver
     for i in range(0, len(prompts), batch_size):
         chunk_prompts, chunk_seeds = prompts[i:i + batch_size], seeds[i:i + batch_size]
         noise = torch.stack([seed_noise(s, model.latent_shape) for s in chunk_seeds]).to(device)
-        traj = rollout(solver, model, noise, model.encode_prompts(chunk_prompts), steps)
-        images.append(model.decode(traj.final))
+        traj = rollout(solver, model, noise, model.encode_prompts(chunk_prompts), steps,
+                       shift=model.flow_shift)
+        images.append(to_uint8(model.decode(traj.final)))
     return np.concatenate(images)
 
 

@@ -9,7 +9,7 @@ from it:
     group noises         each prompt's G initial noises, from one seed (sigma = 1: independent)
     score_groups         decode, reward, blend, group-normalised advantages (+ the control)
     clipped_objective    -mean min(A rho, A clip(rho, 1 - eps, 1 + eps))
-    optimizer_step       zero, backward, clip the gradient norm, step
+    optimizer_step       zero, backward (micro-batch by micro-batch), clip the gradient norm, step
     UpdateStats          the PPO statistics of each optimizer step (records only)
     IterationResult      what one iteration hands back, with `iteration_metrics`
 """
@@ -17,6 +17,7 @@ from it:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 
 from trainer.config import TrainConfig
-from trainer.models.base import FlowModel
+from trainer.models.base import FlowModel, micro_batches, to_uint8
 from trainer.rewards import compute_rewards
 
 
@@ -101,7 +102,10 @@ def score_groups(model: FlowModel, final_latents: torch.Tensor, prompts: list[st
     """Decode, score, blend and normalise final latents (P, G, *D).
     Returns images (P, G, H, W, 3), raw rewards {name: (P, G)}, advantages (P, G)."""
     p_count, g = final_latents.shape[:2]
-    images = model.decode(final_latents.flatten(0, 1))  # (P*G, H, W, 3)
+    flat = final_latents.flatten(0, 1)  # (P*G, *D)
+    with torch.no_grad():  # decoded in the rollouts' micro-batches (a VAE at 512 px is large)
+        images = np.concatenate([to_uint8(model.decode(flat[rows])) for rows in
+                                 micro_batches(flat.shape[0], config.rollout_batch_size)])
     member_prompts = [text for text in prompts for _ in range(g)]
     raw = compute_rewards(list(config.reward_weights), images, member_prompts)
     blended = blended_group_rewards(raw, config.reward_weights, (p_count, g))
@@ -125,12 +129,16 @@ def clipped_objective(logp_new: torch.Tensor, logp_old: torch.Tensor, advantages
     return -torch.minimum(unclipped, clipped).mean()
 
 
-def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor,
-                   max_grad_norm: float) -> float:
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                   loss: torch.Tensor | Iterable[torch.Tensor], max_grad_norm: float) -> float:
     """Zero the gradients, backward, clip their norm (when max_grad_norm > 0), step.
+    `loss` may be the parts of one micro-batched loss (each weighted by its share of the rows,
+    so they sum to the whole): a generator is consumed one part at a time, each part's
+    backward done before the next is computed, so only one micro-batch's activations live.
     Returns the gradient norm before clipping."""
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    for part in [loss] if isinstance(loss, torch.Tensor) else loss:
+        part.backward()
     params = [p for p in model.parameters() if p.grad is not None]
     if max_grad_norm > 0:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))

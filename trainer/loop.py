@@ -7,9 +7,9 @@ run). The CLI's run directory (trainer/run_dir.py) is one such caller.
 
 from __future__ import annotations
 
-import copy
 import json
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 
 from trainer.config import TrainConfig
 from trainer.grpo import IterationResult
-from trainer.models import SHAPES_BASE
+from trainer.models import SHAPES_BASE, TRAINER_STATE, ModelSpec
 from trainer.models.base import FlowModel
 from trainer.neighbor_grpo import neighbor_grpo_iteration
 from trainer.sde_grpo import sde_grpo_iteration
@@ -40,11 +40,12 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_model(config: TrainConfig, device: torch.device | str = "cpu") -> FlowModel:
-    """The config's model adapter with its base weights (`base_checkpoint`; empty: the
-    adapter's default base, for shapes the shipped checkpoint)."""
+    """The config's model adapter (`model`, `model_path`, the finetune mode, dtype ...) with
+    its base weights (`base_checkpoint`; empty: the adapter's default base, for shapes the
+    shipped checkpoint)."""
     from trainer.models import load_flow_model
 
-    return load_flow_model(config.model, config.base_checkpoint or None, device)
+    return load_flow_model(ModelSpec.from_config(config), device=device)
 
 
 class Trainer:
@@ -58,19 +59,23 @@ class Trainer:
     def __init__(self, config: TrainConfig, model: FlowModel | None = None) -> None:
         self.config = config.validate()
         self.device = resolve_device(config.device)
-        self.model = (model or load_model(config)).to(self.device)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.learning_rate,
+        self.model = (model or load_model(config, self.device)).to(self.device)
+        # in LoRA mode the adapters alone: the frozen base never reaches the optimizer
+        self.optimizer = torch.optim.AdamW(self.model.trainable_parameters(),
+                                           lr=config.learning_rate,
                                            weight_decay=config.weight_decay)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.iteration = 0
         self.prompt_pool = list(config.prompts) or all_prompts()
         self._iterate = ITERATIONS[config.method]
-        # the frozen base model the KL penalty measures against (copied before any update or
-        # resume, so a resumed run keeps the same reference)
+        # the frozen base model the KL penalty measures against (taken before any update or
+        # resume, so a resumed run keeps the same reference; with LoRA it is the same model
+        # with its adapters disabled, not a copy)
         self.reference: FlowModel | None = None
         if config.kl_coefficient > 0:
             unwrapped = getattr(self.model, "inner", self.model)  # DDP's module, not DDP
-            self.reference = copy.deepcopy(unwrapped).requires_grad_(False).eval()
+            self.reference = unwrapped.reference_model()
+        self.last_metrics: dict = {}
         self.preference_version: int | None = None
         path = Path(config.preference_model) if config.preference_model else None
         if "preference" in config.reward_weights and path is not None and path.is_file():
@@ -105,6 +110,7 @@ class Trainer:
         result.metrics["iteration"] = self.iteration
         result.metrics["reward_weights"] = dict(self.config.reward_weights)
         result.metrics["preference_model_version"] = self.preference_version
+        self.last_metrics = result.metrics
         if self.config.eval_every and self.iteration % self.config.eval_every == 0:
             result.metrics.update(self.evaluate())
         return result
@@ -132,19 +138,23 @@ class Trainer:
 
     # -- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(self, root: str | Path) -> Path:
-        """root/iter-NNNNNN/{model,trainer_state}.safetensors; written atomically."""
+        """root/iter-NNNNNN/: the model's weights (shapes: model.safetensors; LoRA: the
+        diffusers-format pytorch_lora_weights.safetensors; full: transformer/), the optimizer
+        and RNG state (trainer_state.safetensors, with the run's config) and a model card
+        (README.md). Written into a temporary directory, then renamed: all or nothing."""
         final = Path(root) / f"iter-{self.iteration:06d}"
         tmp = final.with_name(final.name + ".tmp")
-        tmp.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
         meta = {"iteration": str(self.iteration), "train_config": json.dumps(self.config.to_dict())}
-        self.model.save(tmp / "model.safetensors", extra_metadata=meta)
+        self.model.save_weights(tmp, meta)
         tensors, opt_meta = _flatten_optimizer(self.optimizer)
         tensors["rng_state"] = self.generator.get_state()
-        save_file(tensors, str(tmp / "trainer_state.safetensors"),
+        save_file(tensors, str(tmp / TRAINER_STATE),
                   metadata={**meta, "optimizer": json.dumps(opt_meta)})
+        (tmp / "README.md").write_text(model_card(self))
         if final.exists():
-            import shutil
-
             shutil.rmtree(final)
         tmp.rename(final)
         return final
@@ -153,15 +163,60 @@ class Trainer:
         directory = Path(directory)
         from safetensors.torch import load_file
 
-        self.model.load_state_dict(load_file(str(directory / "model.safetensors"),
-                                             device=str(self.device)))
-        state_path = directory / "trainer_state.safetensors"
+        self.model.load_weights(directory)
+        state_path = directory / TRAINER_STATE
         with safe_open(str(state_path), framework="pt") as f:
             metadata = f.metadata()
         tensors = load_file(str(state_path))
         self.generator.set_state(tensors.pop("rng_state"))
         _load_optimizer(self.optimizer, tensors, json.loads(metadata["optimizer"]), self.device)
         self.iteration = int(metadata["iteration"])
+
+
+def model_card(trainer: Trainer) -> str:
+    """A checkpoint's README.md: base model, training mode, prompts, rewards, iterations and
+    the latest metrics, and how to load it."""
+    config = trainer.config
+    base = config.model_path or config.base_checkpoint or "the shipped shapes base"
+    prompts = list(config.prompts) or ["(the 48 shapes prompts)"]
+    shown = "\n".join(f"- {p}" for p in prompts[:20])
+    more = f"\n- ... ({len(prompts) - 20} more)" if len(prompts) > 20 else ""
+    metrics = {k: v for k, v in trainer.last_metrics.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    rows = "\n".join(f"| {k} | {v:.4g} |" for k, v in sorted(metrics.items()))
+    if config.finetune == "lora":
+        pipeline = {"flux": "FluxPipeline", "sd3": "StableDiffusion3Pipeline"}.get(
+            config.model, "DiffusionPipeline")
+        usage = (f"```python\nfrom diffusers import {pipeline}\n\npipe = {pipeline}."
+                 f"from_pretrained({config.model_path!r})\npipe.load_lora_weights(\"this "
+                 f"directory\")\n```")
+    elif config.model == "shapes":
+        usage = "`python -m trainer sample --checkpoint THIS_DIRECTORY --prompts FILE --out DIR`"
+    else:
+        usage = ("The trained transformer is in `transformer/`: load it with "
+                 "`from_pretrained(this_directory, subfolder=\"transformer\")` and put it in "
+                 "the base pipeline.")
+    return f"""# {config.model} {config.finetune} fine-tune, Neighbor GRPO studio
+
+- base model: `{config.model}` from `{base}`
+- training: method `{config.method}`, finetune `{config.finetune}`{
+        f" (rank {config.lora_rank}, alpha {config.lora_alpha})" if config.finetune == "lora" else ""},
+  {trainer.iteration} of {config.iterations} iterations, learning rate {config.learning_rate}
+- rewards: {", ".join(f"{n} x {w}" for n, w in config.reward_weights.items())}
+- resolution: {config.resolution or "the model's default"}, rollouts: {config.rollout_solver}
+  {config.rollout_steps} steps, group size {config.group_size}
+
+## Prompts
+{shown}{more}
+
+## Metrics at iteration {trainer.iteration}
+| metric | value |
+|---|---|
+{rows}
+
+## Use
+{usage}
+"""
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:

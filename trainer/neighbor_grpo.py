@@ -29,7 +29,8 @@ Where this departs from the paper, and why:
   for rewards a policy can exploit away from the base model's images, such as one learned from
   votes (`reference_penalty`).
 - Several prompts per iteration are batched: each anchor slot's optimizer step averages the
-  loss over the prompts' groups and the K timesteps (the paper's gradient accumulation).
+  loss over the prompts' groups and the K timesteps (the paper's gradient accumulation), in
+  micro-batches of `train_batch_size` predictions when a large model needs them.
 
 What the update can move (a property of the leaping policy, not of this code): at ratio 1 the
 gradient on the one-step prediction is proportional to sum_i A_i x_{t_{k+1}}^(i), one linear
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +62,7 @@ from trainer.grpo import (
     optimizer_step,
     score_groups,
 )
-from trainer.models.base import FlowModel, index_cond, repeat_cond
+from trainer.models.base import FlowModel, index_cond, micro_batches, repeat_cond
 from trainer.solvers import euler_step, rollout
 
 
@@ -94,7 +96,8 @@ def rollout_neighborhoods(model: FlowModel, prompts: list[str], config: TrainCon
     noise_seeds = draw_noise_seeds(P, generator)
     noises = group_noises(noise_seeds, G, config.sigma, model.latent_shape, device)  # (P, G, *D)
     model.eval()
-    traj = rollout(config.rollout_solver, model, noises.flatten(0, 1), repeat_cond(cond, G), T)
+    traj = rollout(config.rollout_solver, model, noises.flatten(0, 1), repeat_cond(cond, G), T,
+                   shift=model.flow_shift, batch_size=config.rollout_batch_size)
     latents = traj.latents.view(T + 1, P, G, math.prod(model.latent_shape))  # (T+1, P, G, F)
     return Neighborhoods(noise_seeds, cond, latents, traj.timesteps, tuple(model.latent_shape))
 
@@ -155,16 +158,28 @@ class AnchorSteps:
     cond: Any  # (P*K, ...) each row's prompt conditioning
     latent_shape: tuple[int, ...]
 
-    def one_step_prediction(self, net: FlowModel, b: int) -> torch.Tensor:
-        """x_theta for anchor slot b: one Euler step of `net` from each anchor, (P*K, F)."""
-        p_count, _, k, features = self.x_src.shape
-        x = self.x_src[:, b].reshape(p_count * k, *self.latent_shape)
-        t_from, t_to = self.t_src[:, b].reshape(-1), self.t_dst[:, b].reshape(-1)
-        return euler_step(x, net(x, t_from, self.cond), t_from, t_to).reshape(p_count * k, features)
+    @property
+    def rows(self) -> int:
+        """P*K: the predictions of one anchor slot."""
+        return self.candidates.shape[0]
 
-    def predictions(self, net: FlowModel) -> torch.Tensor:
-        """Every slot's one-step prediction by `net`, (P*K, B, F)."""
-        return torch.stack([self.one_step_prediction(net, b) for b in range(self.anchors.shape[1])], 1)
+    def one_step_prediction(self, net: FlowModel, b: int, rows: slice = slice(None)
+                            ) -> torch.Tensor:
+        """x_theta for anchor slot b: one Euler step of `net` from each anchor, (P*K, F), or
+        from the anchors of `rows` alone."""
+        p_count, _, k, features = self.x_src.shape
+        x = self.x_src[:, b].reshape(p_count * k, *self.latent_shape)[rows]
+        t_from = self.t_src[:, b].reshape(-1)[rows]
+        t_to = self.t_dst[:, b].reshape(-1)[rows]
+        velocity = net(x, t_from, index_cond(self.cond, rows))
+        return euler_step(x, velocity, t_from, t_to).reshape(x.shape[0], features)
+
+    def predictions(self, net: FlowModel, batch_size: int = 0) -> torch.Tensor:
+        """Every slot's one-step prediction by `net`, (P*K, B, F), `batch_size` rows at a time."""
+        return torch.stack([
+            torch.cat([self.one_step_prediction(net, b, rows)
+                       for rows in micro_batches(self.rows, batch_size)])
+            for b in range(self.anchors.shape[1])], 1)
 
     def stored_next_latents(self) -> torch.Tensor:
         """Every slot's anchor latent at t_{k+1} as the rollout left it, (P*K, B, F)."""
@@ -207,9 +222,10 @@ def update_policy(model: FlowModel, optimizer: torch.optim.Optimizer, batch: Anc
     temperature = config.temperature or float(batch.candidates.shape[-1])
     use_reference = config.kl_coefficient > 0
     with torch.no_grad():
-        ref_pred = batch.predictions(reference) if use_reference else None  # (P*K, B, F)
+        ref_pred = (batch.predictions(reference, config.train_batch_size)
+                    if use_reference else None)  # (P*K, B, F)
         if config.old_policy == "one_step":
-            old_pred = batch.predictions(model)  # (P*K, B, F)
+            old_pred = batch.predictions(model, config.train_batch_size)  # (P*K, B, F)
         else:  # the paper's literal choice: the anchor's own next latent
             old_pred = batch.stored_next_latents()
     adv_pk = advantages.repeat_interleave(K, dim=0)  # (P*K, G)
@@ -218,16 +234,39 @@ def update_policy(model: FlowModel, optimizer: torch.optim.Optimizer, batch: Anc
     stats = UpdateStats(config.clip_range)
     for b in range(batch.anchors.shape[1]):
         logp_old = _neighbor_log_probs(batch.candidates, old_pred[:, b], temperature)  # (P*K, G)
-        new_pred = batch.one_step_prediction(model, b)  # (P*K, F)
-        logp_new = _neighbor_log_probs(batch.candidates, new_pred, temperature)
-        loss = clipped_objective(logp_new, logp_old, adv_pk, config.clip_range)
-        kl = None
-        if use_reference:
-            kl = reference_penalty(new_pred, ref_pred[:, b], temperature)
-            loss = loss + config.kl_coefficient * kl
-        grad_norm = optimizer_step(model, optimizer, loss, config.max_grad_norm)
-        stats.record(loss, logp_new, logp_old, grad_norm, kl)
+        slot = _SlotLoss(logp_old, ref_pred[:, b] if use_reference else None)
+        grad_norm = optimizer_step(
+            model, optimizer, slot.parts(model, batch, b, adv_pk, temperature, config),
+            config.max_grad_norm)
+        stats.record(slot.loss, torch.cat(slot.logp_new), logp_old, grad_norm, slot.kl)
     return stats
+
+
+class _SlotLoss:
+    """One anchor slot's loss, computed and backpropagated in micro-batches of rows; the
+    detached pieces are kept for the statistics."""
+
+    def __init__(self, logp_old: torch.Tensor, ref_pred: torch.Tensor | None) -> None:
+        self.logp_old, self.ref_pred = logp_old, ref_pred  # (P*K, G), (P*K, F) or None
+        self.logp_new: list[torch.Tensor] = []
+        self.loss = torch.zeros(())
+        self.kl: torch.Tensor | None = None if ref_pred is None else torch.zeros(())
+
+    def parts(self, model: FlowModel, batch: AnchorSteps, b: int, adv_pk: torch.Tensor,
+              temperature: float, config: TrainConfig) -> Iterator[torch.Tensor]:
+        for rows in micro_batches(batch.rows, config.train_batch_size):
+            share = (rows.stop - rows.start) / batch.rows  # chunk means add up to the mean
+            new_pred = batch.one_step_prediction(model, b, rows)  # (M, F)
+            logp_new = _neighbor_log_probs(batch.candidates[rows], new_pred, temperature)
+            loss = clipped_objective(logp_new, self.logp_old[rows], adv_pk[rows],
+                                     config.clip_range)
+            if self.ref_pred is not None:
+                kl = reference_penalty(new_pred, self.ref_pred[rows], temperature)
+                loss = loss + config.kl_coefficient * kl
+                self.kl = self.kl + share * kl.detach().cpu()
+            self.loss = self.loss + share * loss.detach().cpu()
+            self.logp_new.append(logp_new.detach())
+            yield share * loss
 
 
 def neighbor_work(config: TrainConfig, prompt_count: int) -> dict[str, int]:

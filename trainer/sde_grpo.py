@@ -33,7 +33,7 @@ from trainer.grpo import (
     optimizer_step,
     score_groups,
 )
-from trainer.models.base import FlowModel, index_cond, repeat_cond
+from trainer.models.base import FlowModel, index_cond, micro_batches, repeat_cond
 from trainer.solvers import linear_timesteps
 
 
@@ -61,8 +61,9 @@ def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) ->
 @torch.no_grad()
 def sde_rollout(model: FlowModel, noise: torch.Tensor, cond, steps: int, eta: float,
                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Latents (T+1, N, *D), timesteps (T+1,), old log-probs (T, N) of each step taken."""
-    timesteps = linear_timesteps(steps, noise.device)
+    """Latents (T+1, N, *D), timesteps (T+1,) on the model's shifted schedule, old log-probs
+    (T, N) of each step taken."""
+    timesteps = linear_timesteps(steps, noise.device, model.flow_shift)
     t_cap = float(timesteps[1])
     x, latents, log_probs = noise, [noise], []
     for k in range(steps):
@@ -100,9 +101,12 @@ def rollout_sde_groups(model: FlowModel, prompts: list[str], config: TrainConfig
     noises = group_noises(noise_seeds, G, 1.0, model.latent_shape, device).flatten(0, 1)
     model.eval()
     member_cond = repeat_cond(cond, G)
-    latents, timesteps, old_log_probs = sde_rollout(model, noises, member_cond, T, config.eta,
-                                                    generator)
-    return SDEGroups(noise_seeds, member_cond, latents, timesteps, old_log_probs)
+    parts = [sde_rollout(model, noises[rows], index_cond(member_cond, rows), T, config.eta,
+                         generator)
+             for rows in micro_batches(noises.shape[0], config.rollout_batch_size)]
+    latents = torch.cat([latents for latents, _, _ in parts], dim=1)  # (T+1, P*G, *D)
+    old_log_probs = torch.cat([log_probs for _, _, log_probs in parts], dim=1)  # (T, P*G)
+    return SDEGroups(noise_seeds, member_cond, latents, parts[0][1], old_log_probs)
 
 
 def update_sde_policy(model: FlowModel, optimizer: torch.optim.Optimizer, groups: SDEGroups,
@@ -122,16 +126,40 @@ def update_sde_policy(model: FlowModel, optimizer: torch.optim.Optimizer, groups
         m_steps = steps[members]  # (M, K)
         rows = members[:, None].expand_as(m_steps).reshape(-1)  # (M*K,)
         ks = m_steps.reshape(-1)
-        x_t, x_s = latents[ks, rows], latents[ks + 1, rows]
-        t, s = timesteps[ks], timesteps[ks + 1]
-        velocity = model(x_t, t, index_cond(groups.member_cond, rows))
-        mean, std = sde_step_distribution(x_t, velocity, t, s, config.eta, t_cap)
-        logp_new = gaussian_log_prob(x_s, mean, std)
         logp_old = old_log_probs[ks, rows]
-        loss = clipped_objective(logp_new, logp_old, advantages[rows], config.clip_range)
-        grad_norm = optimizer_step(model, optimizer, loss, config.max_grad_norm)
-        stats.record(loss, logp_new, logp_old, grad_norm)
+        step = _StepLoss(rows, ks)
+        grad_norm = optimizer_step(model, optimizer,
+                                   step.parts(model, groups, advantages, logp_old, config, t_cap),
+                                   config.max_grad_norm)
+        stats.record(step.loss, torch.cat(step.logp_new), logp_old, grad_norm)
     return stats, len(chunks)
+
+
+class _StepLoss:
+    """One optimizer step's loss over (member, timestep) rows, computed and backpropagated in
+    micro-batches of `train_batch_size` rows; detached pieces kept for the statistics."""
+
+    def __init__(self, rows: torch.Tensor, ks: torch.Tensor) -> None:
+        self.rows, self.ks = rows, ks  # (M*K,) member and step of each row
+        self.logp_new: list[torch.Tensor] = []
+        self.loss = torch.zeros(())
+
+    def parts(self, model: FlowModel, groups: SDEGroups, advantages: torch.Tensor,
+              logp_old: torch.Tensor, config: TrainConfig, t_cap: float):
+        latents, timesteps = groups.latents, groups.timesteps
+        for part in micro_batches(len(self.rows), config.train_batch_size):
+            share = (part.stop - part.start) / len(self.rows)
+            rows, ks = self.rows[part], self.ks[part]
+            x_t, x_s = latents[ks, rows], latents[ks + 1, rows]
+            t, s = timesteps[ks], timesteps[ks + 1]
+            velocity = model(x_t, t, index_cond(groups.member_cond, rows))
+            mean, std = sde_step_distribution(x_t, velocity, t, s, config.eta, t_cap)
+            logp_new = gaussian_log_prob(x_s, mean, std)
+            loss = clipped_objective(logp_new, logp_old[part], advantages[rows],
+                                     config.clip_range)
+            self.loss = self.loss + share * loss.detach().cpu()
+            self.logp_new.append(logp_new.detach())
+            yield share * loss
 
 
 def sde_grpo_iteration(model: FlowModel, optimizer: torch.optim.Optimizer, prompts: list[str],

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.models.base import index_cond, micro_batches, shift_sigmas
+
 if TYPE_CHECKING:
     from diffusers import DPMSolverMultistepScheduler
 
@@ -44,13 +46,17 @@ def euler_step(x_t: torch.Tensor, velocity: torch.Tensor, t_from: torch.Tensor |
     return x_t + dt * velocity
 
 
-def linear_timesteps(steps: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    return torch.linspace(1.0, 0.0, steps + 1, device=device)
+def linear_timesteps(steps: int, device: torch.device | str = "cpu",
+                     shift: float = 1.0) -> torch.Tensor:
+    """(steps + 1,) evenly spaced from 1 to 0, then shifted (FlowMatchEulerDiscreteScheduler's
+    grid for a model of that flow shift)."""
+    return shift_sigmas(torch.linspace(1.0, 0.0, steps + 1, device=device), shift)
 
 
 @torch.no_grad()
-def euler_rollout(velocity_fn: VelocityFn, noise: torch.Tensor, cond: Any, steps: int) -> Rollout:
-    timesteps = linear_timesteps(steps, noise.device)
+def euler_rollout(velocity_fn: VelocityFn, noise: torch.Tensor, cond: Any, steps: int,
+                  shift: float = 1.0) -> Rollout:
+    timesteps = linear_timesteps(steps, noise.device, shift)
     latents = [noise]
     x = noise
     for k in range(steps):
@@ -60,12 +66,14 @@ def euler_rollout(velocity_fn: VelocityFn, noise: torch.Tensor, cond: Any, steps
     return Rollout(torch.stack(latents), timesteps)
 
 
-def dpm_solver_scheduler(steps: int) -> DPMSolverMultistepScheduler:
+def dpm_solver_scheduler(steps: int, shift: float = 1.0) -> DPMSolverMultistepScheduler:
+    """diffusers' DPM-Solver++(2M) on flow sigmas with the model's shift (a dynamic shift mu is
+    the static shift exp(mu), so FLUX's resolution-dependent schedule fits here too)."""
     # imported here: diffusers pulls in torch._dynamo (about 3 s), which only DPM rollouts need
     from diffusers import DPMSolverMultistepScheduler
 
     scheduler = DPMSolverMultistepScheduler(
-        prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=1.0,
+        prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=shift,
         algorithm_type="dpmsolver++", solver_order=2, final_sigmas_type="zero",
     )
     scheduler.set_timesteps(steps)
@@ -73,9 +81,10 @@ def dpm_solver_scheduler(steps: int) -> DPMSolverMultistepScheduler:
 
 
 @torch.no_grad()
-def dpm_rollout(velocity_fn: VelocityFn, noise: torch.Tensor, cond: Any, steps: int) -> Rollout:
+def dpm_rollout(velocity_fn: VelocityFn, noise: torch.Tensor, cond: Any, steps: int,
+                shift: float = 1.0) -> Rollout:
     """DPM-Solver++(2M) with flow sigmas (diffusers), recording every latent."""
-    scheduler = dpm_solver_scheduler(steps)
+    scheduler = dpm_solver_scheduler(steps, shift)
     timesteps = scheduler.sigmas.to(noise.device, torch.float32)  # (T+1,), ends at 0
     latents = [noise]
     x = noise
@@ -87,10 +96,17 @@ def dpm_rollout(velocity_fn: VelocityFn, noise: torch.Tensor, cond: Any, steps: 
     return Rollout(torch.stack(latents), timesteps)
 
 
+SOLVERS = {"euler": euler_rollout, "dpm++": dpm_rollout}
+
+
 def rollout(solver: str, velocity_fn: VelocityFn, noise: torch.Tensor, cond: Any,
-            steps: int) -> Rollout:
-    if solver == "euler":
-        return euler_rollout(velocity_fn, noise, cond, steps)
-    if solver == "dpm++":
-        return dpm_rollout(velocity_fn, noise, cond, steps)
-    raise ValueError(f"unknown solver {solver!r}; use 'euler' or 'dpm++'")
+            steps: int, shift: float = 1.0, batch_size: int = 0) -> Rollout:
+    """Solve from `noise` (N, *D) with `solver`, `batch_size` rows at a time (0: all at once;
+    each row's trajectory is the same either way), the schedule shifted by `shift`."""
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown solver {solver!r}; use 'euler' or 'dpm++'")
+    parts = [SOLVERS[solver](velocity_fn, noise[rows], index_cond(cond, rows), steps, shift)
+             for rows in micro_batches(noise.shape[0], batch_size)]
+    if len(parts) == 1:
+        return parts[0]
+    return Rollout(torch.cat([p.latents for p in parts], dim=1), parts[0].timesteps)

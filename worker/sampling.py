@@ -25,7 +25,7 @@ from app.services import checkpoints, jobs, rollouts
 from trainer.evaluation import sample_images
 from trainer.grpo import blended_group_rewards, group_advantages, group_noises
 from trainer.loop import resolve_device
-from trainer.models.base import FlowModel, repeat_cond
+from trainer.models.base import FlowModel, repeat_cond, to_uint8
 from trainer.rewards import compute_rewards
 from trainer.shapes.world import all_prompts
 from trainer.solvers import rollout
@@ -43,14 +43,16 @@ class Cancelled(Exception):
 
 
 def load_checkpoint_model(checkpoint_id: int | None, model: str = "shapes") -> FlowModel:
-    """A recorded checkpoint's model (adapter `model`), or the adapter's base for None."""
+    """A recorded checkpoint's model (rebuilt from the run config it carries), or the
+    adapter `model`'s base for None."""
+    from trainer.models import load_checkpoint_model as load_checkpoint
     from trainer.models import load_flow_model
 
-    path = None
-    if checkpoint_id is not None:
-        with session_scope() as s:
-            path = checkpoints.checkpoint_file(s, checkpoint_id)
-    return load_flow_model(model, path, resolve_device("auto"))
+    if checkpoint_id is None:
+        return load_flow_model(model, None, resolve_device("auto"))
+    with session_scope() as s:
+        path = checkpoints.checkpoint_file(s, checkpoint_id)
+    return load_checkpoint(path, resolve_device("auto"))
 
 
 def dataset_prompts(dataset_id: int, split: str, limit: int | None) -> list[tuple[int, str]]:
@@ -107,8 +109,9 @@ def run_rollout(job_id: int, worker_name: str) -> str:
                 model.eval()
                 noises = group_noises(seeds, g, cfg["sigma"], model.latent_shape, device)
                 cond = repeat_cond(model.encode_prompts(texts), g)
-                traj = rollout(cfg["solver"], model, noises.flatten(0, 1), cond, steps)
-                images = model.decode(traj.final)  # (P*G, H, W, 3)
+                traj = rollout(cfg["solver"], model, noises.flatten(0, 1), cond, steps,
+                               shift=model.flow_shift)
+                images = to_uint8(model.decode(traj.final))  # (P*G, H, W, 3)
             raw = compute_rewards(names, images, [t for t in texts for _ in range(g)])
             advantages = group_advantages(blended_group_rewards(raw, weights, (p, g))).numpy()
             images = images.reshape(p, g, *images.shape[1:])

@@ -1,49 +1,140 @@
 """Model adapters by name: what `TrainConfig.model` (and a rollout or evaluate job's `model`)
-selects. A loader takes a weights file (None: the adapter's shipped or default base) and a
-device and returns a `FlowModel`. The built-in `shapes` adapter is the tiny DiT; more plug in
-with `register_model`."""
+selects. A loader takes a `ModelSpec` (the config's model fields) and a device and returns a
+`FlowModel`. Built in: `shapes` (the tiny DiT), `flux` and `sd3` (diffusers, from a local
+model directory); more plug in with `register_model`."""
 
 from __future__ import annotations
 
 import json
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch stays unimported until a model is loaded
     import torch
 
     from trainer.models.base import FlowModel
 
-ModelLoader = Callable[["Path | None", "torch.device | str"], "FlowModel"]
-
 SHAPES_BASE = Path(__file__).parent.parent / "shapes" / "assets" / "base.safetensors"
 
+# the files a checkpoint directory's weights live in, by training mode
+LORA_WEIGHTS = "pytorch_lora_weights.safetensors"  # diffusers' name: load_lora_weights finds it
+FULL_TRANSFORMER = Path("transformer") / "diffusion_pytorch_model.safetensors"
+SHAPES_WEIGHTS = "model.safetensors"
+TRAINER_STATE = "trainer_state.safetensors"
 
-def _load_shapes(path: Path | None, device: torch.device | str) -> FlowModel:
+
+@dataclass
+class ModelSpec:
+    """Everything a loader needs: the model fields of a TrainConfig (see its help texts),
+    plus `weights`, a weights file or checkpoint directory loaded on top of the base."""
+
+    name: str = "shapes"
+    path: str = ""  # model_path: the diffusers-format directory (flux, sd3)
+    weights: str = ""  # base_checkpoint, or the checkpoint being sampled
+    finetune: str = "full"
+    lora_rank: int = 32
+    lora_alpha: float = 64.0
+    lora_target_modules: list[str] = field(default_factory=list)
+    resolution: int = 0
+    guidance_scale: float = 3.5
+    mixed_precision: str = "auto"
+    gradient_checkpointing: bool = False
+
+    @classmethod
+    def from_config(cls, config: Any, weights: str | Path | None = None) -> ModelSpec:
+        """From a TrainConfig (or its dict); `weights` replaces its base_checkpoint."""
+        data = config if isinstance(config, dict) else config.to_dict()
+        spec = cls(name=data.get("model", "shapes"), path=data.get("model_path", ""),
+                   weights=str(weights) if weights else data.get("base_checkpoint", ""))
+        for f in fields(cls):
+            if f.name not in ("name", "path", "weights") and f.name in data:
+                setattr(spec, f.name, data[f.name])
+        return spec
+
+
+ModelLoader = Callable[[ModelSpec, "torch.device | str"], "FlowModel"]
+
+
+def _load_shapes(spec: ModelSpec, device: torch.device | str) -> FlowModel:
     from trainer.models.shapes_dit import ShapesDiT
 
-    path = path or SHAPES_BASE
+    path = Path(spec.weights) if spec.weights else SHAPES_BASE
+    if path.is_dir():
+        path = path / SHAPES_WEIGHTS
     if not path.is_file():
         raise FileNotFoundError(f"base checkpoint {path} not found; train one with "
                                 "`python -m trainer train-base --out DIR`")
     return ShapesDiT.load(path, device)
 
 
-_MODELS: dict[str, ModelLoader] = {"shapes": _load_shapes}
-# the `format` each adapter's weights carry in their safetensors metadata
+def _load_flux(spec: ModelSpec, device: torch.device | str) -> FlowModel:
+    from trainer.models.diffusers_flow import FluxFlowModel
+
+    return FluxFlowModel.load(spec, device)
+
+
+def _load_sd3(spec: ModelSpec, device: torch.device | str) -> FlowModel:
+    from trainer.models.diffusers_flow import SD3FlowModel
+
+    return SD3FlowModel.load(spec, device)
+
+
+_MODELS: dict[str, ModelLoader] = {"shapes": _load_shapes, "flux": _load_flux, "sd3": _load_sd3}
+# the `format` each adapter's weights files carry in their safetensors metadata
 _WEIGHT_FORMATS: dict[str, str] = {"shapes": "shapes-dit"}
+# what a diffusers-format directory must hold for each adapter (checked before any GPU work)
+_DIRECTORY_FILES: dict[str, list[str]] = {
+    "flux": ["model_index.json", "scheduler/scheduler_config.json", "transformer/config.json",
+             "vae/config.json", "text_encoder/config.json", "text_encoder_2/config.json",
+             "tokenizer", "tokenizer_2"],
+    "sd3": ["model_index.json", "scheduler/scheduler_config.json", "transformer/config.json",
+            "vae/config.json", "text_encoder/config.json", "text_encoder_2/config.json",
+            "text_encoder_3/config.json", "tokenizer", "tokenizer_2", "tokenizer_3"],
+}
+# folders whose weights must be there too (*.safetensors, or a sharded index)
+_WEIGHT_FOLDERS = ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3")
 
 
-def register_model(name: str, loader: ModelLoader, weight_format: str | None = None) -> None:
+def register_model(name: str, loader: ModelLoader, weight_format: str | None = None,
+                   directory_files: list[str] | None = None) -> None:
     """Make `loader` available as model `name` (re-registering replaces); `weight_format` is
-    the safetensors metadata `format` its weights files carry, if any (checked up front)."""
+    the safetensors metadata `format` its weights files carry, if any, and `directory_files`
+    what its model directory must hold (both checked up front)."""
     _MODELS[name] = loader
-    if weight_format:
-        _WEIGHT_FORMATS[name] = weight_format
-    else:
-        _WEIGHT_FORMATS.pop(name, None)
+    for table, value in ((_WEIGHT_FORMATS, weight_format), (_DIRECTORY_FILES, directory_files)):
+        if value:
+            table[name] = value
+        else:
+            table.pop(name, None)
+
+
+def uses_model_directory(name: str) -> bool:
+    """Whether model `name` loads from a diffusers-format directory (`model_path`)."""
+    return name in _DIRECTORY_FILES
+
+
+def model_dir_problem(name: str, path: str | Path) -> str | None:
+    """Why `path` is not a complete model directory for `name`, or None: every missing file
+    named, with what the directory should hold."""
+    expected = _DIRECTORY_FILES.get(name)
+    if expected is None:
+        return None
+    path = Path(path)
+    if not path.is_dir():
+        return f"model directory {path} does not exist"
+    missing = [f for f in expected if not (path / f).exists()]
+    for folder in _WEIGHT_FOLDERS:
+        sub = path / folder
+        if sub.is_dir() and not any(sub.glob("*.safetensors")) and not any(sub.glob("*.bin")):
+            missing.append(f"{folder}/*.safetensors")
+    if missing:
+        return (f"model directory {path} is incomplete for {name!r}: missing "
+                f"{', '.join(missing)} (a diffusers-format directory holds "
+                f"{', '.join(expected)}, with weights in each model folder)")
+    return None
 
 
 def safetensors_metadata(path: str | Path) -> dict[str, str]:
@@ -66,12 +157,28 @@ def safetensors_metadata(path: str | Path) -> dict[str, str]:
     return meta if isinstance(meta, dict) else {}
 
 
+def checkpoint_weights_file(directory: str | Path) -> Path | None:
+    """The main weights file of a checkpoint directory (what a download serves): the LoRA,
+    the shapes model or the full transformer; None when it holds none."""
+    directory = Path(directory)
+    for name in (LORA_WEIGHTS, SHAPES_WEIGHTS, FULL_TRANSFORMER):
+        if (directory / name).is_file():
+            return directory / name
+    return None
+
+
 def weights_problem(name: str, path: str | Path, weight_format: str | None = None
                     ) -> str | None:
     """Why `path` cannot be loaded as weights of model `name` (or, with `weight_format`, as a
-    file of that format), or None: checked from the header before a job is accepted."""
+    file of that format), or None: checked from the header before a job is accepted. Models
+    with a directory take a checkpoint directory of an earlier run."""
     if weight_format is None and name not in _MODELS:
         return f"unknown model {name!r}; known: {model_names()}"
+    if weight_format is None and uses_model_directory(name):
+        if not Path(path).is_dir() or checkpoint_weights_file(path) is None:
+            return (f"{path} is not a checkpoint directory (one holding {LORA_WEIGHTS} or "
+                    f"{FULL_TRANSFORMER})")
+        return None
     try:
         meta = safetensors_metadata(path)
     except (OSError, ValueError) as exc:
@@ -86,9 +193,33 @@ def model_names() -> list[str]:
     return sorted(_MODELS)
 
 
-def load_flow_model(name: str, path: str | Path | None = None,
+def load_flow_model(spec: ModelSpec | str, path: str | Path | None = None,
                     device: torch.device | str = "cpu") -> FlowModel:
-    """Model `name` with the weights at `path` (None: its default base) on `device`."""
-    if name not in _MODELS:
-        raise KeyError(f"unknown model {name!r}; known: {model_names()}")
-    return _MODELS[name](Path(path) if path else None, device)
+    """The model a spec describes on `device`; `load_flow_model(name, path)` is short for a
+    spec of that name with the weights at `path` (None: its default base)."""
+    if isinstance(spec, str):
+        spec = ModelSpec(name=spec, weights=str(path) if path else "")
+    if spec.name not in _MODELS:
+        raise KeyError(f"unknown model {spec.name!r}; known: {model_names()}")
+    if spec.path and (problem := model_dir_problem(spec.name, spec.path)):
+        raise FileNotFoundError(problem)
+    return _MODELS[spec.name](spec, device)
+
+
+def checkpoint_spec(path: str | Path) -> ModelSpec:
+    """How to rebuild the model of a checkpoint (its directory or its weights file): the
+    run's config is in the checkpoint's trainer state (or, for shapes, its model file); a
+    shapes weights file without one (a base model) is taken as it is."""
+    path = Path(path)
+    directory = path if path.is_dir() else path.parent
+    for source in (directory / TRAINER_STATE, directory / SHAPES_WEIGHTS):
+        if source.is_file():
+            config = safetensors_metadata(source).get("train_config")
+            if config:
+                return ModelSpec.from_config(json.loads(config), weights=directory)
+    return ModelSpec(name="shapes", weights=str(path))
+
+
+def load_checkpoint_model(path: str | Path, device: torch.device | str = "cpu") -> FlowModel:
+    """The model of a checkpoint directory or weights file, ready to sample."""
+    return load_flow_model(checkpoint_spec(path), device=device)

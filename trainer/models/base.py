@@ -3,10 +3,22 @@
 Flow matching convention used throughout: x_t = (1 - t) x_0 + t * noise, t = 1 is pure noise
 and t = 0 is data; the network predicts the velocity v = noise - x_0, so an ODE step from t to
 s is x_s = x_t + (s - t) v.
+
+The algorithm files (trainer/neighbor_grpo.py, trainer/sde_grpo.py) see a model only through
+this interface, so a new model never changes them. What differs between models stays inside
+the adapter: how latents are laid out (FLUX packs 2x2 patches into tokens), how prompts are
+encoded (and cached), guidance or classifier-free guidance inside the velocity call, the
+noise schedule's shift, how latents decode to pixels, which parameters train (LoRA or all),
+and what a checkpoint holds.
 """
 
 from __future__ import annotations
 
+import copy
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,32 +26,142 @@ import torch
 from torch import nn
 
 
-class FlowModel(nn.Module):
-    """A velocity model with its prompt encoder and latent decoder."""
+# ---------------------------------------------------------------------------------------
+# Conditioning
+# ---------------------------------------------------------------------------------------
+@dataclass
+class Conditioning:
+    """A batch of prompt conditioning: `batched` tensors carry one row per sample (dim 0),
+    `shared` ones are the same for every sample and have no batch dimension (FLUX's
+    `txt_ids` / `img_ids`), so repeating or indexing the batch leaves them alone."""
 
-    latent_shape: tuple[int, ...]
+    batched: dict[str, torch.Tensor]
+    shared: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    def encode_prompts(self, prompts: list[str]) -> Any:
-        """Conditioning for `forward`; indexable along dim 0 (tensor or tuple of tensors)."""
-        raise NotImplementedError
+    def __len__(self) -> int:
+        return next(iter(self.batched.values())).shape[0]
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
-        """Velocity v(x_t, t, c). x: (N, *latent_shape), t: (N,) in [0, 1]."""
-        raise NotImplementedError
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.batched[key] if key in self.batched else self.shared[key]
 
-    def decode(self, latents: torch.Tensor) -> np.ndarray:
-        """(N, H, W, 3) uint8 images."""
-        raise NotImplementedError
+    def repeat(self, repeats: int) -> Conditioning:
+        return Conditioning({k: v.repeat_interleave(repeats, dim=0)
+                             for k, v in self.batched.items()}, self.shared)
+
+    def index(self, index: torch.Tensor | slice) -> Conditioning:
+        if isinstance(index, torch.Tensor):
+            index = index.to(next(iter(self.batched.values())).device)
+        return Conditioning({k: v[index] for k, v in self.batched.items()}, self.shared)
 
 
 def repeat_cond(cond: Any, repeats: int) -> Any:
     """Repeat each conditioning row `repeats` times (prompt p -> its group of G members)."""
+    if isinstance(cond, Conditioning):
+        return cond.repeat(repeats)
     if isinstance(cond, tuple):
         return tuple(repeat_cond(c, repeats) for c in cond)
     return cond.repeat_interleave(repeats, dim=0)
 
 
-def index_cond(cond: Any, index: torch.Tensor) -> Any:
+def index_cond(cond: Any, index: torch.Tensor | slice) -> Any:
+    """The conditioning rows `index` (a tensor of row numbers or a slice)."""
+    if isinstance(cond, Conditioning):
+        return cond.index(index)
     if isinstance(cond, tuple):
         return tuple(index_cond(c, index) for c in cond)
+    if isinstance(index, torch.Tensor):
+        index = index.to(cond.device)
     return cond[index]
+
+
+# ---------------------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------------------
+def shift_sigmas(sigmas: torch.Tensor, shift: float) -> torch.Tensor:
+    """The flow-matching timestep shift, s' = shift s / (1 + (shift - 1) s): shift > 1 spends
+    more of the steps at high noise (SD3: 3; FLUX: exp(mu), resolution-dependent)."""
+    return shift * sigmas / (1 + (shift - 1) * sigmas)
+
+
+class FlowModel(nn.Module):
+    """A velocity model with its prompt encoder and latent decoder.
+
+    Subclasses implement `latent_shape`, `encode_prompts`, `forward`, `decode`, `save_weights`
+    and `load_weights`; the rest has defaults that fit a model trained in full.
+    """
+
+    @property
+    def latent_shape(self) -> tuple[int, ...]:
+        """The shape of one sample's latent at the model's resolution (FLUX: packed tokens)."""
+        raise NotImplementedError
+
+    @property
+    def flow_shift(self) -> float:
+        """The timestep shift of the model's own scheduler at its resolution (1: none)."""
+        return 1.0
+
+    def sigmas(self, steps: int) -> torch.Tensor:
+        """(steps + 1,) timesteps from 1 (noise) to 0 (data), evenly spaced then shifted by
+        the model's `flow_shift`, as diffusers' FlowMatchEulerDiscreteScheduler lays them out."""
+        return shift_sigmas(torch.linspace(1.0, 0.0, steps + 1), self.flow_shift)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def encode_prompts(self, prompts: list[str]) -> Any:
+        """Conditioning for `forward`, one row per prompt: a tensor, a tuple of tensors or a
+        `Conditioning` (see `repeat_cond` / `index_cond`)."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
+        """Velocity v(x_t, t, c) in float32, guidance or CFG included.
+        x: (N, *latent_shape), t: (N,) in [0, 1]."""
+        raise NotImplementedError
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """(N, *latent_shape) -> (N, 3, H, W) float images in [0, 1], on the model's device."""
+        raise NotImplementedError
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """What the optimizer updates: every parameter that requires a gradient (in LoRA mode
+        the adapters' alone)."""
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def reference_model(self) -> FlowModel:
+        """The frozen policy the KL penalty measures against: here a copy made now (call it
+        before training); a LoRA adapter returns itself with its adapters disabled instead."""
+        return copy.deepcopy(self).requires_grad_(False).eval()
+
+    def save_weights(self, directory: Path, metadata: dict[str, str]) -> Path:
+        """Write what this model trains into `directory` (created by the caller); returns the
+        main weights file (what a checkpoint download serves)."""
+        raise NotImplementedError
+
+    def load_weights(self, directory: Path) -> None:
+        """Load what `save_weights` wrote (resume, or a checkpoint to sample from)."""
+        raise NotImplementedError
+
+    def model_card(self) -> dict[str, Any]:
+        """What the checkpoint's README names as the base model."""
+        return {"model": type(self).__name__}
+
+
+def micro_batches(rows: int, size: int) -> Iterator[slice]:
+    """Slices covering `rows` rows, `size` at a time (0: one slice): how rollouts, updates and
+    decoding are split so that a large model fits its card."""
+    size = size or rows
+    for start in range(0, rows, size):
+        yield slice(start, min(start + size, rows))
+
+
+def to_uint8(images: torch.Tensor) -> np.ndarray:
+    """(N, 3, H, W) float in [0, 1] (any device) -> (N, H, W, 3) uint8 on the CPU, for rewards
+    that take pixels and for storage."""
+    return (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8) \
+        .permute(0, 2, 3, 1).cpu().numpy()
+
+
+def latent_features(model: FlowModel) -> int:
+    """F: the number of values in one latent (the leaping policy's default temperature)."""
+    return math.prod(model.latent_shape)

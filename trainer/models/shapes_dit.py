@@ -73,7 +73,6 @@ class ShapesDiT(FlowModel):
     def __init__(self, config: ShapesDiTConfig | None = None) -> None:
         super().__init__()
         self.config = config = config or ShapesDiTConfig()
-        self.latent_shape = (config.channels, config.image_size, config.image_size)
         p, w = config.patch_size, config.width
         self.grid = config.image_size // p
         self.patch_in = nn.Linear(config.channels * p * p, w)
@@ -98,6 +97,11 @@ class ShapesDiT(FlowModel):
             nn.init.zeros_(layer.bias)
 
     # -- FlowModel --------------------------------------------------------------------------
+    @property
+    def latent_shape(self) -> tuple[int, ...]:
+        """Pixels are the latents: (3, 32, 32)."""
+        return (self.config.channels, self.config.image_size, self.config.image_size)
+
     def encode_prompts(self, prompts: list[str]) -> torch.Tensor:
         return torch.from_numpy(tokenize(prompts)).to(self.patch_pos.device)  # (N, 3)
 
@@ -116,9 +120,9 @@ class ShapesDiT(FlowModel):
         out = self.patch_out(modulate(self.final_norm(h[:, PROMPT_LENGTH:]), shift, scale))
         return out.reshape(n, g, g, ch, p, p).permute(0, 3, 1, 4, 2, 5).reshape(n, ch, size, size)
 
-    def decode(self, latents: torch.Tensor) -> np.ndarray:
-        images = ((latents.detach().float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-        return images.permute(0, 2, 3, 1).cpu().numpy()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Latents in [-1, 1] are the images: (N, 3, H, W) in [0, 1]."""
+        return (latents.detach().float().clamp(-1, 1) + 1) / 2
 
     # -- weights ------------------------------------------------------------------------------
     def save(self, path: str | Path, extra_metadata: dict[str, str] | None = None) -> None:
@@ -126,6 +130,16 @@ class ShapesDiT(FlowModel):
         metadata.update(extra_metadata or {})
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         save_file(state, str(path), metadata=metadata)
+
+    def save_weights(self, directory: Path, metadata: dict[str, str]) -> Path:
+        path = Path(directory) / "model.safetensors"
+        self.save(path, extra_metadata=metadata)
+        return path
+
+    def load_weights(self, directory: Path) -> None:
+        path = Path(directory)
+        path = path / "model.safetensors" if path.is_dir() else path
+        self.load_state_dict(load_file(str(path), device=str(self.patch_pos.device)))
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu") -> ShapesDiT:
