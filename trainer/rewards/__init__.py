@@ -6,3 +6,4 @@ from trainer.rewards.registry import compute_rewards, get_reward, register_rewar
 __all__ = ["compute_rewards", "get_reward", "register_reward", "reward_names"]
 
 from trainer.rewards import attributes as _attributes  # noqa: E402,F401  (registers attr_size, attr_upper)
+from trainer.rewards import compressibility as _compressibility  # noqa: E402,F401  (registers jpeg_(in)compressibility)

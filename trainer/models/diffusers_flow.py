@@ -1,0 +1,402 @@
+"""FLUX.1 and Stable Diffusion 3 / 3.5 as `FlowModel`s, through diffusers, from local weights.
+
+One base class holds what both share: the pipeline loaded from a diffusers-format directory
+with `local_files_only` (nothing downloads), prompt embeddings computed once per prompt and
+cached on the CPU (the text encoders visit the GPU only to encode new prompts), the flow shift
+from the model's own scheduler config, VAE decoding with its scaling and shift, LoRA through
+peft (frozen bf16 base, fp32 adapters) or full fine-tuning (fp32 master weights under bf16
+autocast), gradient checkpointing, the KL reference as the same transformer with its adapters
+disabled (as TRL does), and checkpoints a stock pipeline loads (`load_lora_weights`).
+
+The two subclasses hold what differs:
+- FLUX packs 2x2 latent patches into tokens, so a latent is (tokens, 4 C); its image and text
+  position ids have no batch dimension (shared conditioning); FLUX.1-dev takes its guidance as
+  an embedding (one forward pass), FLUX.1-schnell has none; the shift is resolution-dependent
+  (mu from the image's token count, as FluxPipeline computes it).
+- SD3 works on (C, H, W) latents and uses classifier-free guidance: the velocity is
+  v_u + g (v_c - v_u) from a doubled batch, in rollouts and in training, as the SDE peers
+  (Flow-GRPO) do it; the unconditional embedding is that of the empty prompt, as
+  StableDiffusion3Pipeline computes it.
+
+Velocities and decoded images leave the adapter in float32; what dtype runs inside is the
+adapter's business (`mixed_precision`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from trainer.models import FULL_TRANSFORMER, LORA_WEIGHTS, ModelSpec
+from trainer.models.base import Conditioning, FlowModel
+
+DEFAULT_RESOLUTION = 512
+
+
+def _weight_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
+    if spec.mixed_precision == "bf16" or (spec.mixed_precision == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return torch.float32
+
+
+class DiffusersFlowModel(FlowModel):
+    """What FLUX and SD3 share; subclasses name their pipeline class (`_pipeline`) and hold
+    the model-specific parts."""
+
+    # the batched parts of the cached prompt embeddings
+    embedding_keys: ClassVar[tuple[str, ...]]
+    # the latent side must be a multiple of this (FLUX packs 2x2 patches)
+    patch_multiple: ClassVar[int] = 2
+
+    @classmethod
+    def _pipeline(cls) -> type:
+        """The diffusers pipeline class (imported late: diffusers is slow to import)."""
+        raise NotImplementedError
+
+    def __init__(self, pipeline: Any, spec: ModelSpec, device: torch.device) -> None:
+        super().__init__()
+        self.spec = spec
+        self.weight_dtype = _weight_dtype(spec, device)
+        # the transformer is the only submodule: .parameters(), .to() and state_dict() see it
+        # alone; VAE and text encoders are held outside the module tree, frozen
+        self.transformer = pipeline.transformer
+        self.pipeline = pipeline
+        self.resolution = spec.resolution or DEFAULT_RESOLUTION
+        self.vae_scale_factor = 2 ** (len(pipeline.vae.config.block_out_channels) - 1)
+        multiple = self.vae_scale_factor * self.patch_multiple
+        if self.resolution % multiple:
+            raise ValueError(f"resolution {self.resolution} must be a multiple of {multiple} "
+                             f"for this {spec.name} model")
+        self._prompt_cache: dict[str, dict[str, torch.Tensor]] = {}
+        self._shared: dict[str, torch.Tensor] = {}
+        self.encoder_batches = 0  # text-encoder passes so far (each over the new prompts only)
+        for module in self._frozen_modules():
+            module.requires_grad_(False).eval()
+        pipeline.vae.to(device)
+        self._setup_training(device)
+
+    # -- loading -------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, spec: ModelSpec, device: torch.device | str) -> DiffusersFlowModel:
+        """From `spec.path` (a diffusers-format directory, read with local_files_only), with
+        `spec.weights` (a checkpoint directory) loaded on top when given."""
+        device = torch.device(device)
+        dtype = _weight_dtype(spec, device)
+        pipeline = cls._pipeline().from_pretrained(spec.path, torch_dtype=dtype,
+                                                      local_files_only=True)
+        model = cls(pipeline, spec, device)
+        if spec.weights:
+            model.load_weights(Path(spec.weights))
+        return model.to(device)
+
+    def _frozen_modules(self) -> list[nn.Module]:
+        return [m for m in (getattr(self.pipeline, name, None) for name in
+                            ("vae", "text_encoder", "text_encoder_2", "text_encoder_3"))
+                if m is not None]
+
+    def _setup_training(self, device: torch.device) -> None:
+        spec = self.spec
+        if spec.finetune == "lora":
+            from peft import LoraConfig
+
+            self.transformer.requires_grad_(False)
+            self.transformer.add_adapter(LoraConfig(
+                r=spec.lora_rank, lora_alpha=spec.lora_alpha, init_lora_weights="gaussian",
+                target_modules=list(spec.lora_target_modules) or _default_targets()))
+            for param in self.transformer.parameters():
+                if param.requires_grad:  # the adapters train in fp32 beside the bf16 base
+                    param.data = param.data.float()
+        else:
+            # full fine-tuning keeps fp32 master weights; bf16 is the compute dtype (autocast)
+            self.transformer.to(torch.float32).requires_grad_(True)
+        if spec.gradient_checkpointing:
+            self.transformer.enable_gradient_checkpointing()
+
+    # -- geometry and schedule -------------------------------------------------------------------
+    @property
+    def latent_size(self) -> int:
+        """The VAE latent's side."""
+        return self.resolution // self.vae_scale_factor
+
+    @property
+    def latent_channels(self) -> int:
+        return self.pipeline.vae.config.latent_channels
+
+    def image_tokens(self) -> int:
+        """How many image tokens the transformer sees (what a dynamic shift depends on)."""
+        return (self.latent_size // self.patch_multiple) ** 2
+
+    @property
+    def flow_shift(self) -> float:
+        """The scheduler's shift: static (`shift`), or with dynamic shifting exp(mu) with mu
+        interpolated from the image token count, as the pipelines compute it."""
+        config = self.pipeline.scheduler.config
+        if not config.get("use_dynamic_shifting"):
+            return float(config.get("shift", 1.0))
+        base_len, max_len = config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096)
+        base_shift, max_shift = config.get("base_shift", 0.5), config.get("max_shift", 1.15)
+        slope = (max_shift - base_shift) / (max_len - base_len)
+        mu = base_shift + slope * (self.image_tokens() - base_len)
+        if config.get("time_shift_type", "exponential") == "linear":
+            return float(mu)
+        return math.exp(mu)
+
+    # -- prompts -------------------------------------------------------------------------------
+    def encode_prompts(self, prompts: list[str]) -> Conditioning:
+        """Each prompt's embeddings, computed once (new prompts in one text-encoder batch, the
+        encoders moved to the GPU for it and back), then served from the CPU cache."""
+        new = [p for p in dict.fromkeys(prompts) if p not in self._prompt_cache]
+        if new:
+            encoders = [m for m in self._frozen_modules() if m is not self.pipeline.vae]
+            device = self.device
+            for encoder in encoders:
+                encoder.to(device)
+            try:
+                with torch.no_grad():
+                    rows, shared = self._encode(new, device)
+            finally:
+                for encoder in encoders:  # off the GPU: the transformer needs the room
+                    encoder.to("cpu")
+            self.encoder_batches += 1
+            for i, prompt in enumerate(new):
+                self._prompt_cache[prompt] = {k: v[i].cpu() for k, v in rows.items()}
+            self._shared.update({k: v.cpu() for k, v in shared.items()})
+        device = self.device
+        batched = {k: torch.stack([self._prompt_cache[p][k] for p in prompts]).to(device)
+                   for k in self.embedding_keys}
+        shared = {k: v.to(device) for k, v in self._shared.items()}
+        shared.update(self._geometry_conditioning(device))
+        return Conditioning(batched, shared)
+
+    def _encode(self, prompts: list[str], device: torch.device
+                ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Batched embeddings {key: (N, ...)} and shared ones for `prompts`."""
+        raise NotImplementedError
+
+    def _geometry_conditioning(self, device: torch.device) -> dict[str, torch.Tensor]:
+        return {}
+
+    # -- velocity --------------------------------------------------------------------------------
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        """bf16 compute under mixed precision (whatever dtype the trained weights keep)."""
+        if self.weight_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        with self._autocast():
+            return self._velocity(self.transformer, x, t, cond).float()
+
+    def _velocity(self, transformer: nn.Module, x: torch.Tensor, t: torch.Tensor,
+                  cond: Conditioning) -> torch.Tensor:
+        raise NotImplementedError
+
+    # -- decoding --------------------------------------------------------------------------------
+    def _to_vae_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        return latents
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        vae = self.pipeline.vae
+        z = self._to_vae_latents(latents.to(self.device))
+        z = z / vae.config.scaling_factor + (vae.config.shift_factor or 0.0)
+        images = vae.decode(z.to(vae.dtype), return_dict=False)[0]  # (N, 3, H, W) in [-1, 1]
+        return (images.float() / 2 + 0.5).clamp(0, 1)
+
+    # -- training --------------------------------------------------------------------------------
+    def reference_model(self) -> FlowModel:
+        """LoRA: this very transformer with its adapters disabled (no second copy of the
+        weights); full fine-tuning: a frozen copy of the transformer alone."""
+        if self.spec.finetune == "lora":
+            return _ReferencePolicy(self, None)
+        frozen = copy.deepcopy(self.transformer).requires_grad_(False).eval()
+        return _ReferencePolicy(self, frozen)
+
+    def save_weights(self, directory: Path, metadata: dict[str, str]) -> Path:
+        directory = Path(directory)
+        if self.spec.finetune == "lora":
+            from peft.utils import get_peft_model_state_dict
+
+            layers = {k: v.detach().to(torch.float32).cpu().contiguous()
+                      for k, v in get_peft_model_state_dict(self.transformer).items()}
+            self._pipeline().save_lora_weights(directory, transformer_lora_layers=layers,
+                                               safe_serialization=True)
+            return directory / LORA_WEIGHTS
+        self.transformer.save_pretrained(directory / "transformer", safe_serialization=True,
+                                         max_shard_size="1000GB")
+        return directory / FULL_TRANSFORMER
+
+    def load_weights(self, directory: Path) -> None:
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        lora, full = directory / LORA_WEIGHTS, directory / FULL_TRANSFORMER
+        if self.spec.finetune == "lora":
+            if not lora.is_file():
+                raise FileNotFoundError(f"{directory} holds no {LORA_WEIGHTS} (a LoRA run's "
+                                        "checkpoint); this run has finetune='lora'")
+            from peft import set_peft_model_state_dict
+
+            state = {k.removeprefix("transformer."): v for k, v in load_file(str(lora)).items()
+                     if k.startswith("transformer.")}
+            result = set_peft_model_state_dict(self.transformer, state, adapter_name="default")
+            if getattr(result, "unexpected_keys", None):
+                raise ValueError(f"{lora} does not fit this model's adapters: unexpected keys "
+                                 f"{result.unexpected_keys[:5]}")
+            for param in self.transformer.parameters():
+                if param.requires_grad:
+                    param.data = param.data.float()
+            return
+        if not full.is_file():
+            raise FileNotFoundError(f"{directory} holds no {FULL_TRANSFORMER} (a full "
+                                    "fine-tune's checkpoint); this run has finetune='full'")
+        state = load_file(str(full), device=str(self.device))
+        self.transformer.load_state_dict({k: v.to(torch.float32) for k, v in state.items()})
+
+    def model_card(self) -> dict[str, Any]:
+        return {"model": self.spec.name, "model_path": self.spec.path,
+                "finetune": self.spec.finetune}
+
+
+class _ReferencePolicy(FlowModel):
+    """The frozen base policy for the KL penalty: the adapter's velocity with its LoRA
+    disabled, or with a frozen copy of its transformer. Holds the adapter outside the module
+    tree, so its parameters are not counted twice."""
+
+    def __init__(self, model: DiffusersFlowModel, transformer: nn.Module | None) -> None:
+        super().__init__()
+        self.__dict__["model"] = model
+        self.frozen = transformer
+
+    @property
+    def latent_shape(self) -> tuple[int, ...]:
+        return self.model.latent_shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        model = self.model
+        with model._autocast():
+            if self.frozen is not None:
+                return model._velocity(self.frozen.to(x.device), x, t, cond).float()
+            model.transformer.disable_adapters()
+            try:
+                return model._velocity(model.transformer, x, t, cond).float()
+            finally:
+                model.transformer.enable_adapters()
+
+
+def _default_targets() -> list[str]:
+    from trainer.config import DEFAULT_LORA_TARGETS
+
+    return list(DEFAULT_LORA_TARGETS)
+
+
+# ---------------------------------------------------------------------------------------
+# FLUX.1
+# ---------------------------------------------------------------------------------------
+class FluxFlowModel(DiffusersFlowModel):
+    """FLUX.1-dev (guidance embedding) and FLUX.1-schnell. Latents are packed: (L, 4 C) with
+    L = (latent side / 2)^2 tokens."""
+
+    embedding_keys = ("prompt_embeds", "pooled_prompt_embeds")
+
+    @classmethod
+    def _pipeline(cls) -> type:
+        from diffusers import FluxPipeline
+
+        return FluxPipeline
+
+    @property
+    def latent_shape(self) -> tuple[int, ...]:
+        return (self.image_tokens(), self.latent_channels * 4)
+
+    def _encode(self, prompts: list[str], device: torch.device):
+        embeds, pooled, text_ids = self.pipeline.encode_prompt(
+            prompt=prompts, prompt_2=None, device=device, num_images_per_prompt=1)
+        return ({"prompt_embeds": embeds, "pooled_prompt_embeds": pooled},
+                {"txt_ids": text_ids})  # txt_ids: (T, 3), no batch dimension
+
+    def _geometry_conditioning(self, device: torch.device) -> dict[str, torch.Tensor]:
+        side = self.latent_size // 2
+        img_ids = self.pipeline._prepare_latent_image_ids(1, side, side, device, self.weight_dtype)
+        return {"img_ids": img_ids}  # (L, 3), no batch dimension
+
+    def _velocity(self, transformer: nn.Module, x: torch.Tensor, t: torch.Tensor,
+                  cond: Conditioning) -> torch.Tensor:
+        dtype = self.weight_dtype
+        guidance = None
+        if transformer.config.guidance_embeds:  # FLUX.1-dev: guidance is an input, not CFG
+            guidance = torch.full((x.shape[0],), self.spec.guidance_scale, device=x.device,
+                                  dtype=torch.float32)
+        return transformer(
+            hidden_states=x.to(dtype), timestep=t.to(dtype), guidance=guidance,
+            pooled_projections=cond["pooled_prompt_embeds"].to(dtype),
+            encoder_hidden_states=cond["prompt_embeds"].to(dtype),
+            txt_ids=cond["txt_ids"], img_ids=cond["img_ids"], return_dict=False)[0]
+
+    def _to_vae_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        return self.pipeline._unpack_latents(latents, self.resolution, self.resolution,
+                                             self.vae_scale_factor)
+
+
+# ---------------------------------------------------------------------------------------
+# Stable Diffusion 3 / 3.5
+# ---------------------------------------------------------------------------------------
+class SD3FlowModel(DiffusersFlowModel):
+    """SD3 / SD3.5 medium and large; classifier-free guidance inside the velocity."""
+
+    embedding_keys = ("prompt_embeds", "pooled_prompt_embeds")
+
+    @classmethod
+    def _pipeline(cls) -> type:
+        from diffusers import StableDiffusion3Pipeline
+
+        return StableDiffusion3Pipeline
+
+    @property
+    def patch_multiple(self) -> int:  # type: ignore[override]
+        return self.transformer.config.patch_size
+
+    @property
+    def latent_shape(self) -> tuple[int, ...]:
+        return (self.latent_channels, self.latent_size, self.latent_size)
+
+    @property
+    def uses_cfg(self) -> bool:
+        return self.spec.guidance_scale > 1.0
+
+    def _encode(self, prompts: list[str], device: torch.device):
+        embeds, negative, pooled, negative_pooled = self.pipeline.encode_prompt(
+            prompt=prompts, prompt_2=None, prompt_3=None, device=device,
+            num_images_per_prompt=1, do_classifier_free_guidance=True, negative_prompt="")
+        # the empty prompt's embedding is the same for every prompt: kept once, shared
+        return ({"prompt_embeds": embeds, "pooled_prompt_embeds": pooled},
+                {"negative_prompt_embeds": negative[0], "negative_pooled_prompt_embeds":
+                 negative_pooled[0]})
+
+    def _velocity(self, transformer: nn.Module, x: torch.Tensor, t: torch.Tensor,
+                  cond: Conditioning) -> torch.Tensor:
+        dtype, n = self.weight_dtype, x.shape[0]
+        embeds, pooled = cond["prompt_embeds"], cond["pooled_prompt_embeds"]
+        if self.uses_cfg:  # one doubled batch: [unconditional, conditional]
+            negative = cond["negative_prompt_embeds"].expand(n, *embeds.shape[1:])
+            negative_pooled = cond["negative_pooled_prompt_embeds"].expand(n, -1)
+            x, t = torch.cat([x, x]), torch.cat([t, t])
+            embeds, pooled = torch.cat([negative, embeds]), torch.cat([negative_pooled, pooled])
+        out = transformer(hidden_states=x.to(dtype), timestep=(t * 1000).to(dtype),
+                          encoder_hidden_states=embeds.to(dtype),
+                          pooled_projections=pooled.to(dtype), return_dict=False)[0]
+        if not self.uses_cfg:
+            return out
+        unconditional, conditional = out.float().chunk(2)
+        return unconditional + self.spec.guidance_scale * (conditional - unconditional)
