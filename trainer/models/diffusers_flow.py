@@ -106,9 +106,13 @@ class DiffusersFlowModel(FlowModel):
             from peft import LoraConfig
 
             self.transformer.requires_grad_(False)
-            self.transformer.add_adapter(LoraConfig(
-                r=spec.lora_rank, lora_alpha=spec.lora_alpha, init_lora_weights="gaussian",
-                target_modules=list(spec.lora_target_modules) or _default_targets()))
+            # lora_A starts random: drawn from the run's seed (not the global RNG), so that
+            # the same config trains the same adapters; the caller's RNG is left alone
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(spec.seed)
+                self.transformer.add_adapter(LoraConfig(
+                    r=spec.lora_rank, lora_alpha=spec.lora_alpha, init_lora_weights="gaussian",
+                    target_modules=list(spec.lora_target_modules) or _default_targets()))
             for param in self.transformer.parameters():
                 if param.requires_grad:  # the adapters train in fp32 beside the bf16 base
                     param.data = param.data.float()
@@ -225,8 +229,12 @@ class DiffusersFlowModel(FlowModel):
 
             layers = {k: v.detach().to(torch.float32).cpu().contiguous()
                       for k, v in get_peft_model_state_dict(self.transformer).items()}
-            self._pipeline().save_lora_weights(directory, transformer_lora_layers=layers,
-                                               safe_serialization=True)
+            # the adapter's config (rank, lora_alpha, targets) goes into the file's metadata:
+            # without it load_lora_weights takes alpha = rank, scaling the LoRA by 1 instead
+            # of lora_alpha / rank
+            self._pipeline().save_lora_weights(
+                directory, transformer_lora_layers=layers, safe_serialization=True,
+                transformer_lora_adapter_metadata=self.transformer.peft_config["default"].to_dict())
             return directory / LORA_WEIGHTS
         self.transformer.save_pretrained(directory / "transformer", safe_serialization=True,
                                          max_shard_size="1000GB")
