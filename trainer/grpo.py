@@ -17,6 +17,7 @@ from it:
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -197,6 +198,14 @@ class IterationResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+def wall_clock(device: torch.device) -> float:
+    """perf_counter after the device's queued work is done, so that phase times are true on a
+    GPU (kernels run asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def reward_metrics(raw: dict[str, np.ndarray], weights: dict[str, float]) -> dict[str, float]:
     """The weighted mean reward (weights normalised by their absolute sum), its std, and
     each named reward's mean."""
@@ -209,15 +218,18 @@ def reward_metrics(raw: dict[str, np.ndarray], weights: dict[str, float]) -> dic
 
 def iteration_metrics(raw_rewards: dict[str, np.ndarray], config: TrainConfig,
                       stats: UpdateStats, advantages: torch.Tensor, *, seconds: float,
-                      rollout_seconds: float, forward_passes: int, backward_passes: int,
-                      optimizer_steps: int) -> dict[str, Any]:
-    """One iteration's metrics: rewards, PPO statistics, advantage size, time and work
-    (per-sample network evaluations and optimizer steps)."""
+                      rollout_seconds: float, score_seconds: float, forward_passes: int,
+                      backward_passes: int, optimizer_steps: int) -> dict[str, Any]:
+    """One iteration's metrics: rewards, PPO statistics, advantage size, time (in total and
+    split into rollout, scoring (decode + rewards) and update) and work (per-sample network
+    evaluations and optimizer steps)."""
     metrics: dict[str, Any] = reward_metrics(raw_rewards, config.reward_weights)
     metrics.update(stats.metrics())
     metrics.update({
         "advantage_abs_mean": float(advantages.abs().mean()),
         "seconds": seconds, "rollout_seconds": rollout_seconds,
+        "score_seconds": score_seconds,
+        "update_seconds": seconds - rollout_seconds - score_seconds,
         "forward_passes": forward_passes, "backward_passes": backward_passes,
         "optimizer_steps": optimizer_steps,
     })

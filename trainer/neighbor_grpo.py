@@ -44,7 +44,6 @@ Trained on the `size` attribute itself, size fell, where the SDE baseline raised
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +60,7 @@ from trainer.grpo import (
     iteration_metrics,
     optimizer_step,
     score_groups,
+    wall_clock,
 )
 from trainer.models.base import FlowModel, index_cond, micro_batches, repeat_cond
 from trainer.solvers import euler_step, rollout
@@ -291,16 +291,18 @@ def neighbor_grpo_iteration(model: FlowModel, optimizer: torch.optim.Optimizer,
     anchors the policy (see `reference_penalty`)."""
     if config.kl_coefficient > 0 and reference is None:
         raise ValueError("kl_coefficient > 0 needs the reference (base) model")
-    start = time.perf_counter()
+    device = next(model.parameters()).device
+    start = wall_clock(device)
     groups = rollout_neighborhoods(model, prompts, config, generator)  # 1-2
-    rollout_seconds = time.perf_counter() - start
+    rollout_seconds = wall_clock(device) - start
     images, rewards, advantages = score_groups(model, groups.final, prompts, config, generator)  # 3
+    score_seconds = wall_clock(device) - start - rollout_seconds
     advantages = advantages.to(groups.latents.device)  # (P, G)
     batch = sample_anchor_steps(groups, config, generator)  # 6
     stats = update_policy(model, optimizer, batch, advantages, config, reference)  # 4-5
     metrics = iteration_metrics(rewards, config, stats, advantages,
-                                seconds=time.perf_counter() - start,
-                                rollout_seconds=rollout_seconds,
+                                seconds=wall_clock(device) - start,
+                                rollout_seconds=rollout_seconds, score_seconds=score_seconds,
                                 **neighbor_work(config, len(prompts)))
     return IterationResult(prompts, groups.noise_seeds, images, rewards,
                            advantages.cpu().numpy(), batch.anchors.numpy(), metrics)

@@ -15,7 +15,6 @@ independent noises (Flow-GRPO).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +31,7 @@ from trainer.grpo import (
     iteration_metrics,
     optimizer_step,
     score_groups,
+    wall_clock,
 )
 from trainer.models.base import FlowModel, index_cond, micro_batches, repeat_cond
 from trainer.solvers import linear_timesteps
@@ -165,17 +165,19 @@ class _StepLoss:
 def sde_grpo_iteration(model: FlowModel, optimizer: torch.optim.Optimizer, prompts: list[str],
                        config: TrainConfig, generator: torch.Generator) -> IterationResult:
     """One iteration: SDE rollouts, rewards -> advantages, clipped update of every member."""
-    start = time.perf_counter()
+    device = next(model.parameters()).device
+    start = wall_clock(device)
     P, G, K, T = len(prompts), config.group_size, config.num_train_timesteps, config.rollout_steps
     groups = rollout_sde_groups(model, prompts, config, generator)
-    rollout_seconds = time.perf_counter() - start
+    rollout_seconds = wall_clock(device) - start
     images, rewards, advantages = score_groups(model, groups.final(P), prompts, config, generator)
+    score_seconds = wall_clock(device) - start - rollout_seconds
     advantages = advantages.to(groups.latents.device).flatten()  # (P*G,)
     stats, optimizer_steps = update_sde_policy(model, optimizer, groups, advantages, config,
                                                generator)
     metrics = iteration_metrics(rewards, config, stats, advantages,
-                                seconds=time.perf_counter() - start,
-                                rollout_seconds=rollout_seconds,
+                                seconds=wall_clock(device) - start,
+                                rollout_seconds=rollout_seconds, score_seconds=score_seconds,
                                 forward_passes=P * G * T + P * G * K,
                                 backward_passes=P * G * K, optimizer_steps=optimizer_steps)
     all_members = np.tile(np.arange(G), (P, 1))
