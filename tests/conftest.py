@@ -44,6 +44,15 @@ def tiny_clip_path(tmp_path_factory) -> Path:
     return save_tiny_clip(tmp_path_factory.mktemp("clip"))
 
 
+@pytest.fixture(scope="session")
+def tiny_flux_path(tmp_path_factory) -> Path:
+    """A tiny FLUX.1-dev-like diffusers directory (tests/tiny_diffusers.py; about 0.5 MB):
+    copy it under a test's MODELS_DIR, where a job's model_path must lie."""
+    from tiny_diffusers import write_tiny_flux
+
+    return write_tiny_flux(tmp_path_factory.mktemp("tiny-flux") / "flux")
+
+
 # -- markers (registered in pyproject.toml), applied here so that no test file has to say them:
 #   postgres    needs the local PostgreSQL: the [postgres] variant of db_url (tests/app), a
 #               postgres-* backend of `stack` (tests/worker), or fresh_pg_url / pg_database

@@ -1,5 +1,6 @@
-"""Tiny FLUX and SD3 model directories in the diffusers format, built in code (imported by the
-tests as `tiny_diffusers`, the way tests/worker imports `worker_helpers`).
+"""Tiny FLUX and SD3 model directories in the diffusers format, built in code. Shared by the
+trainer, app and worker tests, which import it as `tiny_diffusers` (tests/ is on sys.path as
+the directory of the root conftest.py).
 
 `write_tiny_flux(dir)` / `write_tiny_sd3(dir)` write what `FluxPipeline.from_pretrained(dir,
 local_files_only=True)` / `StableDiffusion3Pipeline.from_pretrained(...)` load: the stock

@@ -125,7 +125,8 @@ def model_dir_problem(name: str, path: str | Path) -> str | None:
         return None
     path = Path(path)
     if not path.is_dir():
-        return f"model directory {path} does not exist"
+        return (f"model directory {path} does not exist (a diffusers-format {name!r} directory "
+                f"holds {', '.join(expected)}, with weights in each model folder)")
     missing = [f for f in expected if not (path / f).exists()]
     for folder in _WEIGHT_FOLDERS:
         sub = path / folder
@@ -166,6 +167,18 @@ def checkpoint_weights_file(directory: str | Path) -> Path | None:
         if (directory / name).is_file():
             return directory / name
     return None
+
+
+def checkpoint_directory(path: str | Path) -> Path:
+    """The checkpoint directory a weights file belongs to (a directory is its own): the
+    parent of a LoRA or shapes file, two levels up from a full fine-tune's transformer file."""
+    path = Path(path)
+    if path.is_dir():
+        return path
+    if path.parent.name == FULL_TRANSFORMER.parent.name and (
+            path.parent.parent / TRAINER_STATE).is_file():
+        return path.parent.parent
+    return path.parent
 
 
 def weights_problem(name: str, path: str | Path, weight_format: str | None = None
@@ -212,7 +225,7 @@ def checkpoint_spec(path: str | Path) -> ModelSpec:
     run's config is in the checkpoint's trainer state (or, for shapes, its model file); a
     shapes weights file without one (a base model) is taken as it is."""
     path = Path(path)
-    directory = path if path.is_dir() else path.parent
+    directory = checkpoint_directory(path)
     for source in (directory / TRAINER_STATE, directory / SHAPES_WEIGHTS):
         if source.is_file():
             config = safetensors_metadata(source).get("train_config")
