@@ -78,6 +78,8 @@ class SampleOut(ORM):
     id: int
     member_index: int
     image_url: str
+    # a small WebP of a large image (a real model's), for grids; None: the image is small
+    thumbnail_url: str | None = None
     rewards: dict[str, Any]
     advantage: float | None
     is_anchor: bool

@@ -12,13 +12,19 @@ from app.services import rollouts as svc
 router = APIRouter(tags=["rollouts"])
 
 
+def _thumbnail_url(image_path: str) -> str | None:
+    thumb = svc.thumbnail_of(image_path)
+    return media_url(thumb) if thumb else None
+
+
 def group_out(g: RolloutGroup) -> GroupOut:
     return GroupOut(
         id=g.id, job_id=g.job_id, iteration=g.iteration, purpose=g.purpose,
         prompt_id=g.prompt_id, prompt_text=g.prompt_text, checkpoint_id=g.checkpoint_id,
         solver=g.solver, steps=g.steps, sigma=g.sigma, seed=g.seed, created_at=g.created_at,
         samples=[SampleOut(id=s.id, member_index=s.member_index, image_url=media_url(s.image_path),
-                           rewards=s.rewards or {}, advantage=s.advantage, is_anchor=s.is_anchor)
+                           thumbnail_url=_thumbnail_url(s.image_path), rewards=s.rewards or {},
+                           advantage=s.advantage, is_anchor=s.is_anchor)
                  for s in g.samples],
     )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+from pathlib import PurePosixPath
 from typing import Any
 
 from sqlalchemy import func, select
@@ -15,8 +17,47 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PURPOSES = ("train", "rollout", "evaluate")
 
 
+# images larger than this (a real model's 512 px) get a WebP thumbnail of this side beside
+# them, for grids (the UI shows members at 72 CSS pixels); the 32x32 shapes images need none
+THUMBNAIL_SIDE = 160
+
+
 def image_path_for(group_id: int, member_index: int) -> str:
     return f"rollouts/{group_id // 1000:04d}/{group_id}/{member_index:03d}.png"
+
+
+def thumbnail_path_for(image_path: str) -> str:
+    """Where the thumbnail of a stored image lies: `000.png` -> `000.thumb.webp` beside it."""
+    return PurePosixPath(image_path).with_suffix(".thumb.webp").as_posix()
+
+
+def thumbnail_bytes(png: bytes) -> bytes | None:
+    """A WebP thumbnail (longest side THUMBNAIL_SIDE) of a PNG larger than that, else None
+    (also for a PNG that does not decode: the grid then shows the image itself)."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(png)) as image:
+            if max(image.size) <= THUMBNAIL_SIDE:
+                return None
+            image = image.convert("RGB")
+            image.thumbnail((THUMBNAIL_SIDE, THUMBNAIL_SIDE), Image.Resampling.LANCZOS)
+    except (OSError, ValueError, Image.DecompressionBombError):
+        return None
+    out = io.BytesIO()
+    image.save(out, format="WEBP", quality=85, method=4)
+    return out.getvalue()
+
+
+def thumbnail_of(image_path: str) -> str | None:
+    """The stored thumbnail of an image (a path under STORAGE_DIR), or None when it has none
+    (small images are their own thumbnail)."""
+    thumb = thumbnail_path_for(image_path)
+    try:
+        storage.resolve(thumb)
+    except NotFound:
+        return None
+    return thumb
 
 
 def record_rollout_group(session: Session, *, job_id: int | None, iteration: int,
@@ -28,7 +69,8 @@ def record_rollout_group(session: Session, *, job_id: int | None, iteration: int
     `with session_scope() as s:`). Returns the group id.
 
     `samples`: [{"png": bytes, "member_index": int, "rewards": {name: float},
-    "advantage": float | None, "is_anchor": bool (optional)}].
+    "advantage": float | None, "is_anchor": bool (optional)}]. An image larger than
+    THUMBNAIL_SIDE also gets a WebP thumbnail beside it (`thumbnail_path_for`).
     `purpose` defaults to the job's kind ("train", "rollout" or "evaluate"); evaluate groups
     from different checkpoints with the same prompt and seed become cross-checkpoint pairs.
     Idempotent: the same (job, iteration, prompt, checkpoint, seed) again returns the
@@ -80,6 +122,9 @@ def record_rollout_group(session: Session, *, job_id: int | None, iteration: int
         for s in samples:
             rel = image_path_for(group.id, int(s["member_index"]))
             written.append(storage.write_bytes(rel, bytes(s["png"])))
+            thumb = thumbnail_bytes(bytes(s["png"]))
+            if thumb is not None:
+                written.append(storage.write_bytes(thumbnail_path_for(rel), thumb))
             session.add(Sample(
                 group_id=group.id, member_index=int(s["member_index"]), image_path=rel,
                 rewards={k: float(v) for k, v in (s.get("rewards") or {}).items()},

@@ -26,6 +26,8 @@ from app.services import auth, storage
 # images at most this big are inlined as data URIs (no request, nothing to leak in a URL);
 # bigger ones load from /api/media with the session cookie set at login (app/api/media.py)
 INLINE_MAX_BYTES = 256 * 1024
+IMAGE_TYPES = {".png": "image/png", ".webp": "image/webp", ".jpg": "image/jpeg",
+               ".jpeg": "image/jpeg"}
 
 
 @contextmanager
@@ -68,9 +70,14 @@ def image_src(rel_path: str) -> str:
     except OSError:
         return ""
     if size <= INLINE_MAX_BYTES:
-        mime = "image/png" if path.suffix.lower() == ".png" else "image/jpeg"
+        mime = IMAGE_TYPES.get(path.suffix.lower(), "image/jpeg")
         return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()}"
-    return "/api/media/" + quote(path.relative_to(storage.storage_root()).as_posix())
+    return media_link(path.relative_to(storage.storage_root()).as_posix())
+
+
+def media_link(rel_path: str) -> str:
+    """The /api/media URL of a stored file (the login's cookie opens it)."""
+    return "/api/media/" + quote(rel_path)
 
 
 def fmt(x: Any, digits: int = 3) -> str:
@@ -200,6 +207,7 @@ CSS = """
 .ngs-member { text-align: center; font-size: 11px; min-width: 76px; }
 .ngs-member img { width: 72px; height: 72px; image-rendering: pixelated;
   border: 2px solid transparent; border-radius: 4px; }
+.ngs-member img.ngs-thumb { image-rendering: auto; object-fit: cover; }
 .ngs-member.anchor img { border-color: #f59e0b; }
 .ngs-member summary { list-style: none; cursor: pointer; }
 .ngs-member summary::-webkit-details-marker { display: none; }

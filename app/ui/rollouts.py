@@ -1,6 +1,7 @@
 """Rollouts: pick a job and iteration, or a prompt; each group is one row of its G images,
 sorted by reward, with the reward and advantage under each and the anchors outlined; a click
-on an image opens its details (seed, member index, sigma, solver, checkpoint)."""
+on an image opens its details (seed, member index, sigma, solver, checkpoint). Large images
+(a real model's) show as their stored thumbnails, with a link to the full image."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import gradio as gr
 
 from app.services import jobs as jobs_svc
 from app.services import rollouts
-from app.ui.common import caller, error_text, esc, fmt, image_src, notice, session
+from app.ui.common import caller, error_text, esc, fmt, image_src, media_link, notice, session
 
 PAGE_SIZE = 20
 
@@ -31,18 +32,23 @@ def group_html(group: Any, details: dict[int, dict[str, Any]]) -> str:
     cells = []
     for m in members:
         d = details.get(m.id, {})
+        thumb = rollouts.thumbnail_of(m.image_path)
+        img = (f'<img class="ngs-thumb" alt="sample {m.id}" src="{image_src(thumb)}">' if thumb
+               else f'<img alt="sample {m.id}" src="{image_src(m.image_path)}">')
+        full = (f'<br><a href="{esc(media_link(m.image_path))}" target="_blank" '
+                f'rel="noopener">full image</a>' if thumb else "")
         rewards = ", ".join(f"{esc(k)}={fmt(v, 2)}" for k, v in sorted((m.rewards or {}).items()))
         cls = "ngs-member anchor" if m.is_anchor else "ngs-member"
         cells.append(
             f'<details class="{cls}" data-sample="{m.id}" data-reward="'
             f'{total_reward(m.rewards or {}):.6f}"><summary>'
-            f'<img alt="sample {m.id}" src="{image_src(m.image_path)}"><br>'
+            f"{img}<br>"
             f"r {fmt(total_reward(m.rewards or {}), 2)}<br>adv {fmt(m.advantage, 2)}"
             f'{"<br><b>anchor</b>" if m.is_anchor else ""}</summary>'
             f'<div class="ngs-details">sample {m.id}<br>member {m.member_index}<br>'
             f"seed {group.seed}<br>sigma {fmt(group.sigma, 2)}<br>solver {esc(group.solver)} "
             f"({group.steps} steps)<br>checkpoint {esc(d.get('checkpoint', '–'))}<br>"
-            f"{rewards}</div></details>")
+            f"{rewards}{full}</div></details>")
     return head + '<div class="ngs-group">' + "".join(cells) + "</div>"
 
 
