@@ -22,11 +22,48 @@ class _Cfg(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class _Cfg(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+ModelName = Literal["shapes", "flux", "sd3"]  # trainer.config.TrainConfig.model's choices
+
+# the rewards a rollout or evaluate job scores when it names none: the shapes world's verifiable
+# rewards for the shapes model (they read 32x32 shapes images), an image-only reward for real
+# models
+SHAPES_ROLLOUT_REWARDS = ["count", "color", "shape"]
+SHAPES_EVALUATE_REWARDS = ["count", "exact_count", "color", "shape", "combined"]
+IMAGE_REWARDS = ["jpeg_compressibility"]
 
 
-class RolloutConfig(_Cfg):
+def default_reward_names(kind: str, model: str) -> list[str]:
+    """The rewards a `kind` job ("rollout" or "evaluate") of `model` scores by default."""
+    if model != "shapes":
+        return list(IMAGE_REWARDS)
+    return list(SHAPES_EVALUATE_REWARDS if kind == "evaluate" else SHAPES_ROLLOUT_REWARDS)
+
+
+class _SamplingCfg(_Cfg):
+    """The model fields of the sampling kinds (rollout, evaluate); submission fills in the
+    model and the default rewards (app.services.jobs), so a stored config says what ran."""
+
+    model: ModelName | None = Field(
+        None, description="Model adapter. Empty: the checkpoints' own (a checkpoint carries its "
+        "run's model); a rollout of the base model (no checkpoint) then samples 'shapes'. Given "
+        "with checkpoints, it must be theirs.")
+    model_path: str = Field(
+        "", max_length=4096, description="flux / sd3: the diffusers-format model directory, "
+        "under MODELS_DIR only. Needed to sample the base model; with checkpoints, empty means "
+        "the directory they were trained from.")
+    resolution: int = Field(0, ge=0, le=4096, description="Image side in pixels. 0: the "
+                            "checkpoint's (base model: shapes 32, flux / sd3 512). flux / sd3: a "
+                            "multiple of 16; shapes: 0 or 32.")
+    guidance_scale: float | None = Field(
+        None, ge=0.0, le=100.0, description="FLUX.1-dev's guidance embedding / SD3's "
+        "classifier-free guidance scale. Empty: the checkpoint's (base model: 3.5).")
+    batch_size: int = Field(0, ge=0, le=100_000, description="Samples solved and decoded per "
+                            "batch; 0: all at once (a rollout's 16 prompts x G, or 256 evaluate "
+                            "images). Lower it when a large model runs out of memory; the images "
+                            "do not change.")
+
+
+class RolloutConfig(_SamplingCfg):
     """Sample groups for a dataset's prompts from a checkpoint and store them for voting."""
 
     dataset_id: int = Field(ge=1, le=MAX_ID, description="Dataset whose prompts are sampled.")
@@ -39,13 +76,13 @@ class RolloutConfig(_Cfg):
     solver: Literal["dpm++", "euler"] = "dpm++"
     steps: int = Field(8, ge=2, le=1000)
     seed: int = Field(0, ge=0, le=MAX_ID)
-    model: Literal["shapes"] = Field("shapes", description="Model adapter of the checkpoint.")
     reward_names: list[str] = Field(default_factory=list, max_length=32,
                                     description="Rewards scored on each sample (registry "
-                                    "names); empty: count, color and shape.")
+                                    "names); empty: count, color and shape for the shapes "
+                                    "model, jpeg_compressibility for flux / sd3.")
 
 
-class EvaluateConfig(_Cfg):
+class EvaluateConfig(_SamplingCfg):
     """Fixed prompts and seeds from checkpoints; images feed cross-checkpoint votes."""
 
     checkpoint_ids: list[Annotated[int, Field(ge=1, le=MAX_ID)]] = Field(
@@ -57,10 +94,10 @@ class EvaluateConfig(_Cfg):
     seeds: list[Annotated[int, Field(ge=0, le=MAX_ID)]] = Field(default_factory=lambda: [0, 1, 2, 3], min_length=1, max_length=1000)
     solver: Literal["dpm++", "euler"] = "dpm++"
     steps: int = Field(8, ge=2, le=1000)
-    model: Literal["shapes"] = Field("shapes", description="Model adapter of the checkpoints.")
     reward_names: list[str] = Field(default_factory=list, max_length=32,
                                     description="Rewards scored on each image (registry names); "
-                                    "empty: count, color and shape.")
+                                    "empty: count, exact_count, color, shape and combined for "
+                                    "the shapes model, jpeg_compressibility for flux / sd3.")
 
 
 class FitPreferenceConfig(_Cfg):

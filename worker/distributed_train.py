@@ -31,6 +31,7 @@ from trainer.distributed import (
     make_distributed,
 )
 from trainer.loop import Trainer, load_model
+from trainer.models import checkpoint_directory
 from worker.training import (
     TrainRecorder,
     attach_preference,
@@ -117,7 +118,7 @@ def follow_preference(trainer: Trainer, version: int) -> bool:
 def recorded_checkpoint_dir(job_id: int) -> Path | None:
     with session_scope() as s:
         ckpt = checkpoints.latest_checkpoint(s, job_id)
-        return storage.resolve(ckpt.path).parent if ckpt is not None else None
+        return checkpoint_directory(storage.resolve(ckpt.path)) if ckpt is not None else None
 
 
 if __name__ == "__main__":

@@ -31,6 +31,11 @@ class LeaseLost(Exception):
     """The job is no longer ours (a reaper handed it on, or it was deleted)."""
 
 
+class JobError(Exception):
+    """The job cannot run, for a reason its message says in full (a model directory gone or
+    incomplete): the job fails with that message alone, no traceback."""
+
+
 class JobLease:
     def __init__(self, job_id: int, worker_name: str | None = None) -> None:
         self.job_id = job_id

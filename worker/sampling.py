@@ -20,39 +20,64 @@ import torch
 from sqlalchemy import select
 
 from app.db import session_scope
+from app.job_kinds import default_reward_names
 from app.models import Prompt, RolloutGroup
 from app.services import checkpoints, jobs, rollouts
 from trainer.evaluation import sample_images
 from trainer.grpo import blended_group_rewards, group_advantages, group_noises
 from trainer.loop import resolve_device
-from trainer.models.base import FlowModel, repeat_cond, to_uint8
+from trainer.models import ModelSpec, checkpoint_spec, load_flow_model, uses_model_directory
+from trainer.models.base import FlowModel, micro_batches, repeat_cond, to_uint8
 from trainer.rewards import compute_rewards
 from trainer.shapes.world import all_prompts
 from trainer.solvers import rollout
 from worker.lease import LeaseLost
-from worker.training import clean_metrics, png_bytes
+from worker.training import clean_metrics, model_directory, png_bytes
 
 log = logging.getLogger(__name__)
 
-SHAPES_REWARDS = ["count", "exact_count", "color", "shape", "combined"]
 CHUNK = 16  # prompts sampled and recorded per transaction
+EVALUATE_BATCH = 256  # images per batch when an evaluate job's batch_size is 0
 
 
 class Cancelled(Exception):
     pass
 
 
-def load_checkpoint_model(checkpoint_id: int | None, model: str = "shapes") -> FlowModel:
-    """A recorded checkpoint's model (rebuilt from the run config it carries), or the
-    adapter `model`'s base for None."""
-    from trainer.models import load_checkpoint_model as load_checkpoint
-    from trainer.models import load_flow_model
-
+def sampling_spec(cfg: dict[str, Any], checkpoint_id: int | None) -> ModelSpec:
+    """What a rollout or evaluate job samples: a recorded checkpoint's model as its run built
+    it (the run config it carries), or for None the base of the config's model. The config's
+    model_path, resolution and guidance_scale replace the checkpoint's when set. A missing or
+    incomplete model directory is a JobError, raised before anything loads."""
+    model = cfg.get("model") or "shapes"
     if checkpoint_id is None:
-        return load_flow_model(model, None, resolve_device("auto"))
-    with session_scope() as s:
-        path = checkpoints.checkpoint_file(s, checkpoint_id)
-    return load_checkpoint(path, resolve_device("auto"))
+        # the base in its own dtype, through a zero-initialised rank-1 adapter (peft's B = 0:
+        # the output is exactly the base's), where 'full' would copy the transformer to fp32
+        spec = ModelSpec(name=model, finetune="lora" if uses_model_directory(model) else "full",
+                         lora_rank=1, lora_alpha=1.0)
+    else:
+        with session_scope() as s:
+            path = checkpoints.checkpoint_file(s, checkpoint_id)
+        spec = checkpoint_spec(path)
+    if uses_model_directory(spec.name):
+        spec.path = str(model_directory(spec.name, cfg.get("model_path") or spec.path))
+    if cfg.get("resolution"):
+        spec.resolution = int(cfg["resolution"])
+    if cfg.get("guidance_scale") is not None:
+        spec.guidance_scale = float(cfg["guidance_scale"])
+    return spec
+
+
+def load_sampling_model(cfg: dict[str, Any], checkpoint_id: int | None) -> FlowModel:
+    """The model `sampling_spec` describes, on this worker's device."""
+    return load_flow_model(sampling_spec(cfg, checkpoint_id), device=resolve_device("auto"))
+
+
+def reward_names(kind: str, cfg: dict[str, Any]) -> list[str]:
+    """The rewards a job scores: its config's (submission fills in the model's defaults; rows
+    stored before that hold none)."""
+    return list(cfg.get("reward_names") or default_reward_names(kind, cfg.get("model")
+                                                                 or "shapes"))
 
 
 def dataset_prompts(dataset_id: int, split: str, limit: int | None) -> list[tuple[int, str]]:
@@ -91,10 +116,10 @@ def run_rollout(job_id: int, worker_name: str) -> str:
     prompts = dataset_prompts(cfg["dataset_id"], cfg["split"], cfg.get("max_prompts"))
     if not prompts:
         raise ValueError(f"dataset {cfg['dataset_id']} has no {cfg['split']} prompts")
-    model = load_checkpoint_model(cfg.get("checkpoint_id"), cfg.get("model", "shapes"))
-    names = cfg.get("reward_names") or ["count", "color", "shape"]
+    model = load_sampling_model(cfg, cfg.get("checkpoint_id"))
+    names = reward_names("rollout", cfg)
     weights = {name: 1.0 for name in names}
-    g, steps = cfg["group_size"], cfg["steps"]
+    g, steps, batch = cfg["group_size"], cfg["steps"], cfg.get("batch_size", 0)
     device = next(model.parameters()).device
     todo = [(pid, text) for pid, text in prompts if pid not in done_ids]
     done = len(prompts) - len(todo)
@@ -110,8 +135,10 @@ def run_rollout(job_id: int, worker_name: str) -> str:
                 noises = group_noises(seeds, g, cfg["sigma"], model.latent_shape, device)
                 cond = repeat_cond(model.encode_prompts(texts), g)
                 traj = rollout(cfg["solver"], model, noises.flatten(0, 1), cond, steps,
-                               shift=model.flow_shift)
-                images = to_uint8(model.decode(traj.final))  # (P*G, H, W, 3)
+                               shift=model.flow_shift, batch_size=batch)
+                final = traj.final
+                images = np.concatenate([to_uint8(model.decode(final[rows])) for rows in
+                                         micro_batches(final.shape[0], batch)])  # (P*G, H, W, 3)
             raw = compute_rewards(names, images, [t for t in texts for _ in range(g)])
             advantages = group_advantages(blended_group_rewards(raw, weights, (p, g))).numpy()
             images = images.reshape(p, g, *images.shape[1:])
@@ -151,7 +178,9 @@ def run_evaluate(job_id: int, worker_name: str) -> str:
     prompts = prompts[:cfg["max_prompts"]] if cfg.get("max_prompts") else prompts
     if not prompts:
         raise ValueError("no prompts to evaluate")
-    names = cfg.get("reward_names") or SHAPES_REWARDS
+    names = reward_names("evaluate", cfg)
+    # every checkpoint's model directory checked before the first loads
+    specs = {ckpt_id: sampling_spec(cfg, ckpt_id) for ckpt_id, _ in ckpts}
     pairs = [(p, seed) for p in prompts for seed in cfg["seeds"]]
     summary: dict[str, Any] = {}
     for row in history.values():
@@ -161,9 +190,10 @@ def run_evaluate(job_id: int, worker_name: str) -> str:
         for index, (ckpt_id, ckpt_iteration) in enumerate(ckpts, start=1):
             if index in history:  # done before a crash
                 continue
-            model = load_checkpoint_model(ckpt_id, cfg.get("model", "shapes"))
+            model = load_flow_model(specs[ckpt_id], device=resolve_device("auto"))
             images = sample_images(model, [p for p, _ in pairs], [s for _, s in pairs],
-                                   cfg["solver"], cfg["steps"])
+                                   cfg["solver"], cfg["steps"],
+                                   batch_size=cfg.get("batch_size") or EVALUATE_BATCH)
             texts = [p for p, _ in pairs]
             scores = compute_rewards(names, images, texts)
             with session_scope() as s:

@@ -9,8 +9,8 @@ or a redelivery finds it taken or finished and does nothing.
     fit_preference  the human-preference reward model from clean votes (worker/preference.py)
     reap            settle jobs whose worker died (worker/reaper.py), for `celery beat`
 
-A job's error (the exception and the end of its traceback) lands on the row as `failed`; the
-task itself returns normally so the message is acknowledged and never retried by Celery: the
+A job's error (the exception and the end of its traceback; a `worker.lease.JobError`'s message
+alone) lands on the row as `failed`; the task itself returns normally so the message is acknowledged and never retried by Celery: the
 retry policy is the reaper's.
 """
 
@@ -34,7 +34,7 @@ from app.config import get_settings
 from app.db import session_scope
 from app.services import jobs
 from worker.celery_app import celery_app, enqueue
-from worker.lease import JobLease, LeaseLost
+from worker.lease import JobError, JobLease, LeaseLost
 from worker.reaper import ReaperThread, reap_once
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,12 @@ def run_job(job_id: int, body: Callable[[int, str], str]) -> str:
     except LeaseLost as exc:
         log.warning("%s; stopping without touching the job", exc)
         return "lost"
+    except JobError as exc:  # a reason said in full: the message alone, no traceback
+        log.warning("job %s cannot run: %s", job_id, exc)
+        with session_scope() as s:
+            if jobs.holds(s, lease.job_id, lease.worker_name):
+                jobs.mark_failed(s, lease.job_id, str(exc))
+        return "failed"
     except Exception as exc:
         log.exception("job %s failed", job_id)
         with session_scope() as s:
@@ -141,7 +147,12 @@ def reap() -> list:
 def run_torchrun(job_id: int, worker_name: str, nproc: int) -> str:
     """Launch `worker.distributed_train` on `nproc` local processes (one per GPU, or gloo on
     CPUs) and wait. Rank 0 records; this process keeps the heartbeat and, if the launch dies
-    without finishing the job, marks it failed with the end of its output."""
+    without finishing the job, marks it failed with the end of its output. A config the
+    worker cannot run (a model directory gone) fails here, before any process starts."""
+    from worker.training import job_train_config
+
+    with session_scope() as s:
+        job_train_config(jobs.get_job(s, job_id).config)
     with tempfile.NamedTemporaryFile("w+b", suffix=".log", delete=False) as out:
         log_path = Path(out.name)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",

@@ -27,7 +27,8 @@ from app.services import checkpoints, jobs, rollouts, storage
 from trainer.config import TrainConfig
 from trainer.grpo import IterationResult
 from trainer.loop import Trainer
-from worker.lease import LeaseLost
+from trainer.models import checkpoint_directory, checkpoint_weights_file, uses_model_directory
+from worker.lease import JobError, LeaseLost
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +82,13 @@ class TrainRecorder:
         self.requeued = False  # the worker is shutting down: saved, back in the queue
 
     def _record_checkpoint(self, s, iteration: int, path: Path) -> None:
+        # the row names the checkpoint's main weights file (what a download serves): the LoRA,
+        # the shapes model or the full transformer
+        weights = checkpoint_weights_file(path)
+        if weights is None:
+            raise RuntimeError(f"checkpoint {path} holds no weights file")
         self.last_checkpoint_id = checkpoints.record_checkpoint(
-            s, self.job_id, iteration, str(path / "model.safetensors"),
-            parent_id=self.last_checkpoint_id)
+            s, self.job_id, iteration, str(weights), parent_id=self.last_checkpoint_id)
 
     def __call__(self, trainer: Trainer, result: IterationResult) -> bool:
         it, cfg = trainer.iteration, self.config
@@ -183,13 +188,33 @@ def maybe_refit_preference(trainer: Trainer, config: TrainConfig, job_id: int,
              "preference_heldout_accuracy": row["heldout_accuracy"]}, row["last_vote_id"])
 
 
+def model_directory(model: str, value: str) -> Path:
+    """A job's model directory (`model_path`) resolved the way submission checked it (under
+    MODELS_DIR, `storage.model_dir`) and still complete: JobError naming the directory and the
+    files it should hold otherwise, before anything loads."""
+    from trainer.models import model_dir_problem
+
+    try:
+        path = storage.model_dir(value)
+    except ValueError as exc:
+        raise JobError(f"model_path: {exc}") from None
+    if (problem := model_dir_problem(model, path)) is not None:
+        raise JobError(f"model_path: {problem}")
+    return path
+
+
 def job_train_config(config: dict[str, Any]) -> TrainConfig:
     """A train job's stored config as the trainer takes it: validated again, with a relative
     base_checkpoint resolved the way submission checked it (inside STORAGE_DIR or MODELS_DIR,
-    `storage.job_path`), so the worker's working directory never matters."""
+    `storage.job_path`) and model_path under MODELS_DIR (a missing or incomplete model
+    directory is a JobError), so the worker's working directory never matters."""
     cfg = TrainConfig.from_dict(dict(config))
+    directory_model = uses_model_directory(cfg.model)
+    if directory_model:
+        cfg.model_path = str(model_directory(cfg.model, cfg.model_path))
     if cfg.base_checkpoint:
-        cfg.base_checkpoint = str(storage.job_path(cfg.base_checkpoint))
+        cfg.base_checkpoint = str(storage.job_path(cfg.base_checkpoint,
+                                                   want="dir" if directory_model else "file"))
     return cfg
 
 
@@ -204,7 +229,7 @@ def prepare_trainer(job_id: int, model=None) -> tuple[Trainer, TrainConfig, int 
     trainer = Trainer(config, model=model)
     last_vote = attach_preference(trainer, config)
     if ckpt_path is not None:
-        directory = storage.resolve(ckpt_path).parent
+        directory = checkpoint_directory(storage.resolve(ckpt_path))
         trainer.load_checkpoint(directory)
         log.info("job %s resumes from %s (iteration %d)", job_id, directory, trainer.iteration)
     with session_scope() as s:  # iterations after the checkpoint are redone and re-recorded

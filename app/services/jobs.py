@@ -117,14 +117,16 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
         if name not in known:
             problems.append(("reward_names", f"unknown reward {name!r}; known: {known}"))
     if out.get("base_checkpoint"):
-        from trainer.models import weights_problem
+        from trainer.models import uses_model_directory, weights_problem
 
+        model = config.get("model") if isinstance(config.get("model"), str) else "shapes"
+        # flux / sd3 start from a checkpoint directory of an earlier run, shapes from a file
+        want = "dir" if uses_model_directory(model) else "file"
         try:
-            path = storage.job_path(out["base_checkpoint"])
+            path = storage.job_path(out["base_checkpoint"], want=want)
         except ValueError as exc:
             problems.append(("base_checkpoint", str(exc)))
         else:
-            model = config.get("model") if isinstance(config.get("model"), str) else "shapes"
             if (problem := weights_problem(model, path)) is not None:
                 problems.append(("base_checkpoint", problem))
     if out.get("features") == "clip" and not out.get("clip_path", "").strip():
@@ -162,6 +164,117 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
     device = workers.device_problem(session, kind, out)
     if device:
         problems.append(("device", device))
+
+
+def model_path_problem(model: str, value: str) -> str | None:
+    """Why `value` cannot be the model directory of `model` (flux, sd3): outside MODELS_DIR,
+    missing, or incomplete (every missing file named); None when it is complete."""
+    from trainer.models import model_dir_problem
+
+    try:
+        path = storage.model_dir(value)
+    except ValueError as exc:
+        return str(exc)
+    return model_dir_problem(model, path)
+
+
+def _checkpoint_specs(session: Session, ids: list[Any]) -> dict[int, Any]:
+    """The model specs of the recorded checkpoints `ids` whose files can be read (a missing
+    or unreadable file is the worker's to report, as before)."""
+    from trainer.models import checkpoint_spec
+
+    specs = {}
+    for cid in dict.fromkeys(i for i in ids if isinstance(i, int) and not isinstance(i, bool)):
+        ckpt = session.get(Checkpoint, cid) if 1 <= cid <= MAX_ID else None
+        if ckpt is None:
+            continue
+        try:
+            specs[cid] = checkpoint_spec(storage.resolve(ckpt.path))
+        except (NotFound, OSError, ValueError):
+            continue
+    return specs
+
+
+def _check_model(session: Session, kind: str, config: dict[str, Any], problems: Problems
+                 ) -> None:
+    """The model a job loads, checked before a worker tries: a flux / sd3 train job's
+    model_path must be a complete diffusers directory under MODELS_DIR. A rollout or evaluate
+    job samples its checkpoints' model (filled in when not given; another model is refused),
+    or for a base-model rollout the model it names, whose directory must then be given; its
+    resolution must suit the model; its rewards default by model (`default_reward_names`)."""
+    from trainer.models import model_dir_problem, uses_model_directory
+
+    malformed = {field for field, _ in problems}
+    model_path = config.get("model_path")
+    model_path = model_path if isinstance(model_path, str) and "model_path" not in malformed \
+        else None
+    if kind == "train":
+        model = config.get("model")
+        problem = (model_path_problem(model, model_path)
+                   if isinstance(model, str) and "model" not in malformed and model_path
+                   and uses_model_directory(model) else None)
+        if problem is not None:
+            problems.append(("model_path", problem))
+        return
+    if kind not in ("rollout", "evaluate") or "model" in malformed:
+        return
+    from app.job_kinds import default_reward_names
+
+    if kind == "rollout":
+        ids = [config["checkpoint_id"]] if config.get("checkpoint_id") is not None else []
+        field = "checkpoint_id"
+    else:
+        ids = config.get("checkpoint_ids") if isinstance(config.get("checkpoint_ids"), list) \
+            else []
+        field = "checkpoint_ids"
+    specs = _checkpoint_specs(session, ids) if field not in malformed else {}
+    found = sorted({spec.name for spec in specs.values()})
+    model = config.get("model")
+    if model is None:
+        if len(found) > 1:
+            problems.append((field, f"the checkpoints are of different models ({found}); "
+                                    "compare checkpoints of one model"))
+        model = found[0] if found else "shapes"
+        config["model"] = model
+    elif not isinstance(model, str):
+        return
+    else:
+        other = {cid: spec.name for cid, spec in specs.items() if spec.name != model}
+        if other:
+            problems.append(("model", f"checkpoint(s) {sorted(other)} are of model "
+                                      f"{sorted(set(other.values()))[0]!r}, not {model!r}; "
+                                      "leave model empty to sample the checkpoints' own"))
+    if model_path is not None:
+        if uses_model_directory(model):
+            if model_path:
+                if (problem := model_path_problem(model, model_path)) is not None:
+                    problems.append(("model_path", problem))
+            elif not ids:
+                problems.append(("model_path", f"sampling the base {model!r} model needs "
+                                               "model_path, its diffusers-format directory "
+                                               "under MODELS_DIR"))
+            else:
+                for cid, spec in specs.items():
+                    if spec.name != model:  # refused above
+                        continue
+                    if (problem := model_dir_problem(model, spec.path)) is not None:
+                        problems.append(("model_path", f"checkpoint {cid} was trained from a "
+                                         f"model directory no longer usable: {problem}; give "
+                                         "model_path, a directory under MODELS_DIR"))
+                        break
+        elif model_path:
+            problems.append(("model_path", f"must be empty for model {model!r} (it has no "
+                                           "model directory)"))
+    resolution = config.get("resolution")
+    if isinstance(resolution, int) and "resolution" not in malformed and resolution:
+        if model == "shapes" and resolution != 32:
+            problems.append(("resolution", f"the shapes model draws 32x32 images; use 0 or 32, "
+                                           f"got {resolution}"))
+        elif model != "shapes" and resolution % 16:
+            problems.append(("resolution", f"must be a multiple of 16 for {model} (0: the "
+                                           f"checkpoint's or 512), got {resolution}"))
+    if config.get("reward_names") == [] and "reward_names" not in malformed:
+        config["reward_names"] = default_reward_names(kind, model)
 
 
 def preference_problem(session: Session, spec: str) -> str | None:
@@ -209,6 +322,7 @@ def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
         if preset:
             problems.append(("preset", f"presets exist only for train jobs, not {kind}"))
         out = _kind_config(kind, config, problems)
+    _check_model(session, kind, out, problems)
     _check_paths_and_names(session, kind, out, problems)
     if problems:
         errors = [{"field": f, "message": m} for f, m in problems]
@@ -272,7 +386,8 @@ def send_to_arena(session: Session, enqueuer: Enqueuer | None, source_job_id: in
                   user: User | None = None) -> tuple[Job, Checkpoint | None]:
     """Launch a rollout job from a train job's newest checkpoint (the base model before the
     first), on the job's dataset or else the built-in shapes prompts, with the job's group
-    size and sigma; its groups become pairs in the arena. Returns the job and the checkpoint."""
+    size, sigma and rollout batch size (and, for the base model, its model fields); its groups
+    become pairs in the arena. Returns the job and the checkpoint."""
     from app.services import checkpoints, datasets
 
     src = get_job(session, source_job_id)
@@ -285,12 +400,17 @@ def send_to_arena(session: Session, enqueuer: Enqueuer | None, source_job_id: in
             raise Invalid("no dataset to draw prompts from: upload one first", field="dataset_id")
         ds_id = named[-1].id
     cfg = src.config or {}
-    job = launch_job(session, enqueuer, "rollout", {
+    config = {
         "dataset_id": ds_id, "checkpoint_id": ckpt.id if ckpt else None,
         "max_prompts": ARENA_ROLLOUT_PROMPTS,
         "group_size": max(2, min(int(cfg.get("group_size", 8)), ARENA_ROLLOUT_MAX_GROUP)),
         "sigma": float(cfg.get("sigma", 0.3)),
-    }, user=user)
+        "batch_size": int(cfg.get("rollout_batch_size", 0)),
+    }
+    if ckpt is None and cfg.get("model", "shapes") != "shapes":  # a checkpoint knows its own
+        config.update({k: cfg[k] for k in ("model", "model_path", "resolution",
+                                           "guidance_scale") if k in cfg})
+    job = launch_job(session, enqueuer, "rollout", config, user=user)
     return job, ckpt
 
 

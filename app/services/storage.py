@@ -58,6 +58,25 @@ def job_path(value: str, *, want: str = "file") -> Path:
     raise ValueError(f"{value!r} is not {allowed}")
 
 
+def model_dir(value: str) -> Path:
+    """The model directory a job config names (`model_path`): absolute, or relative to
+    MODELS_DIR, and inside MODELS_DIR only (weights an operator installed, never a job's own
+    outputs under STORAGE_DIR). Whether it exists and is complete is the model registry's
+    question (`trainer.models.model_dir_problem`). ValueError says what is allowed."""
+    root = get_settings().resolved_models_dir.resolve()
+    allowed = f"a directory under MODELS_DIR ({root})"
+    if not value.strip() or "\x00" in value:
+        raise ValueError(f"must name {allowed}")
+    given = Path(value)
+    try:
+        full = (given if given.is_absolute() else root / given).resolve()  # symlinks followed
+    except (OSError, RuntimeError):
+        raise ValueError(f"{value!r} is not {allowed}") from None
+    if full == root or not full.is_relative_to(root):
+        raise ValueError(f"{value!r} is not {allowed}")
+    return full
+
+
 def write_bytes(rel_path: str, data: bytes, root: Path | None = None) -> Path:
     """Write atomically (temp file + rename) to `root/rel_path`; returns the full path."""
     base = storage_root(root)

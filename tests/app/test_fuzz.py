@@ -102,6 +102,7 @@ def worker_rejects(job) -> list[str]:
     and lookups as worker/training.py, worker/sampling.py and worker/preference.py."""
     from trainer.loop import ITERATIONS, resolve_device
     from trainer.rewards import get_reward
+    from worker.sampling import reward_names
 
     cfg: dict[str, Any] = dict(job.config or {})
     problems: list[str] = []
@@ -117,13 +118,15 @@ def worker_rejects(job) -> list[str]:
         for name in names:
             attempt(f"reward {name!r}", get_reward, name)
 
-    def checkpoint_model(ckpt_id, model="shapes"):
-        from worker.sampling import load_checkpoint_model
+    def checkpoint_model(ckpt_id, parsed):
+        from worker.sampling import load_sampling_model
 
-        key = ("checkpoint", ckpt_id, model)
+        sampled = parsed.model_dump(include={"model", "model_path", "resolution",
+                                             "guidance_scale"})
+        key = ("checkpoint", ckpt_id, *sampled.values())
         if key not in _LOADED:  # (a checkpoint's file never changes: load each once)
             try:
-                load_checkpoint_model(ckpt_id, model)
+                load_sampling_model(sampled, ckpt_id)
                 _LOADED[key] = None
             except Exception as exc:
                 _LOADED[key] = exc
@@ -160,16 +163,16 @@ def worker_rejects(job) -> list[str]:
                           parsed.max_prompts)
         if prompts == []:
             problems.append(f"dataset {parsed.dataset_id} has no {parsed.split} prompts")
-        attempt("model", checkpoint_model, parsed.checkpoint_id, parsed.model)
-        rewards(parsed.reward_names or ["count", "color", "shape"])
+        attempt("model", checkpoint_model, parsed.checkpoint_id, parsed)
+        rewards(reward_names("rollout", cfg))
     elif job.kind == "evaluate":
         from trainer.shapes.world import all_prompts
-        from worker.sampling import SHAPES_REWARDS, dataset_prompts
+        from worker.sampling import dataset_prompts
 
         for key in ("checkpoint_ids", "seeds", "solver", "steps"):
             attempt(f"config[{key!r}]", cfg.__getitem__, key)
         for ckpt_id in parsed.checkpoint_ids:
-            attempt(f"checkpoint {ckpt_id}", checkpoint_model, ckpt_id, parsed.model)
+            attempt(f"checkpoint {ckpt_id}", checkpoint_model, ckpt_id, parsed)
         if parsed.prompts:
             prompts = list(parsed.prompts)
         elif parsed.dataset_id:
@@ -181,7 +184,7 @@ def worker_rejects(job) -> list[str]:
             prompts = prompts[:parsed.max_prompts]
         if not prompts:
             problems.append("no prompts to evaluate")
-        rewards(parsed.reward_names or SHAPES_REWARDS)
+        rewards(reward_names("evaluate", cfg))
     elif job.kind == "fit_preference":
         from worker.preference import fit_config_from
 

@@ -55,7 +55,7 @@ def test_every_problem_is_reported_at_once(client, admin, session):
     for name in _fields(r):
         assert f"config.{name}" in r.json()["detail"]
     r = _post(client, admin, "evaluate", {"checkpoint_ids": [1], "seeds": [], "steps": 1,
-                                          "model": "flux"})
+                                          "model": "unet"})
     assert {"checkpoint_ids", "seeds", "steps", "model"} <= set(_fields(r))
     assert _job_count(session) == 0
 

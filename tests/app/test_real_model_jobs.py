@@ -1,0 +1,325 @@
+"""Issue 16, end to end through the product: jobs on real (diffusers) models are checked at
+submission like every other job. A train job's model_path must be a complete diffusers
+directory under MODELS_DIR (never STORAGE_DIR); rollout and evaluate jobs sample their
+checkpoints' model (filled in, or refused when another is named) or a base model whose
+directory they name, with image rewards by default; the launch form carries the new fields and
+presets; large rollout images get thumbnails for the grids. The tiny FLUX directory comes from
+tests/tiny_diffusers.py (the `tiny_flux_path` fixture of tests/conftest.py)."""
+
+from __future__ import annotations
+
+import io
+import shutil
+
+import pytest
+
+FLUX = {"model": "flux", "model_path": "tiny-flux", "finetune": "lora", "lora_rank": 4,
+        "resolution": 32, "reward_weights": {"jpeg_compressibility": 1.0}, "device": "cpu"}
+
+
+def _post(client, headers, kind, config, preset=None):
+    body = {"kind": kind, "config": config}
+    if preset:
+        body["preset"] = preset
+    return client.post("/api/jobs", json=body, headers=headers)
+
+
+def _errors(response) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for e in response.json()["errors"]:
+        out[e["field"]] = f"{out.get(e['field'], '')} {e['message']}".strip()
+    return out
+
+
+@pytest.fixture
+def models(settings, tiny_flux_path):
+    """MODELS_DIR holding the tiny FLUX as `tiny-flux`."""
+    root = settings.resolved_models_dir
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(tiny_flux_path, root / "tiny-flux")
+    return root
+
+
+def test_a_tiny_flux_train_job_under_models_dir_is_accepted(client, admin, models):
+    r = _post(client, admin, "train", FLUX, "tiny")
+    assert r.status_code == 201, r.text
+    assert r.json()["config"]["model_path"] == "tiny-flux"  # stored as given
+    r = _post(client, admin, "train", {**FLUX, "model_path": str(models / "tiny-flux")}, "tiny")
+    assert r.status_code == 201, r.text
+
+
+def test_model_path_must_lie_under_models_dir_only(client, admin, models, settings,
+                                                   tiny_flux_path):
+    storage = settings.resolved_storage_dir
+    storage.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(tiny_flux_path, storage / "flux-in-storage")
+    (models / "escape").symlink_to(storage / "flux-in-storage")
+    for bad in (str(storage / "flux-in-storage"),  # a complete directory, but in STORAGE_DIR
+                "../storage/flux-in-storage", "escape",  # relative and symlinked ways out
+                str(tiny_flux_path), "/etc"):
+        r = _post(client, admin, "train", {**FLUX, "model_path": bad}, "tiny")
+        assert r.status_code == 422, (bad, r.text)
+        assert list(_errors(r)) == ["model_path"], bad
+        assert "MODELS_DIR" in _errors(r)["model_path"] and "STORAGE_DIR" not in r.text
+
+
+def test_a_missing_or_incomplete_model_directory_is_422_naming_what_is_missing(
+        client, admin, models):
+    r = _post(client, admin, "train", {**FLUX, "model_path": "nope"}, "tiny")
+    assert r.status_code == 422 and list(_errors(r)) == ["model_path"]
+    message = _errors(r)["model_path"]
+    assert "does not exist" in message and str(models / "nope") in message
+    assert "model_index.json" in message and "transformer/config.json" in message
+
+    shutil.copytree(models / "tiny-flux", models / "broken")
+    (models / "broken" / "vae" / "config.json").unlink()
+    r = _post(client, admin, "train", {**FLUX, "model_path": "broken"}, "tiny")
+    assert r.status_code == 422 and list(_errors(r)) == ["model_path"]
+    assert "incomplete" in _errors(r)["model_path"]
+    assert "missing vae/config.json" in _errors(r)["model_path"]
+    r = _post(client, admin, "train", {**FLUX, "model_path": ""}, "tiny")
+    assert r.status_code == 422 and list(_errors(r)) == ["model_path"]
+
+
+def test_lora_rank_0_and_every_other_problem_at_once(client, admin, models):
+    r = _post(client, admin, "train", {**FLUX, "lora_rank": 0}, "tiny")
+    assert r.status_code == 422 and list(_errors(r)) == ["lora_rank"]
+    assert "[1, 1024]" in _errors(r)["lora_rank"]
+    r = _post(client, admin, "train", {**FLUX, "lora_rank": 0, "model_path": "nope",
+                                       "resolution": 40, "lora_target_modules": []}, "tiny")
+    assert set(_errors(r)) == {"lora_rank", "model_path", "resolution", "lora_target_modules"}
+
+
+def test_a_flux_base_checkpoint_must_be_a_checkpoint_directory(client, admin, models):
+    (models / "empty-run").mkdir()
+    (models / "weights.safetensors").write_bytes(b"\0" * 16)
+    for bad, why in (("empty-run", "not a checkpoint directory"),
+                     ("weights.safetensors", "is not a dir")):
+        r = _post(client, admin, "train", {**FLUX, "base_checkpoint": bad}, "tiny")
+        assert r.status_code == 422 and list(_errors(r)) == ["base_checkpoint"], r.text
+        assert why in _errors(r)["base_checkpoint"]
+
+
+def _dataset(client, admin) -> int:
+    r = client.post("/api/datasets", headers=admin,
+                    files={"file": ("p.txt", b"a red apple\na blue car\n", "text/plain")})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def test_rollout_of_a_base_model_names_its_directory_and_scores_image_rewards(
+        client, admin, models):
+    ds = _dataset(client, admin)
+    r = _post(client, admin, "rollout", {"dataset_id": ds, "model": "flux"})
+    assert r.status_code == 422 and list(_errors(r)) == ["model_path"]
+    assert "needs model_path" in _errors(r)["model_path"]
+    r = _post(client, admin, "rollout", {"dataset_id": ds, "model": "flux",
+                                         "model_path": "../storage"})
+    assert r.status_code == 422 and "MODELS_DIR" in _errors(r)["model_path"]
+    r = _post(client, admin, "rollout", {"dataset_id": ds, "model": "flux", "model_path": "x",
+                                         "resolution": 40})
+    assert set(_errors(r)) == {"model_path", "resolution"}
+    r = _post(client, admin, "rollout", {"dataset_id": ds, "model": "flux",
+                                         "model_path": "tiny-flux", "resolution": 32,
+                                         "guidance_scale": 2.0, "batch_size": 4})
+    assert r.status_code == 201, r.text
+    config = r.json()["config"]
+    assert config["model"] == "flux" and config["reward_names"] == ["jpeg_compressibility"]
+    assert (config["resolution"], config["guidance_scale"], config["batch_size"]) == (32, 2.0, 4)
+    # the shapes world is unchanged: its base model and its rewards
+    r = _post(client, admin, "rollout", {"dataset_id": ds})
+    assert r.status_code == 201, r.text
+    assert r.json()["config"]["model"] == "shapes"
+    assert r.json()["config"]["reward_names"] == ["count", "color", "shape"]
+    r = _post(client, admin, "rollout", {"dataset_id": ds, "model_path": "tiny-flux",
+                                         "resolution": 64})
+    assert set(_errors(r)) == {"model_path", "resolution"}
+
+
+def test_sampling_jobs_take_their_checkpoints_model(client, admin, models, session):
+    """A flux checkpoint (saved by the trainer, recorded as the worker records it) samples as
+    flux: the model is filled in, another is refused, mixing models in an evaluation is
+    refused, and a model directory that has gone since training must be given anew."""
+    from app.services import storage
+    from app.services.checkpoints import record_checkpoint
+    from trainer import PRESETS, TrainConfig, Trainer
+    from trainer.loop import SHIPPED_BASE
+    from trainer.models import checkpoint_weights_file
+
+    trained = TrainConfig.from_dict({**PRESETS["tiny"], **FLUX,
+                                     "model_path": str(models / "tiny-flux")})
+    root = storage.storage_root() / "checkpoints" / "job-x"
+    flux_ids = []
+    for name in ("a", "b"):
+        directory = Trainer(trained).save_checkpoint(root / name)
+        flux_ids.append(record_checkpoint(session, None, 0, str(checkpoint_weights_file(
+            directory)), name=f"flux-{name}"))
+    storage.write_bytes("checkpoints/shapes/model.safetensors", SHIPPED_BASE.read_bytes())
+    shapes_id = record_checkpoint(session, None, 0, "checkpoints/shapes/model.safetensors",
+                                  name="shapes")
+    session.commit()
+    ds = _dataset(client, admin)
+
+    r = _post(client, admin, "rollout", {"dataset_id": ds, "checkpoint_id": flux_ids[0]})
+    assert r.status_code == 201, r.text
+    assert r.json()["config"]["model"] == "flux"
+    assert r.json()["config"]["reward_names"] == ["jpeg_compressibility"]
+    r = _post(client, admin, "rollout", {"dataset_id": ds, "checkpoint_id": flux_ids[0],
+                                         "model": "shapes"})
+    assert r.status_code == 422 and list(_errors(r)) == ["model"]
+    assert "'flux'" in _errors(r)["model"]
+    r = _post(client, admin, "evaluate", {"checkpoint_ids": flux_ids})
+    assert r.status_code == 201 and r.json()["config"]["model"] == "flux", r.text
+    r = _post(client, admin, "evaluate", {"checkpoint_ids": [flux_ids[0], shapes_id]})
+    assert r.status_code == 422 and list(_errors(r)) == ["checkpoint_ids"]
+    r = _post(client, admin, "evaluate", {"checkpoint_ids": [shapes_id, shapes_id + 99]})
+    assert list(_errors(r)) == ["checkpoint_ids"]  # (unknown: said once, by the usual check)
+
+    # the directory the checkpoints were trained from moves: model_path must name it anew
+    (models / "tiny-flux").rename(models / "moved")
+    r = _post(client, admin, "evaluate", {"checkpoint_ids": flux_ids})
+    assert r.status_code == 422 and list(_errors(r)) == ["model_path"]
+    assert "does not exist" in _errors(r)["model_path"]
+    r = _post(client, admin, "evaluate", {"checkpoint_ids": flux_ids, "model_path": "moved"})
+    assert r.status_code == 201, r.text
+
+
+def test_send_to_arena_from_a_real_model_job_before_its_first_checkpoint(
+        settings, session, enqueuer, models):
+    from app.services import datasets, jobs
+
+    datasets.import_dataset(session, filename="shapes.txt", data=b"a red apple\n",
+                            name=jobs.SHAPES_DATASET)
+    src = jobs.launch_job(session, enqueuer, "train", {**FLUX, "rollout_batch_size": 2},
+                          preset="tiny")
+    job, ckpt = jobs.send_to_arena(session, enqueuer, src.id)
+    assert ckpt is None
+    assert {k: job.config[k] for k in ("model", "model_path", "resolution", "batch_size",
+                                       "reward_names")} == {
+        "model": "flux", "model_path": "tiny-flux", "resolution": 32, "batch_size": 2,
+        "reward_names": ["jpeg_compressibility"]}
+
+
+def test_the_launch_form_renders_and_submits_the_real_model_fields(settings, admin, enqueuer,
+                                                                   models):
+    import gradio as gr
+
+    from app.ui import jobs
+
+    fields = {d["name"]: d for d in jobs.describe()}
+    names = list(fields)
+    assert {"flux-lora", "sd3-lora"} <= set(jobs.presets())
+    kinds = {n: type(jobs.field_component(fields[n], fields[n]["default"]))
+             for n in ("model", "finetune", "mixed_precision", "gradient_checkpointing",
+                       "lora_target_modules", "lora_rank", "guidance_scale", "model_path")}
+    assert kinds == {"model": gr.Dropdown, "finetune": gr.Dropdown,
+                     "mixed_precision": gr.Dropdown, "gradient_checkpointing": gr.Checkbox,
+                     "lora_target_modules": gr.Textbox, "lora_rank": gr.Number,
+                     "guidance_scale": gr.Number, "model_path": gr.Textbox}
+    assert jobs.field_component(fields["model"], "flux").choices == [
+        (c, c) for c in ("shapes", "flux", "sd3")]
+
+    values = jobs.form_values("flux-lora")
+    form = dict(zip(names, values, strict=True))
+    assert form["model"] == "flux" and form["finetune"] == "lora" and form["lora_rank"] == 64
+    token = {"token": admin["Authorization"].split(" ", 1)[1]}
+    job_id, out = jobs.launch(enqueuer, token, None, *values)  # no model_path yet
+    errors = dict(zip(names, out[1:], strict=True))
+    assert job_id is None and "diffusers-format directory" in errors["model_path"]
+    assert sum(bool(v) for v in errors.values()) == 1
+
+    # as the browser sends them back: numbers as floats, the list as JSON text, a checkbox
+    form.update(model_path="tiny-flux", resolution=32.0, lora_rank=4.0, iterations=2.0,
+                group_size=4.0, num_anchors=2.0, device="cpu", gradient_checkpointing=True,
+                lora_target_modules='["to_q", "to_v"]')
+    job_id, out = jobs.launch(enqueuer, token, None, *form.values())
+    assert job_id is not None, out
+    from app.db import session_scope
+    from app.models import Job
+
+    with session_scope() as s:
+        config = s.get(Job, job_id).config
+    assert config["lora_target_modules"] == ["to_q", "to_v"]
+    assert config["gradient_checkpointing"] is True and config["lora_rank"] == 4
+    assert config["model"] == "flux" and config["model_path"] == "tiny-flux"
+
+
+def _png(side: int) -> bytes:
+    import numpy as np
+    from PIL import Image
+
+    pixels = (np.random.default_rng(side).random((side, side, 3)) * 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_large_rollout_images_get_webp_thumbnails_in_the_grids(client, admin, settings):
+    """A real model's 512 px images: a WebP thumbnail beside each PNG, shown in the grids and
+    served through the authenticated media route; the 32x32 shapes images stay as they are."""
+    from PIL import Image
+
+    from app.db import session_scope
+    from app.services import rollouts, storage
+
+    with session_scope() as s:
+        ids = [rollouts.record_rollout_group(
+            s, job_id=None, iteration=0, solver="euler", steps=4, sigma=0.3, seed=seed,
+            prompt_text="a red apple", samples=[
+                {"png": _png(side), "member_index": m, "rewards": {"r": float(m)},
+                 "advantage": 0.0} for m in range(2)]) for seed, side in ((0, 512), (1, 32))]
+    with session_scope() as s:
+        big, small = (rollouts.get_group(s, i) for i in ids)
+        big_path, small_path = big.samples[0].image_path, small.samples[0].image_path
+        thumb = rollouts.thumbnail_of(big_path)
+        assert thumb == big_path.replace(".png", ".thumb.webp")
+        assert rollouts.thumbnail_of(small_path) is None
+        with Image.open(storage.resolve(thumb)) as image:
+            assert image.format == "WEBP" and image.size == (160, 160)
+        assert storage.resolve(thumb).stat().st_size < storage.resolve(big_path).stat().st_size
+
+        from app.ui.rollouts import groups_html
+
+        page = groups_html([big, small], s)
+    assert page.count("data:image/webp;base64,") == 2  # the big group's two members
+    assert page.count("data:image/png;base64,") == 2  # the shapes-sized ones, inlined
+    assert page.count(">full image</a>") == 2 and f"/api/media/{big_path}" in page
+
+    listed = {g["id"]: g for g in client.get("/api/rollouts", headers=admin).json()["items"]}
+    url = listed[ids[0]]["samples"][0]["thumbnail_url"]
+    assert url == f"/api/media/{thumb}"
+    assert listed[ids[1]]["samples"][0]["thumbnail_url"] is None
+    assert client.get(url).status_code == 401
+    r = client.get(url, headers=admin)
+    assert r.status_code == 200 and r.headers["content-type"] == "image/webp"
+
+
+def test_a_base_model_rollout_samples_the_base_model_itself(settings, models):
+    """What a rollout of the base FLUX (no checkpoint) loads: the model directory under
+    MODELS_DIR at the job's resolution and guidance, giving the base model's velocities (its
+    zero-initialised adapter changes nothing); a directory broken since submission is a
+    JobError naming the missing file."""
+    import torch
+
+    from trainer.models import ModelSpec, load_flow_model
+    from worker.sampling import load_sampling_model, sampling_spec
+
+    cfg = {"model": "flux", "model_path": "tiny-flux", "resolution": 32, "guidance_scale": 2.0}
+    spec = sampling_spec(cfg, None)
+    assert (spec.name, spec.path, spec.resolution, spec.guidance_scale) == (
+        "flux", str(models / "tiny-flux"), 32, 2.0)
+    sampled = load_sampling_model(cfg, None)
+    base = load_flow_model(ModelSpec(name="flux", path=spec.path, resolution=32,
+                                     guidance_scale=2.0))
+    x = torch.randn(2, *base.latent_shape, generator=torch.Generator().manual_seed(0))
+    t = torch.tensor([0.9, 0.4])
+    with torch.no_grad():
+        want = base(x, t, base.encode_prompts(["a red apple", "a blue car"]))
+        got = sampled(x, t, sampled.encode_prompts(["a red apple", "a blue car"]))
+    torch.testing.assert_close(got, want)
+
+    from worker.lease import JobError
+
+    (models / "tiny-flux" / "vae" / "config.json").unlink()
+    with pytest.raises(JobError, match="missing vae/config.json"):
+        sampling_spec(cfg, None)
