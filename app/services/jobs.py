@@ -202,7 +202,7 @@ def _check_model(session: Session, kind: str, config: dict[str, Any], problems: 
     job samples its checkpoints' model (filled in when not given; another model is refused),
     or for a base-model rollout the model it names, whose directory must then be given; its
     resolution must suit the model; its rewards default by model (`default_reward_names`)."""
-    from trainer.models import model_dir_problem, uses_model_directory
+    from trainer.models import uses_model_directory
 
     malformed = {field for field, _ in problems}
     model_path = config.get("model_path")
@@ -257,7 +257,7 @@ def _check_model(session: Session, kind: str, config: dict[str, Any], problems: 
                 for cid, spec in specs.items():
                     if spec.name != model:  # refused above
                         continue
-                    if (problem := model_dir_problem(model, spec.path)) is not None:
+                    if (problem := model_path_problem(model, spec.path)) is not None:
                         problems.append(("model_path", f"checkpoint {cid} was trained from a "
                                          f"model directory no longer usable: {problem}; give "
                                          "model_path, a directory under MODELS_DIR"))
