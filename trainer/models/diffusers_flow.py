@@ -79,6 +79,12 @@ class DiffusersFlowModel(FlowModel):
         for module in self._frozen_modules():
             module.requires_grad_(False).eval()
         pipeline.vae.to(device)
+        if device.type == "cuda":
+            # PyTorch's cuDNN attention backend fails in FLUX's backward pass with "an illegal
+            # memory access" (torch 2.11, H200; the flash / memory-efficient kernels work:
+            # benchmarks/real_models.py --attention). Turned off process-wide, not around the
+            # forward pass, because gradient checkpointing recomputes attention in backward.
+            torch.backends.cuda.enable_cudnn_sdp(False)
         self._setup_training(device)
 
     # -- loading -------------------------------------------------------------------------------

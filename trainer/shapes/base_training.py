@@ -30,6 +30,7 @@ class BaseTrainingConfig:
     ema_decay: float = 0.999  # samples come from the EMA weights, as is usual for diffusion
     time_sampling: str = "uniform"  # "uniform" or "logit_normal"
     save_every: int = 0  # also keep base-step{N}.safetensors every N steps (0: only the end)
+    bf16: bool = False  # bf16 autocast for the forward pass (GPU); weights stay fp32
 
 
 def train_base(out: str | Path, config: BaseTrainingConfig, model_config: ShapesDiTConfig | None = None,
@@ -67,7 +68,10 @@ def train_base(out: str | Path, config: BaseTrainingConfig, model_config: Shapes
             else:  # uniform: the high-noise steps, where layout and count are decided, get their share
                 t = torch.rand(x0.shape[0], device=device)
             x_t = (1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * noise
-            loss = (model(x_t, t, model.encode_prompts(texts)) - (noise - x0)).pow(2).mean()
+            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16,
+                                enabled=config.bf16):
+                velocity = model(x_t, t, model.encode_prompts(texts))
+            loss = (velocity.float() - (noise - x0)).pow(2).mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
