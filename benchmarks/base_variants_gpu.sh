@@ -8,11 +8,11 @@ mkdir -p "$out"
 # each training stops after TRAIN_SECONDS (default 400) so that the evaluation still runs on
 # what was saved within one device call
 train() { name=$1; shift; timeout "${TRAIN_SECONDS:-400}" python3 -m trainer train-base --out "$out/$name" --steps "$steps" \
-  --save-every 2000 --device cuda --bf16 --time-sampling logit_normal "$@" > "$out/$name.log" 2>&1; }
-train w192 --width 192 --patch-size 4 &
-train w128 --width 128 --patch-size 4 &
-train w160 --width 160 --patch-size 4 &
-train w192-lr1e-3 --width 192 --patch-size 4 --lr 1e-3 &
+  --save-every 2000 --device cuda --bf16 --data-workers 3 "$@" > "$out/$name.log" 2>&1; }
+train u192 --width 192 --patch-size 4 --time-sampling uniform &
+train l192 --width 192 --patch-size 4 --time-sampling logit_normal &
+train u128 --width 128 --patch-size 4 --time-sampling uniform &
+train l128 --width 128 --patch-size 4 --time-sampling logit_normal &
 wait
 for d in "$out"/*/; do for f in "$d"base*.safetensors; do
   [ -e "$f" ] || continue
