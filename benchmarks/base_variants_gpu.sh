@@ -8,7 +8,7 @@ mkdir -p "$out"
 # each training stops after TRAIN_SECONDS (default 400) so that the evaluation still runs on
 # what was saved within one device call
 train() { name=$1; shift; timeout "${TRAIN_SECONDS:-400}" python3 -m trainer train-base --out "$out/$name" --steps "$steps" \
-  --save-every 2000 --device cuda --bf16 --data-workers 3 "$@" > "$out/$name.log" 2>&1; }
+  --save-every 2000 --device cuda --bf16 --render-processes 3 "$@" > "$out/$name.log" 2>&1; }
 train u192 --width 192 --patch-size 4 --time-sampling uniform &
 train l192 --width 192 --patch-size 4 --time-sampling logit_normal &
 train u128 --width 128 --patch-size 4 --time-sampling uniform &

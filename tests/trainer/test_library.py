@@ -92,7 +92,9 @@ def test_the_trainer_knows_nothing_of_the_app_or_the_worker():
             continue
         imports = _trainer_imports(path)
         assert not any(m.split(".")[0] in ("app", "worker") for m in imports), path
-        assert "worker" not in path.read_text().lower(), path
+        # torch's DataLoader names its processes "workers": those are not the studio's
+        text = re.sub(r"get_worker_info|num_workers|\bworker_id\b", "", path.read_text())
+        assert "worker" not in text.lower(), path
 
 
 def test_update_stats_only_record_and_optimizer_step_steps():

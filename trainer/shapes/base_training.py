@@ -33,11 +33,11 @@ class BaseTrainingConfig:
     bf16: bool = False  # bf16 autocast for the forward pass (GPU); weights stay fp32
     # processes rendering training batches in the background (0: rendered in the loop). On a
     # GPU the renderer, not the model, is the bottleneck: about 5 steps/s from one process.
-    data_workers: int = 0
+    render_processes: int = 0
 
 
 class _RenderedBatches(torch.utils.data.IterableDataset):
-    """Endless (prompts, images) batches, each worker with its own random stream."""
+    """Endless (prompts, images) batches, each rendering process with its own random stream."""
 
     def __init__(self, batch_size: int, seed: int) -> None:
         self.batch_size, self.seed = batch_size, seed
@@ -73,10 +73,10 @@ def train_base(out: str | Path, config: BaseTrainingConfig, model_config: Shapes
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     prompts = all_prompts()
     batches = None
-    if config.data_workers:
+    if config.render_processes:
         batches = iter(torch.utils.data.DataLoader(
             _RenderedBatches(config.batch_size, config.seed), batch_size=None,
-            num_workers=config.data_workers, prefetch_factor=4))
+            num_workers=config.render_processes, prefetch_factor=4))
     log_path = out / "train_base_log.jsonl"
     start = time.perf_counter()
     with log_path.open("w") as log_file:
