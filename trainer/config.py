@@ -307,7 +307,11 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
             if "resolution" not in bad and self.resolution not in (0, 32):
                 out.append(ConfigError("resolution", "the shapes model draws 32x32 images; use "
                                        f"0 or 32, got {self.resolution}"))
-        elif "resolution" not in bad and self.resolution % 16:
+        elif "eval_every" not in bad and self.eval_every:
+            out.append(ConfigError("eval_every", "the periodic evaluation scores the shapes "
+                                   f"world; model {self.model!r} has none (use 0 and an "
+                                   "evaluate job)"))
+        if diffusers_model and "resolution" not in bad and self.resolution % 16:
             out.append(ConfigError("resolution", f"must be a multiple of 16 for {self.model} "
                                    f"(0: 512), got {self.resolution}"))
         if "lora_target_modules" not in bad and not (
