@@ -295,6 +295,7 @@ def test_lora_resume_continues_with_the_same_weights_and_optimizer(method, sd3, 
     ({"model_path": ""}, "model_path"),
     ({"resolution": 24}, "resolution"),
     ({"model": "shapes", "model_path": "", "resolution": 0}, "finetune"),
+    ({"eval_every": 5}, "eval_every"),  # the periodic evaluation is the shapes world's
 ])
 def test_config_errors_name_the_field(overrides, field, flux_dev):
     valid = {**PRESETS["tiny"], "model": "flux", "model_path": str(flux_dev), "finetune": "lora",
