@@ -181,28 +181,45 @@ def get_sample(session: Session, sample_id: int) -> Sample:
     return sample
 
 
+def source_label(purpose: str, job_id: int | None, iteration: int,
+                 checkpoint: Checkpoint | None, job_kind: str | None) -> str:
+    """Where a sample's image came from, in words: "training job N iteration I" (a train
+    job's own rollouts), "checkpoint C of job N" (sampled from a checkpoint by a rollout or
+    evaluate job; N is the checkpoint's training job) or "base model"."""
+    if checkpoint is not None:
+        owner = f" of job {checkpoint.job_id}" if checkpoint.job_id is not None else ""
+        return f"checkpoint {checkpoint.name} (#{checkpoint.id}){owner}"
+    if job_id is not None and (job_kind == "train" or (job_kind is None and purpose == "train")):
+        return f"training job {job_id} iteration {iteration}"
+    return "base model"
+
+
 def sample_details(session: Session, sample_ids: list[int]) -> dict[int, dict[str, Any]]:
     """Where each sample came from, for display: member index, rewards, advantage, anchor flag
     and its group's job, iteration, purpose, prompt, seed, sigma, solver, steps and
-    checkpoint (id and name). Unknown ids are left out."""
+    checkpoint (id and name); `source` says it in words (`source_label`). Unknown ids are
+    left out."""
     if not sample_ids:
         return {}
     rows = session.execute(
-        select(Sample, RolloutGroup, Checkpoint.name)
+        select(Sample, RolloutGroup, Checkpoint, Job.kind)
         .join(RolloutGroup, RolloutGroup.id == Sample.group_id)
         .outerjoin(Checkpoint, Checkpoint.id == RolloutGroup.checkpoint_id)
+        .outerjoin(Job, Job.id == RolloutGroup.job_id)
         .where(Sample.id.in_(sample_ids))
     ).all()
     out: dict[int, dict[str, Any]] = {}
-    for s, g, ckpt_name in rows:
+    for s, g, ckpt, job_kind in rows:
         out[s.id] = {
             "sample_id": s.id, "member_index": s.member_index, "image_path": s.image_path,
             "rewards": dict(s.rewards or {}), "advantage": s.advantage,
             "is_anchor": s.is_anchor, "group_id": g.id, "job_id": g.job_id,
-            "iteration": g.iteration, "purpose": g.purpose, "prompt": g.prompt_text,
-            "seed": g.seed, "sigma": g.sigma, "solver": g.solver, "steps": g.steps,
-            "checkpoint_id": g.checkpoint_id,
-            "checkpoint": ckpt_name or ("base model" if g.checkpoint_id is None else
-                                        f"checkpoint {g.checkpoint_id}"),
+            "job_kind": job_kind, "iteration": g.iteration, "purpose": g.purpose,
+            "prompt": g.prompt_text, "seed": g.seed, "sigma": g.sigma, "solver": g.solver,
+            "steps": g.steps, "checkpoint_id": g.checkpoint_id,
+            "checkpoint_job_id": ckpt.job_id if ckpt is not None else None,
+            "checkpoint": ckpt.name if ckpt is not None else (
+                "base model" if g.checkpoint_id is None else f"checkpoint {g.checkpoint_id}"),
+            "source": source_label(g.purpose, g.job_id, g.iteration, ckpt, job_kind),
         }
     return out

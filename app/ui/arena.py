@@ -61,9 +61,8 @@ def _side_text(d: dict[str, Any] | None) -> str:
     if not d:
         return "?"
     rewards = ", ".join(f"{k} {fmt(v, 2)}" for k, v in sorted(d["rewards"].items())) or "none"
-    job = f"job {d['job_id']} " if d["job_id"] is not None else ""
-    return (f"{esc(d['checkpoint'])} ({job}iteration {d['iteration']}, member "
-            f"{d['member_index']}; rewards: {esc(rewards)})")
+    return (f'<span class="ngs-source">{esc(d["source"])}</span> (member {d["member_index"]}; '
+            f"rewards: {esc(rewards)})")
 
 
 def reveal_html(last: dict[str, Any] | None) -> str:

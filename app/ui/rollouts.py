@@ -47,7 +47,7 @@ def group_html(group: Any, details: dict[int, dict[str, Any]]) -> str:
             f'{"<br><b>anchor</b>" if m.is_anchor else ""}</summary>'
             f'<div class="ngs-details">sample {m.id}<br>member {m.member_index}<br>'
             f"seed {group.seed}<br>sigma {fmt(group.sigma, 2)}<br>solver {esc(group.solver)} "
-            f"({group.steps} steps)<br>checkpoint {esc(d.get('checkpoint', '–'))}<br>"
+            f"({group.steps} steps)<br>{esc(d.get('source', '–'))}<br>"
             f"{rewards}{full}</div></details>")
     return head + '<div class="ngs-group">' + "".join(cells) + "</div>"
 
