@@ -6,18 +6,26 @@ by `WEIGHTS`; the name goes on the vote as `selection`. Active selection (`activ
 goes first for all but `Settings.vote_random_share` of the requests once a preference model
 has scored the samples; its reason (`active_uncertain`, `active_disagree`) is the selection. Every strategy must return only pairs the annotator
 has not judged; the unique index (annotator, pair_lo_id, pair_hi_id) enforces it on insert.
+
+Within-group pairs whose two stored images are nearly identical (`near_identical`: neighbours
+of one noise often draw the same picture) are never offered: a person's vote on them is a coin
+toss. A within-group pick that had to pass over such pairs says so in its selection,
+`within_group_skipped_near_identical`. Active selection is left as it is (it keeps its share).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 from sqlalchemy import and_, case, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
@@ -25,6 +33,8 @@ from sqlalchemy.orm import Session, aliased
 from app.errors import Conflict, Invalid
 from app.models import OUTCOMES, RolloutGroup, Sample, User, Vote
 from trainer.rewards.outcomes import TARGET_A
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -90,9 +100,83 @@ def _random_group_id(session: Session, rng: random.Random, key: str = "all",
     return gid
 
 
+# --- near-identical images ---------------------------------------------------------------
+# Images are compared at the shapes world's 32x32 (larger ones are box-downsampled to it).
+COMPARE_SIZE = 32
+# A pixel counts as different when one of its channels differs by more than this (of 255):
+# smaller shifts are a faint tint change nobody can judge on a screen.
+PIXEL_TOLERANCE = 24
+# Two images are nearly identical when fewer than this fraction of their pixels differ: 1% is
+# about 10 of 1,024 pixels, a third of the smallest object the shapes world draws (6x6, ~28
+# pixels for a circle), so any added, removed, moved or recoloured object clears it while
+# neighbours of one noise that drew the same picture (a few edge pixels apart) do not.
+NEAR_IDENTICAL_FRACTION = 0.01
+SKIPPED_NEAR_IDENTICAL = "within_group_skipped_near_identical"
+
+
+class _ImageCache:
+    """image path -> (32, 32, 3) int16 array, bounded (rollout images never change)."""
+
+    def __init__(self, max_size: int = 8192) -> None:
+        self.max_size = max_size
+        self._items: dict[str, np.ndarray | None] = {}
+        self._lock = threading.Lock()
+
+    def get(self, rel_path: str) -> np.ndarray | None:
+        from PIL import Image
+
+        from app.services import storage
+
+        try:
+            path = storage.resolve(rel_path)
+        except Exception as exc:  # noqa: BLE001 - a path outside storage is never "identical"
+            log.warning("cannot compare image %s: %s", rel_path, exc)
+            return None
+        key = str(path)  # absolute: one process may serve several storage roots (tests)
+        if key in self._items:
+            return self._items[key]
+        try:
+            with Image.open(path) as img:
+                img = img.convert("RGB")
+                if img.size != (COMPARE_SIZE, COMPARE_SIZE):
+                    img = img.resize((COMPARE_SIZE, COMPARE_SIZE), Image.Resampling.BOX)
+                arr: np.ndarray | None = np.asarray(img, dtype=np.int16)
+        except Exception as exc:  # noqa: BLE001 - a missing or broken file is never "identical"
+            log.warning("cannot compare image %s: %s", rel_path, exc)
+            arr = None
+        with self._lock:
+            if len(self._items) >= self.max_size:
+                self._items.clear()
+            self._items[key] = arr
+        return arr
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+_images = _ImageCache()
+
+
+def differing_fraction(a_path: str, b_path: str) -> float | None:
+    """The fraction of pixels whose colour differs by more than PIXEL_TOLERANCE in some
+    channel (None when an image cannot be read)."""
+    a, b = _images.get(a_path), _images.get(b_path)
+    if a is None or b is None:
+        return None
+    return float((np.abs(a - b).max(axis=-1) > PIXEL_TOLERANCE).mean())  # (32, 32) -> scalar
+
+
+def near_identical(a_path: str, b_path: str) -> bool:
+    frac = differing_fraction(a_path, b_path)
+    return frac is not None and frac < NEAR_IDENTICAL_FRACTION
+
+
 def _pick(session: Session, annotator_id: int, rng: random.Random,
           pairs: list[tuple[tuple[int, str], tuple[int, str]]], exclude: set[int], prompt: str,
-          selection: str) -> PairChoice | None:
+          selection: str, *, distinct: bool = False) -> PairChoice | None:
+    """A random unjudged pair; with `distinct`, never one of nearly identical images (the
+    selection then says whether any had to be passed over)."""
     pairs = [(x, y) for x, y in pairs if x[0] not in exclude and y[0] not in exclude]
     if not pairs:
         return None
@@ -101,10 +185,17 @@ def _pick(session: Session, annotator_id: int, rng: random.Random,
     fresh = [(x, y) for x, y in pairs if (min(x[0], y[0]), max(x[0], y[0])) not in judged]
     if not fresh:
         return None
-    x, y = rng.choice(fresh)
-    if rng.random() < 0.5:
-        x, y = y, x
-    return PairChoice(x[0], y[0], prompt, selection, x[1], y[1])
+    rng.shuffle(fresh)
+    skipped = 0
+    for x, y in fresh:
+        if distinct and near_identical(x[1], y[1]):
+            skipped += 1
+            continue
+        if rng.random() < 0.5:
+            x, y = y, x
+        return PairChoice(x[0], y[0], prompt, SKIPPED_NEAR_IDENTICAL if skipped else selection,
+                          x[1], y[1])
+    return None
 
 
 def _group_pairs(session: Session, group_id: Any) -> tuple[str, list]:
@@ -130,7 +221,8 @@ def within_group(session: Session, annotator_id: int, rng: random.Random,
         gid = (select(RolloutGroup.id).where(RolloutGroup.id >= pivot)
                .order_by(RolloutGroup.id).limit(1).scalar_subquery())
         prompt, pairs = _group_pairs(session, gid)
-        choice = _pick(session, annotator_id, rng, pairs, exclude, prompt, "within_group")
+        choice = _pick(session, annotator_id, rng, pairs, exclude, prompt, "within_group",
+                       distinct=True)
         if choice:
             return choice
     return _scan(session, annotator_id, rng, exclude, cross=False)
@@ -157,14 +249,18 @@ def _scan(session: Session, annotator_id: int, rng: random.Random, exclude: set[
                                      Vote.pair_hi_id == hi)).where(Vote.id.is_(None))
     if exclude:
         stmt = stmt.where(s1.id.not_in(exclude), s2.id.not_in(exclude))
-    rows = session.execute(stmt.limit(50)).all()
+    rows = session.execute(stmt.limit(200)).all()
+    if not cross:  # nearly identical images are never offered (a coin toss for the annotator)
+        kept = [r for r in rows if not near_identical(r[1], r[3])]
+        skipped, rows = len(rows) - len(kept), kept
     if not rows:
         return None
     a_id, a_path, b_id, b_path, prompt = rng.choice(rows)
     if rng.random() < 0.5:
         a_id, a_path, b_id, b_path = b_id, b_path, a_id, a_path
-    return PairChoice(a_id, b_id, prompt, "cross_checkpoint" if cross else "within_group",
-                      a_path, b_path)
+    selection = ("cross_checkpoint" if cross
+                 else SKIPPED_NEAR_IDENTICAL if skipped else "within_group")
+    return PairChoice(a_id, b_id, prompt, selection, a_path, b_path)
 
 
 def cross_checkpoint(session: Session, annotator_id: int, rng: random.Random,

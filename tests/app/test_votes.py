@@ -220,3 +220,63 @@ def test_vote_datetimes_carry_utc(client, admin, annotator, make_group):
     row = json.loads(client.get("/api/votes/export", headers=admin).text.splitlines()[0])
     assert row["shown_at"] == "2026-01-01T12:00:00Z"
     assert row["created_at"] == created.json()["created_at"]
+
+
+def test_nearly_identical_pairs_are_skipped(client, annotator, settings):
+    """Within-group pairs whose images are nearly identical are never offered; a pick that
+    passed over some says so in its selection (stored on the vote)."""
+    import random
+
+    from PIL import Image
+
+    from app.db import session_scope
+    from app.models import Sample, Vote
+    from app.services import votes as svc
+    from app.services.rollouts import record_rollout_group
+
+    def img(dots: list[tuple[int, int]]) -> bytes:
+        im = Image.new("RGB", (32, 32), "white")
+        for x, y in dots:
+            im.paste((220, 38, 38), (x, y, x + 7, y + 7))
+        buf = io.BytesIO()
+        im.save(buf, format="PNG")
+        return buf.getvalue()
+
+    same = img([(4, 4)])
+    almost = Image.open(io.BytesIO(same)).copy()
+    almost.putpixel((20, 20), (0, 0, 0))  # one pixel of 1,024 differs
+    buf = io.BytesIO()
+    almost.save(buf, format="PNG")
+    nearly = buf.getvalue()
+    other = img([(4, 4), (20, 20)])  # one more object: clearly different
+    with session_scope() as s:
+        record_rollout_group(s, job_id=None, iteration=0, prompt_text="one red square",
+                             solver="dpm++", steps=8, sigma=0.3, seed=1, purpose="rollout",
+                             samples=[{"png": p, "member_index": i, "rewards": {}}
+                                      for i, p in enumerate([same, nearly, other])])
+    with session_scope() as s:
+        paths = [r.image_path for r in s.scalars(select(Sample).order_by(Sample.id))]
+    assert svc.near_identical(paths[0], paths[1])
+    assert not svc.near_identical(paths[0], paths[2])
+    assert svc.differing_fraction(paths[0], paths[1]) == 1 / 1024
+    offered, selections = set(), set()
+    for _ in range(4):
+        r = client.get("/api/votes/next", headers=annotator)
+        if r.status_code == 204:
+            break
+        pair = r.json()
+        offered.add(frozenset((pair["a"]["sample_id"], pair["b"]["sample_id"])))
+        selections.add(pair["selection"])
+        assert vote(client, annotator, pair, "a").status_code == 201
+    with session_scope() as s:
+        ids = list(s.scalars(select(Sample.id).order_by(Sample.id)))
+        stored = set(s.scalars(select(Vote.selection)))
+    assert offered == {frozenset((ids[0], ids[2])), frozenset((ids[1], ids[2]))}
+    assert frozenset((ids[0], ids[1])) not in offered
+    assert stored == selections <= {"within_group", svc.SKIPPED_NEAR_IDENTICAL}
+    # the strategy alone, seeded so it meets the identical pair first: it says it skipped it
+    with session_scope() as s:
+        choices = {svc.within_group(s, 10**6, random.Random(seed), set()).selection
+                   for seed in range(20)}
+    assert svc.SKIPPED_NEAR_IDENTICAL in choices and choices <= {
+        "within_group", svc.SKIPPED_NEAR_IDENTICAL}
