@@ -1,5 +1,6 @@
-"""Jobs: a launch form built from `TrainConfig.describe()` (help as tooltips, presets, the
-validation error beside the field it names), the job list with progress bars, and a job page
+"""Jobs: a launch form built from `TrainConfig.describe()` (fields grouped in sections, the
+rarely changed ones folded away; help as tooltips; presets; every validation error at once,
+each beside the field it names), the job list with progress bars, and a job page
 with live plots polled by a `gr.Timer`, the newest sample grid, and Cancel / Resume / "Send
 newest rollouts to the arena" (a rollout job from the job's newest checkpoint, whose groups the
 arena then serves)."""
@@ -31,6 +32,42 @@ from app.ui.rollouts import groups_html
 DEFAULTS = "(defaults)"
 POLL_SECONDS = 1.5
 
+# The form's sections: (title, fields shown, fields folded away as rarely changed). Layout
+# only: what a field means and allows comes from TrainConfig.describe(). A field listed
+# nowhere (a new one) is folded into the section of its describe() group (FALLBACK).
+SECTIONS: list[tuple[str, list[str], list[str]]] = [
+    ("Model", ["model", "model_path", "base_checkpoint", "finetune"],
+     ["lora_rank", "lora_alpha", "lora_target_modules", "resolution", "guidance_scale",
+      "mixed_precision", "gradient_checkpointing"]),
+    ("Rollouts", ["prompts", "prompts_per_iteration", "group_size", "rollout_steps"],
+     ["rollout_solver", "rollout_batch_size"]),
+    ("Neighbor GRPO", ["method", "sigma", "num_anchors", "num_train_timesteps"],
+     ["quasi_norm_p", "temperature", "old_policy", "kl_coefficient", "eta"]),
+    ("Optimisation", ["learning_rate", "clip_range"],
+     ["weight_decay", "max_grad_norm", "train_batch_size", "shuffle_advantages"]),
+    ("Rewards", ["reward_weights", "preference_model"],
+     ["preference_uncertainty_penalty", "preference_refit_every"]),
+    ("Schedule", ["iterations", "sample_every", "checkpoint_every", "seed", "device"],
+     ["eval_every", "eval_seeds"]),
+]
+FALLBACK = {"model": "Model", "algorithm": "Neighbor GRPO", "run": "Schedule",
+            "studio": "Schedule"}
+
+
+def sections() -> list[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]]:
+    """SECTIONS with each name replaced by its describe() entry; every field exactly once."""
+    by_name = {d["name"]: d for d in describe()}
+    out = [(title, [by_name.pop(n) for n in shown if n in by_name],
+            [by_name.pop(n) for n in folded if n in by_name]) for title, shown, folded in SECTIONS]
+    for d in list(by_name.values()):
+        title = FALLBACK.get(d["group"], SECTIONS[-1][0])
+        next(sec for sec in out if sec[0] == title)[2].append(d)
+    return out
+
+
+def _slug(title: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in title.lower())
+
 
 def describe() -> list[dict[str, Any]]:
     from trainer.config import TrainConfig
@@ -61,12 +98,12 @@ def field_component(d: dict[str, Any], value: Any) -> gr.components.Component:
     if d["type"] in ("int", "float"):
         # no min/max here: the server's check names the field and the error shows beside it
         return gr.Number(value=value, precision=0 if d["type"] == "int" else None, **kw)
-    if d["type"] in ("list", "dict"):
-        return gr.Textbox(value=json.dumps(value), **kw)
+    # `value` is the form's value (form_values): a list or dict field is already JSON text
     return gr.Textbox(value=value, **kw)
 
 
 def form_values(preset: str | None) -> list[Any]:
+    """The form's values in describe() order: list and dict fields as JSON text."""
     data = dict(presets().get(preset or "", {}))
     out = []
     for d in describe():
@@ -109,6 +146,14 @@ def _field_error(msg: str | None) -> str:
     return f'<div class="ngs-field-error">{esc(msg)}</div>' if msg else ""
 
 
+def _error_outputs(names: list[str], found: dict[str, list[str]]) -> list[Any]:
+    """The status line and one error box per field (in `names` order)."""
+    shown = {n: "; ".join(found[n]) for n in names if n in found}
+    others = [f"{f}: {'; '.join(m)}" for f, m in found.items() if f not in shown]
+    head = f"{len(found)} field(s) need fixing" + (f" ({'; '.join(others)})" if others else "")
+    return [notice(head, "error"), *[_field_error(shown.get(n)) for n in names]]
+
+
 def launch(enqueuer: Enqueuer | None, user_state: dict | None, dataset_id: int | None,
            *values: Any) -> tuple[int | None, list[Any]]:
     """Validate and launch a train job. Returns the job id (None on an error) and the outputs:
@@ -121,24 +166,27 @@ def launch(enqueuer: Enqueuer | None, user_state: dict | None, dataset_id: int |
         return None, [notice(error_text(exc), "error"), *blank]
     config, errors = parse_form(list(values))
     if errors:
-        return None, [notice(f"{len(errors)} field(s) need fixing", "error"),
-                      *[_field_error(errors.get(n)) for n in names]]
+        # the fields that parsed are still checked, so every problem shows at once
+        found: dict[str, list[str]] = {n: [m] for n, m in errors.items()}
+        try:
+            with session() as s:
+                svc.validate_config(s, "train", config)
+        except Exception as exc:  # noqa: BLE001
+            for err in getattr(exc, "details", {}).get("errors") or []:
+                if err["field"] not in errors:
+                    found.setdefault(err["field"], []).append(err["message"])
+        return None, _error_outputs(names, found)
     try:
         with session() as s:
             job_id = svc.launch_job(s, enqueuer, "train", config,
                                     dataset_id=dataset_id or None, user=user).id
     except Exception as exc:  # noqa: BLE001
         # the service lists every bad field at once; each message goes beside its field
-        found: dict[str, list[str]] = {}
+        found = {}
         for err in getattr(exc, "details", {}).get("errors") or []:
             found.setdefault(err["field"], []).append(err["message"])
-        shown = {n: "; ".join(found[n]) for n in names if n in found}
-        if shown:
-            others = [f"{f}: {'; '.join(m)}" for f, m in found.items() if f not in shown]
-            head = f"{len(found)} field(s) need fixing" + (f" ({'; '.join(others)})"
-                                                          if others else "")
-            return None, [notice(head, "error"),
-                          *[_field_error(shown.get(n)) for n in names]]
+        if any(n in found for n in names):
+            return None, _error_outputs(names, found)
         return None, [notice(error_text(exc), "error"), *blank]
     return job_id, [f'<div class="ngs-notice ngs-ok" id="launched" data-job="{job_id}">Launched '
             f"train job {job_id}.</div>", *blank]
@@ -259,15 +307,32 @@ def build_jobs(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Blocks:
                                      elem_id="jobs-preset")
                 dataset = gr.Dropdown([], value=None, label="Dataset (optional: prompts "
                                       "come from the config otherwise)", elem_id="jobs-dataset")
-            inputs, errors = [], []
-            values = form_values(None)
-            for start in range(0, len(fields), 4):
-                with gr.Row(equal_height=False):
-                    for d, v in zip(fields[start:start + 4], values[start:start + 4],
-                                    strict=True):
-                        with gr.Column(min_width=200):
-                            inputs.append(field_component(d, v))
-                            errors.append(gr.HTML(elem_id=f"err-{d['name']}"))
+            # components by name, laid out by section; `inputs` / `errors` in describe() order
+            comps: dict[str, Any] = {}
+            errs: dict[str, Any] = {}
+            start_values = dict(zip([d["name"] for d in fields], form_values(None), strict=True))
+            folds: list[tuple[Any, list[str]]] = []  # each accordion and the fields inside it
+
+            def grid(ds: list[dict[str, Any]]) -> None:
+                for start in range(0, len(ds), 4):
+                    with gr.Row(equal_height=False):
+                        for d in ds[start:start + 4]:
+                            with gr.Column(min_width=200):
+                                comps[d["name"]] = field_component(d, start_values[d["name"]])
+                                errs[d["name"]] = gr.HTML(elem_id=f"err-{d['name']}")
+
+            for title, shown, folded in sections():
+                slug = _slug(title)
+                with gr.Accordion(title, open=True, elem_id=f"jobs-section-{slug}") as acc:
+                    grid(shown)
+                    if folded:
+                        with gr.Accordion(f"More {title.lower()} settings", open=False,
+                                          elem_id=f"jobs-more-{slug}") as more:
+                            grid(folded)
+                        folds.append((more, [d["name"] for d in folded]))
+                folds.append((acc, [d["name"] for d in shown + folded]))
+            inputs = [comps[d["name"]] for d in fields]
+            errors = [errs[d["name"]] for d in fields]
             launch_btn = gr.Button("Launch", variant="primary", elem_id="jobs-launch-button")
             launch_status = gr.HTML(elem_id="jobs-launch-status")
             help_map = {d["name"]: _tooltip(d) for d in fields}
@@ -317,15 +382,22 @@ def build_jobs(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Blocks:
             job_id, out = launch(enqueuer, user_state, dataset_id, *values)
             pick_update = (gr.Dropdown(choices=_job_choices().choices, value=job_id)
                            if job_id else gr.skip())
-            return [*out, pick_update]
+            # a section (folded or not) holding a field with an error opens to show it
+            bad = {d["name"] for d, e in zip(fields, out[1:], strict=True) if e}
+            opened = [gr.Accordion(open=True) if bad & set(names) else gr.skip()
+                      for _, names in folds]
+            return [*out, pick_update, *opened]
 
-        launch_btn.click(do_launch, [user, dataset, *inputs], [launch_status, *errors, pick],
+        launch_btn.click(do_launch, [user, dataset, *inputs],
+                         [launch_status, *errors, pick, *[acc for acc, _ in folds]],
                          api_visibility="private")
         outputs = [listing, header, plots, samples, view]
         timer.tick(job_view, [user, pick, view], outputs, show_progress="hidden",
                    api_visibility="private")
         pick.change(lambda u, j: job_view(u, j, {}), [user, pick], outputs,
                     api_visibility="private")
+        # an action's message is about the job it was taken on: another job clears it
+        pick.change(lambda: "", None, action_status, api_visibility="private")
         pick.focus(refresh_choices, user, pick, api_visibility="private")
         for button, action in ((cancel, "cancel"), (resume, "resume"), (send, "send")):
             button.click(lambda u, j, a=action: act(enqueuer, a, u, j), [user, pick],

@@ -1,5 +1,7 @@
 """The jobs page in a real browser with a real worker: a bad field shows its error beside it,
-the quick demo launches from the form, its progress bar and reward plot move, Cancel stops it."""
+the quick demo launches from the form, its progress bar and reward plot move, Cancel stops it;
+the form's own defaults launch; every error shows at once, a folded section opening to show
+its own; the cancel message goes when another job is picked."""
 
 from __future__ import annotations
 
@@ -75,3 +77,66 @@ def test_launch_watch_and_cancel_quick_demo(server, page):
         job = jobs.get_job(s, job_id)
         assert job.status == "cancelled"
         assert 1 <= job.iteration < job.total_iterations
+
+
+def _field(page, name: str):
+    return page.locator(f"#cfg-{name} textarea, #cfg-{name} input").first
+
+
+def test_defaults_launch_and_every_error_shows_at_once(server, page):
+    _open_jobs(page, server)
+    # list and dict fields show their JSON once (they showed "[]" and the launch failed)
+    assert _field(page, "prompts").input_value() == "[]"
+    assert _field(page, "reward_weights").input_value() == '{"count": 1.0}'
+    # rarely changed fields are folded away
+    assert not page.locator("#cfg-weight_decay").is_visible()
+    # three bad fields, one of them folded away: every error shows beside its field at once
+    more = page.locator("#jobs-more-optimisation").get_by_text("More optimisation settings")
+    _set_number(page, "num_anchors", "50")
+    _field(page, "reward_weights").fill("{not json")
+    more.click()
+    _set_number(page, "weight_decay", "5")
+    page.locator("#jobs-launch-button").click()
+    page.locator("#jobs-launch-status").get_by_text("3 field(s) need fixing").wait_for()
+    for name, words in (("num_anchors", "group_size"), ("reward_weights", "not valid JSON"),
+                        ("weight_decay", "[0.0, 1.0]")):
+        box = page.locator(f"#err-{name} .ngs-field-error")
+        box.wait_for()
+        assert words in box.inner_text(), name
+    # folded away again, the section opens by itself to show its field's error
+    more.click()
+    page.locator("#err-weight_decay").wait_for(state="hidden")
+    page.locator("#jobs-launch-button").click()
+    page.locator("#err-weight_decay .ngs-field-error").wait_for()
+    screenshot(page, "jobs-form-errors")
+    with session_scope() as s:
+        before = jobs.list_jobs(s)[1]
+    # the defaults, as the page first showed them, launch (the reload keeps the login)
+    page.reload()
+    page.locator("#whoami").wait_for()
+    page.get_by_role("tab", name="Jobs").click()
+    page.locator("#jobs-launch-button").wait_for()
+    page.locator("#jobs-launch-button").click()
+    launched = page.locator("#launched")
+    launched.wait_for()
+    job_id = int(launched.get_attribute("data-job"))
+    with session_scope() as s:
+        assert jobs.list_jobs(s)[1] == before + 1
+        assert jobs.get_job(s, job_id).config["prompts"] == []
+    page.wait_for_function(
+        "(id) => { const d = document.querySelector('#job-detail');"
+        " return d && d.dataset.job == id; }", arg=job_id)
+    page.locator("#job-cancel").click()
+    message = page.locator("#job-action-status").get_by_text("Cancel requested")
+    message.wait_for()
+    # another job picked: the message about this one goes
+    with session_scope() as s:
+        other = jobs.create_job(s, "train", {"iterations": 1}).id
+    page.locator("#jobs-pick input").click()
+    page.get_by_role("option", name=f"#{other} train").click()
+    page.wait_for_function(
+        "(id) => { const d = document.querySelector('#job-detail');"
+        " return d && d.dataset.job == id; }", arg=other)
+    message.wait_for(state="detached")
+    with session_scope() as s:
+        jobs.request_cancel(s, other)
