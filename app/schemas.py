@@ -254,6 +254,21 @@ class UserIn(BaseModel):
     role: Literal["admin", "annotator"] = "annotator"
 
 
+class UserOut(BaseModel):
+    id: int
+    name: str
+    role: str
+    created_at: datetime
+    excluded: bool
+    active_tokens: int
+    revoked: bool = Field(description="no live token: cannot log in")
+
+
+class UserRevoked(BaseModel):
+    id: int
+    tokens_revoked: int
+
+
 class UserCreated(BaseModel):
     id: int
     name: str

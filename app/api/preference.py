@@ -9,7 +9,15 @@ from fastapi.responses import FileResponse
 
 from app.api.deps import MAX_ID, AdminDep, FileReaderDep, PathId, SessionDep, UserDep
 from app.models import PreferenceModelRow
-from app.schemas import AnnotatorStats, Page, PreferenceModelOut, UserCreated, UserIn
+from app.schemas import (
+    AnnotatorStats,
+    Page,
+    PreferenceModelOut,
+    UserCreated,
+    UserIn,
+    UserOut,
+    UserRevoked,
+)
 from app.services import annotators, auth, storage
 from app.services import preference as svc
 
@@ -52,3 +60,17 @@ def create_user(body: UserIn, session: SessionDep, _admin: AdminDep) -> UserCrea
     user, token = auth.create_user(session, body.name, body.role)
     session.commit()
     return UserCreated(id=user.id, name=user.name, role=user.role, token=token)
+
+
+@router.get("/users", response_model=list[UserOut])
+def list_users(session: SessionDep, _admin: AdminDep) -> list[UserOut]:
+    """Every user, with how many live tokens it has (0: revoked, cannot log in)."""
+    return [UserOut(**row) for row in auth.list_users(session)]
+
+
+@router.post("/users/{user_id}/revoke", response_model=UserRevoked, responses={404: {}, 422: {}})
+def revoke_user(user_id: PathId, session: SessionDep, admin: AdminDep) -> UserRevoked:
+    """Revoke every token of the user at once (their votes stay); not your own."""
+    n = auth.revoke_user(session, user_id, by=admin)
+    session.commit()
+    return UserRevoked(id=user_id, tokens_revoked=n)

@@ -6,11 +6,12 @@ import hashlib
 import secrets
 import threading
 import time
+from datetime import UTC, datetime
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.errors import Conflict, Forbidden, Invalid, Unauthorized
+from app.errors import Conflict, Forbidden, Invalid, NotFound, Unauthorized
 from app.models import ROLES, ApiToken, User
 
 TOKEN_PREFIX = "ngs_"
@@ -40,6 +41,36 @@ def issue_token(session: Session, user: User) -> str:
     session.add(ApiToken(user_id=user.id, token_hash=hash_token(token), prefix=token[:10]))
     session.flush()
     return token
+
+
+def list_users(session: Session) -> list[dict]:
+    """Every user with its role, creation time and number of live (unrevoked) tokens; a user
+    with none can no longer log in."""
+    live = (select(ApiToken.user_id, func.count().label("n")).where(ApiToken.revoked_at.is_(None))
+            .group_by(ApiToken.user_id).subquery())
+    rows = session.execute(select(User, func.coalesce(live.c.n, 0))
+                           .outerjoin(live, live.c.user_id == User.id).order_by(User.id)).all()
+    return [{"id": u.id, "name": u.name, "role": u.role, "created_at": u.created_at,
+             "excluded": u.excluded, "active_tokens": int(n), "revoked": not n}
+            for u, n in rows]
+
+
+def revoke_user(session: Session, user_id: int, *, by: User | None = None) -> int:
+    """Revoke every token of a user (their votes stay). Returns how many were revoked. An
+    admin cannot revoke themself (nobody might be left to undo it). Flushes, no commit."""
+    user = session.get(User, user_id)
+    if user is None:
+        raise NotFound(f"user {user_id} not found")
+    if by is not None and by.id == user.id:
+        raise Invalid("you cannot revoke your own access", field="user_id")
+    tokens = session.scalars(select(ApiToken).where(ApiToken.user_id == user.id,
+                                                    ApiToken.revoked_at.is_(None))).all()
+    now = datetime.now(UTC)
+    for t in tokens:
+        t.revoked_at = now
+    session.flush()
+    token_cache.clear()  # takes effect at once, not after the cache's few seconds
+    return len(tokens)
 
 
 class _TokenCache:

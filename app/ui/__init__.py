@@ -45,9 +45,12 @@ def build_ui(enqueuer: Enqueuer | None = None) -> gr.Blocks:
                 ("annotators", "Annotators", build_annotators),
             ]:
                 with gr.Tab(title, id=key, elem_id=f"tab-{key}", visible=False) as tab:
-                    builder(user)
+                    if key == "annotators":  # re-reads its numbers whenever it is shown
+                        build_annotators(user, tab)
+                    else:
+                        builder(user)
                 pages[key] = tab
-        login.wire(pages, tabs)
+        login.wire(pages, tabs, ui)
         assert set(ADMIN_TABS) <= set(pages)
     return ui
 

@@ -1,12 +1,15 @@
 """Annotators: votes per annotator, median decision time, agreement with the majority and with
 the automatic reward on shared pairs (`app.services.annotators.stats`). Admins see everyone and
-the switch that excludes an annotator's votes from fitting; annotators see their own row."""
+the switch that excludes an annotator's votes from fitting, and the accounts: create a user
+(its token shown once), list them, revoke one; annotators see their own row. The stats are
+re-read whenever the page is shown, so an annotator's own vote count is current after voting."""
 
 from __future__ import annotations
 
 import gradio as gr
 
 from app.services import annotators as svc
+from app.services import auth
 from app.ui.common import Raw, caller, error_text, esc, notice, session, table
 
 
@@ -24,7 +27,9 @@ def stats_html(user_state: dict | None) -> str:
     body = table(
         ["user", "role", "votes", "clean votes", "median latency", "agrees with majority",
          "agrees with reward", "excluded"],
-        [[f"{r['name']} (#{r['user_id']})", r["role"], r["votes"], r["clean_votes"],
+        [[f"{r['name']} (#{r['user_id']})", r["role"],
+          Raw(f'<span class="ngs-votes" data-user="{esc(r["name"])}">{r["votes"]}</span>'),
+          r["clean_votes"],
           "–" if r["median_latency_ms"] is None else f"{r['median_latency_ms'] / 1000:.1f} s",
           _pct(r["majority_agreement"], r["majority_n"]),
           _pct(r["reward_agreement"], r["reward_n"]),
@@ -53,7 +58,57 @@ def set_excluded(user_state: dict | None, user_id: int | None, excluded: bool) -
     return msg, stats_html(user_state)
 
 
-def build_annotators(user: gr.State) -> gr.Blocks:
+def users_html(user_state: dict | None) -> str:
+    try:
+        caller(user_state, "admin")
+        with session() as s:
+            rows = auth.list_users(s)
+    except Exception as exc:  # noqa: BLE001
+        return notice(error_text(exc), "error")
+    body = table(["user", "role", "created", "access"],
+                 [[f"{r['name']} (#{r['id']})", r["role"],
+                   r["created_at"].strftime("%Y-%m-%d %H:%M") if r["created_at"] else "",
+                   Raw(f'<span class="ngs-access" data-user="{esc(r["name"])}">'
+                       f'{"revoked" if r["revoked"] else "active"}</span>')] for r in rows],
+                 "ngs-users")
+    return f'<div id="users-table">{body}</div>'
+
+
+def account_choices(user_state: dict | None) -> list[tuple[str, int]]:
+    """Users that can still log in, for the Revoke picker (admins only)."""
+    caller(user_state, "admin")
+    with session() as s:
+        return [(f"{r['name']} (#{r['id']}, {r['role']})", r["id"]) for r in auth.list_users(s)
+                if not r["revoked"]]
+
+
+def create_account(user_state: dict | None, name: str, role: str) -> str:
+    try:
+        caller(user_state, "admin")
+        with session() as s:
+            user, token = auth.create_user(s, name or "", role or "annotator")
+            uid, uname, urole = user.id, user.name, user.role
+    except Exception as exc:  # noqa: BLE001
+        return notice(error_text(exc), "error")
+    return (f'<div class="ngs-notice ngs-ok" id="user-created" data-user="{uid}">Created '
+            f"{esc(urole)} <b>{esc(uname)}</b> (#{uid}). Their API token, shown once (copy it "
+            f'now): <code id="new-token">{esc(token)}</code></div>')
+
+
+def revoke_account(user_state: dict | None, user_id: int | None) -> str:
+    try:
+        admin = caller(user_state, "admin")
+        if not user_id:
+            raise ValueError("pick a user")
+        with session() as s:
+            n = auth.revoke_user(s, int(user_id), by=admin)
+    except Exception as exc:  # noqa: BLE001
+        return notice(error_text(exc), "error")
+    return notice(f"User #{user_id} can no longer log in ({n} token(s) revoked; their votes "
+                  "stay).", "ok")
+
+
+def build_annotators(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
     with gr.Blocks() as page:
         refresh = gr.Button("Refresh", size="sm", elem_id="annotators-refresh")
         out = gr.HTML(elem_id="annotators-box")
@@ -63,15 +118,42 @@ def build_annotators(user: gr.State) -> gr.Blocks:
                                    elem_id="annotators-exclude")
             apply = gr.Button("Apply", elem_id="annotators-apply")
         status = gr.HTML(elem_id="annotators-status")
+        with gr.Column(visible=False) as accounts:
+            gr.Markdown("### Accounts")
+            with gr.Row(equal_height=True):
+                new_name = gr.Textbox(label="Name", elem_id="users-name", scale=2)
+                new_role = gr.Dropdown(["annotator", "admin"], value="annotator", label="Role",
+                                       elem_id="users-role")
+                create = gr.Button("Create user", variant="primary", elem_id="users-create")
+            created = gr.HTML(elem_id="users-created")
+            listing = gr.HTML(elem_id="users-list")
+            with gr.Row(equal_height=True):
+                revoke_who = gr.Dropdown([], label="User", elem_id="users-revoke-pick", scale=2)
+                revoke = gr.Button("Revoke access", variant="stop", elem_id="users-revoke")
+            revoked = gr.HTML(elem_id="users-revoked")
 
         def on_login(user_state: dict | None):
             admin = bool(user_state) and user_state.get("role") == "admin"
             return (stats_html(user_state) if user_state else "",
                     gr.Row(visible=admin),
-                    gr.Dropdown(choices=user_choices()) if admin else gr.skip())
+                    gr.Dropdown(choices=user_choices()) if admin else gr.skip(),
+                    gr.Column(visible=admin),
+                    users_html(user_state) if admin else "",
+                    gr.Dropdown(choices=account_choices(user_state)) if admin else gr.skip())
 
-        user.change(on_login, user, [out, admin_row, who], api_visibility="private")
-        refresh.click(on_login, user, [out, admin_row, who], api_visibility="private")
+        shown = [out, admin_row, who, accounts, listing, revoke_who]
+        user.change(on_login, user, shown, api_visibility="private")
+        refresh.click(on_login, user, shown, api_visibility="private")
+        if tab is not None:  # shown again (e.g. after voting in the arena): current numbers
+            tab.select(on_login, user, shown, show_progress="hidden", api_visibility="private")
         apply.click(set_excluded, [user, who, excluded], [status, out],
                     api_visibility="private")
+
+        def after(msg: str, user_state: dict | None):
+            return (msg, *on_login(user_state))
+
+        create.click(lambda u, n, r: after(create_account(u, n, r), u),
+                     [user, new_name, new_role], [created, *shown], api_visibility="private")
+        revoke.click(lambda u, w: after(revoke_account(u, w), u), [user, revoke_who],
+                     [revoked, *shown], api_visibility="private")
     return page
