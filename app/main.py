@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import FileResponse, JSONResponse
 from sqlalchemy.exc import DataError
 
 from app import db
@@ -16,6 +17,8 @@ from app.errors import ServiceError
 from app.services.jobs import Enqueuer
 
 log = logging.getLogger(__name__)
+
+FAVICON = Path(__file__).resolve().parent / "ui" / "favicon.svg"
 
 
 def migrations_current() -> bool:
@@ -83,6 +86,12 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
 
     for module in (auth, datasets, rollouts, media, votes, jobs, checkpoints, preference):
         app.include_router(module.router, prefix="/api")
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> FileResponse:
+        """The studio's icon (browsers ask for /favicon.ico; the UI's page links it too)."""
+        return FileResponse(FAVICON, media_type="image/svg+xml",
+                            headers={"Cache-Control": "public, max-age=86400"})
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

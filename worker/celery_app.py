@@ -16,16 +16,25 @@ Run a worker: `celery -A worker.celery_app worker -Q gpu,cpu --pool solo` (see R
 
 from __future__ import annotations
 
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
 from celery import Celery
+from celery.exceptions import SecurityWarning
 from kombu import Queue
 
 from app.config import Settings, get_settings
 from app.job_kinds import KINDS, QUEUE_NAMES
 
 QUEUES = QUEUE_NAMES
+
+# Celery warns on every start as root (a container's default user, `make demo` on a root
+# shell). The danger it names is unpickling broker messages as root; this app accepts JSON
+# only (accept_content below; with pickle Celery refuses to start as root, which still
+# happens), so that one warning goes. Every other warning, security ones included, stays.
+warnings.filterwarnings("ignore", message="You're running the worker with superuser privileges",
+                        category=SecurityWarning)
 
 
 def broker_settings(settings: Settings) -> dict:
@@ -46,7 +55,9 @@ def broker_settings(settings: Settings) -> dict:
     for folder in folders.values():
         folder.mkdir(parents=True, exist_ok=True)
     return {
-        "broker_url": "filesystem://",
+        # the filesystem transport ignores the host; naming the one kombu would assume keeps
+        # it from warning "No hostname was supplied" on every connection
+        "broker_url": "filesystem://localhost//",
         "broker_transport_options": {
             "data_folder_in": str(folders["queue"]), "data_folder_out": str(folders["queue"]),
             "processed_folder": str(folders["processed"]), "store_processed": False,

@@ -13,6 +13,7 @@ import base64
 import html
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -179,7 +180,14 @@ def notice(text: str, kind: str = "info") -> str:
     return f'<div class="ngs-notice ngs-{kind}">{esc(text)}</div>'
 
 
+FAVICON = Path(__file__).resolve().parent / "favicon.svg"
+
 CSS = """
+/* Gradio's bundled Source Sans Pro SemiBold (weight 600: every button) holds a handful of
+   glyphs (space, A, B): the "A" of "A is better" and the "B" of "B is better" / "Both bad"
+   came from it, the other letters from a fallback font, so the first letter looked smaller.
+   Buttons take one font for every letter. */
+.gradio-container button { font-family: ui-sans-serif, system-ui, sans-serif !important; }
 .ngs-pair { display: flex; gap: 16px; justify-content: center; }
 .ngs-side { flex: 1 1 0; max-width: 520px; text-align: center; }
 .ngs-side img, .ngs-pixel { image-rendering: pixelated; image-rendering: crisp-edges; }
@@ -229,6 +237,7 @@ CSS = """
 
 # keyboard shortcuts for the arena, the double-click guard, client vote ids, tooltips
 HEAD = """
+<link rel="icon" type="image/svg+xml" href="/favicon.ico">
 <script>
 (() => {
   const KEYS = {"1": "vote-a", "2": "vote-b", "3": "vote-tie", "4": "vote-both_bad",

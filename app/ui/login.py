@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
+from app.api.deps import session_cookie
 from app.ui.common import caller, error_text, esc, notice
 
 ANNOTATOR_TABS = ("arena", "annotators")  # annotators see their own stats on the last one
@@ -41,16 +42,16 @@ class Login:
     logout: gr.Button
     user: gr.State
 
-    def wire(self, pages: dict[str, gr.Tab], tabs: gr.Tabs) -> None:
+    def wire(self, pages: dict[str, gr.Tab], tabs: gr.Tabs, ui: gr.Blocks | None = None) -> None:
         keys = list(pages)
 
-        def login(token: str, _state: dict | None):
+        def login(token: str, _state: dict | None, quiet: bool = False):
             token = (token or "").strip()
             try:
                 user = caller({"token": token})
             except Exception as exc:  # noqa: BLE001 - shown to the user
-                return (None, notice(error_text(exc), "error"), gr.update(visible=True),
-                        gr.update(visible=False), gr.skip(),
+                return (None, "" if quiet else notice(error_text(exc), "error"),
+                        gr.update(visible=True), gr.update(visible=False), gr.skip(),
                         *[gr.update(visible=False) for _ in keys])
             allowed = ADMIN_TABS if user.role == "admin" else ANNOTATOR_TABS
             state = {"token": token, "name": user.name, "role": user.role}
@@ -69,6 +70,18 @@ class Login:
                     js=START_SESSION_JS)
         self.logout.click(logout, None, outputs, api_visibility="private",
                           js=END_SESSION_JS)
+
+        def restore(request: gr.Request):
+            """A reload keeps the login: the session cookie set at login (HttpOnly, so only
+            the server reads it) names the token; a missing, revoked or wrong one shows the
+            login box, quietly."""
+            token = session_cookie(dict(request.cookies)) if request is not None else None
+            if not token:
+                return logout()
+            return login(token, None, quiet=True)
+
+        if ui is not None:
+            ui.load(restore, None, outputs, api_visibility="private", show_progress="hidden")
 
 
 def build_login(user: gr.State) -> Login:

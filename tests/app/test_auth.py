@@ -50,3 +50,26 @@ def test_cli_create_user_prints_token_once_and_stores_hash(settings, session, cl
     dup = subprocess.run([sys.executable, "-m", "app", "create-user", "carol"],
                          capture_output=True, text=True)
     assert dup.returncode == 1 and "already exists" in dup.stderr
+
+
+def test_admin_lists_and_revokes_users(client, admin, annotator):
+    """GET /api/users and POST /api/users/{id}/revoke (admins only): a revoked user's token
+    stops working at once, their votes stay, an admin cannot revoke themself."""
+    r = client.post("/api/users", json={"name": "carol", "role": "annotator"}, headers=admin)
+    assert r.status_code == 201
+    carol = {"Authorization": f"Bearer {r.json()['token']}"}
+    assert client.get("/api/auth/me", headers=carol).status_code == 200
+    assert client.get("/api/users", headers=annotator).status_code == 403
+    assert client.post(f"/api/users/{r.json()['id']}/revoke", headers=annotator).status_code == 403
+    users = {u["name"]: u for u in client.get("/api/users", headers=admin).json()}
+    assert set(users) == {"alice", "bob", "carol"}
+    assert users["carol"]["active_tokens"] == 1 and not users["carol"]["revoked"]
+    assert "token" not in users["carol"] and "token_hash" not in users["carol"]
+    done = client.post(f"/api/users/{users['carol']['id']}/revoke", headers=admin)
+    assert done.status_code == 200 and done.json()["tokens_revoked"] == 1
+    assert client.get("/api/auth/me", headers=carol).status_code == 401
+    users = {u["name"]: u for u in client.get("/api/users", headers=admin).json()}
+    assert users["carol"]["revoked"] and users["carol"]["active_tokens"] == 0
+    own = client.post(f"/api/users/{users['alice']['id']}/revoke", headers=admin)
+    assert own.status_code == 422 and "your own" in own.json()["detail"]
+    assert client.post("/api/users/999999/revoke", headers=admin).status_code == 404

@@ -87,7 +87,8 @@ def test_login_and_vote_with_mouse_and_keys(server, page):
         # the sides recorded are those shown: the reveal names them after the vote
         reveal = page.locator("#arena-reveal .ngs-reveal")
         assert reveal.get_attribute("data-vote") == str(v.id)
-        assert "iteration" in reveal.inner_text()
+        # the seeded groups come from no job and no checkpoint: the base model
+        assert reveal.inner_text().count("base model") == 2
         if k == 1:
             screenshot(page, "arena-after-vote")
     assert all(v.session_id == votes[0].session_id for v in votes[before:])
@@ -143,3 +144,39 @@ def test_bad_token_is_refused(server, page):
     page.locator("#login-button").click()
     page.get_by_text("invalid or revoked token").wait_for()
     assert page.get_by_role("tab", name="Arena").count() == 0
+
+
+def test_own_vote_count_updates_without_refresh(server, page):
+    """An annotator's row on the Annotators page counts the votes just cast in the arena when
+    the page is shown again, no Refresh click."""
+    login(page, server, server.annotator_token)
+    page.locator("#arena-pair .ngs-pair[data-nonce]").wait_for()
+    page.get_by_role("tab", name="Annotators").click()
+    mine = page.locator(".ngs-votes[data-user='bob']")
+    mine.wait_for()
+    assert int(mine.inner_text()) == len(_votes_of("bob"))
+    page.get_by_role("tab", name="Arena").click()
+    for k in (1, 2):
+        nonce, _, _ = _shown_pair(page)
+        page.locator("#vote-a").click()
+        _wait_new_pair(page, nonce)
+        _wait_count(page, k)
+    page.get_by_role("tab", name="Annotators").click()
+    page.wait_for_function(
+        "(n) => { const e = document.querySelector(\".ngs-votes[data-user='bob']\");"
+        " return e && Number(e.textContent) === n; }", arg=len(_votes_of("bob")))
+
+
+def test_vote_buttons_draw_each_label_in_one_font(server, page):
+    """The first letter of "A is better" / "B is better" came from a font that holds only a
+    few glyphs and looked smaller than the rest: each button's text uses one font."""
+    login(page, server, server.annotator_token)
+    page.locator("#vote-a").wait_for()
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("DOM.enable")
+    cdp.send("CSS.enable")
+    root = cdp.send("DOM.getDocument")["root"]["nodeId"]
+    for button in ("#vote-a", "#vote-b", "#vote-both_bad"):
+        node = cdp.send("DOM.querySelector", {"nodeId": root, "selector": button})["nodeId"]
+        fonts = cdp.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]
+        assert len(fonts) == 1, (button, fonts)

@@ -101,7 +101,7 @@ def test_rollouts_page(server, page):
     details = member.locator(".ngs-details")
     details.wait_for()
     text = details.inner_text()
-    for word in ("seed", "member", "sigma", "solver", "checkpoint"):
+    for word in ("seed", "member", "sigma", "solver", "base model"):
         assert word in text
     screenshot(page, "rollouts")
 
@@ -179,3 +179,75 @@ def test_annotators_page_and_exclude(server, page):
     page.locator("#annotators-status").get_by_text("included again").wait_for()
     with session_scope() as s:
         assert not s.scalar(select(User.excluded).where(User.name == "bob"))
+
+
+def test_login_survives_a_reload_and_logout_forgets_it(server, page):
+    login(page, server, server.admin_token)
+    page.reload()
+    page.locator("#whoami").wait_for()  # restored from the session cookie, no token typed
+    assert page.locator("#whoami").get_attribute("data-role") == "admin"
+    page.get_by_role("tab", name="Jobs").wait_for()
+    page.locator("#logout").click()
+    page.locator("#login-button").wait_for()
+    page.reload()
+    page.locator("#login-button").wait_for()
+    page.wait_for_timeout(1500)  # a restore would have landed by now
+    assert page.locator("#whoami").count() == 0
+
+
+def test_favicon(server, page):
+    r = page.request.get(f"{server.base}/favicon.ico")
+    assert r.status == 200 and r.headers["content-type"].startswith("image/svg+xml")
+    page.goto(server.ui)
+    href = page.locator("link[rel~='icon']").first.get_attribute("href")
+    assert page.request.get(href if href.startswith("http") else server.base + href).ok
+
+
+def test_admin_creates_lists_and_revokes_an_annotator(server, page, browser):
+    name = f"carol-{uuid.uuid4().hex[:6]}"
+    login(page, server, server.admin_token)
+    _tab(page, "Annotators")
+    page.locator("#users-name input, #users-name textarea").first.fill(name)
+    page.locator("#users-create").click()
+    token = page.locator("#new-token")
+    token.wait_for()
+    carol_token = token.inner_text().strip()
+    assert carol_token.startswith("ngs_")
+    page.locator(f".ngs-access[data-user='{name}']").get_by_text("active").wait_for()
+    # the new annotator logs in with the token shown
+    other = browser.new_context()
+    try:
+        carol = other.new_page()
+        login(carol, server, carol_token)
+        assert carol.locator("#whoami").get_attribute("data-role") == "annotator"
+    finally:
+        other.close()
+    screenshot(page, "annotators-accounts")
+    page.locator("#users-revoke-pick input").fill(name)
+    page.get_by_role("option", name=name).first.click()
+    page.locator("#users-revoke").click()
+    page.locator("#users-revoked").get_by_text("can no longer log in").wait_for()
+    page.locator(f".ngs-access[data-user='{name}']").get_by_text("revoked").wait_for()
+    other = browser.new_context()
+    try:
+        carol = other.new_page()
+        carol.goto(server.ui)
+        carol.locator("#login-token input, #login-token textarea").first.fill(carol_token)
+        carol.locator("#login-button").click()
+        carol.get_by_text("invalid or revoked token").wait_for()
+    finally:
+        other.close()
+
+
+def test_startup_prints_no_spurious_warnings(server, page):
+    """The worker (started as `make demo` starts it, as root on this box) and the server print
+    neither Celery's superuser warning (JSON-only messages: the pickle risk it names does not
+    apply) nor kombu's "No hostname was supplied" for the embedded filesystem broker."""
+    import os
+
+    login(page, server, server.admin_token)  # the server has answered, the worker is ready
+    text = server.log_text()
+    assert "ready." in text
+    assert "No hostname was supplied" not in text
+    if os.geteuid() == 0:
+        assert "superuser privileges" not in text
