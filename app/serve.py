@@ -3,8 +3,10 @@ defaults (SQLite under DATA_DIR, the filesystem broker, one worker process, the 
 shapes model) or on whatever the settings name.
 
 1. migrations; 2. the shapes prompt dataset (all 48 prompts; once); 3. an `admin` user whose
-API token is printed once, on the first start; 4. on the first start a "shapes quick demo"
-training job, so there are curves to watch and rollouts to vote on; 5. a Celery worker as a
+API token is printed once, on the first start; 4. on the first start a rollout job of the
+shipped shapes base on the shapes prompts (queued first, so the worker takes it first: pairs to
+vote on within a minute), then a "shapes quick demo" training job, so there are curves to
+watch; 5. a Celery worker as a
 child process; 6. uvicorn. Ctrl-C stops uvicorn, then the worker (a running training job saves
 a checkpoint and goes back to the queue; the next start resumes it), then exits.
 """
@@ -21,11 +23,17 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from app.services.jobs import SHAPES_DATASET
+from app.services.jobs import SHAPES_DATASET, Enqueuer
 
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+# The demo's first job: base-model rollout groups for the arena. Small enough to finish in
+# seconds on a CPU (16 prompts x 8 members of the 32x32 shapes DiT, 8 solver steps), and 28
+# pairs a group, 448 in all: a newcomer's first hundred votes.
+DEMO_ARENA_ROLLOUT = {"max_prompts": 16, "group_size": 8, "sigma": 0.3, "steps": 8, "seed": 0}
 
 
 @dataclass
@@ -33,10 +41,14 @@ class Bootstrap:
     dataset_id: int
     admin_token: str | None  # only on the start that created the admin
     demo_job_id: int | None
+    arena_job_id: int | None = None
 
 
-def bootstrap(demo_job: bool = True) -> Bootstrap:
-    """Migrate, seed the shapes dataset and the admin, launch the demo job (each once)."""
+def bootstrap(demo_job: bool = True, enqueuer: Enqueuer | None = None) -> Bootstrap:
+    """Migrate, seed the shapes dataset and the admin, and on the first start launch the
+    arena's base-model rollout job, then the demo training job (each once). Each launch
+    commits and enqueues before the next, so the worker (one message at a time, in order)
+    takes the rollouts first."""
     from app.db import session_scope
     from app.migrate import upgrade
     from app.models import Dataset, Job, User
@@ -44,7 +56,7 @@ def bootstrap(demo_job: bool = True) -> Bootstrap:
     from trainer.shapes.world import all_prompts
 
     upgrade()
-    token = job_id = None
+    token = job_id = arena_id = None
     with session_scope() as s:
         ds_id = s.scalar(select(Dataset.id).where(Dataset.name == SHAPES_DATASET)
                          .order_by(Dataset.id).limit(1))
@@ -55,10 +67,12 @@ def bootstrap(demo_job: bool = True) -> Bootstrap:
         if s.scalar(select(User.id).where(User.role == "admin").limit(1)) is None:
             _, token = auth.create_user(s, "admin", "admin")
         if demo_job and not s.scalar(select(func.count()).select_from(Job)):
-            from worker.celery_app import enqueue
-
-            job_id = jobs.launch_job(s, enqueue, "train", preset="shapes-quick-demo").id
-    return Bootstrap(ds_id, token, job_id)
+            if enqueuer is None:
+                from worker.celery_app import enqueue as enqueuer
+            arena_id = jobs.launch_job(s, enqueuer, "rollout",
+                                       {"dataset_id": ds_id, **DEMO_ARENA_ROLLOUT}).id
+            job_id = jobs.launch_job(s, enqueuer, "train", preset="shapes-quick-demo").id
+    return Bootstrap(ds_id, token, job_id, arena_id)
 
 
 def worker_command(name: str = "local") -> list[str]:
@@ -97,6 +111,10 @@ def serve(host: str = "127.0.0.1", port: int = 8000, worker: bool = True,
     else:
         print("admin user exists (its token was shown on the first start; "
               "`python -m app create-user NAME --role admin` makes another)")
+    if info.arena_job_id:
+        print(f"arena:          rollout job {info.arena_job_id} (base model, "
+              f"{DEMO_ARENA_ROLLOUT['max_prompts']} prompts) queued first: pairs to vote on "
+              "within a minute")
     if info.demo_job_id:
         print(f"demo job:       train job {info.demo_job_id} (shapes-quick-demo) queued")
     proc = None

@@ -103,3 +103,97 @@ def test_line_plot_points(n):
 
     svg = line_plot("r", list(range(n)), {"r": [float(i) for i in range(n)]})
     assert f'data-points="{n}"' in svg and svg.endswith("</svg>")
+
+
+def _form_components():
+    """The launch form as the page builds it: each field's component, in describe() order."""
+    import gradio as gr
+
+    from app.ui import jobs
+
+    with gr.Blocks() as page:
+        jobs.build_jobs(gr.State(None))
+    by_id = {b.elem_id: b for b in page.blocks.values() if getattr(b, "elem_id", None)}
+    return [by_id[f"cfg-{d['name']}"] for d in jobs.describe()], by_id
+
+
+def test_the_forms_own_defaults_launch(settings, admin, enqueuer):
+    """What the page shows on first load launches as it is (list and dict fields were JSON
+    encoded twice: prompts showed "[]" and the launch failed)."""
+    import json
+
+    from app.ui import jobs
+
+    comps, _ = _form_components()
+    values = [c.value for c in comps]
+    names = [d["name"] for d in jobs.describe()]
+    assert values[names.index("prompts")] == "[]"
+    assert json.loads(values[names.index("reward_weights")]) == {"count": 1.0}
+    job_id, out = jobs.launch(enqueuer, _token(admin), None, *values)
+    assert job_id is not None, out[0]
+    assert enqueuer.calls == [(job_id, "train")]
+
+
+def test_launch_form_sections_hold_every_field_once(settings):
+    from app.ui import jobs
+
+    comps, by_id = _form_components()
+    placed = [d["name"] for _, shown, folded in jobs.sections() for d in shown + folded]
+    assert sorted(placed) == sorted(d["name"] for d in jobs.describe())
+    for title, _, folded in jobs.sections():
+        slug = jobs._slug(title)
+        assert by_id[f"jobs-section-{slug}"].open
+        if folded:
+            assert not by_id[f"jobs-more-{slug}"].open  # rarely changed: folded away
+    assert "jobs-more-optimisation" in by_id and "jobs-section-rewards" in by_id
+
+
+def test_parse_and_server_errors_show_together(settings, admin, enqueuer):
+    from app.ui import jobs
+
+    names = [d["name"] for d in jobs.describe()]
+    values = jobs.form_values("tiny")
+    values[names.index("reward_weights")] = "{not json"
+    values[names.index("num_anchors")] = 99
+    values[names.index("sigma")] = 7.0
+    job_id, out = jobs.launch(enqueuer, _token(admin), None, *values)
+    errors = dict(zip(names, out[1:], strict=True))
+    assert job_id is None and "3 field(s) need fixing" in out[0]
+    assert "not valid JSON" in errors["reward_weights"]
+    assert "group_size" in errors["num_anchors"] and "[0.0, 1.0]" in errors["sigma"]
+    assert enqueuer.calls == []
+
+
+def test_annotators_page_creates_lists_and_revokes(settings, admin, annotator):
+    import re
+
+    from app.ui import annotators
+
+    assert "needs role admin" in annotators.create_account(_token(annotator), "eve", "annotator")
+    msg = annotators.create_account(_token(admin), "eve", "annotator")
+    token = re.search(r'<code id="new-token">([^<]+)</code>', msg).group(1)
+    eve = {"token": token}
+    assert 'data-user="eve">active' in annotators.users_html(_token(admin))
+    assert "eve" in annotators.stats_html(eve)
+    eve_id = next(i for label, i in annotators.account_choices(_token(admin)) if "eve" in label)
+    assert "already exists" in annotators.create_account(_token(admin), "eve", "annotator")
+    assert "can no longer log in" in annotators.revoke_account(_token(admin), eve_id)
+    assert 'data-user="eve">revoked' in annotators.users_html(_token(admin))
+    assert "invalid or revoked" in annotators.stats_html(eve)
+    assert all("eve" not in label for label, _ in annotators.account_choices(_token(admin)))
+
+
+def test_demo_queues_arena_rollouts_before_the_training_job(settings, enqueuer):
+    from app.db import session_scope
+    from app.serve import DEMO_ARENA_ROLLOUT, bootstrap
+    from app.services import jobs
+
+    info = bootstrap(enqueuer=enqueuer)
+    assert enqueuer.calls == [(info.arena_job_id, "rollout"), (info.demo_job_id, "train")]
+    assert info.arena_job_id < info.demo_job_id
+    with session_scope() as s:
+        job = jobs.get_job(s, info.arena_job_id)
+        assert job.config["checkpoint_id"] is None and job.config["model"] == "shapes"
+        assert job.config["dataset_id"] == info.dataset_id
+        assert job.config["max_prompts"] == DEMO_ARENA_ROLLOUT["max_prompts"]
+    assert bootstrap(enqueuer=enqueuer).arena_job_id is None  # once, on the first start

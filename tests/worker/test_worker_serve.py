@@ -1,5 +1,6 @@
 """`python -m app serve` (what `make demo` runs) on the embedded defaults: migrations, the shapes
-dataset, an admin token printed once, the demo training job running in the child worker, the
+dataset, an admin token printed once, base-model pairs in the arena within a minute (the rollout
+job queued before the demo training job), the demo training job running in the child worker, the
 API answering; Ctrl-C stops the server and the worker (the job saves a checkpoint and goes back
 to the queue), and the next start resumes it."""
 
@@ -50,7 +51,8 @@ def _get(url: str, token: str | None = None):
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
         with urllib.request.urlopen(req, timeout=5) as resp:
-            return json.loads(resp.read())
+            body = resp.read()
+            return json.loads(body) if body else None  # 204: nothing yet
     except OSError:
         return None
 
@@ -82,7 +84,12 @@ def test_serve_starts_everything_and_ctrl_c_stops_it(tmp_path):
         datasets = _get(f"{base}/api/datasets", token)
         items = datasets["items"] if isinstance(datasets, dict) else datasets
         assert any(d["name"] == "shapes" and d["num_prompts"] == 48 for d in items)
-        job = _wait(lambda: (j := _get(f"{base}/api/jobs/1", token)) and j["iteration"] >= 1
+        # job 1: base-model rollouts for the arena, taken first: a pair to vote on in a minute
+        pair = _wait(lambda: _get(f"{base}/api/votes/next", token), 60,
+                     "a pair in the arena within a minute", log)
+        assert pair["selection"].startswith("within_group")
+        assert _get(f"{base}/api/jobs/1", token)["kind"] == "rollout"
+        job = _wait(lambda: (j := _get(f"{base}/api/jobs/2", token)) and j["iteration"] >= 1
                     and j, 240, "the demo job to train", log)
         assert job["kind"] == "train" and job["status"] == "running"
 
@@ -101,7 +108,7 @@ def test_serve_starts_everything_and_ctrl_c_stops_it(tmp_path):
     try:
         text = _wait(lambda: _log_when(log2, "Uvicorn running"), 90, "the second start", log2)
         assert "admin API token" not in text  # printed once, on the first start only
-        _wait(lambda: "job 1 resumes from" in log2.read_text(), 120, "the resume", log2)
+        _wait(lambda: "job 2 resumes from" in log2.read_text(), 120, "the resume", log2)
         worker_pid = int(re.search(r"worker:\s+pid (\d+)", text).group(1))
         # SIGTERM (docker stop, systemd, `timeout`) stops everything like Ctrl-C does
         proc.send_signal(signal.SIGTERM)
