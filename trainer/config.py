@@ -56,6 +56,20 @@ def _reward_weight_problems(weights: dict, known: list[str]) -> list[ConfigError
     return out
 
 
+def _reward_model_path_problems(paths: dict) -> list[ConfigError]:
+    from trainer.rewards.models import MODEL_REWARDS
+
+    out = []
+    for name, path in paths.items():
+        if name not in MODEL_REWARDS:
+            out.append(ConfigError("reward_model_paths", f"{name!r} is not a model-backed "
+                                   f"reward; known: {sorted(MODEL_REWARDS)}"))
+        elif not isinstance(path, str) or not path.strip() or "\x00" in path:
+            out.append(ConfigError("reward_model_paths", f"{name!r} must map to a non-empty "
+                                   f"path, got {path!r}"))
+    return out
+
+
 def _field(default: Any, help: str, *, min: float | None = None, max: float | None = None,
            choices: tuple[str, ...] | None = None, group: str = "algorithm",
            **kwargs: Any) -> Any:
@@ -191,6 +205,14 @@ class AlgorithmArguments:
                                   "normalised per group before weighting. Names come from "
                                   "the reward registry (count, color, shape, combined, "
                                   "jpeg_compressibility, ...).", group="algorithm")
+    reward_model_paths: dict = _field({}, "Model-backed rewards (hpsv2, pickscore, clip_score, "
+                                      "aesthetic, imagereward): name -> the local directory "
+                                      "of its weights, for those not in the default "
+                                      "REWARD_MODELS_DIR/<name>/. Nothing downloads; a missing "
+                                      "or incomplete directory fails the job at its start, "
+                                      "naming the files expected. Studio jobs take only paths "
+                                      "under MODELS_DIR or REWARD_MODELS_DIR.",
+                                      group="algorithm")
     preference_model: str = _field("", "The human-preference reward model blended in as the "
                                    "reward 'preference' (give it a weight in reward_weights): a "
                                    "path to its safetensors file. A studio job also takes 'latest' "
@@ -280,6 +302,8 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
             out.append(ConfigError("kl_coefficient", "is implemented for method 'neighbor' only"))
         if "reward_weights" not in bad:
             out += _reward_weight_problems(self.reward_weights, reward_names())
+        if "reward_model_paths" not in bad:
+            out += _reward_model_path_problems(self.reward_model_paths)
         out += self._model_problems(bad)
         if "prompts" not in bad and not all(isinstance(p, str) and p.strip() and "\x00" not in p
                                             for p in self.prompts):

@@ -59,6 +59,11 @@ class Trainer:
     def __init__(self, config: TrainConfig, model: FlowModel | None = None) -> None:
         self.config = config.validate()
         self.device = resolve_device(config.device)
+        # model-backed rewards (issue 17): their weights directories and device; missing
+        # weights fail here, at the job's start, before the model loads
+        from trainer.rewards.models import check_reward_models, configure_reward_models
+        configure_reward_models(config.reward_model_paths, self.device)
+        check_reward_models(config.reward_weights)
         self.model = (model or load_model(config, self.device)).to(self.device)
         # in LoRA mode the adapters alone: the frozen base never reaches the optimizer
         self.optimizer = torch.optim.AdamW(self.model.trainable_parameters(),

@@ -7,3 +7,7 @@ __all__ = ["compute_rewards", "get_reward", "register_reward", "reward_names"]
 
 from trainer.rewards import attributes as _attributes  # noqa: E402,F401  (registers attr_size, attr_upper)
 from trainer.rewards import compressibility as _compressibility  # noqa: E402,F401  (registers jpeg_(in)compressibility)
+
+# the published reward models (hpsv2, pickscore, clip_score, aesthetic, imagereward): registered
+# here, loaded from local weights on first call (trainer/rewards/models.py)
+from trainer.rewards import models as _models  # noqa: E402,F401
