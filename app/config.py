@@ -1,7 +1,8 @@
 """Settings: every knob the server (and the worker, through it) reads from the environment.
 
 `DATABASE_URL` unset means a SQLite file under `DATA_DIR`; `STORAGE_DIR` unset means
-`DATA_DIR/storage`; `MODELS_DIR` unset means `DATA_DIR/models`; `BROKER_URL` unset means the worker's embedded broker (kombu's filesystem
+`DATA_DIR/storage`; `MODELS_DIR` unset means `DATA_DIR/models`; `REWARD_MODELS_DIR` unset means
+`DATA_DIR/reward_models`; `BROKER_URL` unset means the worker's embedded broker (kombu's filesystem
 transport under `DATA_DIR/broker`).
 """
 
@@ -22,6 +23,10 @@ class Settings(BaseSettings):
     # local model weights jobs may name by path (base checkpoints, CLIP for preference fits);
     # with STORAGE_DIR the only places a job config's paths may point into
     models_dir: Path | None = None
+    # weights of the model-backed rewards (hpsv2, pickscore, clip_score, aesthetic,
+    # imagereward), one subdirectory per reward; the trainer reads the same variable from the
+    # environment (trainer/rewards/models.py), and the worker hands it the resolved directory
+    reward_models_dir: Path | None = None
     broker_url: str | None = None
     # --- workers (worker/celery_app.py, worker/reaper.py) ------------------------------
     # Celery result backend; unset: the broker's Redis, or with the embedded broker a SQLite
@@ -61,6 +66,10 @@ class Settings(BaseSettings):
     @property
     def resolved_models_dir(self) -> Path:
         return (self.models_dir or self.data_dir / "models").resolve()
+
+    @property
+    def resolved_reward_models_dir(self) -> Path:
+        return (self.reward_models_dir or self.data_dir / "reward_models").resolve()
 
 
 @lru_cache

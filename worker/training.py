@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from app.config import get_settings
 from app.db import session_scope
 from app.services import checkpoints, jobs, rollouts, storage
 from trainer.config import TrainConfig
@@ -215,7 +216,25 @@ def job_train_config(config: dict[str, Any]) -> TrainConfig:
     if cfg.base_checkpoint:
         cfg.base_checkpoint = str(storage.job_path(cfg.base_checkpoint,
                                                    want="dir" if directory_model else "file"))
+    # model-backed rewards: every one the job uses gets its directory from the studio's
+    # settings (REWARD_MODELS_DIR may be set in .env, which the trainer does not read)
+    cfg.reward_model_paths = reward_model_paths(cfg)
     return cfg
+
+
+def reward_model_paths(cfg: TrainConfig) -> dict[str, str]:
+    """The weights directory of each model-backed reward in cfg.reward_weights: its
+    reward_model_paths entry resolved inside REWARD_MODELS_DIR / MODELS_DIR, else
+    REWARD_MODELS_DIR/<name>."""
+    from trainer.rewards.models import MODEL_REWARDS
+
+    root = get_settings().resolved_reward_models_dir
+    out = {name: str(storage.reward_model_dir(path)) for name, path in
+           cfg.reward_model_paths.items()}
+    for name in cfg.reward_weights:
+        if name in MODEL_REWARDS and name not in out:
+            out[name] = str(root / name)
+    return out
 
 
 def prepare_trainer(job_id: int, model=None) -> tuple[Trainer, TrainConfig, int | None, int]:

@@ -98,7 +98,7 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
     expected = {"prompts": list, "reward_names": list, "base_checkpoint": str,
                 "features": str, "clip_path": str, "reward_weights": dict,
                 "preference_model": str, "dataset_id": int, "checkpoint_id": int,
-                "checkpoint_ids": list, "device": str}
+                "checkpoint_ids": list, "device": str, "reward_model_paths": dict}
     out = {k: v for k, v in config.items()
            if k in expected and k not in malformed and isinstance(v, expected[k])
            and not isinstance(v, bool)}
@@ -116,6 +116,12 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
     for name in out.get("reward_names") or []:
         if name not in known:
             problems.append(("reward_names", f"unknown reward {name!r}; known: {known}"))
+    if kind == "train":
+        problems.extend(reward_model_problems(out.get("reward_weights") or {},
+                                              out.get("reward_model_paths") or {}))
+    else:
+        problems.extend(("reward_names", message) for _, message in
+                        reward_model_problems(dict.fromkeys(out.get("reward_names") or []), {}))
     if out.get("base_checkpoint"):
         from trainer.models import uses_model_directory, weights_problem
 
@@ -164,6 +170,41 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
     device = workers.device_problem(session, kind, out)
     if device:
         problems.append(("device", device))
+
+
+def resolved_reward_model_paths(paths: dict[str, Any]) -> tuple[dict[str, str], Problems]:
+    """A config's `reward_model_paths` resolved by `storage.reward_model_dir` (inside
+    REWARD_MODELS_DIR or MODELS_DIR), and a problem for each path outside them."""
+    resolved, problems = {}, []
+    for name, value in paths.items():
+        if not isinstance(value, str):
+            continue  # TrainConfig's own check reports it
+        try:
+            resolved[name] = str(storage.reward_model_dir(value))
+        except ValueError as exc:
+            problems.append(("reward_model_paths", f"{name!r}: {exc}"))
+    return resolved, problems
+
+
+def reward_model_problems(rewards: dict[str, Any], paths: dict[str, Any]) -> Problems:
+    """Why the model-backed rewards among `rewards` (a train config's reward_weights) would
+    not load on a worker: a reward_model_paths entry outside REWARD_MODELS_DIR / MODELS_DIR,
+    or a weights directory missing or incomplete (the message names the reward, the setting
+    and the files expected; field reward_model_paths when the config gives the path, else
+    reward_weights)."""
+    from trainer.rewards.models import MODEL_REWARDS, weights_problem
+
+    resolved, problems = resolved_reward_model_paths(paths)
+    default_dir = get_settings().resolved_reward_models_dir
+    for name in rewards:
+        if name not in MODEL_REWARDS or (name in paths and name not in resolved):
+            continue
+        # the files only: the API's environment may lack a worker's packages (open_clip)
+        problem = weights_problem(name, resolved, default_dir, check_packages=False)
+        if problem is not None:
+            problems.append(("reward_model_paths" if name in resolved else "reward_weights",
+                             problem))
+    return problems
 
 
 def model_path_problem(model: str, value: str) -> str | None:

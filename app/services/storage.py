@@ -77,6 +77,33 @@ def model_dir(value: str) -> Path:
     return full
 
 
+def reward_model_dir(value: str) -> Path:
+    """The weights directory a job config's `reward_model_paths` names: absolute, or relative
+    to REWARD_MODELS_DIR (then MODELS_DIR), and inside one of those two only (weights an
+    operator installed). Whether it holds the reward's files is the reward's question
+    (`trainer.rewards.models.weights_problem`). ValueError says what is allowed."""
+    settings = get_settings()
+    roots = [settings.resolved_reward_models_dir, settings.resolved_models_dir]
+    allowed = f"a directory under REWARD_MODELS_DIR ({roots[0]}) or MODELS_DIR ({roots[1]})"
+    if not value.strip() or "\x00" in value:
+        raise ValueError(f"must name {allowed}")
+    given = Path(value)
+    candidates = [given] if given.is_absolute() else [root / given for root in roots]
+    resolved = []
+    for candidate in candidates:
+        try:
+            full = candidate.resolve()  # symlinks followed: one that leaves the roots is out
+        except (OSError, RuntimeError):
+            continue
+        if any(full != root and full.is_relative_to(root) for root in roots):
+            if full.is_dir():
+                return full
+            resolved.append(full)
+    if resolved:  # inside a root but not there (yet): the reward's check names its files
+        return resolved[0]
+    raise ValueError(f"{value!r} is not {allowed}")
+
+
 def write_bytes(rel_path: str, data: bytes, root: Path | None = None) -> Path:
     """Write atomically (temp file + rename) to `root/rel_path`; returns the full path."""
     base = storage_root(root)
