@@ -148,7 +148,7 @@ def weights_problem(name: str, paths: dict[str, str] | None = None,
     """Why the model-backed reward `name` cannot load (its package missing, its directory
     missing or incomplete), naming the reward, the setting and the files expected; None when
     it can. `paths` and `default_dir` as reward_model_dir takes them. `check_packages=False`
-    (the studio's API, whose environment is not the workers') checks the files alone."""
+    (a caller whose environment is not the one that trains) checks the files alone."""
     spec = MODEL_REWARDS[name]
     directory, setting = reward_model_dir(name, paths, default_dir)
     expected = "; ".join(expected_files(name))
