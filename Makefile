@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# the CPU wheel of torch; a plain `torch` would pull a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
+	# not the `rewards` extra: open-clip-torch pulls PyPI's torchvision, a CUDA build that
+	# either upgrades this CPU torch to a CUDA one or, pinned to match it, fails to import
+	# (and then breaks transformers' CLIP processors too); GPU workers install it (pyproject.toml)
 	$(BIN)/pip install -q -e '.[server,dev,clip]'
 	touch $(STAMP)
 
