@@ -249,9 +249,9 @@ def test_check_reward_models_ignores_other_rewards(monkeypatch, tmp_path):
 
 @needs_open_clip
 @pytest.mark.parametrize("shape", [(512, 512, 3), (300, 500, 3), (501, 299, 3), (32, 32, 3)])
-def test_open_clip_preprocessing_is_open_clips_eval_transform(shape):
-    """The batched preprocessing of hpsv2 / aesthetic equals open_clip.image_transform's eval
-    transform (torchvision on a PIL image, as HPSv2's preprocess_val) bit for bit."""
+def test_aesthetic_preprocessing_is_the_clip_eval_transform(shape):
+    """aesthetic's preprocessing equals open_clip.image_transform's eval transform (the same
+    Resize + CenterCrop on a PIL image as OpenAI's clip.load preprocess) bit for bit."""
     import open_clip
     from PIL import Image
 
@@ -259,3 +259,28 @@ def test_open_clip_preprocessing_is_open_clips_eval_transform(shape):
     reference = open_clip.image_transform(224, is_train=False)(Image.fromarray(image))
     torch.testing.assert_close(reward_models._openai_clip_pixels(image[None], 224)[0], reference,
                                rtol=0, atol=0)
+
+
+@needs_open_clip
+@pytest.mark.parametrize("shape", [(512, 512, 3), (300, 500, 3), (501, 299, 3), (224, 224, 3)])
+def test_hpsv2_preprocessing_is_hpsv2s_preprocess_val(shape):
+    """hpsv2's batched preprocessing equals HPSv2's preprocess_val (light_augmentation=True:
+    ToTensor, ResizeMaxSize(224, fill=0), Normalize), here rebuilt from the torchvision calls
+    of hpsv2/src/open_clip/transform.py."""
+    import torchvision.transforms.functional as TF
+    from PIL import Image
+    from torchvision.transforms import InterpolationMode, Normalize, ToTensor
+
+    image = np.random.default_rng(4).integers(0, 256, shape, dtype=np.uint8)
+    x = ToTensor()(Image.fromarray(image).convert("RGB"))
+    height, width = x.shape[1:]
+    scale = 224 / float(max(height, width))
+    if scale != 1.0:
+        new_size = tuple(round(dim * scale) for dim in (height, width))
+        x = TF.resize(x, new_size, InterpolationMode.BICUBIC)
+        pad_h, pad_w = 224 - new_size[0], 224 - new_size[1]
+        x = TF.pad(x, padding=[pad_w // 2, pad_h // 2, pad_w - pad_w // 2, pad_h - pad_h // 2],
+                   fill=0)
+    reference = Normalize(reward_models.OPENAI_MEAN, reward_models.OPENAI_STD)(x)
+    torch.testing.assert_close(reward_models._hpsv2_pixels(image[None], 224)[0], reference,
+                               rtol=0, atol=1e-6)

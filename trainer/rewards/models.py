@@ -2,7 +2,8 @@
 
 | name         | model                                          | score                           |
 |--------------|------------------------------------------------|---------------------------------|
-| `hpsv2`      | HPS v2.1: open_clip ViT-H-14 + HPS checkpoint  | cos(image, text), as hpsv2      |
+| `hpsv2`      | HPS v2.1: open_clip ViT-H-14 + HPS checkpoint  | cos(image, text), as hpsv2's    |
+|              |                                                | img_score.py (not x100)         |
 | `pickscore`  | PickScore v1: transformers CLIPModel (ViT-H)   | logit_scale.exp() * cos         |
 | `clip_score` | transformers CLIP (e.g. ViT-L/14)              | 100 * max(cos, 0) (CLIPScore)   |
 | `aesthetic`  | LAION aesthetic predictor v2: open_clip        | MLP(normalised image embedding) |
@@ -231,10 +232,10 @@ def _chunks(n: int, size: int = DEFAULT_BATCH_SIZE):
 
 def _openai_clip_pixels(images: np.ndarray, size: int) -> torch.Tensor:
     """(N, 3, size, size) float32, exactly as torchvision's Resize(size, BICUBIC) +
-    CenterCrop(size) + ToTensor + Normalize(OPENAI mean/std) do on a PIL image: the eval
-    transform of open_clip.transform.image_transform (what HPSv2's preprocess_val is) and of
-    OpenAI's clip.load (the aesthetic predictor's preprocess). Done with PIL per image, as the
-    references do, so the resampling is PIL's bicubic filter bit for bit."""
+    CenterCrop(size) + ToTensor + Normalize(OPENAI mean/std) do on a PIL image: OpenAI's
+    clip.load preprocess (the aesthetic predictor's), which is also open_clip's eval
+    transform. Done with PIL per image, as the reference does, so the resampling is PIL's
+    bicubic filter bit for bit."""
     out = np.empty((len(images), size, size, 3), dtype=np.float32)
     for i, array in enumerate(images):
         image = Image.fromarray(array).convert("RGB")
@@ -252,6 +253,32 @@ def _openai_clip_pixels(images: np.ndarray, size: int) -> torch.Tensor:
         image = image.crop((left, top, left + size, top + size))
         out[i] = np.asarray(image, dtype=np.float32) / 255.0  # ToTensor
     x = torch.from_numpy(out).permute(0, 3, 1, 2)
+    mean = torch.tensor(OPENAI_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(OPENAI_STD).view(1, 3, 1, 1)
+    return (x - mean) / std
+
+
+def _hpsv2_pixels(images: np.ndarray, size: int) -> torch.Tensor:
+    """(N, 3, size, size) float32 as HPSv2's preprocess_val: img_score.py builds it with
+    light_augmentation=True, for which hpsv2/src/open_clip/factory.py takes
+    image_transform(..., is_train=False, resize_longest_max=True), i.e. (transform.py)
+    convert RGB, ToTensor, ResizeMaxSize(size, fill=0), Normalize(OPENAI mean/std): the
+    *longest* side scaled to `size` (round(dim * scale)) with torchvision's tensor resize
+    (bicubic; antialiased, torchvision's default since 0.17 - hpsv2 does not pin it), then
+    zero-padded to a square (pad // 2 before, the rest after), before the normalisation. No
+    resize when the longest side is already `size`. Batched: every image of one call has one
+    shape."""
+    x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float() / 255.0
+    height, width = x.shape[-2:]
+    scale = size / float(max(height, width))
+    if scale != 1.0:
+        new_h, new_w = round(height * scale), round(width * scale)
+        # torchvision.transforms.functional.resize on a float tensor is exactly this call
+        x = torch.nn.functional.interpolate(x, size=(new_h, new_w), mode="bicubic",
+                                            align_corners=False, antialias=True)
+        pad_h, pad_w = size - new_h, size - new_w
+        x = torch.nn.functional.pad(x, (pad_w // 2, pad_w - pad_w // 2,
+                                        pad_h // 2, pad_h - pad_h // 2), value=0.0)
     mean = torch.tensor(OPENAI_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(OPENAI_STD).view(1, 3, 1, 1)
     return (x - mean) / std
@@ -309,7 +336,7 @@ def _load_hpsv2(directory: Path, device: torch.device):
     def score(images: np.ndarray, prompts: list[str]) -> np.ndarray:
         out = []
         for part in _chunks(len(prompts)):
-            pixels = _openai_clip_pixels(images[part], size).to(device)
+            pixels = _hpsv2_pixels(images[part], size).to(device)
             tokens = tokenizer(prompts[part]).to(device)
             with _autocast(device):
                 image = model.encode_image(pixels, normalize=True).float()
