@@ -284,3 +284,18 @@ def test_hpsv2_preprocessing_is_hpsv2s_preprocess_val(shape):
     reference = Normalize(reward_models.OPENAI_MEAN, reward_models.OPENAI_STD)(x)
     torch.testing.assert_close(reward_models._hpsv2_pixels(image[None], 224)[0], reference,
                                rtol=0, atol=1e-6)
+
+
+def test_transformers_rewards_preprocess_with_pil_as_the_reference():
+    """PickScore's reference used the PIL image processor; transformers picks its torchvision
+    one wherever torchvision is installed unless told otherwise."""
+    import transformers
+
+    from trainer.rewards.models import _load_hf_clip, reward_model_dir
+
+    _, processor = _load_hf_clip(reward_model_dir("pickscore")[0], torch.device("cpu"))
+    name = type(processor.image_processor).__name__
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        assert name == "CLIPImageProcessorPil"  # 5's plain CLIPImageProcessor is torchvision's
+    else:
+        assert name == "CLIPImageProcessor"  # 4's slow (PIL) one; "...Fast" is torchvision's

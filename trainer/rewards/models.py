@@ -415,10 +415,16 @@ def _transformers_unavailable() -> str | None:
 
 
 def _load_hf_clip(directory: Path, device: torch.device):
+    import transformers
     from transformers import CLIPModel, CLIPProcessor
 
     model = CLIPModel.from_pretrained(directory, local_files_only=True).to(device).eval()
-    processor = CLIPProcessor.from_pretrained(directory, local_files_only=True)
+    # the PIL image processor, as PickScore's reference ran (transformers 4's slow
+    # CLIPImageProcessor): where torchvision is installed transformers would otherwise pick
+    # its torchvision backend, whose bicubic resize differs from PIL's
+    pil = {"backend": "pil"} if int(transformers.__version__.split(".")[0]) >= 5 \
+        else {"use_fast": False}
+    processor = CLIPProcessor.from_pretrained(directory, local_files_only=True, **pil)
     return model, processor
 
 
