@@ -71,17 +71,19 @@ class Login:
         self.logout.click(logout, None, outputs, api_visibility="private",
                           js=END_SESSION_JS)
 
-        def restore(request: gr.Request):
+        def restore(state: dict | None, request: gr.Request):
             """A reload keeps the login: the session cookie set at login (HttpOnly, so only
-            the server reads it) names the token; a missing, revoked or wrong one shows the
-            login box, quietly."""
+            the server reads it) names the token. Without a valid one, or once someone has
+            logged in on this page (a click can beat this load event), nothing changes."""
             token = session_cookie(dict(request.cookies)) if request is not None else None
-            if not token:
-                return logout()
-            return login(token, None, quiet=True)
+            if state or not token:
+                return tuple(gr.skip() for _ in outputs)
+            out = login(token, None, quiet=True)
+            return out if out[0] else tuple(gr.skip() for _ in outputs)
 
         if ui is not None:
-            ui.load(restore, None, outputs, api_visibility="private", show_progress="hidden")
+            ui.load(restore, self.user, outputs, api_visibility="private",
+                    show_progress="hidden")
 
 
 def build_login(user: gr.State) -> Login:
