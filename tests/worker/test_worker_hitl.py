@@ -113,7 +113,8 @@ def test_votes_fit_active_selection_and_blended_training(stack, preference):
     summary = simulate(client=client, admin_token=admin_token, annotators=3,
                        preference=preference, flip=0.1, votes=VOTES, seed=3)
     assert summary["votes"] == VOTES, summary
-    assert set(summary["selections"]) == {"within_group"}
+    # within-group pairs, some picked past nearly identical ones (app/services/votes.py)
+    assert set(summary["selections"]) <= {"within_group", "within_group_skipped_near_identical"}
 
     # 3. fit the preference model (worker), listed in the API, report on the job
     r = client.post("/api/jobs", headers=admin, json={"kind": "fit_preference", "config": {
