@@ -40,6 +40,7 @@ ROUTES: dict[str, str] = {
     "GET /docs/oauth2-redirect": PUBLIC, "HEAD /docs/oauth2-redirect": PUBLIC,
     "GET /redoc": PUBLIC, "HEAD /redoc": PUBLIC,
     "GET /healthz": PUBLIC,
+    "GET /favicon.ico": PUBLIC,  # the studio's icon, no user data
     "DELETE /api/auth/session": PUBLIC,  # logging out needs no token (it only clears a cookie)
     "GET /api/auth/me": USER,
     "POST /api/auth/session": USER,
@@ -68,6 +69,8 @@ ROUTES: dict[str, str] = {
     "GET /api/preference-models/{version}/download": FILE,
     "GET /api/annotators": ADMIN,
     "POST /api/users": ADMIN,
+    "GET /api/users": ADMIN,
+    "POST /api/users/{user_id}/revoke": ADMIN,
 }
 _UI_SHELL = """
 GET /ui/openapi.json|HEAD /ui/openapi.json|POST /ui/login/|POST /ui/login|GET /ui/logout
