@@ -406,16 +406,18 @@ PRESETS: dict[str, dict[str, Any]] = {
                   "learning_rate": 1e-5, "quasi_norm_p": 0.8, "sample_every": 10,
                   "checkpoint_every": 50, "rollout_batch_size": 12, "train_batch_size": 4,
                   "reward_weights": {"jpeg_compressibility": 1.0}},
+    "sd3-lora": {"model": "sd3", "finetune": "lora", "lora_rank": 32, "lora_alpha": 64.0,
+                 "resolution": 512, "guidance_scale": 4.5, "mixed_precision": "auto",
+                 "iterations": 300, "prompts_per_iteration": 1, "group_size": 12,
+                 "num_anchors": 4, "num_train_timesteps": 4, "rollout_steps": 8,
+                 "learning_rate": 1e-5, "quasi_norm_p": 0.8, "sample_every": 10,
+                 "checkpoint_every": 50, "rollout_batch_size": 12, "train_batch_size": 4,
+                 "reward_weights": {"jpeg_compressibility": 1.0}},
     # Tiny: for tests and smoke runs.
     "tiny": {"iterations": 3, "prompts_per_iteration": 2, "group_size": 4, "num_anchors": 2,
              "num_train_timesteps": 2, "rollout_steps": 4, "sample_every": 1,
              "checkpoint_every": 2},
 }
-
-
-# SD3.5: the same setting with its own rank and CFG scale (Flow-GRPO's 4.5)
-PRESETS["sd3-lora"] = {**PRESETS["flux-lora"], "model": "sd3", "lora_rank": 32,
-                       "guidance_scale": 4.5, "reward_weights": {"jpeg_compressibility": 1.0}}
 
 
 def load_config(spec: str | None, overrides: dict[str, Any] | None = None) -> TrainConfig:

@@ -37,63 +37,71 @@ def resolve(rel_path: str, root: Path | None = None) -> Path:
     return full
 
 
-def _under_roots(value: str, roots: dict[str, Path], want: str | None) -> Path:
-    """The path `value` names inside one of `roots` (name -> directory): absolute, or relative
-    to each root in turn, symlinks followed, so that a job can never read an arbitrary file on
-    a worker. `want` "file" / "dir": the first candidate that is one; None: a directory strictly
-    inside a root, existing or not yet (its own check then names the files it lacks), an
-    existing one preferred. ValueError says what is allowed."""
-    allowed = (f"a {want or 'directory'} under "
-               + " or ".join(f"{name} ({root})" for name, root in roots.items()))
+def job_path(value: str, *, want: str = "file") -> Path:
+    """The file (or directory, `want="dir"`) a job config names by path: absolute, or relative
+    to STORAGE_DIR (then MODELS_DIR), and in every case inside one of those two, so that a job
+    can never read an arbitrary file on a worker. ValueError says what is allowed."""
+    settings = get_settings()
+    roots = [settings.resolved_storage_dir, settings.resolved_models_dir]
+    allowed = f"a {want} under STORAGE_DIR ({roots[0]}) or MODELS_DIR ({roots[1]})"
     if not value.strip() or "\x00" in value:
         raise ValueError(f"must name {allowed}")
     given = Path(value)
-    candidates = [given] if given.is_absolute() else [root / given for root in roots.values()]
-    not_yet = []
-    for candidate in candidates:
+    for candidate in [given] if given.is_absolute() else [root / given for root in roots]:
         try:
             full = candidate.resolve()  # symlinks followed: one that leaves the roots is out
         except (OSError, RuntimeError):
             continue
-        if not any(full.is_relative_to(root) and (want or full != root)
-                   for root in roots.values()):
-            continue
-        if want is None:
-            if full.is_dir():
-                return full
-            not_yet.append(full)
-        elif full.is_file() if want == "file" else full.is_dir():
+        if any(full.is_relative_to(root) for root in roots) and (
+                full.is_file() if want == "file" else full.is_dir()):
             return full
-    if not_yet:
-        return not_yet[0]
     raise ValueError(f"{value!r} is not {allowed}")
-
-
-def job_path(value: str, *, want: str = "file") -> Path:
-    """The file (or directory, `want="dir"`) a job config names by path: absolute, or relative
-    to STORAGE_DIR (then MODELS_DIR), and in every case inside one of those two."""
-    settings = get_settings()
-    return _under_roots(value, {"STORAGE_DIR": settings.resolved_storage_dir,
-                                "MODELS_DIR": settings.resolved_models_dir}, want)
 
 
 def model_dir(value: str) -> Path:
     """The model directory a job config names (`model_path`): absolute, or relative to
     MODELS_DIR, and inside MODELS_DIR only (weights an operator installed, never a job's own
     outputs under STORAGE_DIR). Whether it exists and is complete is the model registry's
-    question (`trainer.models.model_dir_problem`)."""
-    return _under_roots(value, {"MODELS_DIR": get_settings().resolved_models_dir.resolve()},
-                        None)
+    question (`trainer.models.model_dir_problem`). ValueError says what is allowed."""
+    root = get_settings().resolved_models_dir.resolve()
+    allowed = f"a directory under MODELS_DIR ({root})"
+    if not value.strip() or "\x00" in value:
+        raise ValueError(f"must name {allowed}")
+    given = Path(value)
+    try:
+        full = (given if given.is_absolute() else root / given).resolve()  # symlinks followed
+    except (OSError, RuntimeError):
+        raise ValueError(f"{value!r} is not {allowed}") from None
+    if full == root or not full.is_relative_to(root):
+        raise ValueError(f"{value!r} is not {allowed}")
+    return full
 
 
 def reward_model_dir(value: str) -> Path:
     """The weights directory a job config's `reward_model_paths` names: absolute, or relative
     to REWARD_MODELS_DIR (then MODELS_DIR), and inside one of those two only (weights an
     operator installed). Whether it holds the reward's files is the reward's question
-    (`trainer.rewards.models.weights_problem`)."""
+    (`trainer.rewards.models.weights_problem`). ValueError says what is allowed."""
     settings = get_settings()
-    return _under_roots(value, {"REWARD_MODELS_DIR": settings.resolved_reward_models_dir,
-                                "MODELS_DIR": settings.resolved_models_dir}, None)
+    roots = [settings.resolved_reward_models_dir, settings.resolved_models_dir]
+    allowed = f"a directory under REWARD_MODELS_DIR ({roots[0]}) or MODELS_DIR ({roots[1]})"
+    if not value.strip() or "\x00" in value:
+        raise ValueError(f"must name {allowed}")
+    given = Path(value)
+    candidates = [given] if given.is_absolute() else [root / given for root in roots]
+    resolved = []
+    for candidate in candidates:
+        try:
+            full = candidate.resolve()  # symlinks followed: one that leaves the roots is out
+        except (OSError, RuntimeError):
+            continue
+        if any(full != root and full.is_relative_to(root) for root in roots):
+            if full.is_dir():
+                return full
+            resolved.append(full)
+    if resolved:  # inside a root but not there (yet): the reward's check names its files
+        return resolved[0]
+    raise ValueError(f"{value!r} is not {allowed}")
 
 
 def write_bytes(rel_path: str, data: bytes, root: Path | None = None) -> Path:
