@@ -22,7 +22,7 @@ router = APIRouter(tags=["datasets"])
 # stays the file's.
 FilePart = Annotated[
     UploadFile | str,
-    File(description="prompts as .txt, .csv, .jsonl or .parquet"),
+    File(description="prompts as .txt, .csv, .jsonl, .json or .parquet"),
     WithJsonSchema({"type": "string", "contentMediaType": "application/octet-stream"}),
 ]
 
@@ -45,7 +45,7 @@ def upload_dataset(
     seed: Annotated[int, Form(ge=0, le=MAX_ID)] = 0,
 ) -> DatasetCreated:
     if isinstance(file, str) or not file.filename:
-        raise Invalid("file: a file with a name is required (.txt, .csv, .jsonl or .parquet)",
+        raise Invalid("file: a file with a name is required (.txt, .csv, .jsonl, .json or .parquet)",
                       field="file")
     filename = file.filename
     limit = settings.max_upload_bytes

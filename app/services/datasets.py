@@ -1,4 +1,4 @@
-"""Prompt datasets: parse an upload (txt, csv, jsonl, parquet), normalise, dedupe, split.
+"""Prompt datasets: parse an upload (txt, csv, jsonl, json, parquet), normalise, dedupe, split.
 
 Every problem in an upload is an `Invalid` (or `PayloadTooLarge`) whose message names the file,
 the line or row, and the reason; parsing finishes before anything is written, so a bad upload
@@ -27,7 +27,7 @@ from app.errors import BadRequest, Conflict, Invalid, NotFound, PayloadTooLarge
 from app.limits import NAME_LENGTH
 from app.models import Dataset, Job, Prompt
 
-FORMATS = ("txt", "csv", "jsonl", "parquet")
+FORMATS = ("txt", "csv", "jsonl", "json", "parquet")
 ACTIVE_JOB_STATUSES = ("queued", "running")
 
 
@@ -198,6 +198,41 @@ def _parse_jsonl(filename: str, text: str) -> tuple[list[ParsedPrompt], int]:
     return out, blank
 
 
+def _parse_json(filename: str, text: str) -> tuple[list[ParsedPrompt], int]:
+    """One JSON array, as HPDv2 and HPSv2's benchmark publish their prompt sets: strings
+    (the benchmark's per-style test files) or objects with a "prompt" key (HPDv2's
+    train.json / test.json, whose other keys - image paths, preference ranks - are kept as
+    metadata)."""
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise Invalid(f"{filename}: line {exc.lineno}: malformed JSON ({exc.msg} at column "
+                      f"{exc.colno})", file=filename, line=exc.lineno) from None
+    except (ValueError, RecursionError) as exc:
+        raise Invalid(f"{filename}: malformed JSON ({exc})", file=filename) from None
+    if not isinstance(items, list):
+        raise Invalid(f"{filename}: expected a JSON array of prompts (strings or objects with "
+                      f"a 'prompt' key), got a {type(items).__name__}", file=filename)
+    out: list[ParsedPrompt] = []
+    for i, item in enumerate(items, 1):
+        where = f"item {i}"
+        if isinstance(item, str):
+            out.append(ParsedPrompt(item, None, where))
+            continue
+        if not isinstance(item, dict):
+            raise Invalid(f"{filename}: {where}: expected a string or an object with a "
+                          f"'prompt' key", file=filename, where=where)
+        if "prompt" not in item:
+            raise Invalid(f"{filename}: {where}: missing key 'prompt'", file=filename,
+                          where=where)
+        prompt = item.pop("prompt")
+        if not isinstance(prompt, str):
+            raise Invalid(f"{filename}: {where}: 'prompt' must be a string", file=filename,
+                          where=where)
+        out.append(ParsedPrompt(prompt, json_safe(item) or None, where))
+    return out, 0
+
+
 def _parse_parquet(filename: str, data: bytes) -> tuple[list[ParsedPrompt], int]:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -238,7 +273,8 @@ def parse_upload(filename: str, data: bytes, *, max_prompt_length: int,
     else:
         text = _decode(filename, data)
         parsed, blank = {"txt": _parse_txt, "csv": _parse_csv,
-                         "jsonl": _parse_jsonl}[fmt](filename, text)
+                         "jsonl": _parse_jsonl,
+                         "json": _parse_json}[fmt](filename, text)
     unique: list[ParsedPrompt] = []
     seen: set[str] = set()
     for p in parsed:

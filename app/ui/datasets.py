@@ -83,11 +83,13 @@ def show(user_state: dict | None, dataset_id: float | None) -> str:
 def build_datasets(user: gr.State) -> gr.Blocks:
     with gr.Blocks() as page:
         gr.Markdown("Upload prompts as `.txt` (one a line), `.csv` or `.parquet` with a "
-                    "`prompt` column, or `.jsonl` with `{\"prompt\": ...}`; other columns are "
-                    "kept as metadata. Whitespace is normalised and duplicates dropped.")
+                    "`prompt` column, `.jsonl` with `{\"prompt\": ...}`, or `.json`, an "
+                    "array of prompts or of `{\"prompt\": ...}` (HPDv2's files as published); "
+                    "other columns are kept as metadata. Whitespace is normalised and "
+                    "duplicates dropped.")
         with gr.Row():
             file = gr.File(label="Prompt file", file_types=[".txt", ".csv", ".jsonl",
-                                                            ".parquet"],
+                                                            ".json", ".parquet"],
                            type="filepath", elem_id="dataset-file")
             with gr.Column():
                 name = gr.Textbox(label="Name (default: the file name)", elem_id="dataset-name")

@@ -32,6 +32,11 @@ GOOD = {
     "p.csv": b"prompt,source\none red circle,a\n\"one red  circle\",b\ntwo blue squares,c\n",
     "p.jsonl": b'{"prompt": "one red circle", "k": 1}\n{"prompt": "one red circle"}\n'
                b'{"prompt": "two blue squares"}\n',
+    # HPSv2's benchmark files: a JSON array of strings; HPDv2's train.json: objects with more keys
+    "p.json": b'["one red circle", "one red  circle", "two blue squares"]',
+    "p2.json": json.dumps([{"prompt": "one red circle", "image_path": ["a.jpg", "b.jpg"],
+                            "human_preference": [1, 0]},
+                           {"prompt": "one red circle"}, {"prompt": "two blue squares"}]).encode(),
     "p.parquet": _parquet({"prompt": ["one red circle", "one red circle ", "two blue squares"],
                            "score": [1, 2, 3]}),
 }
@@ -51,6 +56,9 @@ def test_upload_each_format_dedupes(client, admin, session, name):
         assert prompts["items"][0]["metadata"] == {"source": "a"}
     if name == "p.parquet":
         assert prompts["items"][1]["metadata"] == {"score": 3}
+    if name == "p2.json":
+        assert prompts["items"][0]["metadata"] == {"image_path": ["a.jpg", "b.jpg"],
+                                                   "human_preference": [1, 0]}
 
 
 def test_eval_split_and_get_list_export(client, admin):
@@ -127,6 +135,11 @@ BAD = [
     ("x.parquet", b"not parquet at all", 422, "x.parquet: not a readable parquet file"),
     ("c.parquet", _parquet({"text": ["a"]}), 422, "c.parquet: missing column 'prompt'"),
     ("r.parquet", _parquet({"prompt": ["a", None]}), 422, "r.parquet: row 2: empty prompt"),
+    ("o.json", b'{"prompt": "ok"}', 422, "o.json: expected a JSON array of prompts"),
+    ("m.json", b'["ok", {"text": "x"}]', 422, "m.json: item 2: missing key 'prompt'"),
+    ("n.json", b'["ok", 3]', 422, "n.json: item 2: expected a string or an object"),
+    ("e.json", b'["ok", "  "]', 422, "e.json: item 2: empty prompt"),
+    ("bad.json", b'["ok",\n oops]', 422, "bad.json: line 2: malformed JSON"),
     ("p.pdf", b"%PDF", 400, "p.pdf: unsupported file type .pdf"),
     ("empty.txt", b"", 422, "empty.txt: no prompts found"),
     ("blank.txt", b"\n  \n\t\n\n", 422, "blank.txt: no prompts found"),
@@ -219,7 +232,7 @@ def test_upload_without_a_filename_names_the_field(client, admin, session):
         r = client.post("/api/datasets", files=files, headers=admin)
         assert r.status_code == 422, r.text
         assert r.json() == {"detail": "file: a file with a name is required (.txt, .csv, "
-                            ".jsonl or .parquet)", "field": "file"}
+                            ".jsonl, .json or .parquet)", "field": "file"}
     assert counts(session) == (0, 0)
     # the docs still describe a file upload
     schema = client.get("/openapi.json").json()
