@@ -1,0 +1,90 @@
+"""benchmarks/flux_scale.py runs its four cases at toy size on the CPU and writes the figures
+file the FLUX-scale comparison is read from (the same code path as the GPU run)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "flux_scale.py"
+
+# the whole benchmark once (model build, four cases, a FLOP count): seconds on a CPU, but
+# `make check` keeps to the unit tests
+pytestmark = pytest.mark.slow
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("flux_scale", BENCHMARK)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["flux_scale"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def test_every_case_runs_at_toy_size_and_writes_the_figures(tmp_path, capsys):
+    bench = _load()
+    out = tmp_path / "flux_scale.json"
+    assert bench.main(["--tiny", "--device", "cpu", "--group-size", "4", "--lora-rank", "4",
+                       "--steps-scale", "0.5", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["card"]
+    for key in ("neighbor_s_per_iteration", "sde_s_per_iteration", "update_mfu",
+                "peak_memory_gb", "speedup", "matmul_peak_tflops"):
+        assert _positive(report[key]), (key, report[key])
+    assert report["scaling"] == {"1": pytest.approx(1 / report["neighbor_s_per_iteration"])}
+    assert report["update_mfu"] < 1
+    assert _positive(report["flops_counted"]["forward_flops_per_sample"])
+    assert (report["flops_counted"]["forward_backward_flops_per_sample"]
+            > report["flops_counted"]["forward_flops_per_sample"])
+
+    rows = {row["case"]: row for row in report["cases"]}
+    assert list(rows) == list(bench.CASES)  # in the budget's order
+    G = 4
+    for row in rows.values():
+        assert "error" not in row, row
+        parts = row["rollout_seconds"] + row["reward_seconds"] + row["update_seconds"]
+        assert 0 < parts <= row["seconds"] * 1.001
+        for key in ("update_mfu", "update_hfu", "rollout_mfu", "peak_memory_gb"):
+            assert _positive(row[key]), (row["case"], key, row[key])
+        T, K, B = row["rollout_steps"], row["num_train_timesteps"], row["num_anchors"]
+        if row["method"] == "neighbor":  # rollouts + pi_old + trained predictions
+            assert (row["forward_passes"], row["backward_passes"]) == (G * T + 2 * B * K, B * K)
+        else:  # every member trained on K steps
+            assert B == G
+            assert (row["forward_passes"], row["backward_passes"]) == (G * T + G * K, G * K)
+    # the steps were halved for speed: 8 -> 4, 25 -> 12 (K = 14 capped at 12), 16 -> 8
+    assert [rows[n]["rollout_steps"] for n in bench.CASES] == [4, 12, 8, 8]
+    assert rows["sde-25"]["backward_passes"] > rows["neighbor-8"]["backward_passes"]
+    assert rows["sde-25"]["update_hfu"] > rows["sde-25"]["update_mfu"]  # checkpointing recomputes
+    assert "| neighbor-8 | 4 |" in capsys.readouterr().out
+
+
+def test_a_failing_case_is_recorded_and_the_next_one_still_runs(tmp_path, monkeypatch):
+    bench = _load()
+    real_run_case = bench.run_case
+
+    def run_case(name, *args, **kwargs):
+        if name == "sde-25":
+            raise RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED (simulated)")
+        return real_run_case(name, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "run_case", run_case)
+    out = tmp_path / "flux_scale.json"
+    assert bench.main(["--tiny", "--device", "cpu", "--group-size", "4", "--lora-rank", "4",
+                       "--steps-scale", "0.25", "--cases", "sde-25,neighbor-8",
+                       "--out", str(out)]) == 1
+    report = json.loads(out.read_text())
+    first, second = report["cases"]
+    assert "CUBLAS_STATUS_EXECUTION_FAILED" in first["error"]
+    assert "error" not in second and _positive(second["update_mfu"])
+    assert report["sde_s_per_iteration"] is None and report["speedup"] is None
+    assert _positive(report["neighbor_s_per_iteration"])
