@@ -70,6 +70,19 @@ def _reward_model_path_problems(paths: dict) -> list[ConfigError]:
     return out
 
 
+def _reward_server_problems(url: str, paths: Any) -> list[ConfigError]:
+    from trainer.rewards.remote import url_problem
+
+    out = []
+    if (problem := url_problem(url)) is not None:
+        out.append(ConfigError("reward_server_url", problem))
+    if paths:  # a knob that would do nothing: the server loads the weights, not the job
+        out.append(ConfigError("reward_model_paths", "must be empty with reward_server_url "
+                               "(the reward server loads the weights: give it "
+                               "--reward-model-paths)"))
+    return out
+
+
 def _field(default: Any, help: str, *, min: float | None = None, max: float | None = None,
            choices: tuple[str, ...] | None = None, group: str = "algorithm",
            **kwargs: Any) -> Any:
@@ -213,6 +226,14 @@ class AlgorithmArguments:
                                       "naming the files expected. Studio jobs take only paths "
                                       "under MODELS_DIR or REWARD_MODELS_DIR.",
                                       group="algorithm")
+    reward_server_url: str = _field("", "Score rewards on a reward server (`python -m "
+                                    "trainer.rewards.serve`) at this http(s) URL instead of "
+                                    "loading reward models in the job: several jobs then share "
+                                    "one set of models on one GPU. Every reward but 'preference' "
+                                    "is scored there; the job checks at its start that the "
+                                    "server serves them all (the server holds the weights, so "
+                                    "reward_model_paths stays empty). Empty: score in the job's "
+                                    "own process.", group="algorithm")
     preference_model: str = _field("", "The human-preference reward model blended in as the "
                                    "reward 'preference' (give it a weight in reward_weights): a "
                                    "path to its safetensors file. A studio job also takes 'latest' "
@@ -304,6 +325,8 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
             out += _reward_weight_problems(self.reward_weights, reward_names())
         if "reward_model_paths" not in bad:
             out += _reward_model_path_problems(self.reward_model_paths)
+        if "reward_server_url" not in bad and self.reward_server_url:
+            out += _reward_server_problems(self.reward_server_url, self.reward_model_paths)
         out += self._model_problems(bad)
         if "prompts" not in bad and not all(isinstance(p, str) and p.strip() and "\x00" not in p
                                             for p in self.prompts):

@@ -107,4 +107,4 @@ def test_submission_checks_files_not_the_api_servers_packages(client, admin, rew
     r = _post(client, admin, {**TRAIN, "reward_weights": {"hpsv2": 1.0}})
     assert r.status_code == 201, r.text
     r = _post(client, admin, {**TRAIN, "reward_weights": {"imagereward": 1.0}})
-    assert r.status_code == 422 and "image-reward" in _errors(r)["reward_weights"]
+    assert r.status_code == 422 and "ImageReward.pt" in _errors(r)["reward_weights"]

@@ -1,7 +1,11 @@
 """The model-backed rewards (trainer/rewards/models.py) on tiny random-weight models of each
 architecture, built here and saved in the layout each loader expects: open_clip (HPS v2.1's
-checkpoint, the aesthetic predictor's CLIP and MLP head) and transformers CLIP (PickScore,
-CLIP score). Nothing is downloaded.
+checkpoint, the aesthetic predictor's CLIP and MLP head), transformers CLIP (PickScore,
+CLIP score) and ImageReward's own layout (ImageReward.pt with BLIP's original key names,
+med_config.json, a BERT vocab.txt). Nothing is downloaded.
+
+ImageReward's adapter is also checked against a forward written here from the equations, on
+the original state dict, so a wrong key mapping fails on the numbers, not only on the names.
 
 open_clip needs a torchvision built for the installed torch; where it does not import (the
 CPU torch of `make setup`, see pyproject.toml's rewards extra) its rewards' tests skip and say
@@ -22,11 +26,15 @@ from trainer.rewards import models as reward_models
 from trainer.rewards.models import (
     AESTHETIC_HEAD,
     HPS_CHECKPOINT,
+    IMAGEREWARD_MEAN,
+    IMAGEREWARD_STD,
     OPEN_CLIP_CONFIG,
     AestheticHead,
     RewardWeightsMissing,
     check_reward_models,
     configure_reward_models,
+    imagereward_state_dict,
+    load_imagereward_model,
     weights_problem,
 )
 
@@ -79,6 +87,97 @@ def save_tiny_aesthetic(directory: Path) -> Path:
     return directory
 
 
+# a tiny ImageReward: BLIP's ViT with 128 wide tokens (2 heads of 64, BLIP's head width), one
+# block, 16 px patches on 32 px images; a one-layer BERT 32 wide; the MLP head on its 32 features
+IR_VISION = {"width": 128, "heads": 2, "depth": 1, "patch": 16, "image": 32, "mlp": 512}
+IR_MED_CONFIG = {  # BLIP's med_config.json's keys, tiny; encoder_width as BLIP's file has it
+    "architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1, "hidden_size": 32, "initializer_range": 0.02,
+    "intermediate_size": 64, "layer_norm_eps": 1e-12, "max_position_embeddings": 40,
+    "model_type": "bert", "num_attention_heads": 2, "num_hidden_layers": 1, "pad_token_id": 0,
+    "type_vocab_size": 2, "encoder_width": 768, "add_cross_attention": True}
+# a BERT vocabulary (vocab.txt: one token a line, the id is the line number) with PROMPTS' words
+IR_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "one", "two", "three", "four",
+            "red", "blue", "green", "circle", "square", "triangle", "##s"]
+
+
+def imagereward_original_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
+    """A random ImageReward.pt state dict with the original names and shapes (BLIP_Pretrain's
+    visual_encoder as vit.py names it, text_encoder as med.py does, vision_proj / text_proj,
+    the position_ids buffer; ImageReward.py's mlp), at the tiny sizes above."""
+    g = torch.Generator().manual_seed(seed)
+
+    def normal(*shape, std=0.2, mean=0.0):
+        return mean + std * torch.randn(*shape, generator=g)
+
+    w, p, m = IR_VISION["width"], IR_VISION["patch"], IR_VISION["mlp"]
+    patches = (IR_VISION["image"] // p) ** 2
+    v = "blip.visual_encoder."
+    sd = {v + "cls_token": normal(1, 1, w), v + "pos_embed": normal(1, patches + 1, w),
+          v + "patch_embed.proj.weight": normal(w, 3, p, p, std=0.05),
+          v + "patch_embed.proj.bias": normal(w), v + "norm.weight": normal(w, mean=1.0),
+          v + "norm.bias": normal(w)}
+    for i in range(IR_VISION["depth"]):
+        b = f"{v}blocks.{i}."
+        sd.update({b + "norm1.weight": normal(w, mean=1.0), b + "norm1.bias": normal(w),
+                   b + "attn.qkv.weight": normal(3 * w, w, std=0.1),
+                   b + "attn.qkv.bias": normal(3 * w),
+                   b + "attn.proj.weight": normal(w, w, std=0.1), b + "attn.proj.bias": normal(w),
+                   b + "norm2.weight": normal(w, mean=1.0), b + "norm2.bias": normal(w),
+                   b + "mlp.fc1.weight": normal(m, w, std=0.1), b + "mlp.fc1.bias": normal(m),
+                   b + "mlp.fc2.weight": normal(w, m, std=0.05), b + "mlp.fc2.bias": normal(w)})
+    h, ff = IR_MED_CONFIG["hidden_size"], IR_MED_CONFIG["intermediate_size"]
+    vocab = len(IR_VOCAB) + 2  # + BLIP's [DEC] and [ENC]
+    t = "blip.text_encoder."
+    sd.update({t + "embeddings.word_embeddings.weight": normal(vocab, h, std=1.0),
+               t + "embeddings.position_embeddings.weight": normal(
+                   IR_MED_CONFIG["max_position_embeddings"], h, std=0.5),
+               t + "embeddings.LayerNorm.weight": normal(h, mean=1.0),
+               t + "embeddings.LayerNorm.bias": normal(h),
+               t + "embeddings.position_ids": torch.arange(
+                   IR_MED_CONFIG["max_position_embeddings"]).expand(1, -1)})
+    for i in range(IR_MED_CONFIG["num_hidden_layers"]):
+        b = f"{t}encoder.layer.{i}."
+        for attention, kv_width in (("attention", h), ("crossattention", w)):
+            a = f"{b}{attention}."
+            sd.update({a + "self.query.weight": normal(h, h, std=0.3),
+                       a + "self.query.bias": normal(h),
+                       a + "self.key.weight": normal(h, kv_width, std=0.3),
+                       a + "self.key.bias": normal(h),
+                       a + "self.value.weight": normal(h, kv_width, std=0.3),
+                       a + "self.value.bias": normal(h),
+                       a + "output.dense.weight": normal(h, h, std=0.3),
+                       a + "output.dense.bias": normal(h),
+                       a + "output.LayerNorm.weight": normal(h, mean=1.0),
+                       a + "output.LayerNorm.bias": normal(h)})
+        sd.update({b + "intermediate.dense.weight": normal(ff, h, std=0.3),
+                   b + "intermediate.dense.bias": normal(ff),
+                   b + "output.dense.weight": normal(h, ff, std=0.3),
+                   b + "output.dense.bias": normal(h),
+                   b + "output.LayerNorm.weight": normal(h, mean=1.0),
+                   b + "output.LayerNorm.bias": normal(h)})
+    sd.update({"blip.vision_proj.weight": normal(256, w), "blip.vision_proj.bias": normal(256),
+               "blip.text_proj.weight": normal(256, h), "blip.text_proj.bias": normal(256)})
+    sizes = [h, 1024, 128, 64, 16, 1]
+    for index, n_in, n_out in zip((0, 2, 4, 6, 7), sizes[:-1], sizes[1:], strict=True):
+        sd[f"mlp.layers.{index}.weight"] = normal(n_out, n_in, std=n_in ** -0.5)
+        sd[f"mlp.layers.{index}.bias"] = normal(n_out, std=0.1)
+    return sd
+
+
+def save_tiny_imagereward(directory: Path, tokenizer_dir: bool = False) -> Path:
+    """ImageReward's layout: ImageReward.pt (torch.save of the state dict), med_config.json,
+    and bert-base-uncased's vocabulary (here a tiny one) as vocab.txt, or in tokenizer/."""
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save(imagereward_original_state_dict(), directory / "ImageReward.pt")
+    med = {**IR_MED_CONFIG, "vocab_size": len(IR_VOCAB) + 2}
+    (directory / "med_config.json").write_text(json.dumps(med, indent=2))
+    vocab_dir = directory / "tokenizer" if tokenizer_dir else directory
+    vocab_dir.mkdir(exist_ok=True)
+    (vocab_dir / "vocab.txt").write_text("\n".join(IR_VOCAB) + "\n")
+    return directory
+
+
 @pytest.fixture(scope="module")
 def weights_root(tmp_path_factory, tiny_clip_path) -> Path:
     """A REWARD_MODELS_DIR with a tiny model for every reward that can load here."""
@@ -88,6 +187,7 @@ def weights_root(tmp_path_factory, tiny_clip_path) -> Path:
     if OPEN_CLIP_REASON is None:
         save_tiny_hpsv2(root / "hpsv2")
         save_tiny_aesthetic(root / "aesthetic")
+    save_tiny_imagereward(root / "imagereward")
     return root
 
 
@@ -115,7 +215,7 @@ def test_every_model_reward_is_registered_without_weights(monkeypatch, tmp_path)
 
 
 @pytest.mark.parametrize("name", [
-    "pickscore", "clip_score",
+    "pickscore", "clip_score", "imagereward",
     pytest.param("hpsv2", marks=needs_open_clip), pytest.param("aesthetic", marks=needs_open_clip)])
 def test_scores_are_finite_and_batched_equals_one_by_one(name):
     images = _images(len(PROMPTS))
@@ -157,6 +257,13 @@ def test_missing_directory_names_reward_setting_and_files(monkeypatch, tmp_path)
     assert HPS_CHECKPOINT in weights_problem("hpsv2")
     aesthetic = weights_problem("aesthetic")
     assert AESTHETIC_HEAD in aesthetic and "open_clip_model.safetensors" in aesthetic
+    with pytest.raises(RewardWeightsMissing) as error:
+        get_reward("imagereward")(_images(1), PROMPTS[:1])
+    message = str(error.value)
+    assert "'imagereward'" in message and str(tmp_path / "nowhere" / "imagereward") in message
+    for expected in ("ImageReward.pt", "med_config.json", "tokenizer/vocab.txt", "vocab.txt"):
+        assert expected in message
+    assert "cannot load here" not in message  # transformers is all it needs, and it is here
 
 
 def test_incomplete_directory_from_config_names_what_it_lacks(tmp_path, tiny_clip_path):
@@ -182,11 +289,144 @@ def test_reward_model_paths_point_a_reward_elsewhere(tmp_path, tiny_clip_path, m
         configure_reward_models({"count": str(tmp_path)})
 
 
-def test_imagereward_is_registered_and_says_what_is_missing():
+def test_imagereward_directory_without_the_tokenizer_names_it(tmp_path):
+    directory = save_tiny_imagereward(tmp_path / "ir")
+    (directory / "vocab.txt").unlink()
+    configure_reward_models({"imagereward": str(directory)}, "cpu")
     problem = weights_problem("imagereward")
-    assert "image-reward" in problem and "ImageReward.pt" in problem
-    with pytest.raises(RewardWeightsMissing, match="image-reward"):
-        get_reward("imagereward")(_images(1), PROMPTS[:1])
+    assert "lacks tokenizer/vocab.txt or tokenizer/tokenizer.json or vocab.txt" in problem
+
+
+# ---------------------------------------------------------------------------------------------
+# imagereward: the key conversion, the tokenizer, and the numbers against the equations
+
+IR_UNUSED = ("blip.vision_proj.", "blip.text_proj.", "blip.text_encoder.embeddings.position_ids")
+
+
+def test_imagereward_conversion_covers_every_original_key():
+    """Every key of the original layout is renamed or one of the known unused ones; the result
+    loads strictly (no missing, no unexpected key) and keeps every tensor as it is."""
+    original = imagereward_original_state_dict()
+    converted = imagereward_state_dict(original)
+    used = [k for k in original if not k.startswith(IR_UNUSED)]
+    assert len(converted) == len(used)
+    assert sorted(id(v) for v in converted.values()) == sorted(id(original[k]) for k in used)
+    model = load_imagereward_model(reward_models.reward_model_dir("imagereward")[0])
+    result = model.load_state_dict(converted, strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    assert set(model.state_dict()) == set(converted)
+    # the shapes the mapping implies: the text encoder's cross-attention reads the ViT's width,
+    # not med_config.json's encoder_width (BLIP_Pretrain overrides it)
+    layer = model.text.encoder.layer[0]
+    assert layer.crossattention.self.key.in_features == IR_VISION["width"]
+    assert model.image_size == IR_VISION["image"]
+    with pytest.raises(ValueError, match="not ImageReward's"):
+        imagereward_state_dict({**original, "blip.text_decoder.cls.bias": torch.zeros(1)})
+
+
+@pytest.mark.parametrize("tokenizer_dir", [False, True])
+def test_imagereward_tokenizer_is_blips(tmp_path, tokenizer_dir):
+    """bert-base-uncased's tokenizer from vocab.txt (or tokenizer/), lower-casing, [CLS] first
+    (ImageReward does not put [ENC] there), padded and truncated to 35, with BLIP's [DEC] and
+    [ENC] added after the vocabulary."""
+    directory = save_tiny_imagereward(tmp_path / "ir", tokenizer_dir=tokenizer_dir)
+    tokenizer = reward_models._imagereward_tokenizer(directory)
+    ids = {token: i for i, token in enumerate(IR_VOCAB)}
+    assert tokenizer.convert_tokens_to_ids(["[DEC]", "[ENC]"]) == [len(IR_VOCAB),
+                                                                  len(IR_VOCAB) + 1]
+    input_ids, mask = reward_models._imagereward_tokens(tokenizer, ["Three RED squares",
+                                                                    "blue " * 50])
+    assert input_ids.shape == mask.shape == (2, 35)
+    first = [ids[t] for t in ("[CLS]", "three", "red", "square", "##s", "[SEP]")]
+    assert input_ids[0].tolist() == first + [ids["[PAD]"]] * (35 - len(first))
+    assert mask[0].tolist() == [1] * len(first) + [0] * (35 - len(first))
+    assert input_ids[1].tolist() == [ids["[CLS]"]] + [ids["blue"]] * 33 + [ids["[SEP]"]]
+    assert mask[1].tolist() == [1] * 35
+
+
+def _tokens_by_hand(prompt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT uncased WordPiece for prompts of whole vocabulary words and '<word>s', to 35."""
+    ids = {token: i for i, token in enumerate(IR_VOCAB)}
+    tokens = ["[CLS]"]
+    for word in prompt.lower().split():
+        tokens += [word] if word in ids else [word[:-1], "##s"]
+    tokens.append("[SEP]")
+    row = [ids[t] for t in tokens] + [ids["[PAD]"]] * (35 - len(tokens))
+    return torch.tensor([row]), (torch.tensor([row]) != ids["[PAD]"]).long()
+
+
+def _imagereward_by_the_equations(sd: dict[str, torch.Tensor], pixels: torch.Tensor,
+                                  input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """ImageReward's score from the original state dict, written from the architecture: BLIP's
+    ViT (patch conv, [cls] + positions, pre-norm blocks with fused qkv, LayerNorm eps 1e-6),
+    BLIP's BERT (word + position embeddings, post-norm layers: self-attention with the padding
+    mask, cross-attention to every image token, GELU feed-forward), the first token through the
+    linear MLP, standardised."""
+    F = torch.nn.functional
+
+    def linear(x, prefix):
+        return x @ sd[prefix + ".weight"].T + sd[prefix + ".bias"]
+
+    def norm(x, prefix, eps):
+        return F.layer_norm(x, x.shape[-1:], sd[prefix + ".weight"], sd[prefix + ".bias"], eps)
+
+    def attend(q, k, v, heads, bias=None):
+        b, n, c = q.shape
+        q, k, v = (t.reshape(b, t.shape[1], heads, c // heads).transpose(1, 2) for t in (q, k, v))
+        scores = q @ k.transpose(-1, -2) / (c // heads) ** 0.5
+        if bias is not None:
+            scores = scores + bias
+        return (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, n, c)
+
+    v = "blip.visual_encoder."
+    x = F.conv2d(pixels, sd[v + "patch_embed.proj.weight"], sd[v + "patch_embed.proj.bias"],
+                 stride=IR_VISION["patch"]).flatten(2).transpose(1, 2)
+    x = torch.cat([sd[v + "cls_token"].expand(len(x), 1, -1), x], 1) + sd[v + "pos_embed"]
+    for i in range(IR_VISION["depth"]):
+        b = f"{v}blocks.{i}."
+        q, k, val = linear(norm(x, b + "norm1", 1e-6), b + "attn.qkv").chunk(3, dim=-1)
+        x = x + linear(attend(q, k, val, IR_VISION["heads"]), b + "attn.proj")
+        x = x + linear(F.gelu(linear(norm(x, b + "norm2", 1e-6), b + "mlp.fc1")), b + "mlp.fc2")
+    image = norm(x, v + "norm", 1e-6)
+
+    t, heads, eps = "blip.text_encoder.", IR_MED_CONFIG["num_attention_heads"], 1e-12
+    h = (sd[t + "embeddings.word_embeddings.weight"][input_ids]
+         + sd[t + "embeddings.position_embeddings.weight"][: input_ids.shape[1]])
+    h = norm(h, t + "embeddings.LayerNorm", eps)
+    padding = (1.0 - mask[:, None, None, :].float()) * -10000.0  # med.py's extended mask
+    for i in range(IR_MED_CONFIG["num_hidden_layers"]):
+        b = f"{t}encoder.layer.{i}."
+        for attention, source, bias in (("attention", None, padding),
+                                        ("crossattention", image, None)):
+            a = f"{b}{attention}."
+            kv = h if source is None else source
+            context = attend(linear(h, a + "self.query"), linear(kv, a + "self.key"),
+                             linear(kv, a + "self.value"), heads, bias)
+            h = norm(linear(context, a + "output.dense") + h, a + "output.LayerNorm", eps)
+        ff = linear(F.gelu(linear(h, b + "intermediate.dense")), b + "output.dense")
+        h = norm(ff + h, b + "output.LayerNorm", eps)
+    r = h[:, 0]
+    for index in (0, 2, 4, 6, 7):
+        r = linear(r, f"mlp.layers.{index}")
+    return (r.squeeze(-1) - IMAGEREWARD_MEAN) / IMAGEREWARD_STD
+
+
+def test_imagereward_matches_the_equations_on_the_original_weights():
+    """The adapter's score equals the forward above on ImageReward.pt's own tensors (fp32,
+    CPU): a transposed, swapped or misnamed tensor in the conversion changes the numbers."""
+    images = _images(len(PROMPTS), seed=5)
+    scores = get_reward("imagereward")(images, PROMPTS)
+    original = torch.load(reward_models.reward_model_dir("imagereward")[0] / "ImageReward.pt",
+                          weights_only=True)
+    pixels = reward_models._openai_clip_pixels(images, IR_VISION["image"])
+    expected = []
+    for i, prompt in enumerate(PROMPTS):
+        ids, mask = _tokens_by_hand(prompt)
+        with torch.no_grad():
+            expected.append(_imagereward_by_the_equations(original, pixels[i:i + 1], ids, mask))
+    expected = torch.cat(expected).double().numpy()
+    assert np.ptp(expected) > 0.1  # the tiny model tells the inputs apart
+    np.testing.assert_allclose(scores, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_config_validates_reward_model_paths():
@@ -211,7 +451,8 @@ def test_trainer_init_fails_on_missing_weights(tmp_path, tiny_model):
         Trainer(config, model=tiny_model)
 
 
-@pytest.mark.parametrize("name", ["pickscore", pytest.param("hpsv2", marks=needs_open_clip)])
+@pytest.mark.parametrize("name", ["pickscore", "imagereward",
+                                  pytest.param("hpsv2", marks=needs_open_clip)])
 def test_trainer_step_blends_a_model_reward_with_count(name, tiny_model):
     """A step on the shapes model with reward_weights {name: 2, count: 1}: each reward's raw
     mean is logged, and the logged blend is the config's weighting of them."""

@@ -8,7 +8,9 @@
 | `clip_score` | transformers CLIP (e.g. ViT-L/14)              | 100 * max(cos, 0) (CLIPScore)   |
 | `aesthetic`  | LAION aesthetic predictor v2: open_clip        | MLP(normalised image embedding) |
 |              | ViT-L-14 (OpenAI weights, QuickGELU) + MLP head|                                 |
-| `imagereward`| ImageReward (BLIP)                             | not available yet (see below)   |
+| `imagereward`| ImageReward v1.0: BLIP ViT-L/16 + BERT-base    | (MLP(first text token) - mean)  |
+|              | cross-attending to it, on transformers' BLIP   | / std, as ImageReward.py        |
+|              | port (not the image-reward package: see below) |                                 |
 
 Weights live in one directory per reward: `$REWARD_MODELS_DIR/<name>/` (REWARD_MODELS_DIR
 unset: `$DATA_DIR/reward_models`, DATA_DIR unset: `./data`, as the studio's settings), or
@@ -483,19 +485,257 @@ def _load_clip_score(directory: Path, device: torch.device):
 
 # ---------------------------------------------------------------------------------------------
 # imagereward
+#
+# ImageReward (Xu et al. 2023, github.com/THUDM/ImageReward) is BLIP's ViT-L/16 image encoder and
+# BLIP's BERT-base text encoder, whose layers cross-attend to the image tokens, then an MLP on the
+# text encoder's first token. The `image-reward` package pins timm==0.6.13 (open-clip-torch needs
+# timm 1.x), so this adapter rebuilds the model from transformers' port of BLIP (BlipVisionModel is
+# BLIP's vit.py, BlipTextModel its med.py) and converts the published ImageReward.pt to it.
+
+IMAGEREWARD_CHECKPOINT = "ImageReward.pt"
+IMAGEREWARD_MED_CONFIG = "med_config.json"
+# bert-base-uncased's tokenizer, which ImageReward's blip.py init_tokenizer downloads and we do not:
+# a tokenizer directory (the hub's bert-base-uncased files, or a save_pretrained) or its vocab.txt
+IMAGEREWARD_TOKENIZER = ("tokenizer/vocab.txt", "tokenizer/tokenizer.json", "vocab.txt")
+# ImageReward/ImageReward.py, ImageReward.__init__: the reward is standardised with these
+IMAGEREWARD_MEAN = 0.16717362830052426
+IMAGEREWARD_STD = 1.0333394966054072
+# ImageReward/ImageReward.py, score and inference_rank: tokenizer(prompt, padding="max_length",
+# truncation=True, max_length=35)
+IMAGEREWARD_MAX_LENGTH = 35
+# blip.py create_vit: ViT-B is 768 wide with 12 heads, ViT-L 1024 wide with 16: 64 per head in both
+# (the head count is not in the state dict)
+BLIP_VIT_HEAD_DIM = 64
+# vit.py VisionTransformer: norm_layer = partial(nn.LayerNorm, eps=1e-6)
+BLIP_VIT_LAYER_NORM_EPS = 1e-6
+
 
 def _imagereward_unavailable() -> str | None:
-    # `pip install --dry-run image-reward` (1.5, its latest release) against this project's
-    # environment: it pins timm==0.6.13 and fairscale==0.4.13, which would downgrade the
-    # timm 1.x that open-clip-torch needs. Until an adapter that does without the package
-    # exists, the name is registered and says so.
-    return ("the 'image-reward' package is not installed: it pins timm==0.6.13, which would "
-            "downgrade the timm that open-clip-torch (the 'rewards' extra) needs, so it is not "
-            "part of the extra; an ImageReward adapter without it is not implemented yet")
+    # the adapter needs transformers alone (its BLIP port and BERT tokenizer), not the
+    # image-reward package, timm or open_clip
+    return _transformers_unavailable()
+
+
+class ImageRewardHead(AestheticHead):
+    """ImageReward/ImageReward.py's MLP: the aesthetic predictor's stack (ImageReward credits
+    improved-aesthetic-predictor), Linear(768, 1024) ... Linear(16, 1) with Dropouts and no
+    activations; the checkpoint's keys are mlp.layers.{0,2,4,6,7}.*"""
+
+
+class ImageRewardModel(torch.nn.Module):
+    """ImageReward's forward on transformers' BLIP: `vision` (BlipVisionModel: patch embedding,
+    pre-norm ViT blocks, final LayerNorm), `text` (BlipTextModel without pooler: BERT layers
+    with self-attention, cross-attention to the image tokens, feed-forward) and `head`."""
+
+    def __init__(self, vision_config: Any, text_config: Any) -> None:
+        super().__init__()
+        from transformers import BlipTextModel, BlipVisionModel
+
+        self.vision = BlipVisionModel(vision_config)
+        # blip_pretrain.py: BertModel(config=encoder_config, add_pooling_layer=False)
+        self.text = BlipTextModel(text_config, add_pooling_layer=False)
+        self.head = ImageRewardHead(text_config.hidden_size)
+        self.image_size = int(vision_config.image_size)
+
+    def features(self, pixels: torch.Tensor, input_ids: torch.Tensor,
+                 attention_mask: torch.Tensor) -> torch.Tensor:
+        """(N, hidden) the text encoder's first-token state, cross-attending to the image."""
+        image = self.vision(pixel_values=pixels).last_hidden_state
+        # ImageReward.py: encoder_attention_mask all ones (every image token is attended to);
+        # is_decoder=False: bidirectional self-attention, BLIP med.py's default encoder mode
+        text = self.text(input_ids=input_ids, attention_mask=attention_mask,
+                         encoder_hidden_states=image,
+                         encoder_attention_mask=torch.ones(image.shape[:2], dtype=torch.long,
+                                                           device=image.device),
+                         is_decoder=False)
+        # ImageReward.py: text_output.last_hidden_state[:, 0, :]
+        return text.last_hidden_state[:, 0, :]
+
+    def reward(self, features: torch.Tensor) -> torch.Tensor:
+        """(N,) ImageReward.py: (mlp(features) - mean) / std."""
+        return (self.head(features).squeeze(-1) - IMAGEREWARD_MEAN) / IMAGEREWARD_STD
+
+
+def _imagereward_vision_config(state: dict[str, torch.Tensor]):
+    """BlipVisionConfig of the checkpoint's visual encoder, read from its shapes: width and patch
+    size from patch_embed.proj, image size from pos_embed (1 + (size / patch)^2 positions; 224
+    for ImageReward.pt, as ImageReward.py builds BLIP_Pretrain(image_size=224, vit='large')),
+    depth from the block count, MLP width from fc1, heads at BLIP's 64 per head."""
+    from transformers import BlipVisionConfig
+
+    prefix = "blip.visual_encoder."
+    patch = state[prefix + "patch_embed.proj.weight"]  # (width, 3, patch, patch)
+    width, patch_size = int(patch.shape[0]), int(patch.shape[-1])
+    positions = int(state[prefix + "pos_embed"].shape[1]) - 1  # less the cls token's
+    grid = int(round(positions ** 0.5))
+    if grid * grid != positions:
+        raise ValueError(f"{IMAGEREWARD_CHECKPOINT}: pos_embed holds {positions} patch positions, "
+                         "not a square grid")
+    depth = 1 + max(int(key[len(prefix):].split(".")[1]) for key in state
+                    if key.startswith(prefix + "blocks."))
+    return BlipVisionConfig(
+        hidden_size=width, patch_size=patch_size, image_size=grid * patch_size,
+        num_hidden_layers=depth,
+        intermediate_size=int(state[prefix + "blocks.0.mlp.fc1.weight"].shape[0]),
+        num_attention_heads=max(1, width // BLIP_VIT_HEAD_DIM),
+        # vit.py: nn.GELU (the exact, erf form: transformers' "gelu"), LayerNorm eps 1e-6
+        hidden_act="gelu", layer_norm_eps=BLIP_VIT_LAYER_NORM_EPS, attention_dropout=0.0)
+
+
+def _imagereward_text_config(med_config: Path, vision_width: int):
+    """BlipTextConfig from BLIP's med_config.json (a transformers BertConfig json, read the way
+    blip_pretrain.py reads it: BertConfig.from_json_file, so BERT's defaults fill what it omits)."""
+    from transformers import BertConfig, BlipTextConfig
+
+    bert = BertConfig.from_json_file(str(med_config))
+    if not getattr(bert, "add_cross_attention", False):
+        raise ValueError(f"{med_config}: add_cross_attention is not true; ImageReward's text "
+                         "encoder cross-attends to the image (BLIP's med_config.json sets it)")
+    if getattr(bert, "position_embedding_type", "absolute") != "absolute":
+        raise ValueError(f"{med_config}: position_embedding_type "
+                         f"{bert.position_embedding_type!r}; only BLIP's absolute one is supported")
+    return BlipTextConfig(
+        vocab_size=bert.vocab_size, hidden_size=bert.hidden_size,
+        num_hidden_layers=bert.num_hidden_layers, num_attention_heads=bert.num_attention_heads,
+        intermediate_size=bert.intermediate_size,
+        max_position_embeddings=bert.max_position_embeddings, hidden_act=bert.hidden_act,
+        layer_norm_eps=bert.layer_norm_eps, pad_token_id=bert.pad_token_id,
+        # blip_pretrain.py: encoder_config.encoder_width = vision_width. The file's own
+        # encoder_width (768 in BLIP's med_config.json) is overridden by the ViT-L's 1024.
+        encoder_hidden_size=vision_width,
+        # transformers builds the crossattention modules only for is_decoder configs; forward
+        # passes is_decoder=False, so the self-attention stays bidirectional
+        is_decoder=True, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        # generation's token ids (BlipTextConfig's defaults are BLIP's 30522 / 102 / 2): the
+        # encoder never reads them, and with a smaller vocabulary they only warn
+        bos_token_id=None, eos_token_id=None, sep_token_id=None)
+
+
+# ImageReward.pt's names -> ImageRewardModel's, as (original prefix, ours) per kind of key;
+# a block's or layer's index is kept. Vision: BLIP's vit.py (timm's VisionTransformer names) ->
+# BlipVisionModel; text: BLIP's med.py BertModel -> BlipTextModel, whose names are the same.
+_IMAGEREWARD_VIT_TOP = {
+    "cls_token": "embeddings.class_embedding",  # (1, 1, width)
+    "pos_embed": "embeddings.position_embedding",  # (1, 1 + patches, width)
+    "patch_embed.proj.weight": "embeddings.patch_embedding.weight",  # Conv2d, stride = patch
+    "patch_embed.proj.bias": "embeddings.patch_embedding.bias",
+    "norm.weight": "post_layernorm.weight",
+    "norm.bias": "post_layernorm.bias",
+}
+_IMAGEREWARD_VIT_BLOCK = {
+    "norm1": "layer_norm1",
+    # the fused qkv Linear maps as it is: both reshape its output to (3, heads, head_dim)
+    # (vit.py Attention.forward, transformers' BlipAttention.forward)
+    "attn.qkv": "self_attn.qkv",
+    "attn.proj": "self_attn.projection",
+    "norm2": "layer_norm2",
+    "mlp.fc1": "mlp.fc1",
+    "mlp.fc2": "mlp.fc2",
+}
+# in ImageReward.pt but not used by the score: BLIP_Pretrain's contrastive projections, and
+# med.py's position_ids buffer (arange; transformers rebuilds it)
+_IMAGEREWARD_UNUSED = ("blip.vision_proj.", "blip.text_proj.",
+                       "blip.text_encoder.embeddings.position_ids")
+
+
+def imagereward_state_dict(original: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """ImageReward.pt's state dict renamed to ImageRewardModel's. Every key is either mapped or
+    one of the known unused ones; any other raises (a different model, not a silent partial
+    load: the reference loads with strict=False)."""
+    out: dict[str, torch.Tensor] = {}
+    unknown = []
+    for key, value in original.items():
+        if key.startswith(_IMAGEREWARD_UNUSED):
+            continue
+        if key.startswith("blip.visual_encoder."):
+            name = key[len("blip.visual_encoder."):]
+            if name in _IMAGEREWARD_VIT_TOP:
+                out["vision." + _IMAGEREWARD_VIT_TOP[name]] = value
+                continue
+            parts = name.split(".")
+            # blocks.<i>.<module path>.<weight|bias>
+            module = ".".join(parts[2:-1])
+            if parts[0] == "blocks" and len(parts) >= 4 and module in _IMAGEREWARD_VIT_BLOCK:
+                out[f"vision.encoder.layers.{parts[1]}.{_IMAGEREWARD_VIT_BLOCK[module]}."
+                    f"{parts[-1]}"] = value
+                continue
+        elif key.startswith("blip.text_encoder."):
+            out["text." + key[len("blip.text_encoder."):]] = value
+            continue
+        elif key.startswith("mlp.layers."):
+            out["head." + key[len("mlp."):]] = value
+            continue
+        unknown.append(key)
+    if unknown:
+        raise ValueError(f"{IMAGEREWARD_CHECKPOINT}: keys that are not ImageReward's: "
+                         f"{sorted(unknown)[:10]}{' ...' if len(unknown) > 10 else ''}")
+    return out
+
+
+def _imagereward_tokenizer(directory: Path):
+    """blip.py init_tokenizer without the download: bert-base-uncased's tokenizer from
+    `directory`/tokenizer/ or `directory`/vocab.txt, then BLIP's added tokens: [DEC] as the bos
+    token, [ENC] as an additional special token (ids 30522 and 30523 after bert-base-uncased's
+    30522, within med_config's vocab_size 30524), so a prompt that spells them tokenizes as the
+    reference's does."""
+    from transformers import BertTokenizer
+
+    source = directory / "tokenizer" if (directory / "tokenizer").is_dir() else directory
+    tokenizer = BertTokenizer.from_pretrained(str(source), local_files_only=True)
+    tokenizer.add_special_tokens({"bos_token": "[DEC]"})
+    tokenizer.add_special_tokens({"additional_special_tokens": ["[ENC]"]})
+    return tokenizer
+
+
+def _imagereward_tokens(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask), each (N, 35). The reference passes input_ids as the
+    tokenizer gives them, [CLS] first: unlike BLIP's image-text matching head, ImageReward does
+    not put enc_token_id there (ImageReward.py score, inference_rank, score_gard)."""
+    text = tokenizer(prompts, padding="max_length", truncation=True,
+                     max_length=IMAGEREWARD_MAX_LENGTH, return_tensors="pt")
+    return text["input_ids"], text["attention_mask"]
+
+
+def load_imagereward_model(directory: Path) -> ImageRewardModel:
+    """ImageRewardModel from `directory`'s ImageReward.pt and med_config.json, on the CPU in
+    eval mode (Dropouts off), loaded strictly after imagereward_state_dict's renaming."""
+    # ImageReward/utils.py load: torch.load of ImageReward.pt, a plain state dict of
+    # ImageReward (blip.* and mlp.*)
+    original = torch.load(directory / IMAGEREWARD_CHECKPOINT, map_location="cpu",
+                          weights_only=True)
+    vision_config = _imagereward_vision_config(original)
+    text_config = _imagereward_text_config(directory / IMAGEREWARD_MED_CONFIG,
+                                           vision_config.hidden_size)
+    model = ImageRewardModel(vision_config, text_config)
+    model.load_state_dict(imagereward_state_dict(original), strict=True)
+    return model.eval()
 
 
 def _load_imagereward(directory: Path, device: torch.device):
-    raise RuntimeError(_imagereward_unavailable())
+    model = load_imagereward_model(directory).to(device)
+    tokenizer = _imagereward_tokenizer(directory)
+    if len(tokenizer) > model.text.config.vocab_size:
+        raise ValueError(f"reward 'imagereward': the tokenizer in {str(directory)!r} has "
+                         f"{len(tokenizer)} tokens with BLIP's [DEC] and [ENC], more than "
+                         f"{IMAGEREWARD_MED_CONFIG}'s vocab_size {model.text.config.vocab_size}")
+
+    @torch.no_grad()
+    def score(images: np.ndarray, prompts: list[str]) -> np.ndarray:
+        out = []
+        for part in _chunks(len(prompts)):
+            # ImageReward.py _transform(224): Resize(224, BICUBIC), CenterCrop(224), RGB,
+            # ToTensor, Normalize with OpenAI CLIP's mean/std (the same numbers as OPENAI_MEAN
+            # / OPENAI_STD): _openai_clip_pixels is that transform, PIL's bicubic included
+            pixels = _openai_clip_pixels(images[part], model.image_size).to(device)
+            input_ids, attention_mask = _imagereward_tokens(tokenizer, prompts[part])
+            with _autocast(device):
+                features = model.features(pixels, input_ids.to(device),
+                                          attention_mask.to(device))
+            # ImageReward.py: the features .float() before the MLP; the head runs in fp32
+            out.append(model.reward(features.float()).cpu())
+        return torch.cat(out).double().numpy()
+
+    return score
 
 
 # ---------------------------------------------------------------------------------------------
@@ -508,9 +748,9 @@ MODEL_REWARDS: dict[str, ModelReward] = {
                               _transformers_unavailable),
     "aesthetic": ModelReward("aesthetic", (OPEN_CLIP_WEIGHTS, (AESTHETIC_HEAD,)),
                              _load_aesthetic, _open_clip_unavailable),
-    "imagereward": ModelReward("imagereward", (("ImageReward.pt",), ("med_config.json",)),
-                               _load_imagereward, _imagereward_unavailable,
-                               implemented=False),
+    "imagereward": ModelReward("imagereward", ((IMAGEREWARD_CHECKPOINT,), (IMAGEREWARD_MED_CONFIG,),
+                                               IMAGEREWARD_TOKENIZER),
+                               _load_imagereward, _imagereward_unavailable),
 }
 
 for _name in MODEL_REWARDS:
