@@ -5,6 +5,9 @@ FROM python:3.11-slim
 
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# the package's extras; the reward server's image adds `rewards` (open_clip), see
+# docker-compose.yml
+ARG EXTRAS=server,clip
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -19,7 +22,7 @@ RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
 # dependencies first (cached while only the code changes)
 COPY pyproject.toml README.md ./
 RUN mkdir -p app worker trainer && touch app/__init__.py worker/__init__.py trainer/__init__.py \
-    && pip install ".[server,clip]" && pip uninstall -y neighbor-grpo-studio
+    && pip install ".[${EXTRAS}]" && pip uninstall -y neighbor-grpo-studio
 COPY alembic.ini ./
 COPY migrations ./migrations
 COPY app ./app

@@ -72,6 +72,7 @@ SUBPROCESS = {
     "tests/app/test_migrations.py::test_cli_migrate_creates_default_sqlite",
     "tests/trainer/test_cli.py::*",
     "tests/trainer/test_hitl_benchmarks.py::test_overoptimisation_probe_runs_and_reports_the_kl",
+    "tests/trainer/test_reward_server.py::test_the_command_line_serves_and_refuses_unknown_rewards",
 }
 # measured with --durations on the 2-core box (seconds, call + setup); `make check` stays < 2 min
 SLOW = {

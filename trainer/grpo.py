@@ -27,7 +27,7 @@ import torch
 
 from trainer.config import TrainConfig
 from trainer.models.base import FlowModel, micro_batches, to_uint8
-from trainer.rewards import compute_rewards
+from trainer.rewards.remote import reward_scorer
 
 
 # ---------------------------------------------------------------------------------------
@@ -108,7 +108,9 @@ def score_groups(model: FlowModel, final_latents: torch.Tensor, prompts: list[st
         images = np.concatenate([to_uint8(model.decode(flat[rows])) for rows in
                                  micro_batches(flat.shape[0], config.rollout_batch_size)])
     member_prompts = [text for text in prompts for _ in range(g)]
-    raw = compute_rewards(list(config.reward_weights), images, member_prompts)
+    # in this process, or on the reward server the config names (one choice, reward_scorer)
+    raw = reward_scorer(config.reward_server_url)(list(config.reward_weights), images,
+                                                  member_prompts)
     blended = blended_group_rewards(raw, config.reward_weights, (p_count, g))
     advantages = group_advantages(blended, p=config.quasi_norm_p)  # (P, G)
     if config.shuffle_advantages:  # the control: same magnitudes, no reward signal

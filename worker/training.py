@@ -29,6 +29,7 @@ from trainer.config import TrainConfig
 from trainer.grpo import IterationResult
 from trainer.loop import Trainer
 from trainer.models import checkpoint_directory, checkpoint_weights_file, uses_model_directory
+from trainer.rewards.remote import RewardServerError
 from worker.lease import JobError, LeaseLost
 
 log = logging.getLogger(__name__)
@@ -217,8 +218,10 @@ def job_train_config(config: dict[str, Any]) -> TrainConfig:
         cfg.base_checkpoint = str(storage.job_path(cfg.base_checkpoint,
                                                    want="dir" if directory_model else "file"))
     # model-backed rewards: every one the job uses gets its directory from the studio's
-    # settings (REWARD_MODELS_DIR may be set in .env, which the trainer does not read)
-    cfg.reward_model_paths = reward_model_paths(cfg)
+    # settings (REWARD_MODELS_DIR may be set in .env, which the trainer does not read); with a
+    # reward server the server holds the weights and the job names none
+    if not cfg.reward_server_url:
+        cfg.reward_model_paths = reward_model_paths(cfg)
     return cfg
 
 
@@ -245,7 +248,10 @@ def prepare_trainer(job_id: int, model=None) -> tuple[Trainer, TrainConfig, int 
         config = job_train_config(job.config)
         ckpt = checkpoints.latest_checkpoint(s, job_id)
         ckpt_id, ckpt_path = (ckpt.id, ckpt.path) if ckpt is not None else (None, None)
-    trainer = Trainer(config, model=model)
+    try:
+        trainer = Trainer(config, model=model)
+    except RewardServerError as exc:  # down, or lacks a reward: the message says it in full
+        raise JobError(str(exc)) from None
     last_vote = attach_preference(trainer, config)
     if ckpt_path is not None:
         directory = checkpoint_directory(storage.resolve(ckpt_path))
@@ -261,7 +267,11 @@ def run_training(job_id: int, worker_name: str, shutdown: threading.Event | None
     trainer, config, ckpt_id, last_vote = prepare_trainer(job_id)
     recorder = TrainRecorder(job_id, worker_name, config, ckpt_id, shutdown, last_vote)
     if trainer.iteration < config.iterations:
-        trainer.run(recorder)
+        try:
+            trainer.run(recorder)
+        except RewardServerError as exc:  # went away or timed out mid-run; resumable
+            raise JobError(f"{exc} (at iteration {trainer.iteration + 1}; resume the job "
+                           "to go on from its last checkpoint)") from None
     if recorder.cancelled:
         return "cancelled"
     if recorder.requeued:

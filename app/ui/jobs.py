@@ -46,7 +46,8 @@ SECTIONS: list[tuple[str, list[str], list[str]]] = [
     ("Optimisation", ["learning_rate", "clip_range"],
      ["weight_decay", "max_grad_norm", "train_batch_size", "shuffle_advantages"]),
     ("Rewards", ["reward_weights", "preference_model"],
-     ["preference_uncertainty_penalty", "preference_refit_every", "reward_model_paths"]),
+     ["preference_uncertainty_penalty", "preference_refit_every", "reward_model_paths",
+      "reward_server_url"]),
     ("Schedule", ["iterations", "sample_every", "checkpoint_every", "seed", "device"],
      ["eval_every", "eval_seeds"]),
 ]

@@ -1,0 +1,290 @@
+"""The reward server (trainer/rewards/serve.py) and its client (trainer/rewards/remote.py),
+issue 17: a real uvicorn server on a free port (in a thread, so a test can register a slow
+reward it serves) and a real httpx client. The same images score the same through the server
+as in process; eight concurrent clients are batched together and each gets its own scores; a
+client that disconnects mid-request harms nobody; a wrong name, a timeout, a server that is
+down are errors naming what and where; a training job scores through the server."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import uvicorn
+
+from trainer.config import PRESETS, ConfigErrors, TrainConfig
+from trainer.loop import Trainer
+from trainer.rewards import compute_rewards, get_reward, register_reward, registry
+from trainer.rewards import models as reward_models
+from trainer.rewards.remote import (
+    RewardClient,
+    RewardServerError,
+    decode_images,
+    encode_images,
+    reward_scorer,
+)
+from trainer.rewards.serve import create_app
+
+ROOT = Path(__file__).resolve().parents[2]
+SLOW_SECONDS = 2.0  # how long the test reward "test_slow" holds the scoring thread
+SERVED = ["count", "color", "jpeg_compressibility", "test_slow", "pickscore"]
+
+
+def _slow_count(images: np.ndarray, prompts: list[str]) -> np.ndarray:
+    time.sleep(SLOW_SECONDS)
+    return get_reward("count")(images, prompts)
+
+
+class ServerThread:
+    """uvicorn serving `app` on a free port of 127.0.0.1, in a daemon thread."""
+
+    def __init__(self, app) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True)
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "server did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_clip_path, tmp_path_factory):
+    root = tmp_path_factory.mktemp("reward_models")
+    shutil.copytree(tiny_clip_path, root / "pickscore")
+    register_reward("test_slow", _slow_count)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("REWARD_MODELS_DIR", str(root))
+        # a short wait keeps solo requests quick; the concurrency test queues its clients
+        # behind a slow request, so they are all waiting when the batch is gathered
+        app = create_app(SERVED, device="cpu", max_batch=64, max_wait_ms=30)
+        try:
+            with ServerThread(app) as running:
+                yield running
+        finally:
+            registry._REWARDS.pop("test_slow", None)
+            reward_models.configure_reward_models({}, "cpu")
+            reward_models.clear_cache()
+
+
+def _images(n: int, seed: int, size: int = 32) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (n, size, size, 3), dtype=np.uint8)
+
+
+PROMPTS = ["three red squares", "one blue circle", "two green triangles", "one red circle"]
+
+
+def _health(server) -> dict:
+    return RewardClient(server.url, timeout=10).health()
+
+
+def test_images_travel_exactly():
+    images = _images(3, seed=0, size=20)
+    back = decode_images(encode_images(images))
+    assert back.dtype == np.uint8 and np.array_equal(back, images)
+    for bad in ("not base64!", encode_images(images[..., :2])):
+        with pytest.raises(ValueError, match="images must be"):
+            decode_images(bad)
+
+
+def test_health_names_the_rewards_and_device(server):
+    health = _health(server)
+    assert health["status"] == "ok" and health["rewards"] == SERVED
+    assert health["device"] == "cpu"
+
+
+@pytest.mark.parametrize("names", [["count", "color", "jpeg_compressibility"], ["pickscore"]])
+def test_same_images_score_the_same_as_in_process(server, names):
+    images = _images(len(PROMPTS), seed=1)
+    served = RewardClient(server.url, timeout=30)(names, images, PROMPTS)
+    local = compute_rewards(names, images, PROMPTS)
+    assert list(served) == names
+    for name in names:
+        assert served[name].dtype == np.float64
+        np.testing.assert_array_equal(served[name], local[name])  # exact, not close
+
+
+def test_eight_concurrent_clients_are_batched_and_get_their_own_scores(server):
+    """A slow request holds the scoring thread while eight clients send theirs: the batcher
+    then gathers them into one batch and splits the scores back, each to its own client."""
+    before = _health(server)
+    requests = []
+    for i in range(8):  # each client its own images, count, size and rewards
+        n, size = i + 1, (32 if i % 2 else 24)
+        names = ["count", "color"] if i % 3 else ["jpeg_compressibility", "count"]
+        requests.append((names, _images(n, seed=100 + i, size=size),
+                         [PROMPTS[(i + k) % len(PROMPTS)] for k in range(n)]))
+
+    def send(request):
+        names, images, prompts = request
+        return RewardClient(server.url, timeout=60)(names, images, prompts)
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(10) as pool:
+        slow = pool.submit(send, (["test_slow"], _images(1, seed=7), PROMPTS[:1]))
+        time.sleep(0.3)  # the slow one is being scored now
+        # and one more client whose prompt the count reward cannot read: its error is its own
+        bad = pool.submit(send, (["count"], _images(2, seed=8), ["a dog", "a cat"]))
+        answers = list(pool.map(send, requests))
+        slow.result()
+        with pytest.raises(RewardServerError, match="500.*not a shapes prompt: 'a dog'"):
+            bad.result()
+    elapsed = time.monotonic() - start
+    assert elapsed < SLOW_SECONDS + 15, f"8 clients took {elapsed:.1f} s"
+    for (names, images, prompts), answer in zip(requests, answers, strict=True):
+        local = compute_rewards(names, images, prompts)
+        assert list(answer) == names
+        for name in names:
+            np.testing.assert_array_equal(answer[name], local[name])
+    after = _health(server)
+    assert after["requests"] - before["requests"] == 10
+    assert after["images"] - before["images"] == 1 + 2 + sum(range(1, 9))
+    # the nine queued behind the slow one are scored in fewer batches than requests
+    assert after["batches"] - before["batches"] < 10
+    assert after["largest_batch_requests"] >= 2
+
+
+def test_a_client_that_disconnects_mid_request_harms_nobody(server):
+    before = _health(server)
+    images = _images(2, seed=3)
+    started = time.monotonic()
+    # A: its reward takes SLOW_SECONDS; it gives up after 0.3 s, while being scored
+    with pytest.raises(RewardServerError) as error:
+        RewardClient(server.url, timeout=0.3)(["test_slow"], images, PROMPTS[:2])
+    assert f"reward server at {server.url} did not answer within 0.3 s" in str(error.value)
+    # B: queued behind A, it leaves before its turn: dropped, never scored
+    with pytest.raises(RewardServerError, match="did not answer within 0.2 s"):
+        RewardClient(server.url, timeout=0.2)(["count"], images, PROMPTS[:2])
+    # C: sends half a request and hangs up
+    with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1]))) as raw:
+        raw.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 5000\r\n\r\n{\"rewards\": [\"count\"], \"ima")
+    assert time.monotonic() - started < SLOW_SECONDS  # all three left while A was scored
+    # D: served as usual, with the right scores, once A is done
+    answer = RewardClient(server.url, timeout=30)(["count", "color"], images, PROMPTS[:2])
+    local = compute_rewards(["count", "color"], images, PROMPTS[:2])
+    for name in ("count", "color"):
+        np.testing.assert_array_equal(answer[name], local[name])
+    after = _health(server)
+    assert after["cancelled"] - before["cancelled"] == 1  # B
+    assert after["requests"] - before["requests"] == 2  # A (answer discarded) and D
+
+
+def test_wrong_reward_names_are_422_naming_them(server):
+    client = RewardClient(server.url, timeout=10)
+    images = _images(2, seed=4)
+    with pytest.raises(RewardServerError) as error:
+        client(["count", "no_such_reward"], images, PROMPTS[:2])
+    message = str(error.value)
+    assert "422" in message and "'no_such_reward'" in message and server.url in message
+    with pytest.raises(RewardServerError, match=r"\['shape'\] not loaded by this server"):
+        client(["shape"], images, PROMPTS[:2])  # known, but this server does not serve it
+    with pytest.raises(RewardServerError, match="2 images but 1 prompts"):
+        client._request("POST", "/score", json={"rewards": ["count"], "prompts": PROMPTS[:1],
+                                                "images": encode_images(images)})
+    with pytest.raises(RewardServerError) as error:
+        client.check({"count": 1.0, "hpsv2": 1.0, "preference": 1.0})
+    message = str(error.value)
+    assert "does not serve ['hpsv2']" in message and server.url in message
+
+
+def test_a_server_that_is_down_is_named(server):
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with pytest.raises(RewardServerError, match=f"reward server at {url} cannot be reached"):
+        RewardClient(url, timeout=5).health()
+    with pytest.raises(RewardServerError, match="must be an http"):
+        RewardClient("ftp://example.org")
+
+
+def test_config_takes_an_http_url_and_no_local_weight_paths():
+    assert TrainConfig.from_dict({"reward_server_url": "http://rewards:8100"}).reward_server_url
+    for bad in ("rewards:8100", "http://", "http://host:99999", "http://h/?q=1"):
+        with pytest.raises(ConfigErrors) as error:
+            TrainConfig.from_dict({"reward_server_url": bad})
+        assert [e.field for e in error.value.errors] == ["reward_server_url"], bad
+    with pytest.raises(ConfigErrors) as error:
+        TrainConfig.from_dict({"reward_server_url": "http://rewards:8100",
+                               "reward_model_paths": {"hpsv2": "/weights/hps"}})
+    assert [e.field for e in error.value.errors] == ["reward_model_paths"]
+    assert reward_scorer("") is compute_rewards
+
+
+def _params(model) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_training_through_the_server_equals_training_in_process(server):
+    tiny = {**PRESETS["tiny"], "device": "cpu", "learning_rate": 1e-4,
+            "reward_weights": {"count": 1.0, "color": 0.5}}
+    local = Trainer(TrainConfig.from_dict(tiny))
+    remote = Trainer(TrainConfig.from_dict({**tiny, "reward_server_url": server.url}))
+    before = _health(server)["requests"]
+    for _ in range(2):
+        a, b = local.step(), remote.step()
+        assert a.metrics["reward_mean"] == b.metrics["reward_mean"]
+        for name in ("count", "color"):
+            np.testing.assert_array_equal(a.rewards[name], b.rewards[name])
+    assert torch.equal(_params(local.model), _params(remote.model))
+    assert _health(server)["requests"] - before == 2  # one request per iteration
+
+    # a reward the server does not serve fails the job at its start, naming it and the URL
+    with pytest.raises(RewardServerError, match=r"does not serve \['shape'\]"):
+        Trainer(TrainConfig.from_dict({**tiny, "reward_server_url": server.url,
+                                       "reward_weights": {"count": 1.0, "shape": 1.0}}))
+
+
+def test_the_command_line_serves_and_refuses_unknown_rewards(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    bad = subprocess.run([sys.executable, "-m", "trainer.rewards.serve", "--rewards",
+                          "count,nope"], capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and "unknown reward 'nope'" in bad.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.rewards.serve", "--rewards",
+                             "count,jpeg_compressibility", "--port", str(port), "--device",
+                             "cpu", "--log-level", "warning"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 90
+        while True:
+            try:
+                health = RewardClient(url, timeout=5).health()
+                break
+            except RewardServerError:
+                assert proc.poll() is None, proc.stderr.read()
+                assert time.monotonic() < deadline, "the server did not come up in 90 s"
+                time.sleep(0.3)
+        assert health["rewards"] == ["count", "jpeg_compressibility"]
+        images = _images(2, seed=5)
+        answer = RewardClient(url, timeout=30)(["jpeg_compressibility"], images, PROMPTS[:2])
+        np.testing.assert_array_equal(
+            answer["jpeg_compressibility"],
+            compute_rewards(["jpeg_compressibility"], images, PROMPTS[:2])["jpeg_compressibility"])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -1,0 +1,199 @@
+"""Scoring rewards through a reward server (`python -m trainer.rewards.serve`) instead of in
+this process: many training workers share one set of reward models on one GPU, and reward
+models whose packages conflict with the trainer's live in their own environment.
+
+`reward_scorer(url)` is the one place that picks where rewards are computed: in process
+(`compute_rewards`) when `url` is empty, else a `RewardClient`, which has the same signature
+`(names, images, prompts) -> {name: (N,) float64}`. The run-time reward "preference" (the
+job's own model fitted to votes, registered in the trainer's process) is always scored here;
+every other name goes to the server.
+
+Images travel as the bytes of a `.npy` file (base64 in the JSON body): lossless and exact,
+so a server scores the very array the trainer decoded, and in process and served scores are
+the same numbers. Scores come back as JSON floats, whose repr round-trips float64 exactly.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import io
+import os
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from trainer.config import RUN_TIME_REWARDS
+from trainer.rewards.registry import compute_rewards
+
+ENV_TIMEOUT = "REWARD_SERVER_TIMEOUT"
+# a GPU server shared by several workers queues their batches behind each other: generous
+DEFAULT_TIMEOUT = 300.0
+# rewards that live in the trainer's process, never on a server: the job's own model fitted
+# to votes
+LOCAL_REWARDS = RUN_TIME_REWARDS
+
+Scorer = Callable[[list[str], np.ndarray, list[str]], dict[str, np.ndarray]]
+
+
+class RewardServerError(RuntimeError):
+    """The reward server cannot be reached, timed out, refused a request or lacks a reward.
+    The message names the server's URL and says what went wrong in full."""
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` cannot be a reward server's address (http(s)://host[:port][/prefix]), or None."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises ValueError on a bad port)
+    except ValueError as exc:
+        return f"is not a valid URL ({exc}): {url!r}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"must be an http:// or https:// URL with a host, got {url!r}"
+    if parts.query or parts.fragment:
+        return f"must not carry a query or fragment, got {url!r}"
+    return None
+
+
+def encode_images(images: np.ndarray) -> str:
+    """(N, H, W, 3) uint8 as base64 of its .npy bytes (what POST /score takes)."""
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(images, dtype=np.uint8), allow_pickle=False)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def decode_images(data: str) -> np.ndarray:
+    """The inverse of encode_images; ValueError says what is wrong with `data`."""
+    try:
+        raw = base64.b64decode(data, validate=True)
+        images = np.load(io.BytesIO(raw), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise ValueError(f"images must be base64 of a .npy file: {exc}") from None
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
+        raise ValueError(f"images must be an (N, H, W, 3) uint8 array, got {images.dtype} "
+                         f"{tuple(images.shape)}")
+    return images
+
+
+def _timeout_from_env() -> float:
+    value = os.environ.get(ENV_TIMEOUT, "")
+    try:
+        timeout = float(value) if value.strip() else DEFAULT_TIMEOUT
+    except ValueError:
+        raise RewardServerError(f"{ENV_TIMEOUT} must be a number of seconds, got "
+                                f"{value!r}") from None
+    if not timeout > 0:
+        raise RewardServerError(f"{ENV_TIMEOUT} must be positive, got {value!r}")
+    return timeout
+
+
+class RewardClient:
+    """Scores rewards on the server at `url`: `client(names, images, prompts)` returns what
+    `compute_rewards` would. `timeout` (seconds; default REWARD_SERVER_TIMEOUT, else 300)
+    bounds each request."""
+
+    def __init__(self, url: str, timeout: float | None = None) -> None:
+        import httpx  # the server extra; imported here so in-process scoring never needs it
+
+        if (problem := url_problem(url)) is not None:
+            raise RewardServerError(f"reward server URL {problem}")
+        self.url = url.rstrip("/")
+        self.timeout = float(timeout) if timeout is not None else _timeout_from_env()
+        # connecting should be quick even when scoring is not: a dead host fails fast
+        self._http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(
+            self.timeout, connect=min(self.timeout, 10.0)))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        import httpx
+
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.ConnectTimeout:
+            raise RewardServerError(f"reward server at {self.url} cannot be reached (no "
+                                    f"connection within {min(self.timeout, 10.0):g} s); is "
+                                    "`python -m trainer.rewards.serve` running there?") from None
+        except httpx.TimeoutException:
+            raise RewardServerError(f"reward server at {self.url} did not answer within "
+                                    f"{self.timeout:g} s ({ENV_TIMEOUT} sets the limit)") from None
+        except httpx.TransportError as exc:
+            raise RewardServerError(f"reward server at {self.url} cannot be reached ({exc}); "
+                                    "is `python -m trainer.rewards.serve` running there?"
+                                    ) from None
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+            except ValueError:
+                body = response.text
+            detail = body.get("detail", body) if isinstance(body, dict) else body
+            raise RewardServerError(f"reward server at {self.url} answered "
+                                    f"{response.status_code} to {method} {path}: {detail}")
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if isinstance(body, dict):
+            return body
+        # something else answers there (a proxy's page, another service)
+        raise RewardServerError(f"reward server at {self.url} answered {method} {path} "
+                                f"with something other than a JSON object: "
+                                f"{response.text[:200]!r}")
+
+    def health(self) -> dict[str, Any]:
+        """GET /health: {"status", "rewards", "device", and the batching counters}."""
+        return self._request("GET", "/health")
+
+    def check(self, names: list[str] | dict[str, Any]) -> None:
+        """Raise RewardServerError unless the server is up and serves every reward among
+        `names` that it has to (all but the run-time ones); the message names those missing."""
+        wanted = [n for n in names if n not in LOCAL_REWARDS]
+        health = self.health()
+        if health.get("status") != "ok":
+            raise RewardServerError(f"reward server at {self.url} is not ready: {health}")
+        served = health.get("rewards", [])
+        missing = [n for n in wanted if n not in served]
+        if missing:
+            raise RewardServerError(
+                f"reward server at {self.url} does not serve {missing}; it serves {served}. "
+                f"Start it with --rewards naming them, or score them in process (empty "
+                f"reward_server_url)")
+
+    def __call__(self, names: list[str], images: np.ndarray, prompts: list[str]
+                 ) -> dict[str, np.ndarray]:
+        names = list(names)
+        remote = [n for n in names if n not in LOCAL_REWARDS]
+        local = [n for n in names if n in LOCAL_REWARDS]
+        if len(images) != len(prompts):
+            raise ValueError(f"{len(images)} images but {len(prompts)} prompts")
+        out = compute_rewards(local, images, prompts) if local else {}
+        if remote:
+            body = {"rewards": remote, "prompts": list(prompts),
+                    "images": encode_images(images)}
+            scores = self._request("POST", "/score", json=body).get("scores", {})
+            for name in remote:
+                # a non-finite score travels as null (JSON has no NaN)
+                values = np.array([np.nan if v is None else v for v in scores.get(name, [])],
+                                  dtype=np.float64)
+                if values.shape != (len(prompts),):
+                    raise RewardServerError(f"reward server at {self.url} returned "
+                                            f"{values.shape} scores for {name!r}, expected "
+                                            f"({len(prompts)},)")
+                out[name] = values
+        return {name: out[name] for name in names}  # in the order asked, as compute_rewards
+
+
+@functools.lru_cache(maxsize=8)
+def reward_client(url: str) -> RewardClient:
+    """The RewardClient of the server at `url`, one per process (one connection pool, kept
+    for the whole run)."""
+    return RewardClient(url)
+
+
+def reward_scorer(server_url: str = "") -> Scorer:
+    """Where rewards are computed: in this process (`compute_rewards`) for an empty URL, else
+    on the reward server at `server_url` (a RewardClient, reused across calls)."""
+    return reward_client(server_url) if server_url else compute_rewards

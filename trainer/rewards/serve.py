@@ -1,0 +1,361 @@
+"""The reward server: loads a set of rewards once and scores images over HTTP.
+
+    python -m trainer.rewards.serve --rewards hpsv2,pickscore,imagereward --device cuda \\
+        --host 0.0.0.0 --port 8100
+
+A train job whose config names `reward_server_url` sends its images here instead of loading
+reward models itself (trainer/rewards/remote.py is the client), so several workers share one
+set of models on one GPU, and models whose packages conflict with the trainer's run in their
+own environment.
+
+    GET  /health  {"status": "ok", "rewards": [...], "device": ..., "max_batch", "max_wait_ms",
+                   and counters: requests, images, batches, cancelled, largest_batch_requests}
+    POST /score   {"rewards": [names], "prompts": [N strings], "images": base64 of the .npy
+                   bytes of an (N, H, W, 3) uint8 array} -> {"scores": {name: [N floats]}}
+
+A wrong reward name (unknown, or not loaded by this server), malformed images or a prompt
+count that does not match is a 422 whose detail says which.
+
+Batching across requests: every request goes on one queue; one scoring thread takes the
+first waiting request, then gathers more until it holds `max_batch` images or `max_wait_ms`
+has passed, and scores each reward once over all gathered images of one size (in chunks of
+at most `max_batch`) before splitting the scores back. One thread owns the models, so one copy
+of each lives on the device. A request whose client disconnects while it waits is dropped
+before it is scored; one that is being scored finishes and its answer is discarded. Neither
+touches the other requests.
+
+No authentication: run it on a private network (the compose file publishes no port).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from trainer.rewards import get_reward, reward_names
+from trainer.rewards.remote import LOCAL_REWARDS, decode_images
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 8100
+DEFAULT_MAX_BATCH = 64
+DEFAULT_MAX_WAIT_MS = 20.0
+# how often a waiting request looks whether its client is still there
+DISCONNECT_POLL_S = 0.1
+
+
+class ScoreRequest(BaseModel):
+    rewards: list[str]
+    prompts: list[str]
+    images: str  # base64 of an (N, H, W, 3) uint8 .npy (trainer.rewards.remote.encode_images)
+
+
+@dataclass
+class _Pending:
+    rewards: list[str]
+    images: np.ndarray  # (N, H, W, 3) uint8
+    prompts: list[str]
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+class Batcher:
+    """One scoring thread over a queue of requests (see the module docstring)."""
+
+    def __init__(self, max_batch: int = DEFAULT_MAX_BATCH,
+                 max_wait_ms: float = DEFAULT_MAX_WAIT_MS) -> None:
+        if max_batch < 1 or max_wait_ms < 0:
+            raise ValueError(f"max_batch must be >= 1 and max_wait_ms >= 0, got {max_batch}, "
+                             f"{max_wait_ms}")
+        self.max_batch, self.max_wait = max_batch, max_wait_ms / 1000.0
+        self._queue: queue.Queue[_Pending | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.counters = {"requests": 0, "images": 0, "batches": 0, "cancelled": 0,
+                         "largest_batch_requests": 0}
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="reward-batcher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def submit(self, rewards: list[str], images: np.ndarray, prompts: list[str]
+               ) -> concurrent.futures.Future:
+        """Queue a request; the future's result is {name: (N,) float64}."""
+        pending = _Pending(rewards, images, prompts)
+        self._queue.put(pending)
+        return pending.future
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.counters)
+
+    # -- the scoring thread ---------------------------------------------------------------
+    def _gather(self, first: _Pending) -> tuple[list[_Pending], bool]:
+        """The first request and those arriving within max_wait, up to max_batch images; and
+        whether the stop sentinel came meanwhile."""
+        batch, count = [first], len(first.prompts)
+        deadline = time.monotonic() + self.max_wait
+        while count < self.max_batch:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                item = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                break
+            if item is None:
+                return batch, True
+            batch.append(item)
+            count += len(item.prompts)
+        return batch, False
+
+    def _loop(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if first is None:
+                break
+            gathered, stopping = self._gather(first)
+            # a request cancelled while it waited (its client left) is dropped here; the
+            # others are marked running and can no longer be cancelled
+            live = [p for p in gathered if p.future.set_running_or_notify_cancel()]
+            with self._lock:
+                self.counters["cancelled"] += len(gathered) - len(live)
+            if not live:
+                continue
+            try:
+                self._score(live)
+            except Exception as exc:  # (a bug here must not hang every client)
+                log.exception("scoring a batch of %d requests failed", len(live))
+                for p in live:
+                    if not p.future.done():
+                        p.future.set_exception(exc)
+
+    def _score(self, batch: list[_Pending]) -> None:
+        results: dict[int, dict[str, np.ndarray]] = {id(p): {} for p in batch}
+        failed: dict[int, BaseException] = {}
+        # one call per (reward, image size) over every request that asked for it
+        groups: dict[tuple[str, tuple[int, ...]], list[_Pending]] = {}
+        for p in batch:
+            for name in p.rewards:
+                groups.setdefault((name, p.images.shape[1:]), []).append(p)
+        for (name, _), members in groups.items():
+            try:
+                scores = self._score_one(name, [m.images for m in members],
+                                         [t for m in members for t in m.prompts])
+            except Exception as exc:
+                if len(members) == 1:
+                    log.warning("reward %s failed on a request: %s", name, exc)
+                    failed.setdefault(id(members[0]), exc)
+                    continue
+                # one request's bad input (a prompt the reward cannot read) must not fail the
+                # others batched with it: score them one by one, failing only those that fail
+                log.warning("reward %s failed on a batch of %d requests (%s); scoring them "
+                            "one by one", name, len(members), exc)
+                for m in members:
+                    try:
+                        results[id(m)][name] = self._score_one(name, [m.images], m.prompts)
+                    except Exception as alone:  # (handed to its request)
+                        failed.setdefault(id(m), alone)
+                continue
+            start = 0
+            for m in members:
+                results[id(m)][name] = scores[start:start + len(m.prompts)]
+                start += len(m.prompts)
+        for p in batch:
+            if id(p) in failed:
+                p.future.set_exception(failed[id(p)])
+            else:
+                p.future.set_result(results[id(p)])
+        with self._lock:
+            c = self.counters
+            c["batches"] += 1
+            c["requests"] += len(batch)
+            c["images"] += sum(len(p.prompts) for p in batch)
+            c["largest_batch_requests"] = max(c["largest_batch_requests"], len(batch))
+
+    def _score_one(self, name: str, images: list[np.ndarray], prompts: list[str]) -> np.ndarray:
+        stacked = np.concatenate(images) if len(images) > 1 else images[0]  # (N, H, W, 3)
+        fn = get_reward(name)
+        parts = []
+        for start in range(0, len(prompts), self.max_batch):
+            rows = slice(start, start + self.max_batch)
+            parts.append(np.asarray(fn(stacked[rows], prompts[rows]), dtype=np.float64))
+        scores = np.concatenate(parts)
+        if scores.shape != (len(prompts),):
+            raise ValueError(f"reward {name!r} returned shape {scores.shape}, expected "
+                             f"({len(prompts)},)")
+        return scores
+
+
+def load_rewards(names: Iterable[str], paths: dict[str, str] | None = None,
+                 device: str = "auto") -> list[str]:
+    """Check `names` and load each model-backed one now (weights from REWARD_MODELS_DIR or
+    `paths`, on `device`), so that a missing file fails the server's start and the first
+    request waits for no loading. Returns the names, deduplicated."""
+    import torch
+
+    from trainer.rewards.models import MODEL_REWARDS, check_reward_models, configure_reward_models
+
+    names = list(dict.fromkeys(names))
+    if not names:
+        raise ValueError("name at least one reward to serve")
+    known = reward_names()
+    problems = [f"unknown reward {n!r}" for n in names if n not in known]
+    problems += [f"{n!r} is the training job's own model from votes; it is scored in the job"
+                 for n in names if n in LOCAL_REWARDS]
+    if problems:
+        raise ValueError(f"{'; '.join(problems)}; known: "
+                         f"{[n for n in known if n not in LOCAL_REWARDS]}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    configure_reward_models(paths or {}, device)
+    check_reward_models(names)
+    for name in names:
+        if name in MODEL_REWARDS:
+            get_reward(name).scorer()  # loads and caches the model
+            log.info("loaded reward %s on %s", name, device)
+    return names
+
+
+def create_app(rewards: Iterable[str], *, device: str = "auto",
+               reward_model_paths: dict[str, str] | None = None,
+               max_batch: int = DEFAULT_MAX_BATCH,
+               max_wait_ms: float = DEFAULT_MAX_WAIT_MS) -> FastAPI:
+    """The server's app with `rewards` loaded (see load_rewards); the batcher runs while the
+    app does (its lifespan)."""
+    import torch
+
+    resolved_device = device if device != "auto" else (
+        "cuda" if torch.cuda.is_available() else "cpu")
+    served = load_rewards(rewards, reward_model_paths, resolved_device)
+    batcher = Batcher(max_batch, max_wait_ms)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        batcher.start()
+        try:
+            yield
+        finally:
+            batcher.stop()
+
+    app = FastAPI(title="Neighbor GRPO reward server", lifespan=lifespan)
+    app.state.batcher = batcher
+    app.state.rewards = served
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        return {"status": "ok" if batcher.alive() else "stopped", "rewards": served, "device": resolved_device,
+                "max_batch": batcher.max_batch, "max_wait_ms": batcher.max_wait * 1000.0,
+                **batcher.stats()}
+
+    @app.post("/score")
+    async def score(body: ScoreRequest, request: Request) -> Any:
+        if not body.rewards:
+            raise HTTPException(422, "name at least one reward in 'rewards'")
+        not_served = [n for n in body.rewards if n not in served]
+        if not_served:
+            known = set(reward_names())
+            unknown = [n for n in not_served if n not in known]
+            what = (f"unknown reward(s) {unknown}" if unknown
+                    else f"reward(s) {not_served} not loaded by this server")
+            raise HTTPException(422, f"{what}; this server serves {served}")
+        try:
+            images = decode_images(body.images)
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from None
+        if len(images) != len(body.prompts):
+            raise HTTPException(422, f"{len(images)} images but {len(body.prompts)} prompts")
+        if not len(images):
+            return {"scores": {name: [] for name in body.rewards}}
+        future = asyncio.wrap_future(batcher.submit(list(dict.fromkeys(body.rewards)),
+                                                    images, body.prompts))
+        while True:
+            done, _ = await asyncio.wait({future}, timeout=DISCONNECT_POLL_S)
+            if done:
+                break
+            if await request.is_disconnected():
+                # cancels the queued request (the batcher then skips it); nobody reads this
+                future.cancel()
+                return JSONResponse({"detail": "client disconnected"}, status_code=499)
+        try:
+            scores = future.result()
+        except Exception as exc:  # (a reward failing is the server's 500)
+            raise HTTPException(500, f"scoring failed: {type(exc).__name__}: {exc}") from None
+        # JSON has no NaN: a non-finite score travels as null
+        return {"scores": {name: [float(v) if np.isfinite(v) else None for v in scores[name]]
+                           for name in body.rewards}}
+
+    return app
+
+
+def _parse_paths(text: str) -> dict[str, str]:
+    out = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise argparse.ArgumentTypeError(f"expected name=path, got {item!r}")
+        out[name.strip()] = path.strip()
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.rewards.serve",
+        description="Serve rewards over HTTP to training jobs (their reward_server_url).")
+    parser.add_argument("--rewards", required=True,
+                        help="comma-separated reward names to load and serve, e.g. "
+                             "hpsv2,pickscore,imagereward")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (0.0.0.0 for other hosts; default %(default)s)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="default %(default)s")
+    parser.add_argument("--device", default="auto",
+                        help="torch device of the reward models: auto, cpu, cuda, cuda:1 ...")
+    parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
+                        help="most images gathered across requests into one scoring call "
+                             "(default %(default)s)")
+    parser.add_argument("--max-wait-ms", type=float, default=DEFAULT_MAX_WAIT_MS,
+                        help="how long the first waiting request waits for others to join its "
+                             "batch (default %(default)s)")
+    parser.add_argument("--reward-model-paths", type=_parse_paths, default={},
+                        help="name=path,... weights directories for rewards not under "
+                             "REWARD_MODELS_DIR/<name>/")
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvicorn
+
+    try:
+        app = create_app([n.strip() for n in args.rewards.split(",") if n.strip()],
+                         device=args.device, reward_model_paths=args.reward_model_paths,
+                         max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)
+    except (ValueError, FileNotFoundError) as exc:  # RewardWeightsMissing is one
+        parser.exit(2, f"reward server: {exc}\n")
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+
+
+if __name__ == "__main__":
+    main()
