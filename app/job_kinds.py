@@ -83,10 +83,12 @@ class RolloutConfig(_SamplingCfg):
 
 
 class EvaluateConfig(_SamplingCfg):
-    """Fixed prompts and seeds from checkpoints; images feed cross-checkpoint votes."""
+    """Fixed prompts and seeds from checkpoints, scored with any set of rewards; images feed
+    cross-checkpoint votes, reward means are stored on each checkpoint (the leaderboard)."""
 
     checkpoint_ids: list[Annotated[int, Field(ge=1, le=MAX_ID)]] = Field(
-        min_length=2, max_length=64, description="Two or more distinct checkpoints to compare.")
+        min_length=1, max_length=64, description="Distinct checkpoints: each is scored with "
+        "the rewards; two or more also give cross-checkpoint pairs to vote on.")
     dataset_id: int | None = Field(None, ge=1, le=MAX_ID)
     split: Literal["train", "eval", "all"] = "eval"
     prompts: list[str] = Field(default_factory=list, max_length=10_000)
@@ -95,9 +97,16 @@ class EvaluateConfig(_SamplingCfg):
     solver: Literal["dpm++", "euler"] = "dpm++"
     steps: int = Field(8, ge=2, le=1000)
     reward_names: list[str] = Field(default_factory=list, max_length=32,
-                                    description="Rewards scored on each image (registry names); "
-                                    "empty: count, exact_count, color, shape and combined for "
-                                    "the shapes model, jpeg_compressibility for flux / sd3.")
+                                    description="Rewards scored on each image: any registry "
+                                    "names, model-backed ones (hpsv2, pickscore, clip_score, "
+                                    "aesthetic) included; empty: count, exact_count, color, "
+                                    "shape and combined for the shapes model, "
+                                    "jpeg_compressibility for flux / sd3. Each one's mean is "
+                                    "stored on the checkpoint.")
+    reward_model_paths: dict[str, str] = Field(
+        default_factory=dict, max_length=32, description="Weights directory of a model-backed "
+        "reward, by name, under REWARD_MODELS_DIR or MODELS_DIR; a reward left out loads from "
+        "REWARD_MODELS_DIR/<name>.")
 
 
 class FitPreferenceConfig(_Cfg):

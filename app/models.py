@@ -145,6 +145,10 @@ class Checkpoint(Base):
     format: Mapped[str] = mapped_column(String(20), default="safetensors")
     parent_id: Mapped[int | None] = mapped_column(ForeignKey("checkpoints.id", ondelete="SET NULL"))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # automatic-reward evaluation, {reward: {mean, std, n, job_id, prompts, seeds, at}}, written
+    # by evaluate jobs (app.services.checkpoints.record_scores); NULL until the first. Nullable
+    # so the migration adds it to existing rows without a server-side JSON default
+    scores: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class RolloutGroup(Base):

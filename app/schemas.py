@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.job_kinds import KindName
 from app.limits import MAX_ID
@@ -180,6 +180,25 @@ class JobDetail(JobOut):
     metric_history: list[MetricPoint] = []
 
 
+class CheckpointScore(BaseModel):
+    """One reward's evaluation of a checkpoint, as the evaluate job that scored it recorded."""
+
+    model_config = ConfigDict(extra="allow")  # older or newer entries may carry more
+
+    mean: float | None = Field(description="Mean score; null when it was not finite.")
+    std: float | None = None
+    n: int | None = Field(None, description="Images scored (prompts x seeds).")
+    job_id: int | None = Field(None, description="The evaluate job that scored it.")
+    prompts: str | None = Field(None, description="The prompt set: a dataset split, the "
+                                "job's own prompts, or the built-in shapes prompts.")
+    seeds: int | None = Field(None, description="Seeds per prompt.")
+    at: str | None = Field(None, description="When it was recorded (ISO 8601, UTC).")
+
+
+def _no_scores_is_empty(value: Any) -> Any:
+    return {} if value is None else value
+
+
 class CheckpointOut(ORM):
     id: int
     job_id: int | None
@@ -188,17 +207,25 @@ class CheckpointOut(ORM):
     format: str
     parent_id: int | None
     created_at: UTCDateTime
+    scores: Annotated[dict[str, CheckpointScore], BeforeValidator(_no_scores_is_empty)] = Field(
+        default_factory=dict, description="Automatic-reward evaluation by reward name; a "
+        "later evaluate job with the same reward replaces its entry.")
     download_url: str = ""
 
 
 class Rating(BaseModel):
+    """A leaderboard row: the Bradley-Terry rating from cross-checkpoint votes (null for a
+    checkpoint evaluated with rewards but not yet voted on) beside its reward means."""
+
     checkpoint_id: int
     name: str
-    rating: float
-    ci_low: float
-    ci_high: float
+    rating: float | None
+    ci_low: float | None
+    ci_high: float | None
     num_votes: int
     win_rate: float | None
+    scores: dict[str, float] = Field(default_factory=dict,
+                                     description="Mean of each evaluated reward.")
 
 
 class PairStat(BaseModel):
@@ -210,6 +237,8 @@ class PairStat(BaseModel):
 
 class Leaderboard(BaseModel):
     checkpoints: list[Rating]
+    rewards: list[str] = Field(default_factory=list, description="Every reward some "
+                               "checkpoint on the board was evaluated with (the score columns).")
     pairs: list[PairStat]
     num_votes: int
     bootstrap: int

@@ -21,7 +21,8 @@ The public API (`__all__`), by what it is for:
 - Rewards: `register_reward(name, fn)` (fn: (images, prompts) -> scores), `get_reward`,
   `reward_names`, `compute_rewards`; `PreferenceModel`, a reward fitted to human votes.
 - Evaluation: `sample_images` (deterministic ODE sampling), `evaluate` (the fixed 48 x 20
-  set), `all_prompts` (the shapes world's 48 prompts).
+  set, or any prompts scored with any `rewards`), `all_prompts` (the shapes world's 48
+  prompts).
 
 Names are imported on first use (PEP 562), so `import trainer` does not import torch.
 """

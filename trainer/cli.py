@@ -106,14 +106,64 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    from trainer.evaluation import evaluate
+def _reward_list(args: argparse.Namespace) -> list[str]:
+    """--rewards as registry names (default: the shapes rewards for the shapes model,
+    jpeg_compressibility for flux / sd3, as the studio's evaluate job); the model-backed ones
+    pointed at --reward-model-path or REWARD_MODELS_DIR and checked before any sampling."""
+    from trainer.evaluation import SHAPES_EVAL_REWARDS
+    from trainer.loop import resolve_device
+    from trainer.rewards import reward_names
+    from trainer.rewards.models import check_reward_models, configure_reward_models
 
+    names = [n.strip() for n in (args.rewards or "").split(",") if n.strip()]
+    if not names:
+        names = list(SHAPES_EVAL_REWARDS) if args.model == "shapes" else ["jpeg_compressibility"]
+    unknown = [n for n in names if n not in reward_names()]
+    if unknown:
+        raise ConfigError("rewards", f"unknown reward(s) {unknown}; known: {reward_names()}")
+    paths = {}
+    for pair in args.reward_model_path:
+        name, sep, path = pair.partition("=")
+        if not sep or not name or not path:
+            raise ConfigError("reward-model-path", f"must look like NAME=DIR, got {pair!r}")
+        paths[name] = path
+    configure_reward_models(paths, resolve_device(args.device))
+    check_reward_models(names, paths)  # RewardWeightsMissing names the reward and the files
+    return names
+
+
+def _prompt_list(path: str | None) -> list[str] | None:
+    from trainer.evaluation import read_prompts
+
+    if path is None:
+        return None
+    if not Path(path).is_file():
+        raise ConfigError("prompts-file", f"{path} does not exist")
+    prompts = read_prompts(path)
+    if not prompts:
+        raise ConfigError("prompts-file", f"{path} holds no prompts")
+    return prompts
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from trainer.evaluation import EVAL_SEEDS, evaluate
+
+    if args.seeds is not None and args.seeds < 1:
+        raise ConfigError("seeds", "must be >= 1")
+    if args.batch_size < 1:
+        raise ConfigError("batch-size", "must be >= 1")
+    rewards = _reward_list(args)  # before the model loads: a bad name costs nothing
+    prompts = _prompt_list(args.prompts_file)
     model = _load_any_model(args)
-    result = evaluate(model, solver=args.solver, steps=args.steps)
+    seeds = tuple(range(args.seeds)) if args.seeds else EVAL_SEEDS
+    result = evaluate(model, prompts, seeds=seeds, solver=args.solver, steps=args.steps,
+                      rewards=rewards, batch_size=args.batch_size)
     result["checkpoint"] = str(args.checkpoint or "base")
+    result["prompts"] = args.prompts_file or "the shapes prompts"
     text = json.dumps(result, indent=2)
     print(text)
+    for name, entry in result["rewards"].items():  # one line each, for a terminal or a grep
+        print(f"mean {name}: {entry['mean']:.6g} (std {entry['std']:.6g})", file=sys.stderr)
     out = Path(args.out) if args.out else None
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -181,9 +231,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_options(sample)
     sample.set_defaults(func=cmd_sample)
 
-    evaluate = sub.add_parser("evaluate", help="mean reward and exact-count accuracy, 48x20")
+    evaluate = sub.add_parser("evaluate", help="each reward's mean over prompts x seeds "
+                              "(default: the shapes rewards and exact-count accuracy, 48x20)")
     evaluate.add_argument("--checkpoint", help="as for sample; left out: the base model")
     evaluate.add_argument("--out", help="also write the JSON here")
+    evaluate.add_argument("--rewards", default="", help="comma-separated reward names, e.g. "
+                          "hpsv2,pickscore,clip_score,aesthetic (default: count, exact_count, "
+                          "color, shape, combined for shapes; jpeg_compressibility otherwise)")
+    evaluate.add_argument("--reward-model-path", action="append", default=[],
+                          metavar="NAME=DIR", help="weights directory of a model-backed reward "
+                          "(repeatable; default: $REWARD_MODELS_DIR/NAME)")
+    evaluate.add_argument("--prompts-file", help="held-out prompts: .txt (one per line) or "
+                          ".jsonl with a \"prompt\" field (default: the 48 shapes prompts)")
+    evaluate.add_argument("--seeds", type=int, default=None,
+                          help="seeds 0..N-1 per prompt (default 20)")
+    evaluate.add_argument("--batch-size", type=int, default=256,
+                          help="images sampled per batch; lower it for large models")
     _add_sampling_options(evaluate)
     evaluate.set_defaults(func=cmd_evaluate)
 

@@ -1,6 +1,12 @@
-"""Deterministic ODE sampling and the fixed evaluation set (48 prompts x 20 seeds)."""
+"""Deterministic ODE sampling and evaluation: the fixed shapes set (48 prompts x 20 seeds) or
+any prompts scored with any registered rewards."""
 
 from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -11,6 +17,9 @@ from trainer.shapes.world import all_prompts
 from trainer.solvers import rollout
 
 EVAL_SEEDS = tuple(range(20))
+# what the shapes model is evaluated with when no rewards are named (the studio's evaluate job
+# defaults to the same set: app.job_kinds.SHAPES_EVALUATE_REWARDS)
+SHAPES_EVAL_REWARDS = ("count", "exact_count", "color", "shape", "combined")
 
 
 def seed_noise(seed: int, latent_shape: tuple[int, ...]) -> torch.Tensor:
@@ -36,23 +45,53 @@ def sample_images(model: FlowModel, prompts: list[str], seeds: list[int], solver
     return np.concatenate(images)
 
 
+def read_prompts(path: str | Path) -> list[str]:
+    """The prompts of a file as a user brings it (HPDv2-style): .jsonl, one JSON object per
+    line with a "prompt" field (other fields ignored); anything else, one prompt per line.
+    Blank lines are skipped. ValueError names the line of a malformed record."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if path.suffix.lower() != ".jsonl":
+        return [line.strip() for line in lines if line.strip()]
+    prompts = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from None
+        prompt = record.get("prompt") if isinstance(record, dict) else None
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError(f'{path}:{number}: no "prompt" text field')
+        prompts.append(prompt.strip())
+    return prompts
+
+
 def evaluate(model: FlowModel, prompts: list[str] | None = None,
-             seeds: tuple[int, ...] = EVAL_SEEDS, solver: str = "dpm++", steps: int = 8) -> dict:
-    """Mean rewards and exact-count accuracy over every (prompt, seed)."""
+             seeds: tuple[int, ...] = EVAL_SEEDS, solver: str = "dpm++", steps: int = 8,
+             rewards: Sequence[str] | None = None, batch_size: int = 256) -> dict[str, Any]:
+    """Every (prompt, seed) sampled and scored with `rewards` (registry names; default: the
+    shapes rewards, SHAPES_EVAL_REWARDS). `rewards` holds {name: {"mean", "std"}}; each
+    reward's mean is also `<name>_reward`, except exact_count, which is reported as
+    `exact_count_accuracy` with a breakdown by the prompt's count word (shapes prompts)."""
     prompts = prompts or all_prompts()
+    names = list(dict.fromkeys(rewards or SHAPES_EVAL_REWARDS))
     pairs = [(p, s) for p in prompts for s in seeds]
-    images = sample_images(model, [p for p, _ in pairs], [s for _, s in pairs], solver, steps)
+    images = sample_images(model, [p for p, _ in pairs], [s for _, s in pairs], solver, steps,
+                           batch_size=batch_size)
     texts = [p for p, _ in pairs]
-    scores = compute_rewards(["count", "exact_count", "color", "shape", "combined"], images, texts)
-    by_count: dict[str, list[float]] = {}
-    for text, hit in zip(texts, scores["exact_count"], strict=True):
-        by_count.setdefault(text.split()[0], []).append(float(hit))
-    return {
-        "samples": len(pairs), "solver": solver, "steps": steps,
-        "exact_count_accuracy": float(scores["exact_count"].mean()),
-        "count_reward": float(scores["count"].mean()),
-        "color_reward": float(scores["color"].mean()),
-        "shape_reward": float(scores["shape"].mean()),
-        "combined_reward": float(scores["combined"].mean()),
-        "exact_count_accuracy_by_count": {k: float(np.mean(v)) for k, v in by_count.items()},
-    }
+    scores = compute_rewards(names, images, texts)
+    out: dict[str, Any] = {"samples": len(pairs), "solver": solver, "steps": steps,
+                           "rewards": {n: {"mean": float(scores[n].mean()),
+                                           "std": float(scores[n].std())} for n in names}}
+    for name in names:
+        if name != "exact_count":
+            out[f"{name}_reward"] = float(scores[name].mean())
+    if "exact_count" in scores:
+        by_count: dict[str, list[float]] = {}
+        for text, hit in zip(texts, scores["exact_count"], strict=True):
+            by_count.setdefault(text.split()[0], []).append(float(hit))
+        out["exact_count_accuracy"] = float(scores["exact_count"].mean())
+        out["exact_count_accuracy_by_count"] = {k: float(np.mean(v)) for k, v in by_count.items()}
+    return out

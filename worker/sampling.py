@@ -4,7 +4,12 @@ images with their automatic rewards for voting.
 - rollout: one group of G neighbouring noises per dataset prompt (as in training), rewards and
   advantages, so annotators can compare members of one group.
 - evaluate: fixed prompts x fixed seeds from each checkpoint, one image per (prompt, seed); the
-  same (prompt, seed) from two checkpoints is a cross-checkpoint pair for the leaderboard.
+  same (prompt, seed) from two checkpoints is a cross-checkpoint pair for the leaderboard. Each
+  checkpoint's reward means (and std, image count, prompt set) are stored on the checkpoint
+  (`checkpoints.record_scores`), where the leaderboard shows them beside the human rating.
+
+Model-backed rewards (hpsv2, pickscore, ...) are checked before the first model loads: missing
+weights fail the job at once, naming the reward, the setting and the files expected.
 
 Both are idempotent: groups already stored for the job are skipped, so a rerun after a crash
 finishes the rest. Progress counts prompts (rollout) or checkpoints (evaluate).
@@ -19,19 +24,26 @@ import numpy as np
 import torch
 from sqlalchemy import select
 
+from app.config import get_settings
 from app.db import session_scope
 from app.job_kinds import default_reward_names
 from app.models import Prompt, RolloutGroup
-from app.services import checkpoints, jobs, rollouts
+from app.services import checkpoints, jobs, rollouts, storage
 from trainer.evaluation import sample_images
 from trainer.grpo import blended_group_rewards, group_advantages, group_noises
 from trainer.loop import resolve_device
 from trainer.models import ModelSpec, checkpoint_spec, load_flow_model, uses_model_directory
 from trainer.models.base import FlowModel, micro_batches, repeat_cond, to_uint8
 from trainer.rewards import compute_rewards
+from trainer.rewards.models import (
+    MODEL_REWARDS,
+    RewardWeightsMissing,
+    check_reward_models,
+    configure_reward_models,
+)
 from trainer.shapes.world import all_prompts
 from trainer.solvers import rollout
-from worker.lease import LeaseLost
+from worker.lease import JobError, LeaseLost
 from worker.training import clean_metrics, model_directory, png_bytes
 
 log = logging.getLogger(__name__)
@@ -80,6 +92,27 @@ def reward_names(kind: str, cfg: dict[str, Any]) -> list[str]:
                                                                  or "shapes"))
 
 
+def prepare_rewards(names: list[str], given: dict[str, str] | None = None) -> None:
+    """Point the model-backed rewards among `names` at their weights (a `reward_model_paths`
+    entry resolved inside REWARD_MODELS_DIR / MODELS_DIR, else REWARD_MODELS_DIR/<name>: the
+    studio's settings, which the trainer does not read) on this worker's device, and fail the
+    job now, before any sampling, when one cannot load."""
+    root = get_settings().resolved_reward_models_dir
+    try:
+        paths = {name: str(storage.reward_model_dir(path)) for name, path in
+                 (given or {}).items()}
+    except ValueError as exc:
+        raise JobError(f"reward_model_paths: {exc}") from None
+    for name in names:
+        if name in MODEL_REWARDS and name not in paths:
+            paths[name] = str(root / name)
+    configure_reward_models(paths, resolve_device("auto"))
+    try:
+        check_reward_models(names, paths)
+    except RewardWeightsMissing as exc:
+        raise JobError(str(exc)) from None
+
+
 def dataset_prompts(dataset_id: int, split: str, limit: int | None) -> list[tuple[int, str]]:
     with session_scope() as s:
         stmt = select(Prompt.id, Prompt.text).where(Prompt.dataset_id == dataset_id)
@@ -116,8 +149,9 @@ def run_rollout(job_id: int, worker_name: str) -> str:
     prompts = dataset_prompts(cfg["dataset_id"], cfg["split"], cfg.get("max_prompts"))
     if not prompts:
         raise ValueError(f"dataset {cfg['dataset_id']} has no {cfg['split']} prompts")
-    model = load_sampling_model(cfg, cfg.get("checkpoint_id"))
     names = reward_names("rollout", cfg)
+    prepare_rewards(names)
+    model = load_sampling_model(cfg, cfg.get("checkpoint_id"))
     weights = {name: 1.0 for name in names}
     g, steps, batch = cfg["group_size"], cfg["steps"], cfg.get("batch_size", 0)
     device = next(model.parameters()).device
@@ -170,15 +204,20 @@ def run_evaluate(job_id: int, worker_name: str) -> str:
         history = {m.iteration: m.metrics for m in jobs.metric_history(s, job_id)}
         ckpts = [(c, checkpoints.get_checkpoint(s, c).iteration) for c in cfg["checkpoint_ids"]]
     if cfg.get("prompts"):
-        prompts = list(cfg["prompts"])
+        prompts, source = list(cfg["prompts"]), "the job's prompts"
     elif cfg.get("dataset_id"):
         prompts = [t for _, t in dataset_prompts(cfg["dataset_id"], cfg["split"], None)]
+        source = f"dataset {cfg['dataset_id']} ({cfg['split']} split)"
     else:
-        prompts = all_prompts()
+        prompts, source = all_prompts(), "the shapes prompts"
     prompts = prompts[:cfg["max_prompts"]] if cfg.get("max_prompts") else prompts
     if not prompts:
         raise ValueError("no prompts to evaluate")
+    # what the stored scores were measured on, so two evaluations can be told apart
+    about = {"job_id": job_id, "prompts": f"{len(prompts)} of {source}",
+             "seeds": len(cfg["seeds"])}
     names = reward_names("evaluate", cfg)
+    prepare_rewards(names, cfg.get("reward_model_paths"))
     # every checkpoint's model directory checked before the first loads
     specs = {ckpt_id: sampling_spec(cfg, ckpt_id) for ckpt_id, _ in ckpts}
     pairs = [(p, seed) for p in prompts for seed in cfg["seeds"]]
@@ -207,6 +246,10 @@ def run_evaluate(job_id: int, worker_name: str) -> str:
                         samples=[{"png": png_bytes(images[j]), "member_index": 0,
                                   "rewards": {n: float(scores[n][j]) for n in names},
                                   "advantage": None}])
+                # in the images' transaction: the scores are stored exactly when they are
+                checkpoints.record_scores(s, ckpt_id, clean_metrics({
+                    n: {"mean": float(scores[n].mean()), "std": float(scores[n].std()),
+                        "n": len(pairs)} for n in names}), **about)
             row = {f"checkpoint/{ckpt_id}/{n}": float(scores[n].mean()) for n in names}
             summary.update(row)
             _progress(job_id, worker_name, index, len(ckpts),

@@ -29,6 +29,12 @@ def list_checkpoints(session: SessionDep, _user: UserDep, job_id: QueryId = None
     return Page(items=[ckpt_out(c) for c in rows], total=total, limit=limit, offset=offset)
 
 
+@router.get("/checkpoints/{checkpoint_id}", response_model=CheckpointOut,
+            responses={401: {}, 404: {}})
+def get_checkpoint(checkpoint_id: PathId, session: SessionDep, _user: UserDep) -> CheckpointOut:
+    return ckpt_out(svc.get_checkpoint(session, checkpoint_id))
+
+
 @router.get("/checkpoints/{checkpoint_id}/download", response_class=FileResponse,
             responses={401: {}, 404: {}})
 def download(checkpoint_id: PathId, session: SessionDep, _user: FileReaderDep) -> FileResponse:

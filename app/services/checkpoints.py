@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.errors import Invalid, NotFound
 from app.limits import NAME_LENGTH
-from app.models import Checkpoint, Job
+from app.models import Checkpoint, Job, utcnow
 from app.services import storage
 
 
@@ -68,3 +69,27 @@ def list_checkpoints(session: Session, *, job_id: int | None = None, limit: int 
 def checkpoint_file(session: Session, checkpoint_id: int) -> Path:
     """The checkpoint's file, only if it lies inside the storage directory."""
     return storage.resolve(get_checkpoint(session, checkpoint_id).path)
+
+
+def record_scores(session: Session, checkpoint_id: int, scores: dict[str, dict[str, Any]],
+                  **about: Any) -> dict[str, Any]:
+    """Merge one evaluation's reward scores into the checkpoint's `scores`: {reward: {"mean",
+    "std", "n", ...}} plus `about` (job_id, prompts, seeds) and the time, on every reward given.
+    Rewards it does not name keep their earlier result; a reward it names is replaced (the
+    newer evaluation wins). The row is locked first (PostgreSQL) so that two evaluate jobs
+    finishing together do not drop each other's rewards. Returns the merged scores."""
+    ckpt = session.get(Checkpoint, checkpoint_id, with_for_update=True, populate_existing=True)
+    if ckpt is None:
+        raise NotFound(f"checkpoint {checkpoint_id} not found")
+    at = utcnow().isoformat()
+    merged = dict(ckpt.scores or {})
+    merged.update({name: {**entry, **about, "at": at} for name, entry in scores.items()})
+    ckpt.scores = merged  # a new dict: SQLAlchemy does not see in-place JSON changes
+    session.flush()
+    return merged
+
+
+def score_means(ckpt: Checkpoint) -> dict[str, float]:
+    """{reward: mean} of a checkpoint's evaluation scores (empty before its first)."""
+    return {name: float(entry["mean"]) for name, entry in (ckpt.scores or {}).items()
+            if isinstance(entry, dict) and entry.get("mean") is not None}

@@ -123,8 +123,12 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
             problems.extend(reward_model_problems(out.get("reward_weights") or {},
                                                   out.get("reward_model_paths") or {}))
     else:
-        problems.extend(("reward_names", message) for _, message in
-                        reward_model_problems(dict.fromkeys(out.get("reward_names") or []), {}))
+        # an evaluate job may place a model-backed reward's weights (reward_model_paths)
+        paths = out.get("reward_model_paths") or {}
+        problems.extend(reward_model_path_key_problems(paths))
+        problems.extend((field if field == "reward_model_paths" else "reward_names", message)
+                        for field, message in reward_model_problems(
+                            dict.fromkeys(out.get("reward_names") or []), paths))
     if out.get("base_checkpoint"):
         from trainer.models import uses_model_directory, weights_problem
 
@@ -187,6 +191,16 @@ def resolved_reward_model_paths(paths: dict[str, Any]) -> tuple[dict[str, str], 
         except ValueError as exc:
             problems.append(("reward_model_paths", f"{name!r}: {exc}"))
     return resolved, problems
+
+
+def reward_model_path_key_problems(paths: dict[str, Any]) -> Problems:
+    """A problem for each `reward_model_paths` key that names no model-backed reward (a train
+    config's own check, TrainConfig, says the same for train jobs)."""
+    from trainer.rewards.models import MODEL_REWARDS
+
+    return [("reward_model_paths", f"{name!r} is not a model-backed reward; known: "
+                                   f"{sorted(MODEL_REWARDS)}")
+            for name in paths if name not in MODEL_REWARDS]
 
 
 def reward_model_problems(rewards: dict[str, Any], paths: dict[str, Any]) -> Problems:

@@ -6,6 +6,10 @@ the win matrix, with a small symmetric pseudo-count (0.1 wins each way per compa
 checkpoint that never won still gets a finite rating, and reported on the Elo scale
 (1000 + 400 log10 strength, mean strength 1). The 95% interval is the 2.5-97.5 percentile of
 ratings refitted on bootstrap resamples of the votes.
+
+Beside each rating stand the checkpoint's automatic-reward means from evaluate jobs
+(`Checkpoint.scores`). A checkpoint evaluated but never voted on is listed too, below the rated
+ones with a null rating, so a reward evaluation shows before anyone has voted.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
 from app.models import Checkpoint, RolloutGroup, Sample, Vote
+from app.services.checkpoints import score_means
 from trainer.rewards.outcomes import LABELLED_OUTCOMES, TARGET_A
 
 PSEUDO = 0.1
@@ -60,13 +65,25 @@ def elo(p: np.ndarray) -> np.ndarray:
     return 1000.0 + 400.0 * np.log10(p)
 
 
+def _scored(session: Session) -> dict[int, tuple[str, dict[str, float]]]:
+    """{checkpoint id: (name, {reward: mean})} of every checkpoint an evaluate job scored."""
+    rows = session.scalars(select(Checkpoint).where(Checkpoint.scores.is_not(None)))
+    return {c.id: (c.name, means) for c in rows if (means := score_means(c))}
+
+
 def compute(session: Session, *, bootstrap: int = 200, seed: int = 0) -> dict[str, Any]:
     votes = _cross_votes(session)
     ids = sorted({x for a, b, _ in votes for x in (a, b)})
+    scored = _scored(session)
     names = dict(session.execute(select(Checkpoint.id, Checkpoint.name)
                                  .where(Checkpoint.id.in_(ids))).all()) if ids else {}
+    unrated = [{"checkpoint_id": c, "name": name, "rating": None, "ci_low": None,
+                "ci_high": None, "num_votes": 0, "win_rate": None, "scores": means}
+               for c, (name, means) in sorted(scored.items(), reverse=True) if c not in names]
+    rewards = sorted({r for _, means in scored.values() for r in means})
     if not ids:
-        return {"checkpoints": [], "pairs": [], "num_votes": 0, "bootstrap": bootstrap}
+        return {"checkpoints": unrated, "rewards": rewards, "pairs": [], "num_votes": 0,
+                "bootstrap": bootstrap}
     index = {c: i for i, c in enumerate(ids)}
     n = len(ids)
     # each vote as a (winner-row, loser-col, weight) triple list; ties add 0.5 both ways
@@ -98,8 +115,10 @@ def compute(session: Session, *, bootstrap: int = 200, seed: int = 0) -> dict[st
             "checkpoint_id": c, "name": names.get(c, str(c)), "rating": float(rating[i]),
             "ci_low": float(lo[i]), "ci_high": float(hi[i]), "num_votes": int(round(g)),
             "win_rate": float(wins[i].sum() / g) if g else None,
+            "scores": scored.get(c, ("", {}))[1],
         })
     out.sort(key=lambda r: r["rating"], reverse=True)
+    out += unrated  # newest first, after every rated one
     pairs = []
     for i in range(n):
         for j in range(n):
@@ -107,4 +126,5 @@ def compute(session: Session, *, bootstrap: int = 200, seed: int = 0) -> dict[st
                 pairs.append({"checkpoint_id": ids[i], "opponent_id": ids[j],
                               "num_votes": int(round(games[i, j])),
                               "win_rate": float(wins[i, j] / games[i, j])})
-    return {"checkpoints": out, "pairs": pairs, "num_votes": len(votes), "bootstrap": bootstrap}
+    return {"checkpoints": out, "rewards": rewards, "pairs": pairs, "num_votes": len(votes),
+            "bootstrap": bootstrap}

@@ -217,9 +217,16 @@ def plots_html(history: list[Any]) -> str:
     mean, std = col("reward_mean"), col("reward_std")
     lo = [None if a is None or b is None else a - b for a, b in zip(mean, std, strict=True)]
     hi = [None if a is None or b is None else a + b for a, b in zip(mean, std, strict=True)]
+    # each reward's raw mean (trainer.grpo.reward_metrics logs `reward/<name>`): the blend
+    # above can hold still while one reward climbs and another is traded away for it
+    names = sorted({k.removeprefix("reward/") for m in history for k in m.metrics
+                    if k.startswith("reward/")})
     return ('<div class="ngs-plots">'
             + line_plot("reward mean ± std", xs, {"reward mean": mean}, band=(lo, hi),
                         elem_id="plot-reward")
+            + line_plot("raw rewards", xs,
+                        {name: col(f"reward/{name}") for name in names},
+                        elem_id="plot-rewards")
             + line_plot("loss", xs, {"loss": col("loss")}, elem_id="plot-loss")
             + line_plot("clipped fraction", xs, {"clip fraction": col("clip_fraction")},
                         elem_id="plot-clip")

@@ -1,6 +1,7 @@
 """Leaderboard: Bradley-Terry ratings of checkpoints with 95% bootstrap intervals, the win-rate
-matrix, votes per pair, and "Evaluate these checkpoints" (an evaluate job: the same prompts and
-seeds from each checkpoint, which the arena then serves as cross-checkpoint pairs)."""
+matrix, votes per pair, each checkpoint's automatic-reward means beside its rating, and
+"Evaluate these checkpoints" (an evaluate job: the same prompts and seeds from each checkpoint,
+scored with the rewards named, which the arena then serves as cross-checkpoint pairs)."""
 
 from __future__ import annotations
 
@@ -11,20 +12,24 @@ import gradio as gr
 from app.services import checkpoints, leaderboard
 from app.services import jobs as jobs_svc
 from app.services.jobs import Enqueuer
-from app.ui.common import Raw, caller, error_text, fmt, notice, session, table
+from app.ui.common import Raw, caller, error_text, esc, fmt, notice, session, table
 
 
 def ratings_html(board: dict[str, Any]) -> str:
     rows = board["checkpoints"]
     if not rows:
-        return notice("No cross-checkpoint votes yet: evaluate two or more checkpoints, then "
-                      "vote in the arena.")
+        return notice("No cross-checkpoint votes or reward evaluations yet: evaluate two or "
+                      "more checkpoints, then vote in the arena.")
+    rated = [r for r in rows if r["rating"] is not None]
+    rewards = board.get("rewards") or []
     names = {r["checkpoint_id"]: r["name"] for r in rows}
-    lo = min(r["ci_low"] for r in rows)
-    hi = max(r["ci_high"] for r in rows)
+    lo = min((r["ci_low"] for r in rated), default=0.0)
+    hi = max((r["ci_high"] for r in rated), default=1.0)
     span = max(hi - lo, 1e-9)
 
     def bar(r: dict[str, Any]) -> Raw:
+        if r["rating"] is None:
+            return Raw("")
         left = (r["ci_low"] - lo) / span * 100
         width = max((r["ci_high"] - r["ci_low"]) / span * 100, 0.5)
         dot = (r["rating"] - lo) / span * 100
@@ -34,12 +39,21 @@ def ratings_html(board: dict[str, Any]) -> str:
                    f'position:absolute;left:calc({dot:.1f}% - 3px);width:6px;height:100%;'
                    f'background:#1d4ed8"></div></div>')
 
+    def score(r: dict[str, Any], reward: str) -> Raw:
+        value = r.get("scores", {}).get(reward)
+        return Raw(f'<span data-reward="{esc(reward)}">{esc(fmt(value, 3))}</span>'
+                   if value is not None else "–")
+
+    # the automatic-reward means stand beside the human rating: where they disagree, the
+    # policy may be gaming a reward (or the raters see what no reward measures)
     ranking = table(
-        ["rank", "checkpoint", "rating", "95% interval", "", "votes", "win rate"],
-        [[i + 1, f"{r['name']} (#{r['checkpoint_id']})", f"{r['rating']:.0f}",
-          f"{r['ci_low']:.0f} – {r['ci_high']:.0f}", bar(r), r["num_votes"],
-          fmt(r["win_rate"], 2)] for i, r in enumerate(rows)], "ngs-ratings")
-    ids = [r["checkpoint_id"] for r in rows]
+        ["rank", "checkpoint", "rating", "95% interval", "", "votes", "win rate", *rewards],
+        [[i + 1 if r["rating"] is not None else "–", f"{r['name']} (#{r['checkpoint_id']})",
+          f"{r['rating']:.0f}" if r["rating"] is not None else "–",
+          f"{r['ci_low']:.0f} – {r['ci_high']:.0f}" if r["rating"] is not None else "no votes",
+          bar(r), r["num_votes"], fmt(r["win_rate"], 2), *[score(r, w) for w in rewards]]
+         for i, r in enumerate(rows)], "ngs-ratings")
+    ids = [r["checkpoint_id"] for r in rated]
     cell = {(p["checkpoint_id"], p["opponent_id"]): p for p in board["pairs"]}
     matrix = table(
         ["row beats column", *[names[c] for c in ids]],
@@ -52,10 +66,12 @@ def ratings_html(board: dict[str, Any]) -> str:
         [[names[p["checkpoint_id"]], names[p["opponent_id"]], p["num_votes"],
           fmt(p["win_rate"], 2)] for p in board["pairs"]
          if ids.index(p["checkpoint_id"]) < ids.index(p["opponent_id"])], "ngs-pairs")
-    return (f'<div id="leaderboard" data-n="{len(rows)}">{board["num_votes"]} clean '
-            f"cross-checkpoint votes; intervals from {board['bootstrap']} bootstrap "
-            f"resamples.{ranking}<h4>Win rates</h4>{matrix}<h4>Votes per pair</h4>{per_pair}"
-            "</div>")
+    scores_note = (f" Reward columns: the mean of each automatic reward from the newest "
+                   f"evaluate job that scored it ({', '.join(rewards)})." if rewards else "")
+    return (f'<div id="leaderboard" data-n="{len(rows)}" data-rated="{len(rated)}">'
+            f'{board["num_votes"]} clean cross-checkpoint votes; intervals from '
+            f"{board['bootstrap']} bootstrap resamples.{esc(scores_note)}{ranking}"
+            f"<h4>Win rates</h4>{matrix}<h4>Votes per pair</h4>{per_pair}</div>")
 
 
 def show(user_state: dict | None, bootstrap: float | None) -> str:
@@ -75,19 +91,24 @@ def checkpoint_choices() -> list[tuple[str, int]]:
 
 
 def evaluate(enqueuer: Enqueuer | None, user_state: dict | None, ids: list[int] | None,
-             seeds: float | None) -> str:
+             seeds: float | None, rewards: str | None = None) -> str:
+    """Launch an evaluate job on the picked checkpoints; `rewards` is a comma-separated list
+    of reward names (empty: the model's defaults)."""
     try:
         user = caller(user_state, "admin")
-        if not ids or len(ids) < 2:
-            raise ValueError("pick two or more checkpoints to compare")
+        if not ids:
+            raise ValueError("pick one checkpoint to score, or two or more to compare")
+        names = [n.strip() for n in (rewards or "").split(",") if n.strip()]
         with session() as s:
             job = jobs_svc.launch_job(s, enqueuer, "evaluate", {
                 "checkpoint_ids": [int(i) for i in ids],
-                "seeds": list(range(int(seeds or 4)))}, user=user)
+                "seeds": list(range(int(seeds or 4))), "reward_names": names}, user=user)
+            pairs = ("; its images go to the arena as cross-checkpoint pairs" if len(ids) > 1
+                     else "")
             return (f'<div class="ngs-notice ngs-ok" id="evaluate-launched" '
                     f'data-job="{job.id}">Evaluate job {job.id} queued for '
-                    f"{len(ids)} checkpoints; its images go to the arena as cross-checkpoint "
-                    "pairs.</div>")
+                    f"{len(ids)} checkpoint(s){pairs}; the reward means appear here when it "
+                    "finishes.</div>")
     except Exception as exc:  # noqa: BLE001
         return notice(error_text(exc), "error")
 
@@ -103,6 +124,8 @@ def build_leaderboard(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Bl
             pick = gr.CheckboxGroup([], label="Checkpoints", elem_id="leaderboard-ckpts",
                                     scale=3)
             seeds = gr.Number(4, label="Seeds per prompt", precision=0)
+            rewards = gr.Textbox("", label="Rewards", elem_id="leaderboard-rewards",
+                                 placeholder="e.g. hpsv2,pickscore (empty: the model's)")
             go = gr.Button("Evaluate these checkpoints", variant="primary",
                            elem_id="leaderboard-evaluate")
         status = gr.HTML(elem_id="leaderboard-status")
@@ -114,6 +137,7 @@ def build_leaderboard(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Bl
 
         user.change(on_login, [user, bootstrap], [board, pick], api_visibility="private")
         refresh.click(on_login, [user, bootstrap], [board, pick], api_visibility="private")
-        go.click(lambda u, i, n: evaluate(enqueuer, u, i, n), [user, pick, seeds], status,
+        go.click(lambda u, i, n, r: evaluate(enqueuer, u, i, n, r), [user, pick, seeds, rewards],
+                 status,
                  api_visibility="private")
     return page

@@ -140,14 +140,17 @@ def test_long_and_blank_prompts_are_422_with_the_upload_limit(client, admin, set
     assert "prompts" in _fields(r)
 
 
-def test_evaluate_needs_two_distinct_existing_checkpoints(client, admin, session):
+def test_evaluate_needs_distinct_existing_checkpoints(client, admin, session):
+    """One checkpoint may be evaluated alone (its reward scores; issue 17), two or more also
+    give cross-checkpoint pairs; none, a repeat or a missing one is refused."""
     from app.services.checkpoints import record_checkpoint
 
     ck = [record_checkpoint(session, None, 0, f"ck/{i}.safetensors", name=f"c{i}")
           for i in range(2)]
     session.commit()
-    r = _post(client, admin, "evaluate", {"checkpoint_ids": [ck[0]]})
-    assert r.status_code == 422 and _fields(r) == ["checkpoint_ids"] and "at least 2" in r.text
+    r = _post(client, admin, "evaluate", {"checkpoint_ids": []})
+    assert r.status_code == 422 and _fields(r) == ["checkpoint_ids"] and "at least 1" in r.text
+    assert _post(client, admin, "evaluate", {"checkpoint_ids": [ck[0]]}).status_code == 201
     r = _post(client, admin, "evaluate", {"checkpoint_ids": [ck[0], ck[0]]})
     assert r.status_code == 422 and "repeat" in r.text
     r = _post(client, admin, "evaluate", {"checkpoint_ids": [ck[0], 999]})

@@ -64,3 +64,87 @@ def test_leaderboard_ratings_cis_and_win_rates(client, admin, annotator, make_us
     assert pairs[(ck[0], ck[1])]["win_rate"] == pytest.approx(1 / 6)
     top = board["checkpoints"][0]
     assert top["win_rate"] == 1.0 and top["num_votes"] == 2 * 4 * 6
+
+
+def test_reward_scores_stand_beside_ratings(client, admin, annotator, make_group, session):
+    """Evaluation scores recorded on checkpoints (a later evaluation merges: other rewards
+    kept, the same reward replaced) come back from the checkpoints API and on the leaderboard
+    beside the Bradley-Terry rating; a checkpoint scored but never voted on is listed below
+    the rated ones with a null rating."""
+    from app.services.checkpoints import record_checkpoint, record_scores
+    from app.services.votes import record_vote
+    from app.ui.leaderboard import ratings_html
+
+    ck = [record_checkpoint(session, None, 0, f"ck/{i}.safetensors", name=f"ckpt{i}")
+          for i in range(4)]
+    record_scores(session, ck[0], {"count": {"mean": 0.2, "std": 0.1, "n": 8},
+                                   "clip_score": {"mean": 21.0, "std": 2.0, "n": 8}},
+                  job_id=None, prompts="8 of the shapes prompts", seeds=2)
+    # re-evaluated with count and aesthetic: count replaced, clip_score kept
+    merged = record_scores(session, ck[0], {"count": {"mean": 0.4, "std": 0.1, "n": 4},
+                                            "aesthetic": {"mean": 5.5, "std": 0.3, "n": 4}},
+                           job_id=None, prompts="4 of dataset 1 (eval split)", seeds=1)
+    assert {k: v["mean"] for k, v in merged.items()} == {"count": 0.4, "clip_score": 21.0,
+                                                         "aesthetic": 5.5}
+    assert merged["count"]["prompts"] == "4 of dataset 1 (eval split)"
+    assert merged["clip_score"]["prompts"] == "8 of the shapes prompts"
+    record_scores(session, ck[2], {"count": {"mean": 0.9, "std": 0.0, "n": 4}})
+    session.commit()
+
+    one = client.get(f"/api/checkpoints/{ck[0]}", headers=annotator)
+    assert one.status_code == 200
+    assert {k: v["mean"] for k, v in one.json()["scores"].items()} == {
+        "count": 0.4, "clip_score": 21.0, "aesthetic": 5.5}
+    assert one.json()["scores"]["count"]["n"] == 4 and one.json()["scores"]["count"]["at"]
+    assert client.get("/api/checkpoints/999999", headers=annotator).status_code == 404
+    listed = {c["id"]: c for c in client.get("/api/checkpoints", headers=annotator).json()["items"]}
+    assert listed[ck[1]]["scores"] == {} and listed[ck[2]]["scores"]["count"]["mean"] == 0.9
+
+    board = client.get("/api/leaderboard", params={"bootstrap": 0}, headers=annotator).json()
+    assert board["checkpoints"][0]["rating"] is None and board["num_votes"] == 0
+    assert [c["checkpoint_id"] for c in board["checkpoints"]] == [ck[2], ck[0]]  # newest first
+    assert board["rewards"] == ["aesthetic", "clip_score", "count"]
+
+    # votes between ckpt0 and ckpt1 (ckpt1 wins): both rated, ckpt2 scored but unrated
+    ga = make_group(None, prompt="p", g=1, checkpoint_id=ck[0], seed=0, purpose="evaluate")
+    gb = make_group(None, prompt="p", g=1, checkpoint_id=ck[1], seed=0, purpose="evaluate")
+    sa = client.get(f"/api/rollouts/{ga}", headers=annotator).json()["samples"][0]["id"]
+    sb = client.get(f"/api/rollouts/{gb}", headers=annotator).json()["samples"][0]["id"]
+    from app.models import User
+
+    voter = session.scalars(select(User).where(User.role == "annotator")).first()
+    record_vote(session, voter, client_vote_id="x", sample_a_id=sa, sample_b_id=sb, outcome="b")
+    session.commit()
+    board = client.get("/api/leaderboard", params={"bootstrap": 0}, headers=annotator).json()
+    rows = {c["checkpoint_id"]: c for c in board["checkpoints"]}
+    assert [c["checkpoint_id"] for c in board["checkpoints"]] == [ck[1], ck[0], ck[2]]
+    assert rows[ck[1]]["scores"] == {} and rows[ck[1]]["rating"] > rows[ck[0]]["rating"]
+    assert rows[ck[0]]["scores"] == {"count": 0.4, "clip_score": 21.0, "aesthetic": 5.5}
+    assert rows[ck[2]]["rating"] is None and rows[ck[2]]["num_votes"] == 0
+    assert ck[3] not in rows  # neither scored nor voted on
+
+    page = ratings_html(board)
+    assert 'data-n="3" data-rated="2"' in page
+    assert all(f"<th>{r}</th>" in page for r in ("aesthetic", "clip_score", "count"))
+    assert '<span data-reward="clip_score">21.000</span>' in page and "no votes" in page
+
+
+def test_leaderboard_launches_an_evaluate_job_with_the_named_rewards(admin, enqueuer, session):
+    """One checkpoint may be scored alone; the rewards typed on the page go into the job's
+    config, and a model-backed reward without weights is refused, naming it."""
+    from app.models import Job
+    from app.services.checkpoints import record_checkpoint
+    from app.ui.leaderboard import evaluate
+
+    ck = record_checkpoint(session, None, 0, "ck/a.safetensors", name="a")
+    session.commit()
+    user = {"token": admin["Authorization"].split(" ", 1)[1]}
+    out = evaluate(enqueuer, user, [ck], 2, " count, jpeg_compressibility ")
+    assert 'id="evaluate-launched"' in out, out
+    job = session.scalars(select(Job)).one()
+    assert job.config["checkpoint_ids"] == [ck] and job.config["seeds"] == [0, 1]
+    assert job.config["reward_names"] == ["count", "jpeg_compressibility"]
+    assert enqueuer.calls == [(job.id, "evaluate")]
+    refused = evaluate(enqueuer, user, [ck], 2, "hpsv2")
+    assert "reward &#x27;hpsv2&#x27;" in refused and "HPS_v2.1" in refused
+    assert "evaluate-launched" not in refused

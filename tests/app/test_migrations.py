@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import create_engine, inspect
 
 from app.migrate import downgrade, upgrade
@@ -68,3 +69,34 @@ def test_cli_migrate_creates_default_sqlite(tmp_path):
     engine = create_engine(f"sqlite:///{tmp_path / 'd' / 'studio.db'}")
     assert set(inspect(engine).get_table_names()) >= EXPECTED
     engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_checkpoint_scores_column_keeps_existing_checkpoints(backend, tmp_path, request):
+    """0005 adds checkpoints.scores to a database that already holds checkpoints (NULL: not
+    evaluated yet) and its downgrade drops it without losing the rows."""
+    from sqlalchemy import text
+
+    url = (f"sqlite:///{tmp_path / 'm.db'}" if backend == "sqlite"
+           else request.getfixturevalue("fresh_pg_url"))
+    upgrade(url, "0004")
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO checkpoints (id, iteration, name, path, format, "
+                              "created_at) VALUES (1, 3, 'old', 'c/1.safetensors', "
+                              "'safetensors', CURRENT_TIMESTAMP)"))
+        engine.dispose()
+        upgrade(url)
+        assert "scores" in {c["name"] for c in inspect(engine).get_columns("checkpoints")}
+        with engine.begin() as conn:
+            assert conn.execute(text("SELECT scores FROM checkpoints")).scalar() is None
+            conn.execute(text("UPDATE checkpoints SET scores = :s"),
+                         {"s": '{"count": {"mean": 0.5}}'})
+        engine.dispose()
+        downgrade(url, "0004")
+        assert "scores" not in {c["name"] for c in inspect(engine).get_columns("checkpoints")}
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT name FROM checkpoints")).scalar() == "old"
+    finally:
+        engine.dispose()

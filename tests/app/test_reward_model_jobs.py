@@ -108,3 +108,38 @@ def test_submission_checks_files_not_the_api_servers_packages(client, admin, rew
     assert r.status_code == 201, r.text
     r = _post(client, admin, {**TRAIN, "reward_weights": {"imagereward": 1.0}})
     assert r.status_code == 422 and "ImageReward.pt" in _errors(r)["reward_weights"]
+
+
+def test_evaluate_takes_any_registered_reward_and_checks_model_weights(
+        client, admin, session, reward_root, settings, tiny_clip_path):
+    """An evaluate job names any registry reward; a model-backed one is refused while its
+    weights are missing (naming the reward and the files), accepted once they are under
+    REWARD_MODELS_DIR or where its reward_model_paths entry points."""
+    from app.services.checkpoints import record_checkpoint
+
+    ids = [record_checkpoint(session, None, i, f"ck/{i}.safetensors") for i in (1, 2)]
+    session.commit()
+
+    def post(config):
+        return client.post("/api/jobs", json={"kind": "evaluate", "config": {
+            "checkpoint_ids": ids, **config}}, headers=admin)
+
+    r = post({"reward_names": ["count", "jpeg_compressibility", "attr_size"]})
+    assert r.status_code == 201, r.text
+    r = post({"reward_names": ["clip_score", "beauty"]})
+    assert r.status_code == 422 and list(_errors(r)) == ["reward_names"]
+    message = _errors(r)["reward_names"]
+    assert "'beauty'" in message and "'clip_score'" in message
+    assert str(reward_root / "clip_score") in message and "config.json" in message
+    r = post({"reward_names": ["clip_score"], "reward_model_paths": {"count": "x"}})
+    assert r.status_code == 422 and "not a model-backed reward" in \
+        _errors(r)["reward_model_paths"]
+
+    models = settings.resolved_models_dir
+    models.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(tiny_clip_path, models / "clip-l14")
+    r = post({"reward_names": ["clip_score"], "reward_model_paths": {"clip_score": "clip-l14"}})
+    assert r.status_code == 201, r.text
+    assert r.json()["config"]["reward_model_paths"] == {"clip_score": "clip-l14"}
+    shutil.copytree(tiny_clip_path, reward_root / "clip_score")
+    assert post({"reward_names": ["clip_score", "count"]}).status_code == 201

@@ -63,6 +63,7 @@ ROUTES: dict[str, str] = {
     "POST /api/jobs/{job_id}/cancel": ADMIN,
     "POST /api/jobs/{job_id}/resume": ADMIN,
     "GET /api/checkpoints": USER,
+    "GET /api/checkpoints/{checkpoint_id}": USER,
     "GET /api/checkpoints/{checkpoint_id}/download": FILE,
     "GET /api/leaderboard": USER,
     "GET /api/preference-models": USER,

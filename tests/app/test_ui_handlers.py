@@ -69,6 +69,31 @@ def test_job_page_says_what_a_queued_job_waits_for(settings, admin, enqueuer):
     assert "waiting for a worker with a CUDA device on queue &#x27;gpu&#x27;" in header
 
 
+def test_job_page_plots_each_rewards_raw_mean(settings, admin, enqueuer):
+    """A job blending two rewards: the job page's plots show the blend and, in #plot-rewards,
+    one line per reward from its logged `reward/<name>` means, every iteration's point."""
+    import re
+
+    from app.db import session_scope
+    from app.services import jobs as svc
+    from app.ui import jobs
+
+    values = jobs.form_values("tiny")
+    job_id, _ = jobs.launch(enqueuer, _token(admin), None, *values)
+    with session_scope() as s:
+        for it in (1, 2, 3):
+            svc.update_progress(s, job_id, it, 3, {
+                "reward_mean": 0.5, "reward_std": 0.1, "reward/count": 0.1 * it,
+                "reward/jpeg_compressibility": 1.0 - 0.2 * it})
+    _, _, plots, *_ = jobs.job_view(_token(admin), job_id, None)
+    rewards = re.search(r'<svg[^>]*id="plot-rewards".*?</svg>', plots).group(0)
+    assert 'data-points="3"' in rewards
+    lines = re.findall(r'<polyline points="([^"]*)"[^>]*data-series="([^"]*)"', rewards)
+    assert sorted(name for _, name in lines) == ["count", "jpeg_compressibility"]
+    assert all(len(points.split()) == 3 for points, _ in lines)
+    assert 'id="plot-reward"' in plots  # the blend stays
+
+
 def test_arena_vote_prefetch_and_dedupe(settings, annotator, make_group):
     import json
 

@@ -81,3 +81,35 @@ def test_evaluate_reports_accuracy_on_48x20(tmp_path):
     assert 0.0 <= result["exact_count_accuracy"] < 0.2  # the base model miscounts often
     assert result["color_reward"] > 0.8  # but draws the right colour
     assert set(result["exact_count_accuracy_by_count"]) == {"one", "two", "three", "four"}
+
+
+def test_evaluate_scores_held_out_prompts_with_any_rewards(tmp_path, tiny_clip_path):
+    """`evaluate --rewards` on a .jsonl prompt file (HPDv2-style, a "prompt" field): each
+    reward's mean printed (JSON on stdout, one line per reward on stderr) and written."""
+    prompts = tmp_path / "test.jsonl"
+    prompts.write_text('{"prompt": "one red circle", "source": "held-out"}\n\n'
+                       '{"prompt": "three blue squares"}\n')
+    out = tmp_path / "eval.json"
+    proc = run_cli("evaluate", "--checkpoint", "trainer/shapes/assets/base.safetensors",
+                   "--device", "cpu", "--steps", "2", "--seeds", "2", "--prompts-file",
+                   str(prompts), "--rewards", "count,clip_score", "--reward-model-path",
+                   f"clip_score={tiny_clip_path}", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result == json.loads(out.read_text())
+    assert result["samples"] == 2 * 2 and set(result["rewards"]) == {"count", "clip_score"}
+    assert 0.0 <= result["rewards"]["count"]["mean"] <= 1.0
+    assert result["clip_score_reward"] == result["rewards"]["clip_score"]["mean"]
+    assert "exact_count_accuracy" not in result  # not asked for
+    for name in ("count", "clip_score"):
+        assert f"mean {name}: " in proc.stderr
+
+
+def test_evaluate_refuses_unknown_rewards_and_missing_weights_before_sampling(tmp_path):
+    proc = run_cli("evaluate", "--rewards", "count,beauty", "--device", "cpu")
+    assert proc.returncode == 2 and "'beauty'" in proc.stderr and "rewards" in proc.stderr
+    proc = run_cli("evaluate", "--rewards", "pickscore", "--device", "cpu",
+                   "--reward-model-path", f"pickscore={tmp_path / 'none'}")
+    assert proc.returncode == 2
+    assert "'pickscore'" in proc.stderr and "config.json" in proc.stderr
+    assert "reward_model_paths['pickscore']" in proc.stderr

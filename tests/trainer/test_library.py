@@ -137,3 +137,15 @@ def test_the_cli_wants_a_preference_model_file(tmp_path, capsys):
                  "preference_model=latest", "--out", str(out), "--no-progress"])
     assert code == 2 and not out.exists()
     assert "preference_model" in capsys.readouterr().err
+
+
+def test_read_prompts_takes_txt_and_jsonl(tmp_path):
+    from trainer.evaluation import read_prompts
+
+    (tmp_path / "p.txt").write_text("one red circle\n\n  two blue squares \n")
+    assert read_prompts(tmp_path / "p.txt") == ["one red circle", "two blue squares"]
+    (tmp_path / "p.jsonl").write_text('{"prompt": "a cat", "id": 1}\n\n{"prompt": "a dog"}\n')
+    assert read_prompts(tmp_path / "p.jsonl") == ["a cat", "a dog"]
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "a cat"}\n{"text": "a dog"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2"):
+        read_prompts(tmp_path / "bad.jsonl")

@@ -62,6 +62,58 @@ def test_rollout_then_evaluate_from_a_trained_checkpoint(stack):
         assert s.query(RolloutGroup).filter_by(job_id=ev).count() == 8
     for cid in ckpt_ids:
         assert f"checkpoint/{cid}/exact_count" in job.metrics
+    # each checkpoint carries its scores, the job's summary means
+    with session_scope() as s:
+        for cid in ckpt_ids:
+            scores = checkpoints.get_checkpoint(s, cid).scores
+            assert set(scores) == {"count", "exact_count", "color", "shape", "combined"}
+            for name, entry in scores.items():
+                assert entry["mean"] == pytest.approx(job.metrics[f"checkpoint/{cid}/{name}"])
+                assert entry["n"] == 4 and entry["job_id"] == ev and entry["seeds"] == 2
+                assert entry["prompts"] == "2 of the shapes prompts"
+
+
+def test_evaluate_with_a_model_reward_merges_scores_and_checks_weights_at_start(
+        stack, tiny_clip_path):
+    """An evaluate job scoring a model-backed reward (clip_score, tiny random CLIP weights
+    under REWARD_MODELS_DIR) adds it to each checkpoint's scores beside the earlier ones and
+    replaces the reward it re-scores; with the weights gone by the time it runs, it fails
+    before sampling, naming the reward and the files expected."""
+    from app.config import get_settings
+    from app.db import session_scope
+    from app.services import checkpoints, jobs
+
+    stack.start_worker()
+    train = create_train_job(iterations=2, sample_every=2, checkpoint_every=1)
+    stack.send(train)
+    assert wait_for(lambda: _done(train), 60, "training", stack).status == "succeeded"
+    weights = get_settings().resolved_reward_models_dir / "clip_score"
+    shutil.copytree(tiny_clip_path, weights)
+    config = {"max_prompts": 1, "seeds": [0], "steps": 2, "reward_names": ["clip_score", "count"]}
+    with session_scope() as s:
+        ids = sorted(c.id for c in checkpoints.list_checkpoints(s, job_id=train)[0])
+        for cid in ids:  # an earlier evaluation with other rewards
+            checkpoints.record_scores(s, cid, {"count": {"mean": -1.0}, "shape": {"mean": 0.5}})
+        early = jobs.create_job(s, "evaluate", {"checkpoint_ids": ids, **config}).id
+        ev = jobs.create_job(s, "evaluate", {"checkpoint_ids": ids, **config}).id
+    weights.rename(weights.with_name("moved"))  # gone after submission, before the run
+    stack.send(early, "evaluate")
+    job = wait_for(lambda: _done(early), 60, "the evaluate job without weights", stack)
+    assert job.status == "failed" and "'clip_score'" in job.error
+    assert "config.json" in job.error and job.iteration == 0
+    weights.with_name("moved").rename(weights)
+    stack.send(ev, "evaluate")
+    job = wait_for(lambda: _done(ev), 90, "the clip_score evaluate job", stack)
+    assert job.status == "succeeded", job.error
+    with session_scope() as s:
+        for cid in ids:
+            scores = checkpoints.get_checkpoint(s, cid).scores
+            assert set(scores) == {"clip_score", "count", "shape"}
+            assert scores["shape"]["mean"] == 0.5  # kept
+            assert scores["count"]["job_id"] == ev and scores["count"]["mean"] >= 0.0  # replaced
+            assert scores["clip_score"]["job_id"] == ev and scores["clip_score"]["n"] == 1
+            assert scores["clip_score"]["mean"] == pytest.approx(
+                job.metrics[f"checkpoint/{cid}/clip_score"])
 
 
 def test_fit_preference_without_votes_fails_saying_why(stack):
