@@ -6,8 +6,8 @@ FROM python:3.11-slim
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # the package's extras; the reward server's image adds `rewards` (open_clip), see
-# docker-compose.yml
-ARG EXTRAS=server,clip
+# docker-compose.yml; `tracking` lets jobs use report_to (TensorBoard, W&B, MLflow)
+ARG EXTRAS=server,clip,tracking
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	# not the `rewards` extra: open-clip-torch pulls PyPI's torchvision, a CUDA build that
 	# either upgrades this CPU torch to a CUDA one or, pinned to match it, fails to import
 	# (and then breaks transformers' CLIP processors too); GPU workers install it (pyproject.toml)
-	$(BIN)/pip install -q -e '.[server,dev,clip]'
+	$(BIN)/pip install -q -e '.[server,dev,clip,tracking]'
 	touch $(STAMP)
 
 # Debian's chromium for the browser tests (tests/e2e drive it with Playwright; never

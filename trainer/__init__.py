@@ -12,7 +12,8 @@ The public API (`__all__`), by what it is for:
 - Configuring a run: `TrainConfig` (one dataclass, help text on every field), `PRESETS`,
   `load_config(preset_or_json_path, overrides)`, `ConfigError`.
 - Training: `Trainer` (model, optimizer, RNG; `step()`, `run(on_iteration)`,
-  `save_checkpoint` / `load_checkpoint`, `set_preference_model`), `latest_checkpoint`,
+  `save_checkpoint` / `load_checkpoint`, `set_preference_model`, `track(directory, run_name)`:
+  where `run()` logs for the config's `report_to` trackers), `latest_checkpoint`,
   `load_model`, and the iteration functions it calls, `neighbor_grpo_iteration` (the
   algorithm, trainer/neighbor_grpo.py) and `sde_grpo_iteration` (the SDE baseline), each
   returning an `IterationResult` (images, rewards, advantages, anchors, metrics).

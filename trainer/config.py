@@ -269,6 +269,15 @@ class RunArguments:
                                    "update (gradients accumulate over the passes of one "
                                    "optimizer step); 0: all at once. Results do not change.",
                                    min=0, max=100_000, group="run")
+    report_to: str = _field("none", "Experiment trackers that get every iteration's metrics "
+                            "and sample grids (trainer/tracking.py), named as TRL and "
+                            "accelerate name them: 'none', 'tensorboard', 'wandb', 'mlflow', "
+                            "several comma-separated (or a list), or 'all' (those installed "
+                            "where the run starts). Logs go under the run's directory (the "
+                            "CLI's <out>/tracking; studio jobs: STORAGE_DIR/tracking): "
+                            "TensorBoard event files, W&B offline unless WANDB_MODE is set, an "
+                            "MLflow SQLite store unless MLFLOW_TRACKING_URI is set. The packages "
+                            "come with the 'tracking' extra.", group="run")
 
 
 @dataclass
@@ -286,6 +295,13 @@ class StudioArguments:
 class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArguments):
     """The one description of a training run (fields in the order of the groups: model,
     algorithm, run, studio)."""
+
+    def __post_init__(self) -> None:
+        # report_to as TRL takes it, a list of names too; stored as the one string a form,
+        # the CLI's --set and a job's JSON all show alike
+        if (isinstance(self.report_to, (list, tuple))
+                and all(isinstance(name, str) for name in self.report_to)):
+            self.report_to = ",".join(self.report_to)
 
     # ------------------------------------------------------------------------------------
     def problems(self) -> list[ConfigError]:
@@ -327,6 +343,10 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
             out += _reward_model_path_problems(self.reward_model_paths)
         if "reward_server_url" not in bad and self.reward_server_url:
             out += _reward_server_problems(self.reward_server_url, self.reward_model_paths)
+        if "report_to" not in bad:
+            from trainer.tracking import report_to_problems
+
+            out += [ConfigError("report_to", m) for m in report_to_problems(self.report_to)]
         out += self._model_problems(bad)
         if "prompts" not in bad and not all(isinstance(p, str) and p.strip() and "\x00" not in p
                                             for p in self.prompts):

@@ -24,6 +24,7 @@ from trainer.models.base import FlowModel
 from trainer.neighbor_grpo import neighbor_grpo_iteration
 from trainer.sde_grpo import sde_grpo_iteration
 from trainer.shapes.world import all_prompts
+from trainer.tracking import RunTracking
 
 SHIPPED_BASE = SHAPES_BASE  # the shapes adapter's default base weights
 CHECKPOINT_DIR_RE = re.compile(r"^iter-(\d+)$")
@@ -87,6 +88,8 @@ class Trainer:
             self.reference = unwrapped.reference_model()
         self.last_metrics: dict = {}
         self.preference_version: int | None = None
+        # experiment tracking (report_to): run() logs each iteration there; track() says where
+        self.tracking = RunTracking(config)
         path = Path(config.preference_model) if config.preference_model else None
         if "preference" in config.reward_weights and path is not None and path.is_file():
             from trainer.rewards.preference import PreferenceModel
@@ -138,13 +141,27 @@ class Trainer:
         model.train(was_training)
         return {f"eval_{k}": v for k, v in out.items() if isinstance(v, float)}
 
+    def track(self, directory: str | Path, run_name: str | None = None) -> None:
+        """Where run() logs for config.report_to: trackers' files under `directory` (default
+        runs/tracking), as run `run_name` (default run-<start time>). See trainer/tracking.py."""
+        self.tracking.directory, self.tracking.run_name = Path(directory), run_name
+
     def run(self, on_iteration: Callable[[Trainer, IterationResult], bool | None] | None = None
             ) -> None:
-        """Iterate until config.iterations; `on_iteration` returning True stops early."""
-        while self.iteration < self.config.iterations:
-            result = self.step()
-            if on_iteration is not None and on_iteration(self, result):
-                break
+        """Iterate until config.iterations; `on_iteration` returning True stops early. Each
+        iteration goes to the report_to trackers after `on_iteration` (which may add metrics),
+        with the iteration as the step."""
+        try:
+            while self.iteration < self.config.iterations:
+                result = self.step()
+                stop = on_iteration is not None and on_iteration(self, result)
+                self.tracking.log(self.iteration, result)
+                if stop:
+                    break
+        except BaseException:
+            self.tracking.close(failed=True)
+            raise
+        self.tracking.close()
 
     # -- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(self, root: str | Path) -> Path:

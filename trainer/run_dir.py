@@ -1,4 +1,5 @@
-"""A training run on disk: metrics.jsonl, reward_curve.png, sample grids and checkpoints."""
+"""A training run on disk: metrics.jsonl, reward_curve.png, sample grids, checkpoints and the
+report_to trackers' logs (tracking/)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,9 @@ class RunDirectory:
             config = TrainConfig.from_dict({**json.loads(saved_config.read_text()),
                                             "iterations": config.iterations})
         self.trainer = Trainer(config)
+        # report_to's logs live with the run: <out>/tracking, the run named as its directory
+        self.tracking_dir = out / "tracking"
+        self.trainer.track(self.tracking_dir, run_name=out.resolve().name)
         self.config = config
         self.records: list[dict] = []
         out.mkdir(parents=True, exist_ok=True)

@@ -60,6 +60,12 @@ def checkpoint_root(job_id: int) -> Path:
     return storage.storage_root() / "checkpoints" / f"job-{job_id}"
 
 
+def tracking_root() -> Path:
+    """Where report_to's trackers write, for every job: one TensorBoard logdir, one MLflow
+    store and one W&B directory compare the jobs (each run is named job-<id>)."""
+    return storage.storage_root() / "tracking"
+
+
 def group_samples(result: IterationResult, p: int) -> list[dict[str, Any]]:
     """The G members of prompt p as `record_rollout_group` samples."""
     anchors = {int(a) for a in np.asarray(result.anchors[p]).ravel()}
@@ -252,6 +258,7 @@ def prepare_trainer(job_id: int, model=None) -> tuple[Trainer, TrainConfig, int 
         trainer = Trainer(config, model=model)
     except RewardServerError as exc:  # down, or lacks a reward: the message says it in full
         raise JobError(str(exc)) from None
+    trainer.track(tracking_root(), f"job-{job_id}")  # prepared on rank 0 alone when distributed
     last_vote = attach_preference(trainer, config)
     if ckpt_path is not None:
         directory = checkpoint_directory(storage.resolve(ckpt_path))
