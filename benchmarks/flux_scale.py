@@ -169,7 +169,8 @@ def add_flops(row: dict[str, Any], flops: dict[str, Any], peak_tflops: float) ->
     both = flops["forward_backward_flops_per_sample"]
     trained = row["backward_passes"]
     rollout_forwards = row["rollout_forwards"]
-    update_forwards = row["forward_passes"] - rollout_forwards - trained  # pi_old, no gradient
+    # forwards without gradient in the update (the KL reference; pi_old comes from the rollout)
+    update_forwards = row["forward_passes"] - rollout_forwards - trained
     update = update_forwards * forward + trained * both
     recompute = trained * forward if row["gradient_checkpointing"] else 0
     peak = peak_tflops * 1e12

@@ -181,8 +181,9 @@ class AlgorithmArguments:
                                 "log-ratios O(1) in any resolution); the paper uses 1.",
                                 min=0.0, max=1e9, group="algorithm")
     old_policy: str = _field("one_step", "How pi_old is computed: 'one_step' = the rollout "
-                             "weights' one-step Euler prediction from the anchor (ratio is "
-                             "exactly 1 at the first update); 'rollout' = the anchor's stored "
+                             "weights' one-step Euler prediction from the anchor, made with the "
+                             "velocity the rollout evaluated there (no extra forward; ratio 1 "
+                             "at the first update); 'rollout' = the anchor's stored "
                              "next latent (the paper's literal Algorithm 1).",
                              choices=("one_step", "rollout"), group="algorithm")
     kl_coefficient: float = _field(0.0, "beta: weight of KL(policy || base model) in the loss, "

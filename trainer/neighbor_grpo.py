@@ -15,11 +15,14 @@ group members' latents of their distance to a one-step prediction from an anchor
 SDE baseline and live in trainer/grpo.py, with the optimizer step and the iteration's metrics.
 
 Where this departs from the paper, and why:
-- pi_old is the *rollout weights'* one-step Euler prediction from the anchor (computed before
-  the first update, detached), not the anchor's stored next latent. With DPM-Solver++ rollouts
-  the stored latent is not what an Euler step predicts, so the paper's literal choice starts
-  with log-ratios of ~3.5 and training collapses; ours gives ratio exactly 1 at the first
-  update, as PPO intends. The literal choice is kept as `old_policy="rollout"`.
+- pi_old is the *rollout weights'* one-step Euler prediction from the anchor, not the
+  anchor's stored next latent. With DPM-Solver++ rollouts the stored latent is not what an
+  Euler step predicts, so the paper's literal choice starts with log-ratios of ~3.5 and
+  training collapses; ours gives ratio 1 at the first update, as PPO intends. It costs no
+  forward pass: the rollout already evaluated the old weights' velocity at every (x_{t_k},
+  t_k), and an Euler step with that stored velocity is the prediction (as the SDE peers keep
+  the sampler's log-probabilities instead of recomputing them). The literal choice is kept as
+  `old_policy="rollout"`.
 - The softmax has a temperature (default: the latent dimension). Raw squared distances in a
   3,072-dimensional latent are in the hundreds, which makes the paper's temperature-1 softmax
   nearly one-hot. Everything is computed in log space in float32.
@@ -76,6 +79,7 @@ class Neighborhoods:
     noise_seeds: list[int]  # (P,) seed of each prompt's shared noise eps*
     cond: Any  # the prompts' conditioning, (P, ...)
     latents: torch.Tensor  # (T+1, P, G, F) every latent, flattened
+    velocities: torch.Tensor  # (T, P, G, F) the old weights' velocity at each latent
     timesteps: torch.Tensor  # (T+1,) from ~1 (noise) to 0 (data)
     latent_shape: tuple[int, ...]  # (*D), F = prod(D)
 
@@ -98,8 +102,11 @@ def rollout_neighborhoods(model: FlowModel, prompts: list[str], config: TrainCon
     model.eval()
     traj = rollout(config.rollout_solver, model, noises.flatten(0, 1), repeat_cond(cond, G), T,
                    shift=model.flow_shift, batch_size=config.rollout_batch_size)
-    latents = traj.latents.view(T + 1, P, G, math.prod(model.latent_shape))  # (T+1, P, G, F)
-    return Neighborhoods(noise_seeds, cond, latents, traj.timesteps, tuple(model.latent_shape))
+    features = math.prod(model.latent_shape)
+    latents = traj.latents.view(T + 1, P, G, features)  # (T+1, P, G, F)
+    velocities = traj.velocities.view(T, P, G, features)  # (T, P, G, F)
+    return Neighborhoods(noise_seeds, cond, latents, velocities, traj.timesteps,
+                         tuple(model.latent_shape))
 
 
 # ---------------------------------------------------------------------------------------
@@ -152,6 +159,7 @@ class AnchorSteps:
     steps: torch.Tensor  # (P, K) the timesteps k trained for each prompt
     x_src: torch.Tensor  # (P, B, K, F) the anchor at t_k
     x_next: torch.Tensor  # (P, B, K, F) the anchor's own rollout latent at t_{k+1}
+    v_src: torch.Tensor  # (P, B, K, F) the rollout weights' velocity at the anchor at t_k
     t_src: torch.Tensor  # (P, B, K) t_k
     t_dst: torch.Tensor  # (P, B, K) t_{k+1}
     candidates: torch.Tensor  # (P*K, G, F) the members at t_{k+1}
@@ -181,6 +189,18 @@ class AnchorSteps:
                        for rows in micro_batches(self.rows, batch_size)])
             for b in range(self.anchors.shape[1])], 1)
 
+    def rollout_predictions(self) -> torch.Tensor:
+        """Every slot's one-step prediction by the rollout (old) weights, (P*K, B, F): the
+        Euler step from each anchor with the velocity the rollout evaluated there, the same
+        number a forward of the old weights would give, without the forward."""
+        p_count, b, k, features = self.x_src.shape
+        x = self.x_src.permute(0, 2, 1, 3).reshape(p_count * k, b, features)
+        velocity = self.v_src.permute(0, 2, 1, 3).reshape(p_count * k, b, features)
+        t_from = self.t_src.permute(0, 2, 1).reshape(p_count * k, b)
+        t_to = self.t_dst.permute(0, 2, 1).reshape(p_count * k, b)
+        dt = (t_to - t_from).to(x.dtype).unsqueeze(-1)
+        return x + dt * velocity
+
     def stored_next_latents(self) -> torch.Tensor:
         """Every slot's anchor latent at t_{k+1} as the rollout left it, (P*K, B, F)."""
         p_count, b, k, features = self.x_next.shape
@@ -203,6 +223,7 @@ def sample_anchor_steps(groups: Neighborhoods, config: TrainConfig,
         anchors=anchors, steps=steps,
         x_src=latents[step_idx, prompt_idx, anchor_idx],
         x_next=latents[step_idx + 1, prompt_idx, anchor_idx],
+        v_src=groups.velocities[step_idx, prompt_idx, anchor_idx],
         t_src=timesteps[step_idx], t_dst=timesteps[step_idx + 1],
         candidates=candidates.reshape(P * K, G, -1),
         cond=index_cond(groups.cond, torch.arange(P).repeat_interleave(K)),
@@ -215,7 +236,7 @@ def sample_anchor_steps(groups: Neighborhoods, config: TrainConfig,
 def update_policy(model: FlowModel, optimizer: torch.optim.Optimizer, batch: AnchorSteps,
                   advantages: torch.Tensor, config: TrainConfig,
                   reference: FlowModel | None = None) -> UpdateStats:
-    """pi_old (and the reference's predictions) from the weights before any update; then per
+    """pi_old (from the rollout) and the reference's predictions before any update; then per
     anchor slot the clipped objective of the leaping policy, averaged over the prompts' groups
     and their K timesteps (plus the KL penalty), and one optimizer step."""
     K = config.num_train_timesteps
@@ -225,7 +246,7 @@ def update_policy(model: FlowModel, optimizer: torch.optim.Optimizer, batch: Anc
         ref_pred = (batch.predictions(reference, config.train_batch_size)
                     if use_reference else None)  # (P*K, B, F)
         if config.old_policy == "one_step":
-            old_pred = batch.predictions(model, config.train_batch_size)  # (P*K, B, F)
+            old_pred = batch.rollout_predictions()  # (P*K, B, F)
         else:  # the paper's literal choice: the anchor's own next latent
             old_pred = batch.stored_next_latents()
     adv_pk = advantages.repeat_interleave(K, dim=0)  # (P*K, G)
@@ -270,13 +291,12 @@ class _SlotLoss:
 
 
 def neighbor_work(config: TrainConfig, prompt_count: int) -> dict[str, int]:
-    """Per-sample network evaluations and optimizer steps of one iteration: rollouts, pi_old
-    predictions, trained predictions (and the reference's, with the KL penalty on)."""
+    """Per-sample network evaluations and optimizer steps of one iteration: rollouts, trained
+    predictions (and the reference's, with the KL penalty on); pi_old comes from the rollout."""
     P, G, B = prompt_count, config.group_size, config.num_anchors
     K, T = config.num_train_timesteps, config.rollout_steps
-    old = P * B * K if config.old_policy == "one_step" else 0
     ref = P * B * K if config.kl_coefficient > 0 else 0
-    return {"forward_passes": P * G * T + old + P * B * K + ref,
+    return {"forward_passes": P * G * T + P * B * K + ref,
             "backward_passes": P * B * K, "optimizer_steps": B}
 
 

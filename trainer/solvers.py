@@ -27,6 +27,9 @@ VelocityFn = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]
 class Rollout:
     latents: torch.Tensor  # (T+1, N, *D)
     timesteps: torch.Tensor  # (T+1,)
+    # (T, N, *D): the velocity the solver evaluated at (latents[k], timesteps[k]); Neighbor
+    # GRPO's pi_old is an Euler step with it, so the update needs no forward of its own
+    velocities: torch.Tensor | None = None
 
     @property
     def final(self) -> torch.Tensor:
@@ -57,13 +60,14 @@ def linear_timesteps(steps: int, device: torch.device | str = "cpu",
 def euler_rollout(velocity_fn: VelocityFn, noise: torch.Tensor, cond: Any, steps: int,
                   shift: float = 1.0) -> Rollout:
     timesteps = linear_timesteps(steps, noise.device, shift)
-    latents = [noise]
+    latents, velocities = [noise], []
     x = noise
     for k in range(steps):
         t = timesteps[k].expand(x.shape[0])
-        x = euler_step(x, velocity_fn(x, t, cond), timesteps[k], timesteps[k + 1])
+        velocities.append(velocity_fn(x, t, cond))
+        x = euler_step(x, velocities[-1], timesteps[k], timesteps[k + 1])
         latents.append(x)
-    return Rollout(torch.stack(latents), timesteps)
+    return Rollout(torch.stack(latents), timesteps, torch.stack(velocities))
 
 
 def dpm_solver_scheduler(steps: int, shift: float = 1.0) -> DPMSolverMultistepScheduler:
@@ -86,14 +90,14 @@ def dpm_rollout(velocity_fn: VelocityFn, noise: torch.Tensor, cond: Any, steps: 
     """DPM-Solver++(2M) with flow sigmas (diffusers), recording every latent."""
     scheduler = dpm_solver_scheduler(steps, shift)
     timesteps = scheduler.sigmas.to(noise.device, torch.float32)  # (T+1,), ends at 0
-    latents = [noise]
+    latents, velocities = [noise], []
     x = noise
     for k, timestep in enumerate(scheduler.timesteps):
         t = timesteps[k].expand(x.shape[0])
-        velocity = velocity_fn(x, t, cond)
-        x = scheduler.step(velocity, timestep, x).prev_sample
+        velocities.append(velocity_fn(x, t, cond))
+        x = scheduler.step(velocities[-1], timestep, x).prev_sample
         latents.append(x)
-    return Rollout(torch.stack(latents), timesteps)
+    return Rollout(torch.stack(latents), timesteps, torch.stack(velocities))
 
 
 SOLVERS = {"euler": euler_rollout, "dpm++": dpm_rollout}
@@ -109,4 +113,5 @@ def rollout(solver: str, velocity_fn: VelocityFn, noise: torch.Tensor, cond: Any
              for rows in micro_batches(noise.shape[0], batch_size)]
     if len(parts) == 1:
         return parts[0]
-    return Rollout(torch.cat([p.latents for p in parts], dim=1), parts[0].timesteps)
+    return Rollout(torch.cat([p.latents for p in parts], dim=1), parts[0].timesteps,
+                   torch.cat([p.velocities for p in parts], dim=1))

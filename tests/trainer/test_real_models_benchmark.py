@@ -31,8 +31,8 @@ def test_every_case_runs_at_toy_size_and_counts_its_work(tmp_path, capsys):
         assert "error" not in row, row
         parts = row["rollout_seconds"] + row["score_seconds"] + row["update_seconds"]
         assert 0 < parts <= row["seconds"] * 1.001
-        if row["method"] == "neighbor":  # rollouts + pi_old + trained predictions
-            assert (row["forward_passes"], row["backward_passes"]) == (G * T + 2 * B * K, B * K)
+        if row["method"] == "neighbor":  # rollouts + trained predictions (pi_old: the rollout)
+            assert (row["forward_passes"], row["backward_passes"]) == (G * T + B * K, B * K)
         else:  # every member trained on K steps
             assert (row["forward_passes"], row["backward_passes"]) == (G * T + G * K, G * K)
         if row["finetune"] == "lora":

@@ -31,7 +31,7 @@ def test_one_iteration_updates_parameters_and_reports_metrics(method):
     assert result.advantages.shape == (P, G) and result.rewards["count"].shape == (P, G)
     if method == "neighbor":
         assert m["backward_passes"] == P * B * K
-        assert m["forward_passes"] == P * G * T + 2 * P * B * K
+        assert m["forward_passes"] == P * G * T + P * B * K  # pi_old comes from the rollout
     else:
         assert m["backward_passes"] == P * G * K
 
@@ -43,6 +43,25 @@ def test_ratio_is_one_at_first_update_with_one_step_old_policy_but_not_the_liter
     literal = Trainer(TrainConfig.from_dict({**config, "old_policy": "rollout",
                                              "temperature": 1.0})).step().metrics
     assert literal["abs_log_ratio"] > 0.1  # DPM++ latents are not what an Euler step predicts
+
+
+@pytest.mark.parametrize("solver", ["euler", "dpm++"])
+def test_pi_old_from_the_rollout_equals_a_forward_of_the_old_weights(solver):
+    """pi_old costs no forward: the Euler step with the velocity the rollout evaluated at each
+    anchor is the prediction a forward of the same weights gives, for every prompt, anchor
+    slot and trained timestep (a wrong index would pick another member's or step's velocity)."""
+    from trainer.neighbor_grpo import rollout_neighborhoods, sample_anchor_steps
+
+    config = TrainConfig.from_dict({**TINY, "rollout_solver": solver, "num_anchors": 3,
+                                    "num_train_timesteps": 3})
+    trainer = Trainer(config)
+    generator = torch.Generator().manual_seed(0)
+    groups = rollout_neighborhoods(trainer.model, all_prompts()[:2], config, generator)
+    batch = sample_anchor_steps(groups, config, generator)
+    with torch.no_grad():
+        forward = batch.predictions(trainer.model, batch_size=1)  # other batches than the rollout's
+    torch.testing.assert_close(batch.rollout_predictions(), forward, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(batch.rollout_predictions()[:, 0], forward[:, 1])
 
 
 @pytest.mark.parametrize("kl_coefficient", [0.0, 1.0])
@@ -81,7 +100,7 @@ def test_kl_penalty_keeps_the_policy_near_the_base_model():
         assert not torch.equal(_params(trainer.model), base)
     assert kls[1e4] < 0.2 * kls[1e-9], kls
     P, G, B, K, T = 2, 4, 2, 2, 4
-    assert forward_passes[1e4] == P * G * T + 3 * P * B * K  # + the reference's predictions
+    assert forward_passes[1e4] == P * G * T + 2 * P * B * K  # + the reference's predictions
     assert "kl_to_reference" not in Trainer(TrainConfig.from_dict(TINY)).step().metrics
 
 
