@@ -3,8 +3,9 @@ or MLflow (`report_to`, the names TRL and accelerate use).
 
 `Trainer.run` logs every iteration after its callback has seen it, so what a callback adds (the
 studio's preference refit metrics) is logged too, and it logs with the iteration as the step,
-so a resumed run continues its curve. The CLI's run directory and the studio's worker both call
-`Trainer.track(directory, run_name)` to say where; rank 0 alone logs in a distributed run.
+so a resumed run continues its curve. Whoever runs the Trainer (the CLI, a notebook, a studio
+job) calls `Trainer.track(directory, run_name)` to say where; rank 0 alone logs in a
+distributed run.
 
 None of the packages is required: each is imported when its tracker opens. `report_to_problems`
 checks the names, and that the packages are installed (`importlib.util.find_spec`, which imports
