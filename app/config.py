@@ -41,6 +41,15 @@ class Settings(BaseSettings):
     job_max_attempts: int = 3  # runs of one job (first + resumes after lost workers)
     reaper_interval_seconds: float = 30.0  # how often each worker looks for stale jobs
     train_nproc: int = 1  # processes (GPUs) per train job; > 1 launches torchrun (DDP)
+    # --- train jobs on several hosts (train_nnodes > 1; worker/torchrun.py) ---------------
+    # the address other hosts reach this worker at (torchrun's rendezvous when this worker
+    # holds the job, and its --local-addr); empty: the host's fully qualified name
+    worker_host: str = ""
+    # the rendezvous port of the jobs this worker holds; 0: a free one (a fixed one lets a
+    # firewall open just it, but then only one GPU worker per host may hold such a job at once)
+    rdzv_port: int = 0
+    # how long a multi-host job waits for every host to join before it fails
+    rdzv_join_timeout: int = 600
 
     # --- pair selection (app/services/votes.py, issue 6) ----------------------------------
     # once a preference model has scored the samples, this share of GET /api/votes/next pairs

@@ -290,6 +290,12 @@ class StudioArguments:
                                          "iterations from the votes that arrived meanwhile "
                                          "(online); 0 never refits.", min=0, max=1_000_000,
                                          group="studio")
+    train_nnodes: int = _field(1, "Studio jobs: hosts the job trains on at once, one worker "
+                               "each (torchrun's rendezvous; README \"Workers\"). Each host "
+                               "runs its worker's TRAIN_NPROC processes, so every iteration's "
+                               "prompts are split over train_nnodes x TRAIN_NPROC processes: "
+                               "prompts_per_iteration must be a multiple of that. 1: the "
+                               "worker's host alone.", min=1, max=1024, group="studio")
 
 
 @dataclass
@@ -338,6 +344,13 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
                                    f"({self.rollout_steps}), got {self.num_train_timesteps}"))
         if "kl_coefficient" not in bad and self.kl_coefficient > 0 and self.method != "neighbor":
             out.append(ConfigError("kl_coefficient", "is implemented for method 'neighbor' only"))
+        # each host runs at least one process, and every process trains an equal share
+        if (not bad & {"train_nnodes", "prompts_per_iteration"}
+                and self.prompts_per_iteration % self.train_nnodes):
+            out.append(ConfigError("train_nnodes", f"prompts_per_iteration "
+                                   f"({self.prompts_per_iteration}) must be a multiple of "
+                                   f"train_nnodes ({self.train_nnodes}): every host trains an "
+                                   "equal share of each iteration's prompts"))
         if "reward_weights" not in bad:
             out += _reward_weight_problems(self.reward_weights, reward_names())
         if "reward_model_paths" not in bad:

@@ -143,3 +143,11 @@ def broadcast_ints(values: list[int], device: torch.device | str = "cpu") -> lis
     t = torch.tensor(values, dtype=torch.int64, device=device)
     dist.broadcast(t, src=0)
     return [int(v) for v in t.tolist()]
+
+
+def any_rank(flag: bool, device: torch.device | str = "cpu") -> bool:
+    """Whether `flag` is set on any rank (every rank calls it): a decision any rank may start,
+    such as its host shutting down."""
+    t = torch.tensor([int(flag)], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())

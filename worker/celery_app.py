@@ -17,7 +17,7 @@ Run a worker: `celery -A worker.celery_app worker -Q gpu,cpu --pool solo` (see R
 from __future__ import annotations
 
 import warnings
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from celery import Celery
@@ -28,6 +28,9 @@ from app.config import Settings, get_settings
 from app.job_kinds import KINDS, QUEUE_NAMES
 
 QUEUES = QUEUE_NAMES
+# not a job kind (no row, nobody launches it): another host's part of a multi-host train job,
+# sent by the worker holding the job to the train kind's queue (worker/torchrun.py)
+JOIN_TRAIN_TASK = "worker.tasks.join_train"
 
 # Celery warns on every start as root (a container's default user, `make demo` on a root
 # shell). The danger it names is unpickling broker messages as root; this app accepts JSON
@@ -75,7 +78,8 @@ def make_celery(settings: Settings | None = None) -> Celery:
         task_queues=[Queue(name, routing_key=name) for name in QUEUES],
         task_default_queue="gpu",
         task_routes={**{k.task: {"queue": k.queue} for k in KINDS.values()},
-                     "worker.tasks.reap": {"queue": "cpu"}},
+                     "worker.tasks.reap": {"queue": "cpu"},
+                     JOIN_TRAIN_TASK: {"queue": KINDS["train"].queue}},
         # a job is acknowledged only when it has finished; a worker that dies mid-job leaves
         # it to the broker (Redis: after visibility_timeout) and to the reaper (at once)
         task_acks_late=True,
@@ -105,3 +109,11 @@ def enqueue(job_id: int, kind: str) -> None:
     the kind's task with args [job_id], to the kind's queue (`app.job_kinds`)."""
     job_kind = KINDS[kind]
     celery_app.send_task(job_kind.task, args=[job_id], queue=job_kind.queue)
+
+
+def send_join(kwargs: dict, deadline: float) -> None:
+    """Ask a worker on another host to join a multi-host train job's rendezvous
+    (worker.torchrun.Rendezvous's fields); the message expires with the rendezvous, so a worker
+    that frees up later drops it."""
+    celery_app.send_task(JOIN_TRAIN_TASK, kwargs=kwargs, queue=KINDS["train"].queue,
+                         expires=datetime.fromtimestamp(deadline, UTC))

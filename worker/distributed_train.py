@@ -1,8 +1,11 @@
 """A train job on several processes: `torchrun --nproc_per_node N -m worker.distributed_train
-JOB_ID WORKER_NAME` (the train task launches it when TRAIN_NPROC > 1; the task has claimed the
-job and keeps its heartbeat). Every rank trains its shard (trainer/distributed.py); rank 0
-alone records metrics, rollout groups and checkpoints, and its stop decision (cancel, finished,
-shutdown) is broadcast so all ranks leave the loop together. SIGTERM: save, requeue, exit.
+JOB_ID WORKER_NAME` (the train task launches it when TRAIN_NPROC > 1 or the job's
+train_nnodes > 1, one torchrun per host: worker/torchrun.py; the task has claimed the job and
+keeps its heartbeat; WORKER_NAME is its name on every host). Every rank trains its shard
+(trainer/distributed.py, by global rank); rank 0 alone records metrics, rollout groups and
+checkpoints, and its stop decision (cancel, finished, shutdown) is broadcast so all ranks leave
+the loop together. SIGTERM to any rank (its host's worker shuts down): rank 0 saves and
+requeues, every rank exits.
 
 The preference reward (reward_weights has "preference") is rank 0's choice too: the version it
 resolved at the start (a fit may record a newer "latest" while the ranks start), and after an
@@ -25,6 +28,7 @@ from app.db import session_scope
 from app.services import checkpoints, jobs, storage
 from trainer.distributed import (
     DistributedFlowModel,
+    any_rank,
     broadcast_ints,
     init_from_env,
     local_device,
@@ -32,6 +36,7 @@ from trainer.distributed import (
 )
 from trainer.loop import Trainer, load_model
 from trainer.models import checkpoint_directory
+from worker.torchrun import advertised_host, node_started_line
 from worker.training import (
     TrainRecorder,
     attach_preference,
@@ -49,8 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     job_id, worker_name = int(args[0]), args[1]
     shutdown = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: shutdown.set())
-    rank, _world = init_from_env()
+    rank, world = init_from_env()
     comm = local_device() if dist.get_backend() == "nccl" else "cpu"
+    log_node(job_id, rank, world)
     with session_scope() as s:
         config = job_train_config(jobs.get_job(s, job_id).config)
     model = DistributedFlowModel(load_model(config))  # collective: every rank, same time
@@ -71,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     def on_iteration(tr: Trainer, result) -> bool:
         nonlocal error
         stop = 0
+        # a warm shutdown of any host's worker (SIGTERM to its ranks): rank 0 saves, requeues
+        if any_rank(shutdown.is_set(), comm):
+            shutdown.set()
         if recorder is not None:  # may refit the preference model (a new version)
             try:
                 stop = int(recorder(tr, result))
@@ -98,6 +107,18 @@ def main(argv: list[str] | None = None) -> int:
             if jobs.holds(s, job_id, worker_name):
                 jobs.mark_succeeded(s, job_id)
     return 0
+
+
+def log_node(job_id: int, rank: int, world: int) -> None:
+    """Local rank 0 of each node says which node it is (torchrun's GROUP_RANK; several
+    only with train_nnodes > 1): the worker copies the line into its log."""
+    if int(os.environ.get("LOCAL_RANK", 0)) != 0:
+        return
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    line = node_started_line(job_id, int(os.environ.get("GROUP_RANK", 0)),
+                             int(os.environ.get("GROUP_WORLD_SIZE", world // local)),
+                             advertised_host(), rank, rank + local - 1, world)
+    log.info("%s", line)
 
 
 def preference_version(trainer: Trainer) -> int:

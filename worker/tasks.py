@@ -3,7 +3,9 @@ claims the job atomically (`app.services.jobs.claim`), so a duplicate message, a
 or a redelivery finds it taken or finished and does nothing.
 
     train           Neighbor GRPO or the SDE baseline (worker/training.py); with
-                    TRAIN_NPROC > 1 under torchrun, DDP, rank 0 records (worker/distributed_train.py)
+                    TRAIN_NPROC > 1 under torchrun, DDP, rank 0 records (worker/distributed_train.py);
+                    with train_nnodes > 1 this worker holds a job run by several hosts (worker/torchrun.py)
+    join_train      another host's node of such a job (no job row of its own)
     rollout         groups from a checkpoint for a dataset's prompts (worker/sampling.py)
     evaluate        fixed prompts and seeds from checkpoints (worker/sampling.py)
     fit_preference  the human-preference reward model from clean votes (worker/preference.py)
@@ -18,22 +20,17 @@ from __future__ import annotations
 
 import functools
 import logging
-import signal
 import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 
 from celery import signals
 
 from app.config import get_settings
 from app.db import session_scope
 from app.services import jobs
-from worker.celery_app import celery_app, enqueue
+from worker.celery_app import JOIN_TRAIN_TASK, celery_app, enqueue, send_join
 from worker.lease import JobError, JobLease, LeaseLost
 from worker.reaper import ReaperThread, reap_once
 
@@ -103,14 +100,40 @@ def run_job(job_id: int, body: Callable[[int, str], str]) -> str:
 
 
 # --- the tasks ------------------------------------------------------------------------------
+def _train(job_id: int, worker_name: str) -> str:
+    from worker.torchrun import run_torchrun
+    from worker.training import job_train_config, run_training
+
+    # a config the worker cannot run (a model directory gone) fails here, before any process
+    with session_scope() as s:
+        config = job_train_config(jobs.get_job(s, job_id).config)
+    nproc = get_settings().train_nproc
+    if nproc > 1 or config.train_nnodes > 1:
+        return run_torchrun(job_id, worker_name, config, nproc, SHUTDOWN)
+    return run_training(job_id, worker_name, SHUTDOWN)
+
+
 @celery_app.task(name="worker.tasks.train")
 def train(job_id: int) -> str:
-    nproc = get_settings().train_nproc
-    if nproc > 1:
-        return run_job(job_id, lambda jid, name: run_torchrun(jid, name, nproc))
-    from worker.training import run_training
+    return run_job(job_id, _train)
 
-    return run_job(job_id, lambda jid, name: run_training(jid, name, SHUTDOWN))
+
+@celery_app.task(name=JOIN_TRAIN_TASK)
+def join_train(**rendezvous) -> str:
+    """This worker's host as one more node of a multi-host train job (worker/torchrun.py):
+    sent by the worker holding the job; nothing is claimed here."""
+    from worker.torchrun import Rendezvous, run_join
+
+    rdzv = Rendezvous(**rendezvous)
+    if SHUTDOWN.is_set():  # leaving: another host may still take it in time
+        send_join(rdzv.as_kwargs(), rdzv.deadline)
+        return "deferred"
+    with session_scope() as s:
+        problem = missing_device(dict(jobs.get_job(s, rdzv.job_id).config or {}))
+    if problem:  # the rendezvous times out and says so, unless another host joins
+        log.warning("job %s: not joining: %s", rdzv.job_id, problem)
+        return "skipped"
+    return run_join(rdzv, SHUTDOWN)
 
 
 @celery_app.task(name="worker.tasks.rollout")
@@ -141,45 +164,6 @@ def fit_preference(job_id: int) -> str:
 @celery_app.task(name="worker.tasks.reap")
 def reap() -> list:
     return reap_once()
-
-
-# --- several GPUs: torchrun ------------------------------------------------------------------
-def run_torchrun(job_id: int, worker_name: str, nproc: int) -> str:
-    """Launch `worker.distributed_train` on `nproc` local processes (one per GPU, or gloo on
-    CPUs) and wait. Rank 0 records; this process keeps the heartbeat and, if the launch dies
-    without finishing the job, marks it failed with the end of its output. A config the
-    worker cannot run (a model directory gone) fails here, before any process starts."""
-    from worker.training import job_train_config
-
-    with session_scope() as s:
-        job_train_config(jobs.get_job(s, job_id).config)
-    with tempfile.NamedTemporaryFile("w+b", suffix=".log", delete=False) as out:
-        log_path = Path(out.name)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", "-m", "worker.distributed_train", str(job_id),
-           worker_name]
-    try:
-        with log_path.open("wb") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-            while True:
-                try:
-                    proc.wait(timeout=1.0)
-                    break
-                except subprocess.TimeoutExpired:
-                    if SHUTDOWN.is_set():  # rank 0 saves and requeues on SIGTERM
-                        proc.send_signal(signal.SIGTERM)
-                        proc.wait()
-                        break
-        text = log_path.read_text(errors="replace")
-    finally:
-        log_path.unlink(missing_ok=True)
-    with session_scope() as s:
-        job = jobs.get_job(s, job_id)
-        if job.status != "running" or job.worker != worker_name:
-            return job.status  # finished, cancelled, or requeued by rank 0 on shutdown
-    tail = "\n".join(text.strip().splitlines()[-20:])
-    raise RuntimeError(f"torchrun exited with code {proc.returncode} before the job "
-                       f"finished:\n{tail}")
 
 
 # --- worker lifecycle -------------------------------------------------------------------------

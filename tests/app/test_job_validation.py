@@ -257,3 +257,18 @@ def test_a_cuda_job_on_a_worker_without_cuda_fails_with_a_clear_reason(settings,
     row = session.get(Job, job.id)
     assert ran == [] and row.status == "failed"
     assert "no CUDA device" in row.error and "Traceback" not in row.error
+
+
+def test_train_nnodes_is_at_least_one_and_divides_the_prompts(client, admin, session, enqueuer):
+    # several hosts (README "Workers"): each trains an equal share of every iteration's prompts
+    for nnodes, prompts in ((0, 4), (3, 4), (1.5, 3)):
+        r = _post(client, admin, "train", {"train_nnodes": nnodes,
+                                           "prompts_per_iteration": prompts}, "tiny")
+        assert r.status_code == 422, r.text
+        assert _fields(r) == ["train_nnodes"], r.text
+    assert "multiple of train_nnodes (3)" in _post(
+        client, admin, "train", {"train_nnodes": 3, "prompts_per_iteration": 4}).text
+    assert _job_count(session) == 0 and enqueuer.calls == []
+    r = _post(client, admin, "train", {"train_nnodes": 2, "prompts_per_iteration": 4}, "tiny")
+    assert r.status_code in (200, 201), r.text
+    assert r.json()["config"]["train_nnodes"] == 2 and len(enqueuer.calls) == 1

@@ -4,6 +4,7 @@ with an NVIDIA reservation, a CPU worker, one shared volume, health checks."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -52,3 +53,21 @@ def test_compose_config_is_valid_and_complete():
 def test_dockerfile_runs_from_the_source_tree():
     text = (ROOT / "Dockerfile").read_text()
     assert "PYTHONPATH=/app" in text and "COPY migrations" in text and "alembic.ini" in text
+
+
+def test_the_multihost_profile_adds_a_worker_for_another_host():
+    result = subprocess.run([*_compose(), "-f", "docker-compose.yml", "--profile", "multihost",
+                             "config"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "STUDIO_HOST": "10.0.0.5",
+                                 "WORKER_HOST": "10.0.0.6"})
+    assert result.returncode == 0, result.stderr
+    worker = yaml.safe_load(result.stdout)["services"]["worker-gpu-host"]
+    # host networking: the rendezvous, gloo and NCCL ports are the host's own
+    assert worker["network_mode"] == "host"
+    assert "gpu" in worker["command"] and "solo" in worker["command"]
+    env = worker["environment"]
+    assert env["WORKER_HOST"] == "10.0.0.6"
+    assert "@10.0.0.5:5432/" in env["DATABASE_URL"] and env["BROKER_URL"].startswith(
+        "redis://10.0.0.5:6379")
+    assert {"RDZV_PORT", "RDZV_JOIN_TIMEOUT", "TRAIN_NPROC"} <= set(env)
+    assert "depends_on" not in worker  # PostgreSQL and Redis run on the main host
