@@ -1,5 +1,5 @@
 """Scoring rewards through a reward server (`python -m trainer.rewards.serve`) instead of in
-this process: many training workers share one set of reward models on one GPU, and reward
+this process: many training processes share one set of reward models on one GPU, and reward
 models whose packages conflict with the trainer's live in their own environment.
 
 `reward_scorer(url)` is the one place that picks where rewards are computed: in process
@@ -29,7 +29,7 @@ from trainer.config import RUN_TIME_REWARDS
 from trainer.rewards.registry import compute_rewards
 
 ENV_TIMEOUT = "REWARD_SERVER_TIMEOUT"
-# a GPU server shared by several workers queues their batches behind each other: generous
+# a GPU server shared by several training processes queues their batches behind each other: generous
 DEFAULT_TIMEOUT = 300.0
 # rewards that live in the trainer's process, never on a server: the job's own model fitted
 # to votes

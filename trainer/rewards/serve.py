@@ -4,8 +4,8 @@
         --host 0.0.0.0 --port 8100
 
 A train job whose config names `reward_server_url` sends its images here instead of loading
-reward models itself (trainer/rewards/remote.py is the client), so several workers share one
-set of models on one GPU, and models whose packages conflict with the trainer's run in their
+reward models itself (trainer/rewards/remote.py is the client), so several training
+processes share one set of models on one GPU, and models whose packages conflict with the trainer's run in their
 own environment.
 
     GET  /health  {"status": "ok", "rewards": [...], "device": ..., "max_batch", "max_wait_ms",
