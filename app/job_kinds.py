@@ -121,14 +121,22 @@ class FitPreferenceConfig(_Cfg):
     clip_path: str = Field("", description="Local CLIP weights for features='clip'.")
     holdout_fraction: float = Field(0.2, ge=0.0, lt=1.0, description="Share of the votes kept "
                                     "out of the fit to report held-out pair accuracy and log-loss.")
-    epochs: int = Field(60, ge=1, le=10_000, description="Passes over the training votes.")
+    epochs: int = Field(15, ge=1, le=10_000, description="Passes over the training votes.")
     batch_size: int = Field(64, ge=1, le=65_536, description="Votes per optimizer step.")
     learning_rate: float = Field(2e-3, gt=0.0, le=1.0, description="Peak AdamW learning rate "
                                  "(one-cycle schedule).")
     weight_decay: float = Field(1e-3, ge=0.0, le=1.0, description="AdamW weight decay.")
-    ensemble: int = Field(5, ge=1, le=32, description="Networks trained from different "
-                          "initialisations and averaged; fewer fit faster, more rank close pairs "
+    ensemble: int = Field(5, ge=1, le=32, description="Scorers averaged (and whose "
+                          "disagreement the training reward subtracts); more rank close pairs "
                           "more reliably.")
+    shared_features: bool = Field(True, description="Members after the first are heads on "
+                                  "the first network's frozen features, each fitted to a "
+                                  "bootstrap resample of the votes: an ensemble costs about one "
+                                  "network's fit. Off: whole networks, each on every vote.")
+    label_smoothing: float = Field(0.05, ge=0.0, lt=1.0, description="Pull the vote targets "
+                                   "this far towards 1/2 (a vote for A becomes 1 - s): people "
+                                   "flip some votes, and a fit that believes every vote "
+                                   "overfits the flips.")
     mirror_augment: bool = Field(False, description="Train on random left-right mirrors of the "
                                  "shapes images: more variety from few votes, but a preference "
                                  "for one side can then not be learned.")

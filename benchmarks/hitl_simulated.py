@@ -1,6 +1,7 @@
 """Humans in the loop with simulated annotators (issue 6), in-process (no HTTP), CPU or GPU.
 
-For each preference (upper, left, larger, centred; attributes the verifiable rewards ignore):
+For each preference (upper, left, larger, tidy, centred; attributes the verifiable rewards
+ignore):
 1. Held-out pair accuracy of the preference model against the number of votes (100 ... 3000)
    with uniformly random vs active pair selection (as GET /api/votes/next does it: 80% active,
    of which a quarter the pair where the count reward and the model disagree and the rest
@@ -270,15 +271,21 @@ def measure(images, eval_prompts, attr, seconds=None):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--preferences", nargs="+", default=["upper", "left", "larger"],
+    ap.add_argument("--preferences", nargs="+", default=["upper", "left", "larger", "tidy"],
                     help=f"simulated preferences, of {sorted(PREFERENCES)}")
     ap.add_argument("--budgets", nargs="+", type=int, default=[100, 200, 300, 500, 1000, 3000])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2],
                     help="annotator noise, vote selection and fit seeds")
     ap.add_argument("--tie-band", type=float, default=0.05,
                     help="relative attribute difference under which the annotator votes tie")
-    ap.add_argument("--epochs", type=int, default=60)
-    ap.add_argument("--ensemble", type=int, default=5, help="networks per preference model")
+    ap.add_argument("--epochs", type=int, default=FitConfig.epochs)
+    ap.add_argument("--ensemble", type=int, default=FitConfig.ensemble,
+                    help="scorers per preference model")
+    ap.add_argument("--shared-features", action=argparse.BooleanOptionalAction,
+                    default=FitConfig.shared_features,
+                    help="FitConfig.shared_features: heads on the first network's features")
+    ap.add_argument("--label-smoothing", type=float, default=FitConfig.label_smoothing,
+                    help="FitConfig.label_smoothing")
     ap.add_argument("--width", type=int, default=32, help="preference network channels")
     ap.add_argument("--fit-learning-rate", type=float, default=2e-3)
     ap.add_argument("--mirror-augment", action=argparse.BooleanOptionalAction,
@@ -345,7 +352,9 @@ def main() -> None:
             for seed in args.seeds:
                 fit_cfg = FitConfig(epochs=args.epochs, device=dev, seed=seed, width=args.width,
                                     learning_rate=args.fit_learning_rate, ensemble=args.ensemble,
-                                    mirror_augment=args.mirror_augment)
+                                    mirror_augment=args.mirror_augment,
+                                    shared_features=args.shared_features,
+                                    label_smoothing=args.label_smoothing)
                 rows, fitted, campaign = run_selection(kind, pref, pool, pool_prompts, test,
                                                        args.budgets, fit_cfg, seed, args.tie_band)
                 per_seed[seed] = {"rows": rows, "votes_to_target": votes_to_target(rows)}

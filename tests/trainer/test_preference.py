@@ -16,6 +16,7 @@ from trainer.rewards.preference import (
     FitConfig,
     PreferenceModel,
     PreferencePair,
+    SharedFeatureEnsemble,
     fit_preference_model,
     mirror_augment,
 )
@@ -68,6 +69,13 @@ def test_attributes_and_simulated_annotator():
     assert liar.vote(top, bottom, "one red square") == "b"
     custom = SimulatedAnnotator(lambda image, prompt: -float(image.mean()), flip=0.0)
     assert custom.vote(big, small, "one red square") == "a"  # more red = darker mean
+    # tidy: what is drawn is the requested colour, nothing else (neither position nor size)
+    stray = small.copy()
+    stray[28:31, 2:5] = COLORS["blue"]
+    tidy = attribute_values("tidiness", np.stack([small, big, stray]), ["one red square"] * 3)
+    assert tidy[0] == 0.0 and tidy[1] == 0.0
+    assert tidy[2] == pytest.approx(-9 / 36)  # 9 blue pixels beside 36 red ones
+    assert SimulatedAnnotator("tidy", flip=0.0).vote(stray, small, "one red square") == "b"
     with pytest.raises(ValueError, match="unknown preference"):
         SimulatedAnnotator("bluer")
 
@@ -121,7 +129,7 @@ def test_default_fit_learns_a_left_right_preference():
 
 def test_ensemble_scores_with_the_members_mean_and_loads_single_network_files(tmp_path):
     torch.manual_seed(0)
-    model = PreferenceModel(FitConfig(ensemble=3))
+    model = PreferenceModel(FitConfig(ensemble=3, shared_features=False))
     pairs = _pairs(6, "upper", flip=0.0, seed=2)
     images, prompts = np.stack([q.image_a for q in pairs]), [q.prompt for q in pairs]
     inputs = model._inputs(images, prompts)
@@ -143,6 +151,57 @@ def test_ensemble_scores_with_the_members_mean_and_loads_single_network_files(tm
     legacy = PreferenceModel.load(path)
     assert legacy.config.ensemble == 1
     np.testing.assert_allclose(legacy(images, prompts), members[1], rtol=1e-5, atol=1e-6)
+
+
+def test_shared_features_train_one_network_and_bootstrap_heads(tmp_path):
+    """The default ensemble: the first network whole, the others heads on its frozen pooled
+    features fitted to their own bootstrap resamples; its files load as they were saved, and
+    a file of whole networks (saved before shared features) still loads as whole networks."""
+    pairs = _pairs(60, "upper", flip=0.0, seed=3)
+    model = fit_preference_model(pairs, FitConfig(epochs=2, ensemble=3))
+    net = model.net
+    assert isinstance(net, SharedFeatureEnsemble) and len(net.heads) == 2
+    images, prompts = np.stack([q.image_a for q in pairs[:8]]), [q.prompt for q in pairs[:8]]
+    inputs = model._inputs(images, prompts)
+    with torch.no_grad():
+        pooled = net.first.pooled(inputs[0])
+        by_hand = torch.stack([net.first(*inputs)] + [h(pooled, inputs[1]) for h in net.heads])
+    members = model.member_scores(images, prompts)
+    np.testing.assert_allclose(members, by_hand.numpy(), rtol=1e-5, atol=1e-6)
+    assert np.ptp(members, axis=0).min() > 0  # the heads disagree
+    untrained = PreferenceModel(FitConfig(ensemble=3))
+    with torch.no_grad():  # the fit moved the first network, not a fresh copy of it
+        assert not torch.equal(untrained.net.first.convs[0].weight, net.first.convs[0].weight)
+    path = tmp_path / "shared.safetensors"
+    model.save(path)
+    loaded = PreferenceModel.load(path)
+    assert loaded.config.shared_features and isinstance(loaded.net, SharedFeatureEnsemble)
+    np.testing.assert_allclose(loaded(images, prompts), model(images, prompts), rtol=1e-5)
+    whole = PreferenceModel(FitConfig(ensemble=2, shared_features=False))
+    state = {k: v.contiguous() for k, v in whole.net.state_dict().items()}
+    config = {"features": "shapes", "width": 32, "ensemble": 2}  # no shared_features key
+    save_file(state, str(tmp_path / "old.safetensors"),
+              metadata={"format": "preference-model", "report": "null",
+                        "fit_config": json.dumps(config)})
+    old = PreferenceModel.load(tmp_path / "old.safetensors")
+    assert not old.config.shared_features and old.config.label_smoothing == 0.0
+    np.testing.assert_allclose(old(images, prompts), whole(images, prompts), rtol=1e-5)
+
+
+def test_label_smoothing_pulls_the_fitted_probabilities_towards_a_half():
+    pairs = _pairs(40, "upper", flip=0.0, seed=4)
+    sure = fit_preference_model(pairs, FitConfig(epochs=30, ensemble=1, label_smoothing=0.0,
+                                                 holdout_fraction=0.0))
+    smooth = fit_preference_model(pairs, FitConfig(epochs=30, ensemble=1, label_smoothing=0.4,
+                                                   holdout_fraction=0.0))
+    a, b = np.stack([q.image_a for q in pairs]), np.stack([q.image_b for q in pairs])
+    prompts = [q.prompt for q in pairs]
+
+    def confidence(model):
+        return float(np.abs(model.prob_a_beats_b(a, b, prompts) - 0.5).mean())
+
+    assert confidence(smooth) < confidence(sure)
+    assert confidence(smooth) < 0.3 + 0.05  # targets 0.8 / 0.2 bound what a fit can claim
 
 
 def test_mirror_augmentation_is_off_unless_asked_for():

@@ -5,10 +5,13 @@ P(a beats b) = sigmoid(r(a) - r(b)). Votes `a`/`b` are wins, `tie` is half a win
 Nothing here knows which attribute an annotator cares about: the network sees pixels and the
 prompt, and learns whatever the votes reward.
 
-Each model is an ensemble of `ensemble` networks trained on the same votes from different
-initialisations and batch orders, scoring with their mean: a few thousand noisy comparisons of
-near-identical images leave one network's ranking of close pairs to chance, and averaging
-removes much of that variance (measured in docs/benchmarks.md).
+Each model is an ensemble of `ensemble` scorers trained on the same votes, scoring with their
+mean: a few thousand noisy comparisons of near-identical images leave one network's ranking of
+close pairs to chance, and averaging removes much of that variance (measured in
+docs/benchmarks.md). With `shared_features` (the default) the first network is trained whole
+and the others are heads on its frozen pooled features, each on its own bootstrap resample of
+the votes: the convolutions, which cost nearly all of a fit, run for one network, and the
+heads' disagreement still marks images unlike the voted ones.
 
 Features:
 - `shapes`: a small convolutional network on the 32x32 image with coordinate channels (so
@@ -22,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -50,11 +53,17 @@ class FitConfig:
     clip_path: str = ""  # local CLIP weights (transformers format) for features="clip"
     width: int = 32  # channels of the shapes network
     holdout_fraction: float = 0.2
-    epochs: int = 60
+    epochs: int = 15
     batch_size: int = 64
     learning_rate: float = 2e-3
     weight_decay: float = 1e-3
-    ensemble: int = 5  # networks averaged; each is trained on all the training votes
+    ensemble: int = 5  # scorers averaged (see shared_features)
+    # members after the first: heads on the first network's frozen features, each fitted to a
+    # bootstrap resample of the votes; False: whole networks, each on all the votes
+    shared_features: bool = True
+    # Bradley-Terry targets pulled this far towards 1/2 (a vote for a becomes 1 - s): people
+    # flip some votes, and a likelihood that believes every vote overfits the flips
+    label_smoothing: float = 0.05
     # random left-right mirrors: off, because they assume nobody prefers one side, and a
     # campaign for "subject on the left" then learns nothing (docs/benchmarks.md)
     mirror_augment: bool = False
@@ -98,16 +107,54 @@ class ShapesPreferenceNet(nn.Module):
         self.prompt = nn.Embedding(len(VOCAB), heads * width)
         self.head = nn.Sequential(nn.Linear(heads * width, 64), nn.GELU(), nn.Linear(64, 1))
 
-    def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    def pooled(self, images: torch.Tensor) -> torch.Tensor:
+        """(N, heads*C): the attention-pooled features a head scores."""
         n, _, h, w = images.shape
         ys = torch.linspace(-1, 1, h, device=images.device).view(1, 1, h, 1).expand(n, 1, h, w)
         xs = torch.linspace(-1, 1, w, device=images.device).view(1, 1, 1, w).expand(n, 1, h, w)
         features = self.convs(torch.cat([images, ys, xs], 1))  # (N, C, H, W)
         weights = self.score(features).flatten(2).softmax(-1)  # (N, heads, HW)
         values = self.value(features).flatten(2)  # (N, C, HW)
-        pooled = torch.einsum("nkp,ncp->nkc", weights, values).flatten(1)  # (N, heads*C)
-        text = self.prompt(tokens).mean(1)  # (N, heads*C)
-        return self.head(pooled * (1 + text)).squeeze(-1)  # (N,)
+        return torch.einsum("nkp,ncp->nkc", weights, values).flatten(1)  # (N, heads*C)
+
+    def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return _prompted_score(self.prompt, self.head, self.pooled(images), tokens)
+
+
+def _prompted_score(prompt: nn.Embedding, head: nn.Module, pooled: torch.Tensor,
+                    tokens: torch.Tensor) -> torch.Tensor:
+    """(N,): the head on the pooled features, modulated by the prompt's mean token embedding."""
+    return head(pooled * (1 + prompt(tokens).mean(1))).squeeze(-1)
+
+
+class ShapesHead(nn.Module):
+    """A ShapesPreferenceNet's prompt embedding and head alone, on another net's features."""
+
+    def __init__(self, width: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.prompt = nn.Embedding(len(VOCAB), heads * width)
+        self.head = nn.Sequential(nn.Linear(heads * width, 64), nn.GELU(), nn.Linear(64, 1))
+
+    def forward(self, pooled: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return _prompted_score(self.prompt, self.head, pooled, tokens)
+
+
+class SharedFeatureEnsemble(nn.Module):
+    """One ShapesPreferenceNet and heads on its features; (1 + heads, N) scores."""
+
+    def __init__(self, first: ShapesPreferenceNet, heads: list[ShapesHead]) -> None:
+        super().__init__()
+        self.first = first
+        self.heads = nn.ModuleList(heads)
+
+    @property
+    def members(self) -> list[nn.Module]:
+        return [self.first, *self.heads]
+
+    def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        pooled = self.first.pooled(images)
+        first = _prompted_score(self.first.prompt, self.first.head, pooled, tokens)
+        return torch.stack([first, *(head(pooled, tokens) for head in self.heads)])
 
 
 class ClipPreferenceHead(nn.Module):
@@ -140,7 +187,12 @@ class PreferenceModel:
         self.uncertainty_penalty = 0.0  # set by the trainer that blends it in
         self._clip = None
         if net is None:
-            net = Ensemble([self._new_member() for _ in range(max(1, config.ensemble))])
+            count = max(1, config.ensemble)
+            if config.features == "shapes" and config.shared_features:
+                net = SharedFeatureEnsemble(ShapesPreferenceNet(config.width),
+                                            [ShapesHead(config.width) for _ in range(count - 1)])
+            else:
+                net = Ensemble([self._new_member() for _ in range(count)])
         self.net = net.to(config.device)
 
     def _new_member(self) -> nn.Module:
@@ -200,7 +252,10 @@ class PreferenceModel:
             raise ValueError(f"{path} is not a preference model")
         fields = json.loads(meta["fit_config"])
         state = load_file(str(path), device=device)
-        if not any(k.startswith("members.") for k in state):  # saved before ensembles: one net
+        # saved before shared features: whole networks; before ensembles: one network
+        fields.setdefault("shared_features", False)
+        fields.setdefault("label_smoothing", 0.0)
+        if not any(k.startswith(("members.", "first.")) for k in state):
             state = {f"members.0.{k}": v for k, v in state.items()}
             fields["ensemble"] = 1
         config = FitConfig(**{**fields, "device": device})
@@ -248,23 +303,26 @@ def mirror_augment(images: torch.Tensor, config: FitConfig) -> torch.Tensor:
 
 
 def _train_member(net: nn.Module, inputs_a, inputs_b, labels: torch.Tensor, config: FitConfig,
-                  seed: int) -> None:
-    """Minimise the Bradley-Terry log-loss of one network (its own batch order)."""
+                  seed: int, rows: torch.Tensor | None = None) -> None:
+    """Minimise the Bradley-Terry log-loss of one network (its own batch order) on the votes
+    `rows` (default: all; a bootstrap resample may repeat some), with smoothed targets."""
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(net.parameters(), lr=config.learning_rate,
                                   weight_decay=config.weight_decay)
-    n = len(labels)
+    rows = torch.arange(len(labels)) if rows is None else rows
+    targets = labels * (1 - config.label_smoothing) + 0.5 * config.label_smoothing
+    n = len(rows)
     steps_per_epoch = max(1, math.ceil(n / config.batch_size))
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, config.learning_rate,
                                                    total_steps=config.epochs * steps_per_epoch)
     net.train()
     for _ in range(config.epochs):
-        perm = torch.randperm(n, generator=generator)
+        perm = rows[torch.randperm(n, generator=generator)]
         for i in range(0, n, config.batch_size):
             idx = perm[i:i + config.batch_size].to(config.device)
             ra = net(mirror_augment(inputs_a[0][idx], config), inputs_a[1][idx])
             rb = net(mirror_augment(inputs_b[0][idx], config), inputs_b[1][idx])
-            loss = F.binary_cross_entropy_with_logits(ra - rb, labels[idx])
+            loss = F.binary_cross_entropy_with_logits(ra - rb, targets[idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -301,8 +359,22 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
         return model._inputs(images_a, prompts), model._inputs(images_b, prompts), labels
 
     inputs_a, inputs_b, labels = tensors(train)
-    for index, member in enumerate(model.net.members):
-        _train_member(member, inputs_a, inputs_b, labels, config, seed=config.seed + index)
+    if isinstance(model.net, SharedFeatureEnsemble):
+        first = model.net.first
+        _train_member(first, inputs_a, inputs_b, labels, config, seed=config.seed)
+        first.eval()
+        with torch.no_grad():  # the features every head scores, computed once
+            pooled_a = torch.cat([first.pooled(x) for x in inputs_a[0].split(512)])
+            pooled_b = torch.cat([first.pooled(x) for x in inputs_b[0].split(512)])
+        for index, head in enumerate(model.net.heads, start=1):
+            resample = torch.randint(len(labels), (len(labels),),
+                                     generator=torch.Generator().manual_seed(config.seed + index))
+            _train_member(head, (pooled_a, inputs_a[1]), (pooled_b, inputs_b[1]), labels,
+                          replace(config, mirror_augment=False), seed=config.seed + index,
+                          rows=resample)
+    else:
+        for index, member in enumerate(model.net.members):
+            _train_member(member, inputs_a, inputs_b, labels, config, seed=config.seed + index)
     model.net.eval()
 
     def evaluate(subset: list[PreferencePair]) -> tuple[float | None, float | None]:
@@ -328,4 +400,5 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
 
 
 __all__ = ["FitConfig", "FitReport", "PreferenceModel", "PreferencePair", "fit_preference_model",
+           "ShapesPreferenceNet", "ShapesHead", "SharedFeatureEnsemble",
            "PROMPT_LENGTH", "Outcome", "OUTCOMES", "LABELLED_OUTCOMES", "TARGET_A"]
