@@ -276,6 +276,31 @@ def test_clip_head_learns_from_votes_round_trips_and_trains(tiny_clip_path, tmp_
     assert np.isfinite(metrics["reward/preference"]), metrics
 
 
+def test_clip_embeddings_are_kept_across_fits_and_equal_a_fresh_encoding(tiny_clip_path):
+    """A refit encodes only images and prompts it has not seen: the process keeps one encoder
+    per CLIP directory and its embeddings by image content; kept or fresh, they are the
+    normalised CLIP features."""
+    from trainer.rewards.preference import clip_encoder
+
+    votes = _clip_votes(tiny_clip_path, 12, seed=7)
+    config = FitConfig(features="clip", clip_path=str(tiny_clip_path), epochs=1, ensemble=1)
+    first = fit_preference_model(votes[:8], config)
+    encoder = clip_encoder(str(tiny_clip_path), "cpu")
+    assert first._clip_encoder() is encoder
+    seen = len(encoder.image_embeddings)
+    assert seen >= 16  # 8 pairs, images maybe repeated
+    second = fit_preference_model(votes, config)  # 4 new pairs
+    assert second._clip_encoder() is encoder
+    assert len(encoder.image_embeddings) == seen + len(
+        {encoder._image_key(im) for v in votes[8:] for im in (v.image_a, v.image_b)}
+        - {encoder._image_key(im) for v in votes[:8] for im in (v.image_a, v.image_b)})
+    images = np.stack([v.image_a for v in votes])
+    kept, _ = encoder.encode(images, [v.prompt for v in votes])
+    direction = torch.randn(kept.shape[-1], generator=torch.Generator().manual_seed(5))
+    np.testing.assert_allclose((kept @ direction).numpy(),
+                               _embedding_direction(tiny_clip_path, images), rtol=1e-4, atol=1e-5)
+
+
 def test_clip_features_need_an_existing_local_path(tmp_path):
     pairs = [PreferencePair(*(render("one red square", np.random.default_rng(i))[0]
                               for i in range(2)), "one red square", "a")] * 4

@@ -22,11 +22,14 @@ Features:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -203,7 +206,7 @@ class PreferenceModel:
     # -- features -------------------------------------------------------------------------------
     def _clip_encoder(self) -> _ClipEncoder:
         if self._clip is None:
-            self._clip = _ClipEncoder(self.config.clip_path, self.config.device)
+            self._clip = clip_encoder(self.config.clip_path, self.config.device)
         return self._clip
 
     def _inputs(self, images: np.ndarray, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -266,7 +269,11 @@ class PreferenceModel:
 
 
 class _ClipEncoder:
-    """Frozen transformers CLIP from a local path (never downloads)."""
+    """Frozen transformers CLIP from a local path (never downloads), with its embeddings kept
+    by image content and prompt: a worker refits on mostly the same voted images, and only
+    the new ones need the network (the encoders themselves are kept too, `clip_encoder`)."""
+
+    cache_size = 50_000  # embeddings of each kind kept (about 100 MB at CLIP's 512 dims)
 
     def __init__(self, path: str, device: str) -> None:
         if not path or not Path(path).exists():
@@ -281,13 +288,63 @@ class _ClipEncoder:
         self.processor = CLIPProcessor.from_pretrained(path, local_files_only=True)
         self.dim = self.model.config.projection_dim
         self.device = device
+        self.image_embeddings: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+        self.text_embeddings: OrderedDict[str, torch.Tensor] = OrderedDict()
+
+    @staticmethod
+    def _image_key(image: np.ndarray) -> bytes:
+        image = np.ascontiguousarray(image)
+        return hashlib.sha1(image.tobytes() + str(image.shape).encode()).digest()
+
+    @staticmethod
+    def _projected(output: Any) -> torch.Tensor:
+        # get_*_features return the projected embedding (a tensor; newer transformers an
+        # output whose pooler_output holds it)
+        return output if isinstance(output, torch.Tensor) else output.pooler_output
+
+    def _fill(self, cache: OrderedDict, keys: list, items: list, embed) -> None:
+        new = {key: item for key, item in zip(keys, items, strict=True) if key not in cache}
+        pending = list(new.items())
+        for start in range(0, len(pending), 256):
+            chunk = pending[start:start + 256]
+            vectors = F.normalize(embed([item for _, item in chunk]).float(), dim=-1).cpu()
+            cache.update(zip([key for key, _ in chunk], vectors, strict=True))
+        for key in keys:  # the ones asked for now are the freshest
+            cache.move_to_end(key)
+        while len(cache) > max(self.cache_size, len(set(keys))):
+            cache.popitem(last=False)
 
     @torch.no_grad()
     def encode(self, images: np.ndarray, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = self.processor(text=prompts, images=list(images), return_tensors="pt", padding=True)
-        batch = {k: v.to(self.device) for k, v in batch.items()}
-        out = self.model(**batch)
-        return F.normalize(out.image_embeds, dim=-1), F.normalize(out.text_embeds, dim=-1)
+        """(N, dim) unit image and text embeddings."""
+        image_keys = [self._image_key(image) for image in images]
+
+        def embed_images(batch: list[np.ndarray]) -> torch.Tensor:
+            pixels = self.processor(images=batch, return_tensors="pt")["pixel_values"]
+            return self._projected(self.model.get_image_features(
+                pixel_values=pixels.to(self.device)))
+
+        def embed_texts(batch: list[str]) -> torch.Tensor:
+            tokens = self.processor(text=batch, return_tensors="pt", padding=True)
+            return self._projected(self.model.get_text_features(
+                **{k: v.to(self.device) for k, v in tokens.items()}))
+
+        self._fill(self.image_embeddings, image_keys, list(images), embed_images)
+        self._fill(self.text_embeddings, list(prompts), list(prompts), embed_texts)
+        image = torch.stack([self.image_embeddings[k] for k in image_keys])
+        text = torch.stack([self.text_embeddings[p] for p in prompts])
+        return image.to(self.device), text.to(self.device)
+
+
+_clip_encoders: dict[tuple[str, str], _ClipEncoder] = {}
+
+
+def clip_encoder(path: str, device: str) -> _ClipEncoder:
+    """The process's encoder for (path, device), loaded once: refits reuse its embeddings."""
+    key = (str(Path(path).resolve()) if path else "", str(device))
+    if key not in _clip_encoders:
+        _clip_encoders[key] = _ClipEncoder(path, device)
+    return _clip_encoders[key]
 
 
 def mirror_augment(images: torch.Tensor, config: FitConfig) -> torch.Tensor:
