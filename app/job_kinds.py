@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from app.limits import MAX_ID
 
@@ -39,6 +40,18 @@ def default_reward_names(kind: str, model: str) -> list[str]:
     return list(SHAPES_EVALUATE_REWARDS if kind == "evaluate" else SHAPES_ROLLOUT_REWARDS)
 
 
+def _reward_server_check(field: str, url: str, paths: dict[str, str]) -> None:
+    """Refuse `field` for what TrainConfig refuses in a reward_server_url (not http(s)) or
+    beside it (reward_model_paths): the same check (trainer.config.reward_server_problems),
+    so a train, rollout and evaluate job take one URL alike."""
+    from trainer.config import reward_server_problems
+
+    for problem in reward_server_problems(url, paths):
+        if problem.field == field:
+            # a custom error: its message reads as TrainConfig's, without "Value error, "
+            raise PydanticCustomError("reward_server", "{message}", {"message": problem.message})
+
+
 class _SamplingCfg(_Cfg):
     """The model fields of the sampling kinds (rollout, evaluate); submission fills in the
     model and the default rewards (app.services.jobs), so a stored config says what ran."""
@@ -61,6 +74,21 @@ class _SamplingCfg(_Cfg):
                             "batch; 0: all at once (a rollout's 16 prompts x G, or 256 evaluate "
                             "images). Lower it when a large model runs out of memory; the images "
                             "do not change.")
+    # before the kinds' own fields: EvaluateConfig's reward_model_paths check reads it
+    reward_server_url: str = Field(
+        "", max_length=4096, description="Score the rewards on a reward server (`python -m "
+        "trainer.rewards.serve`) at this http(s) URL instead of loading reward models in the "
+        "job: several jobs then share one set of models on one GPU. The job checks at its "
+        "start, before sampling, that the server serves every reward it names (the server "
+        "holds the weights, so reward_model_paths stays empty). Empty: score in the job's own "
+        "process.")
+
+    @field_validator("reward_server_url")
+    @classmethod
+    def _reward_server_url(cls, url: str) -> str:
+        if url:
+            _reward_server_check("reward_server_url", url, {})
+        return url
 
 
 class RolloutConfig(_SamplingCfg):
@@ -106,7 +134,18 @@ class EvaluateConfig(_SamplingCfg):
     reward_model_paths: dict[str, str] = Field(
         default_factory=dict, max_length=32, description="Weights directory of a model-backed "
         "reward, by name, under REWARD_MODELS_DIR or MODELS_DIR; a reward left out loads from "
-        "REWARD_MODELS_DIR/<name>.")
+        "REWARD_MODELS_DIR/<name>. Empty with reward_server_url.")
+
+    @field_validator("reward_model_paths")
+    @classmethod
+    def _no_paths_with_a_server(cls, paths: dict[str, str], info: ValidationInfo
+                                ) -> dict[str, str]:
+        # absent from info.data when the URL itself was refused: one error is enough, as
+        # TrainConfig reports
+        url = info.data.get("reward_server_url")
+        if url:
+            _reward_server_check("reward_model_paths", url, paths)
+        return paths
 
 
 class FitPreferenceConfig(_Cfg):

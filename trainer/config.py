@@ -70,7 +70,9 @@ def _reward_model_path_problems(paths: dict) -> list[ConfigError]:
     return out
 
 
-def _reward_server_problems(url: str, paths: Any) -> list[ConfigError]:
+def reward_server_problems(url: str, paths: Any) -> list[ConfigError]:
+    """Why a (non-empty) reward_server_url cannot be used with these reward_model_paths; the
+    sampling jobs' configs (app/job_kinds.py) say the same through this."""
     from trainer.rewards.remote import url_problem
 
     out = []
@@ -356,7 +358,7 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
         if "reward_model_paths" not in bad:
             out += _reward_model_path_problems(self.reward_model_paths)
         if "reward_server_url" not in bad and self.reward_server_url:
-            out += _reward_server_problems(self.reward_server_url, self.reward_model_paths)
+            out += reward_server_problems(self.reward_server_url, self.reward_model_paths)
         if "report_to" not in bad:
             from trainer.tracking import report_to_problems
 

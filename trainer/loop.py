@@ -63,13 +63,9 @@ class Trainer:
         # model-backed rewards (issue 17): their weights directories and device; missing
         # weights fail here, at the job's start, before the model loads. With a reward server
         # the server holds the models: it must be up and serve every reward the job names.
-        if config.reward_server_url:
-            from trainer.rewards.remote import reward_client
-            reward_client(config.reward_server_url).check(config.reward_weights)
-        else:
-            from trainer.rewards.models import check_reward_models, configure_reward_models
-            configure_reward_models(config.reward_model_paths, self.device)
-            check_reward_models(config.reward_weights)
+        from trainer.rewards.remote import prepare_scorer
+        prepare_scorer(config.reward_weights, config.reward_server_url,
+                       config.reward_model_paths, self.device)
         self.model = (model or load_model(config, self.device)).to(self.device)
         # in LoRA mode the adapters alone: the frozen base never reaches the optimizer
         self.optimizer = torch.optim.AdamW(self.model.trainable_parameters(),

@@ -9,7 +9,10 @@ images with their automatic rewards for voting.
   (`checkpoints.record_scores`), where the leaderboard shows them beside the human rating.
 
 Model-backed rewards (hpsv2, pickscore, ...) are checked before the first model loads: missing
-weights fail the job at once, naming the reward, the setting and the files expected.
+weights fail the job at once, naming the reward, the setting and the files expected. A job with
+`reward_server_url` scores every reward on that reward server instead (as a train job does,
+through `trainer.rewards.remote.prepare_scorer`): a server that is down or lacks a reward fails
+the job the same way, naming the URL, before any sampling.
 
 Both are idempotent: groups already stored for the job are skipped, so a rerun after a crash
 finishes the rest. Progress counts prompts (rollout) or checkpoints (evaluate).
@@ -34,13 +37,8 @@ from trainer.grpo import blended_group_rewards, group_advantages, group_noises
 from trainer.loop import resolve_device
 from trainer.models import ModelSpec, checkpoint_spec, load_flow_model, uses_model_directory
 from trainer.models.base import FlowModel, micro_batches, repeat_cond, to_uint8
-from trainer.rewards import compute_rewards
-from trainer.rewards.models import (
-    MODEL_REWARDS,
-    RewardWeightsMissing,
-    check_reward_models,
-    configure_reward_models,
-)
+from trainer.rewards.models import MODEL_REWARDS, RewardWeightsMissing
+from trainer.rewards.remote import RewardServerError, Scorer, prepare_scorer
 from trainer.shapes.world import all_prompts
 from trainer.solvers import rollout
 from worker.lease import JobError, LeaseLost
@@ -92,11 +90,19 @@ def reward_names(kind: str, cfg: dict[str, Any]) -> list[str]:
                                                                  or "shapes"))
 
 
-def prepare_rewards(names: list[str], given: dict[str, str] | None = None) -> None:
-    """Point the model-backed rewards among `names` at their weights (a `reward_model_paths`
-    entry resolved inside REWARD_MODELS_DIR / MODELS_DIR, else REWARD_MODELS_DIR/<name>: the
-    studio's settings, which the trainer does not read) on this worker's device, and fail the
-    job now, before any sampling, when one cannot load."""
+def prepare_rewards(names: list[str], given: dict[str, str] | None = None,
+                    server_url: str = "") -> Scorer:
+    """What scores the job's rewards `names` (`prepare_scorer`, as for a train job), checked
+    now, before any sampling: a JobError when one cannot be scored. With `server_url`, the
+    reward server there must be up and serve them all. Without, the model-backed rewards point
+    at their weights (a `reward_model_paths` entry resolved inside REWARD_MODELS_DIR /
+    MODELS_DIR, else REWARD_MODELS_DIR/<name>: the studio's settings, which the trainer does
+    not read) on this worker's device."""
+    if server_url:
+        try:
+            return prepare_scorer(names, server_url)
+        except RewardServerError as exc:  # down, or lacks a reward: the message says it in full
+            raise JobError(str(exc)) from None
     root = get_settings().resolved_reward_models_dir
     try:
         paths = {name: str(storage.reward_model_dir(path)) for name, path in
@@ -106,11 +112,21 @@ def prepare_rewards(names: list[str], given: dict[str, str] | None = None) -> No
     for name in names:
         if name in MODEL_REWARDS and name not in paths:
             paths[name] = str(root / name)
-    configure_reward_models(paths, resolve_device("auto"))
     try:
-        check_reward_models(names, paths)
+        return prepare_scorer(names, "", paths, resolve_device("auto"))
     except RewardWeightsMissing as exc:
         raise JobError(str(exc)) from None
+
+
+def score(scorer: Scorer, names: list[str], images: np.ndarray, prompts: list[str]
+          ) -> dict[str, np.ndarray]:
+    """`scorer(names, images, prompts)`; a reward server that goes away or times out mid-job
+    fails the job with its message alone (groups and checkpoints already stored are kept: a
+    resumed job finishes the rest)."""
+    try:
+        return scorer(names, images, prompts)
+    except RewardServerError as exc:
+        raise JobError(f"{exc} (resume the job to score the rest)") from None
 
 
 def dataset_prompts(dataset_id: int, split: str, limit: int | None) -> list[tuple[int, str]]:
@@ -150,7 +166,7 @@ def run_rollout(job_id: int, worker_name: str) -> str:
     if not prompts:
         raise ValueError(f"dataset {cfg['dataset_id']} has no {cfg['split']} prompts")
     names = reward_names("rollout", cfg)
-    prepare_rewards(names)
+    scorer = prepare_rewards(names, server_url=cfg.get("reward_server_url") or "")
     model = load_sampling_model(cfg, cfg.get("checkpoint_id"))
     weights = {name: 1.0 for name in names}
     g, steps, batch = cfg["group_size"], cfg["steps"], cfg.get("batch_size", 0)
@@ -173,7 +189,7 @@ def run_rollout(job_id: int, worker_name: str) -> str:
                 final = traj.final
                 images = np.concatenate([to_uint8(model.decode(final[rows])) for rows in
                                          micro_batches(final.shape[0], batch)])  # (P*G, H, W, 3)
-            raw = compute_rewards(names, images, [t for t in texts for _ in range(g)])
+            raw = score(scorer, names, images, [t for t in texts for _ in range(g)])
             advantages = group_advantages(blended_group_rewards(raw, weights, (p, g))).numpy()
             images = images.reshape(p, g, *images.shape[1:])
             with session_scope() as s:
@@ -217,7 +233,8 @@ def run_evaluate(job_id: int, worker_name: str) -> str:
     about = {"job_id": job_id, "prompts": f"{len(prompts)} of {source}",
              "seeds": len(cfg["seeds"])}
     names = reward_names("evaluate", cfg)
-    prepare_rewards(names, cfg.get("reward_model_paths"))
+    scorer = prepare_rewards(names, cfg.get("reward_model_paths"),
+                             cfg.get("reward_server_url") or "")
     # every checkpoint's model directory checked before the first loads
     specs = {ckpt_id: sampling_spec(cfg, ckpt_id) for ckpt_id, _ in ckpts}
     pairs = [(p, seed) for p in prompts for seed in cfg["seeds"]]
@@ -234,7 +251,7 @@ def run_evaluate(job_id: int, worker_name: str) -> str:
                                    cfg["solver"], cfg["steps"],
                                    batch_size=cfg.get("batch_size") or EVALUATE_BATCH)
             texts = [p for p, _ in pairs]
-            scores = compute_rewards(names, images, texts)
+            scores = score(scorer, names, images, texts)
             with session_scope() as s:
                 if not jobs.holds(s, job_id, worker_name):
                     raise LeaseLost(f"job {job_id} is no longer held by {worker_name}")

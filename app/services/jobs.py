@@ -116,12 +116,13 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
     for name in out.get("reward_names") or []:
         if name not in known:
             problems.append(("reward_names", f"unknown reward {name!r}; known: {known}"))
-    # with a reward server the server holds the weights: the worker asks it at the job's
-    # start (it may be down now; submission does not call it)
-    if kind == "train":
-        if not config.get("reward_server_url"):
-            problems.extend(reward_model_problems(out.get("reward_weights") or {},
-                                                  out.get("reward_model_paths") or {}))
+    # with a reward server (any kind that scores) the server holds the weights: the worker
+    # asks it at the job's start (it may be down now; submission does not call it)
+    if config.get("reward_server_url"):
+        pass
+    elif kind == "train":
+        problems.extend(reward_model_problems(out.get("reward_weights") or {},
+                                              out.get("reward_model_paths") or {}))
     else:
         # an evaluate job may place a model-backed reward's weights (reward_model_paths)
         paths = out.get("reward_model_paths") or {}

@@ -1,13 +1,13 @@
-"""A train job that names a reward server (issue 17): submission does not ask for reward
-weights on this host (the server holds them) and does not call the server (it may be down
-now; the worker asks it when the job starts), but reward names must still be known and the
-URL well formed."""
+"""A job that names a reward server (issue 17): submission does not ask for reward weights on
+this host (the server holds them) and does not call the server (it may be down now; the worker
+asks it when the job starts), but reward names must still be known and the URL well formed.
+Train, rollout and evaluate jobs alike; the sampling jobs run here through the worker's own
+task body (`worker.tasks.run_job`) against a real server (uvicorn on a free port)."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
+from reward_server_helpers import ServerThread, free_port_url
 
 from worker.lease import JobError
 from worker.training import job_train_config, prepare_trainer
@@ -51,10 +51,166 @@ def test_the_worker_passes_no_local_weight_paths_with_a_server(settings):
 
 
 def test_the_worker_fails_the_job_at_start_naming_a_server_that_is_down(client, admin):
-    with socket.socket() as sock:  # a port nobody listens on
-        sock.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    url = free_port_url()  # a port nobody listens on
     r = _post(client, admin, {**TRAIN, "reward_server_url": url})
     assert r.status_code == 201, r.text
     with pytest.raises(JobError, match=f"reward server at {url} cannot be reached"):
         prepare_trainer(r.json()["id"])
+
+
+# --- rollout and evaluate jobs ---------------------------------------------------------------
+SERVED = ["count", "jpeg_compressibility"]  # weight-free rewards: scored alike anywhere
+
+
+@pytest.fixture
+def checkpoint(session) -> int:
+    """A recorded shapes checkpoint (the shipped base model, copied into storage)."""
+    from app.services import storage
+    from app.services.checkpoints import record_checkpoint
+    from trainer.loop import SHIPPED_BASE
+
+    storage.write_bytes("checkpoints/base/model.safetensors", SHIPPED_BASE.read_bytes())
+    ckpt = record_checkpoint(session, None, 0, "checkpoints/base/model.safetensors",
+                             name="base")
+    session.commit()
+    return ckpt
+
+
+@pytest.fixture
+def dataset(session) -> int:
+    from app.services import datasets
+    from trainer.shapes.world import all_prompts
+
+    data = ("\n".join(all_prompts()[:2]) + "\n").encode()
+    ds = datasets.import_dataset(session, filename="p.txt", data=data).dataset.id
+    session.commit()
+    return ds
+
+
+def _post_kind(client, headers, kind: str, config: dict):
+    return client.post("/api/jobs", json={"kind": kind, "config": config}, headers=headers)
+
+
+def _run(job_id: int, kind: str) -> str:
+    """The job run as a worker runs it: claimed, heartbeat kept, failure recorded."""
+    from worker.sampling import run_evaluate, run_rollout
+    from worker.tasks import run_job
+
+    return run_job(job_id, {"evaluate": run_evaluate, "rollout": run_rollout}[kind])
+
+
+def _sample_rewards(job_id: int) -> dict[tuple, dict[str, float]]:
+    """{(prompt, seed, member): rewards} of the samples a job stored."""
+    from app.db import session_scope
+    from app.services import rollouts
+
+    with session_scope() as s:
+        groups, _ = rollouts.list_groups(s, job_id=job_id)
+        return {(g.prompt_text, g.seed, m.member_index): dict(m.rewards, advantage=m.advantage)
+                for g in groups for m in g.samples}
+
+
+def test_sampling_jobs_with_a_reward_server_need_no_local_weights(client, admin, settings,
+                                                                  checkpoint, dataset):
+    assert not (settings.resolved_reward_models_dir / "pickscore").exists()
+    url = "http://reward-server:8100"  # nothing listens there: not asked at submission
+    configs = {"evaluate": {"checkpoint_ids": [checkpoint], "reward_names": ["pickscore", "count"]},
+               "rollout": {"dataset_id": dataset, "reward_names": ["pickscore", "count"]}}
+    for kind, config in configs.items():
+        r = _post_kind(client, admin, kind, {**config, "reward_server_url": url})
+        assert r.status_code == 201, (kind, r.text)
+        assert r.json()["config"]["reward_server_url"] == url
+        r = _post_kind(client, admin, kind, config)  # in process: the weights must be here
+        assert r.status_code == 422 and "'pickscore'" in _errors(r)["reward_names"], kind
+        # names and the URL are still checked, as for a train job
+        r = _post_kind(client, admin, kind, {**config, "reward_names": ["beauty"],
+                                             "reward_server_url": url})
+        assert r.status_code == 422 and "unknown reward 'beauty'" in _errors(r)["reward_names"]
+        r = _post_kind(client, admin, kind, {**config, "reward_server_url": "reward-server:8100"})
+        assert r.status_code == 422 and list(_errors(r)) == ["reward_server_url"], kind
+        assert "http" in _errors(r)["reward_server_url"]
+    # the server holds the weights: a path for one here would do nothing (TrainConfig's rule)
+    r = _post_kind(client, admin, "evaluate", {**configs["evaluate"], "reward_server_url": url,
+                                               "reward_model_paths": {"pickscore": "pick"}})
+    assert r.status_code == 422 and list(_errors(r)) == ["reward_model_paths"]
+    assert "must be empty with reward_server_url" in _errors(r)["reward_model_paths"]
+
+
+def test_sampling_jobs_scored_on_a_reward_server_store_what_in_process_scoring_does(
+        session, checkpoint, dataset):
+    """An evaluate job scored on a real server stores the same per-checkpoint scores (and
+    per-image rewards) as one scored in process; a rollout the same rewards and advantages.
+    A server that lacks a reward the job names fails it at its start, naming both."""
+    from app.db import session_scope
+    from app.services import checkpoints, jobs
+    from trainer.rewards.remote import RewardClient
+    from trainer.rewards.serve import create_app
+
+    evaluate = {"checkpoint_ids": [checkpoint], "max_prompts": 2, "seeds": [0, 1], "steps": 2,
+                "reward_names": SERVED}
+    rollout = {"dataset_id": dataset, "checkpoint_id": checkpoint, "group_size": 2,
+               "steps": 2, "reward_names": SERVED}
+
+    def launch(kind: str, config: dict) -> int:
+        with session_scope() as s:
+            return jobs.create_job(s, kind, config).id
+
+    def scores() -> dict[str, dict]:
+        with session_scope() as s:
+            return dict(checkpoints.get_checkpoint(s, checkpoint).scores)
+
+    local = {kind: launch(kind, config) for kind, config in
+             (("evaluate", evaluate), ("rollout", rollout))}
+    for kind, job_id in local.items():
+        assert _run(job_id, kind) == "succeeded", kind
+    in_process = scores()
+    with ServerThread(create_app(SERVED, device="cpu")) as server:
+        remote = {kind: launch(kind, {**config, "reward_server_url": server.url})
+                  for kind, config in (("evaluate", evaluate), ("rollout", rollout))}
+        lacking = launch("rollout", {**rollout, "reward_names": ["count", "color"],
+                                     "reward_server_url": server.url})
+        before = RewardClient(server.url, timeout=10).health()["requests"]
+        for kind, job_id in remote.items():
+            assert _run(job_id, kind) == "succeeded", kind
+        # scored there: one request per checkpoint (evaluate), per chunk of prompts (rollout)
+        assert RewardClient(server.url, timeout=10).health()["requests"] - before == 2
+        assert _run(lacking, "rollout") == "failed"
+    served = scores()
+    assert set(served) == set(SERVED)
+    for name in SERVED:
+        assert served[name]["job_id"] == remote["evaluate"]  # this evaluation's, not the first's
+        assert in_process[name]["job_id"] == local["evaluate"]
+        for key in ("mean", "std", "n", "prompts", "seeds"):
+            assert served[name][key] == in_process[name][key], (name, key)
+    for kind in ("evaluate", "rollout"):
+        rewards = _sample_rewards(remote[kind])
+        assert rewards and rewards == _sample_rewards(local[kind]), kind
+    with session_scope() as s:
+        job = jobs.get_job(s, lacking)
+        assert job.error == (f"reward server at {server.url} does not serve ['color']; it "
+                             f"serves {SERVED}. Start it with --rewards naming them, or score "
+                             "them in process (empty reward_server_url)")
+        assert job.total_iterations is None  # failed before its first progress report
+
+
+def test_a_sampling_job_fails_at_start_naming_a_server_that_is_down(session, checkpoint,
+                                                                    dataset):
+    from app.db import session_scope
+    from app.services import jobs, rollouts
+
+    url = free_port_url()
+    configs = {"evaluate": {"checkpoint_ids": [checkpoint], "max_prompts": 1, "seeds": [0],
+                            "steps": 2, "reward_server_url": url},
+               "rollout": {"dataset_id": dataset, "group_size": 2, "steps": 2,
+                           "reward_server_url": url}}
+    for kind, config in configs.items():
+        with session_scope() as s:
+            job_id = jobs.create_job(s, kind, config).id
+        assert _run(job_id, kind) == "failed", kind
+        with session_scope() as s:
+            job = jobs.get_job(s, job_id)
+            # the client's message alone (a JobError), no traceback
+            assert job.error.startswith(f"reward server at {url} cannot be reached"), job.error
+            assert "Traceback" not in job.error
+            # before any sampling: no progress reported, nothing stored
+            assert job.total_iterations is None and rollouts.list_groups(s, job_id=job_id)[1] == 0

@@ -12,7 +12,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import uvicorn
+from reward_server_helpers import ServerThread
 
 from trainer.config import PRESETS, ConfigErrors, TrainConfig
 from trainer.loop import Trainer
@@ -43,31 +42,6 @@ SERVED = ["count", "color", "jpeg_compressibility", "test_slow", "pickscore"]
 def _slow_count(images: np.ndarray, prompts: list[str]) -> np.ndarray:
     time.sleep(SLOW_SECONDS)
     return get_reward("count")(images, prompts)
-
-
-class ServerThread:
-    """uvicorn serving `app` on a free port of 127.0.0.1, in a daemon thread."""
-
-    def __init__(self, app) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       daemon=True)
-
-    def __enter__(self) -> ServerThread:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "server did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=20)
-        self.sock.close()
 
 
 @pytest.fixture(scope="module")

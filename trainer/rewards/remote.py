@@ -4,9 +4,10 @@ models whose packages conflict with the trainer's live in their own environment.
 
 `reward_scorer(url)` is the one place that picks where rewards are computed: in process
 (`compute_rewards`) when `url` is empty, else a `RewardClient`, which has the same signature
-`(names, images, prompts) -> {name: (N,) float64}`. The run-time reward "preference" (the
-job's own model fitted to votes, registered in the trainer's process) is always scored here;
-every other name goes to the server.
+`(names, images, prompts) -> {name: (N,) float64}`; `prepare_scorer` makes the same choice at
+a job's start and checks that the rewards can be scored there. The run-time reward
+"preference" (the job's own model fitted to votes, registered in the trainer's process) is
+always scored here; every other name goes to the server.
 
 Images travel as the bytes of a `.npy` file (base64 in the JSON body): lossless and exact,
 so a server scores the very array the trainer decoded, and in process and served scores are
@@ -197,3 +198,25 @@ def reward_scorer(server_url: str = "") -> Scorer:
     """Where rewards are computed: in this process (`compute_rewards`) for an empty URL, else
     on the reward server at `server_url` (a RewardClient, reused across calls)."""
     return reward_client(server_url) if server_url else compute_rewards
+
+
+def prepare_scorer(names: list[str] | dict[str, Any], server_url: str = "",
+                   model_paths: dict[str, str] | None = None,
+                   device: Any = None) -> Scorer:
+    """Ready the rewards `names` for a job, at its start, before any model loads, and return
+    `reward_scorer(server_url)`. With a server: it must be up and serve every name but the
+    run-time ones (RewardServerError names the URL and what is missing). In process: the
+    model-backed rewards among `names` point at `model_paths` (the rest at REWARD_MODELS_DIR)
+    on `device`, and weights that cannot load raise RewardWeightsMissing. Train, rollout and
+    evaluate jobs all start through here, so a job that scores checks its rewards one way."""
+    if server_url:
+        client = reward_client(server_url)
+        client.check(names)
+        return client
+    # imported here: torch and the model adapters, which a process scoring on a server never
+    # needs to load
+    from trainer.rewards.models import check_reward_models, configure_reward_models
+
+    configure_reward_models(model_paths, device)
+    check_reward_models(names)
+    return compute_rewards

@@ -3,10 +3,10 @@
     python -m trainer.rewards.serve --rewards hpsv2,pickscore,imagereward --device cuda \\
         --host 0.0.0.0 --port 8100
 
-A train job whose config names `reward_server_url` sends its images here instead of loading
-reward models itself (trainer/rewards/remote.py is the client), so several training
-processes share one set of models on one GPU, and models whose packages conflict with the trainer's run in their
-own environment.
+A job whose config names `reward_server_url` (train, and the studio's rollout and evaluate
+jobs) sends its images here instead of loading reward models itself (trainer/rewards/remote.py
+is the client), so several processes share one set of models on one GPU, and models whose
+packages conflict with the trainer's run in their own environment.
 
     GET  /health  {"status": "ok", "rewards": [...], "device": ..., "max_batch", "max_wait_ms",
                    and counters: requests, images, batches, cancelled, largest_batch_requests}
@@ -324,7 +324,8 @@ def _parse_paths(text: str) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m trainer.rewards.serve",
-        description="Serve rewards over HTTP to training jobs (their reward_server_url).")
+        description="Serve rewards over HTTP to the jobs that name this server's URL "
+                    "(their reward_server_url: train, rollout, evaluate).")
     parser.add_argument("--rewards", required=True,
                         help="comma-separated reward names to load and serve, e.g. "
                              "hpsv2,pickscore,imagereward")
