@@ -270,7 +270,7 @@ class PreferenceModel:
 
 class _ClipEncoder:
     """Frozen transformers CLIP from a local path (never downloads), with its embeddings kept
-    by image content and prompt: a worker refits on mostly the same voted images, and only
+    by image content and prompt: a long-lived process refits on mostly the same voted images, and only
     the new ones need the network (the encoders themselves are kept too, `clip_encoder`)."""
 
     cache_size = 50_000  # embeddings of each kind kept (about 100 MB at CLIP's 512 dims)
