@@ -160,7 +160,7 @@ class FitPreferenceConfig(_Cfg):
     clip_path: str = Field("", description="Local CLIP weights for features='clip'.")
     holdout_fraction: float = Field(0.2, ge=0.0, lt=1.0, description="Share of the votes kept "
                                     "out of the fit to report held-out pair accuracy and log-loss.")
-    epochs: int = Field(15, ge=1, le=10_000, description="Passes over the training votes.")
+    epochs: int = Field(10, ge=1, le=10_000, description="Passes over the training votes.")
     batch_size: int = Field(64, ge=1, le=65_536, description="Votes per optimizer step.")
     learning_rate: float = Field(2e-3, gt=0.0, le=1.0, description="Peak AdamW learning rate "
                                  "(one-cycle schedule).")

@@ -56,7 +56,7 @@ class FitConfig:
     clip_path: str = ""  # local CLIP weights (transformers format) for features="clip"
     width: int = 32  # channels of the shapes network
     holdout_fraction: float = 0.2
-    epochs: int = 15
+    epochs: int = 10
     batch_size: int = 64
     learning_rate: float = 2e-3
     weight_decay: float = 1e-3
