@@ -48,6 +48,8 @@ def test_bad_train_config_is_422_naming_field(client, admin, enqueuer, session, 
 
 
 def test_other_kinds_validate(client, admin):
+    from trainer.rewards.preference import FitConfig
+
     r = client.post("/api/jobs", json={"kind": "rollout", "config": {}}, headers=admin)
     assert r.status_code == 422 and r.json()["field"] == "dataset_id"
     r = client.post("/api/jobs", json={"kind": "rollout", "config": {"dataset_id": 5}},
@@ -65,7 +67,7 @@ def test_other_kinds_validate(client, admin):
     assert r.status_code == 422 and r.json()["field"] == "clip_path", r.json()
     assert "CLIP weights" in r.json()["detail"]
     r = client.post("/api/jobs", json={"kind": "fit_preference"}, headers=admin)
-    assert r.status_code == 201 and r.json()["config"]["epochs"] == 60  # FitConfig default
+    assert r.status_code == 201 and r.json()["config"]["epochs"] == FitConfig().epochs  # default
     r = client.post("/api/jobs", json={"kind": "bake"}, headers=admin)
     assert r.status_code == 422
 
