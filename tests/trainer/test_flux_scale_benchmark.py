@@ -3,27 +3,17 @@ file the FLUX-scale comparison is read from (the same code path as the GPU run).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
-
-BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "flux_scale.py"
+from benchmark_scripts import load_benchmark
 
 # the whole benchmark once (model build, four cases, a FLOP count): seconds on a CPU, but
 # `make check` keeps to the unit tests
 pytestmark = pytest.mark.slow
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("flux_scale", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["flux_scale"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _positive(value) -> bool:
@@ -31,7 +21,7 @@ def _positive(value) -> bool:
 
 
 def test_every_case_runs_at_toy_size_and_writes_the_figures(tmp_path, capsys):
-    bench = _load()
+    bench = load_benchmark("flux_scale")
     out = tmp_path / "flux_scale.json"
     assert bench.main(["--tiny", "--device", "cpu", "--group-size", "4", "--lora-rank", "4",
                        "--steps-scale", "0.5", "--out", str(out)]) == 0
@@ -69,7 +59,7 @@ def test_every_case_runs_at_toy_size_and_writes_the_figures(tmp_path, capsys):
 
 
 def test_a_failing_case_is_recorded_and_the_next_one_still_runs(tmp_path, monkeypatch):
-    bench = _load()
+    bench = load_benchmark("flux_scale")
     real_run_case = bench.run_case
 
     def run_case(name, *args, **kwargs):

@@ -3,24 +3,13 @@ measured (the same code path the H200 numbers in docs/benchmarks.md came from)."
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
-BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "real_models.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("real_models", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["real_models"] = module
-    spec.loader.exec_module(module)
-    return module
+from benchmark_scripts import load_benchmark
 
 
 def test_every_case_runs_at_toy_size_and_counts_its_work(tmp_path, capsys):
-    bench = _load()
+    bench = load_benchmark("real_models")
     out = tmp_path / "rows.json"
     assert bench.main(["--tiny", "--device", "cpu", "--resolution", "32", "--group-size", "4",
                        "--lora-rank", "4", "--iterations", "1", "--out", str(out)]) == 0

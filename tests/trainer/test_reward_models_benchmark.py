@@ -4,28 +4,16 @@ docs/benchmarks.md), here at toy size on the CPU for the transformers-CLIP rewar
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
+from benchmark_scripts import load_benchmark
 
 from trainer.rewards import models as reward_models
 
-BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "reward_models.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("reward_models_bench", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["reward_models_bench"] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_transformers_rewards_are_written_loaded_and_timed(tmp_path, monkeypatch):
-    bench = _load()
+    bench = load_benchmark("reward_models")
     monkeypatch.setenv(reward_models.ENV_DIR, str(tmp_path / "unused"))  # main() sets its own
     out = tmp_path / "rows.json"
     try:
@@ -47,7 +35,7 @@ def test_transformers_rewards_are_written_loaded_and_timed(tmp_path, monkeypatch
 
 
 def test_an_unknown_reward_is_a_cli_error(capsys):
-    bench = _load()
+    bench = load_benchmark("reward_models")
     try:
         bench.main(["--tiny", "--rewards", "beauty"])
     except SystemExit as exit_:
