@@ -315,7 +315,7 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
     # ------------------------------------------------------------------------------------
     def problems(self) -> list[ConfigError]:
         """Every bad field, each naming the field and what is allowed (empty when valid)."""
-        from trainer.rewards import reward_names
+        from trainer.rewards import reward_names, shapes_only_problem
 
         out: list[ConfigError] = []
         for f in dataclasses.fields(self):
@@ -355,6 +355,9 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
                                    "equal share of each iteration's prompts"))
         if "reward_weights" not in bad:
             out += _reward_weight_problems(self.reward_weights, reward_names())
+            if "model" not in bad and (problem := shapes_only_problem(
+                    [n for n in self.reward_weights if isinstance(n, str)], self.model)):
+                out.append(ConfigError("reward_weights", problem))
         if "reward_model_paths" not in bad:
             out += _reward_model_path_problems(self.reward_model_paths)
         if "reward_server_url" not in bad and self.reward_server_url:

@@ -334,6 +334,13 @@ def _check_model(session: Session, kind: str, config: dict[str, Any], problems: 
                                            f"checkpoint's or 512), got {resolution}"))
     if config.get("reward_names") == [] and "reward_names" not in malformed:
         config["reward_names"] = default_reward_names(kind, model)
+    names = config.get("reward_names")
+    if isinstance(names, list) and "reward_names" not in malformed:
+        from trainer.rewards import shapes_only_problem
+
+        problem = shapes_only_problem([n for n in names if isinstance(n, str)], model)
+        if problem is not None:
+            problems.append(("reward_names", problem))
 
 
 def preference_problem(session: Session, spec: str) -> str | None:

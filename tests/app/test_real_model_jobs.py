@@ -126,6 +126,14 @@ def test_rollout_of_a_base_model_names_its_directory_and_scores_image_rewards(
     config = r.json()["config"]
     assert config["model"] == "flux" and config["reward_names"] == ["jpeg_compressibility"]
     assert (config["resolution"], config["guidance_scale"], config["batch_size"]) == (32, 2.0, 4)
+    # the shapes rewards read only the shapes world's canvases: refused for flux, naming them
+    r = _post(client, admin, "rollout", {"dataset_id": ds, "model": "flux",
+                                         "model_path": "tiny-flux", "resolution": 32,
+                                         "reward_names": ["jpeg_compressibility", "count"]})
+    assert set(_errors(r)) == {"reward_names"}, r.text
+    assert "['count'] score only the shapes model's" in r.text
+    r = _post(client, admin, "train", {**FLUX, "reward_weights": {"color": 1.0}})
+    assert set(_errors(r)) == {"reward_weights"}, r.text
     # the shapes world is unchanged: its base model and its rewards
     r = _post(client, admin, "rollout", {"dataset_id": ds})
     assert r.status_code == 201, r.text

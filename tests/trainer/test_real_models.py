@@ -296,6 +296,9 @@ def test_lora_resume_continues_with_the_same_weights_and_optimizer(method, sd3, 
     ({"resolution": 24}, "resolution"),
     ({"model": "shapes", "model_path": "", "resolution": 0}, "finetune"),
     ({"eval_every": 5}, "eval_every"),  # the periodic evaluation is the shapes world's
+    # the shapes rewards count exact-colour shapes on 32x32 canvases: meaningless on FLUX's
+    ({"reward_weights": {"jpeg_compressibility": 1.0, "count": 1.0}}, "reward_weights"),
+    ({"reward_weights": {"attr_upper": 1.0}}, "reward_weights"),
 ])
 def test_config_errors_name_the_field(overrides, field, flux_dev):
     valid = {**PRESETS["tiny"], "model": "flux", "model_path": str(flux_dev), "finetune": "lora",

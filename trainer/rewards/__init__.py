@@ -1,9 +1,16 @@
 """Rewards by name. Importing this package registers the built-in shapes rewards."""
 
 from trainer.rewards import shapes as _shapes  # noqa: F401  (registers count, color, shape, ...)
-from trainer.rewards.registry import compute_rewards, get_reward, register_reward, reward_names
+from trainer.rewards.registry import (
+    compute_rewards,
+    get_reward,
+    register_reward,
+    reward_names,
+    shapes_only_problem,
+)
 
-__all__ = ["compute_rewards", "get_reward", "register_reward", "reward_names"]
+__all__ = ["compute_rewards", "get_reward", "register_reward", "reward_names",
+           "shapes_only_problem"]
 
 from trainer.rewards import attributes as _attributes  # noqa: E402,F401  (registers attr_size, attr_upper)
 from trainer.rewards import compressibility as _compressibility  # noqa: E402,F401  (registers jpeg_(in)compressibility)

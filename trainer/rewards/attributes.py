@@ -144,7 +144,8 @@ def attribute_values(name: str, images: np.ndarray, prompts: list[str]) -> np.nd
 
 
 for _name in ATTRIBUTES:  # measurable by name, e.g. in evaluation: attr_size, attr_upper
-    register_reward(f"attr_{_name}", lambda images, prompts, _n=_name: attribute_values(_n, images, prompts))
+    register_reward(f"attr_{_name}", lambda images, prompts, _n=_name: attribute_values(_n, images, prompts),
+                    shapes_only=True)
 
 
 @dataclass

@@ -12,14 +12,33 @@ import numpy as np
 RewardFn = Callable[[np.ndarray, list[str]], np.ndarray]
 
 _REWARDS: dict[str, RewardFn] = {}
+# rewards that read the shapes world's 32x32 canvases (counting components of exact colours):
+# on another model's images they return numbers that mean nothing
+_SHAPES_ONLY: set[str] = set()
 
 
-def register_reward(name: str, fn: RewardFn | None = None):
-    """Register `fn` under `name` (usable as a decorator). Re-registering replaces."""
+def register_reward(name: str, fn: RewardFn | None = None, *, shapes_only: bool = False):
+    """Register `fn` under `name` (usable as a decorator). Re-registering replaces.
+    `shapes_only`: it scores only the shapes model's images (see shapes_only_problem)."""
     def deco(f: RewardFn) -> RewardFn:
         _REWARDS[name] = f
+        if shapes_only:
+            _SHAPES_ONLY.add(name)
+        else:
+            _SHAPES_ONLY.discard(name)
         return f
     return deco(fn) if fn is not None else deco
+
+
+def shapes_only_problem(names: list[str], model: str) -> str | None:
+    """Why `names` cannot score `model`'s images (some read only the shapes world's), or None."""
+    bad = [name for name in names if name in _SHAPES_ONLY]
+    if model == "shapes" or not bad:
+        return None
+    image_rewards = sorted(n for n in _REWARDS if n not in _SHAPES_ONLY)
+    return (f"{bad} score only the shapes model's 32x32 images (they count exact-colour "
+            f"shapes); for model {model!r} use image rewards: {image_rewards} or "
+            "'preference'")
 
 
 def get_reward(name: str) -> RewardFn:

@@ -86,7 +86,7 @@ def object_stats(image: np.ndarray, color: str) -> list[dict]:
     return stats
 
 
-@register_reward("count")
+@register_reward("count", shapes_only=True)
 def count_reward(images: np.ndarray, prompts: list[str]) -> np.ndarray:
     out = []
     for image, text in zip(images, prompts, strict=True):
@@ -95,13 +95,13 @@ def count_reward(images: np.ndarray, prompts: list[str]) -> np.ndarray:
     return np.asarray(out)
 
 
-@register_reward("exact_count")
+@register_reward("exact_count", shapes_only=True)
 def exact_count_reward(images: np.ndarray, prompts: list[str]) -> np.ndarray:
     """1 when the count is exactly right, else 0 (the accuracy metric)."""
     return (count_reward(images, prompts) == 1.0).astype(np.float64)
 
 
-@register_reward("color")
+@register_reward("color", shapes_only=True)
 def color_reward(images: np.ndarray, prompts: list[str]) -> np.ndarray:
     out = []
     for image, text in zip(images, prompts, strict=True):
@@ -112,7 +112,7 @@ def color_reward(images: np.ndarray, prompts: list[str]) -> np.ndarray:
     return np.asarray(out)
 
 
-@register_reward("shape")
+@register_reward("shape", shapes_only=True)
 def shape_reward(images: np.ndarray, prompts: list[str]) -> np.ndarray:
     out = []
     for image, text in zip(images, prompts, strict=True):
@@ -122,7 +122,7 @@ def shape_reward(images: np.ndarray, prompts: list[str]) -> np.ndarray:
     return np.asarray(out)
 
 
-@register_reward("combined")
+@register_reward("combined", shapes_only=True)
 def combined_reward(images: np.ndarray, prompts: list[str]) -> np.ndarray:
     return (0.6 * count_reward(images, prompts) + 0.2 * color_reward(images, prompts)
             + 0.2 * shape_reward(images, prompts))
