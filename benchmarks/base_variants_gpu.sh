@@ -1,26 +1,39 @@
 #!/usr/bin/env bash
-# Train several shapes base-model variants side by side on one GPU and evaluate each saved
-# checkpoint on the 48 prompts x 20 seeds (DPM++ 8 steps, as `trainer evaluate` does, and
-# Euler 16 steps). Usage (GPU machine, repo root): bash benchmarks/base_variants_gpu.sh OUT STEPS
+# Train shapes base-model variants side by side on the GPUs of one machine (round-robin) and
+# evaluate every saved checkpoint on the 48 prompts x 20 seeds (DPM++ 8 steps, as
+# `trainer evaluate` does, and Euler 16 steps). Each training renders its 300,000 images once
+# and draws batches from them on the GPU (--pool-size). Usage (GPU machine, repo root):
+#   TRAIN_SECONDS=330 bash benchmarks/base_variants_gpu.sh OUT STEPS
 set -uo pipefail
-out=${1:?}; steps=${2:-8000}
+out=${1:?}; steps=${2:-4000}
 mkdir -p "$out"
-# each training stops after TRAIN_SECONDS (default 400) so that the evaluation still runs on
-# what was saved within one device call
-train() { name=$1; shift; timeout "${TRAIN_SECONDS:-400}" python3 -m trainer train-base --out "$out/$name" --steps "$steps" \
-  --save-every 2000 --device cuda --bf16 --render-processes 3 "$@" > "$out/$name.log" 2>&1; }
-train u192 --width 192 --patch-size 4 --time-sampling uniform &
-train l192 --width 192 --patch-size 4 --time-sampling logit_normal &
-train u128 --width 128 --patch-size 4 --time-sampling uniform &
-train l128 --width 128 --patch-size 4 --time-sampling logit_normal &
+gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+# name, then train-base flags: width, timestep sampling, position embedding, patch size
+variants=(
+  "u128L --width 128 --time-sampling uniform --position-embedding learned"
+  "u128S --width 128 --time-sampling uniform --position-embedding sincos"
+  "l128S --width 128 --time-sampling logit_normal --position-embedding sincos"
+  "l192L --width 192 --time-sampling logit_normal --position-embedding learned"
+  "l192S --width 192 --time-sampling logit_normal --position-embedding sincos"
+  "u128S2 --width 128 --time-sampling uniform --position-embedding sincos --patch-size 2"
+)
+i=0
+for spec in "${variants[@]}"; do
+  set -- $spec; name=$1; shift
+  # each training stops after TRAIN_SECONDS (default 400) so the evaluation fits the same call
+  CUDA_VISIBLE_DEVICES=$((i % gpus)) timeout "${TRAIN_SECONDS:-400}" python3 -m trainer train-base \
+    --out "$out/$name" --steps "$steps" --save-every 1000 --device cuda --bf16 \
+    --pool-size 300000 "$@" > "$out/$name.log" 2>&1 &
+  i=$((i + 1))
+done
 wait
-for d in "$out"/*/; do for f in "$d"base*.safetensors; do
-  [ -e "$f" ] || continue
-  n=$(basename "$f" .safetensors)
-  python3 -m trainer evaluate --checkpoint "$f" --device cuda --out "$d/eval-$n.json" >/dev/null &
-  python3 -m trainer evaluate --checkpoint "$f" --device cuda --solver euler --steps 16 \
-    --out "$d/euler16-$n.json" >/dev/null &
-done; wait; done
+jobs=()
+for f in "$out"/*/base*.safetensors; do
+  d=$(dirname "$f"); n=$(basename "$f" .safetensors)
+  jobs+=("--checkpoint $f --out $d/eval-$n.json" "--checkpoint $f --solver euler --steps 16 --out $d/euler16-$n.json")
+done
+printf '%s\n' "${jobs[@]}" | nl -v0 -w1 -s' ' | xargs -P 12 -L 1 sh -c \
+  'CUDA_VISIBLE_DEVICES=$(($0 % '"$gpus"')) python3 -m trainer evaluate --device cuda "$@" >/dev/null 2>&1'
 python3 - "$out" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1]); rows = {}
@@ -29,5 +42,8 @@ for p in sorted(out.glob("*/eval-*.json")) + sorted(out.glob("*/euler16-*.json")
     print(key, "acc", round(r["exact_count_accuracy"], 3), "count", round(r["count_reward"], 3),
           "color", round(r["color_reward"], 3), "shape", round(r["shape_reward"], 3),
           {k: round(v, 2) for k, v in r["exact_count_accuracy_by_count"].items()})
+for log in sorted(out.glob("*/train_base_log.jsonl")):
+    last = json.loads(log.read_text().splitlines()[-1])
+    print(log.parent.name, "last logged", last)
 (out / "summary.json").write_text(json.dumps(rows, indent=1))
 PY

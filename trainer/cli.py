@@ -180,8 +180,9 @@ def cmd_train_base(args: argparse.Namespace) -> int:
                                 learning_rate=args.lr, seed=args.seed,
                                 save_every=args.save_every, ema_decay=args.ema_decay,
                                 time_sampling=args.time_sampling, bf16=args.bf16,
-                                render_processes=args.render_processes)
-    model_config = ShapesDiTConfig(width=args.width, depth=args.depth, patch_size=args.patch_size)
+                                pool_size=args.pool_size)
+    model_config = ShapesDiTConfig(width=args.width, depth=args.depth, patch_size=args.patch_size,
+                                   position_embedding=args.position_embedding)
     path = train_base(args.out, config, model_config, device=str(resolve_device(args.device)))
     print(f"base checkpoint: {path}")
     return 0
@@ -263,8 +264,11 @@ def build_parser() -> argparse.ArgumentParser:
     base.add_argument("--time-sampling", choices=["uniform", "logit_normal"], default="uniform")
     base.add_argument("--save-every", type=int, default=0, help="keep intermediate checkpoints")
     base.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU)")
-    base.add_argument("--render-processes", type=int, default=0,
-                      help="background processes rendering training batches (GPU runs)")
+    base.add_argument("--position-embedding", choices=["learned", "sincos"], default="learned",
+                      help="patch positions: a learned table or fixed 2D sine-cosine")
+    base.add_argument("--pool-size", type=int, default=0,
+                      help="render this many images once and draw batches from them on the "
+                           "device (GPU runs; 0: render every batch)")
     base.add_argument("--device", default="auto")
     base.set_defaults(func=cmd_train_base)
 

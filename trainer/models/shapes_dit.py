@@ -31,6 +31,10 @@ class ShapesDiTConfig:
     depth: int = 6
     heads: int = 4
     mlp_ratio: float = 4.0
+    # "learned": a trained table per patch (the first shipped base); "sincos": fixed 2D
+    # sine-cosine positions as in DiT, so neighbouring patches start out close and an object
+    # that straddles patches is drawn as one piece from the first steps on.
+    position_embedding: str = "learned"
 
 
 def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -39,6 +43,18 @@ def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
     freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device) / half)
     args = 1000.0 * t.float()[:, None] * freqs[None]
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
+def sincos_positions(grid: int, dim: int) -> torch.Tensor:
+    """(grid * grid, dim) fixed 2D sine-cosine position embedding, row-major: half of the
+    channels encode the patch's row, half its column (DiT / MAE)."""
+    quarter = dim // 4
+    freqs = 1.0 / 10000 ** (torch.arange(quarter, dtype=torch.float64) / quarter)
+    coords = torch.arange(grid, dtype=torch.float64)[:, None] * freqs[None]  # (grid, dim/4)
+    axis = torch.cat([torch.sin(coords), torch.cos(coords)], dim=1)  # (grid, dim/2)
+    rows = axis[:, None, :].expand(grid, grid, dim // 2)
+    cols = axis[None, :, :].expand(grid, grid, dim // 2)
+    return torch.cat([rows, cols], dim=-1).reshape(grid * grid, dim).float()
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -76,7 +92,14 @@ class ShapesDiT(FlowModel):
         p, w = config.patch_size, config.width
         self.grid = config.image_size // p
         self.patch_in = nn.Linear(config.channels * p * p, w)
-        self.patch_pos = nn.Parameter(torch.randn(1, self.grid**2, w) * 0.02)
+        if config.position_embedding == "learned":
+            self.patch_pos = nn.Parameter(torch.randn(1, self.grid**2, w) * 0.02)
+        elif config.position_embedding == "sincos":
+            # a buffer kept out of the checkpoint: it is a function of the config
+            self.register_buffer("patch_pos", sincos_positions(self.grid, w)[None], persistent=False)
+        else:
+            raise ValueError(f"position_embedding must be 'learned' or 'sincos', "
+                             f"got {config.position_embedding!r}")
         self.token_embed = nn.Embedding(len(VOCAB), w)
         self.token_pos = nn.Parameter(torch.randn(1, PROMPT_LENGTH, w) * 0.02)
         self.time_mlp = nn.Sequential(nn.Linear(w, w), nn.SiLU(), nn.Linear(w, w))
