@@ -8,14 +8,19 @@ set -uo pipefail
 out=${1:?}; steps=${2:-4000}
 mkdir -p "$out"
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
-# name, then train-base flags: width, timestep sampling, position embedding, patch size
+# name, then train-base flags (a variant's own --steps wins over STEPS). The first round
+# (widths 128/192, uniform/logit-normal timesteps, learned/sincos positions, patch 4/2) all
+# drew patch-sized specks: attention stayed uniform. This round adds locality to the blocks
+# (--mlp-conv) and DiT's initialisation (--xavier-init), alone and together.
 variants=(
-  "u128L --width 128 --time-sampling uniform --position-embedding learned"
-  "u128S --width 128 --time-sampling uniform --position-embedding sincos"
-  "l128S --width 128 --time-sampling logit_normal --position-embedding sincos"
-  "l192L --width 192 --time-sampling logit_normal --position-embedding learned"
-  "l192S --width 192 --time-sampling logit_normal --position-embedding sincos"
-  "u128S2 --width 128 --time-sampling uniform --position-embedding sincos --patch-size 2"
+  "X --xavier-init"
+  "XS --xavier-init --position-embedding sincos"
+  "C --mlp-conv"
+  "CS --mlp-conv --position-embedding sincos"
+  "CXS --mlp-conv --xavier-init --position-embedding sincos"
+  "CXSl --mlp-conv --xavier-init --position-embedding sincos --time-sampling logit_normal"
+  "CXS192 --mlp-conv --xavier-init --position-embedding sincos --width 192"
+  "CXS8k --mlp-conv --xavier-init --position-embedding sincos --steps 8000"
 )
 i=0
 for spec in "${variants[@]}"; do

@@ -182,7 +182,8 @@ def cmd_train_base(args: argparse.Namespace) -> int:
                                 time_sampling=args.time_sampling, bf16=args.bf16,
                                 pool_size=args.pool_size)
     model_config = ShapesDiTConfig(width=args.width, depth=args.depth, patch_size=args.patch_size,
-                                   position_embedding=args.position_embedding)
+                                   position_embedding=args.position_embedding,
+                                   mlp_conv=args.mlp_conv, xavier_init=args.xavier_init)
     path = train_base(args.out, config, model_config, device=str(resolve_device(args.device)))
     print(f"base checkpoint: {path}")
     return 0
@@ -266,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     base.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU)")
     base.add_argument("--position-embedding", choices=["learned", "sincos"], default="learned",
                       help="patch positions: a learned table or fixed 2D sine-cosine")
+    base.add_argument("--mlp-conv", action="store_true",
+                      help="a depthwise 3x3 convolution over the patch grid in every MLP")
+    base.add_argument("--xavier-init", action="store_true",
+                      help="DiT's xavier-uniform initialisation of the linear layers")
     base.add_argument("--pool-size", type=int, default=0,
                       help="render this many images once and draw batches from them on the "
                            "device (GPU runs; 0: render every batch)")
