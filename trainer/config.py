@@ -202,8 +202,9 @@ class AlgorithmArguments:
     # --- shared optimisation -------------------------------------------------------------
     clip_range: float = _field(0.2, "PPO clip range epsilon on the ratio.", min=1e-8, max=10.0,
                                group="algorithm")
-    learning_rate: float = _field(3e-6, "AdamW learning rate. Above ~3e-5 the shapes model "
-                                  "drifts and collapses.", min=1e-9, max=1e-2, group="algorithm")
+    learning_rate: float = _field(1e-6, "AdamW learning rate. On the shipped shapes base, 3e-6 "
+                                  "already drifts it down (docs/benchmarks.md); 1e-6 raises "
+                                  "its accuracy.", min=1e-9, max=1e-2, group="algorithm")
     weight_decay: float = _field(0.0, "AdamW weight decay.", min=0.0, max=1.0, group="algorithm")
     max_grad_norm: float = _field(1.0, "Gradient norm clip before each optimizer step "
                                   "(0 disables).", min=0.0, max=1e6, group="algorithm")
