@@ -78,8 +78,10 @@ def test_evaluate_reports_accuracy_on_48x20(tmp_path):
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     assert result["samples"] == 48 * 20
-    assert 0.0 <= result["exact_count_accuracy"] < 0.2  # the base model miscounts often
-    assert result["color_reward"] > 0.8  # but draws the right colour
+    # the shipped base draws the prompt's shapes and colour and often the right count, with
+    # room above for RL: issue 18's range (0.547 measured on an H200)
+    assert 0.3 <= result["exact_count_accuracy"] <= 0.7, result
+    assert result["color_reward"] > 0.85 and result["count_reward"] > 0.6, result
     assert set(result["exact_count_accuracy_by_count"]) == {"one", "two", "three", "four"}
 
 

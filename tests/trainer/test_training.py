@@ -130,16 +130,25 @@ def test_config_errors_name_the_field():
 
 @pytest.mark.slow
 def test_short_cpu_run_raises_reward_while_shuffled_control_does_not():
+    """15 CPU iterations on a reward with headroom on the shipped base (how high the objects
+    sit, attr_upper: base mean 0.40 on these prompts and noises) raise it by about 0.09 (seeds
+    0 and 1), while the same steps with advantages shuffled within each group do not. The count
+    reward is not used here: the shipped base already scores 0.77 on it, and a 15-iteration run
+    cannot move it measurably (on an H200, 500 iterations at lr 1e-6 gave +0.01 to +0.04)."""
     eval_prompts = all_prompts()[::4]  # 12 prompts, every count
     gains = {}
     for shuffle in (False, True):
         trainer = Trainer(TrainConfig.from_dict({
             "iterations": 15, "prompts_per_iteration": 4, "group_size": 8, "num_anchors": 4,
             "num_train_timesteps": 4, "rollout_steps": 8, "learning_rate": 1e-5,
+            "reward_weights": {"attr_upper": 1.0},
             "shuffle_advantages": shuffle, "seed": 0, "device": "cpu"}))
-        before = evaluate(trainer.model, prompts=eval_prompts, seeds=tuple(range(4)))["count_reward"]
+        rewards = ["attr_upper"]
+        before = evaluate(trainer.model, prompts=eval_prompts, seeds=tuple(range(4)),
+                          rewards=rewards)["attr_upper_reward"]
         trainer.run()
-        after = evaluate(trainer.model, prompts=eval_prompts, seeds=tuple(range(4)))["count_reward"]
+        after = evaluate(trainer.model, prompts=eval_prompts, seeds=tuple(range(4)),
+                         rewards=rewards)["attr_upper_reward"]
         gains[shuffle] = after - before
-    assert gains[False] > 0.1, gains
+    assert gains[False] > 0.05, gains
     assert gains[True] < gains[False] / 2, gains
