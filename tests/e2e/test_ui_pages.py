@@ -110,12 +110,13 @@ def _seed_leaderboard() -> None:
     """Three checkpoints with evaluation groups and cross-checkpoint votes by a third user."""
     import random
 
-    from ui_helpers import shape_png
+    from ui_helpers import base_samples
 
     from app.services.auth import create_user
     from app.services.rollouts import record_rollout_group
 
     rng = random.Random(3)
+    pngs, _ = base_samples(["two red circles"] * 18, list(range(18)))
     with session_scope() as s:
         ids = [checkpoints.record_checkpoint(s, None, it, f"lb/c{it}.safetensors",
                                              name=f"demo-it{it}") for it in (0, 20, 60)]
@@ -125,7 +126,7 @@ def _seed_leaderboard() -> None:
                 groups[(c, seed)] = record_rollout_group(
                     s, job_id=None, iteration=0, prompt_text="two red circles",
                     checkpoint_id=c, solver="dpm++", steps=8, sigma=0.3, seed=seed,
-                    samples=[{"png": shape_png(rng), "member_index": 0,
+                    samples=[{"png": pngs.pop(), "member_index": 0,
                               "rewards": {"count": rng.random()}}], purpose="evaluate")
         judge, _ = create_user(s, f"judge-{uuid.uuid4().hex[:6]}", "annotator")
     strength = {ids[0]: 0.2, ids[1]: 0.5, ids[2]: 0.8}

@@ -5,9 +5,9 @@ helpers for Debian's chromium."""
 
 from __future__ import annotations
 
+import functools
 import io
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -38,43 +38,52 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def shape_png(rng: random.Random, size: int = 32) -> bytes:
-    """A 32x32 shapes-world-like image: a few coloured discs and squares on white."""
-    from PIL import Image, ImageDraw
+@functools.lru_cache(maxsize=1)
+def _shipped_base():
+    from trainer.models.shapes_dit import ShapesDiT
 
-    img = Image.new("RGB", (size, size), "white")
-    draw = ImageDraw.Draw(img)
-    for _ in range(rng.randint(1, 4)):
-        color = rng.choice([(220, 38, 38), (37, 99, 235), (22, 163, 74), (234, 179, 8)])
-        x, y, r = rng.randint(4, size - 5), rng.randint(4, size - 5), rng.randint(2, 5)
-        if rng.random() < 0.5:
-            draw.ellipse((x - r, y - r, x + r, y + r), fill=color)
-        else:
-            draw.rectangle((x - r, y - r, x + r, y + r), fill=color)
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
+    return ShapesDiT.load(Path(__file__).resolve().parents[2] / "trainer/shapes/assets/base.safetensors")
+
+
+def base_samples(prompts: list[str], seeds: list[int]) -> tuple[list[bytes], list[float]]:
+    """What the shipped base draws for each (prompt, seed), as PNG bytes, with each image's
+    count reward: the pages (and the README's screenshots) show real model samples."""
+    from PIL import Image
+
+    from trainer.evaluation import sample_images
+    from trainer.rewards import compute_rewards
+
+    images = sample_images(_shipped_base(), prompts, seeds)
+    pngs = []
+    for image in images:
+        buf = io.BytesIO()
+        Image.fromarray(image).save(buf, format="PNG")
+        pngs.append(buf.getvalue())
+    return pngs, [float(r) for r in compute_rewards(["count"], images, prompts)["count"]]
 
 
 def seed_groups(n: int, g: int = 4, *, seed: int = 0, job_id: int | None = None,
                 iteration: int = 0) -> list[int]:
-    """n rollout groups of g members with rewards and advantages (in the test process)."""
+    """n rollout groups of g members sampled from the shipped base, with their count rewards
+    and group advantages (in the test process)."""
     from app.db import session_scope
     from app.services.rollouts import record_rollout_group
 
-    rng = random.Random(seed)
-    prompts = ["two red circles", "one blue square", "three green circles",
-               "a yellow square above a red circle"]
+    prompts = ["two red circles", "one blue square", "three green circles", "four yellow triangles"]
+    group_prompts = [prompts[k % len(prompts)] for k in range(n)]
+    pngs, rewards = base_samples([p for p in group_prompts for _ in range(g)],
+                                 [seed * 100_000 + k * g + i for k in range(n) for i in range(g)])
     ids = []
     with session_scope() as s:
         for k in range(n):
-            rewards = [rng.random() for _ in range(g)]
-            mean = sum(rewards) / g
-            samples = [{"png": shape_png(rng), "member_index": i,
-                        "rewards": {"count": rewards[i]}, "advantage": rewards[i] - mean,
-                        "is_anchor": i < 2} for i in range(g)]
+            group_rewards = rewards[k * g:(k + 1) * g]
+            mean = sum(group_rewards) / g
+            samples = [{"png": pngs[k * g + i], "member_index": i,
+                        "rewards": {"count": group_rewards[i]},
+                        "advantage": group_rewards[i] - mean, "is_anchor": i < 2}
+                       for i in range(g)]
             ids.append(record_rollout_group(
-                s, job_id=job_id, iteration=iteration, prompt_text=prompts[k % len(prompts)],
+                s, job_id=job_id, iteration=iteration, prompt_text=group_prompts[k],
                 solver="dpm++", steps=8, sigma=0.3, seed=seed * 100_000 + k, samples=samples,
                 purpose="rollout"))
     return ids

@@ -184,7 +184,7 @@ def test_votes_fit_active_selection_and_blended_training(stack, preference):
     # 6. train with the blended reward (newest preference model by default)
     config = {"reward_weights": {"count": 1.0, "preference": 1.0}, "iterations": ITERATIONS,
               "prompts_per_iteration": 3, "group_size": 8, "num_anchors": 4,
-              "num_train_timesteps": 4, "rollout_steps": 8, "learning_rate": 1e-5,
+              "num_train_timesteps": 4, "rollout_steps": 8, "learning_rate": 1e-6,
               "kl_coefficient": 0.1, "prompts": prompts, "checkpoint_every": ITERATIONS,
               "sample_every": ITERATIONS, "device": "cpu", "preference_model": "latest",
               "preference_refit_every": 4}
