@@ -294,7 +294,8 @@ def main() -> None:
     ap.add_argument("--selections", nargs="+", default=["random", "active"])
     ap.add_argument("--pool-seeds", type=int, default=8, help="groups per prompt in the pool")
     ap.add_argument("--iterations", type=int, default=300, help="0 skips training")
-    ap.add_argument("--learning-rate", type=float, default=3e-6)
+    ap.add_argument("--learning-rate", type=float, default=TrainConfig().learning_rate,
+                    help="TrainConfig.learning_rate (default: its default)")
     ap.add_argument("--preference-weight", type=float, default=1.0,
                     help="weight of the preference reward next to count (1.0)")
     ap.add_argument("--uncertainty-penalties", nargs="+", type=float, default=[1.0],

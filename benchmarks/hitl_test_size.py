@@ -60,7 +60,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=12, help="every 4th shapes prompt")
     ap.add_argument("--votes", type=int, default=240)
     ap.add_argument("--iterations", type=int, default=100)
-    ap.add_argument("--learning-rate", type=float, default=1e-5)
+    ap.add_argument("--learning-rate", type=float, default=TrainConfig().learning_rate,
+                    help="the e2e test trains at the default (1e-6)")
     ap.add_argument("--preference-weights", nargs="+", type=float, default=[1.0],
                     help="count's is 1; 0 is the control (count alone, with the same votes)")
     ap.add_argument("--eval-seeds", type=int, default=32, help="eval noises per prompt")
