@@ -1,7 +1,7 @@
 """Training the shapes base model with plain flow matching on rendered images.
 
-Deliberately short: the base model should draw the right colour and shape but miscount
-often, so that RL on the count reward has headroom.
+The shipped base (`trainer/shapes/assets/`) came from here: it draws the prompt's shapes and
+colour and gets the count right about half the time, leaving RL on the count reward room.
 """
 
 from __future__ import annotations
