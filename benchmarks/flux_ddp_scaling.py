@@ -1,0 +1,171 @@
+"""Data-parallel Neighbor GRPO at FLUX.1-dev scale (issue 20): prompts per second on N GPUs of
+one host against one GPU, each process training the same share of prompts.
+
+    python benchmarks/flux_ddp_scaling.py --out one.json                        # one GPU, no DDP
+    torchrun --standalone --nproc_per_node 2 benchmarks/flux_ddp_scaling.py \\
+        --baseline one.json --out two.json                                       # two GPUs
+    torchrun --standalone --nproc_per_node 2 benchmarks/flux_ddp_scaling.py --tiny --device cpu \\
+        --out tiny.json                                                          # CI: gloo, toy size
+
+The setting is flux_scale.py's headline case (`neighbor-8`: FLUX.1-dev's transformer with
+random bf16 weights, 512x512, G = 12, DPM++ 8 steps, B = K = 4, LoRA rank 64, the
+jpeg_compressibility reward), with `--prompts-per-rank` prompts per process and iteration (the
+paper's cheapest setting is one prompt per GPU). Under torchrun every process builds the model,
+wraps it in DDP (`trainer.distributed`: the LoRA gradients are averaged before each optimizer
+step) and takes its slice of the iteration's prompts; without torchrun it is one process
+without DDP, the baseline. Rank 0 writes the medians of the timed iterations, the peak memory
+of the fullest card, and a checksum of every rank's trained weights (equal when the ranks stay
+in step); with `--baseline` also the scaling: (prompts/s here) / (prompts/s there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import flux_scale  # noqa: E402  (this folder is not a package)
+import real_models  # noqa: E402
+
+from trainer.config import TrainConfig  # noqa: E402
+from trainer.loop import Trainer  # noqa: E402
+
+CASE = flux_scale.HEADLINE_NEIGHBOR
+
+
+def scaled_config(args: argparse.Namespace, world: int) -> TrainConfig:
+    """flux_scale's case with prompts_per_iteration = prompts per rank x ranks."""
+    prompts = args.prompts_per_rank * world
+    base = flux_scale.case_config(CASE, args).to_dict()
+    base.update(prompts_per_iteration=prompts,
+                prompts=[f"prompt {i}" for i in range(max(prompts, len(flux_scale.PROMPTS)))])
+    return TrainConfig.from_dict(base)
+
+
+def weights_checksum(model: torch.nn.Module) -> float:
+    return float(sum(p.detach().double().sum() for p in model.trainable_parameters()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--tiny", action="store_true", help="toy-size model (CPU smoke run)")
+    parser.add_argument("--resolution", type=int, help="pixels (default 512; --tiny: 32)")
+    parser.add_argument("--group-size", type=int, default=12)
+    parser.add_argument("--lora-rank", type=int, default=64)
+    parser.add_argument("--prompts-per-rank", type=int, default=1)
+    parser.add_argument("--iterations", type=int, default=3, help="timed iterations")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
+    parser.add_argument("--train-batch-size", type=int, default=4,
+                        help="trained predictions per forward-backward pass")
+    parser.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
+    parser.add_argument("--steps-scale", type=float, default=1.0,
+                        help="multiply the rollout steps (smoke runs only)")
+    parser.add_argument("--baseline", help="a one-GPU run's JSON: report the scaling against it")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    args.resolution = args.resolution or (32 if args.tiny else 512)
+    args.sde_train_batch_size = args.train_batch_size  # read by case_config; unused here
+
+    rank, world, distributed = 0, 1, "RANK" in os.environ
+    if distributed:
+        from trainer.distributed import (
+            DistributedFlowModel,
+            init_from_env,
+            local_device,
+            make_distributed,
+        )
+
+        rank, world = init_from_env()
+        device = torch.device(local_device() if args.device.startswith("cuda") else "cpu")
+    else:
+        device = torch.device(args.device)
+    config = scaled_config(args, world)
+    torch.manual_seed(0)  # the same random weights everywhere (DDP also copies rank 0's)
+    started = time.perf_counter()
+    adapter = real_models.build_model("flux", "lora", args.checkpointing, device, args.tiny,
+                                      config)
+    build_seconds = time.perf_counter() - started
+    if distributed:
+        trainer = make_distributed(Trainer(config, model=DistributedFlowModel(adapter, device)))
+    else:
+        trainer = Trainer(config, model=adapter)
+    for _ in range(args.warmup):
+        trainer.step()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    metrics = []
+    for i in range(args.iterations):
+        metrics.append(trainer.step().metrics)  # seconds etc. averaged over ranks
+        if rank == 0:
+            print(f"iteration {i + 1}: {metrics[-1]['seconds']:.2f} s on {world} process(es)",
+                  flush=True)
+
+    peak = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
+            else flux_scale.peak_memory(device))
+    checksum = weights_checksum(adapter)
+    if distributed:
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, {"peak": peak, "checksum": checksum})
+        peaks = [g["peak"] for g in gathered]
+        checksums = [g["checksum"] for g in gathered]
+    else:
+        peaks, checksums = [peak], [checksum]
+
+    def median(key: str) -> float:
+        return statistics.median(float(m[key]) for m in metrics)
+
+    seconds = median("seconds")
+    report: dict[str, Any] = {
+        "benchmark": "benchmarks/flux_ddp_scaling.py", "case": CASE,
+        "card": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "processes": world, "ddp": distributed, "tiny": args.tiny,
+        "resolution": args.resolution, "group_size": args.group_size,
+        "lora_rank": args.lora_rank, "rollout_steps": config.rollout_steps,
+        "prompts_per_rank": args.prompts_per_rank,
+        "prompts_per_iteration": config.prompts_per_iteration,
+        "iterations": args.iterations, "warmup": args.warmup,
+        "build_seconds": build_seconds, "seconds": seconds,
+        "rollout_seconds": median("rollout_seconds"), "update_seconds": median("update_seconds"),
+        "prompts_per_second": config.prompts_per_iteration / seconds,
+        "forward_passes": int(metrics[0]["forward_passes"]),  # summed over ranks
+        "backward_passes": int(metrics[0]["backward_passes"]),
+        "peak_memory_gib_max_rank": max(peaks) / 2**30,
+        "trained_weights_checksum_per_rank": checksums}
+    if args.baseline:
+        one = json.loads(Path(args.baseline).read_text())
+        report["baseline"] = args.baseline
+        report["scaling"] = report["prompts_per_second"] / one["prompts_per_second"]
+    if rank == 0:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1))
+        scaling = f", {report['scaling']:.2f}x the baseline" if "scaling" in report else ""
+        print(f"{world} process(es), {report['card']}: {seconds:.2f} s per iteration of "
+              f"{config.prompts_per_iteration} prompt(s), {report['prompts_per_second']:.3f} "
+              f"prompts/s{scaling}; peak {report['peak_memory_gib_max_rank']:.1f} GiB; "
+              f"checksums {checksums}", flush=True)
+    if distributed:
+        import torch.distributed as dist
+
+        del trainer
+        dist.barrier()
+        dist.destroy_process_group()
+        sys.stdout.flush()
+        os._exit(0)  # gloo's threads can abort a normal interpreter exit ("terminate called ...")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,47 @@
+"""benchmarks/flux_ddp_scaling.py at toy size: one process without DDP, then two CPU processes
+under torchrun (gloo) against it, the same code path as the multi-GPU run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "flux_ddp_scaling.py"
+TINY = ["--tiny", "--device", "cpu", "--group-size", "4", "--lora-rank", "4",
+        "--steps-scale", "0.5", "--iterations", "1", "--warmup", "1"]
+
+
+def _run(command: list[str]) -> subprocess.CompletedProcess:
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                          env={"OMP_NUM_THREADS": "1", **os.environ})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_two_processes_train_in_step_and_report_their_scaling(tmp_path):
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    _run([sys.executable, str(SCRIPT), *TINY, "--out", str(one)])
+    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+          str(SCRIPT), *TINY, "--baseline", str(one), "--out", str(two)])
+    single, double = json.loads(one.read_text()), json.loads(two.read_text())
+    assert (single["processes"], single["ddp"], single["prompts_per_iteration"]) == (1, False, 1)
+    assert (double["processes"], double["ddp"], double["prompts_per_iteration"]) == (2, True, 2)
+    # every rank ran Neighbor GRPO on its own prompt: G x T rollout forwards plus B x K
+    # trained predictions each (G = 4, T = 4 after --steps-scale 0.5, B = K = 4)
+    assert single["forward_passes"] == 4 * 4 + 4 * 4 and single["backward_passes"] == 16
+    assert double["forward_passes"] == 2 * single["forward_passes"]
+    assert double["backward_passes"] == 2 * single["backward_passes"]
+    # DDP averaged the LoRA gradients: both ranks hold the same trained weights afterwards
+    first, second = double["trained_weights_checksum_per_rank"]
+    assert first == pytest.approx(second, rel=1e-6, abs=1e-9)
+    assert double["scaling"] == pytest.approx(
+        double["prompts_per_second"] / single["prompts_per_second"])
+    for report in (single, double):
+        assert report["seconds"] > 0 and report["peak_memory_gib_max_rank"] > 0
