@@ -2,8 +2,8 @@
 # Train the shapes base model on a GPU and evaluate intermediate checkpoints (device tool).
 # Usage (on the GPU machine, repo root): bash benchmarks/train_base_gpu.sh OUT_DIR [STEPS]
 set -euo pipefail
-out=${1:?out dir}; steps=${2:-6000}
-python3 -m trainer train-base --out "$out" --steps "$steps" --save-every 1000 --device cuda
+out=${1:?out dir}; steps=${2:-8000}
+python3 -m trainer train-base --out "$out" --steps "$steps" --save-every 1000 --device cuda --bf16
 for f in "$out"/base*.safetensors; do
   python3 -m trainer evaluate --checkpoint "$f" --device cuda --out "$out/eval-$(basename "$f" .safetensors).json" >/dev/null
 done

@@ -176,14 +176,16 @@ def cmd_train_base(args: argparse.Namespace) -> int:
     from trainer.models.shapes_dit import ShapesDiTConfig
     from trainer.shapes.base_training import BaseTrainingConfig, train_base
 
-    config = BaseTrainingConfig(steps=args.steps, batch_size=args.batch_size,
-                                learning_rate=args.lr, seed=args.seed,
+    def given(**options):  # the options the user set; the dataclasses hold the defaults
+        return {k: v for k, v in options.items() if v is not None}
+
+    config = BaseTrainingConfig(batch_size=args.batch_size, learning_rate=args.lr, seed=args.seed,
                                 save_every=args.save_every, ema_decay=args.ema_decay,
                                 time_sampling=args.time_sampling, bf16=args.bf16,
-                                pool_size=args.pool_size)
+                                **given(steps=args.steps, pool_size=args.pool_size))
     model_config = ShapesDiTConfig(width=args.width, depth=args.depth, patch_size=args.patch_size,
-                                   position_embedding=args.position_embedding,
-                                   mlp_conv=args.mlp_conv, xavier_init=args.xavier_init)
+                                   **given(position_embedding=args.position_embedding,
+                                           mlp_conv=args.mlp_conv, xavier_init=args.xavier_init))
     path = train_base(args.out, config, model_config, device=str(resolve_device(args.device)))
     print(f"base checkpoint: {path}")
     return 0
@@ -254,7 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     base = sub.add_parser("train-base", help="train the shapes base model (flow matching)")
     base.add_argument("--out", required=True)
-    base.add_argument("--steps", type=int, default=3000)
+    # defaults left to BaseTrainingConfig / ShapesDiTConfig (the shipped base's recipe), read
+    # when the command runs: building the parser must not import torch
+    base.add_argument("--steps", type=int, help="default 8000")
     base.add_argument("--batch-size", type=int, default=256)
     base.add_argument("--lr", type=float, default=3e-4)
     base.add_argument("--width", type=int, default=128)
@@ -265,15 +269,18 @@ def build_parser() -> argparse.ArgumentParser:
     base.add_argument("--time-sampling", choices=["uniform", "logit_normal"], default="uniform")
     base.add_argument("--save-every", type=int, default=0, help="keep intermediate checkpoints")
     base.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU)")
-    base.add_argument("--position-embedding", choices=["learned", "sincos"], default="learned",
-                      help="patch positions: a learned table or fixed 2D sine-cosine")
-    base.add_argument("--mlp-conv", action="store_true",
-                      help="a depthwise 3x3 convolution over the patch grid in every MLP")
-    base.add_argument("--xavier-init", action="store_true",
-                      help="DiT's xavier-uniform initialisation of the linear layers")
-    base.add_argument("--pool-size", type=int, default=0,
+    base.add_argument("--position-embedding", choices=["learned", "sincos"],
+                      help="patch positions: a learned table or fixed 2D sine-cosine "
+                           "(default sincos)")
+    base.add_argument("--mlp-conv", action=argparse.BooleanOptionalAction,
+                      help="a depthwise 3x3 convolution over the patch grid in every MLP "
+                           "(default on)")
+    base.add_argument("--xavier-init", action=argparse.BooleanOptionalAction,
+                      help="DiT's xavier-uniform initialisation of the linear layers "
+                           "(default on)")
+    base.add_argument("--pool-size", type=int,
                       help="render this many images once and draw batches from them on the "
-                           "device (GPU runs; 0: render every batch)")
+                           "device (default 300,000; 0: render every batch)")
     base.add_argument("--device", default="auto")
     base.set_defaults(func=cmd_train_base)
 

@@ -80,3 +80,36 @@ def test_train_base_writes_a_loadable_checkpoint_with_its_recipe(tmp_path, pool_
     assert (tmp_path / "base-step6.safetensors").exists()
     out = model(torch.randn(2, 3, 32, 32), torch.rand(2), model.encode_prompts(["one red circle"] * 2))
     assert out.shape == (2, 3, 32, 32) and torch.isfinite(out).all()
+
+
+def test_a_checkpoint_from_before_the_options_loads_as_it_was_trained(tmp_path):
+    """The first base's checkpoints carry no position_embedding / mlp_conv / xavier_init in
+    their metadata: they load with a learned position table and plain MLPs."""
+    from safetensors.torch import save_file
+
+    from trainer.models.shapes_dit import LEGACY_CONFIG
+
+    old = ShapesDiT(ShapesDiTConfig(width=32, depth=1, **LEGACY_CONFIG))
+    config = {k: v for k, v in json.loads(json.dumps(old.config.__dict__)).items()
+              if k not in LEGACY_CONFIG}
+    path = tmp_path / "old.safetensors"
+    save_file({k: v.contiguous() for k, v in old.state_dict().items()}, str(path),
+              metadata={"format": "shapes-dit", "config": json.dumps(config)})
+    loaded = ShapesDiT.load(path)
+    assert (loaded.config.position_embedding, loaded.config.mlp_conv) == ("learned", False)
+    assert torch.equal(loaded.patch_pos, old.patch_pos)
+
+
+def test_train_base_defaults_to_the_shipped_recipe(tmp_path):
+    from trainer.cli import main
+
+    assert main(["train-base", "--out", str(tmp_path / "a"), "--steps", "2", "--batch-size", "4",
+                 "--pool-size", "8", "--width", "32", "--depth", "1", "--device", "cpu"]) == 0
+    made = ShapesDiT.load(tmp_path / "a" / "base.safetensors").config
+    assert (made.position_embedding, made.mlp_conv, made.xavier_init) == ("sincos", True, True)
+    assert BaseTrainingConfig().steps == 8000 and BaseTrainingConfig().pool_size == 300_000
+    assert main(["train-base", "--out", str(tmp_path / "b"), "--steps", "2", "--batch-size", "4",
+                 "--pool-size", "0", "--width", "32", "--depth", "1", "--device", "cpu",
+                 "--no-mlp-conv", "--position-embedding", "learned"]) == 0
+    made = ShapesDiT.load(tmp_path / "b" / "base.safetensors").config
+    assert (made.position_embedding, made.mlp_conv, made.xavier_init) == ("learned", False, True)

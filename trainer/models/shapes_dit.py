@@ -31,18 +31,22 @@ class ShapesDiTConfig:
     depth: int = 6
     heads: int = 4
     mlp_ratio: float = 4.0
-    # "learned": a trained table per patch (the first shipped base); "sincos": fixed 2D
-    # sine-cosine positions as in DiT, so neighbouring patches start out close and an object
-    # that straddles patches is drawn as one piece from the first steps on.
-    position_embedding: str = "learned"
+    # The defaults are the shipped base's recipe. "sincos": fixed 2D sine-cosine patch
+    # positions as in DiT; "learned": a trained table per patch (the first base).
+    position_embedding: str = "sincos"
     # a depthwise 3x3 convolution over the patch grid between the MLP's two layers (image
     # tokens only), so neighbouring patches mix in every block. Without it the first bases'
     # attention stayed uniform over all tokens after 6,000 steps, each patch was drawn from its
     # own noise alone, and the samples came out as patch-sized specks.
-    mlp_conv: bool = False
+    mlp_conv: bool = True
     # DiT's initialisation (xavier-uniform linear layers, zero biases) instead of PyTorch's
     # default: larger query/key weights, so attention is not uniform at the start
-    xavier_init: bool = False
+    xavier_init: bool = True
+
+
+# what a checkpoint written before these options existed was built with: its metadata's
+# config lacks the keys, and it must load as it was trained
+LEGACY_CONFIG = {"position_embedding": "learned", "mlp_conv": False, "xavier_init": False}
 
 
 def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -200,7 +204,7 @@ class ShapesDiT(FlowModel):
             metadata = f.metadata() or {}
         if metadata.get("format") != "shapes-dit":
             raise ValueError(f"{path} is not a shapes-dit checkpoint (metadata {metadata})")
-        model = cls(ShapesDiTConfig(**json.loads(metadata["config"])))
+        model = cls(ShapesDiTConfig(**{**LEGACY_CONFIG, **json.loads(metadata["config"])}))
         model.load_state_dict(load_file(str(path), device=str(device)))
         return model.to(device)
 

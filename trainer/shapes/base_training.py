@@ -21,7 +21,8 @@ from trainer.shapes.world import all_prompts, render_batch, tokenize
 
 @dataclass
 class BaseTrainingConfig:
-    steps: int = 3000
+    # the defaults are the shipped base's recipe (trainer/shapes/assets/train_base_log.jsonl)
+    steps: int = 8000
     batch_size: int = 256
     learning_rate: float = 3e-4
     warmup_steps: int = 200
@@ -35,7 +36,7 @@ class BaseTrainingConfig:
     # the training device (0: every batch is rendered afresh). Rendering in the loop and
     # copying each batch to the GPU held a GPU run to 5-15 steps/s; 300,000 images (0.9 GB)
     # render in about 20 s and cover a 4,000-step run at batch 256 less than 4 times.
-    pool_size: int = 0
+    pool_size: int = 300_000
 
 
 def render_pool(size: int, rng: np.random.Generator, device: str | torch.device
