@@ -111,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"iteration {i + 1}: {metrics[-1]['seconds']:.2f} s on {world} process(es)",
                   flush=True)
 
-    peak = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
-            else flux_scale.peak_memory(device))
+    peak = flux_scale.peak_memory(device)
     checksum = weights_checksum(adapter)
     if distributed:
         import torch.distributed as dist
@@ -157,8 +156,6 @@ def main(argv: list[str] | None = None) -> int:
               f"prompts/s{scaling}; peak {report['peak_memory_gib_max_rank']:.1f} GiB; "
               f"checksums {checksums}", flush=True)
     if distributed:
-        import torch.distributed as dist
-
         del trainer
         dist.barrier()
         dist.destroy_process_group()

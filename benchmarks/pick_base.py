@@ -11,13 +11,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from safetensors import safe_open
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def model_config(path: Path) -> dict:
-    """The model config stored in a shapes checkpoint's metadata."""
-    with safe_open(str(path), framework="pt") as f:
-        return json.loads((f.metadata() or {})["config"])
+from trainer.models.shapes_dit import checkpoint_config  # noqa: E402
 
 
 def main(out: Path, dest: Path) -> int:
@@ -26,7 +22,7 @@ def main(out: Path, dest: Path) -> int:
         result = json.loads(path.read_text())
         if 0.30 <= result["exact_count_accuracy"] <= 0.70:
             weights = path.parent / (path.stem.removeprefix("eval-") + ".safetensors")
-            patch = model_config(weights)["patch_size"]
+            patch = checkpoint_config(weights).patch_size
             candidates.append((-patch, weights.stat().st_size, -result["combined_reward"],
                                str(weights), str(path)))
     if not candidates:

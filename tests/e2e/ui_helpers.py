@@ -40,9 +40,10 @@ def free_port() -> int:
 
 @functools.lru_cache(maxsize=1)
 def _shipped_base():
+    from trainer.models import SHAPES_BASE
     from trainer.models.shapes_dit import ShapesDiT
 
-    return ShapesDiT.load(Path(__file__).resolve().parents[2] / "trainer/shapes/assets/base.safetensors")
+    return ShapesDiT.load(SHAPES_BASE)
 
 
 def base_samples(prompts: list[str], seeds: list[int]) -> tuple[list[bytes], list[float]]:

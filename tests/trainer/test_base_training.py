@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -90,8 +91,7 @@ def test_a_checkpoint_from_before_the_options_loads_as_it_was_trained(tmp_path):
     from trainer.models.shapes_dit import LEGACY_CONFIG
 
     old = ShapesDiT(ShapesDiTConfig(width=32, depth=1, **LEGACY_CONFIG))
-    config = {k: v for k, v in json.loads(json.dumps(old.config.__dict__)).items()
-              if k not in LEGACY_CONFIG}
+    config = {k: v for k, v in asdict(old.config).items() if k not in LEGACY_CONFIG}
     path = tmp_path / "old.safetensors"
     save_file({k: v.contiguous() for k, v in old.state_dict().items()}, str(path),
               metadata={"format": "shapes-dit", "config": json.dumps(config)})

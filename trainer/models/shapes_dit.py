@@ -198,17 +198,27 @@ class ShapesDiT(FlowModel):
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu") -> ShapesDiT:
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as f:
-            metadata = f.metadata() or {}
-        if metadata.get("format") != "shapes-dit":
-            raise ValueError(f"{path} is not a shapes-dit checkpoint (metadata {metadata})")
-        model = cls(ShapesDiTConfig(**{**LEGACY_CONFIG, **json.loads(metadata["config"])}))
+        model = cls(checkpoint_config(path))
         model.load_state_dict(load_file(str(path), device=str(device)))
         return model.to(device)
 
 
+def checkpoint_config(path: str | Path) -> ShapesDiTConfig:
+    """The architecture a shapes checkpoint was saved with (its metadata), without its weights."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata() or {}
+    if metadata.get("format") != "shapes-dit":
+        raise ValueError(f"{path} is not a shapes-dit checkpoint (metadata {metadata})")
+    return ShapesDiTConfig(**{**LEGACY_CONFIG, **json.loads(metadata["config"])})
+
+
 def images_to_latents(images: np.ndarray) -> torch.Tensor:
     """(N, H, W, 3) uint8 -> (N, 3, H, W) float in [-1, 1]."""
-    return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1.0
+    return pixels_to_latents(torch.from_numpy(images).permute(0, 3, 1, 2))
+
+
+def pixels_to_latents(pixels: torch.Tensor) -> torch.Tensor:
+    """(N, 3, H, W) uint8 on any device -> float in [-1, 1]: the images are the latents."""
+    return pixels.float() / 127.5 - 1.0

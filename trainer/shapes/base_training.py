@@ -15,7 +15,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer.models.shapes_dit import ShapesDiT, ShapesDiTConfig, images_to_latents
+from trainer.models.shapes_dit import (
+    ShapesDiT,
+    ShapesDiTConfig,
+    images_to_latents,
+    pixels_to_latents,
+)
 from trainer.shapes.world import all_prompts, render_batch, tokenize
 
 
@@ -83,7 +88,7 @@ def train_base(out: str | Path, config: BaseTrainingConfig, model_config: Shapes
             if pool is not None:
                 rows = torch.randint(0, config.pool_size, (config.batch_size,), device=device,
                                      generator=sampler)
-                x0, tokens = pool[0][rows].float() / 127.5 - 1.0, pool[1][rows]
+                x0, tokens = pixels_to_latents(pool[0][rows]), pool[1][rows]
             else:
                 texts = [prompts[i] for i in rng.integers(0, len(prompts), config.batch_size)]
                 x0 = images_to_latents(render_batch(texts, rng)).to(device)
