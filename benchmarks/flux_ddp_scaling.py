@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-batch-size", type=int, default=4,
                         help="trained predictions per forward-backward pass")
     parser.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
+    parser.add_argument("--compile", action="store_true", help="torch_compile the blocks")
     parser.add_argument("--steps-scale", type=float, default=1.0,
                         help="multiply the rollout steps (smoke runs only)")
     parser.add_argument("--baseline", help="a one-GPU run's JSON: report the scaling against it")
@@ -135,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         "lora_rank": args.lora_rank, "rollout_steps": config.rollout_steps,
         "prompts_per_rank": args.prompts_per_rank,
         "prompts_per_iteration": config.prompts_per_iteration,
-        "iterations": args.iterations, "warmup": args.warmup,
+        "iterations": args.iterations, "warmup": args.warmup, "torch_compile": args.compile,
+        "gradient_checkpointing": args.checkpointing,
         "build_seconds": build_seconds, "seconds": seconds,
         "rollout_seconds": median("rollout_seconds"), "update_seconds": median("update_seconds"),
         "prompts_per_second": config.prompts_per_iteration / seconds,

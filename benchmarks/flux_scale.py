@@ -86,7 +86,8 @@ def case_config(name: str, args: argparse.Namespace) -> TrainConfig:
                   prompts_per_iteration=1, group_size=group, rollout_batch_size=group,
                   train_batch_size=args.sde_train_batch_size if sde else args.train_batch_size,
                   mixed_precision="bf16" if args.device.startswith("cuda") else "no",
-                  gradient_checkpointing=args.checkpointing, iterations=args.iterations + 1)
+                  gradient_checkpointing=args.checkpointing, torch_compile=args.compile,
+                  iterations=args.iterations + 1)
     return TrainConfig.from_dict(config)
 
 
@@ -128,7 +129,9 @@ def matmul_peak(device: torch.device, size: int, reps: int = 50) -> dict[str, An
 def count_sample_flops(adapter: torch.nn.Module, prompt: str) -> dict[str, Any]:
     """FlopCounterMode over one sample through the adapter's forward: a forward pass without
     gradient (rollouts, pi_old) and a forward + backward with gradient checkpointing off (a
-    trained prediction's model FLOPs; the recomputation is hardware work, not model work)."""
+    trained prediction's model FLOPs; the recomputation is hardware work, not model work).
+    Counted through eager blocks where they are compiled (torch_compile): the model's FLOPs do
+    not depend on how kernels are fused, and the counter sees eager operators only."""
     from torch.utils.flop_counter import FlopCounterMode
 
     device = adapter.device
@@ -137,18 +140,19 @@ def count_sample_flops(adapter: torch.nn.Module, prompt: str) -> dict[str, Any]:
     cond = adapter.encode_prompts([prompt])
     transformer = adapter.transformer
     checkpointing = bool(getattr(transformer, "is_gradient_checkpointing", False))
-    with torch.no_grad(), FlopCounterMode(display=False) as forward_counter:
-        adapter(x, t, cond)
-    if checkpointing:
-        transformer.disable_gradient_checkpointing()
-    try:
-        with FlopCounterMode(display=False) as counter:
-            adapter(x, t, cond).square().mean().backward()
-    finally:
+    with torch.compiler.set_stance("force_eager"):
+        with torch.no_grad(), FlopCounterMode(display=False) as forward_counter:
+            adapter(x, t, cond)
         if checkpointing:
-            transformer.enable_gradient_checkpointing()
-        for param in adapter.parameters():  # the next Trainer's optimizer starts clean
-            param.grad = None
+            transformer.disable_gradient_checkpointing()
+        try:
+            with FlopCounterMode(display=False) as counter:
+                adapter(x, t, cond).square().mean().backward()
+        finally:
+            if checkpointing:
+                transformer.enable_gradient_checkpointing()
+            for param in adapter.parameters():  # the next Trainer's optimizer starts clean
+                param.grad = None
     forward = forward_counter.get_total_flops()
     both = counter.get_total_flops()
     by_op = {str(op): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items()}
@@ -323,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
                              "K = 14 steps in two passes)")
     parser.add_argument("--no-checkpointing", dest="checkpointing", action="store_false",
                         help="turn gradient checkpointing off (more memory, no recompute)")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch_compile: compile the transformer's blocks (the warm-up "
+                             "iteration then includes the compilation)")
     parser.add_argument("--steps-scale", type=float, default=1.0,
                         help="multiply every case's rollout steps (K capped at the steps); "
                              "for smoke runs only")
@@ -348,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
                      "group_size": args.group_size, "lora_rank": args.lora_rank,
                      "prompts_per_iteration": 1, "reward": "jpeg_compressibility",
                      "gradient_checkpointing": args.checkpointing,
+                     "torch_compile": args.compile,
+                     "train_batch_size": args.train_batch_size,
                      "steps_scale": args.steps_scale, "iterations": args.iterations,
                      "warmup": f"{args.warmup} iteration of {names[0]}, shared by all cases"},
         "notes": "seconds are medians of the timed iterations; reward_seconds = VAE decode + "

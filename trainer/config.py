@@ -149,6 +149,12 @@ class ModelArguments:
     gradient_checkpointing: bool = _field(False, "Recompute the transformer's activations in the "
                                           "backward pass: less memory for more compute (flux / "
                                           "sd3).", group="model")
+    torch_compile: bool = _field(False, "Compile each transformer block with torch.compile "
+                                 "(regional compilation: the repeated blocks, not the whole "
+                                 "model, so the first iterations spend a minute or two "
+                                 "compiling, not ten). Pays on long GPU runs of flux / sd3; "
+                                 "the shapes model is launch-bound and does not take it.",
+                                 group="model")
 
 
 @dataclass
@@ -391,6 +397,9 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
             if self.finetune != "full":
                 out.append(ConfigError("finetune", f"model {self.model!r} trains in full only; "
                                        "'lora' is for flux and sd3"))
+            if self.torch_compile:
+                out.append(ConfigError("torch_compile", f"model {self.model!r} is not "
+                                       "compiled (too small to gain); it is for flux and sd3"))
             if "resolution" not in bad and self.resolution not in (0, 32):
                 out.append(ConfigError("resolution", "the shapes model draws 32x32 images; use "
                                        f"0 or 32, got {self.resolution}"))

@@ -288,6 +288,49 @@ def test_lora_resume_continues_with_the_same_weights_and_optimizer(method, sd3, 
 
 
 # ---------------------------------------------------------------------------------------
+# 4b. torch_compile: the compiled blocks compute what the eager ones do, and train
+# ---------------------------------------------------------------------------------------
+@pytest.mark.slow  # inductor compiles the tiny blocks' forward and backward: ~a minute on a CPU
+def test_compiled_blocks_match_eager_and_train(flux_dev):
+    from trainer.models.diffusers_flow import compile_blocks
+
+    config = _config(flux_dev, "flux", torch_compile=True)
+    compiled = load_flow_model(ModelSpec.from_config(config), "cpu")
+    eager = load_flow_model(ModelSpec.from_config(_config(flux_dev, "flux")), "cpu")
+    transformer = compiled.transformer
+    blocks = [*transformer.transformer_blocks, *transformer.single_transformer_blocks]
+    assert blocks and all(b._compiled_call_impl is not None for b in blocks)
+    assert not any(b._compiled_call_impl is not None for b in eager.transformer.transformer_blocks)
+    _assert_same_state(compiled.transformer, eager.transformer)  # names and LoRA unchanged
+
+    x = torch.randn(len(PROMPTS), *compiled.latent_shape, generator=torch.Generator().manual_seed(1))
+    t = torch.tensor([0.3, 0.8])
+    with torch.no_grad():
+        v_compiled = compiled(x, t, compiled.encode_prompts(PROMPTS))
+        v_eager = eager(x, t, eager.encode_prompts(PROMPTS))
+    torch.testing.assert_close(v_compiled, v_eager, atol=1e-4, rtol=1e-4)
+
+    # gradients reach the same adapters with the same values
+    for model in (compiled, eager):
+        model(x, t, model.encode_prompts(PROMPTS)).square().mean().backward()
+    grads = {n: p.grad for n, p in compiled.transformer.named_parameters() if p.requires_grad}
+    eager_grads = {n: p.grad for n, p in eager.transformer.named_parameters() if p.requires_grad}
+    assert grads.keys() == eager_grads.keys() and all(g is not None for g in grads.values())
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, eager_grads[name], atol=1e-4, rtol=1e-3, msg=name)
+
+    # and a whole iteration runs compiled (with checkpointing recomputing compiled blocks),
+    # moving only the adapters
+    trainer = Trainer(_config(flux_dev, "flux", torch_compile=True, gradient_checkpointing=True))
+    before = _state(trainer.model.transformer)
+    assert np.isfinite(trainer.step().metrics["loss"])
+    changed = _changed(before, _state(trainer.model.transformer))
+    assert changed and all("lora" in k for k in changed)
+    with pytest.raises(ValueError, match="transformer_blocks"):
+        compile_blocks(torch.nn.Linear(2, 2))
+
+
+# ---------------------------------------------------------------------------------------
 # 5. Config and model-directory errors name what is wrong
 # ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("overrides", "field"), [
@@ -295,6 +338,8 @@ def test_lora_resume_continues_with_the_same_weights_and_optimizer(method, sd3, 
     ({"model_path": ""}, "model_path"),
     ({"resolution": 24}, "resolution"),
     ({"model": "shapes", "model_path": "", "resolution": 0}, "finetune"),
+    ({"model": "shapes", "model_path": "", "resolution": 0, "finetune": "full",
+      "torch_compile": True}, "torch_compile"),
     ({"eval_every": 5}, "eval_every"),  # the periodic evaluation is the shapes world's
     # the shapes rewards count exact-colour shapes on 32x32 canvases: meaningless on FLUX's
     ({"reward_weights": {"jpeg_compressibility": 1.0, "count": 1.0}}, "reward_weights"),

@@ -127,6 +127,8 @@ class DiffusersFlowModel(FlowModel):
             self.transformer.to(torch.float32).requires_grad_(True)
         if spec.gradient_checkpointing:
             self.transformer.enable_gradient_checkpointing()
+        if spec.torch_compile:
+            compile_blocks(self.transformer)
 
     # -- geometry and schedule -------------------------------------------------------------------
     @property
@@ -276,6 +278,26 @@ class DiffusersFlowModel(FlowModel):
     def model_card(self) -> dict[str, Any]:
         return {"model": self.spec.name, "model_path": self.spec.path,
                 "finetune": self.spec.finetune}
+
+
+# the transformers' lists of repeated blocks (FLUX: double- and single-stream; SD3: joint)
+BLOCK_LISTS = ("transformer_blocks", "single_transformer_blocks")
+
+
+def compile_blocks(transformer: nn.Module) -> int:
+    """Regional compilation: torch.compile each repeated block in place (`Module.compile`, so
+    parameter names, state dicts and peft's adapters are untouched). The blocks of a list share
+    one code object, so one compiled graph per input shape and grad mode serves all of them;
+    compiling the whole model would trace every block separately. Compilation is lazy (first
+    call). Returns how many blocks were wrapped."""
+    blocks = [block for name in BLOCK_LISTS for block in getattr(transformer, name, ())]
+    if not blocks:
+        raise ValueError(f"{type(transformer).__name__} has none of {BLOCK_LISTS} to compile")
+    for block in blocks:
+        # static shapes: the few batch sizes a run uses (rollout, micro-batch) each get their
+        # own tuned graph, well under dynamo's recompile limit
+        block.compile(dynamic=False)
+    return len(blocks)
 
 
 class _ReferencePolicy(FlowModel):
