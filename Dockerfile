@@ -15,6 +15,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     GRADIO_ANALYTICS_ENABLED=False \
     DATA_DIR=/data
 
+# a C compiler: on GPU workers triton (torch.compile, the `torch_compile` field the flux-lora
+# preset turns on) builds its kernel launchers with one at run time
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 RUN useradd --create-home --uid 1000 studio
 WORKDIR /app
 

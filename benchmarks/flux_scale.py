@@ -318,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lora-rank", type=int, default=64)
     parser.add_argument("--iterations", type=int, default=1, help="timed iterations per case")
     parser.add_argument("--warmup", type=int, default=1, choices=(0, 1),
-                        help="one warm-up iteration of the first case (shared by all)")
+                        help="one warm-up iteration of the first case (shared by all; "
+                             "with --compile, one per case)")
     parser.add_argument("--train-batch-size", type=int, default=4,
                         help="Neighbor GRPO: trained predictions per forward-backward pass "
                              "(one anchor slot has P x K = 4)")
@@ -358,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
                      "torch_compile": args.compile,
                      "train_batch_size": args.train_batch_size,
                      "steps_scale": args.steps_scale, "iterations": args.iterations,
-                     "warmup": f"{args.warmup} iteration of {names[0]}, shared by all cases"},
+                     "warmup": f"{args.warmup} iteration per case" if args.compile else
+                     f"{args.warmup} iteration of {names[0]}, shared by all cases"},
         "notes": "seconds are medians of the timed iterations; reward_seconds = VAE decode + "
                  "reward; peak memory is torch.cuda.max_memory_allocated over the timed "
                  "iterations (CPU: the process's max RSS); update_mfu = update model FLOPs / "
@@ -400,7 +402,10 @@ def main(argv: list[str] | None = None) -> int:
     print(TABLE_HEAD.replace("|\n", f"|  ({card})\n", 1), flush=True)
     for name in names:
         try:
-            row = run_case(name, adapter, args, warmup=not warmed)
+            # compiled blocks compile again for each new batch shape (the SDE's micro-batch
+            # of 7): every case then warms up on its own
+            row = run_case(name, adapter, args, warmup=not warmed or (args.compile and
+                                                                      args.warmup == 1))
             warmed = True
         except Exception as exc:  # record it and go on: the next case may still fit
             row = {"case": name, "error": f"{type(exc).__name__}: {exc}"[:2000]}

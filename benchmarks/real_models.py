@@ -141,7 +141,8 @@ def run_case(name: str, args: argparse.Namespace) -> dict:
                   prompts=[f"prompt {i}" for i in range(4)], train_batch_size=train_batch,
                   rollout_batch_size=args.group_size, group_size=args.group_size,
                   mixed_precision="bf16" if device.type == "cuda" else "no",
-                  gradient_checkpointing=checkpointing, iterations=args.iterations + 1)
+                  gradient_checkpointing=checkpointing, iterations=args.iterations + 1,
+                  torch_compile=False)  # eager: these rows are the uncompiled reference
     config = TrainConfig.from_dict(preset)
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -472,8 +472,12 @@ PRESETS: dict[str, dict[str, Any]] = {
                      "rollout_steps": 8, "clip_range": 1e-4, "sample_every": 50,
                      "checkpoint_every": 100, "eval_every": 100},
     # LoRA on a real model from a local diffusers directory (set model_path): the paper's
-    # cheapest setting, one prompt per iteration, micro-batched to fit one 80 GB card.
+    # cheapest setting, one prompt per iteration, micro-batched to fit one 80 GB card. FLUX
+    # compiles its blocks and keeps its activations: 6.2 s an iteration at 54 GiB on an H200
+    # against 10.3 s at 31 GiB eager with checkpointing (docs/benchmarks.md, FLUX scale); the
+    # compilation (about a minute) pays back within the first 20 iterations.
     "flux-lora": {"model": "flux", "finetune": "lora", "lora_rank": 64, "lora_alpha": 64.0,
+                  "torch_compile": True, "gradient_checkpointing": False,
                   "resolution": 512, "guidance_scale": 3.5, "mixed_precision": "auto",
                   "iterations": 300, "prompts_per_iteration": 1, "group_size": 12,
                   "num_anchors": 4, "num_train_timesteps": 4, "rollout_steps": 8,
