@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="multiply the rollout steps (smoke runs only)")
     parser.add_argument("--baseline", help="a one-GPU run's JSON: report the scaling against it")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--figures", help="a flux_scale.py figures file (docs/figures/"
+                        "flux_scale.json): its `scaling` gets this run's prompts per second "
+                        "under the number of processes")
     args = parser.parse_args(argv)
     args.resolution = args.resolution or (32 if args.tiny else 512)
     args.sde_train_batch_size = args.train_batch_size  # read by case_config; unused here
@@ -152,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1))
+        if args.figures:
+            record_scaling(Path(args.figures), world, report)
         scaling = f", {report['scaling']:.2f}x the baseline" if "scaling" in report else ""
         print(f"{world} process(es), {report['card']}: {seconds:.2f} s per iteration of "
               f"{config.prompts_per_iteration} prompt(s), {report['prompts_per_second']:.3f} "
@@ -164,6 +169,19 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         os._exit(0)  # gloo's threads can abort a normal interpreter exit ("terminate called ...")
     return 0
+
+
+def record_scaling(figures: Path, world: int, report: dict[str, Any]) -> None:
+    """Put this run's prompts (iterations of one prompt) per second into the FLUX-scale
+    figures file's `scaling` under the number of processes, with where it came from."""
+    data = json.loads(figures.read_text()) if figures.is_file() else {}
+    data.setdefault("scaling", {})[str(world)] = report["prompts_per_second"]
+    data.setdefault("scaling_runs", {})[str(world)] = {
+        k: report[k] for k in ("card", "processes", "seconds", "prompts_per_second",
+                               "torch_compile", "gradient_checkpointing", "resolution")}
+    tmp = figures.with_name(figures.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(figures)
 
 
 if __name__ == "__main__":

@@ -27,9 +27,12 @@ def _run(command: list[str]) -> subprocess.CompletedProcess:
 
 def test_two_processes_train_in_step_and_report_their_scaling(tmp_path):
     one, two = tmp_path / "one.json", tmp_path / "two.json"
-    _run([sys.executable, str(SCRIPT), *TINY, "--out", str(one)])
+    figures = tmp_path / "flux_scale.json"
+    figures.write_text(json.dumps({"card": "x", "scaling": {"1": 0.5}}))
+    _run([sys.executable, str(SCRIPT), *TINY, "--out", str(one), "--figures", str(figures)])
     _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-          str(SCRIPT), *TINY, "--baseline", str(one), "--out", str(two)])
+          str(SCRIPT), *TINY, "--baseline", str(one), "--out", str(two),
+          "--figures", str(figures)])
     single, double = json.loads(one.read_text()), json.loads(two.read_text())
     assert (single["processes"], single["ddp"], single["prompts_per_iteration"]) == (1, False, 1)
     assert (double["processes"], double["ddp"], double["prompts_per_iteration"]) == (2, True, 2)
@@ -43,5 +46,11 @@ def test_two_processes_train_in_step_and_report_their_scaling(tmp_path):
     assert first == pytest.approx(second, rel=1e-6, abs=1e-9)
     assert double["scaling"] == pytest.approx(
         double["prompts_per_second"] / single["prompts_per_second"])
+    # both runs land in the FLUX-scale figures file's scaling, the rest of it kept
+    recorded = json.loads(figures.read_text())
+    assert recorded["card"] == "x"
+    assert recorded["scaling"] == {"1": single["prompts_per_second"],
+                                   "2": double["prompts_per_second"]}
+    assert recorded["scaling_runs"]["2"]["processes"] == 2
     for report in (single, double):
         assert report["seconds"] > 0 and report["peak_memory_gib_max_rank"] > 0
