@@ -179,13 +179,14 @@ def cmd_train_base(args: argparse.Namespace) -> int:
     def given(**options):  # the options the user set; the dataclasses hold the defaults
         return {k: v for k, v in options.items() if v is not None}
 
-    config = BaseTrainingConfig(batch_size=args.batch_size, learning_rate=args.lr, seed=args.seed,
-                                save_every=args.save_every, ema_decay=args.ema_decay,
-                                time_sampling=args.time_sampling, bf16=args.bf16,
-                                **given(steps=args.steps, pool_size=args.pool_size))
-    model_config = ShapesDiTConfig(width=args.width, depth=args.depth, patch_size=args.patch_size,
-                                   **given(position_embedding=args.position_embedding,
-                                           mlp_conv=args.mlp_conv, xavier_init=args.xavier_init))
+    config = BaseTrainingConfig(bf16=args.bf16, **given(
+        steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr, seed=args.seed,
+        save_every=args.save_every, ema_decay=args.ema_decay, time_sampling=args.time_sampling,
+        pool_size=args.pool_size))
+    model_config = ShapesDiTConfig(**given(
+        width=args.width, depth=args.depth, patch_size=args.patch_size,
+        position_embedding=args.position_embedding, mlp_conv=args.mlp_conv,
+        xavier_init=args.xavier_init))
     path = train_base(args.out, config, model_config, device=str(resolve_device(args.device)))
     print(f"base checkpoint: {path}")
     return 0
@@ -258,16 +259,18 @@ def build_parser() -> argparse.ArgumentParser:
     base.add_argument("--out", required=True)
     # defaults left to BaseTrainingConfig / ShapesDiTConfig (the shipped base's recipe), read
     # when the command runs: building the parser must not import torch
-    base.add_argument("--steps", type=int, help="default 8000")
-    base.add_argument("--batch-size", type=int, default=256)
-    base.add_argument("--lr", type=float, default=3e-4)
-    base.add_argument("--width", type=int, default=128)
-    base.add_argument("--depth", type=int, default=6)
-    base.add_argument("--seed", type=int, default=0)
-    base.add_argument("--patch-size", type=int, default=4, choices=[2, 4, 8])
-    base.add_argument("--ema-decay", type=float, default=0.999)
-    base.add_argument("--time-sampling", choices=["uniform", "logit_normal"], default="uniform")
-    base.add_argument("--save-every", type=int, default=0, help="keep intermediate checkpoints")
+    base.add_argument("--steps", type=int, help="optimizer steps (default 8000)")
+    base.add_argument("--batch-size", type=int, help="images per step (default 256)")
+    base.add_argument("--lr", type=float, help="AdamW learning rate (default 3e-4)")
+    base.add_argument("--width", type=int, help="transformer width (default 128)")
+    base.add_argument("--depth", type=int, help="transformer blocks (default 6)")
+    base.add_argument("--seed", type=int, help="default 0")
+    base.add_argument("--patch-size", type=int, choices=[2, 4, 8], help="default 4")
+    base.add_argument("--ema-decay", type=float, help="default 0.999")
+    base.add_argument("--time-sampling", choices=["uniform", "logit_normal"],
+                      help="default uniform")
+    base.add_argument("--save-every", type=int,
+                      help="keep intermediate checkpoints every N steps (default 0: none)")
     base.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU)")
     base.add_argument("--position-embedding", choices=["learned", "sincos"],
                       help="patch positions: a learned table or fixed 2D sine-cosine "

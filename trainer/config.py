@@ -8,6 +8,7 @@ metadata, so callers can render forms and errors without a second schema.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -432,7 +433,8 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
             raise ConfigError("config", "must be a JSON object")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = [ConfigError(str(key), "unknown field") for key in data if key not in known]
-        config = cls(**{k: v for k, v in data.items() if k in known})
+        # copied: a preset's (or caller's) lists and dicts must not be shared with the config
+        config = cls(**copy.deepcopy({k: v for k, v in data.items() if k in known}))
         problems = unknown + config.problems()
         if problems:
             raise ConfigErrors(problems)
@@ -455,6 +457,16 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
         return out
 
 
+# What the real-model presets share: the paper's cheapest setting on one 80 GB card (one prompt
+# an iteration, G = 12, B = 4, K = 4, DPM++ 8 steps, p = 0.8), micro-batched, with the
+# jpeg_compressibility reward (no reward model to configure).
+_REAL_MODEL_LORA: dict[str, Any] = {
+    "finetune": "lora", "resolution": 512, "mixed_precision": "auto", "iterations": 300,
+    "prompts_per_iteration": 1, "group_size": 12, "num_anchors": 4, "num_train_timesteps": 4,
+    "rollout_steps": 8, "learning_rate": 1e-5, "quasi_norm_p": 0.8, "sample_every": 10,
+    "checkpoint_every": 50, "rollout_batch_size": 12, "train_batch_size": 4,
+    "reward_weights": {"jpeg_compressibility": 1.0}}
+
 PRESETS: dict[str, dict[str, Any]] = {
     # Small enough for a laptop CPU: curves, sample grids and checkpoints within minutes. On
     # the shipped base (exact-count accuracy 0.547) the count reward moves little in 60
@@ -472,25 +484,14 @@ PRESETS: dict[str, dict[str, Any]] = {
                      "rollout_steps": 8, "clip_range": 1e-4, "sample_every": 50,
                      "checkpoint_every": 100, "eval_every": 100},
     # LoRA on a real model from a local diffusers directory (set model_path): the paper's
-    # cheapest setting, one prompt per iteration, micro-batched to fit one 80 GB card. FLUX
-    # compiles its blocks and keeps its activations: 6.2 s an iteration at 54 GiB on an H200
-    # against 10.3 s at 31 GiB eager with checkpointing (docs/benchmarks.md, FLUX scale); the
-    # compilation (about a minute) pays back within the first 20 iterations.
-    "flux-lora": {"model": "flux", "finetune": "lora", "lora_rank": 64, "lora_alpha": 64.0,
-                  "torch_compile": True, "gradient_checkpointing": False,
-                  "resolution": 512, "guidance_scale": 3.5, "mixed_precision": "auto",
-                  "iterations": 300, "prompts_per_iteration": 1, "group_size": 12,
-                  "num_anchors": 4, "num_train_timesteps": 4, "rollout_steps": 8,
-                  "learning_rate": 1e-5, "quasi_norm_p": 0.8, "sample_every": 10,
-                  "checkpoint_every": 50, "rollout_batch_size": 12, "train_batch_size": 4,
-                  "reward_weights": {"jpeg_compressibility": 1.0}},
-    "sd3-lora": {"model": "sd3", "finetune": "lora", "lora_rank": 32, "lora_alpha": 64.0,
-                 "resolution": 512, "guidance_scale": 4.5, "mixed_precision": "auto",
-                 "iterations": 300, "prompts_per_iteration": 1, "group_size": 12,
-                 "num_anchors": 4, "num_train_timesteps": 4, "rollout_steps": 8,
-                 "learning_rate": 1e-5, "quasi_norm_p": 0.8, "sample_every": 10,
-                 "checkpoint_every": 50, "rollout_batch_size": 12, "train_batch_size": 4,
-                 "reward_weights": {"jpeg_compressibility": 1.0}},
+    # cheapest setting (_REAL_MODEL_LORA). FLUX compiles its blocks and keeps its activations:
+    # 6.2 s an iteration at 54 GiB on an H200 against 10.3 s at 31 GiB eager with
+    # checkpointing (docs/benchmarks.md, FLUX scale); the compilation (about a minute) pays
+    # back within the first 20 iterations. SD3 runs eager (compiled, it was not measured).
+    "flux-lora": {**_REAL_MODEL_LORA, "model": "flux", "lora_rank": 64, "lora_alpha": 64.0,
+                  "guidance_scale": 3.5, "torch_compile": True, "gradient_checkpointing": False},
+    "sd3-lora": {**_REAL_MODEL_LORA, "model": "sd3", "lora_rank": 32, "lora_alpha": 64.0,
+                 "guidance_scale": 4.5},
     # Tiny: for tests and smoke runs.
     "tiny": {"iterations": 3, "prompts_per_iteration": 2, "group_size": 4, "num_anchors": 2,
              "num_train_timesteps": 2, "rollout_steps": 4, "sample_every": 1,

@@ -108,6 +108,11 @@ def test_train_base_defaults_to_the_shipped_recipe(tmp_path):
     made = ShapesDiT.load(tmp_path / "a" / "base.safetensors").config
     assert (made.position_embedding, made.mlp_conv, made.xavier_init) == ("sincos", True, True)
     assert BaseTrainingConfig().steps == 8000 and BaseTrainingConfig().pool_size == 300_000
+    # every option not given is the dataclasses' default, as the log's first line records it
+    logged = json.loads((tmp_path / "a" / "train_base_log.jsonl").read_text().splitlines()[0])
+    given = {"steps": 2, "batch_size": 4, "pool_size": 8}
+    assert logged["config"] == {**asdict(BaseTrainingConfig()), **given}
+    assert logged["model"] == {**asdict(ShapesDiTConfig()), "width": 32, "depth": 1}
     assert main(["train-base", "--out", str(tmp_path / "b"), "--steps", "2", "--batch-size", "4",
                  "--pool-size", "0", "--width", "32", "--depth", "1", "--device", "cpu",
                  "--no-mlp-conv", "--position-embedding", "learned"]) == 0

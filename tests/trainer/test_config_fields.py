@@ -51,3 +51,17 @@ def test_eval_every_logs_evaluation_metrics_without_touching_training(tmp_path):
         assert ("eval_exact_count_accuracy" in b.metrics) == (it == 2)
     assert 0.0 <= b.metrics["eval_exact_count_accuracy"] <= 1.0
     assert 0.0 <= b.metrics["eval_count_reward"] <= 1.0
+
+
+def test_configs_do_not_share_their_presets_lists_and_dicts():
+    from trainer.config import load_config
+
+    before = {name: dict(preset) for name, preset in PRESETS.items()}
+    config = load_config("flux-lora", {"model_path": "/models/flux"})
+    config.reward_weights["preference"] = 1.0
+    config.lora_target_modules.append("proj_out")
+    assert PRESETS["flux-lora"]["reward_weights"] == {"jpeg_compressibility": 1.0}
+    assert PRESETS["sd3-lora"]["reward_weights"] == {"jpeg_compressibility": 1.0}
+    assert load_config("flux-lora", {"model_path": "/m"}).lora_target_modules == \
+        TrainConfig().lora_target_modules
+    assert {name: dict(preset) for name, preset in PRESETS.items()} == before
