@@ -47,13 +47,16 @@ def scaled_config(args: argparse.Namespace, world: int) -> TrainConfig:
     """flux_scale's case with prompts_per_iteration = prompts per rank x ranks."""
     prompts = args.prompts_per_rank * world
     base = flux_scale.case_config(CASE, args).to_dict()
-    base.update(prompts_per_iteration=prompts,
+    base.update(prompts_per_iteration=prompts, finetune=args.finetune,
+                parallelism=args.parallelism,
                 prompts=[f"prompt {i}" for i in range(max(prompts, len(flux_scale.PROMPTS)))])
     return TrainConfig.from_dict(base)
 
 
 def weights_checksum(model: torch.nn.Module) -> float:
-    return float(sum(p.detach().double().sum() for p in model.trainable_parameters()))
+    """The sum of every trained weight (a sharded one gathered whole: every rank calls it)."""
+    return float(sum((p.full_tensor() if hasattr(p, "full_tensor") else p).detach().double().sum()
+                     for p in model.trainable_parameters()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="trained predictions per forward-backward pass")
     parser.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
     parser.add_argument("--compile", action="store_true", help="torch_compile the blocks")
+    parser.add_argument("--finetune", choices=["lora", "full"], default="lora")
+    parser.add_argument("--parallelism", choices=["ddp", "fsdp"], default="ddp",
+                        help="under torchrun: DDP, or FSDP2 sharding (needs --finetune full)")
     parser.add_argument("--steps-scale", type=float, default=1.0,
                         help="multiply the rollout steps (smoke runs only)")
     parser.add_argument("--baseline", help="a one-GPU run's JSON: report the scaling against it")
@@ -97,11 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     config = scaled_config(args, world)
     torch.manual_seed(0)  # the same random weights everywhere (DDP also copies rank 0's)
     started = time.perf_counter()
-    adapter = real_models.build_model("flux", "lora", args.checkpointing, device, args.tiny,
-                                      config)
+    adapter = real_models.build_model("flux", args.finetune, args.checkpointing, device,
+                                      args.tiny, config)
     build_seconds = time.perf_counter() - started
     if distributed:
-        trainer = make_distributed(Trainer(config, model=DistributedFlowModel(adapter, device)))
+        model = DistributedFlowModel(adapter, device, parallelism=args.parallelism)
+        trainer = make_distributed(Trainer(config, model=model))
     else:
         trainer = Trainer(config, model=adapter)
     for _ in range(args.warmup):
@@ -140,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         "prompts_per_rank": args.prompts_per_rank,
         "prompts_per_iteration": config.prompts_per_iteration,
         "iterations": args.iterations, "warmup": args.warmup, "torch_compile": args.compile,
+        "finetune": args.finetune, "parallelism": args.parallelism if distributed else None,
+        "trained_params": sum(p.numel() for p in adapter.trainable_parameters()),
         "gradient_checkpointing": args.checkpointing,
         "build_seconds": build_seconds, "seconds": seconds,
         "rollout_seconds": median("rollout_seconds"), "update_seconds": median("update_seconds"),

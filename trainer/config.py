@@ -156,6 +156,13 @@ class ModelArguments:
                                  "compiling, not ten). Pays on long GPU runs of flux / sd3; "
                                  "the shapes model is launch-bound and does not take it.",
                                  group="model")
+    parallelism: str = _field("ddp", "How several processes (TRAIN_NPROC, train_nnodes, "
+                              "torchrun) share the model: 'ddp' keeps a whole copy on every "
+                              "process and averages gradients (LoRA, and models that fit one "
+                              "card); 'fsdp' shards weights, gradients and optimizer state "
+                              "over the processes (FSDP2; full fine-tuning of models too big "
+                              "for one card). One process trains the same either way.",
+                              choices=("ddp", "fsdp"), group="model")
 
 
 @dataclass
@@ -411,6 +418,17 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
         if diffusers_model and "resolution" not in bad and self.resolution % 16:
             out.append(ConfigError("resolution", f"must be a multiple of 16 for {self.model} "
                                    f"(0: 512), got {self.resolution}"))
+        if self.parallelism == "fsdp":
+            if self.finetune != "full":
+                out.append(ConfigError("parallelism", "'fsdp' shards full fine-tuning; LoRA "
+                                       "trains with 'ddp' (its adapters are small, and the "
+                                       "frozen bf16 base and fp32 adapters cannot share a shard)"))
+            if self.torch_compile:
+                out.append(ConfigError("parallelism", "'fsdp' with torch_compile is not "
+                                       "supported yet; use one of them"))
+            if "kl_coefficient" not in bad and self.kl_coefficient > 0:
+                out.append(ConfigError("parallelism", "'fsdp' has no KL reference model yet "
+                                       "(kl_coefficient > 0 needs 'ddp')"))
         if "lora_target_modules" not in bad and not (
                 self.lora_target_modules
                 and all(isinstance(m, str) and m.strip() for m in self.lora_target_modules)):

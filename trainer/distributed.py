@@ -1,4 +1,4 @@
-"""Data-parallel training over several processes (torchrun; DDP on NCCL or gloo).
+"""Data-parallel training over several processes (torchrun; DDP or FSDP2 on NCCL or gloo).
 
 Each iteration every rank draws the same global prompt list from the shared trainer RNG
 (identical on all ranks), takes its slice (rank r gets prompts r, r + W, ...), and runs the
@@ -9,8 +9,17 @@ step of the whole batch. Scalar metrics are averaged over ranks (with equal shar
 mean is exactly the global one). Checkpoints hold the unwrapped weights and the shared RNG, so
 a resume works with any number of processes.
 
+With parallelism="fsdp" the model is fully sharded instead (FSDP2's `fully_shard`, unit by unit:
+`FlowModel.shard_units`, then the rest): each process holds 1/W of the weights, gradients and
+optimizer state, gathers one unit's weights for its forward and backward, and reduce-scatters
+the gradients, which averages them as DDP does. Saving a checkpoint then gathers the full
+weights and optimizer state onto rank 0's CPU, a collective: every rank calls
+`Trainer.save_checkpoint` at the same iteration, and rank 0 alone writes
+(`DistributedFlowModel.writes_checkpoints`). The files are the same as a single process writes.
+
     rank, world = init_from_env()
-    trainer = make_distributed(Trainer(config, model=DistributedFlowModel(load_model(config))))
+    model = DistributedFlowModel(load_model(config), parallelism=config.parallelism)
+    trainer = make_distributed(Trainer(config, model=model))
 
 Nothing in the trainer's other files knows about this module.
 """
@@ -46,18 +55,41 @@ def local_device() -> str:
 
 
 class DistributedFlowModel(FlowModel):
-    """A FlowModel whose forward runs through DDP; everything else is the wrapped model's."""
+    """A FlowModel whose forward runs through DDP, or which is fully sharded (FSDP2);
+    everything else is the wrapped model's."""
 
-    def __init__(self, model: FlowModel, device: str | torch.device | None = None) -> None:
+    def __init__(self, model: FlowModel, device: str | torch.device | None = None,
+                 parallelism: str = "ddp") -> None:
         super().__init__()
         device = torch.device(device or local_device())
         model = model.to(device)
-        ids = [device.index] if device.type == "cuda" else None
-        self.ddp = DistributedDataParallel(model, device_ids=ids)
+        self.parallelism = parallelism
+        if parallelism == "fsdp":
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+            for unit in model.shard_units():
+                fully_shard(unit, mesh=mesh)
+            fully_shard(model, mesh=mesh)  # the rest: embeddings, final layers
+            self.sharded: FlowModel | None = model
+            self.ddp = None
+        elif parallelism == "ddp":
+            ids = [device.index] if device.type == "cuda" else None
+            self.ddp = DistributedDataParallel(model, device_ids=ids)
+            self.sharded = None
+        else:
+            raise ValueError(f"parallelism must be 'ddp' or 'fsdp', got {parallelism!r}")
 
     @property
     def inner(self) -> FlowModel:
-        return self.ddp.module
+        return self.sharded if self.ddp is None else self.ddp.module
+
+    @property
+    def writes_checkpoints(self) -> bool:
+        """Whether this process writes the checkpoint files (rank 0; the others only take
+        part in gathering sharded state)."""
+        return dist.get_rank() == 0
 
     @property
     def latent_shape(self) -> tuple[int, ...]:
@@ -68,7 +100,7 @@ class DistributedFlowModel(FlowModel):
         return self.inner.flow_shift
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
-        return self.ddp(x, t, cond)
+        return self.inner(x, t, cond) if self.ddp is None else self.ddp(x, t, cond)
 
     def encode_prompts(self, prompts: list[str]) -> Any:
         return self.inner.encode_prompts(prompts)
@@ -79,17 +111,95 @@ class DistributedFlowModel(FlowModel):
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return self.inner.trainable_parameters()
 
-    def save_weights(self, directory: Path, metadata: dict[str, str]) -> Path:
-        return self.inner.save_weights(directory, metadata)
+    def save_weights(self, directory: Path, metadata: dict[str, str],
+                     state: dict[str, torch.Tensor] | None = None) -> Path:
+        """DDP: rank 0's copy is the model. FSDP: every rank gathers (a collective), rank 0
+        writes the full weights; the others write nothing and return where they would be."""
+        if self.ddp is not None:
+            return self.inner.save_weights(directory, metadata, state)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.inner, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True))  # on rank 0's CPU; empty elsewhere
+        if not self.writes_checkpoints:
+            return Path(directory)
+        return self.inner.save_weights(directory, metadata, full)
 
     def load_weights(self, directory: Path) -> None:
-        self.inner.load_weights(directory)
+        if self.ddp is not None:
+            self.inner.load_weights(directory)
+            return
+        # every rank reads the file (shared storage) and keeps its own shard: no collective,
+        # so the ranks may load at different moments (a job runner may resume rank 0 first)
+        full = self.inner.read_weights(directory)
+        expected = set(self.inner.state_dict())
+        if set(full) != expected:
+            raise ValueError(f"{directory} does not fit this model: missing "
+                             f"{sorted(expected - set(full))[:5]}, unexpected "
+                             f"{sorted(set(full) - expected)[:5]}")
+        with torch.no_grad():
+            for name, tensor in [*self.inner.named_parameters(), *self.inner.named_buffers()]:
+                if name in expected:  # not the non-persistent buffers
+                    tensor_local(tensor).copy_(local_shard(full[name], tensor))
+
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """FSDP: the full state gathered onto rank 0's CPU (a collective), in the plain
+        `Optimizer.state_dict()` format, so any number of processes can resume from it."""
+        if self.ddp is not None:
+            return optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
+
+        full = get_optimizer_state_dict(self.inner, optimizer, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True))  # keyed by parameter names
+        order = [name for group in full.get("param_groups", []) for name in group["params"]]
+        index = {name: i for i, name in enumerate(order)}
+        return {"state": {index[name]: value for name, value in full.get("state", {}).items()},
+                "param_groups": [{**group, "params": [index[n] for n in group["params"]]}
+                                 for group in full.get("param_groups", [])]}
+
+    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer,
+                                  state: dict[str, Any]) -> None:
+        if self.ddp is not None:
+            optimizer.load_state_dict(state)
+            return
+        # the moments are sharded like their parameters (sliced locally, as the weights)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        local = {int(i): {k: (distribute_like(v, params[int(i)])
+                              if torch.is_tensor(v) and v.shape == params[int(i)].shape else v)
+                          for k, v in values.items()}
+                 for i, values in state["state"].items()}
+        optimizer.load_state_dict({"state": local, "param_groups": state["param_groups"]})
 
     def state_dict(self, *args: Any, **kwargs: Any):  # the unwrapped names
         return self.inner.state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         return self.inner.load_state_dict(state_dict, strict=strict, assign=assign)
+
+
+def distribute_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`full` laid out as `like` is (a DTensor: this rank's shard of it, cut locally without
+    communication, since every rank holds the full tensor); a plain tensor as it is."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(like, DTensor):
+        return full.to(like.device)
+    return distribute_tensor(full.to(like.device, like.dtype), like.device_mesh, like.placements,
+                             src_data_rank=None)
+
+
+def local_shard(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """This rank's part of `full` where `like` is sharded; `full` itself otherwise."""
+    out = distribute_like(full, like)
+    return out.to_local() if hasattr(out, "to_local") else out
+
+
+def tensor_local(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor this rank stores for `tensor` (a DTensor's local shard)."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 SUMMED = ("forward_passes", "backward_passes")  # work counts add up over ranks

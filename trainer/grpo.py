@@ -143,12 +143,11 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     for part in [loss] if isinstance(loss, torch.Tensor) else loss:
         part.backward()
     params = [p for p in model.parameters() if p.grad is not None]
-    if max_grad_norm > 0:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
-    else:
-        grad_norm = float(torch.norm(torch.stack([p.grad.norm() for p in params])))
+    # clip_grad_norm_ also totals sharded gradients (FSDP's DTensors: full_tensor() then
+    # reads the norm every shard agrees on); an infinite bound only measures
+    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else math.inf)
     optimizer.step()
-    return grad_norm
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
 class UpdateStats:

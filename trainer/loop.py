@@ -12,6 +12,7 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -167,12 +168,18 @@ class Trainer:
         (README.md). Written into a temporary directory, then renamed: all or nothing."""
         final = Path(root) / f"iter-{self.iteration:06d}"
         tmp = final.with_name(final.name + ".tmp")
+        meta = {"iteration": str(self.iteration), "train_config": json.dumps(self.config.to_dict())}
+        if not self.model.writes_checkpoints:
+            # another process of this run writes the files; a sharded model's weights and
+            # optimizer state are gathered from every process (collectives, same order)
+            self.model.save_weights(tmp, meta)
+            self.model.optimizer_state_dict(self.optimizer)
+            return final
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        meta = {"iteration": str(self.iteration), "train_config": json.dumps(self.config.to_dict())}
         self.model.save_weights(tmp, meta)
-        tensors, opt_meta = _flatten_optimizer(self.optimizer)
+        tensors, opt_meta = _flatten_optimizer(self.model.optimizer_state_dict(self.optimizer))
         tensors["rng_state"] = self.generator.get_state()
         save_file(tensors, str(tmp / TRAINER_STATE),
                   metadata={**meta, "optimizer": json.dumps(opt_meta)})
@@ -192,7 +199,8 @@ class Trainer:
             metadata = f.metadata()
         tensors = load_file(str(state_path))
         self.generator.set_state(tensors.pop("rng_state"))
-        _load_optimizer(self.optimizer, tensors, json.loads(metadata["optimizer"]), self.device)
+        self.model.load_optimizer_state_dict(self.optimizer, _optimizer_state(
+            tensors, json.loads(metadata["optimizer"]), self.device))
         self.iteration = int(metadata["iteration"])
 
 
@@ -251,8 +259,8 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return max(found)[1] if found else None
 
 
-def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
-    state = optimizer.state_dict()
+def _flatten_optimizer(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict]:
+    """An `Optimizer.state_dict()` as flat tensors and JSON metadata (a safetensors file)."""
     tensors = {}
     for param_id, param_state in state["state"].items():
         for key, value in param_state.items():
@@ -260,11 +268,12 @@ def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torc
     return tensors, {"param_groups": state["param_groups"]}
 
 
-def _load_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
-                    meta: dict, device: torch.device) -> None:
+def _optimizer_state(tensors: dict[str, torch.Tensor], meta: dict,
+                     device: torch.device) -> dict[str, Any]:
+    """The `Optimizer.state_dict()` that `_flatten_optimizer` wrote."""
     state: dict[int, dict[str, torch.Tensor]] = {}
     for name, value in tensors.items():
         _, param_id, key = name.split(".", 2)
         # Adam's `step` lives on the CPU; moments live with the parameters.
         state.setdefault(int(param_id), {})[key] = value if key == "step" else value.to(device)
-    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    return {"state": state, "param_groups": meta["param_groups"]}

@@ -5,7 +5,10 @@ keeps its heartbeat; WORKER_NAME is its name on every host). Every rank trains i
 (trainer/distributed.py, by global rank); rank 0 alone records metrics, rollout groups and
 checkpoints, and its stop decision (cancel, finished, shutdown) is broadcast so all ranks leave
 the loop together. SIGTERM to any rank (its host's worker shuts down): rank 0 saves and
-requeues, every rank exits.
+requeues, every rank exits. With parallelism 'fsdp' the weights are sharded, so a checkpoint
+is written by all ranks together: rank 0 decides whether this iteration ends with one
+(`TrainRecorder.checkpoint_due`), broadcasts it, every rank gathers, rank 0 writes and records
+it (a cancel request that arrives after the decision is acted on one iteration later).
 
 The preference reward (reward_weights has "preference") is rank 0's choice too: the version it
 resolved at the start (a fit may record a newer "latest" while the ranks start), and after an
@@ -41,6 +44,7 @@ from worker.training import (
     TrainRecorder,
     attach_preference,
     attach_preference_version,
+    checkpoint_root,
     job_train_config,
     prepare_trainer,
 )
@@ -59,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     log_node(job_id, rank, world)
     with session_scope() as s:
         config = job_train_config(jobs.get_job(s, job_id).config)
-    model = DistributedFlowModel(load_model(config))  # collective: every rank, same time
+    # collective: every rank, same time
+    model = DistributedFlowModel(load_model(config), parallelism=config.parallelism)
+    sharded = config.parallelism == "fsdp"
     if rank == 0:  # resumes and truncates the metric history past the checkpoint
         trainer, config, ckpt_id, last_vote = prepare_trainer(job_id, model=model)
     # the model rank 0 blends ("latest" may be newer by now); this also waits for its prepare
@@ -72,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     make_distributed(trainer)
     recorder = (TrainRecorder(job_id, worker_name, config, ckpt_id, shutdown, last_vote)
                 if rank == 0 else None)
+    if recorder is not None:
+        recorder.collective_checkpoints = sharded
     error: Exception | None = None
 
     def on_iteration(tr: Trainer, result) -> bool:
@@ -80,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
         # a warm shutdown of any host's worker (SIGTERM to its ranks): rank 0 saves, requeues
         if any_rank(shutdown.is_set(), comm):
             shutdown.set()
+        if sharded:  # rank 0 plans the checkpoint, every rank gathers it, rank 0 writes
+            (due,) = broadcast_ints([int(recorder.checkpoint_due(tr)) if recorder else 0], comm)
+            if due:
+                saved = tr.save_checkpoint(checkpoint_root(job_id))
+                if recorder is not None:
+                    recorder.presaved = saved
         if recorder is not None:  # may refit the preference model (a new version)
             try:
                 stop = int(recorder(tr, result))

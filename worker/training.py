@@ -88,6 +88,21 @@ class TrainRecorder:
         self.shutdown = shutdown or threading.Event()
         self.cancelled = False
         self.requeued = False  # the worker is shutting down: saved, back in the queue
+        # sharded weights (parallelism 'fsdp' over several processes): every rank writes a
+        # checkpoint together, so the distributed runner saves it when `checkpoint_due` says
+        # so and hands it over here (`presaved`); this callback then never saves by itself
+        self.collective_checkpoints = False
+        self.presaved: Path | None = None
+
+    def checkpoint_due(self, trainer: Trainer) -> bool:
+        """Whether this iteration ends with a checkpoint: cancel requested, the worker
+        leaving, the last iteration, or every checkpoint_every."""
+        it, cfg = trainer.iteration, self.config
+        final = it >= cfg.iterations
+        with session_scope() as s:
+            cancel = jobs.is_cancel_requested(s, self.job_id)
+        leaving = self.shutdown.is_set() and not final
+        return cancel or leaving or final or it % cfg.checkpoint_every == 0
 
     def _record_checkpoint(self, s, iteration: int, path: Path) -> None:
         # the row names the checkpoint's main weights file (what a download serves): the LoRA,
@@ -109,7 +124,10 @@ class TrainRecorder:
             cancel = jobs.is_cancel_requested(s, self.job_id)
         leaving = self.shutdown.is_set() and not final
         saved = None
-        if cancel or leaving or final or it % cfg.checkpoint_every == 0:
+        if self.collective_checkpoints:
+            saved, self.presaved = self.presaved, None
+            cancel = cancel and saved is not None  # else acted on at the next iteration
+        elif cancel or leaving or final or it % cfg.checkpoint_every == 0:
             saved = trainer.save_checkpoint(self.root)
         sample = final or it % cfg.sample_every == 0
         groups = [group_samples(result, p) for p in range(len(result.prompts))] if sample else []
@@ -123,8 +141,10 @@ class TrainRecorder:
                     seed=int(result.noise_seeds[p]), samples=samples, purpose="train")
             if saved is not None:
                 self._record_checkpoint(s, it, saved)
-            cancel = jobs.update_progress(s, self.job_id, it, cfg.iterations,
-                                          clean_metrics(result.metrics)) or cancel
+            requested = jobs.update_progress(s, self.job_id, it, cfg.iterations,
+                                             clean_metrics(result.metrics))
+            # a request that arrived after a collective checkpoint's plan waits for the next
+            cancel = cancel or (requested and not (self.collective_checkpoints and saved is None))
             if cancel and saved is not None:
                 jobs.mark_cancelled(s, self.job_id)
             elif leaving:

@@ -54,3 +54,16 @@ def test_two_processes_train_in_step_and_report_their_scaling(tmp_path):
     assert recorded["scaling_runs"]["2"]["processes"] == 2
     for report in (single, double):
         assert report["seconds"] > 0 and report["peak_memory_gib_max_rank"] > 0
+
+
+def test_full_fine_tuning_sharded_over_two_processes(tmp_path):
+    out = tmp_path / "fsdp.json"
+    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+          str(SCRIPT), *TINY, "--finetune", "full", "--parallelism", "fsdp", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert (report["processes"], report["parallelism"], report["finetune"]) == (2, "fsdp", "full")
+    assert report["backward_passes"] == 2 * 16  # both ranks trained their prompt
+    # full fine-tuning: every transformer weight trains; the gathered weights agree on both ranks
+    assert report["trained_params"] > 10_000
+    first, second = report["trained_weights_checksum_per_rank"]
+    assert first == pytest.approx(second, rel=1e-9)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from worker_helpers import (
     checkpoint_iterations,
     create_train_job,
@@ -67,10 +68,11 @@ def test_two_gloo_processes_match_one_process_with_the_same_total_batch():
 
 
 @pytest.mark.slow
-def test_a_train_job_with_train_nproc_2_runs_under_torchrun(stack):
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_a_train_job_with_train_nproc_2_runs_under_torchrun(stack, parallelism):
     stack.start_worker(extra_env={"TRAIN_NPROC": "2", "OMP_NUM_THREADS": "1"})
     job_id = create_train_job(iterations=4, prompts_per_iteration=4, sample_every=2,
-                              checkpoint_every=2)
+                              checkpoint_every=2, parallelism=parallelism)
     stack.send(job_id)
     job = wait_for(lambda: (j := job_row(job_id)).status in ("succeeded", "failed") and j, 180,
                    "the distributed job", stack)
@@ -78,6 +80,19 @@ def test_a_train_job_with_train_nproc_2_runs_under_torchrun(stack):
     assert metric_iterations(job_id) == [1, 2, 3, 4]
     assert checkpoint_iterations(job_id) == [2, 4]
     assert job.metrics["world_size"] == 2
+    # the checkpoints hold the whole model (FSDP: gathered from both ranks) and load as one
+    from app.db import session_scope
+    from app.services import checkpoints, storage
+    from trainer.models.shapes_dit import ShapesDiT
+
+    with session_scope() as s:
+        rows, _ = checkpoints.list_checkpoints(s, job_id=job_id)
+        paths = [storage.resolve(c.path) for c in sorted(rows, key=lambda c: c.iteration)]
+    models = [ShapesDiT.load(p) for p in paths]
+    assert len(models) == 2
+    first, last = (dict(m.state_dict()) for m in models)
+    assert first.keys() == last.keys()
+    assert any(not torch.equal(first[k], last[k]) for k in first)  # trained between them
 
 
 def _preference_v1_then_new_votes(fit_votes: int = 6, late_votes: int = 2) -> None:

@@ -133,14 +133,43 @@ class FlowModel(nn.Module):
         before training); a LoRA adapter returns itself with its adapters disabled instead."""
         return copy.deepcopy(self).requires_grad_(False).eval()
 
-    def save_weights(self, directory: Path, metadata: dict[str, str]) -> Path:
+    def save_weights(self, directory: Path, metadata: dict[str, str],
+                     state: dict[str, torch.Tensor] | None = None) -> Path:
         """Write what this model trains into `directory` (created by the caller); returns the
-        main weights file (what a checkpoint download serves)."""
+        main weights file (what a checkpoint download serves). `state`, keyed as this module's
+        state_dict, is written in place of the module's own tensors: the gathered weights of a
+        sharded model (trainer/distributed.py)."""
         raise NotImplementedError
 
     def load_weights(self, directory: Path) -> None:
         """Load what `save_weights` wrote (resume, or a checkpoint to sample from)."""
         raise NotImplementedError
+
+    def read_weights(self, directory: Path) -> dict[str, torch.Tensor]:
+        """What `save_weights` wrote as a state dict of this module, on the CPU, without loading
+        it (a sharded model loads it shard by shard)."""
+        raise NotImplementedError
+
+    @property
+    def writes_checkpoints(self) -> bool:
+        """Whether this process writes checkpoint files (of a run over several processes, one
+        does; trainer/distributed.py)."""
+        return True
+
+    def shard_units(self) -> list[nn.Module]:
+        """The submodules a fully sharded run (parallelism='fsdp') shards one by one, so that
+        one unit's weights are gathered at a time: the transformer blocks. Empty: the model is
+        one unit."""
+        return []
+
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The optimizer's state for a checkpoint, in `Optimizer.state_dict()`'s format (a
+        sharded model gathers it)."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer,
+                                  state: dict[str, Any]) -> None:
+        optimizer.load_state_dict(state)
 
     def model_card(self) -> dict[str, Any]:
         """What the checkpoint's README names as the base model."""

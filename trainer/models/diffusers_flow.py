@@ -230,8 +230,20 @@ class DiffusersFlowModel(FlowModel):
         frozen = copy.deepcopy(self.transformer).requires_grad_(False).eval()
         return _ReferencePolicy(self, frozen)
 
-    def save_weights(self, directory: Path, metadata: dict[str, str]) -> Path:
+    def save_weights(self, directory: Path, metadata: dict[str, str],
+                     state: dict[str, torch.Tensor] | None = None) -> Path:
         directory = Path(directory)
+        if state is not None:  # a sharded full fine-tune's gathered weights
+            if self.spec.finetune == "lora":
+                raise ValueError("a LoRA run's adapters are not sharded (parallelism 'ddp')")
+            from safetensors.torch import save_file
+
+            (directory / FULL_TRANSFORMER).parent.mkdir(parents=True, exist_ok=True)
+            self.transformer.save_config(directory / FULL_TRANSFORMER.parent)
+            save_file({k.removeprefix("transformer."): v.detach().contiguous().cpu()
+                       for k, v in state.items()}, str(directory / FULL_TRANSFORMER),
+                      metadata={"format": "pt"})
+            return directory / FULL_TRANSFORMER
         if self.spec.finetune == "lora":
             from peft.utils import get_peft_model_state_dict
 
@@ -275,6 +287,18 @@ class DiffusersFlowModel(FlowModel):
         state = load_file(str(full), device=str(self.device))
         self.transformer.load_state_dict({k: v.to(torch.float32) for k, v in state.items()})
 
+    def read_weights(self, directory: Path) -> dict[str, torch.Tensor]:
+        from safetensors.torch import load_file
+
+        full = Path(directory) / FULL_TRANSFORMER
+        if self.spec.finetune != "full" or not full.is_file():
+            raise FileNotFoundError(f"{directory} holds no {FULL_TRANSFORMER} (a full "
+                                    "fine-tune's checkpoint)")
+        return {f"transformer.{k}": v.to(torch.float32) for k, v in load_file(str(full)).items()}
+
+    def shard_units(self) -> list[nn.Module]:
+        return repeated_blocks(self.transformer)
+
     def model_card(self) -> dict[str, Any]:
         return {"model": self.spec.name, "model_path": self.spec.path,
                 "finetune": self.spec.finetune}
@@ -284,13 +308,18 @@ class DiffusersFlowModel(FlowModel):
 BLOCK_LISTS = ("transformer_blocks", "single_transformer_blocks")
 
 
+def repeated_blocks(transformer: nn.Module) -> list[nn.Module]:
+    """The transformer's blocks, in order (the units compiled and sharded one by one)."""
+    return [block for name in BLOCK_LISTS for block in getattr(transformer, name, ())]
+
+
 def compile_blocks(transformer: nn.Module) -> int:
     """Regional compilation: torch.compile each repeated block in place (`Module.compile`, so
     parameter names, state dicts and peft's adapters are untouched). The blocks of a list share
     one code object, so one compiled graph per input shape and grad mode serves all of them;
     compiling the whole model would trace every block separately. Compilation is lazy (first
     call). Returns how many blocks were wrapped."""
-    blocks = [block for name in BLOCK_LISTS for block in getattr(transformer, name, ())]
+    blocks = repeated_blocks(transformer)
     if not blocks:
         raise ValueError(f"{type(transformer).__name__} has none of {BLOCK_LISTS} to compile")
     for block in blocks:

@@ -180,21 +180,30 @@ class ShapesDiT(FlowModel):
         return (latents.detach().float().clamp(-1, 1) + 1) / 2
 
     # -- weights ------------------------------------------------------------------------------
-    def save(self, path: str | Path, extra_metadata: dict[str, str] | None = None) -> None:
+    def save(self, path: str | Path, extra_metadata: dict[str, str] | None = None,
+             state: dict[str, torch.Tensor] | None = None) -> None:
         metadata = {"format": "shapes-dit", "config": json.dumps(asdict(self.config))}
         metadata.update(extra_metadata or {})
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        save_file(state, str(path), metadata=metadata)
+        state = self.state_dict() if state is None else state
+        save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(path),
+                  metadata=metadata)
 
-    def save_weights(self, directory: Path, metadata: dict[str, str]) -> Path:
+    def save_weights(self, directory: Path, metadata: dict[str, str],
+                     state: dict[str, torch.Tensor] | None = None) -> Path:
         path = Path(directory) / "model.safetensors"
-        self.save(path, extra_metadata=metadata)
+        self.save(path, extra_metadata=metadata, state=state)
         return path
 
-    def load_weights(self, directory: Path) -> None:
+    def read_weights(self, directory: Path) -> dict[str, torch.Tensor]:
         path = Path(directory)
-        path = path / "model.safetensors" if path.is_dir() else path
-        self.load_state_dict(load_file(str(path), device=str(self.patch_pos.device)))
+        return load_file(str(path / "model.safetensors" if path.is_dir() else path))
+
+    def load_weights(self, directory: Path) -> None:
+        self.load_state_dict({k: v.to(self.patch_pos.device)
+                              for k, v in self.read_weights(directory).items()})
+
+    def shard_units(self) -> list[nn.Module]:
+        return list(self.blocks)
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu") -> ShapesDiT:
