@@ -95,6 +95,40 @@ def test_a_train_job_with_train_nproc_2_runs_under_torchrun(stack, parallelism):
     assert any(not torch.equal(first[k], last[k]) for k in first)  # trained between them
 
 
+@pytest.mark.slow
+def test_a_sharded_job_cancels_at_a_collective_checkpoint_and_resumes_on_every_rank(stack):
+    """parallelism 'fsdp': a cancel waits for the next checkpoint that every rank writes
+    together (at most one iteration later), and the resumed job loads each rank's shard."""
+    from app.db import session_scope
+    from app.services import jobs
+
+    stack.start_worker(extra_env={"TRAIN_NPROC": "2", "OMP_NUM_THREADS": "1"})
+    job_id = create_train_job(iterations=300, prompts_per_iteration=4, sample_every=1000,
+                              checkpoint_every=1000, parallelism="fsdp")
+    stack.send(job_id)
+    wait_for(lambda: job_row(job_id).iteration >= 3, 120, "three iterations", stack)
+    with session_scope() as s:
+        seen = jobs.request_cancel(s, job_id).iteration
+    job = wait_for(lambda: (j := job_row(job_id)).status in ("cancelled", "failed") and j, 60,
+                   "the cancel", stack)
+    assert job.status == "cancelled", job.error
+    stopped = job.iteration
+    assert seen <= stopped <= seen + 3 and stopped < 300
+    assert checkpoint_iterations(job_id) == [stopped]
+    assert metric_iterations(job_id) == list(range(1, stopped + 1))
+    with session_scope() as s:  # shorten the job, then resume it as the API does
+        row = jobs.get_job(s, job_id)
+        row.config = {**row.config, "iterations": stopped + 2}
+        row.total_iterations = stopped + 2
+        jobs.resume_job(s, job_id)
+    stack.send(job_id)
+    job = wait_for(lambda: (j := job_row(job_id)).status in ("succeeded", "failed") and j, 120,
+                   "the resumed job", stack)
+    assert job.status == "succeeded", job.error
+    assert metric_iterations(job_id) == list(range(1, stopped + 3))
+    assert checkpoint_iterations(job_id) == [stopped, stopped + 2]
+
+
 def _preference_v1_then_new_votes(fit_votes: int = 6, late_votes: int = 2) -> None:
     """Preference model v1 (a tiny net, 2 epochs) fitted on `fit_votes` votes within one stored
     group, then `late_votes` more: an online refit then has something new and records v2."""
