@@ -140,7 +140,7 @@ class DistributedFlowModel(FlowModel):
         with torch.no_grad():
             for name, tensor in [*self.inner.named_parameters(), *self.inner.named_buffers()]:
                 if name in expected:  # not the non-persistent buffers
-                    tensor_local(tensor).copy_(local_shard(full[name], tensor))
+                    tensor_local(tensor).copy_(tensor_local(distribute_like(full[name], tensor)))
 
     def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """FSDP: the full state gathered onto rank 0's CPU (a collective), in the plain
@@ -189,12 +189,6 @@ def distribute_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return full.to(like.device)
     return distribute_tensor(full.to(like.device, like.dtype), like.device_mesh, like.placements,
                              src_data_rank=None)
-
-
-def local_shard(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """This rank's part of `full` where `like` is sharded; `full` itself otherwise."""
-    out = distribute_like(full, like)
-    return out.to_local() if hasattr(out, "to_local") else out
 
 
 def tensor_local(tensor: torch.Tensor) -> torch.Tensor:

@@ -94,15 +94,20 @@ class TrainRecorder:
         self.collective_checkpoints = False
         self.presaved: Path | None = None
 
+    def _stop_reasons(self, iteration: int) -> tuple[bool, bool, bool]:
+        """(cancel requested, the worker leaving, the last iteration) after `iteration`."""
+        final = iteration >= self.config.iterations
+        with session_scope() as s:
+            cancel = jobs.is_cancel_requested(s, self.job_id)
+        return cancel, self.shutdown.is_set() and not final, final
+
     def checkpoint_due(self, trainer: Trainer) -> bool:
         """Whether this iteration ends with a checkpoint: cancel requested, the worker
         leaving, the last iteration, or every checkpoint_every."""
-        it, cfg = trainer.iteration, self.config
-        final = it >= cfg.iterations
-        with session_scope() as s:
-            cancel = jobs.is_cancel_requested(s, self.job_id)
-        leaving = self.shutdown.is_set() and not final
-        return cancel or leaving or final or it % cfg.checkpoint_every == 0
+        return self._due(trainer.iteration, self._stop_reasons(trainer.iteration))
+
+    def _due(self, iteration: int, stop_reasons: tuple[bool, bool, bool]) -> bool:
+        return any(stop_reasons) or iteration % self.config.checkpoint_every == 0
 
     def _record_checkpoint(self, s, iteration: int, path: Path) -> None:
         # the row names the checkpoint's main weights file (what a download serves): the LoRA,
@@ -119,15 +124,12 @@ class TrainRecorder:
             refit, self.preference_last_vote = maybe_refit_preference(
                 trainer, cfg, self.job_id, self.preference_last_vote)
             result.metrics.update(refit)
-        final = it >= cfg.iterations
-        with session_scope() as s:
-            cancel = jobs.is_cancel_requested(s, self.job_id)
-        leaving = self.shutdown.is_set() and not final
+        cancel, leaving, final = self._stop_reasons(it)
         saved = None
         if self.collective_checkpoints:
             saved, self.presaved = self.presaved, None
             cancel = cancel and saved is not None  # else acted on at the next iteration
-        elif cancel or leaving or final or it % cfg.checkpoint_every == 0:
+        elif self._due(it, (cancel, leaving, final)):
             saved = trainer.save_checkpoint(self.root)
         sample = final or it % cfg.sample_every == 0
         groups = [group_samples(result, p) for p in range(len(result.prompts))] if sample else []

@@ -22,6 +22,7 @@ from worker_helpers import (
     create_train_job,
     job_row,
     metric_iterations,
+    resume_with_iterations,
     wait_for,
 )
 
@@ -116,11 +117,7 @@ def test_a_sharded_job_cancels_at_a_collective_checkpoint_and_resumes_on_every_r
     assert seen <= stopped <= seen + 3 and stopped < 300
     assert checkpoint_iterations(job_id) == [stopped]
     assert metric_iterations(job_id) == list(range(1, stopped + 1))
-    with session_scope() as s:  # shorten the job, then resume it as the API does
-        row = jobs.get_job(s, job_id)
-        row.config = {**row.config, "iterations": stopped + 2}
-        row.total_iterations = stopped + 2
-        jobs.resume_job(s, job_id)
+    resume_with_iterations(job_id, stopped + 2)  # shortened, resumed as the API does
     stack.send(job_id)
     job = wait_for(lambda: (j := job_row(job_id)).status in ("succeeded", "failed") and j, 120,
                    "the resumed job", stack)

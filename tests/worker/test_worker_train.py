@@ -11,6 +11,7 @@ from worker_helpers import (
     groups_per_iteration,
     job_row,
     metric_iterations,
+    resume_with_iterations,
     wait_for,
 )
 
@@ -91,11 +92,7 @@ def test_resume_after_cancel_continues_the_metric_history(stack):
         jobs.request_cancel(s, job_id)
     job = wait_for(lambda: _finished(job_id), 30, "the cancel", stack)
     stopped = job.iteration
-    with session_scope() as s:  # shorten the job, then resume it as the API does
-        row = jobs.get_job(s, job_id)
-        row.config = {**row.config, "iterations": stopped + 3}
-        row.total_iterations = stopped + 3
-        jobs.resume_job(s, job_id)
+    resume_with_iterations(job_id, stopped + 3)  # shortened, resumed as the API does
     stack.send(job_id)
     job = wait_for(lambda: _finished(job_id), 60, "the resumed job", stack)
     assert job.status == "succeeded", job.error

@@ -16,6 +16,18 @@ def create_train_job(**overrides) -> int:
         return jobs.create_job(s, "train", {"device": "cpu", **overrides}, preset="tiny").id
 
 
+def resume_with_iterations(job_id: int, iterations: int) -> None:
+    """Set a stopped job's iteration budget, then resume it as the API does."""
+    from app.db import session_scope
+    from app.services import jobs
+
+    with session_scope() as s:
+        row = jobs.get_job(s, job_id)
+        row.config = {**row.config, "iterations": iterations}
+        row.total_iterations = iterations
+        jobs.resume_job(s, job_id)
+
+
 def job_row(job_id: int):
     from app.db import session_scope
     from app.services import jobs
