@@ -48,7 +48,7 @@ def scaled_config(args: argparse.Namespace, world: int) -> TrainConfig:
     prompts = args.prompts_per_rank * world
     base = flux_scale.case_config(CASE, args).to_dict()
     base.update(prompts_per_iteration=prompts, finetune=args.finetune,
-                parallelism=args.parallelism,
+                parallelism=args.parallelism, mixed_precision=args.mixed_precision,
                 prompts=[f"prompt {i}" for i in range(max(prompts, len(flux_scale.PROMPTS)))])
     return TrainConfig.from_dict(base)
 
@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--finetune", choices=["lora", "full"], default="lora")
     parser.add_argument("--parallelism", choices=["ddp", "fsdp"], default="ddp",
                         help="under torchrun: DDP, or FSDP2 sharding (needs --finetune full)")
+    parser.add_argument("--mixed-precision", choices=["auto", "no", "bf16"], default="auto",
+                        help="the config's mixed_precision (auto: bf16 on CUDA; bf16 on the CPU "
+                        "checks a sharded run's bf16 gathers at toy size)")
     parser.add_argument("--steps-scale", type=float, default=1.0,
                         help="multiply the rollout steps (smoke runs only)")
     parser.add_argument("--baseline", help="a one-GPU run's JSON: report the scaling against it")
@@ -111,6 +114,13 @@ def main(argv: list[str] | None = None) -> int:
         trainer = make_distributed(Trainer(config, model=model))
     else:
         trainer = Trainer(config, model=adapter)
+    forward_dtype: dict[str, str] = {}
+    units = adapter.shard_units()
+    if units:  # the dtype a unit's weights have inside its forward (gathered, under FSDP)
+        def note_dtype(module: torch.nn.Module, _: Any) -> None:
+            forward_dtype.setdefault("dtype", str(next(module.parameters()).dtype))
+
+        units[0].register_forward_pre_hook(note_dtype)
     for _ in range(args.warmup):
         trainer.step()
     if device.type == "cuda":
@@ -149,6 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         "iterations": args.iterations, "warmup": args.warmup, "torch_compile": args.compile,
         "finetune": args.finetune, "parallelism": args.parallelism if distributed else None,
         "trained_params": sum(p.numel() for p in adapter.trainable_parameters()),
+        "mixed_precision": args.mixed_precision,
+        # sharded: what this process keeps of the weights (FSDP), and in which dtype
+        "local_params": sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+                            for p in adapter.parameters()),
+        "master_dtype": str(next(adapter.parameters()).dtype),
+        "forward_weights_dtype": forward_dtype.get("dtype"),
         "gradient_checkpointing": args.checkpointing,
         "build_seconds": build_seconds, "seconds": seconds,
         "rollout_seconds": median("rollout_seconds"), "update_seconds": median("update_seconds"),

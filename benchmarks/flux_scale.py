@@ -87,6 +87,7 @@ def case_config(name: str, args: argparse.Namespace) -> TrainConfig:
                   train_batch_size=args.sde_train_batch_size if sde else args.train_batch_size,
                   mixed_precision="bf16" if args.device.startswith("cuda") else "no",
                   gradient_checkpointing=args.checkpointing, torch_compile=args.compile,
+                  gradient_checkpointing_fraction=args.checkpoint_fraction,
                   iterations=args.iterations + 1)
     return TrainConfig.from_dict(config)
 
@@ -144,13 +145,13 @@ def count_sample_flops(adapter: torch.nn.Module, prompt: str) -> dict[str, Any]:
         with torch.no_grad(), FlopCounterMode(display=False) as forward_counter:
             adapter(x, t, cond)
         if checkpointing:
-            transformer.disable_gradient_checkpointing()
+            adapter.set_gradient_checkpointing(False)
         try:
             with FlopCounterMode(display=False) as counter:
                 adapter(x, t, cond).square().mean().backward()
         finally:
             if checkpointing:
-                transformer.enable_gradient_checkpointing()
+                adapter.set_gradient_checkpointing(True)  # the same share of blocks again
             for param in adapter.parameters():  # the next Trainer's optimizer starts clean
                 param.grad = None
     forward = forward_counter.get_total_flops()
@@ -176,7 +177,9 @@ def add_flops(row: dict[str, Any], flops: dict[str, Any], peak_tflops: float) ->
     # forwards without gradient in the update (the KL reference; pi_old comes from the rollout)
     update_forwards = row["forward_passes"] - rollout_forwards - trained
     update = update_forwards * forward + trained * both
-    recompute = trained * forward if row["gradient_checkpointing"] else 0
+    # the recomputed share of the blocks' forwards (blocks taken as equal in cost)
+    recompute = (trained * forward * row["gradient_checkpointing_fraction"]
+                 if row["gradient_checkpointing"] else 0)
     peak = peak_tflops * 1e12
     row.update({
         "update_forward_only_passes": update_forwards,
@@ -215,6 +218,7 @@ def run_case(name: str, adapter: torch.nn.Module, args: argparse.Namespace,
         "train_batch_size": config.train_batch_size,
         "rollout_batch_size": config.rollout_batch_size,
         "gradient_checkpointing": config.gradient_checkpointing,
+        "gradient_checkpointing_fraction": config.gradient_checkpointing_fraction,
         "prompts_per_iteration": config.prompts_per_iteration, "iterations": args.iterations}
     try:
         if warmup:
@@ -252,6 +256,53 @@ def run_case(name: str, adapter: torch.nn.Module, args: argparse.Namespace,
         "peak_memory_gb": peak / 1e9, "peak_memory_gib": peak / 2**30,
         "case_wall_seconds": time.perf_counter() - began})
     return row
+
+
+def sync_report(name: str, adapter: torch.nn.Module, args: argparse.Namespace
+                ) -> dict[str, Any]:
+    """One iteration of the case under torch.cuda.set_sync_debug_mode('warn'): every
+    operation that makes the host wait for the GPU warns, and each warning is traced to the
+    innermost frames of this project's code (trainer/, benchmarks/) that led to it."""
+    import traceback as tb
+    import warnings
+
+    root = str(Path(__file__).resolve().parents[1])
+    sites: dict[str, int] = {}
+
+    shown = warnings.showwarning
+
+    def note(message: Any, category: Any, filename: str, lineno: int, *rest: Any) -> None:
+        if "synchroniz" not in str(message):  # torch: "called a synchronizing CUDA operation"
+            shown(message, category, filename, lineno, *rest)
+            return
+        frames = [f for f in tb.extract_stack()[:-1] if f.filename.startswith(root)]
+        where = " < ".join(f"{Path(f.filename).relative_to(root)}:{f.lineno} {f.name}"
+                           for f in reversed(frames[-3:])) or f"{filename}:{lineno}"
+        sites[where] = sites.get(where, 0) + 1
+
+    trainer = Trainer(case_config(name, args), model=adapter)
+    trainer.step()  # warm (the first step of a fresh optimizer allocates its state)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = note
+            cuda = torch.cuda.is_available()
+            if cuda:
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                trainer.step()
+            finally:
+                if cuda:
+                    torch.cuda.set_sync_debug_mode("default")
+    finally:
+        warnings.showwarning = shown
+        del trainer
+        gc.collect()
+    ordered = sorted(sites.items(), key=lambda item: -item[1])
+    return {"case": name, "how": "torch.cuda.set_sync_debug_mode('warn') over one iteration "
+            "after a warm-up; each warning traced to the innermost three frames of this "
+            "project's code", "total": sum(sites.values()),
+            "sites": [{"where": where, "count": count} for where, count in ordered]}
 
 
 # ---------------------------------------------------------------------------------------
@@ -328,6 +379,13 @@ def main(argv: list[str] | None = None) -> int:
                              "K = 14 steps in two passes)")
     parser.add_argument("--no-checkpointing", dest="checkpointing", action="store_false",
                         help="turn gradient checkpointing off (more memory, no recompute)")
+    parser.add_argument("--checkpoint-fraction", type=float, default=1.0,
+                        help="gradient_checkpointing_fraction: the share of the blocks "
+                             "recomputed (1: all; 0.5: every other block)")
+    parser.add_argument("--sync-report", action="store_true",
+                        help="after the cases, one more iteration of the first case with "
+                             "torch.cuda.set_sync_debug_mode('warn'): where the host waits "
+                             "for the GPU, by phase and source line (CUDA only)")
     parser.add_argument("--compile", action="store_true",
                         help="torch_compile: compile the transformer's blocks (the warm-up "
                              "iteration then includes the compilation)")
@@ -356,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
                      "group_size": args.group_size, "lora_rank": args.lora_rank,
                      "prompts_per_iteration": 1, "reward": "jpeg_compressibility",
                      "gradient_checkpointing": args.checkpointing,
+                     "gradient_checkpointing_fraction": args.checkpoint_fraction,
                      "torch_compile": args.compile,
                      "train_batch_size": args.train_batch_size,
                      "steps_scale": args.steps_scale, "iterations": args.iterations,
@@ -435,6 +494,12 @@ def main(argv: list[str] | None = None) -> int:
         report["elapsed_seconds"] = time.perf_counter() - began
         write(report, out)
         print(f"{table_row(row)}  ({report['elapsed_seconds']:.0f} s so far)", flush=True)
+
+    if args.sync_report:  # on a CPU nothing waits: the report is empty
+        report["host_syncs"] = sync_report(names[0], adapter, args)
+        write(report, out)
+        for site in report["host_syncs"]["sites"]:
+            print(f"  sync x{site['count']}: {site['where']}", flush=True)
 
     print(f"\n{TABLE_HEAD}", flush=True)
     for row in report["cases"]:

@@ -8,6 +8,20 @@ training job scores (`compute_rewards`), at batch 48 (4 prompts x G = 12) of 512
     python benchmarks/reward_models.py                          # every reward, on CUDA
     python benchmarks/reward_models.py --rewards pickscore      # one
     python benchmarks/reward_models.py --tiny --device cpu      # toy sizes (CI)
+    python benchmarks/reward_models.py --server --clients 4     # and through the reward server
+
+With `--server`, the same rewards are then scored through the reward server
+(trainer/rewards/serve.py) started in this process on 127.0.0.1 (uvicorn in a thread, same
+device, same written weights): one client sending the in-process batch through the job's own
+client (trainer/rewards/remote.py: `prepare_scorer` with a `reward_server_url`), then
+`--clients` concurrent clients each sending one prompt's group of 12 images, as several
+workers would. Each row gains the server's images/s, its ratio to in-process and the largest
+absolute difference between served and in-process scores of the same images. Clients and
+server share this process's GIL (encoding, JSON and decoding the images hold it), which
+separate worker and server processes would not: the served numbers are a lower bound.
+
+A reward whose package does not import here (open_clip for hpsv2 and aesthetic) is skipped
+with a note.
 
 Architectures: hpsv2 = open_clip ViT-H-14 (HPS v2.1); aesthetic = open_clip ViT-L-14 with
 QuickGELU + the LAION MLP; pickscore = transformers CLIP ViT-H/14 (laion/CLIP-ViT-H-14, which
@@ -21,10 +35,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import string
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +55,11 @@ from trainer.rewards import compute_rewards  # noqa: E402
 from trainer.rewards import models as reward_models  # noqa: E402
 
 REWARDS = ("hpsv2", "pickscore", "clip_score", "aesthetic")
+# images per request of each concurrent server client: one prompt's group (G = 12)
+GROUP = 12
+# the server's start (its models load in create_app, before this clock) and its stop
+SERVER_START_TIMEOUT_S = 60.0
+SERVER_STOP_TIMEOUT_S = 30.0
 
 # transformers CLIPConfig sizes of the published checkpoints (config.json)
 HF_CLIP = {
@@ -128,16 +152,24 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(name: str, root: Path, args: argparse.Namespace) -> dict:
-    """Write, load (timed: a job's cold start) and score `--repeats` batches (timed)."""
+def inputs(batch: int, image_size: int) -> tuple[np.ndarray, list[str]]:
+    """The scored batch: random (batch, size, size, 3) uint8 images (seeded: in process and
+    served score the same ones) and their prompts."""
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (batch, image_size, image_size, 3), np.uint8)
+    prompts = [f"a photo of {i % 4} red squares on a table" for i in range(batch)]
+    return images, prompts
+
+
+def measure(name: str, root: Path, args: argparse.Namespace) -> tuple[dict, np.ndarray]:
+    """Write, load (timed: a job's cold start) and score `--repeats` batches (timed). Returns
+    the row and the last batch's scores (the reference the server's are compared with)."""
     device = torch.device(args.device)
     started = time.perf_counter()
     write_reward(name, root, args.tiny, device)
     written = time.perf_counter() - started
     reward_models.configure_reward_models({}, device)
-    rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (args.batch, args.image_size, args.image_size, 3), np.uint8)
-    prompts = [f"a photo of {i % 4} red squares on a table" for i in range(args.batch)]
+    images, prompts = inputs(args.batch, args.image_size)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     started = time.perf_counter()
@@ -160,7 +192,175 @@ def measure(name: str, root: Path, args: argparse.Namespace) -> dict:
     reward_models.clear_cache()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return row
+    return row, scores
+
+
+@contextmanager
+def reward_server(names: list[str], args: argparse.Namespace) -> Iterator[tuple[str, float]]:
+    """The reward server's app serving `names` (from this run's REWARD_MODELS_DIR, on
+    `--device`) under uvicorn in a daemon thread of this process, on a free port of
+    127.0.0.1; yields (url, seconds create_app took to load the models) once GET /health says
+    ok, and stops the server (its batcher with it) on exit."""
+    import uvicorn
+
+    from trainer.rewards.remote import RewardClient, RewardServerError, reward_client
+    from trainer.rewards.serve import create_app
+
+    started = time.perf_counter()
+    app = create_app(names, device=args.device, max_batch=args.server_max_batch,
+                     max_wait_ms=args.server_max_wait_ms)
+    load_seconds = time.perf_counter() - started
+    # bound before uvicorn starts and handed to it: no other process can take the port between
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))  # no access log lines
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
+                              name="reward-server", daemon=True)
+    thread.start()
+    probe = RewardClient(url, timeout=5.0)
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while True:
+            try:
+                if probe.health().get("status") == "ok":  # "ok" once the batcher runs
+                    break
+            except RewardServerError:  # not listening yet
+                pass
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the reward server at {url} did not become healthy within "
+                                   f"{SERVER_START_TIMEOUT_S:g} s")
+            time.sleep(0.05)
+        yield url, load_seconds
+    finally:
+        probe.close()
+        # the job's client of this URL (prepare_scorer's) is cached per process: it goes
+        # with its server, so that a later server on the same port gets a fresh one
+        reward_client(url).close()
+        reward_client.cache_clear()
+        server.should_exit = True
+        thread.join(timeout=SERVER_STOP_TIMEOUT_S)
+        sock.close()
+        if thread.is_alive():
+            print(f"warning: the reward server at {url} did not stop within "
+                  f"{SERVER_STOP_TIMEOUT_S:g} s", file=sys.stderr)
+
+
+def measure_server(name: str, url: str, reference: np.ndarray, in_process: float,
+                   args: argparse.Namespace) -> dict:
+    """The server's keys of `name`'s row: images/s of one client sending the in-process batch
+    and of `--clients` concurrent clients sending GROUP images each, their ratios to
+    `in_process` images/s, and the largest |served - in-process score| (`reference`) over
+    every timed request."""
+    from trainer.rewards.remote import RewardClient, prepare_scorer
+
+    images, prompts = inputs(args.batch, args.image_size)
+    # what a training job with reward_server_url does: prepare_scorer checks the server serves
+    # the reward and hands back the process's RewardClient, which the job calls per batch
+    scorer = prepare_scorer([name], server_url=url)
+    scorer([name], images, prompts)  # warm-up
+    diffs = []
+    started = time.perf_counter()
+    for _ in range(args.repeats):
+        diffs.append(np.abs(scorer([name], images, prompts)[name] - reference).max())
+    one = args.batch * args.repeats / (time.perf_counter() - started)
+
+    # client k sends images k*12 .. k*12+11 (wrapping around a smaller --batch); each has its
+    # own RewardClient (connection pool), as separate worker processes would
+    groups = [(k * GROUP + np.arange(GROUP)) % args.batch for k in range(args.clients)]
+    clients = [RewardClient(url) for _ in groups]
+
+    def send(k: int) -> float:
+        rows = groups[k]
+        scores = clients[k]([name], images[rows], [prompts[i] for i in rows])[name]
+        return float(np.abs(scores - reference[rows]).max())
+
+    def send_repeats(k: int) -> list[float]:
+        return [send(k) for _ in range(args.repeats)]
+
+    try:
+        with ThreadPoolExecutor(args.clients) as pool:
+            list(pool.map(send, range(args.clients)))  # warm-up: every thread and connection up
+            # each client loops on its own (a worker sends its next group when it has one),
+            # not in lockstep rounds; the clock stops when the slowest is done
+            started = time.perf_counter()
+            for client_diffs in pool.map(send_repeats, range(args.clients)):
+                diffs += client_diffs
+            seconds = time.perf_counter() - started
+    finally:
+        for client in clients:
+            client.close()
+    concurrent = args.clients * GROUP * args.repeats / seconds
+    return {"server_batch": args.batch, "server_one_client_images_per_second": one,
+            "server_one_client_ratio": one / in_process,
+            "server_clients": args.clients, "server_client_batch": GROUP,
+            "server_concurrent_images_per_second": concurrent,
+            "server_concurrent_ratio": concurrent / in_process,
+            "server_max_abs_diff": float(max(diffs))}
+
+
+def _print_row(row: dict) -> None:
+    name, card = row["reward"], row["card"]
+    if "skipped" in row:
+        print(f"| {name} | {card} | skipped: {row['skipped']} |", flush=True)
+    elif "error" in row:
+        print(f"| {name} | {card} | error: {row['error']} |", flush=True)
+    else:
+        print(f"| {name} | {card} | {row['batch']} | {row['images_per_second']:.1f} | "
+              f"{row['seconds_per_batch']:.3f} | {row['load_seconds']:.1f} | "
+              f"{row.get('peak_memory_gb', float('nan')):.1f} |", flush=True)
+
+
+def _print_server_row(row: dict) -> None:
+    name, card = row["reward"], row["card"]
+    if "server_error" in row:
+        print(f"| {name} | {card} | server error: {row['server_error']} |", flush=True)
+    else:
+        print(f"| {name} | {card} | {row['images_per_second']:.1f} | "
+              f"{row['server_one_client_images_per_second']:.1f} | "
+              f"{row['server_one_client_ratio']:.2f} | "
+              f"{row['server_concurrent_images_per_second']:.1f} | "
+              f"{row['server_concurrent_ratio']:.2f} | {row['server_max_abs_diff']:.2e} |",
+              flush=True)
+
+
+def _measure_served(rows: list[dict], references: dict[str, np.ndarray],
+                    args: argparse.Namespace, write: Callable[[], None]) -> dict:
+    """Add the server's keys to the rows of the rewards in `references` (those scored in
+    process), through one reward server serving them all; returns the run's server facts
+    (its settings, model load time, final /health counters, or the error that stopped it)."""
+    from trainer.rewards.remote import reward_client
+
+    print(f"\n| reward | card | in-process images/s | server 1 client x {args.batch} "
+          f"images/s | server/in-process | server {args.clients} clients x {GROUP} images/s | "
+          f"server/in-process | max abs diff |")
+    print("|---|---|---|---|---|---|---|---|")
+    info: dict = {"max_batch": args.server_max_batch, "max_wait_ms": args.server_max_wait_ms}
+    pending = [r for r in rows if r["reward"] in references]
+    try:
+        with reward_server(list(references), args) as (url, load_seconds):
+            info["load_seconds"] = load_seconds
+            while pending:
+                row = pending.pop(0)
+                try:
+                    row.update(measure_server(row["reward"], url, references[row["reward"]],
+                                              row["images_per_second"], args))
+                except Exception as error:  # one reward failing must not lose the others
+                    row["server_error"] = f"{type(error).__name__}: {error}"
+                _print_server_row(row)
+                write()
+            # how the batcher gathered the requests (batches, largest_batch_requests)
+            info["health"] = reward_client(url).health()
+    except Exception as error:  # the server did not start: the rows left get no number
+        info["error"] = f"{type(error).__name__}: {error}"
+        for row in pending:
+            row["server_error"] = f"no reward server: {info['error']}"
+            _print_server_row(row)
+    finally:
+        reward_models.clear_cache()
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    return info
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,34 +372,63 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image-size", type=int, default=512, help="generated image side")
     parser.add_argument("--repeats", type=int, default=3, help="timed batches, after a warm-up")
     parser.add_argument("--out", help="write the rows as JSON here (after every reward)")
+    parser.add_argument("--server", action="store_true",
+                        help="also score through the reward server started in this process")
+    parser.add_argument("--clients", type=int, default=4,
+                        help=f"concurrent server clients, {GROUP} images a request "
+                             "(default %(default)s)")
+    parser.add_argument("--server-max-batch", type=int, default=None,
+                        help="the server's --max-batch (default: the server's own)")
+    parser.add_argument("--server-max-wait-ms", type=float, default=None,
+                        help="the server's --max-wait-ms (default: the server's own)")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.rewards.split(",") if n.strip()]
     unknown = sorted(set(names) - set(REWARDS))
     if unknown:
         parser.error(f"--rewards: unknown {unknown}; known: {', '.join(REWARDS)}")
+    for flag in ("batch", "repeats", "clients"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag} must be at least 1")
+    if args.server:
+        # imported only here: in-process scoring needs neither the server nor its packages
+        from trainer.rewards import serve
+
+        if args.server_max_batch is None:
+            args.server_max_batch = serve.DEFAULT_MAX_BATCH
+        if args.server_max_wait_ms is None:
+            args.server_max_wait_ms = serve.DEFAULT_MAX_WAIT_MS
     card = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu"
+    report: dict = {"card": card, "rows": []}
+    rows = report["rows"]
+
+    def write() -> None:
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(report, indent=2))
+
     print("| reward | card | batch | images/s | s/batch | load s | peak GiB |")
     print("|---|---|---|---|---|---|---|")
-    rows = []
+    references: dict[str, np.ndarray] = {}  # in-process scores, for the server's to match
     with tempfile.TemporaryDirectory() as tmp:
         os.environ[reward_models.ENV_DIR] = tmp  # the adapters find tmp/<reward>/
         for name in names:
-            try:
-                row = measure(name, Path(tmp), args)
-            except Exception as error:  # one reward failing must not lose the others' rows
-                row = {"reward": name, "error": f"{type(error).__name__}: {error}"}
+            # a missing package is this machine's, not the reward's: a note, not a failure
+            if (reason := reward_models.MODEL_REWARDS[name].unavailable()) is not None:
+                row = {"reward": name, "skipped": reason}
+            else:
+                try:
+                    row, references[name] = measure(name, Path(tmp), args)
+                except Exception as error:  # one reward failing must not lose the others' rows
+                    row = {"reward": name, "error": f"{type(error).__name__}: {error}"}
             row["card"] = card
             rows.append(row)
-            if "error" in row:
-                print(f"| {name} | {card} | error: {row['error']} |", flush=True)
-            else:
-                print(f"| {name} | {card} | {row['batch']} | {row['images_per_second']:.1f} | "
-                      f"{row['seconds_per_batch']:.3f} | {row['load_seconds']:.1f} | "
-                      f"{row.get('peak_memory_gb', float('nan')):.1f} |", flush=True)
-            if args.out:
-                Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-                Path(args.out).write_text(json.dumps({"card": card, "rows": rows}, indent=2))
-    return 0 if all("error" not in r for r in rows) else 1
+            _print_row(row)
+            write()
+        if args.server and references:
+            # the weights written under tmp stay there for the server to load
+            report["server"] = _measure_served(rows, references, args, write)
+            write()
+    return 0 if all("error" not in r and "server_error" not in r for r in rows) else 1
 
 
 if __name__ == "__main__":

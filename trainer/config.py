@@ -150,6 +150,12 @@ class ModelArguments:
     gradient_checkpointing: bool = _field(False, "Recompute the transformer's activations in the "
                                           "backward pass: less memory for more compute (flux / "
                                           "sd3).", group="model")
+    gradient_checkpointing_fraction: float = _field(
+        1.0, "With gradient_checkpointing: the share of the transformer's blocks that recompute "
+        "their activations, evenly spaced over its block lists (1.0 every block, the least "
+        "memory; 0.5 every other block: about half the activation memory is kept and half "
+        "the recomputation is saved). A knob between memory and speed for the update.",
+        min=0.0, max=1.0, group="model")
     torch_compile: bool = _field(False, "Compile each transformer block with torch.compile "
                                  "(regional compilation: the repeated blocks, not the whole "
                                  "model, so the first iterations spend a minute or two "
@@ -418,6 +424,13 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
         if diffusers_model and "resolution" not in bad and self.resolution % 16:
             out.append(ConfigError("resolution", f"must be a multiple of 16 for {self.model} "
                                    f"(0: 512), got {self.resolution}"))
+        if "gradient_checkpointing_fraction" not in bad and (
+                self.gradient_checkpointing_fraction < 1.0 and not self.gradient_checkpointing
+                or self.gradient_checkpointing_fraction <= 0.0):
+            out.append(ConfigError("gradient_checkpointing_fraction", "must be above 0 (no "
+                                   "checkpointing is gradient_checkpointing false) and below 1 "
+                                   "only with gradient_checkpointing true, got "
+                                   f"{self.gradient_checkpointing_fraction}"))
         if self.parallelism == "fsdp":
             if self.finetune != "full":
                 out.append(ConfigError("parallelism", "'fsdp' shards full fine-tuning; LoRA "

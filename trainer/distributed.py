@@ -66,12 +66,17 @@ class DistributedFlowModel(FlowModel):
         self.parallelism = parallelism
         if parallelism == "fsdp":
             from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
             mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+            # gather the weights in the dtype the forward computes in (bf16 under mixed
+            # precision: half the traffic of the fp32 masters, which stay sharded for the
+            # optimizer) and average the gradients in fp32
+            policy = MixedPrecisionPolicy(param_dtype=model.compute_dtype,
+                                          reduce_dtype=torch.float32)
             for unit in model.shard_units():
-                fully_shard(unit, mesh=mesh)
-            fully_shard(model, mesh=mesh)  # the rest: embeddings, final layers
+                fully_shard(unit, mesh=mesh, mp_policy=policy)
+            fully_shard(model, mesh=mesh, mp_policy=policy)  # the rest: embeddings, final layers
             self.sharded: FlowModel | None = model
             self.ddp = None
         elif parallelism == "ddp":
@@ -98,6 +103,10 @@ class DistributedFlowModel(FlowModel):
     @property
     def flow_shift(self) -> float:
         return self.inner.flow_shift
+
+    @property
+    def compute_dtype(self) -> torch.dtype | None:
+        return self.inner.compute_dtype
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
         return self.inner(x, t, cond) if self.ddp is None else self.ddp(x, t, cond)

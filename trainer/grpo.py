@@ -133,12 +133,15 @@ def clipped_objective(logp_new: torch.Tensor, logp_old: torch.Tensor, advantages
 
 
 def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                   loss: torch.Tensor | Iterable[torch.Tensor], max_grad_norm: float) -> float:
+                   loss: torch.Tensor | Iterable[torch.Tensor], max_grad_norm: float
+                   ) -> torch.Tensor:
     """Zero the gradients, backward, clip their norm (when max_grad_norm > 0), step.
     `loss` may be the parts of one micro-batched loss (each weighted by its share of the rows,
     so they sum to the whole): a generator is consumed one part at a time, each part's
     backward done before the next is computed, so only one micro-batch's activations live.
-    Returns the gradient norm before clipping."""
+    Returns the gradient norm before clipping, a 0-dim tensor on the model's device: reading
+    it would make the host wait for the GPU, which the update loop never does (UpdateStats
+    reads everything once, after the last step)."""
     optimizer.zero_grad(set_to_none=True)
     for part in [loss] if isinstance(loss, torch.Tensor) else loss:
         part.backward()
@@ -147,40 +150,39 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     # reads the norm every shard agrees on); an infinite bound only measures
     norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else math.inf)
     optimizer.step()
-    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    return (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).detach()
 
 
 class UpdateStats:
-    """The PPO statistics of each optimizer step of one iteration, averaged by `metrics()`."""
+    """The PPO statistics of each optimizer step of one iteration, averaged by `metrics()`.
+    They stay 0-dim tensors on the device until then, so recording one costs no wait for the
+    GPU inside the update loop; `metrics()` reads them all in one transfer."""
 
     def __init__(self, clip_range: float) -> None:
         self.clip_range = clip_range
-        self.losses: list[float] = []
-        self.clip_fractions: list[float] = []
-        self.abs_log_ratios: list[float] = []
-        self.grad_norms: list[float] = []
-        self.kls: list[float] = []
+        self.steps: dict[str, list[torch.Tensor]] = {
+            "loss": [], "clip_fraction": [], "abs_log_ratio": [], "grad_norm": [],
+            "kl_to_reference": []}
 
     @torch.no_grad()
     def record(self, loss: torch.Tensor, logp_new: torch.Tensor, logp_old: torch.Tensor,
-               grad_norm: float, kl: torch.Tensor | None = None) -> None:
+               grad_norm: torch.Tensor | float, kl: torch.Tensor | None = None) -> None:
         log_ratio = logp_new - logp_old
-        self.losses.append(loss.item())
-        self.abs_log_ratios.append(log_ratio.abs().mean().item())
         clipped = (log_ratio.exp() - 1).abs() > self.clip_range
-        self.clip_fractions.append(clipped.float().mean().item())
-        self.grad_norms.append(grad_norm)
-        if kl is not None:
-            self.kls.append(kl.item())
+        device = log_ratio.device
+        values = {"loss": loss, "abs_log_ratio": log_ratio.abs().mean(),
+                  "clip_fraction": clipped.float().mean(), "grad_norm": grad_norm,
+                  "kl_to_reference": kl}
+        for name, value in values.items():
+            if value is not None:
+                self.steps[name].append(torch.as_tensor(value, dtype=torch.float32).to(device))
 
     def metrics(self) -> dict[str, float]:
-        out = {"loss": float(np.mean(self.losses)),
-               "clip_fraction": float(np.mean(self.clip_fractions)),
-               "abs_log_ratio": float(np.mean(self.abs_log_ratios)),
-               "grad_norm": float(np.mean(self.grad_norms))}
-        if self.kls:
-            out["kl_to_reference"] = float(np.mean(self.kls))
-        return out
+        recorded = {name: values for name, values in self.steps.items() if values}
+        if not recorded:  # no optimizer step this iteration
+            return {name: math.nan for name in self.steps if name != "kl_to_reference"}
+        means = torch.stack([torch.stack(v).mean() for v in recorded.values()]).tolist()
+        return dict(zip(recorded, means, strict=True))
 
 
 # ---------------------------------------------------------------------------------------

@@ -284,8 +284,8 @@ class _SlotLoss:
             if self.ref_pred is not None:
                 kl = reference_penalty(new_pred, self.ref_pred[rows], temperature)
                 loss = loss + config.kl_coefficient * kl
-                self.kl = self.kl + share * kl.detach().cpu()
-            self.loss = self.loss + share * loss.detach().cpu()
+                self.kl = self.kl + share * kl.detach()  # stays on the device: no wait
+            self.loss = self.loss + share * loss.detach()
             self.logp_new.append(logp_new.detach())
             yield share * loss
 

@@ -157,7 +157,7 @@ class _StepLoss:
             logp_new = gaussian_log_prob(x_s, mean, std)
             loss = clipped_objective(logp_new, logp_old[part], advantages[rows],
                                      config.clip_range)
-            self.loss = self.loss + share * loss.detach().cpu()
+            self.loss = self.loss + share * loss.detach()  # stays on the device: no wait
             self.logp_new.append(logp_new.detach())
             yield share * loss
 

@@ -38,7 +38,8 @@ POLL_SECONDS = 1.5
 SECTIONS: list[tuple[str, list[str], list[str]]] = [
     ("Model", ["model", "model_path", "base_checkpoint", "finetune"],
      ["lora_rank", "lora_alpha", "lora_target_modules", "resolution", "guidance_scale",
-      "mixed_precision", "gradient_checkpointing", "torch_compile", "parallelism"]),
+      "mixed_precision", "gradient_checkpointing", "gradient_checkpointing_fraction",
+      "torch_compile", "parallelism"]),
     ("Rollouts", ["prompts", "prompts_per_iteration", "group_size", "rollout_steps"],
      ["rollout_solver", "rollout_batch_size"]),
     ("Neighbor GRPO", ["method", "sigma", "num_anchors", "num_train_timesteps"],

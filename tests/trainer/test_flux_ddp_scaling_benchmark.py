@@ -59,9 +59,14 @@ def test_two_processes_train_in_step_and_report_their_scaling(tmp_path):
 def test_full_fine_tuning_sharded_over_two_processes(tmp_path):
     out = tmp_path / "fsdp.json"
     _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-          str(SCRIPT), *TINY, "--finetune", "full", "--parallelism", "fsdp", "--out", str(out)])
+          str(SCRIPT), *TINY, "--finetune", "full", "--parallelism", "fsdp",
+          "--mixed-precision", "bf16", "--out", str(out)])
     report = json.loads(out.read_text())
     assert (report["processes"], report["parallelism"], report["finetune"]) == (2, "fsdp", "full")
+    # each process keeps half of the fp32 master weights and gathers them in bf16 for compute
+    assert report["local_params"] <= 0.51 * report["trained_params"]
+    assert report["master_dtype"] == "torch.float32"
+    assert report["forward_weights_dtype"] == "torch.bfloat16"
     assert report["backward_passes"] == 2 * 16  # both ranks trained their prompt
     # full fine-tuning: every transformer weight trains; the gathered weights agree on both ranks
     assert report["trained_params"] > 10_000

@@ -78,3 +78,25 @@ def test_a_failing_case_is_recorded_and_the_next_one_still_runs(tmp_path, monkey
     assert "error" not in second and _positive(second["update_mfu"])
     assert report["sde_s_per_iteration"] is None and report["speedup"] is None
     assert _positive(report["neighbor_s_per_iteration"])
+
+
+def test_half_the_blocks_checkpointed_and_the_sync_report(tmp_path):
+    """--checkpoint-fraction 0.5: the recomputation counted in the hardware FLOPs is half of
+    full checkpointing's; --sync-report runs one more iteration under the sync debug mode (on
+    a CPU nothing waits, so it finds nothing; on a GPU it lists where the host waits)."""
+    bench = load_benchmark("flux_scale")
+    rows = {}
+    for fraction in ("1.0", "0.5"):
+        out = tmp_path / f"{fraction}.json"
+        assert bench.main(["--tiny", "--device", "cpu", "--group-size", "4", "--lora-rank",
+                           "4", "--steps-scale", "0.25", "--cases", "neighbor-8",
+                           "--checkpoint-fraction", fraction, "--sync-report",
+                           "--out", str(out)]) == 0
+        report = json.loads(out.read_text())
+        rows[fraction] = report["cases"][0]
+        assert report["settings"]["gradient_checkpointing_fraction"] == float(fraction)
+        assert report["host_syncs"]["case"] == "neighbor-8"
+        assert report["host_syncs"]["total"] == 0 and report["host_syncs"]["sites"] == []
+    assert [rows[f]["gradient_checkpointing_fraction"] for f in rows] == [1.0, 0.5]
+    full, half = (rows[f]["update_hfu"] / rows[f]["update_mfu"] - 1 for f in ("1.0", "0.5"))
+    assert half == pytest.approx(full / 2, rel=1e-6)

@@ -330,6 +330,35 @@ def test_compiled_blocks_match_eager_and_train(flux_dev):
         compile_blocks(torch.nn.Linear(2, 2))
 
 
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_checkpointing_a_share_of_the_blocks_recomputes_only_those(flux_dev, fraction):
+    """gradient_checkpointing_fraction: the chosen blocks run their forward again in the
+    backward pass, the others once, and the gradients are those of no checkpointing."""
+    from trainer.models.diffusers_flow import checkpointed_blocks, repeated_blocks
+
+    models = {name: load_flow_model(ModelSpec.from_config(
+                  _config(flux_dev, "flux", finetune="full", **extra)), "cpu")
+              for name, extra in (("plain", {}), ("checkpointed", {
+                  "gradient_checkpointing": True,
+                  "gradient_checkpointing_fraction": fraction}))}
+    blocks = repeated_blocks(models["checkpointed"].transformer)
+    chosen = checkpointed_blocks(models["checkpointed"].transformer, fraction)
+    assert len(chosen) == round(fraction * len(blocks)) and len(blocks) >= 2
+    calls = {id(block): 0 for block in blocks}
+    for block in blocks:
+        block.register_forward_pre_hook(lambda module, _: calls.__setitem__(
+            id(module), calls[id(module)] + 1) and None)
+    x = torch.randn(len(PROMPTS), *models["plain"].latent_shape,
+                    generator=torch.Generator().manual_seed(1))
+    t = torch.tensor([0.3, 0.8])
+    for model in models.values():
+        model(x, t, model.encode_prompts(PROMPTS)).square().mean().backward()
+    assert [calls[id(b)] for b in blocks] == [2 if b in chosen else 1 for b in blocks]
+    plain = dict(models["plain"].transformer.named_parameters())
+    for name, param in models["checkpointed"].transformer.named_parameters():
+        torch.testing.assert_close(param.grad, plain[name].grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
 # ---------------------------------------------------------------------------------------
 # 5. Config and model-directory errors name what is wrong
 # ---------------------------------------------------------------------------------------
@@ -344,6 +373,10 @@ def test_compiled_blocks_match_eager_and_train(flux_dev):
     # the shapes rewards count exact-colour shapes on 32x32 canvases: meaningless on FLUX's
     ({"reward_weights": {"jpeg_compressibility": 1.0, "count": 1.0}}, "reward_weights"),
     ({"reward_weights": {"attr_upper": 1.0}}, "reward_weights"),
+    # a share of the blocks recomputed only means something with checkpointing on
+    ({"gradient_checkpointing_fraction": 0.5}, "gradient_checkpointing_fraction"),
+    ({"gradient_checkpointing": True, "gradient_checkpointing_fraction": 0.0},
+     "gradient_checkpointing_fraction"),
 ])
 def test_config_errors_name_the_field(overrides, field, flux_dev):
     valid = {**PRESETS["tiny"], "model": "flux", "model_path": str(flux_dev), "finetune": "lora",

@@ -4,6 +4,7 @@ docs/benchmarks.md), here at toy size on the CPU for the transformers-CLIP rewar
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -43,3 +44,45 @@ def test_an_unknown_reward_is_a_cli_error(capsys):
     else:
         raise AssertionError("an unknown reward must stop the benchmark")
     assert "unknown ['beauty']" in capsys.readouterr().err
+
+
+def test_server_rows_compare_the_reward_server_with_in_process_scoring(tmp_path, monkeypatch):
+    """--server: the same rewards through the reward server started in the run (the job's
+    client, then concurrent clients of 12 images); its scores are the in-process ones."""
+    bench = load_benchmark("reward_models")
+    monkeypatch.setenv(reward_models.ENV_DIR, str(tmp_path / "unused"))  # main() sets its own
+    out = tmp_path / "rows.json"
+    try:
+        assert bench.main(["--tiny", "--device", "cpu", "--rewards", "clip_score", "--server",
+                           "--repeats", "1", "--batch", "4", "--image-size", "40",
+                           "--clients", "2", "--out", str(out)]) == 0
+    finally:
+        reward_models.configure_reward_models({}, "cpu")
+        reward_models.clear_cache()
+    report = json.loads(out.read_text())
+    (row,) = report["rows"]
+    assert "error" not in row and "server_error" not in row, row
+    assert row["server_batch"] == 4 and row["server_clients"] == 2
+    assert row["server_client_batch"] == 12
+    for key in ("server_one_client_images_per_second", "server_concurrent_images_per_second"):
+        assert row[key] > 0
+    assert np.isclose(row["server_one_client_ratio"],
+                      row["server_one_client_images_per_second"] / row["images_per_second"])
+    assert row["server_max_abs_diff"] < 1e-3  # fp32 on the CPU: the same numbers
+    # warm-up and timed: 2 requests of the one client, 2 of each concurrent client
+    health = report["server"]["health"]
+    assert health["rewards"] == ["clip_score"] and health["requests"] == 2 + 2 * 2
+    assert health["images"] == 2 * 4 + 2 * 2 * 12
+
+
+def test_a_reward_whose_package_is_missing_is_skipped_with_a_note(monkeypatch, capsys, tmp_path):
+    bench = load_benchmark("reward_models")
+    monkeypatch.setitem(reward_models.MODEL_REWARDS, "hpsv2", dataclasses.replace(
+        reward_models.MODEL_REWARDS["hpsv2"], unavailable=lambda: "open_clip does not import"))
+    monkeypatch.setenv(reward_models.ENV_DIR, str(tmp_path / "unused"))  # main() sets its own
+    out = tmp_path / "rows.json"
+    assert bench.main(["--tiny", "--device", "cpu", "--rewards", "hpsv2", "--server",
+                       "--out", str(out)]) == 0
+    assert "| hpsv2 | cpu | skipped: open_clip does not import |" in capsys.readouterr().out
+    assert json.loads(out.read_text())["rows"] == [
+        {"reward": "hpsv2", "skipped": "open_clip does not import", "card": "cpu"}]

@@ -42,6 +42,7 @@ class ModelSpec:
     guidance_scale: float = 3.5
     mixed_precision: str = "auto"
     gradient_checkpointing: bool = False
+    gradient_checkpointing_fraction: float = 1.0
     torch_compile: bool = False
     seed: int = 0  # the run's seed: the LoRA adapters' initial weights come from it
 

@@ -151,6 +151,13 @@ class FlowModel(nn.Module):
         raise NotImplementedError
 
     @property
+    def compute_dtype(self) -> torch.dtype | None:
+        """The dtype the forward pass computes in where it differs from the trained weights'
+        (bf16 autocast over fp32 master weights); None: the weights' own. A sharded run
+        gathers the weights in it, which halves what crosses between the GPUs."""
+        return None
+
+    @property
     def writes_checkpoints(self) -> bool:
         """Whether this process writes checkpoint files (of a run over several processes, one
         does; trainer/distributed.py)."""

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from trainer.models import FULL_TRANSFORMER, LORA_WEIGHTS, ModelSpec
@@ -125,10 +127,19 @@ class DiffusersFlowModel(FlowModel):
         else:
             # full fine-tuning keeps fp32 master weights; bf16 is the compute dtype (autocast)
             self.transformer.to(torch.float32).requires_grad_(True)
-        if spec.gradient_checkpointing:
-            self.transformer.enable_gradient_checkpointing()
+        self.set_gradient_checkpointing(spec.gradient_checkpointing)
         if spec.torch_compile:
             compile_blocks(self.transformer)
+
+    def set_gradient_checkpointing(self, enabled: bool) -> None:
+        """Recompute the spec's share of the blocks in the backward pass (on), or none (off:
+        what a FLOP count of the model's own work needs)."""
+        if not enabled:
+            self.transformer.disable_gradient_checkpointing()
+            return
+        chosen = checkpointed_blocks(self.transformer, self.spec.gradient_checkpointing_fraction)
+        self.transformer.enable_gradient_checkpointing(
+            functools.partial(_checkpoint_chosen, {id(block) for block in chosen}))
 
     # -- geometry and schedule -------------------------------------------------------------------
     @property
@@ -195,6 +206,10 @@ class DiffusersFlowModel(FlowModel):
         return {}
 
     # -- velocity --------------------------------------------------------------------------------
+    @property
+    def compute_dtype(self) -> torch.dtype | None:
+        return None if self.weight_dtype == torch.float32 else self.weight_dtype
+
     def _autocast(self) -> contextlib.AbstractContextManager:
         """bf16 compute under mixed precision (whatever dtype the trained weights keep)."""
         if self.weight_dtype == torch.float32:
@@ -311,6 +326,23 @@ BLOCK_LISTS = ("transformer_blocks", "single_transformer_blocks")
 def repeated_blocks(transformer: nn.Module) -> list[nn.Module]:
     """The transformer's blocks, in order (the units compiled and sharded one by one)."""
     return [block for name in BLOCK_LISTS for block in getattr(transformer, name, ())]
+
+
+def checkpointed_blocks(transformer: nn.Module, fraction: float) -> list[nn.Module]:
+    """The blocks that recompute their activations in the backward pass: round(fraction x N)
+    of the N repeated blocks, evenly spaced (block i where floor((i + 1) f) > floor(i f)), so
+    that the kept activations spread over the double- and single-stream lists alike."""
+    blocks = repeated_blocks(transformer)
+    return [block for i, block in enumerate(blocks)
+            if math.floor((i + 1) * fraction + 1e-9) > math.floor(i * fraction + 1e-9)]
+
+
+def _checkpoint_chosen(chosen: set[int], block: nn.Module, *args: Any) -> Any:
+    """diffusers' checkpointing hook (it calls this for every block in training): recompute
+    the chosen blocks in the backward pass, run the others normally."""
+    if id(block) not in chosen:
+        return block(*args)
+    return torch.utils.checkpoint.checkpoint(block.__call__, *args, use_reentrant=False)
 
 
 def compile_blocks(transformer: nn.Module) -> int:
