@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-batch-size", type=int, default=4,
                         help="trained predictions per forward-backward pass")
     parser.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
+    parser.add_argument("--checkpoint-fraction", type=float, default=1.0,
+                        help="gradient_checkpointing_fraction: the share of blocks recomputed")
     parser.add_argument("--compile", action="store_true", help="torch_compile the blocks")
     parser.add_argument("--finetune", choices=["lora", "full"], default="lora")
     parser.add_argument("--parallelism", choices=["ddp", "fsdp"], default="ddp",

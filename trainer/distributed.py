@@ -71,9 +71,13 @@ class DistributedFlowModel(FlowModel):
             mesh = init_device_mesh(device.type, (dist.get_world_size(),))
             # gather the weights in the dtype the forward computes in (bf16 under mixed
             # precision: half the traffic of the fp32 masters, which stay sharded for the
-            # optimizer) and average the gradients in fp32
+            # optimizer) and average the gradients in fp32. Inputs are left as they come
+            # (autocast casts them for the matmuls): FSDP casts a unit's inputs in its forward
+            # but not in gradient checkpointing's recomputation, whose saved tensors would
+            # then differ in dtype ("Recomputed values ... have different metadata")
             policy = MixedPrecisionPolicy(param_dtype=model.compute_dtype,
-                                          reduce_dtype=torch.float32)
+                                          reduce_dtype=torch.float32,
+                                          cast_forward_inputs=False)
             for unit in model.shard_units():
                 fully_shard(unit, mesh=mesh, mp_policy=policy)
             fully_shard(model, mesh=mesh, mp_policy=policy)  # the rest: embeddings, final layers
