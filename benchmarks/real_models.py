@@ -142,7 +142,7 @@ def run_case(name: str, args: argparse.Namespace) -> dict:
                   rollout_batch_size=args.group_size, group_size=args.group_size,
                   mixed_precision="bf16" if device.type == "cuda" else "no",
                   gradient_checkpointing=checkpointing, iterations=args.iterations + 1,
-                  torch_compile=False)  # eager: these rows are the uncompiled reference
+                  torch_compile=args.compile)  # eager by default: the uncompiled reference
     config = TrainConfig.from_dict(preset)
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -162,7 +162,7 @@ def run_case(name: str, args: argparse.Namespace) -> dict:
         return float(torch.tensor([m[key] for m in metrics]).median())
 
     row = {"case": name, "model": model, "finetune": finetune, "method": method,
-           "gradient_checkpointing": checkpointing, "train_batch_size": train_batch,
+           "torch_compile": args.compile, "gradient_checkpointing": checkpointing, "train_batch_size": train_batch,
            "transformer_params": params, "trainable_params": trainable,
            "resolution": args.resolution, "group_size": args.group_size,
            "seconds": median("seconds"), "rollout_seconds": median("rollout_seconds"),
@@ -186,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lora-rank", type=int, default=64)
     parser.add_argument("--iterations", type=int, default=2, help="timed, after one warm-up")
     parser.add_argument("--out", help="write the rows as JSON here")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch_compile: compile the transformer's blocks (the warm-up "
+                             "iteration then includes the compilation)")
     parser.add_argument("--attention", default="auto", choices=["auto", "no-cudnn", "flash"],
                         help="SDPA backends: PyTorch's choice, all but cuDNN, or flash only")
     args = parser.parse_args(argv)

@@ -8,6 +8,7 @@ down are errors naming what and where; a training job scores through the server.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -26,10 +27,13 @@ from trainer.loop import Trainer
 from trainer.rewards import compute_rewards, get_reward, register_reward, registry
 from trainer.rewards import models as reward_models
 from trainer.rewards.remote import (
+    NPY_MEDIA_TYPE,
     RewardClient,
     RewardServerError,
     decode_images,
+    decode_score_request,
     encode_images,
+    encode_score_request,
     reward_scorer,
 )
 from trainer.rewards.serve import create_app
@@ -81,6 +85,44 @@ def test_images_travel_exactly():
     for bad in ("not base64!", encode_images(images[..., :2])):
         with pytest.raises(ValueError, match="images must be"):
             decode_images(bad)
+
+
+def test_score_requests_travel_exactly_without_base64():
+    images = _images(3, seed=0, size=20)
+    body = encode_score_request(["count", "color"], PROMPTS[:3], images)
+    assert len(body) < images.nbytes + 400  # raw bytes: no base64, no JSON around them
+    rewards, prompts, back = decode_score_request(body)
+    assert (rewards, prompts) == (["count", "color"], PROMPTS[:3])
+    assert back.dtype == np.uint8 and np.array_equal(back, images)
+    npy = body.partition(b"\n")[2]
+    for bad, message in ((b"no line at all", "must start with one line of JSON"),
+                         (npy, "first line of the body is not JSON"),
+                         (b"{oops\n" + npy, "first line of the body is not JSON"),
+                         (b'{"rewards": "count", "prompts": []}\n' + npy, "'rewards'"),
+                         (b'{"rewards": [], "prompts": [1]}\n' + npy, "'prompts'"),
+                         (b'{"rewards": [], "prompts": []}\nnot npy', "must be a .npy file"),
+                         (encode_score_request([], [], images[..., :2]), "(N, H, W, 3) uint8")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            decode_score_request(bad)
+
+
+def test_both_routes_score_alike_and_a_bad_body_is_422(server):
+    """The job's client sends raw .npy bytes (POST /score_npy); POST /score takes the same
+    images as base64 inside JSON (for curl and other clients). Same scores either way."""
+    client = RewardClient(server.url, timeout=30)
+    images = _images(3, seed=5)
+    served = client(["count", "jpeg_compressibility"], images, PROMPTS[:3])
+    as_json = client._request("POST", "/score", json={
+        "rewards": ["count", "jpeg_compressibility"], "prompts": PROMPTS[:3],
+        "images": encode_images(images)})["scores"]
+    for name, values in served.items():
+        np.testing.assert_array_equal(values, np.array(as_json[name], dtype=np.float64))
+    with pytest.raises(RewardServerError, match="422.*first line of the body is not JSON"):
+        client._request("POST", "/score_npy", content=b"nonsense\n",
+                        headers={"Content-Type": NPY_MEDIA_TYPE})
+    with pytest.raises(RewardServerError, match="422.*3 images but 2 prompts"):
+        client._request("POST", "/score_npy", content=encode_score_request(
+            ["count"], PROMPTS[:2], images), headers={"Content-Type": NPY_MEDIA_TYPE})
 
 
 def test_health_names_the_rewards_and_device(server):

@@ -12,6 +12,9 @@ packages conflict with the trainer's run in their own environment.
                    and counters: requests, images, batches, cancelled, largest_batch_requests}
     POST /score   {"rewards": [names], "prompts": [N strings], "images": base64 of the .npy
                    bytes of an (N, H, W, 3) uint8 array} -> {"scores": {name: [N floats]}}
+    POST /score_npy  the same without base64 or JSON around the images (what the job's client
+                   sends; several times cheaper at 512 px): one line of JSON {"rewards",
+                   "prompts"}, a newline, then the .npy bytes -> the same answer
 
 A wrong reward name (unknown, or not loaded by this server), malformed images or a prompt
 count that does not match is a 422 whose detail says which.
@@ -47,7 +50,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from trainer.rewards import get_reward, reward_names
-from trainer.rewards.remote import LOCAL_REWARDS, decode_images
+from trainer.rewards.remote import LOCAL_REWARDS, decode_images, decode_score_request
 
 log = logging.getLogger(__name__)
 
@@ -273,25 +276,38 @@ def create_app(rewards: Iterable[str], *, device: str = "auto",
 
     @app.post("/score")
     async def score(body: ScoreRequest, request: Request) -> Any:
-        if not body.rewards:
+        try:
+            images = decode_images(body.images)
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from None
+        return await scored(body.rewards, body.prompts, images, request)
+
+    @app.post("/score_npy")
+    async def score_npy(request: Request) -> Any:
+        try:
+            rewards, prompts, images = decode_score_request(await request.body())
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from None
+        return await scored(rewards, prompts, images, request)
+
+    async def scored(rewards: list[str], prompts: list[str], images: np.ndarray,
+                     request: Request) -> Any:
+        """Both routes' work once their images are decoded: check, queue, wait, answer."""
+        if not rewards:
             raise HTTPException(422, "name at least one reward in 'rewards'")
-        not_served = [n for n in body.rewards if n not in served]
+        not_served = [n for n in rewards if n not in served]
         if not_served:
             known = set(reward_names())
             unknown = [n for n in not_served if n not in known]
             what = (f"unknown reward(s) {unknown}" if unknown
                     else f"reward(s) {not_served} not loaded by this server")
             raise HTTPException(422, f"{what}; this server serves {served}")
-        try:
-            images = decode_images(body.images)
-        except ValueError as exc:
-            raise HTTPException(422, str(exc)) from None
-        if len(images) != len(body.prompts):
-            raise HTTPException(422, f"{len(images)} images but {len(body.prompts)} prompts")
+        if len(images) != len(prompts):
+            raise HTTPException(422, f"{len(images)} images but {len(prompts)} prompts")
         if not len(images):
-            return {"scores": {name: [] for name in body.rewards}}
-        future = asyncio.wrap_future(batcher.submit(list(dict.fromkeys(body.rewards)),
-                                                    images, body.prompts))
+            return {"scores": {name: [] for name in rewards}}
+        future = asyncio.wrap_future(batcher.submit(list(dict.fromkeys(rewards)),
+                                                    images, prompts))
         while True:
             done, _ = await asyncio.wait({future}, timeout=DISCONNECT_POLL_S)
             if done:
@@ -306,7 +322,7 @@ def create_app(rewards: Iterable[str], *, device: str = "auto",
             raise HTTPException(500, f"scoring failed: {type(exc).__name__}: {exc}") from None
         # JSON has no NaN: a non-finite score travels as null
         return {"scores": {name: [float(v) if np.isfinite(v) else None for v in scores[name]]
-                           for name in body.rewards}}
+                           for name in rewards}}
 
     return app
 
