@@ -35,11 +35,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import string
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -198,52 +196,24 @@ def measure(name: str, root: Path, args: argparse.Namespace) -> tuple[dict, np.n
 @contextmanager
 def reward_server(names: list[str], args: argparse.Namespace) -> Iterator[tuple[str, float]]:
     """The reward server's app serving `names` (from this run's REWARD_MODELS_DIR, on
-    `--device`) under uvicorn in a daemon thread of this process, on a free port of
-    127.0.0.1; yields (url, seconds create_app took to load the models) once GET /health says
-    ok, and stops the server (its batcher with it) on exit."""
-    import uvicorn
-
-    from trainer.rewards.remote import RewardClient, RewardServerError, reward_client
-    from trainer.rewards.serve import create_app
+    `--device`) in a thread of this process (serve.ServerThread); yields (url, seconds
+    create_app took to load the models) once it runs, and stops it on exit."""
+    from trainer.rewards.remote import reward_client
+    from trainer.rewards.serve import ServerThread, create_app
 
     started = time.perf_counter()
     app = create_app(names, device=args.device, max_batch=args.server_max_batch,
                      max_wait_ms=args.server_max_wait_ms)
     load_seconds = time.perf_counter() - started
-    # bound before uvicorn starts and handed to it: no other process can take the port between
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))  # no access log lines
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
-                              name="reward-server", daemon=True)
-    thread.start()
-    probe = RewardClient(url, timeout=5.0)
-    try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while True:
-            try:
-                if probe.health().get("status") == "ok":  # "ok" once the batcher runs
-                    break
-            except RewardServerError:  # not listening yet
-                pass
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the reward server at {url} did not become healthy within "
-                                   f"{SERVER_START_TIMEOUT_S:g} s")
-            time.sleep(0.05)
-        yield url, load_seconds
-    finally:
-        probe.close()
-        # the job's client of this URL (prepare_scorer's) is cached per process: it goes
-        # with its server, so that a later server on the same port gets a fresh one
-        reward_client(url).close()
-        reward_client.cache_clear()
-        server.should_exit = True
-        thread.join(timeout=SERVER_STOP_TIMEOUT_S)
-        sock.close()
-        if thread.is_alive():
-            print(f"warning: the reward server at {url} did not stop within "
-                  f"{SERVER_STOP_TIMEOUT_S:g} s", file=sys.stderr)
+    with ServerThread(app, start_timeout=SERVER_START_TIMEOUT_S,
+                      stop_timeout=SERVER_STOP_TIMEOUT_S) as server:
+        try:
+            yield server.url, load_seconds
+        finally:
+            # the job's client of this URL (prepare_scorer's) is cached per process: it goes
+            # with its server, so that a later server on the same port gets a fresh one
+            reward_client(server.url).close()
+            reward_client.cache_clear()
 
 
 def measure_server(name: str, url: str, reference: np.ndarray, in_process: float,

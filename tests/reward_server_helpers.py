@@ -1,39 +1,15 @@
-"""A real reward server for tests: uvicorn serving `trainer.rewards.serve.create_app` on a free
-port of 127.0.0.1, in a daemon thread of the test process (so a test can register a reward
-the server then serves). Shared by tests/trainer/test_reward_server.py and the job tests."""
+"""A real reward server for tests: `trainer.rewards.serve.ServerThread` (uvicorn serving
+`create_app` on a free port of 127.0.0.1, in a daemon thread of the test process, so a test
+can register a reward the server then serves), and a URL where nothing listens. Shared by
+tests/trainer/test_reward_server.py and the job tests."""
 
 from __future__ import annotations
 
 import socket
-import threading
-import time
 
-import uvicorn
+from trainer.rewards.serve import ServerThread
 
-
-class ServerThread:
-    """uvicorn serving `app` on a free port of 127.0.0.1, in a daemon thread."""
-
-    def __init__(self, app) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       daemon=True)
-
-    def __enter__(self) -> ServerThread:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "server did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=20)
-        self.sock.close()
+__all__ = ["ServerThread", "free_port_url"]
 
 
 def free_port_url() -> str:

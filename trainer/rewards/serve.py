@@ -327,6 +327,48 @@ def create_app(rewards: Iterable[str], *, device: str = "auto",
     return app
 
 
+class ServerThread:
+    """uvicorn serving `app` on a free port of 127.0.0.1, in a daemon thread of this process
+    (tests and benchmarks: a reward registered in the process is then served). `url` is known
+    before start: the port is bound first and handed to uvicorn, so nobody can take it
+    between. `with ServerThread(app) as server:` returns once the app has started (its
+    lifespan ran: the batcher is up) and stops it on exit."""
+
+    def __init__(self, app: FastAPI, start_timeout: float = 20.0,
+                 stop_timeout: float = 20.0) -> None:
+        import socket
+
+        import uvicorn
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.start_timeout, self.stop_timeout = start_timeout, stop_timeout
+        # warning level: no access-log line per request
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       name="reward-server", daemon=True)
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + self.start_timeout
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                self.__exit__()
+                raise RuntimeError(f"the reward server at {self.url} did not start within "
+                                   f"{self.start_timeout:g} s")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=self.stop_timeout)
+        self.sock.close()
+        if self.thread.is_alive():
+            log.warning("the reward server at %s did not stop within %g s", self.url,
+                        self.stop_timeout)
+
+
 def _parse_paths(text: str) -> dict[str, str]:
     out = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
