@@ -15,11 +15,25 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# the CPU wheel of torch; a plain `torch` would pull a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
-	# not the `rewards` extra: open-clip-torch pulls PyPI's torchvision, a CUDA build that
-	# either upgrades this CPU torch to a CUDA one or, pinned to match it, fails to import
-	# (and then breaks transformers' CLIP processors too); GPU workers install it (pyproject.toml)
+	# not the `rewards` extra: open-clip-torch pulls PyPI's torchvision, which imports only
+	# beside its own torch release ($(REWARDS_STAMP) below installs the pair for the tests)
 	$(BIN)/pip install -q -e '.[server,dev,clip,tracking]'
 	touch $(STAMP)
+
+# The tests (and the workers that score with hpsv2 or aesthetic) need the `rewards` extra:
+# open-clip-torch imports torchvision, and PyPI's torchvision imports only beside the torch it
+# was built for, so the two are installed as a pair over the CPU torch above. On x86_64 that
+# pair is a CUDA build (runs on the CPU too; 5.5 GB, about 2 minutes from this machine's disk);
+# on aarch64 a CPU build. `make demo` does not need it and stays on the small install.
+REWARDS_STAMP := $(VENV)/.installed-rewards
+TORCH_VISION_PAIR = $$(case "$$(uname -m)" in aarch64) echo torch==2.9.1 torchvision==0.24.1;; \
+	*) echo torch==2.14.1 torchvision==0.29.1;; esac)
+
+$(REWARDS_STAMP): $(STAMP)
+	$(BIN)/pip install -q $(TORCH_VISION_PAIR)
+	$(BIN)/pip install -q -e '.[server,dev,clip,tracking,rewards]'
+	$(BIN)/python -c "import open_clip, torchvision"
+	touch $(REWARDS_STAMP)
 
 # Debian's chromium for the browser tests (tests/e2e drive it with Playwright; never
 # `playwright install`). Checked on every `make setup` / `make test`, installed if missing.
@@ -46,9 +60,10 @@ worker: setup
 	$(BIN)/celery -A worker.celery_app worker -Q gpu,cpu --pool solo -l INFO
 
 # the whole suite, as CI runs it (.ci/run); needs PostgreSQL, Redis and chromium
-test: setup
+# REQUIRE_OPEN_CLIP: the open_clip rewards' tests fail, rather than skip, if it does not import
+test: setup $(REWARDS_STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest --durations=25
+	REQUIRE_OPEN_CLIP=1 $(BIN)/python -m pytest --durations=25
 
 # the fast inner loop (under 2 minutes on 2 cores): ruff, the unit tests and the SQLite variants
 # of the app tests; no PostgreSQL, Redis, chromium, worker processes or subprocesses. The markers
@@ -58,9 +73,9 @@ CHECK_MARKERS = not slow and not postgres and not redis and not worker and not e
 
 # One torch thread: on a loaded 2-core box two OpenMP threads spin against the other processes
 # and the trainer tests take 5-10x longer (85 s instead of 8 s).
-check: $(STAMP)
+check: $(REWARDS_STAMP)
 	$(BIN)/ruff check .
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -m "$(CHECK_MARKERS)"
+	REQUIRE_OPEN_CLIP=1 OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -m "$(CHECK_MARKERS)"
 
 # the old name of `check`
 test-fast: check

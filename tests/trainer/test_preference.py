@@ -190,9 +190,9 @@ def test_shared_features_train_one_network_and_bootstrap_heads(tmp_path):
 
 def test_label_smoothing_pulls_the_fitted_probabilities_towards_a_half():
     pairs = _pairs(40, "upper", flip=0.0, seed=4)
-    sure = fit_preference_model(pairs, FitConfig(epochs=30, ensemble=1, label_smoothing=0.0,
+    sure = fit_preference_model(pairs, FitConfig(epochs=10, ensemble=1, label_smoothing=0.0,
                                                  holdout_fraction=0.0))
-    smooth = fit_preference_model(pairs, FitConfig(epochs=30, ensemble=1, label_smoothing=0.4,
+    smooth = fit_preference_model(pairs, FitConfig(epochs=10, ensemble=1, label_smoothing=0.4,
                                                    holdout_fraction=0.0))
     a, b = np.stack([q.image_a for q in pairs]), np.stack([q.image_b for q in pairs])
     prompts = [q.prompt for q in pairs]
