@@ -18,7 +18,9 @@ client (trainer/rewards/remote.py: `prepare_scorer` with a `reward_server_url`),
 workers would. Each row gains the server's images/s, its ratio to in-process and the largest
 absolute difference between served and in-process scores of the same images. Clients and
 server share this process's GIL (encoding, JSON and decoding the images hold it), which
-separate worker and server processes would not: the served numbers are a lower bound.
+separate worker and server processes would not: the served numbers are a lower bound. With
+`--server-process` the server is its own process (`python -m trainer.rewards.serve` on a free
+loopback port, as a deployment runs it), so only the clients share this one.
 
 A reward whose package does not import here (open_clip for hpsv2 and aesthetic) is skipped
 with a note.
@@ -35,7 +37,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import string
+import subprocess
 import sys
 import tempfile
 import time
@@ -195,12 +199,21 @@ def measure(name: str, root: Path, args: argparse.Namespace) -> tuple[dict, np.n
 
 @contextmanager
 def reward_server(names: list[str], args: argparse.Namespace) -> Iterator[tuple[str, float]]:
-    """The reward server's app serving `names` (from this run's REWARD_MODELS_DIR, on
-    `--device`) in a thread of this process (serve.ServerThread); yields (url, seconds
-    create_app took to load the models) once it runs, and stops it on exit."""
+    """The reward server serving `names` (from this run's REWARD_MODELS_DIR, on `--device`):
+    in a thread of this process (serve.ServerThread), or with `--server-process` as its own
+    process (`python -m trainer.rewards.serve`, as a deployment runs it); yields (url, seconds
+    until it could score: model loading, and the process's start) and stops it on exit."""
     from trainer.rewards.remote import reward_client
     from trainer.rewards.serve import ServerThread, create_app
 
+    if args.server_process:
+        with _server_process(names, args) as (url, load_seconds):
+            try:
+                yield url, load_seconds
+            finally:
+                reward_client(url).close()
+                reward_client.cache_clear()
+        return
     started = time.perf_counter()
     app = create_app(names, device=args.device, max_batch=args.server_max_batch,
                      max_wait_ms=args.server_max_wait_ms)
@@ -214,6 +227,49 @@ def reward_server(names: list[str], args: argparse.Namespace) -> Iterator[tuple[
             # with its server, so that a later server on the same port gets a fresh one
             reward_client(server.url).close()
             reward_client.cache_clear()
+
+
+@contextmanager
+def _server_process(names: list[str], args: argparse.Namespace) -> Iterator[tuple[str, float]]:
+    """`python -m trainer.rewards.serve` on a free loopback port, in its own process (its own
+    GIL, as in a deployment); yields (url, seconds until /health answered) and terminates it."""
+    from trainer.rewards.remote import reward_client
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "trainer.rewards.serve", "--rewards", ",".join(names),
+               "--host", "127.0.0.1", "--port", str(port), "--device", args.device,
+               "--max-batch", str(args.server_max_batch),
+               "--max-wait-ms", str(args.server_max_wait_ms), "--log-level", "warning"]
+    url = f"http://127.0.0.1:{port}"
+    started = time.perf_counter()
+    # REWARD_MODELS_DIR (this run's written weights) reaches it through the inherited environment
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    process = subprocess.Popen(command, cwd=root, env=env)
+    try:
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"the reward server exited with {process.returncode}")
+            if time.perf_counter() - started > SERVER_START_TIMEOUT_S:
+                raise TimeoutError(f"the reward server did not answer /health within "
+                                   f"{SERVER_START_TIMEOUT_S} s")
+            try:
+                reward_client(url).health()
+                break
+            except Exception:  # not listening yet
+                reward_client.cache_clear()
+                time.sleep(0.5)
+        yield url, time.perf_counter() - started
+    finally:
+        process.terminate()
+        try:
+            process.wait(SERVER_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def measure_server(name: str, url: str, reference: np.ndarray, in_process: float,
@@ -351,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the server's --max-batch (default: the server's own)")
     parser.add_argument("--server-max-wait-ms", type=float, default=None,
                         help="the server's --max-wait-ms (default: the server's own)")
+    parser.add_argument("--server-process", action="store_true",
+                        help="with --server: run the server as its own process (python -m "
+                        "trainer.rewards.serve) instead of a thread of this one")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.rewards.split(",") if n.strip()]
     unknown = sorted(set(names) - set(REWARDS))

@@ -86,3 +86,36 @@ def test_a_reward_whose_package_is_missing_is_skipped_with_a_note(monkeypatch, c
     assert "| hpsv2 | cpu | skipped: open_clip does not import |" in capsys.readouterr().out
     assert json.loads(out.read_text())["rows"] == [
         {"reward": "hpsv2", "skipped": "open_clip does not import", "card": "cpu"}]
+
+
+def test_server_process_serves_the_same_scores_from_its_own_process(tmp_path, monkeypatch):
+    """--server-process: `python -m trainer.rewards.serve` as its own process loads the run's
+    written weights (REWARD_MODELS_DIR, inherited) and answers as the in-thread server does;
+    the process is gone when the benchmark returns."""
+    bench = load_benchmark("reward_models")
+    monkeypatch.setenv(reward_models.ENV_DIR, str(tmp_path / "unused"))  # main() sets its own
+    out = tmp_path / "rows.json"
+    started: list = []
+    real_popen = bench.subprocess.Popen
+
+    def popen(*args, **kwargs):
+        started.append(real_popen(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(bench.subprocess, "Popen", popen)
+    try:
+        assert bench.main(["--tiny", "--device", "cpu", "--rewards", "clip_score", "--server",
+                           "--server-process", "--repeats", "1", "--batch", "4",
+                           "--image-size", "40", "--clients", "2", "--out", str(out)]) == 0
+    finally:
+        reward_models.configure_reward_models({}, "cpu")
+        reward_models.clear_cache()
+    report = json.loads(out.read_text())
+    (row,) = report["rows"]
+    assert "error" not in row and "server_error" not in row, row
+    assert row["server_max_abs_diff"] < 1e-3
+    (process,) = started
+    assert "trainer.rewards.serve" in process.args and process.poll() is not None
+    health = report["server"]["health"]
+    assert health["rewards"] == ["clip_score"] and health["requests"] == 2 + 2 * 2
+    assert report["server"]["load_seconds"] > 0
