@@ -71,11 +71,14 @@ test: setup $(REWARDS_STAMP)
 CHECK_MARKERS = not slow and not postgres and not redis and not worker and not e2e \
 	and not subprocess
 
-# One torch thread: on a loaded 2-core box two OpenMP threads spin against the other processes
-# and the trainer tests take 5-10x longer (85 s instead of 8 s).
+# One torch thread per process: on a loaded 2-core box two OpenMP threads spin against the other
+# processes and the trainer tests take 5-10x longer (85 s instead of 8 s). The cores are used
+# instead by pytest-xdist, one test process each (CHECK_WORKERS, default auto: one per core):
+# 91 s on 2 cores against 127 s in one process.
 check: $(REWARDS_STAMP)
 	$(BIN)/ruff check .
-	REQUIRE_OPEN_CLIP=1 OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -m "$(CHECK_MARKERS)"
+	REQUIRE_OPEN_CLIP=1 OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q \
+	  -n $${CHECK_WORKERS:-auto} -m "$(CHECK_MARKERS)"
 
 # the old name of `check`
 test-fast: check
