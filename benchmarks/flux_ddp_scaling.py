@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -49,6 +50,7 @@ def scaled_config(args: argparse.Namespace, world: int) -> TrainConfig:
     base = flux_scale.case_config(CASE, args).to_dict()
     base.update(prompts_per_iteration=prompts, finetune=args.finetune,
                 parallelism=args.parallelism, mixed_precision=args.mixed_precision,
+                kl_coefficient=args.kl_coefficient,
                 prompts=[f"prompt {i}" for i in range(max(prompts, len(flux_scale.PROMPTS)))])
     return TrainConfig.from_dict(base)
 
@@ -76,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="gradient_checkpointing_fraction: the share of blocks recomputed")
     parser.add_argument("--compile", action="store_true", help="torch_compile the blocks")
     parser.add_argument("--finetune", choices=["lora", "full"], default="lora")
+    parser.add_argument("--kl-coefficient", type=float, default=0.0,
+                        help="KL penalty to the base (under FSDP: a sharded frozen copy)")
     parser.add_argument("--parallelism", choices=["ddp", "fsdp"], default="ddp",
                         help="under torchrun: DDP, or FSDP2 sharding (needs --finetune full)")
     parser.add_argument("--mixed-precision", choices=["auto", "no", "bf16"], default="auto",
@@ -112,10 +116,17 @@ def main(argv: list[str] | None = None) -> int:
                                       args.tiny, config)
     build_seconds = time.perf_counter() - started
     if distributed:
-        model = DistributedFlowModel(adapter, device, parallelism=args.parallelism)
+        model = DistributedFlowModel(adapter, device, parallelism=args.parallelism,
+                                     with_reference=config.kl_coefficient > 0)
         trainer = make_distributed(Trainer(config, model=model))
     else:
         trainer = Trainer(config, model=adapter)
+    # what this process keeps of the frozen KL reference, counted before any forward (FSDP
+    # keeps the root unit's weights, the embeddings and final layers, gathered after a
+    # forward without backward)
+    reference_local = None if trainer.reference is None else sum(
+        p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+        for p in trainer.reference.parameters())
     forward_dtype: dict[str, str] = {}
     units = adapter.shard_units()
     if units:  # the dtype a unit's weights have inside its forward (gathered, under FSDP)
@@ -174,7 +185,11 @@ def main(argv: list[str] | None = None) -> int:
         "forward_passes": int(metrics[0]["forward_passes"]),  # summed over ranks
         "backward_passes": int(metrics[0]["backward_passes"]),
         "peak_memory_gib_max_rank": max(peaks) / 2**30,
-        "trained_weights_checksum_per_rank": checksums}
+        "trained_weights_checksum_per_rank": checksums,
+        "kl_coefficient": config.kl_coefficient,
+        "kl_to_reference": [float(m.get("kl_to_reference", math.nan)) for m in metrics]}
+    if reference_local is not None:
+        report["reference_local_params"] = reference_local
     if args.baseline:
         one = json.loads(Path(args.baseline).read_text())
         report["baseline"] = args.baseline

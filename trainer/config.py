@@ -439,9 +439,6 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
             if self.torch_compile:
                 out.append(ConfigError("parallelism", "'fsdp' with torch_compile is not "
                                        "supported yet; use one of them"))
-            if "kl_coefficient" not in bad and self.kl_coefficient > 0:
-                out.append(ConfigError("parallelism", "'fsdp' has no KL reference model yet "
-                                       "(kl_coefficient > 0 needs 'ddp')"))
         if "lora_target_modules" not in bad and not (
                 self.lora_target_modules
                 and all(isinstance(m, str) and m.strip() for m in self.lora_target_modules)):

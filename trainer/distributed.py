@@ -18,7 +18,8 @@ weights and optimizer state onto rank 0's CPU, a collective: every rank calls
 (`DistributedFlowModel.writes_checkpoints`). The files are the same as a single process writes.
 
     rank, world = init_from_env()
-    model = DistributedFlowModel(load_model(config), parallelism=config.parallelism)
+    model = DistributedFlowModel(load_model(config), parallelism=config.parallelism,
+                                 with_reference=config.kl_coefficient > 0)
     trainer = make_distributed(Trainer(config, model=model))
 
 Nothing in the trainer's other files knows about this module.
@@ -59,11 +60,23 @@ class DistributedFlowModel(FlowModel):
     everything else is the wrapped model's."""
 
     def __init__(self, model: FlowModel, device: str | torch.device | None = None,
-                 parallelism: str = "ddp") -> None:
+                 parallelism: str = "ddp", with_reference: bool = False) -> None:
+        """`with_reference`: the run has a KL penalty (kl_coefficient > 0). Under FSDP its
+        frozen reference policy is copied here, from the weights as loaded, and sharded like
+        the policy, so that no rank holds a whole second model; DDP takes it from the wrapped
+        model when the trainer asks (`reference_model`)."""
         super().__init__()
         device = torch.device(device or local_device())
-        model = model.to(device)
         self.parallelism = parallelism
+        # outside the module tree: its parameters are not the policy's (optimizer, state dict)
+        self.__dict__["_reference"] = None
+        if parallelism == "fsdp" and with_reference:
+            # copied before the policy moves (the loader leaves it on the CPU), in the dtype
+            # the forward gathers: a frozen model needs no fp32 master weights
+            dtype = model.compute_dtype
+            reference = model.reference_model()
+            self.__dict__["_reference"] = (reference.to(dtype) if dtype else reference).to(device)
+        model = model.to(device)
         if parallelism == "fsdp":
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -78,9 +91,13 @@ class DistributedFlowModel(FlowModel):
             policy = MixedPrecisionPolicy(param_dtype=model.compute_dtype,
                                           reduce_dtype=torch.float32,
                                           cast_forward_inputs=False)
-            for unit in model.shard_units():
-                fully_shard(unit, mesh=mesh, mp_policy=policy)
-            fully_shard(model, mesh=mesh, mp_policy=policy)  # the rest: embeddings, final layers
+            # the reference's root unit (embeddings, final layers: small beside the blocks)
+            # stays gathered after its forward, which FSDP does for a root without backward
+            for sharded in filter(None, (model, self._reference)):
+                for unit in sharded.shard_units():
+                    fully_shard(unit, mesh=mesh, mp_policy=policy)
+                # the rest: embeddings, final layers
+                fully_shard(sharded, mesh=mesh, mp_policy=policy)
             self.sharded: FlowModel | None = model
             self.ddp = None
         elif parallelism == "ddp":
@@ -185,6 +202,16 @@ class DistributedFlowModel(FlowModel):
                           for k, v in values.items()}
                  for i, values in state["state"].items()}
         optimizer.load_state_dict({"state": local, "param_groups": state["param_groups"]})
+
+    def reference_model(self) -> FlowModel:
+        """The KL penalty's frozen policy: DDP, the wrapped model's (taken now, before any
+        update); FSDP, the sharded copy made at construction (`with_reference`)."""
+        if self.ddp is not None:
+            return self.inner.reference_model()
+        if self._reference is None:
+            raise ValueError("a sharded model's KL reference is copied before sharding: "
+                             "construct DistributedFlowModel with with_reference=True")
+        return self._reference
 
     def state_dict(self, *args: Any, **kwargs: Any):  # the unwrapped names
         return self.inner.state_dict(*args, **kwargs)

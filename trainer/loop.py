@@ -81,8 +81,7 @@ class Trainer:
         # with its adapters disabled, not a copy)
         self.reference: FlowModel | None = None
         if config.kl_coefficient > 0:
-            unwrapped = getattr(self.model, "inner", self.model)  # DDP's module, not DDP
-            self.reference = unwrapped.reference_model()
+            self.reference = self.model.reference_model()
         self.last_metrics: dict = {}
         self.preference_version: int | None = None
         # experiment tracking (report_to): run() logs each iteration there; track() says where

@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     with session_scope() as s:
         config = job_train_config(jobs.get_job(s, job_id).config)
     # collective: every rank, same time
-    model = DistributedFlowModel(load_model(config), parallelism=config.parallelism)
+    model = DistributedFlowModel(load_model(config), parallelism=config.parallelism,
+                                 with_reference=config.kl_coefficient > 0)
     sharded = config.parallelism == "fsdp"
     if rank == 0:  # resumes and truncates the metric history past the checkpoint
         trainer, config, ckpt_id, last_vote = prepare_trainer(job_id, model=model)

@@ -72,3 +72,20 @@ def test_full_fine_tuning_sharded_over_two_processes(tmp_path):
     assert report["trained_params"] > 10_000
     first, second = report["trained_weights_checksum_per_rank"]
     assert first == pytest.approx(second, rel=1e-9)
+
+
+def test_full_fine_tuning_sharded_with_a_kl_penalty(tmp_path):
+    """FSDP with kl_coefficient > 0 on the FLUX adapter: the frozen base (a copy of the
+    transformer) is sharded like the policy and the penalty is measured against it."""
+    out = tmp_path / "fsdp_kl.json"
+    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+          str(SCRIPT), *TINY, "--finetune", "full", "--parallelism", "fsdp",
+          "--mixed-precision", "bf16", "--kl-coefficient", "0.1", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["kl_coefficient"] == 0.1
+    # warm-up then the timed iteration: the policy has moved off the reference by then
+    assert report["kl_to_reference"][-1] > 0
+    # half of the frozen copy on each process, as of the trained weights
+    assert report["reference_local_params"] <= 0.51 * report["trained_params"]
+    first, second = report["trained_weights_checksum_per_rank"]
+    assert first == pytest.approx(second, rel=1e-9)

@@ -379,12 +379,18 @@ class _ReferencePolicy(FlowModel):
     def device(self) -> torch.device:
         return self.model.device
 
+    def shard_units(self) -> list[nn.Module]:
+        # a sharded run (FSDP with a KL penalty) gathers the frozen copy a block at a time
+        return repeated_blocks(self.frozen) if self.frozen is not None else []
+
     @torch.no_grad()
     def forward(self, x: torch.Tensor, t: torch.Tensor, cond: Conditioning) -> torch.Tensor:
         model = self.model
         with model._autocast():
             if self.frozen is not None:
-                return model._velocity(self.frozen.to(x.device), x, t, cond).float()
+                if next(self.frozen.parameters()).device != x.device:  # made on the CPU
+                    self.frozen.to(x.device)
+                return model._velocity(self.frozen, x, t, cond).float()
             model.transformer.disable_adapters()
             try:
                 return model._velocity(model.transformer, x, t, cond).float()
