@@ -37,6 +37,16 @@ def test_mlp_conv_mixes_neighbouring_patches_and_nothing_further():
     assert len(rows) == 9
 
 
+def test_every_gradient_is_laid_out_like_its_weight():
+    """DDP copies a gradient whose strides differ from its parameter's into its bucket every
+    step ("Grad strides do not match bucket view strides"); mlp_conv's depthwise weight got a
+    channels-last gradient from a channels-last view of its input."""
+    block = DiTBlock(32, 4, 4.0, grid=4)
+    block.feed_forward(torch.randn(2, 3 + 16, 32)).square().sum().backward()
+    assert {name: p.grad.stride() for name, p in block.named_parameters() if p.grad is not None
+            } == {name: p.stride() for name, p in block.named_parameters() if p.grad is not None}
+
+
 def test_sincos_positions_are_fixed_and_closer_for_neighbours():
     pos = sincos_positions(8, 64)
     assert pos.shape == (64, 64)

@@ -95,7 +95,10 @@ class DiTBlock(nn.Module):
             return self.mlp(h)
         h = self.mlp[0](h)
         n, length, hidden = h.shape
-        image = h[:, length - self.grid**2:].transpose(1, 2).reshape(n, hidden, self.grid, self.grid)
+        # contiguous: a channels-last view here makes the depthwise weight's gradient
+        # channels-last too, which DDP copies into its buckets each step (and warns about)
+        image = (h[:, length - self.grid**2:].transpose(1, 2)
+                 .reshape(n, hidden, self.grid, self.grid).contiguous())
         image = self.mlp_conv(image).flatten(2).transpose(1, 2)
         h = torch.cat([h[:, :length - self.grid**2], image], dim=1)
         return self.mlp[2](self.mlp[1](h))
