@@ -484,3 +484,39 @@ def test_lora_initialization_comes_from_the_run_seed(flux_schnell):
     assert torch.equal(torch.random.get_rng_state(), state)  # the global RNG is left alone
     assert first and all(torch.equal(first[n], again[n]) for n in first)
     assert not any(torch.equal(first[n], other[n]) for n in first)
+
+
+@pytest.mark.parametrize(("variant", "mixed_precision"),
+                         [("flux_dev", "bf16"), ("flux_dev", "no"), ("sd3", "bf16")])
+def test_full_finetune_kl_reference_is_a_frozen_copy_in_the_compute_dtype(variant,
+                                                                           mixed_precision,
+                                                                           request):
+    """kl_coefficient > 0 with full fine-tuning: the reference is a separate frozen copy of
+    the base transformer, its weights in the compute dtype (bf16 under mixed precision, with
+    no fp32 detour), that gives the policy's own velocity before training and stays the base
+    while the policy trains."""
+    trainer = Trainer(_config(request.getfixturevalue(variant), VARIANTS[variant],
+                              finetune="full", kl_coefficient=0.1,
+                              mixed_precision=mixed_precision))
+    model, reference = trainer.model, trainer.reference
+    frozen = reference.frozen
+    compute = torch.bfloat16 if mixed_precision == "bf16" else torch.float32
+    assert {p.dtype for p in frozen.parameters()} == {compute}
+    assert not any(p.requires_grad for p in frozen.parameters())
+    policy_state = _state(model.transformer)
+    for name, value in frozen.state_dict().items():  # the base's weights, cast
+        assert torch.equal(value, policy_state[name].to(value.dtype)), name
+    assert {id(p) for p in frozen.parameters()}.isdisjoint(
+        id(p) for p in model.trainable_parameters())
+
+    x = _noise(model)
+    t = torch.full((x.shape[0],), 0.5)
+    cond = model.encode_prompts(PROMPTS[:1] * x.shape[0])
+    with torch.no_grad():
+        torch.testing.assert_close(reference(x, t, cond), model(x, t, cond),
+                                   rtol=0.05 if compute == torch.bfloat16 else 1e-5,
+                                   atol=0.05 if compute == torch.bfloat16 else 1e-5)
+    base = _state(frozen)
+    trainer.step()
+    assert not _changed(base, _state(frozen))  # the reference did not train
+    assert _changed(policy_state, _state(model.transformer))  # the policy did

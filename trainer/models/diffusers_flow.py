@@ -25,7 +25,6 @@ adapter's business (`mixed_precision`).
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import math
 from pathlib import Path
@@ -239,11 +238,12 @@ class DiffusersFlowModel(FlowModel):
     # -- training --------------------------------------------------------------------------------
     def reference_model(self) -> FlowModel:
         """LoRA: this very transformer with its adapters disabled (no second copy of the
-        weights); full fine-tuning: a frozen copy of the transformer alone."""
+        weights); full fine-tuning: a frozen copy of the transformer alone, in the compute
+        dtype (bf16 under mixed precision: autocast casts the fp32 masters to it for every
+        matrix product anyway, and a frozen model needs no masters)."""
         if self.spec.finetune == "lora":
             return _ReferencePolicy(self, None)
-        frozen = copy.deepcopy(self.transformer).requires_grad_(False).eval()
-        return _ReferencePolicy(self, frozen)
+        return _ReferencePolicy(self, frozen_copy(self.transformer, self.compute_dtype))
 
     def save_weights(self, directory: Path, metadata: dict[str, str],
                      state: dict[str, torch.Tensor] | None = None) -> Path:
@@ -326,6 +326,35 @@ BLOCK_LISTS = ("transformer_blocks", "single_transformer_blocks")
 def repeated_blocks(transformer: nn.Module) -> list[nn.Module]:
     """The transformer's blocks, in order (the units compiled and sharded one by one)."""
     return [block for name in BLOCK_LISTS for block in getattr(transformer, name, ())]
+
+
+@torch.no_grad()
+def frozen_copy(transformer: nn.Module, dtype: torch.dtype | None) -> nn.Module:
+    """A copy of `transformer` without gradients, built empty and filled tensor by tensor in
+    `dtype` (None: as it is), beside it on its device: a 12B model in bf16 never passes
+    through a whole fp32 second copy on the way, as `deepcopy` then a cast would."""
+    device = next(transformer.parameters()).device
+    with torch.device("meta"):
+        frozen = type(transformer).from_config(transformer.config)
+        # the weights alone take the dtype; buffers (position tables and the like) keep theirs
+        for module in frozen.modules():
+            for name, param in module._parameters.items():
+                if dtype is not None and param is not None and param.is_floating_point():
+                    module._parameters[name] = nn.Parameter(param.to(dtype))
+    frozen.to_empty(device=device)
+    sources = dict(transformer.named_parameters())
+    sources.update(transformer.named_buffers())
+    targets = dict(frozen.named_parameters())
+    targets.update(frozen.named_buffers())
+    if sources.keys() != targets.keys():
+        raise ValueError(f"{type(transformer).__name__} rebuilt from its config differs: "
+                         f"{sorted(sources.keys() ^ targets.keys())[:5]}")
+    for name, target in targets.items():
+        source = sources[name]
+        if target.dtype != source.dtype and not source.is_floating_point():
+            raise ValueError(f"{name}: {source.dtype} cannot become {target.dtype}")
+        target.copy_(source)  # cast to the target's dtype as it copies
+    return frozen.requires_grad_(False).eval()
 
 
 def checkpointed_blocks(transformer: nn.Module, fraction: float) -> list[nn.Module]:
