@@ -55,6 +55,13 @@ def scaled_config(args: argparse.Namespace, world: int) -> TrainConfig:
     return TrainConfig.from_dict(base)
 
 
+def local_numel(model: torch.nn.Module) -> int:
+    """How many of `model`'s parameter elements this process stores (its shards, under FSDP)."""
+    from trainer.distributed import tensor_local
+
+    return sum(tensor_local(p).numel() for p in model.parameters())
+
+
 def weights_checksum(model: torch.nn.Module) -> float:
     """The sum of every trained weight (a sharded one gathered whole: every rank calls it)."""
     return float(sum((p.full_tensor() if hasattr(p, "full_tensor") else p).detach().double().sum()
@@ -124,9 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     # what this process keeps of the frozen KL reference, counted before any forward (FSDP
     # keeps the root unit's weights, the embeddings and final layers, gathered after a
     # forward without backward)
-    reference_local = None if trainer.reference is None else sum(
-        p.to_local().numel() if hasattr(p, "to_local") else p.numel()
-        for p in trainer.reference.parameters())
+    reference_local = None if trainer.reference is None else local_numel(trainer.reference)
     forward_dtype: dict[str, str] = {}
     units = adapter.shard_units()
     if units:  # the dtype a unit's weights have inside its forward (gathered, under FSDP)
@@ -174,8 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         "trained_params": sum(p.numel() for p in adapter.trainable_parameters()),
         "mixed_precision": args.mixed_precision,
         # sharded: what this process keeps of the weights (FSDP), and in which dtype
-        "local_params": sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
-                            for p in adapter.parameters()),
+        "local_params": local_numel(adapter),
         "master_dtype": str(next(adapter.parameters()).dtype),
         "forward_weights_dtype": forward_dtype.get("dtype"),
         "gradient_checkpointing": args.checkpointing,

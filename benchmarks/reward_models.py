@@ -204,29 +204,31 @@ def reward_server(names: list[str], args: argparse.Namespace) -> Iterator[tuple[
     process (`python -m trainer.rewards.serve`, as a deployment runs it); yields (url, seconds
     until it could score: model loading, and the process's start) and stops it on exit."""
     from trainer.rewards.remote import reward_client
+
+    start = _server_process if args.server_process else _server_thread
+    with start(names, args) as (url, load_seconds):
+        try:
+            yield url, load_seconds
+        finally:
+            # the job's client of this URL (prepare_scorer's) is cached per process: it goes
+            # with its server, so that a later server on the same port gets a fresh one
+            reward_client(url).close()
+            reward_client.cache_clear()
+
+
+@contextmanager
+def _server_thread(names: list[str], args: argparse.Namespace) -> Iterator[tuple[str, float]]:
+    """The server's app in a thread of this process; yields (url, seconds create_app took to
+    load the models)."""
     from trainer.rewards.serve import ServerThread, create_app
 
-    if args.server_process:
-        with _server_process(names, args) as (url, load_seconds):
-            try:
-                yield url, load_seconds
-            finally:
-                reward_client(url).close()
-                reward_client.cache_clear()
-        return
     started = time.perf_counter()
     app = create_app(names, device=args.device, max_batch=args.server_max_batch,
                      max_wait_ms=args.server_max_wait_ms)
     load_seconds = time.perf_counter() - started
     with ServerThread(app, start_timeout=SERVER_START_TIMEOUT_S,
                       stop_timeout=SERVER_STOP_TIMEOUT_S) as server:
-        try:
-            yield server.url, load_seconds
-        finally:
-            # the job's client of this URL (prepare_scorer's) is cached per process: it goes
-            # with its server, so that a later server on the same port gets a fresh one
-            reward_client(server.url).close()
-            reward_client.cache_clear()
+        yield server.url, load_seconds
 
 
 @contextmanager

@@ -71,11 +71,9 @@ class DistributedFlowModel(FlowModel):
         # outside the module tree: its parameters are not the policy's (optimizer, state dict)
         self.__dict__["_reference"] = None
         if parallelism == "fsdp" and with_reference:
-            # copied before the policy moves (the loader leaves it on the CPU), in the dtype
-            # the forward gathers: a frozen model needs no fp32 master weights
-            dtype = model.compute_dtype
-            reference = model.reference_model()
-            self.__dict__["_reference"] = (reference.to(dtype) if dtype else reference).to(device)
+            # copied before the policy moves (the loader leaves it on the CPU); the adapters
+            # copy their frozen weights in the compute dtype (no fp32 masters to keep)
+            self.__dict__["_reference"] = model.reference_model().to(device)
         model = model.to(device)
         if parallelism == "fsdp":
             from torch.distributed.device_mesh import init_device_mesh
@@ -93,7 +91,7 @@ class DistributedFlowModel(FlowModel):
                                           cast_forward_inputs=False)
             # the reference's root unit (embeddings, final layers: small beside the blocks)
             # stays gathered after its forward, which FSDP does for a root without backward
-            for sharded in filter(None, (model, self._reference)):
+            for sharded in [model] + ([self._reference] if self._reference is not None else []):
                 for unit in sharded.shard_units():
                     fully_shard(unit, mesh=mesh, mp_policy=policy)
                 # the rest: embeddings, final layers

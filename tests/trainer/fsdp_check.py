@@ -45,7 +45,7 @@ def main() -> int:
     ddp, fsdp = trainer_for("ddp"), trainer_for("fsdp")
     # before any forward: FSDP keeps its root unit (here the embeddings and final layers)
     # gathered after a forward without backward, so count the shards now
-    reference_shards = [getattr(p, "to_local", lambda p=p: None)()
+    reference_shards = [p.to_local() if hasattr(p, "to_local") else None
                         for p in fsdp.reference.parameters()] if kl else []
     total = sum(p.numel() for p in ddp.model.inner.parameters())
     local = sum(p.to_local().numel() for p in fsdp.model.inner.parameters())
@@ -57,7 +57,7 @@ def main() -> int:
     a, b = full_weights(ddp), full_weights(fsdp)
     ddp_vs_fsdp = max(float((a[k] - b[k]).abs().max()) for k in a)
     trained_by = max(float((initial[k] - b[k]).abs().max()) for k in b)
-    if kl:
+    if kl:  # the penalty's run: compared with DDP, nothing saved
         if rank == 0:
             print(json.dumps({
                 "world": world, "ddp_vs_fsdp": ddp_vs_fsdp, "trained_by": trained_by,
@@ -69,10 +69,7 @@ def main() -> int:
                 "optimized_params": sum(len(g["params"]) for g in fsdp.optimizer.param_groups),
                 "kl": [[m["kl_to_reference"] for m in metrics[k]] for k in ("ddp", "fsdp")]}),
                 flush=True)
-        dist.barrier()
-        dist.destroy_process_group()
-        sys.stdout.flush()
-        os._exit(0)
+        return _exit()
 
     saved = fsdp.save_checkpoint(out)  # every rank: gathers; rank 0 writes
     dist.barrier()
@@ -99,6 +96,10 @@ def main() -> int:
             "files": sorted(p.name for p in saved.iterdir()),
             "grad_norms": [[m["grad_norm"] for m in metrics[k]] for k in ("ddp", "fsdp")],
             "losses": [[m["loss"] for m in metrics[k]] for k in ("ddp", "fsdp")]}), flush=True)
+    return _exit()
+
+
+def _exit() -> int:
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()

@@ -46,20 +46,25 @@ def test_an_unknown_reward_is_a_cli_error(capsys):
     assert "unknown ['beauty']" in capsys.readouterr().err
 
 
-def test_server_rows_compare_the_reward_server_with_in_process_scoring(tmp_path, monkeypatch):
-    """--server: the same rewards through the reward server started in the run (the job's
-    client, then concurrent clients of 12 images); its scores are the in-process ones."""
-    bench = load_benchmark("reward_models")
+def _served_clip_score(bench, tmp_path, monkeypatch, *extra: str) -> dict:
+    """The benchmark's report for clip_score at toy size, scored in process and through the
+    reward server (2 concurrent clients), with `extra` flags; the registry left as it was."""
     monkeypatch.setenv(reward_models.ENV_DIR, str(tmp_path / "unused"))  # main() sets its own
     out = tmp_path / "rows.json"
     try:
         assert bench.main(["--tiny", "--device", "cpu", "--rewards", "clip_score", "--server",
-                           "--repeats", "1", "--batch", "4", "--image-size", "40",
+                           *extra, "--repeats", "1", "--batch", "4", "--image-size", "40",
                            "--clients", "2", "--out", str(out)]) == 0
     finally:
         reward_models.configure_reward_models({}, "cpu")
         reward_models.clear_cache()
-    report = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_server_rows_compare_the_reward_server_with_in_process_scoring(tmp_path, monkeypatch):
+    """--server: the same rewards through the reward server started in the run (the job's
+    client, then concurrent clients of 12 images); its scores are the in-process ones."""
+    report = _served_clip_score(load_benchmark("reward_models"), tmp_path, monkeypatch)
     (row,) = report["rows"]
     assert "error" not in row and "server_error" not in row, row
     assert row["server_batch"] == 4 and row["server_clients"] == 2
@@ -93,8 +98,6 @@ def test_server_process_serves_the_same_scores_from_its_own_process(tmp_path, mo
     written weights (REWARD_MODELS_DIR, inherited) and answers as the in-thread server does;
     the process is gone when the benchmark returns."""
     bench = load_benchmark("reward_models")
-    monkeypatch.setenv(reward_models.ENV_DIR, str(tmp_path / "unused"))  # main() sets its own
-    out = tmp_path / "rows.json"
     started: list = []
     real_popen = bench.subprocess.Popen
 
@@ -103,14 +106,7 @@ def test_server_process_serves_the_same_scores_from_its_own_process(tmp_path, mo
         return started[-1]
 
     monkeypatch.setattr(bench.subprocess, "Popen", popen)
-    try:
-        assert bench.main(["--tiny", "--device", "cpu", "--rewards", "clip_score", "--server",
-                           "--server-process", "--repeats", "1", "--batch", "4",
-                           "--image-size", "40", "--clients", "2", "--out", str(out)]) == 0
-    finally:
-        reward_models.configure_reward_models({}, "cpu")
-        reward_models.clear_cache()
-    report = json.loads(out.read_text())
+    report = _served_clip_score(bench, tmp_path, monkeypatch, "--server-process")
     (row,) = report["rows"]
     assert "error" not in row and "server_error" not in row, row
     assert row["server_max_abs_diff"] < 1e-3
