@@ -520,10 +520,17 @@ def request_cancel(session: Session, job_id: int) -> Job:
 
 def resume_job(session: Session, job_id: int) -> Job:
     """Put a failed or cancelled job back in the queue (the worker resumes from the newest
-    checkpoint, `checkpoints.latest_checkpoint`). Enqueue after the commit."""
+    checkpoint, `checkpoints.latest_checkpoint`). Enqueue after the commit. Its config is
+    checked again as at submission: what it names (a dataset, a checkpoint, a file) may have
+    gone since, and the worker would fail on it (Conflict naming every problem)."""
     job = get_job(session, job_id)
     if job.status not in ("failed", "cancelled"):
         raise Conflict(f"job {job_id} is {job.status}; only failed or cancelled jobs resume")
+    try:
+        validate_config(session, job.kind, job.config)
+    except Invalid as exc:
+        raise Conflict(f"job {job_id} can no longer run: {exc.message}",
+                       errors=exc.details.get("errors", [])) from exc
     job.status, job.cancel_requested, job.error, job.finished_at = "queued", False, None, None
     session.flush()
     return job

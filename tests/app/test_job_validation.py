@@ -124,6 +124,21 @@ def test_a_split_without_prompts_is_422(client, admin):
     assert _post(client, admin, "rollout", {"dataset_id": ds, "split": "all"}).status_code == 201
 
 
+def test_a_job_whose_dataset_was_deleted_does_not_resume(client, admin):
+    up = client.post("/api/datasets", files={"file": ("p.txt", b"one\ntwo\n", "text/plain")},
+                     headers=admin).json()
+    ds = up["dataset"]["id"] if "dataset" in up else up["id"]
+    job = _post(client, admin, "rollout", {"dataset_id": ds}).json()["id"]
+    # an active job holds its dataset; once cancelled, the dataset may go
+    assert client.delete(f"/api/datasets/{ds}", headers=admin).status_code == 409
+    assert client.post(f"/api/jobs/{job}/cancel", headers=admin).status_code == 200
+    assert client.delete(f"/api/datasets/{ds}", headers=admin).status_code == 204
+    r = client.post(f"/api/jobs/{job}/resume", headers=admin)
+    assert r.status_code == 409, r.text
+    assert f"dataset {ds} not found" in r.text and _fields(r) == ["dataset_id"]
+    assert client.get(f"/api/jobs/{job}", headers=admin).json()["status"] == "cancelled"
+
+
 def test_clip_path_is_checked_whenever_given(client, admin):
     r = _post(client, admin, "fit_preference", {"features": "shapes", "clip_path": "/etc"})
     assert r.status_code == 422 and _fields(r) == ["clip_path"]
