@@ -89,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="KL penalty to the base (under FSDP: a sharded frozen copy)")
     parser.add_argument("--parallelism", choices=["ddp", "fsdp"], default="ddp",
                         help="under torchrun: DDP, or FSDP2 sharding (needs --finetune full)")
+    parser.add_argument("--stage-on-cpu", action="store_true",
+                        help="build the weights in CPU memory and let FSDP move them to the "
+                        "card unit by unit as it shards them (how the worker loads a sharded "
+                        "job); default: built on the card")
     parser.add_argument("--mixed-precision", choices=["auto", "no", "bf16"], default="auto",
                         help="the config's mixed_precision (auto: bf16 on CUDA; bf16 on the CPU "
                         "checks a sharded run's bf16 gathers at toy size)")
@@ -120,14 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)  # the same random weights everywhere (DDP also copies rank 0's)
     started = time.perf_counter()
     adapter = real_models.build_model("flux", args.finetune, args.checkpointing, device,
-                                      args.tiny, config)
+                                      args.tiny, config, stage_on_cpu=args.stage_on_cpu)
     build_seconds = time.perf_counter() - started
+    checksum_before = weights_checksum(adapter)  # before sharding: each rank's whole copy
     if distributed:
         model = DistributedFlowModel(adapter, device, parallelism=args.parallelism,
                                      with_reference=config.kl_coefficient > 0)
         trainer = make_distributed(Trainer(config, model=model))
     else:
         trainer = Trainer(config, model=adapter)
+    # the card's peak while the weights were built, copied for the reference and sharded
+    setup_peak = flux_scale.peak_memory(device)
     # what this process keeps of the frozen KL reference, counted before any forward (FSDP
     # keeps the root unit's weights, the embeddings and final layers, gathered after a
     # forward without backward)
@@ -156,11 +163,13 @@ def main(argv: list[str] | None = None) -> int:
         import torch.distributed as dist
 
         gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, {"peak": peak, "checksum": checksum})
+        dist.all_gather_object(gathered, {"peak": peak, "checksum": checksum,
+                                          "setup_peak": setup_peak})
         peaks = [g["peak"] for g in gathered]
+        setup_peaks = [g["setup_peak"] for g in gathered]
         checksums = [g["checksum"] for g in gathered]
     else:
-        peaks, checksums = [peak], [checksum]
+        peaks, setup_peaks, checksums = [peak], [setup_peak], [checksum]
 
     def median(key: str) -> float:
         return statistics.median(float(m[key]) for m in metrics)
@@ -189,7 +198,11 @@ def main(argv: list[str] | None = None) -> int:
         "forward_passes": int(metrics[0]["forward_passes"]),  # summed over ranks
         "backward_passes": int(metrics[0]["backward_passes"]),
         "peak_memory_gib_max_rank": max(peaks) / 2**30,
+        "stage_on_cpu": args.stage_on_cpu,
+        # on a card: the allocator's peak up to the first iteration (on a CPU: the max RSS)
+        "setup_peak_memory_gib_max_rank": max(setup_peaks) / 2**30,
         "trained_weights_checksum_per_rank": checksums,
+        "weights_checksum_before_training": checksum_before,
         "kl_coefficient": config.kl_coefficient,
         "kl_to_reference": [float(m.get("kl_to_reference", math.nan)) for m in metrics]}
     if reference_local is not None:
@@ -206,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         scaling = f", {report['scaling']:.2f}x the baseline" if "scaling" in report else ""
         print(f"{world} process(es), {report['card']}: {seconds:.2f} s per iteration of "
               f"{config.prompts_per_iteration} prompt(s), {report['prompts_per_second']:.3f} "
-              f"prompts/s{scaling}; peak {report['peak_memory_gib_max_rank']:.1f} GiB; "
+              f"prompts/s{scaling}; peak {report['peak_memory_gib_max_rank']:.1f} GiB "
+              f"(setting up: {report['setup_peak_memory_gib_max_rank']:.1f}); "
               f"checksums {checksums}", flush=True)
     if distributed:
         del trainer

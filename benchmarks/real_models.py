@@ -73,9 +73,11 @@ CASES = {
 
 
 def build_model(model: str, finetune: str, checkpointing: bool, device: torch.device,
-                tiny: bool, config: TrainConfig):
+                tiny: bool, config: TrainConfig, stage_on_cpu: bool = False):
     """The adapter around a random-weight pipeline whose prompt cache holds random embeddings
-    of the real sizes (no text encoders: none would run)."""
+    of the real sizes (no text encoders: none would run). `stage_on_cpu`: set up for `device`
+    with the transformer built and left in CPU memory, as `load_flow_model(...,
+    stage_on_cpu=True)` leaves a sharded run's model."""
     from diffusers import (
         AutoencoderKL,
         FlowMatchEulerDiscreteScheduler,
@@ -93,7 +95,7 @@ def build_model(model: str, finetune: str, checkpointing: bool, device: torch.de
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # built in bf16 directly: a 12B fp32 copy would not fit
     try:
-        with torch.device(device):
+        with torch.device("cpu" if stage_on_cpu else device):
             vae = AutoencoderKL(**(TINY_VAE if tiny else VAE), scaling_factor=scaling,
                                 shift_factor=shift)
             if model == "flux":
@@ -116,7 +118,9 @@ def build_model(model: str, finetune: str, checkpointing: bool, device: torch.de
     spec = ModelSpec.from_config(config)
     spec.gradient_checkpointing = checkpointing
     cls = FluxFlowModel if model == "flux" else SD3FlowModel
-    adapter = cls(pipeline, spec, device).to(device)
+    adapter = cls(pipeline, spec, device)  # the VAE goes to `device` here
+    if not stage_on_cpu:
+        adapter = adapter.to(device)
     text = (TINY_TEXT if tiny else TEXT)[model]
     for prompt in config.prompts:  # what encode_prompts would have cached
         adapter._prompt_cache[prompt] = {

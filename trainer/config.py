@@ -431,14 +431,10 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
                                    "checkpointing is gradient_checkpointing false) and below 1 "
                                    "only with gradient_checkpointing true, got "
                                    f"{self.gradient_checkpointing_fraction}"))
-        if self.parallelism == "fsdp":
-            if self.finetune != "full":
-                out.append(ConfigError("parallelism", "'fsdp' shards full fine-tuning; LoRA "
-                                       "trains with 'ddp' (its adapters are small, and the "
-                                       "frozen bf16 base and fp32 adapters cannot share a shard)"))
-            if self.torch_compile:
-                out.append(ConfigError("parallelism", "'fsdp' with torch_compile is not "
-                                       "supported yet; use one of them"))
+        if self.parallelism == "fsdp" and self.finetune != "full":
+            out.append(ConfigError("parallelism", "'fsdp' shards full fine-tuning; LoRA "
+                                   "trains with 'ddp' (its adapters are small, and the "
+                                   "frozen bf16 base and fp32 adapters cannot share a shard)"))
         if "lora_target_modules" not in bad and not (
                 self.lora_target_modules
                 and all(isinstance(m, str) and m.strip() for m in self.lora_target_modules)):

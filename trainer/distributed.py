@@ -18,8 +18,10 @@ weights and optimizer state onto rank 0's CPU, a collective: every rank calls
 (`DistributedFlowModel.writes_checkpoints`). The files are the same as a single process writes.
 
     rank, world = init_from_env()
-    model = DistributedFlowModel(load_model(config), parallelism=config.parallelism,
-                                 with_reference=config.kl_coefficient > 0)
+    device = local_device()  # this rank's card; FSDP's weights wait on the CPU until sharded
+    model = DistributedFlowModel(
+        load_model(config, device, stage_on_cpu=config.parallelism == "fsdp"), device,
+        parallelism=config.parallelism, with_reference=config.kl_coefficient > 0)
     trainer = make_distributed(Trainer(config, model=model))
 
 Nothing in the trainer's other files knows about this module.
@@ -64,21 +66,32 @@ class DistributedFlowModel(FlowModel):
         """`with_reference`: the run has a KL penalty (kl_coefficient > 0). Under FSDP its
         frozen reference policy is copied here, from the weights as loaded, and sharded like
         the policy, so that no rank holds a whole second model; DDP takes it from the wrapped
-        model when the trainer asks (`reference_model`)."""
+        model when the trainer asks (`reference_model`).
+
+        Under FSDP the model's weights may come in CPU memory (`load_model(config, device,
+        stage_on_cpu=True)`): each unit moves to `device` as it is sharded, so a rank's card
+        holds its shards and one unit at a time, never the whole model (fp32 FLUX: 48 GB)."""
         super().__init__()
         device = torch.device(device or local_device())
         self.parallelism = parallelism
         # outside the module tree: its parameters are not the policy's (optimizer, state dict)
         self.__dict__["_reference"] = None
         if parallelism == "fsdp" and with_reference:
-            # copied before the policy moves (the loader leaves it on the CPU); the adapters
-            # copy their frozen weights in the compute dtype (no fp32 masters to keep)
-            self.__dict__["_reference"] = model.reference_model().to(device)
-        model = model.to(device)
-        if parallelism == "fsdp":
+            # copied beside the policy's weights, before they are sharded; the adapters copy
+            # their frozen weights in the compute dtype (no fp32 masters to keep)
+            self.__dict__["_reference"] = model.reference_model()
+        if parallelism not in ("ddp", "fsdp"):
+            raise ValueError(f"parallelism must be 'ddp' or 'fsdp', got {parallelism!r}")
+        if parallelism == "ddp":
+            ids = [device.index] if device.type == "cuda" else None
+            self.ddp = DistributedDataParallel(model.to(device), device_ids=ids)
+            self.sharded: FlowModel | None = None
+        else:
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+            if device.type == "cuda":  # the card fully_shard moves each unit to
+                torch.cuda.set_device(device)
             mesh = init_device_mesh(device.type, (dist.get_world_size(),))
             # gather the weights in the dtype the forward computes in (bf16 under mixed
             # precision: half the traffic of the fp32 masters, which stay sharded for the
@@ -96,14 +109,8 @@ class DistributedFlowModel(FlowModel):
                     fully_shard(unit, mesh=mesh, mp_policy=policy)
                 # the rest: embeddings, final layers
                 fully_shard(sharded, mesh=mesh, mp_policy=policy)
-            self.sharded: FlowModel | None = model
+            self.sharded = model
             self.ddp = None
-        elif parallelism == "ddp":
-            ids = [device.index] if device.type == "cuda" else None
-            self.ddp = DistributedDataParallel(model, device_ids=ids)
-            self.sharded = None
-        else:
-            raise ValueError(f"parallelism must be 'ddp' or 'fsdp', got {parallelism!r}")
 
     @property
     def inner(self) -> FlowModel:

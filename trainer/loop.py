@@ -41,13 +41,16 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_model(config: TrainConfig, device: torch.device | str = "cpu") -> FlowModel:
+def load_model(config: TrainConfig, device: torch.device | str = "cpu", *,
+               stage_on_cpu: bool = False) -> FlowModel:
     """The config's model adapter (`model`, `model_path`, the finetune mode, dtype ...) with
     its base weights (`base_checkpoint`; empty: the adapter's default base, for shapes the
-    shipped checkpoint)."""
+    shipped checkpoint), set up for `device`. `stage_on_cpu`: its trained weights left in CPU
+    memory for FSDP to shard onto `device` (`load_flow_model`)."""
     from trainer.models import load_flow_model
 
-    return load_flow_model(ModelSpec.from_config(config), device=device)
+    return load_flow_model(ModelSpec.from_config(config), device=device,
+                           stage_on_cpu=stage_on_cpu)
 
 
 class Trainer:

@@ -76,16 +76,38 @@ def test_full_fine_tuning_sharded_over_two_processes(tmp_path):
 
 def test_full_fine_tuning_sharded_with_a_kl_penalty(tmp_path):
     """FSDP with kl_coefficient > 0 on the FLUX adapter: the frozen base (a copy of the
-    transformer) is sharded like the policy and the penalty is measured against it."""
+    transformer) is sharded like the policy and the penalty is measured against it. The
+    weights are built in CPU memory and sharded from there, as the worker loads them."""
     out = tmp_path / "fsdp_kl.json"
     _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
           str(SCRIPT), *TINY, "--finetune", "full", "--parallelism", "fsdp",
-          "--mixed-precision", "bf16", "--kl-coefficient", "0.1", "--out", str(out)])
+          "--mixed-precision", "bf16", "--kl-coefficient", "0.1", "--stage-on-cpu",
+          "--out", str(out)])
     report = json.loads(out.read_text())
-    assert report["kl_coefficient"] == 0.1
+    assert report["kl_coefficient"] == 0.1 and report["stage_on_cpu"] is True
+    assert report["setup_peak_memory_gib_max_rank"] > 0
     # warm-up then the timed iteration: the policy has moved off the reference by then
     assert report["kl_to_reference"][-1] > 0
     # half of the frozen copy on each process, as of the trained weights
     assert report["reference_local_params"] <= 0.51 * report["trained_params"]
     first, second = report["trained_weights_checksum_per_rank"]
     assert first == pytest.approx(second, rel=1e-9)
+
+
+def test_full_fine_tuning_sharded_and_compiled_trains_like_eager(tmp_path):
+    """FSDP with torch_compile: each block is marked for compilation before FSDP shards it.
+    In fp32 on two processes the compiled run moves the weights as the eager run does, and
+    its ranks stay in step."""
+    moved = {}
+    for name, extra in (("eager", []), ("compiled", ["--compile"])):
+        out = tmp_path / f"{name}.json"
+        _run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+              "--nproc_per_node", "2", str(SCRIPT), *TINY, "--finetune", "full",
+              "--parallelism", "fsdp", "--mixed-precision", "no", *extra, "--out", str(out)])
+        report = json.loads(out.read_text())
+        assert report["torch_compile"] is (name == "compiled")
+        first, second = report["trained_weights_checksum_per_rank"]
+        assert first == pytest.approx(second, rel=1e-9)
+        moved[name] = first - report["weights_checksum_before_training"]
+    assert moved["eager"] != 0
+    assert moved["compiled"] == pytest.approx(moved["eager"], rel=1e-3), moved

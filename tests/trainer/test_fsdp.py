@@ -68,6 +68,14 @@ def test_fsdp_with_a_kl_penalty_is_a_valid_config():
     assert config.kl_coefficient == 0.1
 
 
+def test_fsdp_with_torch_compile_is_a_valid_config():
+    # the compiled blocks are sharded like eager ones (test_flux_ddp_scaling_benchmark.py)
+    config = TrainConfig.from_dict({"model": "flux", "model_path": "/m", "finetune": "full",
+                                    "parallelism": "fsdp", "torch_compile": True,
+                                    "reward_weights": {"jpeg_compressibility": 1.0}})
+    assert config.torch_compile and config.parallelism == "fsdp"
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"model": "flux", "model_path": "/m", "finetune": "lora"}, "LoRA trains with 'ddp'"),
 ])

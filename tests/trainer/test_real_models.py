@@ -520,3 +520,19 @@ def test_full_finetune_kl_reference_is_a_frozen_copy_in_the_compute_dtype(varian
     trainer.step()
     assert not _changed(base, _state(frozen))  # the reference did not train
     assert _changed(policy_state, _state(model.transformer))  # the policy did
+
+
+@pytest.mark.parametrize("finetune", ["lora", "full"])
+def test_a_staged_model_is_set_up_for_its_device_with_its_weights_in_cpu_memory(finetune,
+                                                                              flux_dev):
+    """What a sharded run's ranks load (`stage_on_cpu`): the frozen VAE on the rank's device
+    and the transformer left in CPU memory, for FSDP to move one unit at a time. The meta
+    device stands in for the card here: placing on it is visible without one."""
+    spec = ModelSpec.from_config(_config(flux_dev, "flux", finetune=finetune))
+    staged = load_flow_model(spec, device="meta", stage_on_cpu=True)
+    assert {p.device.type for p in staged.parameters()} == {"cpu"}
+    assert {p.device.type for p in staged.pipeline.vae.parameters()} == {"meta"}
+    # the same spec loaded as a single process does: everything on the device
+    placed = load_flow_model(spec, device="meta")
+    assert {p.device.type for p in placed.parameters()} == {"meta"}
+    assert staged.state_dict().keys() == placed.state_dict().keys()

@@ -5,6 +5,7 @@ model directory); more plug in with `register_model`."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import struct
 from collections.abc import Callable
@@ -73,16 +74,18 @@ def _load_shapes(spec: ModelSpec, device: torch.device | str) -> FlowModel:
     return ShapesDiT.load(path, device)
 
 
-def _load_flux(spec: ModelSpec, device: torch.device | str) -> FlowModel:
+def _load_flux(spec: ModelSpec, device: torch.device | str,
+               stage_on_cpu: bool = False) -> FlowModel:
     from trainer.models.diffusers_flow import FluxFlowModel
 
-    return FluxFlowModel.load(spec, device)
+    return FluxFlowModel.load(spec, device, stage_on_cpu=stage_on_cpu)
 
 
-def _load_sd3(spec: ModelSpec, device: torch.device | str) -> FlowModel:
+def _load_sd3(spec: ModelSpec, device: torch.device | str,
+              stage_on_cpu: bool = False) -> FlowModel:
     from trainer.models.diffusers_flow import SD3FlowModel
 
-    return SD3FlowModel.load(spec, device)
+    return SD3FlowModel.load(spec, device, stage_on_cpu=stage_on_cpu)
 
 
 _MODELS: dict[str, ModelLoader] = {"shapes": _load_shapes, "flux": _load_flux, "sd3": _load_sd3}
@@ -105,7 +108,9 @@ def register_model(name: str, loader: ModelLoader, weight_format: str | None = N
                    directory_files: list[str] | None = None) -> None:
     """Make `loader` available as model `name` (re-registering replaces); `weight_format` is
     the safetensors metadata `format` its weights files carry, if any, and `directory_files`
-    what its model directory must hold (both checked up front)."""
+    what its model directory must hold (both checked up front). `loader(spec, device)`
+    returns the model on `device`; one that also takes a `stage_on_cpu` keyword can leave its
+    trained weights in CPU memory for a sharded run (`load_flow_model`)."""
     _MODELS[name] = loader
     for table, value in ((_WEIGHT_FORMATS, weight_format), (_DIRECTORY_FILES, directory_files)):
         if value:
@@ -210,16 +215,26 @@ def model_names() -> list[str]:
 
 
 def load_flow_model(spec: ModelSpec | str, path: str | Path | None = None,
-                    device: torch.device | str = "cpu") -> FlowModel:
+                    device: torch.device | str = "cpu", *,
+                    stage_on_cpu: bool = False) -> FlowModel:
     """The model a spec describes on `device`; `load_flow_model(name, path)` is short for a
-    spec of that name with the weights at `path` (None: its default base)."""
+    spec of that name with the weights at `path` (None: its default base).
+
+    `stage_on_cpu`: everything is set up for `device` (the weights' dtype, the frozen VAE and
+    text encoders placed there) except the trained module's weights, which stay in CPU memory
+    for FSDP to move to `device` one unit at a time as it shards them: no card ever holds the
+    whole model. Loaders without a `stage_on_cpu` keyword (shapes: it is small) load on
+    `device`."""
     if isinstance(spec, str):
         spec = ModelSpec(name=spec, weights=str(path) if path else "")
     if spec.name not in _MODELS:
         raise KeyError(f"unknown model {spec.name!r}; known: {model_names()}")
     if spec.path and (problem := model_dir_problem(spec.name, spec.path)):
         raise FileNotFoundError(problem)
-    return _MODELS[spec.name](spec, device)
+    loader = _MODELS[spec.name]
+    if stage_on_cpu and "stage_on_cpu" in inspect.signature(loader).parameters:
+        return loader(spec, device, stage_on_cpu=True)
+    return loader(spec, device)
 
 
 def checkpoint_spec(path: str | Path) -> ModelSpec:

@@ -90,9 +90,11 @@ class DiffusersFlowModel(FlowModel):
 
     # -- loading -------------------------------------------------------------------------------
     @classmethod
-    def load(cls, spec: ModelSpec, device: torch.device | str) -> DiffusersFlowModel:
+    def load(cls, spec: ModelSpec, device: torch.device | str, *,
+             stage_on_cpu: bool = False) -> DiffusersFlowModel:
         """From `spec.path` (a diffusers-format directory, read with local_files_only), with
-        `spec.weights` (a checkpoint directory) loaded on top when given."""
+        `spec.weights` (a checkpoint directory) loaded on top when given. `stage_on_cpu`: set
+        up for `device` but the transformer left in CPU memory (FSDP moves it as it shards)."""
         device = torch.device(device)
         dtype = _weight_dtype(spec, device)
         pipeline = cls._pipeline().from_pretrained(spec.path, torch_dtype=dtype,
@@ -100,7 +102,7 @@ class DiffusersFlowModel(FlowModel):
         model = cls(pipeline, spec, device)
         if spec.weights:
             model.load_weights(Path(spec.weights))
-        return model.to(device)
+        return model if stage_on_cpu else model.to(device)
 
     def _frozen_modules(self) -> list[nn.Module]:
         return [m for m in (getattr(self.pipeline, name, None) for name in
