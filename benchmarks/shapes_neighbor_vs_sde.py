@@ -3,7 +3,7 @@
 From the shipped base: DPM++ 8-step rollouts, G=12, B=4, K=4, several seeds each; evaluation
 reward and exact-count accuracy (48 prompts x 20 seeds) against iteration and against
 training wall-clock; seconds per iteration measured alone (not while other runs share the
-device); forward/backward passes per iteration; optional sigma and p ablations.
+device); forward/backward passes per iteration; optional sigma, p, learning-rate and KL-penalty ablations.
 
     python benchmarks/shapes_neighbor_vs_sde.py --out runs/bench --iterations 1000 \
         --seeds 0 1 --parallel 8 [--ablations]
@@ -38,6 +38,9 @@ ABLATIONS = {
     "neighbor-sigma0.1": {"method": "neighbor", "sigma": 0.1},
     "neighbor-sigma0.6": {"method": "neighbor", "sigma": 0.6},
     "neighbor-p0.8": {"method": "neighbor", "quasi_norm_p": 0.8},
+    # a KL penalty to the base: does it hold a long run's gains (issue 18)?
+    "neighbor-kl0.03": {"method": "neighbor", "kl_coefficient": 0.03},
+    "neighbor-kl0.3": {"method": "neighbor", "kl_coefficient": 0.3},
     "neighbor-lr1e-5": {"method": "neighbor", "learning_rate": 1e-5},
     "shuffled-lr1e-5": {"method": "neighbor", "shuffle_advantages": True, "learning_rate": 1e-5},
 }
