@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def main() -> None:
     from trainer.config import PRESETS, TrainConfig
-    from trainer.loop import Trainer, load_model
+    from trainer.loop import Trainer
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--prompts", type=int, default=16)
@@ -34,10 +34,10 @@ def main() -> None:
                                     "prompts_per_iteration": args.prompts, "eval_every": 0})
     rank, world = 0, 1
     if "RANK" in os.environ:
-        from trainer.distributed import DistributedFlowModel, init_from_env, make_distributed
+        from trainer.distributed import init_from_env, load_distributed_model, make_distributed
 
         rank, world = init_from_env()
-        trainer = make_distributed(Trainer(config, model=DistributedFlowModel(load_model(config))))
+        trainer = make_distributed(Trainer(config, model=load_distributed_model(config)))
     else:
         trainer = Trainer(config)
     records = []

@@ -18,11 +18,7 @@ weights and optimizer state onto rank 0's CPU, a collective: every rank calls
 (`DistributedFlowModel.writes_checkpoints`). The files are the same as a single process writes.
 
     rank, world = init_from_env()
-    device = local_device()  # this rank's card; FSDP's weights wait on the CPU until sharded
-    model = DistributedFlowModel(
-        load_model(config, device, stage_on_cpu=config.parallelism == "fsdp"), device,
-        parallelism=config.parallelism, with_reference=config.kl_coefficient > 0)
-    trainer = make_distributed(Trainer(config, model=model))
+    trainer = make_distributed(Trainer(config, model=load_distributed_model(config)))
 
 Nothing in the trainer's other files knows about this module.
 """
@@ -31,7 +27,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -39,6 +35,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainer.grpo import SEED_LIMIT
 from trainer.models.base import FlowModel
+
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
 
 
 def init_from_env() -> tuple[int, int]:
@@ -55,6 +54,20 @@ def local_device() -> str:
     if torch.cuda.is_available():
         return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
     return "cpu"
+
+
+def load_distributed_model(config: TrainConfig) -> DistributedFlowModel:
+    """This rank's model for `config`, as `config.parallelism` holds it: set up for this
+    rank's card (`local_device`); under FSDP its weights wait in CPU memory and reach the card
+    a unit at a time as they are sharded, with the KL reference sharded beside them when
+    `kl_coefficient` > 0. Every rank calls it at the same point."""
+    from trainer.loop import load_model
+
+    device = local_device()
+    sharded = config.parallelism == "fsdp"
+    return DistributedFlowModel(load_model(config, device, stage_on_cpu=sharded), device,
+                                parallelism=config.parallelism,
+                                with_reference=config.kl_coefficient > 0)
 
 
 class DistributedFlowModel(FlowModel):

@@ -30,14 +30,14 @@ import torch.distributed as dist
 from app.db import session_scope
 from app.services import checkpoints, jobs, storage
 from trainer.distributed import (
-    DistributedFlowModel,
     any_rank,
     broadcast_ints,
     init_from_env,
+    load_distributed_model,
     local_device,
     make_distributed,
 )
-from trainer.loop import Trainer, load_model
+from trainer.loop import Trainer
 from trainer.models import checkpoint_directory
 from worker.torchrun import advertised_host, node_started_line
 from worker.training import (
@@ -63,13 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     log_node(job_id, rank, world)
     with session_scope() as s:
         config = job_train_config(jobs.get_job(s, job_id).config)
+    model = load_distributed_model(config)  # every rank, same time
     sharded = config.parallelism == "fsdp"
-    # set up for this rank's card (dtype, VAE); under FSDP the weights wait in CPU memory
-    # and reach the card shard by shard. Collective: every rank, same time
-    device = local_device()
-    model = DistributedFlowModel(load_model(config, device, stage_on_cpu=sharded), device,
-                                 parallelism=config.parallelism,
-                                 with_reference=config.kl_coefficient > 0)
     if rank == 0:  # resumes and truncates the metric history past the checkpoint
         trainer, config, ckpt_id, last_vote = prepare_trainer(job_id, model=model)
     # the model rank 0 blends ("latest" may be newer by now); this also waits for its prepare

@@ -518,6 +518,16 @@ def request_cancel(session: Session, job_id: int) -> Job:
     return job
 
 
+def check_still_valid(session: Session, job: Job) -> None:
+    """Conflict, naming every problem, when the job's stored config no longer passes
+    submission's checks (what it names may have been deleted since it was accepted)."""
+    try:
+        validate_config(session, job.kind, job.config)
+    except Invalid as exc:
+        raise Conflict(f"job {job.id} can no longer run: {exc.message}",
+                       errors=exc.details.get("errors", [])) from exc
+
+
 def resume_job(session: Session, job_id: int) -> Job:
     """Put a failed or cancelled job back in the queue (the worker resumes from the newest
     checkpoint, `checkpoints.latest_checkpoint`). Enqueue after the commit. Its config is
@@ -526,11 +536,7 @@ def resume_job(session: Session, job_id: int) -> Job:
     job = get_job(session, job_id)
     if job.status not in ("failed", "cancelled"):
         raise Conflict(f"job {job_id} is {job.status}; only failed or cancelled jobs resume")
-    try:
-        validate_config(session, job.kind, job.config)
-    except Invalid as exc:
-        raise Conflict(f"job {job_id} can no longer run: {exc.message}",
-                       errors=exc.details.get("errors", [])) from exc
+    check_still_valid(session, job)
     job.status, job.cancel_requested, job.error, job.finished_at = "queued", False, None, None
     session.flush()
     return job

@@ -200,14 +200,14 @@ def may_run_again(session, job) -> bool:
     """Whether a worker may still get this job: it is queued or running, or it ended and the
     app would resume it (what it names, a dataset say, may have been deleted since; then
     resume answers 409 and the worker never sees it)."""
-    from app.errors import Invalid
+    from app.errors import Conflict
     from app.services import jobs
 
     if job.status not in jobs.TERMINAL:
         return True
     try:
-        jobs.validate_config(session, job.kind, job.config)
-    except Invalid:
+        jobs.check_still_valid(session, job)
+    except Conflict:
         return False
     return True
 

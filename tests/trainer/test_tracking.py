@@ -161,13 +161,13 @@ def test_all_is_the_installed_trackers_and_a_missing_package_is_a_config_error(m
 RANKS_SCRIPT = """
 import sys
 from trainer.config import PRESETS, TrainConfig
-from trainer.distributed import DistributedFlowModel, init_from_env, make_distributed
-from trainer.loop import Trainer, load_model
+from trainer.distributed import init_from_env, load_distributed_model, make_distributed
+from trainer.loop import Trainer
 
 rank, _ = init_from_env()
 config = TrainConfig.from_dict({**PRESETS["tiny"], "device": "cpu", "iterations": 1,
                                 "report_to": "tensorboard"})
-trainer = make_distributed(Trainer(config, model=DistributedFlowModel(load_model(config))))
+trainer = make_distributed(Trainer(config, model=load_distributed_model(config)))
 trainer.track(sys.argv[1], f"rank{rank}")  # every rank is told where; rank 0 alone writes
 trainer.run()
 """

@@ -33,7 +33,12 @@ def main() -> int:
 
     import torch.distributed as dist
 
-    from trainer.distributed import DistributedFlowModel, init_from_env, make_distributed
+    from trainer.distributed import (
+        DistributedFlowModel,
+        init_from_env,
+        load_distributed_model,
+        make_distributed,
+    )
 
     rank, world = init_from_env()
     # 1. DDP averages gradients: each rank's half-batch gradient, reduced, equals the
@@ -52,7 +57,7 @@ def main() -> int:
     diff = max(float((a.grad - b.grad).abs().max())
                for a, b in zip(wrapped.inner.parameters(), ref.parameters(), strict=True))
     # 2. training: metrics over the whole batch, identical weights on every rank
-    trainer = make_distributed(Trainer(config, model=DistributedFlowModel(load_model(config))))
+    trainer = make_distributed(Trainer(config, model=load_distributed_model(config)))
 
     def on_iteration(tr, result):
         if rank == 0:
