@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import statistics
 import sys
 import time
@@ -39,6 +40,7 @@ import flux_scale  # noqa: E402  (this folder is not a package)
 import real_models  # noqa: E402
 
 from trainer.config import TrainConfig  # noqa: E402
+from trainer.distributed import tensor_local  # noqa: E402
 from trainer.loop import Trainer  # noqa: E402
 
 CASE = flux_scale.HEADLINE_NEIGHBOR
@@ -57,8 +59,6 @@ def scaled_config(args: argparse.Namespace, world: int) -> TrainConfig:
 
 def local_numel(model: torch.nn.Module) -> int:
     """How many of `model`'s parameter elements this process stores (its shards, under FSDP)."""
-    from trainer.distributed import tensor_local
-
     return sum(tensor_local(p).numel() for p in model.parameters())
 
 
@@ -136,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(config, model=adapter)
     # the card's peak while the weights were built, copied for the reference and sharded
     setup_peak = flux_scale.peak_memory(device)
+    # and the host's: this process's peak resident memory so far (Linux counts KiB)
+    setup_host_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # the frozen reference starts as the policy: its shards against the policy's, in its dtype
+    reference_gap = None if trainer.reference is None else max(
+        float((tensor_local(r).float() - tensor_local(p).to(r.dtype).float()).abs().max())
+        for p, r in zip(adapter.parameters(), trainer.reference.parameters(), strict=True))
     # what this process keeps of the frozen KL reference, counted before any forward (FSDP
     # keeps the root unit's weights, the embeddings and final layers, gathered after a
     # forward without backward)
@@ -165,12 +171,15 @@ def main(argv: list[str] | None = None) -> int:
 
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, {"peak": peak, "checksum": checksum,
-                                          "setup_peak": setup_peak})
+                                          "setup_peak": setup_peak,
+                                          "setup_host_peak": setup_host_peak})
         peaks = [g["peak"] for g in gathered]
         setup_peaks = [g["setup_peak"] for g in gathered]
+        host_peaks = [g["setup_host_peak"] for g in gathered]
         checksums = [g["checksum"] for g in gathered]
     else:
         peaks, setup_peaks, checksums = [peak], [setup_peak], [checksum]
+        host_peaks = [setup_host_peak]
 
     def median(key: str) -> float:
         return statistics.median(float(m[key]) for m in metrics)
@@ -202,12 +211,15 @@ def main(argv: list[str] | None = None) -> int:
         "stage_on_cpu": args.stage_on_cpu,
         # on a card: the allocator's peak up to the first iteration (on a CPU: the max RSS)
         "setup_peak_memory_gib_max_rank": max(setup_peaks) / 2**30,
+        # host memory up to the first iteration, each process's peak resident set
+        "setup_host_peak_gb_per_rank": [round(h / 1e9, 2) for h in host_peaks],
         "trained_weights_checksum_per_rank": checksums,
         "weights_checksum_before_training": checksum_before,
         "kl_coefficient": config.kl_coefficient,
         "kl_to_reference": [float(m.get("kl_to_reference", math.nan)) for m in metrics]}
     if reference_local is not None:
         report["reference_local_params"] = reference_local
+        report["reference_vs_initial_policy_max_abs"] = reference_gap
     if args.baseline:
         one = json.loads(Path(args.baseline).read_text())
         report["baseline"] = args.baseline

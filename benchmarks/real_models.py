@@ -87,9 +87,11 @@ def build_model(model: str, finetune: str, checkpointing: bool, device: torch.de
         StableDiffusion3Pipeline,
     )
 
-    from trainer.models.diffusers_flow import FluxFlowModel, SD3FlowModel
+    from trainer.models.diffusers_flow import FluxFlowModel, SD3FlowModel, _weight_dtype
 
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    spec = ModelSpec.from_config(config)
+    spec.gradient_checkpointing = checkpointing
+    dtype = _weight_dtype(spec, device)  # what `from_pretrained` would load the files in
     scaling, shift = VAE_FACTORS[model]
     torch.manual_seed(0)
     previous = torch.get_default_dtype()
@@ -115,10 +117,8 @@ def build_model(model: str, finetune: str, checkpointing: bool, device: torch.de
                     tokenizer_3=None, transformer=transformer)
     finally:
         torch.set_default_dtype(previous)
-    spec = ModelSpec.from_config(config)
-    spec.gradient_checkpointing = checkpointing
     cls = FluxFlowModel if model == "flux" else SD3FlowModel
-    adapter = cls(pipeline, spec, device)  # the VAE goes to `device` here
+    adapter = cls(pipeline, spec, device, staged=stage_on_cpu)  # the VAE goes to `device` here
     if not stage_on_cpu:
         adapter = adapter.to(device)
     text = (TINY_TEXT if tiny else TEXT)[model]

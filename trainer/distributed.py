@@ -77,53 +77,65 @@ class DistributedFlowModel(FlowModel):
     def __init__(self, model: FlowModel, device: str | torch.device | None = None,
                  parallelism: str = "ddp", with_reference: bool = False) -> None:
         """`with_reference`: the run has a KL penalty (kl_coefficient > 0). Under FSDP its
-        frozen reference policy is copied here, from the weights as loaded, and sharded like
-        the policy, so that no rank holds a whole second model; DDP takes it from the wrapped
-        model when the trainer asks (`reference_model`).
+        frozen reference policy is built empty and sharded like the policy, and each rank
+        copies its shards from the policy's, so that no rank ever holds a whole second model;
+        DDP takes it from the wrapped model when the trainer asks (`reference_model`).
 
         Under FSDP the model's weights may come in CPU memory (`load_model(config, device,
-        stage_on_cpu=True)`): each unit moves to `device` as it is sharded, so a rank's card
-        holds its shards and one unit at a time, never the whole model (fp32 FLUX: 48 GB)."""
+        stage_on_cpu=True)`), in the dtype of their files: each unit moves to `device` as it
+        is sharded, and the trained weights become fp32 masters there, each rank its shard.
+        So a rank's card holds its shards and one unit at a time, never the whole model, and
+        its host memory never a whole fp32 copy (FLUX: 48 GB)."""
         super().__init__()
         device = torch.device(device or local_device())
         self.parallelism = parallelism
         # outside the module tree: its parameters are not the policy's (optimizer, state dict)
         self.__dict__["_reference"] = None
-        if parallelism == "fsdp" and with_reference:
-            # copied beside the policy's weights, before they are sharded; the adapters copy
-            # their frozen weights in the compute dtype (no fp32 masters to keep)
-            self.__dict__["_reference"] = model.reference_model()
         if parallelism not in ("ddp", "fsdp"):
             raise ValueError(f"parallelism must be 'ddp' or 'fsdp', got {parallelism!r}")
         if parallelism == "ddp":
             ids = [device.index] if device.type == "cuda" else None
             self.ddp = DistributedDataParallel(model.to(device), device_ids=ids)
             self.sharded: FlowModel | None = None
-        else:
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+            return
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-            if device.type == "cuda":  # the card fully_shard moves each unit to
-                torch.cuda.set_device(device)
-            mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-            # gather the weights in the dtype the forward computes in (bf16 under mixed
-            # precision: half the traffic of the fp32 masters, which stay sharded for the
-            # optimizer) and average the gradients in fp32. Inputs are left as they come
-            # (autocast casts them for the matmuls): FSDP casts a unit's inputs in its forward
-            # but not in gradient checkpointing's recomputation, whose saved tensors would
-            # then differ in dtype ("Recomputed values ... have different metadata")
-            policy = MixedPrecisionPolicy(param_dtype=model.compute_dtype,
-                                          reduce_dtype=torch.float32,
-                                          cast_forward_inputs=False)
+        if device.type == "cuda":  # the card fully_shard moves each unit to
+            torch.cuda.set_device(device)
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        # gather the weights in the dtype the forward computes in (bf16 under mixed
+        # precision: half the traffic of the fp32 masters, which stay sharded for the
+        # optimizer) and average the gradients in fp32. Inputs are left as they come
+        # (autocast casts them for the matmuls): FSDP casts a unit's inputs in its forward
+        # but not in gradient checkpointing's recomputation, whose saved tensors would
+        # then differ in dtype ("Recomputed values ... have different metadata")
+        policy = MixedPrecisionPolicy(param_dtype=model.compute_dtype,
+                                      reduce_dtype=torch.float32, cast_forward_inputs=False)
+
+        def shard(flow_model: FlowModel) -> None:
+            for unit in flow_model.shard_units():
+                fully_shard(unit, mesh=mesh, mp_policy=policy)
+            fully_shard(flow_model, mesh=mesh, mp_policy=policy)  # the rest: embeddings, ...
+
+        # built before the policy is sharded (it copies the policy's structure), on the meta
+        # device: no memory until each rank has its shards
+        reference = model.reference_model(empty=True) if with_reference else None
+        shard(model)
+        if reference is not None:
             # the reference's root unit (embeddings, final layers: small beside the blocks)
             # stays gathered after its forward, which FSDP does for a root without backward
-            for sharded in [model] + ([self._reference] if self._reference is not None else []):
-                for unit in sharded.shard_units():
-                    fully_shard(unit, mesh=mesh, mp_policy=policy)
-                # the rest: embeddings, final layers
-                fully_shard(sharded, mesh=mesh, mp_policy=policy)
-            self.sharded = model
-            self.ddp = None
+            shard(reference)
+            reference.to_empty(device=device)
+            copy_shards(model, reference)
+            self.__dict__["_reference"] = reference
+        trained = model.trainable_parameters()
+        if any(p.dtype != torch.float32 for p in trained):
+            # staged in the files' dtype: the optimizer's fp32 masters, made shard by shard
+            # (FSDP takes the new dtype at its first forward; the gathers stay in bf16)
+            model.to(torch.float32)
+        self.sharded = model
+        self.ddp = None
 
     @property
     def inner(self) -> FlowModel:
@@ -221,11 +233,11 @@ class DistributedFlowModel(FlowModel):
                  for i, values in state["state"].items()}
         optimizer.load_state_dict({"state": local, "param_groups": state["param_groups"]})
 
-    def reference_model(self) -> FlowModel:
+    def reference_model(self, *, empty: bool = False) -> FlowModel:
         """The KL penalty's frozen policy: DDP, the wrapped model's (taken now, before any
         update); FSDP, the sharded copy made at construction (`with_reference`)."""
         if self.ddp is not None:
-            return self.inner.reference_model()
+            return self.inner.reference_model(empty=empty)
         if self._reference is None:
             raise ValueError("a sharded model's KL reference is copied before sharding: "
                              "construct DistributedFlowModel with with_reference=True")
@@ -236,6 +248,26 @@ class DistributedFlowModel(FlowModel):
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         return self.inner.load_state_dict(state_dict, strict=strict, assign=assign)
+
+
+@torch.no_grad()
+def copy_shards(source: torch.nn.Module, target: torch.nn.Module) -> None:
+    """Fill `target`, a copy of `source`'s structure sharded the same way, with this rank's
+    shards of `source`'s parameters and its buffers, in `target`'s dtypes (no communication).
+    The two are paired in registration order: a reference built from the policy's class
+    registers its tensors as the policy does (checked by shape)."""
+    pairs = [(list(source.named_parameters()), list(target.named_parameters())),
+             (list(source.named_buffers()), list(target.named_buffers()))]
+    for sources, targets in pairs:
+        if len(sources) != len(targets):
+            raise ValueError(f"the copy has {len(targets)} tensors where its source has "
+                             f"{len(sources)}")
+        for (source_name, s), (target_name, t) in zip(sources, targets, strict=True):
+            s, t = tensor_local(s), tensor_local(t)
+            if s.shape != t.shape:
+                raise ValueError(f"{target_name} {tuple(t.shape)} is not a copy of "
+                                 f"{source_name} {tuple(s.shape)}")
+            t.copy_(s)
 
 
 def distribute_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

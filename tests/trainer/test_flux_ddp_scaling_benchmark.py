@@ -88,8 +88,14 @@ def test_full_fine_tuning_sharded_with_a_kl_penalty(tmp_path):
     assert report["setup_peak_memory_gib_max_rank"] > 0
     # warm-up then the timed iteration: the policy has moved off the reference by then
     assert report["kl_to_reference"][-1] > 0
-    # half of the frozen copy on each process, as of the trained weights
+    # half of the frozen copy on each process, as of the trained weights, each rank's half
+    # copied from its shards of the policy as they were before any training
     assert report["reference_local_params"] <= 0.51 * report["trained_params"]
+    assert report["reference_vs_initial_policy_max_abs"] == 0.0
+    # staged in bf16, the weights train as fp32 masters, gathered in bf16 for compute
+    assert report["master_dtype"] == "torch.float32"
+    assert report["forward_weights_dtype"] == "torch.bfloat16"
+    assert len(report["setup_host_peak_gb_per_rank"]) == 2
     first, second = report["trained_weights_checksum_per_rank"]
     assert first == pytest.approx(second, rel=1e-9)
 

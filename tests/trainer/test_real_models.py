@@ -536,3 +536,19 @@ def test_a_staged_model_is_set_up_for_its_device_with_its_weights_in_cpu_memory(
     placed = load_flow_model(spec, device="meta")
     assert {p.device.type for p in placed.parameters()} == {"meta"}
     assert staged.state_dict().keys() == placed.state_dict().keys()
+
+
+def test_a_staged_full_fine_tune_keeps_its_weights_in_the_loaded_dtype(flux_dev):
+    """Staged for sharding, full fine-tuning's weights stay in CPU memory in the dtype they
+    were loaded in (bf16 here: half a whole fp32 copy of host memory; the sharded run makes
+    the fp32 masters shard by shard on the card). Loaded for one process they are fp32
+    masters at once; both are trainable and equal after the upcast."""
+    spec = ModelSpec.from_config(_config(flux_dev, "flux", finetune="full",
+                                         mixed_precision="bf16"))
+    staged = load_flow_model(spec, device="cpu", stage_on_cpu=True)
+    placed = load_flow_model(spec, device="cpu")
+    assert {p.dtype for p in staged.trainable_parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in placed.trainable_parameters()} == {torch.float32}
+    assert len(staged.trainable_parameters()) == len(list(staged.transformer.parameters()))
+    upcast = staged.to(torch.float32).state_dict()
+    assert all(torch.equal(upcast[k], v) for k, v in placed.state_dict().items())

@@ -221,9 +221,11 @@ def load_flow_model(spec: ModelSpec | str, path: str | Path | None = None,
     spec of that name with the weights at `path` (None: its default base).
 
     `stage_on_cpu`: everything is set up for `device` (the weights' dtype, the frozen VAE and
-    text encoders placed there) except the trained module's weights, which stay in CPU memory
-    for FSDP to move to `device` one unit at a time as it shards them: no card ever holds the
-    whole model. Loaders without a `stage_on_cpu` keyword (shapes: it is small) load on
+    text encoders placed there) except the trained module's weights, which stay in CPU memory,
+    in the dtype they were loaded in, for FSDP to move to `device` one unit at a time as it
+    shards them: no card ever holds the whole model, and the sharded run makes full
+    fine-tuning's fp32 master weights from each rank's shard on its card
+    (`trainer.distributed.DistributedFlowModel`), so no host holds a whole fp32 copy. Loaders without a `stage_on_cpu` keyword (shapes: it is small) load on
     `device`."""
     if isinstance(spec, str):
         spec = ModelSpec(name=spec, weights=str(path) if path else "")

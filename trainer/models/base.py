@@ -128,10 +128,14 @@ class FlowModel(nn.Module):
         the adapters' alone)."""
         return [p for p in self.parameters() if p.requires_grad]
 
-    def reference_model(self) -> FlowModel:
+    def reference_model(self, *, empty: bool = False) -> FlowModel:
         """The frozen policy the KL penalty measures against: here a copy made now (call it
-        before training); a LoRA adapter returns itself with its adapters disabled instead."""
-        return copy.deepcopy(self).requires_grad_(False).eval()
+        before training); a LoRA adapter returns itself with its adapters disabled instead.
+        `empty`: the copy's tensors on the meta device, for the caller to fill (a sharded run
+        fills each rank's shards from the policy's, so no rank holds a whole second copy);
+        a large model's adapter builds it there without allocating."""
+        reference = copy.deepcopy(self).requires_grad_(False).eval()
+        return reference.to_empty(device="meta") if empty else reference
 
     def save_weights(self, directory: Path, metadata: dict[str, str],
                      state: dict[str, torch.Tensor] | None = None) -> Path:

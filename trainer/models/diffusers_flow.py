@@ -60,7 +60,10 @@ class DiffusersFlowModel(FlowModel):
         """The diffusers pipeline class (imported late: diffusers is slow to import)."""
         raise NotImplementedError
 
-    def __init__(self, pipeline: Any, spec: ModelSpec, device: torch.device) -> None:
+    def __init__(self, pipeline: Any, spec: ModelSpec, device: torch.device, *,
+                 staged: bool = False) -> None:
+        """`staged`: the transformer stays in CPU memory in the dtype it came in, for a sharded
+        run to place (see `load`)."""
         super().__init__()
         self.spec = spec
         self.weight_dtype = _weight_dtype(spec, device)
@@ -86,7 +89,7 @@ class DiffusersFlowModel(FlowModel):
             # benchmarks/real_models.py --attention). Turned off process-wide, not around the
             # forward pass, because gradient checkpointing recomputes attention in backward.
             torch.backends.cuda.enable_cudnn_sdp(False)
-        self._setup_training(device)
+        self._setup_training(staged)
 
     # -- loading -------------------------------------------------------------------------------
     @classmethod
@@ -94,13 +97,19 @@ class DiffusersFlowModel(FlowModel):
              stage_on_cpu: bool = False) -> DiffusersFlowModel:
         """From `spec.path` (a diffusers-format directory, read with local_files_only), with
         `spec.weights` (a checkpoint directory) loaded on top when given. `stage_on_cpu`: set
-        up for `device` but the transformer left in CPU memory (FSDP moves it as it shards)."""
+        up for `device` but the transformer left in CPU memory, in the dtype it was loaded in
+        (FSDP moves it as it shards, and the sharded run upcasts its share of full
+        fine-tuning's master weights there: trainer/distributed.py)."""
         device = torch.device(device)
         dtype = _weight_dtype(spec, device)
         pipeline = cls._pipeline().from_pretrained(spec.path, torch_dtype=dtype,
                                                       local_files_only=True)
-        model = cls(pipeline, spec, device)
+        model = cls(pipeline, spec, device, staged=stage_on_cpu)
         if spec.weights:
+            if stage_on_cpu and spec.finetune == "full":
+                # a checkpoint holds fp32 masters: upcast first so that they load exactly
+                # (this costs the host a whole fp32 copy, as every staged load did before)
+                model.transformer.to(torch.float32)
             model.load_weights(Path(spec.weights))
         return model if stage_on_cpu else model.to(device)
 
@@ -109,7 +118,7 @@ class DiffusersFlowModel(FlowModel):
                             ("vae", "text_encoder", "text_encoder_2", "text_encoder_3"))
                 if m is not None]
 
-    def _setup_training(self, device: torch.device) -> None:
+    def _setup_training(self, staged: bool) -> None:
         spec = self.spec
         if spec.finetune == "lora":
             from peft import LoraConfig
@@ -126,8 +135,12 @@ class DiffusersFlowModel(FlowModel):
                 if param.requires_grad:  # the adapters train in fp32 beside the bf16 base
                     param.data = param.data.float()
         else:
-            # full fine-tuning keeps fp32 master weights; bf16 is the compute dtype (autocast)
-            self.transformer.to(torch.float32).requires_grad_(True)
+            # full fine-tuning keeps fp32 master weights; bf16 is the compute dtype (autocast).
+            # Staged, they stay in the loaded dtype: a 12B fp32 copy is 48 GB of host memory
+            # per rank, and the sharded run upcasts each rank's shard on its card instead
+            if not staged:
+                self.transformer.to(torch.float32)
+            self.transformer.requires_grad_(True)
         self.set_gradient_checkpointing(spec.gradient_checkpointing)
         if spec.torch_compile:
             compile_blocks(self.transformer)
@@ -238,14 +251,16 @@ class DiffusersFlowModel(FlowModel):
         return (images.float() / 2 + 0.5).clamp(0, 1)
 
     # -- training --------------------------------------------------------------------------------
-    def reference_model(self) -> FlowModel:
+    def reference_model(self, *, empty: bool = False) -> FlowModel:
         """LoRA: this very transformer with its adapters disabled (no second copy of the
         weights); full fine-tuning: a frozen copy of the transformer alone, in the compute
         dtype (bf16 under mixed precision: autocast casts the fp32 masters to it for every
-        matrix product anyway, and a frozen model needs no masters)."""
+        matrix product anyway, and a frozen model needs no masters). `empty`: the copy's
+        tensors on the meta device, for the caller to fill."""
         if self.spec.finetune == "lora":
             return _ReferencePolicy(self, None)
-        return _ReferencePolicy(self, frozen_copy(self.transformer, self.compute_dtype))
+        return _ReferencePolicy(self, frozen_copy(self.transformer, self.compute_dtype,
+                                                  empty=empty))
 
     def save_weights(self, directory: Path, metadata: dict[str, str],
                      state: dict[str, torch.Tensor] | None = None) -> Path:
@@ -331,10 +346,12 @@ def repeated_blocks(transformer: nn.Module) -> list[nn.Module]:
 
 
 @torch.no_grad()
-def frozen_copy(transformer: nn.Module, dtype: torch.dtype | None) -> nn.Module:
+def frozen_copy(transformer: nn.Module, dtype: torch.dtype | None, *,
+                empty: bool = False) -> nn.Module:
     """A copy of `transformer` without gradients, built empty and filled tensor by tensor in
     `dtype` (None: as it is), beside it on its device: a 12B model in bf16 never passes
-    through a whole fp32 second copy on the way, as `deepcopy` then a cast would."""
+    through a whole fp32 second copy on the way, as `deepcopy` then a cast would. `empty`:
+    left on the meta device, unfilled."""
     device = next(transformer.parameters()).device
     with torch.device("meta"):
         frozen = type(transformer).from_config(transformer.config)
@@ -343,6 +360,8 @@ def frozen_copy(transformer: nn.Module, dtype: torch.dtype | None) -> nn.Module:
             for name, param in module._parameters.items():
                 if dtype is not None and param is not None and param.is_floating_point():
                     module._parameters[name] = nn.Parameter(param.to(dtype))
+    if empty:
+        return frozen.requires_grad_(False).eval()
     frozen.to_empty(device=device)
     sources = dict(transformer.named_parameters())
     sources.update(transformer.named_buffers())
