@@ -50,12 +50,13 @@ COMMON = {"prompts_per_iteration": 4, "group_size": 12, "num_anchors": 4,
 
 
 def run_one(name: str, overrides: dict, seed: int, iterations: int, eval_every: int,
-            out: Path) -> dict:
+            out: Path, eval_prompts: int = 48, eval_seeds: int = 20) -> dict:
     import torch
 
     from trainer.config import TrainConfig
-    from trainer.evaluation import evaluate
+    from trainer.evaluation import EVAL_SEEDS, evaluate
     from trainer.loop import Trainer
+    from trainer.shapes.world import all_prompts
 
     torch.set_num_threads(1)
     config = TrainConfig.from_dict({**COMMON, **overrides, "seed": seed, "iterations": iterations})
@@ -69,8 +70,12 @@ def run_one(name: str, overrides: dict, seed: int, iterations: int, eval_every: 
                 "train_reward_first50": float(np.mean([m["reward_mean"] for m in metrics[:50]] or [0])),
                 "train_reward_last50": float(np.mean([m["reward_mean"] for m in metrics[-50:]] or [0]))}
 
+    prompts = all_prompts()
+    # evenly spaced over the list (which runs through counts, colours and shapes in order)
+    prompts = [prompts[i * len(prompts) // eval_prompts] for i in range(eval_prompts)]
+
     def record() -> None:
-        result = evaluate(trainer.model)
+        result = evaluate(trainer.model, prompts, seeds=tuple(EVAL_SEEDS[:eval_seeds]))
         curve.append({"iteration": trainer.iteration, "train_seconds": train_seconds,
                       "exact_count_accuracy": result["exact_count_accuracy"],
                       "count_reward": result["count_reward"],
@@ -153,6 +158,11 @@ def main() -> None:
     parser.add_argument("--ablation-seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--learning-rate", type=float, default=None)
     parser.add_argument("--timing-iterations", type=int, default=20)
+    parser.add_argument("--eval-prompts", type=int, default=48, choices=range(1, 49),
+                        metavar="1..48", help="evaluate on this many of the 48 prompts "
+                        "(fewer: a smoke run only; the reported accuracies use all 48)")
+    parser.add_argument("--eval-seeds", type=int, default=20, choices=range(1, 21),
+                        metavar="1..20", help="evaluation seeds per prompt (as above: 20)")
     parser.add_argument("--parallel", type=int, default=1, help="runs at once (subprocesses)")
     parser.add_argument("--summarize-only", action="store_true", help="rebuild the summary")
     parser.add_argument("--run", help=argparse.SUPPRESS)  # internal: NAME:SEED
@@ -167,7 +177,8 @@ def main() -> None:
 
     if args.run:
         name, seed = args.run.split(":")
-        run_one(name, variants[name], int(seed), args.iterations, args.eval_every, out)
+        run_one(name, variants[name], int(seed), args.iterations, args.eval_every, out,
+                args.eval_prompts, args.eval_seeds)
         return
 
     if args.summarize_only:
@@ -180,7 +191,8 @@ def main() -> None:
             for seed in (args.ablation_seeds if name in ABLATIONS else args.seeds)]
     running: list[subprocess.Popen] = []
     base_cmd = [sys.executable, __file__, "--out", str(out), "--iterations", str(args.iterations),
-                "--eval-every", str(args.eval_every), "--methods", *args.methods]
+                "--eval-every", str(args.eval_every), "--methods", *args.methods,
+                "--eval-prompts", str(args.eval_prompts), "--eval-seeds", str(args.eval_seeds)]
     if args.ablations:
         base_cmd.append("--ablations")
     if args.learning_rate is not None:
