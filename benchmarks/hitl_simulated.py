@@ -73,7 +73,11 @@ class Campaign:
     """A simulated annotator voting on within-group pairs of a pool of rollout groups, picked
     uniformly at random or actively (see the module doc); the votes accumulate across pools."""
 
-    def __init__(self, pref: str, seed: int, tie_band: float) -> None:
+    def __init__(self, pref: str, seed: int, tie_band: float,
+                 acquisition: str = "margin") -> None:
+        """`acquisition`: how an active pick ranks the candidate pairs (ACQUISITIONS)."""
+        self.acquisition = acquisition
+        self.members: np.ndarray | None = None  # (ensemble, groups, G) scores, if known
         self.rng = np.random.default_rng(seed)
         self.annotator = SimulatedAnnotator(pref, flip=0.1, tie_band=tie_band, seed=seed)
         self.votes: list[PreferencePair] = []
@@ -132,28 +136,46 @@ class Campaign:
                     and (count[c[0], c[1]] > count[c[0], c[2]]) != (scores[c[0], c[1]] > scores[c[0], c[2]])]
         if disagree and self.rng.random() < ACTIVE_DISAGREE_SHARE:
             return disagree[self.rng.integers(len(disagree))]
+        if self.acquisition == "disagreement" and self.members is not None:
+            members = self.members
+            return max(cands, key=lambda c: float(np.std(members[:, c[0], c[1]]
+                                                          - members[:, c[0], c[2]])))
         return min(cands, key=lambda c: abs(scores[c[0], c[1]] - scores[c[0], c[2]]))
 
 
 def pool_scores(model, pool: np.ndarray, prompts: list[str]) -> np.ndarray:
     """The model's score of every pool image, as the fit job caches them on samples."""
+    return pool_member_scores(model, pool, prompts).mean(0)
+
+
+def pool_member_scores(model, pool: np.ndarray, prompts: list[str]) -> np.ndarray:
+    """(ensemble, groups, G): every network's score of every pool image."""
     g = pool.shape[1]
     flat = pool.reshape(-1, *pool.shape[2:])
-    return model.scores(flat, [p for p in prompts for _ in range(g)]).reshape(pool.shape[:2])
+    members = model.member_scores(flat, [p for p in prompts for _ in range(g)])
+    return members.reshape(len(members), *pool.shape[:2])
+
+
+# selection kinds: uniformly random, and active with the least-sure pair by the ensemble's
+# mean margin (`active`, what GET /api/votes/next does) or by the members' disagreement on
+# the margin (`active-disagreement`: the standard deviation of the members' score
+# differences, largest first; it avoids pairs every member calls equal, which are ties)
+ACQUISITIONS = {"active": "margin", "active-disagreement": "disagreement"}
 
 
 def run_selection(kind: str, pref: str, pool, pool_prompts, test, budgets, fit_cfg, seed,
                   tie_band):
     """Accuracy per budget; returns ({budget: row}, {budget: model}, the campaign)."""
-    campaign = Campaign(pref, seed, tie_band)
+    campaign = Campaign(pref, seed, tie_band, ACQUISITIONS.get(kind, "margin"))
     campaign.set_pool(pool, pool_prompts, None)
     rows, models = {}, {}
     for budget in budgets:
-        campaign.collect(budget - len(campaign.votes), active=kind == "active")
+        campaign.collect(budget - len(campaign.votes), active=kind in ACQUISITIONS)
         t = time.perf_counter()
         model = fit_preference_model(campaign.votes, fit_cfg, version=budget)
-        if kind == "active":
-            campaign.scores = pool_scores(model, pool, pool_prompts)
+        if kind in ACQUISITIONS:
+            campaign.members = pool_member_scores(model, pool, pool_prompts)
+            campaign.scores = campaign.members.mean(0)
         images_a, images_b, prompts, truth, decisive = test
         right = (model.prob_a_beats_b(images_a, images_b, prompts) > 0.5) == truth
         clean = float(right[decisive].mean())
@@ -291,7 +313,8 @@ def main() -> None:
     ap.add_argument("--mirror-augment", action=argparse.BooleanOptionalAction,
                     default=FitConfig.mirror_augment,
                     help="FitConfig.mirror_augment: fit on random left-right mirrors of the votes")
-    ap.add_argument("--selections", nargs="+", default=["random", "active"])
+    ap.add_argument("--selections", nargs="+", default=["random", "active"],
+                    choices=["random", *ACQUISITIONS])
     ap.add_argument("--pool-seeds", type=int, default=8, help="groups per prompt in the pool")
     ap.add_argument("--iterations", type=int, default=300, help="0 skips training")
     ap.add_argument("--learning-rate", type=float, default=TrainConfig().learning_rate,
