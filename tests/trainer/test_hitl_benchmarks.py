@@ -71,3 +71,23 @@ def test_test_size_probe_passes_a_paired_rise_and_fails_a_count_drop(monkeypatch
     row = paired_result(base, doubled, prompts, "upper")
     assert row["attr_moved"] > 0 and row["count"] < row["base_count"] - 0.02
     assert not row["passes"], row
+
+
+def test_active_picks_rank_pairs_by_the_margin_or_by_the_members_disagreement():
+    """The two acquisitions of hitl_simulated: `active` takes the pair of the smallest mean
+    margin, `active-disagreement` the pair whose margin the ensemble's members dispute most."""
+    hitl = _load("hitl_simulated")
+    pool = np.zeros((1, 3, 32, 32, 3), np.uint8)
+    pool[..., :] = BACKGROUND
+    picks = {}
+    for kind, acquisition in hitl.ACQUISITIONS.items():
+        campaign = hitl.Campaign("left", seed=0, tie_band=0.05, acquisition=acquisition)
+        campaign.set_pool(pool, ["one red square"], None)
+        # three members' scores of the group's three images: images 0 and 1 tie on the mean
+        # (margin 0) with members that agree; 0 and 2 differ on the mean, and the members
+        # dispute their order
+        campaign.members = np.array([[[0.0, 0.0, 2.0]], [[0.0, 0.0, -1.0]], [[0.0, 0.0, 0.5]]])
+        campaign.scores = campaign.members.mean(0)
+        campaign.count[:] = 1.0  # no pair where the count reward and the model disagree
+        picks[kind] = campaign._active_pick()
+    assert picks == {"active": (0, 0, 1), "active-disagreement": (0, 0, 2)}
