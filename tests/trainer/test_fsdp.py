@@ -84,3 +84,28 @@ def test_fsdp_configs_that_cannot_run_are_rejected(overrides, message):
     with pytest.raises(ConfigErrors) as info:
         TrainConfig.from_dict({"parallelism": "fsdp", **overrides})
     assert any(e.field == "parallelism" and message in e.message for e in info.value.errors)
+
+
+@pytest.mark.subprocess
+def test_a_sharded_job_loaded_as_the_worker_loads_it_stages_bf16_and_trains_fp32_masters(
+        tmp_path):
+    """`load_distributed_model` for an FSDP full fine-tuning job with a KL penalty, from a
+    tiny FLUX.1-dev directory, mixed precision bf16: the weights are staged in CPU memory in
+    bf16 and each rank makes fp32 masters from its half; its half of the frozen reference
+    (bf16) is copied from its half of the policy; the run trains, its ranks agree, and the
+    checkpoint holds the gathered fp32 weights."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node", "2", str(SCRIPT.with_name("staged_fsdp_check.py")),
+                           str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = next(json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{"))
+    assert report["world"] == 2 and report["local_share"] <= 0.51
+    assert report["master_dtypes"] == ["torch.float32"]
+    assert report["reference_dtypes"] == ["torch.bfloat16"]
+    assert report["reference_vs_policy_at_start"] == 0.0
+    assert report["kl_to_reference"][1] > 0  # the policy has left the reference
+    first, second = report["checksums"]
+    assert first == pytest.approx(second, rel=1e-12)
+    assert report["disk_vs_gathered"] == 0.0 and report["disk_dtypes"] == ["torch.float32"]

@@ -1,0 +1,88 @@
+"""Run under `torchrun --nproc_per_node 2`: a sharded full fine-tuning job with a KL penalty
+loaded as the worker loads it (`load_distributed_model`: a tiny FLUX.1-dev directory written
+here, its weights staged in CPU memory in bf16 and sharded onto each rank's device), two
+iterations, a checkpoint. Prints one JSON line from rank 0. Used by test_fsdp.py on two CPU
+processes (gloo); on a machine with two GPUs it runs as it is (NCCL):
+
+    torchrun --standalone --nproc_per_node 2 tests/trainer/staged_fsdp_check.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: tiny_diffusers
+
+
+def main() -> int:
+    from safetensors.torch import load_file
+    from tiny_diffusers import write_tiny_flux
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from trainer.config import PRESETS, TrainConfig
+    from trainer.distributed import (
+        init_from_env,
+        load_distributed_model,
+        make_distributed,
+        tensor_local,
+    )
+    from trainer.loop import Trainer
+    from trainer.models import FULL_TRANSFORMER
+
+    out = Path(sys.argv[1])
+    rank, world = init_from_env()
+    model_dir = out / "flux"
+    if rank == 0:
+        write_tiny_flux(model_dir)
+    dist.barrier()
+    config = TrainConfig.from_dict({
+        **PRESETS["tiny"], "model": "flux", "model_path": str(model_dir), "finetune": "full",
+        "parallelism": "fsdp", "kl_coefficient": 0.1, "mixed_precision": "bf16",
+        "resolution": 32, "prompts_per_iteration": 2, "iterations": 2, "learning_rate": 1e-3,
+        "reward_weights": {"jpeg_compressibility": 1.0},
+        "prompts": ["a red fox", "a blue boat"],
+        "device": "cuda" if torch.cuda.is_available() else "cpu"})
+    model = load_distributed_model(config)
+    trainer = make_distributed(Trainer(config, model=model))
+    policy = list(model.inner.parameters())
+    reference = list(trainer.reference.parameters())
+    # each rank's shards of the frozen reference against its shards of the policy, as loaded
+    gap = max(float((tensor_local(r).detach().float()
+                     - tensor_local(p).detach().to(r.dtype).float()).abs().max())
+              for p, r in zip(policy, reference, strict=True))
+    report = {"world": world, "device": str(policy[0].device),
+              "master_dtypes": sorted({str(p.dtype) for p in policy}),
+              "reference_dtypes": sorted({str(p.dtype) for p in reference}),
+              "reference_vs_policy_at_start": gap,
+              "local_share": sum(tensor_local(p).numel() for p in policy)
+              / sum(p.numel() for p in policy)}
+    kls = [float(trainer.step().metrics["kl_to_reference"]) for _ in range(2)]
+    saved = trainer.save_checkpoint(out / "checkpoint")  # every rank gathers; rank 0 writes
+    # whole on every rank (a tiny model): the ranks' copies must agree
+    full = get_model_state_dict(model.inner, options=StateDictOptions(full_state_dict=True))
+    checksum = torch.tensor([sum(float(v.double().sum()) for v in full.values())],
+                            dtype=torch.float64, device=policy[0].device)
+    sums = [torch.zeros_like(checksum) for _ in range(world)]
+    dist.all_gather(sums, checksum)
+    if rank == 0:
+        on_disk = load_file(str(saved / FULL_TRANSFORMER))
+        report.update({
+            "kl_to_reference": kls, "checksums": [float(s) for s in sums],
+            "disk_vs_gathered": max(float((on_disk[k.removeprefix("transformer.")].float()
+                                           - v.float()).abs().max()) for k, v in full.items()),
+            "disk_dtypes": sorted({str(v.dtype) for v in on_disk.values()})})
+        print(json.dumps(report), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # gloo's threads can abort a normal interpreter exit
+
+
+if __name__ == "__main__":
+    sys.exit(main())
