@@ -75,7 +75,8 @@ def main() -> int:
         report.update({
             "kl_to_reference": kls, "checksums": [float(s) for s in sums],
             "disk_vs_gathered": max(float((on_disk[k.removeprefix("transformer.")].float()
-                                           - v.float()).abs().max()) for k, v in full.items()),
+                                           - v.float().cpu()).abs().max())
+                                    for k, v in full.items()),
             "disk_dtypes": sorted({str(v.dtype) for v in on_disk.values()})})
         print(json.dumps(report), flush=True)
     dist.barrier()
