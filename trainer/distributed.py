@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer.grpo import SEED_LIMIT
-from trainer.models.base import FlowModel
+from trainer.models.base import FlowModel, copy_weights
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -190,17 +190,10 @@ class DistributedFlowModel(FlowModel):
             self.inner.load_weights(directory)
             return
         # every rank reads the file (shared storage) and keeps its own shard: no collective,
-        # so the ranks may load at different moments (a job runner may resume rank 0 first)
-        full = self.inner.read_weights(directory)
-        expected = set(self.inner.state_dict())
-        if set(full) != expected:
-            raise ValueError(f"{directory} does not fit this model: missing "
-                             f"{sorted(expected - set(full))[:5]}, unexpected "
-                             f"{sorted(set(full) - expected)[:5]}")
-        with torch.no_grad():
-            for name, tensor in [*self.inner.named_parameters(), *self.inner.named_buffers()]:
-                if name in expected:  # not the non-persistent buffers
-                    tensor_local(tensor).copy_(tensor_local(distribute_like(full[name], tensor)))
+        # so the ranks may load at different moments (a job runner may resume rank 0 first);
+        # a tensor at a time, so a rank's host memory holds one tensor of the file, not all
+        copy_weights(self.inner, self.inner.read_weights(directory), str(directory),
+                     place=distribute_like)
 
     def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """FSDP: the full state gathered onto rank 0's CPU (a collective), in the plain

@@ -1,7 +1,7 @@
 """Run under `torchrun --nproc_per_node 2`: a sharded full fine-tuning job with a KL penalty
 loaded as the worker loads it (`load_distributed_model`: a tiny FLUX.1-dev directory written
 here, its weights staged in CPU memory in bf16 and sharded onto each rank's device), two
-iterations, a checkpoint. Prints one JSON line from rank 0. Used by test_fsdp.py on two CPU
+iterations, a checkpoint, and a fresh sharded model resumed from it. Prints one JSON line from rank 0. Used by test_fsdp.py on two CPU
 processes (gloo); on a machine with two GPUs it runs as it is (NCCL):
 
     torchrun --standalone --nproc_per_node 2 tests/trainer/staged_fsdp_check.py OUT_DIR
@@ -66,6 +66,13 @@ def main() -> int:
     saved = trainer.save_checkpoint(out / "checkpoint")  # every rank gathers; rank 0 writes
     # whole on every rank (a tiny model): the ranks' copies must agree
     full = get_model_state_dict(model.inner, options=StateDictOptions(full_state_dict=True))
+    # a fresh sharded model resumes from it: each rank reads the file a tensor at a time
+    # and keeps its shard
+    resumed = make_distributed(Trainer(config, model=load_distributed_model(config)))
+    resumed.load_checkpoint(saved)
+    again = get_model_state_dict(resumed.model.inner,
+                                 options=StateDictOptions(full_state_dict=True))
+    resume_gap = max(float((again[k] - v).abs().max()) for k, v in full.items())
     checksum = torch.tensor([sum(float(v.double().sum()) for v in full.values())],
                             dtype=torch.float64, device=policy[0].device)
     sums = [torch.zeros_like(checksum) for _ in range(world)]
@@ -74,6 +81,7 @@ def main() -> int:
         on_disk = load_file(str(saved / FULL_TRANSFORMER))
         report.update({
             "kl_to_reference": kls, "checksums": [float(s) for s in sums],
+            "resumed_vs_saved": resume_gap, "resumed_iteration": resumed.iteration,
             "disk_vs_gathered": max(float((on_disk[k.removeprefix("transformer.")].float()
                                            - v.float().cpu()).abs().max())
                                     for k, v in full.items()),

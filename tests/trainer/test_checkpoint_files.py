@@ -46,3 +46,57 @@ def test_a_missing_model_directory_names_what_it_should_hold(tmp_path):
     problem = model_dir_problem("flux", tmp_path / "nowhere")
     assert str(tmp_path / "nowhere") in problem and "does not exist" in problem
     assert "model_index.json" in problem and "tokenizer_2" in problem
+
+
+def test_a_weights_file_is_read_a_tensor_at_a_time(tmp_path):
+    """`WeightsFile` names a file's tensors (with a prefix) and reads each when asked, cast
+    to its dtype; `copy_weights` fills a module from it holding one tensor of the file at a
+    time (a sharded FLUX.1 checkpoint is 48 GB that every rank reads), and names the
+    missing and unexpected keys of a file that does not fit."""
+    import weakref
+    from collections.abc import Mapping
+
+    from safetensors.torch import save_file
+
+    from trainer.models.base import WeightsFile, copy_weights
+
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    state = {k: torch.randn_like(v) for k, v in module.state_dict().items()}
+    save_file(state, str(tmp_path / "w.safetensors"))
+    weights = WeightsFile(tmp_path / "w.safetensors", prefix="net.", dtype=torch.bfloat16)
+    assert sorted(weights) == sorted(f"net.{k}" for k in state) and len(weights) == 4
+    assert weights["net.0.weight"].dtype == torch.bfloat16
+    with pytest.raises(KeyError):
+        weights["0.weight"]  # without the prefix
+
+    class Watched(Mapping):
+        """The file's tensors, noting how many handed-out ones are alive at each read."""
+
+        def __init__(self) -> None:
+            self.file, self.alive, self.most_alive = WeightsFile(tmp_path / "w.safetensors"), [], 0
+
+        def __getitem__(self, key):
+            self.alive = [ref for ref in self.alive if ref() is not None]
+            self.most_alive = max(self.most_alive, len(self.alive) + 1)
+            tensor = self.file[key]
+            self.alive.append(weakref.ref(tensor))
+            return tensor
+
+        def __iter__(self):
+            return iter(self.file)
+
+        def __len__(self):
+            return len(self.file)
+
+    watched = Watched()
+    copy_weights(module, watched, "w.safetensors")
+    assert all(torch.equal(module.state_dict()[k], v) for k, v in state.items())
+    assert watched.most_alive == 1
+    # load_state_dict gathers its argument first: every tensor alive at once
+    gathering = Watched()
+    module.load_state_dict(dict(gathering))
+    assert gathering.most_alive == 4
+    with pytest.raises(ValueError, match=r"w.safetensors does not fit this model: missing "
+                                         r"\['0.bias', '0.weight'.*unexpected \['net.0.bias'"):
+        copy_weights(module, WeightsFile(tmp_path / "w.safetensors", prefix="net."),
+                     "w.safetensors")

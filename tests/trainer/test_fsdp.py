@@ -93,7 +93,7 @@ def test_a_sharded_job_loaded_as_the_worker_loads_it_stages_bf16_and_trains_fp32
     tiny FLUX.1-dev directory, mixed precision bf16: the weights are staged in CPU memory in
     bf16 and each rank makes fp32 masters from its half; its half of the frozen reference
     (bf16) is copied from its half of the policy; the run trains, its ranks agree, and the
-    checkpoint holds the gathered fp32 weights."""
+    checkpoint holds the gathered fp32 weights, which a fresh sharded model resumes exactly."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc_per_node", "2", str(SCRIPT.with_name("staged_fsdp_check.py")),
@@ -109,3 +109,4 @@ def test_a_sharded_job_loaded_as_the_worker_loads_it_stages_bf16_and_trains_fp32
     first, second = report["checksums"]
     assert first == pytest.approx(second, rel=1e-12)
     assert report["disk_vs_gathered"] == 0.0 and report["disk_dtypes"] == ["torch.float32"]
+    assert report["resumed_vs_saved"] == 0.0 and report["resumed_iteration"] == 2

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,65 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+
+
+# ---------------------------------------------------------------------------------------
+# Weights files read a tensor at a time
+# ---------------------------------------------------------------------------------------
+class WeightsFile(Mapping[str, torch.Tensor]):
+    """A safetensors file's tensors on the CPU, each read from disk when it is asked for (and
+    not kept), named `prefix` + the file's key and cast to `dtype` (None: as stored). Loading
+    tensor by tensor holds one tensor in memory, not the file: a full FLUX.1 checkpoint is
+    48 GB of fp32, and every rank of a sharded run reads it."""
+
+    def __init__(self, path: str | Path, prefix: str = "", dtype: torch.dtype | None = None
+                 ) -> None:
+        from safetensors import safe_open
+
+        self.path, self.prefix, self.dtype = str(path), prefix, dtype
+        with safe_open(self.path, framework="pt") as f:  # the header only
+            # (a safe_open handle is not iterable: keys() is its listing)
+            self._keys = [prefix + key for key in f.keys()]  # noqa: SIM118
+        self._known = set(self._keys)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        if name not in self._known:
+            raise KeyError(name)
+        with safe_open(self.path, framework="pt") as f:
+            tensor = f.get_tensor(name[len(self.prefix):])
+        return tensor if self.dtype is None else tensor.to(self.dtype)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+@torch.no_grad()
+def copy_weights(module: nn.Module, weights: Mapping[str, torch.Tensor], source: str,
+                 place: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+                 ) -> None:
+    """Copy `weights` (keyed as `module.state_dict()`) into `module`'s tensors one at a time,
+    cast to each tensor's dtype; `place(full, like)` lays a whole tensor out as `like` is (a
+    sharded run: this rank's shard). `source` names the weights in the error when the keys
+    differ. Unlike `load_state_dict`, which gathers its argument into one dict first, only
+    one tensor of `weights` is in memory at a time."""
+    expected = set(module.state_dict())
+    if set(weights) != expected:
+        raise ValueError(f"{source} does not fit this model: missing "
+                         f"{sorted(expected - set(weights))[:5]}, unexpected "
+                         f"{sorted(set(weights) - expected)[:5]}")
+    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        if name in expected:  # not the non-persistent buffers
+            full = weights[name]
+            value = place(full, tensor) if place else full
+            local = value.to_local() if hasattr(value, "to_local") else value
+            target = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+            target.copy_(local)
+            del full, value, local  # before the next read: one tensor of the file at a time
 
 
 # ---------------------------------------------------------------------------------------
@@ -149,9 +208,10 @@ class FlowModel(nn.Module):
         """Load what `save_weights` wrote (resume, or a checkpoint to sample from)."""
         raise NotImplementedError
 
-    def read_weights(self, directory: Path) -> dict[str, torch.Tensor]:
-        """What `save_weights` wrote as a state dict of this module, on the CPU, without loading
-        it (a sharded model loads it shard by shard)."""
+    def read_weights(self, directory: Path) -> Mapping[str, torch.Tensor]:
+        """What `save_weights` wrote, keyed as this module's state dict, on the CPU, without
+        loading it (a sharded model loads it shard by shard); a large model's adapter returns
+        a `WeightsFile`, which reads each tensor when it is asked for."""
         raise NotImplementedError
 
     @property

@@ -35,7 +35,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from trainer.models import FULL_TRANSFORMER, LORA_WEIGHTS, ModelSpec
-from trainer.models.base import Conditioning, FlowModel
+from trainer.models.base import Conditioning, FlowModel, WeightsFile, copy_weights
 
 DEFAULT_RESOLUTION = 512
 
@@ -108,7 +108,7 @@ class DiffusersFlowModel(FlowModel):
         if spec.weights:
             if stage_on_cpu and spec.finetune == "full":
                 # a checkpoint holds fp32 masters: upcast first so that they load exactly
-                # (this costs the host a whole fp32 copy, as every staged load did before)
+                # (a whole fp32 copy in host memory; the file itself is read a tensor at a time)
                 model.transformer.to(torch.float32)
             model.load_weights(Path(spec.weights))
         return model if stage_on_cpu else model.to(device)
@@ -316,17 +316,15 @@ class DiffusersFlowModel(FlowModel):
         if not full.is_file():
             raise FileNotFoundError(f"{directory} holds no {FULL_TRANSFORMER} (a full "
                                     "fine-tune's checkpoint); this run has finetune='full'")
-        state = load_file(str(full), device=str(self.device))
-        self.transformer.load_state_dict({k: v.to(torch.float32) for k, v in state.items()})
+        # a tensor at a time into the fp32 masters: never a second whole copy in memory
+        copy_weights(self.transformer, WeightsFile(full), str(full))
 
-    def read_weights(self, directory: Path) -> dict[str, torch.Tensor]:
-        from safetensors.torch import load_file
-
+    def read_weights(self, directory: Path) -> WeightsFile:
         full = Path(directory) / FULL_TRANSFORMER
         if self.spec.finetune != "full" or not full.is_file():
             raise FileNotFoundError(f"{directory} holds no {FULL_TRANSFORMER} (a full "
                                     "fine-tune's checkpoint)")
-        return {f"transformer.{k}": v.to(torch.float32) for k, v in load_file(str(full)).items()}
+        return WeightsFile(full, prefix="transformer.")
 
     def shard_units(self) -> list[nn.Module]:
         return repeated_blocks(self.transformer)
