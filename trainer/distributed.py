@@ -213,18 +213,11 @@ class DistributedFlowModel(FlowModel):
                 "param_groups": [{**group, "params": [index[n] for n in group["params"]]}
                                  for group in full.get("param_groups", [])]}
 
-    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer,
-                                  state: dict[str, Any]) -> None:
-        if self.ddp is not None:
-            optimizer.load_state_dict(state)
-            return
-        # the moments are sharded like their parameters (sliced locally, as the weights)
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        local = {int(i): {k: (distribute_like(v, params[int(i)])
-                              if torch.is_tensor(v) and v.shape == params[int(i)].shape else v)
-                          for k, v in values.items()}
-                 for i, values in state["state"].items()}
-        optimizer.load_state_dict({"state": local, "param_groups": state["param_groups"]})
+    def place_optimizer_tensor(self, tensor: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+        # FSDP: the moments are sharded like their parameters (sliced locally, as the weights)
+        if self.ddp is None and tensor.shape == param.shape:
+            return distribute_like(tensor, param)
+        return tensor.to(tensor_local(param).device)
 
     def reference_model(self, *, empty: bool = False) -> FlowModel:
         """The KL penalty's frozen policy: DDP, the wrapped model's (taken now, before any

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from trainer.config import TrainConfig
 from trainer.grpo import IterationResult
 from trainer.models import SHAPES_BASE, TRAINER_STATE, ModelSpec
-from trainer.models.base import FlowModel
+from trainer.models.base import FlowModel, WeightsFile
 from trainer.neighbor_grpo import neighbor_grpo_iteration
 from trainer.sde_grpo import sde_grpo_iteration
 from trainer.shapes.world import all_prompts
@@ -193,16 +193,19 @@ class Trainer:
 
     def load_checkpoint(self, directory: str | Path) -> None:
         directory = Path(directory)
-        from safetensors.torch import load_file
-
         self.model.load_weights(directory)
         state_path = directory / TRAINER_STATE
         with safe_open(str(state_path), framework="pt") as f:
             metadata = f.metadata()
-        tensors = load_file(str(state_path))
-        self.generator.set_state(tensors.pop("rng_state"))
+        # read a tensor at a time and placed at once (a sharded model keeps its shard): the
+        # Adam moments of a full FLUX.1 fine-tune are 95 GB, more than a card or a rank's
+        # share of the host should hold whole
+        tensors = WeightsFile(state_path)
+        self.generator.set_state(tensors["rng_state"])
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.model.load_optimizer_state_dict(self.optimizer, _optimizer_state(
-            tensors, json.loads(metadata["optimizer"]), self.device))
+            tensors, json.loads(metadata["optimizer"]),
+            lambda tensor, index: self.model.place_optimizer_tensor(tensor, params[index])))
         self.iteration = int(metadata["iteration"])
 
 
@@ -270,12 +273,18 @@ def _flatten_optimizer(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], 
     return tensors, {"param_groups": state["param_groups"]}
 
 
-def _optimizer_state(tensors: dict[str, torch.Tensor], meta: dict,
-                     device: torch.device) -> dict[str, Any]:
-    """The `Optimizer.state_dict()` that `_flatten_optimizer` wrote."""
+def _optimizer_state(tensors: Mapping[str, torch.Tensor], meta: dict,
+                     place: Callable[[torch.Tensor, int], torch.Tensor]) -> dict[str, Any]:
+    """The `Optimizer.state_dict()` that `_flatten_optimizer` wrote, each tensor read and
+    placed (`place(tensor, parameter index)`) before the next is read."""
     state: dict[int, dict[str, torch.Tensor]] = {}
-    for name, value in tensors.items():
+    for name in tensors:
+        if name == "rng_state":
+            continue
         _, param_id, key = name.split(".", 2)
         # Adam's `step` lives on the CPU; moments live with the parameters.
-        state.setdefault(int(param_id), {})[key] = value if key == "step" else value.to(device)
+        value = tensors[name]
+        state.setdefault(int(param_id), {})[key] = value if key == "step" else place(
+            value, int(param_id))
+        del value
     return {"state": state, "param_groups": meta["param_groups"]}

@@ -70,9 +70,18 @@ def main() -> int:
     # and keeps its shard
     resumed = make_distributed(Trainer(config, model=load_distributed_model(config)))
     resumed.load_checkpoint(saved)
+    resumed_iteration = resumed.iteration
     again = get_model_state_dict(resumed.model.inner,
                                  options=StateDictOptions(full_state_dict=True))
     resume_gap = max(float((again[k] - v).abs().max()) for k, v in full.items())
+    # the next step is the same step: the optimizer's moments came back too
+    trainer.step()
+    resumed.step()
+    stepped, stepped_resumed = (
+        get_model_state_dict(t.model.inner, options=StateDictOptions(full_state_dict=True))
+        for t in (trainer, resumed))
+    next_step_gap = max(float((stepped[k] - v).abs().max()) for k, v in stepped_resumed.items())
+    next_step_moved = max(float((stepped[k] - v).abs().max()) for k, v in full.items())
     checksum = torch.tensor([sum(float(v.double().sum()) for v in full.values())],
                             dtype=torch.float64, device=policy[0].device)
     sums = [torch.zeros_like(checksum) for _ in range(world)]
@@ -81,7 +90,9 @@ def main() -> int:
         on_disk = load_file(str(saved / FULL_TRANSFORMER))
         report.update({
             "kl_to_reference": kls, "checksums": [float(s) for s in sums],
-            "resumed_vs_saved": resume_gap, "resumed_iteration": resumed.iteration,
+            "resumed_vs_saved": resume_gap, "resumed_iteration": resumed_iteration,
+            "next_step_resumed_vs_uninterrupted": next_step_gap,
+            "next_step_moved": next_step_moved,
             "disk_vs_gathered": max(float((on_disk[k.removeprefix("transformer.")].float()
                                            - v.float().cpu()).abs().max())
                                     for k, v in full.items()),

@@ -100,3 +100,35 @@ def test_a_weights_file_is_read_a_tensor_at_a_time(tmp_path):
                                          r"\['0.bias', '0.weight'.*unexpected \['net.0.bias'"):
         copy_weights(module, WeightsFile(tmp_path / "w.safetensors", prefix="net."),
                      "w.safetensors")
+
+
+def test_a_resume_places_each_optimizer_tensor_before_reading_the_next(tmp_path):
+    """The trainer state's Adam moments are read one at a time and handed to the model's
+    placement (a sharded model keeps its shard) at once: never the whole file in memory."""
+    import weakref
+
+    from safetensors.torch import save_file
+
+    from trainer.loop import _optimizer_state
+    from trainer.models.base import WeightsFile
+
+    moments = {f"state.{i}.{key}": torch.randn(8, 4) for i in range(3)
+               for key in ("exp_avg", "exp_avg_sq")}
+    save_file({**moments, "state.0.step": torch.tensor(5.0), "rng_state": torch.zeros(4,
+               dtype=torch.uint8)}, str(tmp_path / "state.safetensors"))
+    read = WeightsFile(tmp_path / "state.safetensors")
+    alive: list[weakref.ref] = []
+    most_alive = 0
+
+    def place(tensor: torch.Tensor, index: int) -> torch.Tensor:
+        nonlocal most_alive
+        alive[:] = [ref for ref in alive if ref() is not None]
+        alive.append(weakref.ref(tensor))
+        most_alive = max(most_alive, len(alive))
+        return tensor[:2].clone()  # "this rank's shard"
+
+    state = _optimizer_state(read, {"param_groups": []}, place)
+    assert most_alive == 1
+    assert sorted(state["state"]) == [0, 1, 2]
+    assert torch.equal(state["state"][1]["exp_avg"], moments["state.1.exp_avg"][:2])
+    assert float(state["state"][0]["step"]) == 5.0

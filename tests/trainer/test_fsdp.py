@@ -110,3 +110,6 @@ def test_a_sharded_job_loaded_as_the_worker_loads_it_stages_bf16_and_trains_fp32
     assert first == pytest.approx(second, rel=1e-12)
     assert report["disk_vs_gathered"] == 0.0 and report["disk_dtypes"] == ["torch.float32"]
     assert report["resumed_vs_saved"] == 0.0 and report["resumed_iteration"] == 2
+    # its next step is the uninterrupted run's (weights, optimizer moments and RNG restored)
+    assert report["next_step_moved"] > 1e-6
+    assert report["next_step_resumed_vs_uninterrupted"] < 1e-6

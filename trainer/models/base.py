@@ -240,7 +240,14 @@ class FlowModel(nn.Module):
 
     def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer,
                                   state: dict[str, Any]) -> None:
+        """`state` as `Optimizer.state_dict()` has it, its tensors placed already
+        (`place_optimizer_tensor`)."""
         optimizer.load_state_dict(state)
+
+    def place_optimizer_tensor(self, tensor: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+        """A checkpoint's whole optimizer tensor for `param` (an Adam moment), laid out as
+        this process keeps it: on the parameter's device (a sharded model: its shard)."""
+        return tensor.to(param.device)
 
     def model_card(self) -> dict[str, Any]:
         """What the checkpoint's README names as the base model."""
