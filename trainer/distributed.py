@@ -61,13 +61,20 @@ def load_distributed_model(config: TrainConfig) -> DistributedFlowModel:
     rank's card (`local_device`); under FSDP its weights wait in CPU memory and reach the card
     a unit at a time as they are sharded, with the KL reference sharded beside them when
     `kl_coefficient` > 0. Every rank calls it at the same point."""
-    from trainer.loop import load_model
+    from dataclasses import replace
+
+    from trainer.models import ModelSpec, load_flow_model
 
     device = local_device()
     sharded = config.parallelism == "fsdp"
-    return DistributedFlowModel(load_model(config, device, stage_on_cpu=sharded), device,
-                                parallelism=config.parallelism,
-                                with_reference=config.kl_coefficient > 0)
+    spec, start_from = ModelSpec.from_config(config), None
+    if sharded and spec.weights:
+        # the base_checkpoint goes into each rank's shards, a tensor at a time, after
+        # sharding: a full fine-tune's fp32 masters never sit whole in host memory
+        spec, start_from = replace(spec, weights=""), Path(spec.weights)
+    return DistributedFlowModel(load_flow_model(spec, device=device, stage_on_cpu=sharded),
+                                device, parallelism=config.parallelism,
+                                with_reference=config.kl_coefficient > 0, start_from=start_from)
 
 
 class DistributedFlowModel(FlowModel):
@@ -75,7 +82,8 @@ class DistributedFlowModel(FlowModel):
     everything else is the wrapped model's."""
 
     def __init__(self, model: FlowModel, device: str | torch.device | None = None,
-                 parallelism: str = "ddp", with_reference: bool = False) -> None:
+                 parallelism: str = "ddp", with_reference: bool = False,
+                 start_from: Path | None = None) -> None:
         """`with_reference`: the run has a KL penalty (kl_coefficient > 0). Under FSDP its
         frozen reference policy is built empty and sharded like the policy, and each rank
         copies its shards from the policy's, so that no rank ever holds a whole second model;
@@ -85,7 +93,9 @@ class DistributedFlowModel(FlowModel):
         stage_on_cpu=True)`), in the dtype of their files: each unit moves to `device` as it
         is sharded, and the trained weights become fp32 masters there, each rank its shard.
         So a rank's card holds its shards and one unit at a time, never the whole model, and
-        its host memory never a whole fp32 copy (FLUX: 48 GB)."""
+        its host memory never a whole fp32 copy (FLUX: 48 GB). `start_from`: a checkpoint
+        directory whose weights replace the loaded ones (the job's base_checkpoint), read
+        into the shards a tensor at a time; the KL reference is copied from them."""
         super().__init__()
         device = torch.device(device or local_device())
         self.parallelism = parallelism
@@ -94,6 +104,8 @@ class DistributedFlowModel(FlowModel):
         if parallelism not in ("ddp", "fsdp"):
             raise ValueError(f"parallelism must be 'ddp' or 'fsdp', got {parallelism!r}")
         if parallelism == "ddp":
+            if start_from is not None:
+                model.load_weights(start_from)
             ids = [device.index] if device.type == "cuda" else None
             self.ddp = DistributedDataParallel(model.to(device), device_ids=ids)
             self.sharded: FlowModel | None = None
@@ -122,13 +134,6 @@ class DistributedFlowModel(FlowModel):
         # device: no memory until each rank has its shards
         reference = model.reference_model(empty=True) if with_reference else None
         shard(model)
-        if reference is not None:
-            # the reference's root unit (embeddings, final layers: small beside the blocks)
-            # stays gathered after its forward, which FSDP does for a root without backward
-            shard(reference)
-            reference.to_empty(device=device)
-            copy_shards(model, reference)
-            self.__dict__["_reference"] = reference
         trained = model.trainable_parameters()
         if any(p.dtype != torch.float32 for p in trained):
             # staged in the files' dtype: the optimizer's fp32 masters, made shard by shard
@@ -136,6 +141,15 @@ class DistributedFlowModel(FlowModel):
             model.to(torch.float32)
         self.sharded = model
         self.ddp = None
+        if start_from is not None:
+            self.load_weights(start_from)
+        if reference is not None:
+            # the reference's root unit (embeddings, final layers: small beside the blocks)
+            # stays gathered after its forward, which FSDP does for a root without backward
+            shard(reference)
+            reference.to_empty(device=device)
+            copy_shards(model, reference)
+            self.__dict__["_reference"] = reference
 
     @property
     def inner(self) -> FlowModel:

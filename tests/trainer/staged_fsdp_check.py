@@ -1,7 +1,8 @@
 """Run under `torchrun --nproc_per_node 2`: a sharded full fine-tuning job with a KL penalty
 loaded as the worker loads it (`load_distributed_model`: a tiny FLUX.1-dev directory written
 here, its weights staged in CPU memory in bf16 and sharded onto each rank's device), two
-iterations, a checkpoint, and a fresh sharded model resumed from it. Prints one JSON line from rank 0. Used by test_fsdp.py on two CPU
+iterations, a checkpoint, a fresh sharded model resumed from it, and a new job started from it
+(`base_checkpoint`). Prints one JSON line from rank 0. Used by test_fsdp.py on two CPU
 processes (gloo); on a machine with two GPUs it runs as it is (NCCL):
 
     torchrun --standalone --nproc_per_node 2 tests/trainer/staged_fsdp_check.py OUT_DIR
@@ -82,6 +83,17 @@ def main() -> int:
         for t in (trainer, resumed))
     next_step_gap = max(float((stepped[k] - v).abs().max()) for k, v in stepped_resumed.items())
     next_step_moved = max(float((stepped[k] - v).abs().max()) for k, v in full.items())
+    # a new job that starts from the checkpoint (base_checkpoint): its shards are the saved
+    # weights, read after sharding, and its KL reference is copied from them
+    started = load_distributed_model(TrainConfig.from_dict(
+        {**config.to_dict(), "base_checkpoint": str(saved)}))
+    start = get_model_state_dict(started.inner, options=StateDictOptions(full_state_dict=True))
+    start_gap = max(float((start[k] - v).abs().max()) for k, v in full.items())
+    start_reference_gap = max(
+        float((tensor_local(r).detach().float()
+               - tensor_local(p).detach().to(r.dtype).float()).abs().max())
+        for p, r in zip(started.inner.parameters(), started.reference_model().parameters(),
+                        strict=True))
     checksum = torch.tensor([sum(float(v.double().sum()) for v in full.values())],
                             dtype=torch.float64, device=policy[0].device)
     sums = [torch.zeros_like(checksum) for _ in range(world)]
@@ -93,6 +105,8 @@ def main() -> int:
             "resumed_vs_saved": resume_gap, "resumed_iteration": resumed_iteration,
             "next_step_resumed_vs_uninterrupted": next_step_gap,
             "next_step_moved": next_step_moved,
+            "started_vs_saved": start_gap, "started_reference_vs_policy": start_reference_gap,
+            "started_master_dtypes": sorted({str(p.dtype) for p in started.inner.parameters()}),
             "disk_vs_gathered": max(float((on_disk[k.removeprefix("transformer.")].float()
                                            - v.float().cpu()).abs().max())
                                     for k, v in full.items()),

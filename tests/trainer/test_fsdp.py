@@ -113,3 +113,8 @@ def test_a_sharded_job_loaded_as_the_worker_loads_it_stages_bf16_and_trains_fp32
     # its next step is the uninterrupted run's (weights, optimizer moments and RNG restored)
     assert report["next_step_moved"] > 1e-6
     assert report["next_step_resumed_vs_uninterrupted"] < 1e-6
+    # a new job from the checkpoint (base_checkpoint): loaded into the shards exactly, fp32,
+    # and its KL reference is the checkpoint, not the directory's base weights
+    assert report["started_vs_saved"] == 0.0
+    assert report["started_master_dtypes"] == ["torch.float32"]
+    assert report["started_reference_vs_policy"] == 0.0
