@@ -11,19 +11,42 @@ the other kinds take the pydantic models below.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from app.limits import MAX_ID
 
 
 class _Cfg(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # allow_inf_nan=False: NaN or infinity is refused as "not a finite number" (a range check
+    # alone would say NaN is "not less than 1")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-ModelName = Literal["shapes", "flux", "sd3"]  # trainer.config.TrainConfig.model's choices
+def _registered_model(name: str) -> str:
+    """`name` when the trainer's model registry has it (trainer.config.model_choices, which
+    TrainConfig.model takes too): a model added with register_model is configurable."""
+    from trainer.config import model_choices
+
+    if name not in (known := model_choices()):
+        # a custom error: its message reads as TrainConfig's, without "Value error, "
+        raise PydanticCustomError("model", "{message}", {
+            "message": f"must be one of {list(known)}, got {name!r}"})
+    return name
+
+
+def _model_enum(schema: dict[str, Any]) -> None:
+    # the registry as it is when the schema is made (the OpenAPI document, config-schema)
+    from trainer.config import model_choices
+
+    schema["enum"] = list(model_choices())
+
+
+ModelName = Annotated[str, AfterValidator(_registered_model),
+                      Field(json_schema_extra=_model_enum)]
+"""A model of the trainer's registry (trainer.config.TrainConfig.model's choices)."""
 
 # the rewards a rollout or evaluate job scores when it names none: the shapes world's verifiable
 # rewards for the shapes model (they read 32x32 shapes images), an image-only reward for real
@@ -157,7 +180,8 @@ class FitPreferenceConfig(_Cfg):
     features: Literal["shapes", "clip"] = Field(
         "shapes", description="'shapes': a small convolutional network on the pixels; 'clip': "
         "a frozen CLIP image-text embedding from clip_path with a small head.")
-    clip_path: str = Field("", description="Local CLIP weights for features='clip'.")
+    clip_path: str = Field("", max_length=4096,
+                           description="Local CLIP weights for features='clip'.")
     holdout_fraction: float = Field(0.2, ge=0.0, lt=1.0, description="Share of the votes kept "
                                     "out of the fit to report held-out pair accuracy and log-loss.")
     epochs: int = Field(10, ge=1, le=10_000, description="Passes over the training votes.")

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from sqlalchemy.exc import DataError
 
 from app import db
 from app.config import Settings, get_settings
 from app.errors import ServiceError
+from app.schemas import Problems, validation_problem
 from app.services.jobs import Enqueuer
 
 log = logging.getLogger(__name__)
@@ -43,6 +47,27 @@ def default_enqueuer() -> Enqueuer | None:
         log.warning("no worker package (%s): launched jobs stay queued", exc)
         return None
     return enqueue
+
+
+def _document_problems(app: FastAPI) -> None:
+    """Make the OpenAPI document's 422 answer (FastAPI's HTTPValidationError, on every route
+    that takes input) describe what `request_invalid` sends: `Problems`."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()
+        components = schema.get("components", {}).get("schemas", {})
+        if "HTTPValidationError" in components:
+            problems = Problems.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(problems.pop("$defs", {}))
+            components["HTTPValidationError"] = {**problems, "title": "HTTPValidationError"}
+            if "#/components/schemas/ValidationError\"" not in json.dumps(schema):
+                components.pop("ValidationError", None)  # HTTPValidationError's item, unused now
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = None,
@@ -81,6 +106,21 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
     async def data_error(_request: Request, exc: DataError) -> JSONResponse:
         # a value the database cannot hold (e.g. an integer out of range): the client's fault
         return JSONResponse({"detail": f"value out of range: {exc.orig}"}, status_code=422)
+
+    @app.exception_handler(RequestValidationError)
+    async def request_invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own answer echoes each rejected input, and a NaN or an infinity there (a
+        # JSON body may carry them) cannot be written as strict JSON: it became a 500. This
+        # one answers as every other 422 does (app.services.jobs' config errors), naming
+        # each field and what is allowed, without the inputs.
+        problems = [validation_problem(err) for err in exc.errors()]
+        problems = list(dict.fromkeys(problems)) or [("body", "invalid request")]
+        body = Problems(detail="; ".join(f"{f}: {m}" for f, m in problems),
+                        field=problems[0][0],
+                        errors=[{"field": f, "message": m} for f, m in problems])
+        return JSONResponse(body.model_dump(), status_code=422)
+
+    _document_problems(app)
 
     from app.api import auth, checkpoints, datasets, jobs, media, preference, rollouts, votes
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
+from app.errors import Invalid
 from app.job_kinds import KindName
 from app.limits import MAX_ID
 from trainer.rewards.outcomes import OUTCOMES
@@ -17,11 +21,37 @@ T = TypeVar("T")
 def _as_utc(value: datetime) -> datetime:
     # SQLite hands back naive datetimes (stored as UTC), PostgreSQL aware ones in the session's
     # time zone, a fresh row the aware value it was given: all leave as UTC, written with "Z".
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # 9999-12-31T23:00-05:00 is in year 10000 in UTC: not a datetime
+        raise ValueError("must be a date and time between 0001-01-01 and 9999-12-31 in "
+                         "UTC") from None
 
 
 UTCDateTime = Annotated[datetime, AfterValidator(_as_utc)]
 """Every datetime the API returns: timezone-aware UTC, whatever the database gave."""
+
+NUL_MESSAGE = "must not contain NUL characters"
+
+
+def refuse_nul(field: str, value: str | None) -> None:
+    """Invalid naming `field` when `value` holds a NUL: PostgreSQL refuses it in text (an
+    error naming no field), SQLite stores it (a value nobody can type, and a LIKE pattern
+    that ends there). Every text a request gives the database passes here or `NoNul`."""
+    if value is not None and "\x00" in value:
+        raise Invalid(f"{field}: {NUL_MESSAGE}", field=field)
+
+
+def _no_nul(value: str | None) -> str | None:
+    if value is not None and "\x00" in value:
+        raise PydanticCustomError("nul", NUL_MESSAGE)
+    return value
+
+
+NoNul = AfterValidator(_no_nul)
+"""`refuse_nul` for a request model's text field: `Annotated[str, NoNul]`."""
 
 
 class ORM(BaseModel):
@@ -38,6 +68,51 @@ class Page(BaseModel, Generic[T]):
 class Error(BaseModel):
     detail: str
     field: str | None = None
+
+
+class FieldProblem(BaseModel):
+    field: str = Field(description="The field, dotted for a nested one (config.sigma); 'body' "
+                       "for the request body as a whole.")
+    message: str = Field(description="What is wrong and what is allowed.")
+
+
+class Problems(Error):
+    """A 422: `detail` says every problem in one line, `field` names the first, `errors`
+    lists them all (request validation and a job's config answer alike)."""
+
+    errors: list[FieldProblem] = Field(default_factory=list)
+
+
+# where FastAPI says a request value came from: not part of the field's name
+_REQUEST_PARTS = ("body", "query", "path", "header", "cookie")
+_COMPARISONS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal",
+                "multiple_of")
+
+
+def validation_message(err: Mapping[str, Any]) -> str:
+    """A pydantic error's message, saying "must be a finite number" for NaN or infinity (a
+    range check on NaN would say "less than 1", which NaN is not the trouble with)."""
+    value = err.get("input")
+    if err.get("type") == "finite_number" or (
+            err.get("type") in _COMPARISONS and isinstance(value, float)
+            and not math.isfinite(value)):
+        return "must be a finite number"
+    message = str(err.get("msg", "invalid value"))
+    return message.removeprefix("Value error, ")
+
+
+def validation_problem(err: Mapping[str, Any]) -> tuple[str, str]:
+    """(field, message) of one pydantic error of a request (FastAPI's RequestValidationError):
+    the field without the part of the request it came from. Never the rejected input itself:
+    it may be huge, or NaN, which strict JSON cannot carry."""
+    loc = [str(part) for part in err.get("loc", ())]
+    if err.get("type") == "json_invalid":
+        reason = (err.get("ctx") or {}).get("error", "invalid JSON")
+        where = f" at character {loc[1]}" if len(loc) > 1 else ""
+        return "body", f"malformed JSON ({reason}{where})"
+    if loc and loc[0] in _REQUEST_PARTS:
+        loc = loc[1:] or loc[:1]
+    return ".".join(loc) or "body", validation_message(err)
 
 
 class Me(ORM):
@@ -119,10 +194,10 @@ class VoteIn(BaseModel):
     sample_a_id: int = Field(ge=1, le=MAX_ID, description="The sample shown on the left.")
     sample_b_id: int = Field(ge=1, le=MAX_ID, description="The sample shown on the right.")
     outcome: Literal[OUTCOMES]  # the same enum in OpenAPI as the values spelt out
-    session_id: str | None = Field(None, max_length=64)
+    session_id: Annotated[str | None, NoNul] = Field(None, max_length=64)
     shown_at: UTCDateTime | None = None  # naive: taken as UTC; stored as UTC on either database
     latency_ms: int | None = Field(None, ge=0, le=MAX_ID)
-    selection: str | None = Field(None, max_length=50)
+    selection: Annotated[str | None, NoNul] = Field(None, max_length=50)
 
 
 class VoteOut(ORM):
@@ -279,7 +354,8 @@ class AnnotatorStats(BaseModel):
 
 
 class UserIn(BaseModel):
-    name: str = Field(min_length=1, max_length=100)
+    model_config = ConfigDict(extra="forbid")  # a misspelt field ("rolle") must not pass
+    name: Annotated[str, NoNul] = Field(min_length=1, max_length=100)
     role: Literal["admin", "annotator"] = "annotator"
 
 
@@ -287,7 +363,7 @@ class UserOut(BaseModel):
     id: int
     name: str
     role: str
-    created_at: datetime
+    created_at: UTCDateTime
     excluded: bool
     active_tokens: int
     revoked: bool = Field(description="no live token: cannot log in")

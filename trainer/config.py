@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import json
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,15 @@ class ConfigErrors(ConfigError):
         return self.args[0]
 
 
+# the longest text field (a path, a URL, a name): as the sampling jobs' configs cap theirs
+# (app/job_kinds.py); longer paths no file system takes, and a config is stored whole on its job
+MAX_TEXT = 4096
+
+# the largest reward weight: rewards are normalised per group (about unit scale), so a weight
+# scales the advantages; far beyond this the weighted sum overflows to inf and the run fails
+# with "rewards contain NaN or inf" after its first rollouts
+MAX_REWARD_WEIGHT = 1e6
+
 # "preference" is blended in at run time from a fitted model (Trainer.set_preference_model)
 RUN_TIME_REWARDS = ("preference",)
 
@@ -48,9 +58,14 @@ def _reward_weight_problems(weights: dict, known: list[str]) -> list[ConfigError
     out = []
     for name, weight in weights.items():
         if (not isinstance(name, str) or isinstance(weight, bool)
-                or not isinstance(weight, (int, float)) or not math.isfinite(weight)):
+                or not isinstance(weight, (int, float))
+                or isinstance(weight, float) and not math.isfinite(weight)):
             out.append(ConfigError("reward_weights", f"must map names to finite numbers, got "
                                                      f"{name!r}: {weight!r}"))
+        elif abs(weight) > MAX_REWARD_WEIGHT:  # exact for ints of any size (no float())
+            out.append(ConfigError("reward_weights", f"{name!r}: the weight must be in "
+                                   f"[-{MAX_REWARD_WEIGHT:g}, {MAX_REWARD_WEIGHT:g}], got "
+                                   f"{weight!r}"))
         elif name not in known and name not in RUN_TIME_REWARDS:
             out.append(ConfigError("reward_weights", f"unknown reward {name!r}; known: "
                                    f"{sorted([*known, *RUN_TIME_REWARDS])}"))
@@ -68,6 +83,9 @@ def _reward_model_path_problems(paths: dict) -> list[ConfigError]:
         elif not isinstance(path, str) or not path.strip() or "\x00" in path:
             out.append(ConfigError("reward_model_paths", f"{name!r} must map to a non-empty "
                                    f"path, got {path!r}"))
+        elif len(path) > MAX_TEXT:
+            out.append(ConfigError("reward_model_paths", f"{name!r}: the path must be at most "
+                                   f"{MAX_TEXT} characters, got {len(path)}"))
     return out
 
 
@@ -86,8 +104,24 @@ def reward_server_problems(url: str, paths: Any) -> list[ConfigError]:
     return out
 
 
+def model_choices() -> tuple[str, ...]:
+    """The models a config may name: the trainer.models registry's, so that one added with
+    `register_model` can be configured; the default (shapes) first, the rest by name."""
+    from trainer.models import model_names
+
+    return tuple(sorted(model_names(), key=lambda name: (name != "shapes", name)))
+
+
+Choices = tuple[str, ...] | Callable[[], tuple[str, ...]]  # a callable: read at each check
+
+
+def _choices(meta: Mapping[str, Any]) -> tuple[str, ...] | None:
+    choices = meta["choices"]
+    return tuple(choices()) if callable(choices) else choices
+
+
 def _field(default: Any, help: str, *, min: float | None = None, max: float | None = None,
-           choices: tuple[str, ...] | None = None, group: str = "algorithm",
+           choices: Choices | None = None, group: str = "algorithm",
            **kwargs: Any) -> Any:
     meta = {"help": help, "min": min, "max": max, "choices": choices, "group": group}
     if isinstance(default, (dict, list)):
@@ -111,8 +145,9 @@ class ModelArguments:
     model: str = _field("shapes", "Model adapter (trainer.models registry): 'shapes' is the "
                         "built-in tiny DiT that trains on a CPU; 'flux' is FLUX.1 (dev with its "
                         "guidance embedding, or schnell) and 'sd3' Stable Diffusion 3 / 3.5 "
-                        "(medium, large), both through diffusers from model_path.",
-                        choices=("shapes", "flux", "sd3"), group="model")
+                        "(medium, large), both through diffusers from model_path; or a model "
+                        "added with trainer.models.register_model.",
+                        choices=model_choices, group="model")
     model_path: str = _field("", "flux / sd3: the diffusers-format model directory (the one "
                              "holding model_index.json, transformer/, vae/, text encoders and "
                              "tokenizers); loaded with local_files_only, nothing downloads. Studio "
@@ -350,8 +385,11 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
                 out.append(ConfigError(f.name, f"must be of type {f.type}, got {value!r}"))
             elif isinstance(value, float) and not math.isfinite(value):
                 out.append(ConfigError(f.name, f"must be a finite number, got {value!r}"))
-            elif meta["choices"] and value not in meta["choices"]:
-                out.append(ConfigError(f.name, f"must be one of {list(meta['choices'])}, "
+            elif isinstance(value, str) and len(value) > MAX_TEXT:
+                out.append(ConfigError(f.name, f"must be at most {MAX_TEXT} characters, got "
+                                               f"{len(value)}"))
+            elif (choices := _choices(meta)) and value not in choices:
+                out.append(ConfigError(f.name, f"must be one of {list(choices)}, "
                                                f"got {value!r}"))
             elif ((meta["min"] is not None and value < meta["min"])
                   or (meta["max"] is not None and value > meta["max"])):
@@ -400,14 +438,18 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
         out = []
         if "model" in bad:
             return out
+        from trainer.models import uses_model_directory
+
         diffusers_model = self.model in ("flux", "sd3")
-        if diffusers_model and "model_path" not in bad and not self.model_path.strip():
+        # a registered model loads from a directory when it declares the files one holds
+        directory = uses_model_directory(self.model)
+        if directory and "model_path" not in bad and not self.model_path.strip():
             out.append(ConfigError("model_path", f"model {self.model!r} needs the path of its "
                                    "diffusers-format directory"))
-        if not diffusers_model:
-            if self.model_path:
-                out.append(ConfigError("model_path", f"must be empty for model {self.model!r} "
-                                       "(its weights come from base_checkpoint)"))
+        if not directory and "model_path" not in bad and self.model_path:
+            out.append(ConfigError("model_path", f"must be empty for model {self.model!r} "
+                                   "(its weights come from base_checkpoint)"))
+        if self.model == "shapes":  # the built-in tiny model's limits; a registered one's own
             if self.finetune != "full":
                 out.append(ConfigError("finetune", f"model {self.model!r} trains in full only; "
                                        "'lora' is for flux and sd3"))
@@ -476,7 +518,7 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
             out.append({"name": f.name, "type": str(f.type), "default": default,
                         "help": f.metadata["help"], "min": f.metadata["min"],
                         "max": f.metadata["max"],
-                        "choices": list(f.metadata["choices"]) if f.metadata["choices"] else None,
+                        "choices": list(choices) if (choices := _choices(f.metadata)) else None,
                         "group": f.metadata["group"]})
         return out
 

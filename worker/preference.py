@@ -149,18 +149,18 @@ def resolve_preference(config: TrainConfig, latest: int | None = None
     "vN" or "N" -> that version; otherwise a path (relative to the storage dir, or absolute)."""
     if "preference" not in config.reward_weights:
         return "", None, 0
-    spec = config.preference_model.strip()
+    spec = pref_svc.parse_spec(config.preference_model)
     with session_scope() as s:
-        if spec in ("", "latest"):
+        if spec.kind == "latest":
             row = pref_svc.get_model(s, latest) if latest else pref_svc.latest_model(s)
             if row is None:
                 raise ValueError("reward_weights has 'preference' but no preference model has "
                                  "been fitted yet: run a fit_preference job first")
-        elif spec.lstrip("v").isdigit():
-            row = pref_svc.get_model(s, int(spec.lstrip("v")))
+        elif spec.kind == "version":
+            row = pref_svc.get_model(s, spec.version)
         else:
             try:
-                full = storage.job_path(spec)
+                full = storage.job_path(spec.path)
             except ValueError as exc:
                 raise FileNotFoundError(f"preference_model: {exc}") from None
             return str(full), None, 0

@@ -3,13 +3,26 @@ from __future__ import annotations
 import csv
 import io
 import json
-from typing import Annotated, Literal
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi.responses import Response, StreamingResponse
+from fastapi.routing import APIRoute
 from pydantic import WithJsonSchema
 
-from app.api.deps import AdminDep, PathId, QueryId, SessionDep, SettingsDep, UserDep
+from app.api.deps import (
+    AdminDep,
+    PathId,
+    QueryId,
+    SessionDep,
+    SettingsDep,
+    UserDep,
+    admin_user,
+    bearer,
+    current_user,
+    settings_dep,
+)
 from app.errors import Invalid, PayloadTooLarge
 from app.limits import MAX_ID, NAME_LENGTH
 from app.schemas import DatasetCreated, DatasetOut, Page, PromptOut
@@ -32,16 +45,45 @@ def _json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, allow_nan=False)
 
 
-@router.post("/datasets", response_model=DatasetCreated, status_code=201,
-             responses={400: {}, 409: {}, 413: {}, 422: {}})
+# what a multipart body may hold beyond the file (the other fields, part headers, boundaries)
+FORM_OVERHEAD = 1024 * 1024
+
+
+async def _admin_within_limit(request: Request) -> None:
+    """The upload's checks that need no body: the caller (401), the role (403) and the
+    declared size (413), through the same dependencies the route declares (AdminDep)."""
+    admin_user(await current_user(await bearer(request)))
+    limit = settings_dep().max_upload_bytes
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit + FORM_OVERHEAD:
+        raise PayloadTooLarge(f"file: the upload ({int(length)} bytes) is larger than the "
+                              f"limit of {limit} bytes", field="file")
+
+
+class _CheckedBeforeBody(APIRoute):
+    """A route whose caller, role and declared size are checked before its body is read.
+    FastAPI reads a form body before it solves the dependencies, so without this an
+    unauthenticated 300 MB upload would be received whole before its 401. The route keeps
+    its declared File/Form parameters and dependencies: the docs and the validation stay
+    FastAPI's."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def checked_first(request: Request) -> Response:
+            await _admin_within_limit(request)
+            return await handler(request)
+
+        return checked_first
+
+
 def upload_dataset(
-    request: Request,
     session: SessionDep,
     settings: SettingsDep,
     _admin: AdminDep,
     file: FilePart,
     name: Annotated[str | None, Form(max_length=NAME_LENGTH)] = None,
-    eval_fraction: Annotated[float, Form(ge=0.0, lt=1.0)] = 0.0,
+    eval_fraction: Annotated[float, Form(ge=0.0, lt=1.0, allow_inf_nan=False)] = 0.0,
     seed: Annotated[int, Form(ge=0, le=MAX_ID)] = 0,
 ) -> DatasetCreated:
     if isinstance(file, str) or not file.filename:
@@ -49,10 +91,6 @@ def upload_dataset(
                       field="file")
     filename = file.filename
     limit = settings.max_upload_bytes
-    length = request.headers.get("content-length")
-    if length and length.isdigit() and int(length) > limit + 1024 * 1024:
-        raise PayloadTooLarge(f"{filename}: file is larger than the limit of {limit} bytes",
-                              file=filename)
     data = file.file.read(limit + 1)
     result = svc.import_dataset(session, filename=filename, data=data, name=name,
                                 eval_fraction=eval_fraction, seed=seed,
@@ -61,6 +99,11 @@ def upload_dataset(
     out = DatasetCreated.model_validate(result.dataset)
     out.blank_lines_skipped = result.blank_lines_skipped
     return out
+
+
+router.add_api_route("/datasets", upload_dataset, methods=["POST"], status_code=201,
+                     response_model=DatasetCreated, route_class_override=_CheckedBeforeBody,
+                     responses={400: {}, 401: {}, 403: {}, 409: {}, 413: {}, 422: {}})
 
 
 @router.get("/datasets", response_model=Page[DatasetOut])

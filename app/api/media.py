@@ -9,7 +9,8 @@ The rule: a stored file leaves the server only to a caller with a valid token, g
   images larger than it inlines point here too), and it needs `file_reader`;
 - the Gradio UI never serves the storage directory (`blocked_paths` in `app.ui.mount`), and
   `StoredFilesGuard` answers 401 on every Gradio route that serves or accepts files (uploaded
-  prompt files are users' data too) unless the request carries a valid token.
+  prompt files are users' data too), and on every Gradio request whose body is not JSON (a
+  file coming in, whatever the route), unless the request carries a valid token.
 
 Checkpoint and preference-model downloads (`/api/checkpoints/{id}/download`,
 `/api/preference-models/{version}/download`) take the same `file_reader`.
@@ -42,6 +43,20 @@ def media(path: str, _user: FileReaderDep, settings: SettingsDep) -> FileRespons
 # login box can load, and every handler checks the token itself (app.ui.common.caller).
 GRADIO_FILE_ROUTES = re.compile(
     r"^/(gradio_api/)?(file=|file/|proxy=|stream/|upload|run-history/|custom_component/)")
+# What the public shell posts is JSON (queue/join, component_server, reset, cancel). A body
+# of any other kind (multipart, a form, raw bytes) is a file coming in, whatever the route:
+# /upload, /process_recording, or one a later Gradio adds, so it needs a token too.
+JSON_TYPES = ("application/json",)
+BODY_METHODS = ("POST", "PUT", "PATCH")
+
+
+def takes_files(scope: Scope) -> bool:
+    """Whether a Gradio request carries a body that is not JSON (files, a form, bytes)."""
+    if scope.get("method", "GET") not in BODY_METHODS:
+        return False
+    content_type = next((v.decode("latin-1") for k, v in scope.get("headers", [])
+                         if k == b"content-type"), "")
+    return content_type.split(";", 1)[0].strip().lower() not in JSON_TYPES
 
 
 def request_token(scope: Scope) -> str | None:
@@ -64,7 +79,7 @@ class StoredFilesGuard:
             path = re.sub(r"/{2,}", "/", scope["path"])  # "/ui//file=" routes like "/ui/file="
             if path.startswith(self.ui_path + "/"):
                 sub = path[len(self.ui_path):]
-                if GRADIO_FILE_ROUTES.match(sub):
+                if GRADIO_FILE_ROUTES.match(sub) or takes_files(scope):
                     from starlette.concurrency import run_in_threadpool
 
                     if await run_in_threadpool(authenticated, request_token(scope)) is None:

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Query
 
 from app.api.deps import MAX_ID, PathId, QueryId, SessionDep, UserDep, media_url
 from app.models import RolloutGroup
-from app.schemas import GroupOut, Page, SampleOut
+from app.schemas import GroupOut, Page, SampleOut, refuse_nul
 from app.services import rollouts as svc
 
 router = APIRouter(tags=["rollouts"])
@@ -38,6 +38,7 @@ def list_groups(session: SessionDep, _user: UserDep, job_id: QueryId = None,
                 purpose: Literal["train", "rollout", "evaluate"] | None = None,
                 limit: Annotated[int, Query(ge=1, le=500)] = 50,
                 offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> Page[GroupOut]:
+    refuse_nul("prompt", prompt)  # as GET /api/prompts refuses it in q
     rows, total = svc.list_groups(session, job_id=job_id, iteration=iteration,
                                   prompt_id=prompt_id, prompt=prompt,
                                   checkpoint_id=checkpoint_id, purpose=purpose,

@@ -2,8 +2,11 @@
 
 Every problem in an upload is an `Invalid` (or `PayloadTooLarge`) whose message names the file,
 the line or row, and the reason; parsing finishes before anything is written, so a bad upload
-stores nothing. Blank lines (of a .txt, .jsonl or .csv) are skipped and counted, not errors: they
-separate records, they are not records. An empty prompt in a record is an error.
+stores nothing. A problem with the file as a whole (its type, encoding, header, a JSON or parquet
+file that cannot be read) stops there; bad records do not: every one is reported at once (the
+first `MAX_REPORTED` in full, then how many more), so that one upload fixes them all. Blank
+lines (of a .txt, .jsonl or .csv) are skipped and counted, not errors: they separate records,
+they are not records. An empty prompt in a record is an error.
 
 Metadata is stored and exported as strict JSON: non-finite numbers (NaN, 1e400) become null.
 """
@@ -16,7 +19,8 @@ import json
 import math
 import random
 import re
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
@@ -26,9 +30,16 @@ from sqlalchemy.orm import Session
 from app.errors import BadRequest, Conflict, Invalid, NotFound, PayloadTooLarge
 from app.limits import NAME_LENGTH
 from app.models import Dataset, Job, Prompt
+from app.schemas import refuse_nul
 
 FORMATS = ("txt", "csv", "jsonl", "json", "parquet")
 ACTIVE_JOB_STATUSES = ("queued", "running")
+# bad records reported in full; the rest are counted (an answer of 100,000 problems helps
+# nobody, and costs memory to build)
+MAX_REPORTED = 20
+# how deeply a record's metadata may nest (HPDv2's is 2 levels): deeper would exhaust the
+# recursion of JSON encoding and of PostgreSQL's parser, and is no prompt set's metadata
+MAX_META_DEPTH = 64
 
 
 @dataclass
@@ -36,6 +47,16 @@ class ParsedPrompt:
     text: str
     meta: dict[str, Any] | None
     where: str  # "line 3" / "row 2": for error messages
+    loc: dict[str, Any] = field(default_factory=dict)  # {"line": 3} / {"row": 2}: for clients
+
+
+@dataclass
+class BadRecord:
+    """One record of an upload that cannot be imported, and why."""
+
+    where: str
+    message: str
+    loc: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -51,6 +72,44 @@ class ImportResult:
     dataset: Dataset
     duplicates_dropped: int
     blank_lines_skipped: int = 0
+
+
+@dataclass
+class _Counts:
+    blank: int = 0
+
+
+Records = Iterator[ParsedPrompt | BadRecord]
+
+
+class _Report:
+    """The bad records of one upload, in file order: the first MAX_REPORTED kept, the rest
+    counted; `check()` raises one Invalid naming them all."""
+
+    def __init__(self, filename: str) -> None:
+        self.filename = filename
+        self.kept: list[BadRecord] = []
+        self.count = 0
+
+    def add(self, bad: BadRecord) -> None:
+        self.count += 1
+        if len(self.kept) < MAX_REPORTED:
+            self.kept.append(bad)
+
+    def check(self) -> None:
+        if not self.count:
+            return
+        lines = [f"{self.filename}: {b.where}: {b.message}" for b in self.kept]
+        more = self.count - len(self.kept)
+        if more:
+            lines.append(f"and {more} more bad record(s)")
+        first = self.kept[0]
+        # the first problem's place at the top (as a single problem always had it), every
+        # one in `errors`
+        raise Invalid("; ".join(lines), file=self.filename, field="file", **first.loc,
+                      errors=[{"field": "file", "where": b.where, "message": b.message,
+                               **b.loc} for b in self.kept],
+                      error_count=self.count)
 
 
 def normalise(text: str) -> str:
@@ -84,14 +143,53 @@ def _decode(filename: str, data: bytes) -> str:
 def json_safe(value: Any) -> Any:
     """`value` with every non-finite float (NaN, inf: what 1e400 parses to) replaced by None,
     in nested dicts and lists too: json.dumps would write them as the non-JSON tokens NaN and
-    Infinity, and PostgreSQL's json type refuses them."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    return value
+    Infinity, and PostgreSQL's json type refuses them. Iterative, so that no nesting depth can
+    exhaust Python's recursion (an upload's is bounded anyway: MAX_META_DEPTH)."""
+    def leaf(v: Any) -> Any:
+        return v if not isinstance(v, float) or math.isfinite(v) else None
+
+    if not isinstance(value, dict | list | tuple):
+        return leaf(value)
+    root: dict[Any, Any] | list[Any] = {} if isinstance(value, dict) else []
+    stack: list[tuple[Any, dict[Any, Any] | list[Any]]] = [(value, root)]
+    while stack:
+        source, target = stack.pop()
+        items = source.items() if isinstance(source, dict) else enumerate(source)
+        for key, item in items:
+            if isinstance(item, dict | list | tuple):
+                child: dict[Any, Any] | list[Any] = {} if isinstance(item, dict) else []
+                stack.append((item, child))
+            else:
+                child = leaf(item)
+            if isinstance(target, dict):
+                target[key] = child
+            else:
+                target.append(child)
+    return root
+
+
+def nesting_depth(value: Any, limit: int = MAX_META_DEPTH) -> int:
+    """How deeply `value`'s dicts and lists nest (a scalar: 0, `{"a": [1]}`: 2), counted
+    without recursion; stops counting past `limit` (returns limit + 1)."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if not isinstance(item, dict | list | tuple):
+            continue
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return limit + 1
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _meta_problem(meta: dict[str, Any]) -> str | None:
+    # the record's own object is a level: its metadata may nest MAX_META_DEPTH - 1 more
+    if nesting_depth(meta) > MAX_META_DEPTH:
+        return f"metadata nested deeper than {MAX_META_DEPTH} levels"
+    return None
 
 
 def _meta_value(value: Any) -> Any:
@@ -104,23 +202,27 @@ def _meta_value(value: Any) -> Any:
         return str(value)
 
 
-def _parse_txt(filename: str, text: str) -> tuple[list[ParsedPrompt], int]:
-    out: list[ParsedPrompt] = []
-    blank = 0
-    for i, line in enumerate(text.splitlines(), 1):
+def _parse_txt(filename: str, text: str, counts: _Counts) -> Records:
+    # "\n" alone ends a line (a "\r" before it is dropped): str.splitlines() would also split
+    # at U+2028, form feeds and the \x1c-\x1e separators, making one line two prompts and every
+    # later line number wrong
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the last line's terminator, not a blank line
+    for i, line in enumerate(lines, 1):
+        line = line.removesuffix("\r")
         if line.strip():
-            out.append(ParsedPrompt(line, None, f"line {i}"))
+            yield ParsedPrompt(line, None, f"line {i}", {"line": i})
         else:
-            blank += 1
-    return out, blank
+            counts.blank += 1
 
 
-def _parse_csv(filename: str, text: str) -> tuple[list[ParsedPrompt], int]:
+def _parse_csv(filename: str, text: str, counts: _Counts) -> Records:
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     try:
         header = next(reader)
     except StopIteration:
-        return [], 0
+        return
     except csv.Error as exc:
         raise Invalid(f"{filename}: line 1: malformed CSV header ({exc})", file=filename, line=1) from None
     header = [h.strip() for h in header]
@@ -131,34 +233,47 @@ def _parse_csv(filename: str, text: str) -> tuple[list[ParsedPrompt], int]:
             line=1,
         )
     col = header.index("prompt")
-    out: list[ParsedPrompt] = []
-    row_no = blank = 0
+    row_no = 0
     while True:
         try:
             row = next(reader)
         except StopIteration:
             break
-        except csv.Error as exc:
-            raise Invalid(
-                f"{filename}: line {reader.line_num}: malformed CSV ({exc})",
-                file=filename,
-                line=reader.line_num,
-            ) from None
+        except csv.Error as exc:  # the reader goes on at the next line
+            yield BadRecord(f"line {reader.line_num}", f"malformed CSV ({exc})",
+                            {"line": reader.line_num})
+            continue
         if not row:  # an empty line: the csv module gives no fields at all
-            blank += 1
+            counts.blank += 1
             continue
         row_no += 1
+        where, loc = f"line {reader.line_num} (row {row_no})", {"line": reader.line_num,
+                                                                 "row": row_no}
         if len(row) != len(header):
-            raise Invalid(
-                f"{filename}: line {reader.line_num} (row {row_no}): malformed row: expected "
-                f"{len(header)} fields, got {len(row)}",
-                file=filename,
-                line=reader.line_num,
-                row=row_no,
-            )
+            yield BadRecord(where, f"malformed row: expected {len(header)} fields, got "
+                                   f"{len(row)}", loc)
+            continue
         meta = {k: v for i, (k, v) in enumerate(zip(header, row, strict=True)) if i != col}
-        out.append(ParsedPrompt(row[col], meta or None, f"line {reader.line_num} (row {row_no})"))
-    return out, blank
+        yield ParsedPrompt(row[col], meta or None, where, loc)
+
+
+def _record(obj: Any, where: str, loc: dict[str, Any], *, strings: bool = False
+            ) -> ParsedPrompt | BadRecord:
+    """One JSON record: an object with a string "prompt" (other keys: its metadata), or, with
+    `strings`, a bare string."""
+    if strings and isinstance(obj, str):
+        return ParsedPrompt(obj, None, where, loc)
+    if not isinstance(obj, dict):
+        return BadRecord(where, "expected a string or an object with a 'prompt' key" if strings
+                         else "expected a JSON object", loc)
+    if "prompt" not in obj:
+        return BadRecord(where, "missing key 'prompt'", loc)
+    prompt = obj.pop("prompt")
+    if not isinstance(prompt, str):
+        return BadRecord(where, "'prompt' must be a string", loc)
+    if (problem := _meta_problem(obj)) is not None:
+        return BadRecord(where, problem, loc)
+    return ParsedPrompt(prompt, json_safe(obj) or None, where, loc)
 
 
 # JSON text holds no raw CR or LF, but may hold U+2028 and friends, which str.splitlines()
@@ -166,39 +281,27 @@ def _parse_csv(filename: str, text: str) -> tuple[list[ParsedPrompt], int]:
 _JSONL_LINE = re.compile(r"\r\n|\r|\n")
 
 
-def _parse_jsonl(filename: str, text: str) -> tuple[list[ParsedPrompt], int]:
-    out: list[ParsedPrompt] = []
-    blank = 0
+def _parse_jsonl(filename: str, text: str, counts: _Counts) -> Records:
     lines = _JSONL_LINE.split(text)
     if lines and lines[-1] == "":
         lines.pop()  # the last line's terminator, not a blank line
     for i, line in enumerate(lines, 1):
+        where, loc = f"line {i}", {"line": i}
         if not line.strip():
-            blank += 1
+            counts.blank += 1
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise Invalid(
-                f"{filename}: line {i}: malformed JSON ({exc.msg} at column {exc.colno})",
-                file=filename,
-                line=i,
-            ) from None
+            yield BadRecord(where, f"malformed JSON ({exc.msg} at column {exc.colno})", loc)
+            continue
         except (ValueError, RecursionError) as exc:  # an int of > 4300 digits; deep nesting
-            raise Invalid(f"{filename}: line {i}: malformed JSON ({exc})", file=filename,
-                          line=i) from None
-        if not isinstance(obj, dict):
-            raise Invalid(f"{filename}: line {i}: expected a JSON object", file=filename, line=i)
-        if "prompt" not in obj:
-            raise Invalid(f"{filename}: line {i}: missing key 'prompt'", file=filename, line=i)
-        prompt = obj.pop("prompt")
-        if not isinstance(prompt, str):
-            raise Invalid(f"{filename}: line {i}: 'prompt' must be a string", file=filename, line=i)
-        out.append(ParsedPrompt(prompt, json_safe(obj) or None, f"line {i}"))
-    return out, blank
+            yield BadRecord(where, f"malformed JSON ({exc})", loc)
+            continue
+        yield _record(obj, where, loc)
 
 
-def _parse_json(filename: str, text: str) -> tuple[list[ParsedPrompt], int]:
+def _parse_json(filename: str, text: str, counts: _Counts) -> Records:
     """One JSON array, as HPDv2 and HPSv2's benchmark publish their prompt sets: strings
     (the benchmark's per-style test files) or objects with a "prompt" key (HPDv2's
     train.json / test.json, whose other keys - image paths, preference ranks - are kept as
@@ -213,27 +316,12 @@ def _parse_json(filename: str, text: str) -> tuple[list[ParsedPrompt], int]:
     if not isinstance(items, list):
         raise Invalid(f"{filename}: expected a JSON array of prompts (strings or objects with "
                       f"a 'prompt' key), got a {type(items).__name__}", file=filename)
-    out: list[ParsedPrompt] = []
     for i, item in enumerate(items, 1):
         where = f"item {i}"
-        if isinstance(item, str):
-            out.append(ParsedPrompt(item, None, where))
-            continue
-        if not isinstance(item, dict):
-            raise Invalid(f"{filename}: {where}: expected a string or an object with a "
-                          f"'prompt' key", file=filename, where=where)
-        if "prompt" not in item:
-            raise Invalid(f"{filename}: {where}: missing key 'prompt'", file=filename,
-                          where=where)
-        prompt = item.pop("prompt")
-        if not isinstance(prompt, str):
-            raise Invalid(f"{filename}: {where}: 'prompt' must be a string", file=filename,
-                          where=where)
-        out.append(ParsedPrompt(prompt, json_safe(item) or None, where))
-    return out, 0
+        yield _record(item, where, {"where": where}, strings=True)
 
 
-def _parse_parquet(filename: str, data: bytes) -> tuple[list[ParsedPrompt], int]:
+def _parse_parquet(filename: str, data: bytes, counts: _Counts) -> Records:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -241,71 +329,91 @@ def _parse_parquet(filename: str, data: bytes) -> tuple[list[ParsedPrompt], int]
         table = pq.read_table(io.BytesIO(data))
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise Invalid(f"{filename}: not a readable parquet file ({exc})", file=filename) from None
-    if "prompt" not in table.column_names:
+    names = table.column_names
+    if "prompt" not in names:
         raise Invalid(
-            f"{filename}: missing column 'prompt' (columns: {', '.join(table.column_names) or 'none'})",
+            f"{filename}: missing column 'prompt' (columns: {', '.join(names) or 'none'})",
             file=filename,
         )
-    if not (pa.types.is_string(table.schema.field("prompt").type)
-            or pa.types.is_large_string(table.schema.field("prompt").type)):
-        raise Invalid(
-            f"{filename}: column 'prompt' must hold strings, not {table.schema.field('prompt').type}",
-            file=filename,
-        )
-    out: list[ParsedPrompt] = []
-    for i, rec in enumerate(table.to_pylist(), 1):
-        prompt = rec.pop("prompt")
-        meta = {k: _meta_value(v) for k, v in rec.items()}
-        out.append(ParsedPrompt(prompt if prompt is not None else "", meta or None, f"row {i}"))
-    return out, 0
+    prompt_type = table.schema.field("prompt").type
+    if not (pa.types.is_string(prompt_type) or pa.types.is_large_string(prompt_type)):
+        raise Invalid(f"{filename}: column 'prompt' must hold strings, not {prompt_type}",
+                      file=filename, column="prompt")
+    columns: dict[str, list[Any]] = {}
+    for index, name in enumerate(names):  # by index: a repeated metadata name is no error
+        try:
+            columns[name] = table.column(index).to_pylist()
+        except (pa.ArrowException, ValueError, OverflowError, LookupError) as exc:
+            # a date or timestamp outside Python's years 1-9999, say, or an unknown time zone
+            raise Invalid(f"{filename}: column {name!r} holds values that cannot be read "
+                          f"({type(exc).__name__}: {exc}); drop the column or cast it to "
+                          "strings", file=filename, column=name) from None
+    prompts = columns.pop("prompt")
+    for i, prompt in enumerate(prompts):
+        where = f"row {i + 1}"
+        meta = {k: _meta_value(v[i]) for k, v in columns.items()}
+        if (problem := _meta_problem(meta)) is not None:
+            yield BadRecord(where, problem, {"row": i + 1})
+            continue
+        yield ParsedPrompt(prompt if prompt is not None else "", meta or None, where,
+                           {"row": i + 1})
+
+
+_PARSERS: dict[str, Callable[[str, str, _Counts], Records]] = {
+    "txt": _parse_txt, "csv": _parse_csv, "jsonl": _parse_jsonl, "json": _parse_json}
+
+
+def _prompt_problem(norm: str, max_prompt_length: int) -> str | None:
+    if not norm:
+        return "empty prompt"
+    if "\x00" in norm:
+        return "prompt contains a NUL character"
+    if len(norm) > max_prompt_length:
+        return (f"prompt too long ({len(norm)} characters, the limit is "
+                f"{max_prompt_length})")
+    return None
 
 
 def parse_upload(filename: str, data: bytes, *, max_prompt_length: int,
                  max_bytes: int) -> ParsedUpload:
-    """Parse and check an upload: its unique prompts, duplicates dropped, blank lines skipped."""
+    """Parse and check an upload: its unique prompts, duplicates dropped, blank lines skipped.
+    Every bad record is reported at once (Invalid, `errors` listing them)."""
     fmt = detect_format(filename)
     if len(data) > max_bytes:
         raise PayloadTooLarge(
             f"{filename}: file is larger than the limit of {max_bytes} bytes", file=filename
         )
-    if fmt == "parquet":
-        parsed, blank = _parse_parquet(filename, data)
-    else:
-        text = _decode(filename, data)
-        parsed, blank = {"txt": _parse_txt, "csv": _parse_csv,
-                         "jsonl": _parse_jsonl,
-                         "json": _parse_json}[fmt](filename, text)
+    counts = _Counts()
+    records = (_parse_parquet(filename, data, counts) if fmt == "parquet"
+               else _PARSERS[fmt](filename, _decode(filename, data), counts))
+    report = _Report(filename)
     unique: list[ParsedPrompt] = []
     seen: set[str] = set()
-    for p in parsed:
-        norm = normalise(p.text)
-        if not norm:
-            raise Invalid(f"{filename}: {p.where}: empty prompt", file=filename, where=p.where)
-        if "\x00" in norm:
-            raise Invalid(f"{filename}: {p.where}: prompt contains a NUL character", file=filename,
-                          where=p.where)
-        if len(norm) > max_prompt_length:
-            raise Invalid(
-                f"{filename}: {p.where}: prompt too long ({len(norm)} characters, the limit is "
-                f"{max_prompt_length})",
-                file=filename,
-                where=p.where,
-            )
-        if norm in seen:
+    total = 0
+    for record in records:
+        if isinstance(record, BadRecord):
+            report.add(record)
+            continue
+        total += 1
+        norm = normalise(record.text)
+        if (problem := _prompt_problem(norm, max_prompt_length)) is not None:
+            report.add(BadRecord(record.where, problem, record.loc))
+            continue
+        if report.count or norm in seen:  # nothing will be imported: keep no more prompts
             continue
         seen.add(norm)
-        p.text = norm
-        unique.append(p)
+        record.text = norm
+        unique.append(record)
+    report.check()
     if not unique:
         raise Invalid(f"{filename}: no prompts found", file=filename)
-    return ParsedUpload(fmt, unique, len(parsed) - len(unique), blank)
+    return ParsedUpload(fmt, unique, total - len(unique), counts.blank)
 
 
 def dataset_name(filename: str, name: str | None) -> str:
     """The name a dataset gets: the given one, else the file's stem."""
     name = (name or "").strip() or PurePath(filename).stem or "dataset"
-    if "\x00" in name:  # PostgreSQL refuses it; SQLite would store a name nobody can type
-        raise Invalid("name: must not contain NUL characters", field="name")
+    refuse_nul("name", name)
     return name[:NAME_LENGTH]
 
 
@@ -398,9 +506,8 @@ def list_prompts(session: Session, *, dataset_id: int | None = None, split: str 
         stmt = stmt.where(Prompt.dataset_id == dataset_id)
     if split is not None:
         stmt = stmt.where(Prompt.split == split)
-    if q and "\x00" in q:
-        # SQLite ends the pattern at the NUL (so it matched everything), PostgreSQL refuses it
-        raise Invalid("q: must not contain NUL characters", field="q")
+    # SQLite ends the pattern at the NUL (so it matched everything), PostgreSQL refuses it
+    refuse_nul("q", q)
     if q:
         # LIKE wildcards in q are text to find, not patterns
         escaped = q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

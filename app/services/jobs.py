@@ -42,6 +42,7 @@ from app.errors import Conflict, Invalid, NotFound
 from app.job_kinds import KIND_NAMES, KINDS
 from app.limits import MAX_ID, NAME_LENGTH
 from app.models import Checkpoint, Dataset, Job, JobMetric, Prompt, User, utcnow
+from app.schemas import validation_message
 from app.services import auth, storage, workers
 
 log = logging.getLogger(__name__)
@@ -55,14 +56,16 @@ Enqueuer = Callable[[int, str], None]
 Problems = list[tuple[str, str]]  # (field, message), every one found
 
 
-def _train_config(config: dict[str, Any], preset: str | None, problems: Problems
-                  ) -> dict[str, Any]:
+def _train_config(config: dict[str, Any], preset: str | None, top: Problems,
+                  problems: Problems) -> dict[str, Any]:
+    """The train config `preset` and `config` make; a bad preset goes to `top` (a field of
+    the request), the config's own problems to `problems`."""
     from trainer.config import PRESETS, ConfigErrors, TrainConfig
 
     data: dict[str, Any] = {}
     if preset:
         if preset not in PRESETS:
-            problems.append(("preset", f"unknown preset {preset!r}; one of {list(PRESETS)}"))
+            top.append(("preset", f"unknown preset {preset!r}; one of {list(PRESETS)}"))
         else:
             data.update(PRESETS[preset])
     data.update(config)
@@ -82,7 +85,7 @@ def _kind_config(kind: str, config: dict[str, Any], problems: Problems) -> dict[
         for err in exc.errors():
             name = ".".join(str(p) for p in err["loc"][:1]) or "config"
             where = ".".join(str(p) for p in err["loc"][1:])
-            problems.append((name, f"{where + ': ' if where else ''}{err['msg']}"))
+            problems.append((name, f"{where + ': ' if where else ''}{validation_message(err)}"))
     return dict(config)  # the server's own checks still run on it
 
 
@@ -347,54 +350,59 @@ def preference_problem(session: Session, spec: str) -> str | None:
     """Why the preference model a train config names cannot be loaded, or None."""
     from app.services import preference as pref_svc
 
-    spec = spec.strip()
-    if spec in ("", "latest"):
+    parsed = pref_svc.parse_spec(spec)
+    if parsed.kind == "latest":
         if pref_svc.latest_model(session) is None:
             return ("reward_weights has 'preference' but no preference model has been fitted "
                     "yet: run a fit_preference job first")
         return None
-    if spec.lstrip("v").isdigit():
-        version = int(spec.lstrip("v"))
+    if parsed.kind == "version":
         try:
-            if version <= MAX_ID:
-                pref_svc.get_model(session, version)
-                return None
+            pref_svc.get_model(session, parsed.version)
+            return None
         except NotFound:
-            pass
-        return f"preference model version {spec!r} not found"
+            return f"preference model version {spec.strip()!r} not found"
     from trainer.models import weights_problem
 
     try:
-        path = storage.job_path(spec)
+        path = storage.job_path(parsed.path)
     except ValueError as exc:
         return f"must be '', 'latest', 'vN' or a path: {exc}"
     return weights_problem("preference", path, weight_format="preference-model")
 
 
 def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
-                    preset: str | None = None) -> dict[str, Any]:
+                    preset: str | None = None, *, dataset_id: int | None = None
+                    ) -> dict[str, Any]:
     """The full validated config of a job (defaults filled in). Everything a worker would
     reject is rejected here, every problem at once: Invalid whose `errors` lists
-    {field, message} for each (and `field` names the first)."""
+    {field, message} for each (and `field` names the first). `dataset_id` is the request's
+    own (beside the config: a train job's dataset), checked with the rest."""
     if kind not in KINDS:
         raise Invalid(f"kind must be one of {list(KIND_NAMES)}, got {kind!r}", field="kind")
     if config is not None and not isinstance(config, dict):
         raise Invalid("config: must be a JSON object", field="config")
     config = dict(config or {})
-    problems: Problems = []
+    top: Problems = []  # the request's own fields (preset, dataset_id): reported first
+    problems: Problems = []  # the config's
     if KINDS[kind].config is None:
-        out = _train_config(config, preset, problems)
+        out = _train_config(config, preset, top, problems)
     else:
         if preset:
-            problems.append(("preset", f"presets exist only for train jobs, not {kind}"))
+            top.append(("preset", f"presets exist only for train jobs, not {kind}"))
         out = _kind_config(kind, config, problems)
+    # the request's dataset: a train job's, or another kind's when its config names none
+    if dataset_id is not None and (kind == "train" or out.get("dataset_id") is None) and (
+            not 1 <= dataset_id <= MAX_ID or session.get(Dataset, dataset_id) is None):
+        top.append(("dataset_id", f"dataset {dataset_id} not found"))
     _check_model(session, kind, out, problems)
     _check_paths_and_names(session, kind, out, problems)
-    if problems:
-        errors = [{"field": f, "message": m} for f, m in problems]
-        summary = "; ".join(f"config.{f}: {m}" if f != "preset" else f"{f}: {m}"
-                            for f, m in problems)
-        raise Invalid(summary, field=problems[0][0], errors=errors)
+    if top or problems:
+        everything = top + problems
+        errors = [{"field": f, "message": m} for f, m in everything]
+        summary = "; ".join([*(f"{f}: {m}" for f, m in top),
+                             *(f"config.{f}: {m}" for f, m in problems)])
+        raise Invalid(summary, field=everything[0][0], errors=errors)
     return out
 
 
@@ -403,11 +411,9 @@ def create_job(session: Session, kind: str, config: dict[str, Any] | None = None
                preset: str | None = None, dataset_id: int | None = None,
                user: User | None = None) -> Job:
     """Validate and write a queued job (flush, no commit). Enqueue after the commit."""
-    full = validate_config(session, kind, config, preset)
+    full = validate_config(session, kind, config, preset, dataset_id=dataset_id)
     ds = full.get("dataset_id") if kind != "train" else None
-    ds = ds if ds is not None else dataset_id
-    if ds is not None and session.get(Dataset, ds) is None:
-        raise Invalid(f"dataset_id: dataset {ds} not found", field="dataset_id")
+    ds = ds if ds is not None else dataset_id  # validate_config found it
     total = full.get("iterations") if kind == "train" else None
     job = Job(kind=kind, status="queued", config=full, dataset_id=ds,
               created_by_id=user.id if user else None, total_iterations=total)

@@ -9,14 +9,41 @@ sample's score with `set_scores`. Functions take a Session first and flush; no c
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, aliased
 
 from app.errors import NotFound
+from app.limits import MAX_ID
 from app.models import PreferenceModelRow, RolloutGroup, Sample, Vote
+
+# ASCII digits only: str.isdigit() is also true of "²" and other digits int() refuses
+_VERSION = re.compile(r"v?([0-9]+)")
+
+
+@dataclass(frozen=True)
+class PreferenceSpec:
+    """What a train config's `preference_model` names: the newest fitted model, version N,
+    or a safetensors file (a path, resolved by `storage.job_path`)."""
+
+    kind: Literal["latest", "version", "path"]
+    version: int = 0  # kind "version"
+    path: str = ""  # kind "path"
+
+
+def parse_spec(spec: str) -> PreferenceSpec:
+    """The one reading of `preference_model` (submission and the worker both use it): "" or
+    "latest" -> the newest model; "vN" or "N" (ASCII digits) -> version N; else a path."""
+    spec = spec.strip()
+    if spec in ("", "latest"):
+        return PreferenceSpec("latest")
+    if (match := _VERSION.fullmatch(spec)) is not None:
+        return PreferenceSpec("version", version=int(match.group(1)))
+    return PreferenceSpec("path", path=spec)
 
 
 def list_models(session: Session, limit: int = 100, offset: int = 0
@@ -34,6 +61,8 @@ def latest_model(session: Session) -> PreferenceModelRow | None:
 
 
 def get_model(session: Session, version: int) -> PreferenceModelRow:
+    if not 1 <= version <= MAX_ID:  # no such row, and PostgreSQL would refuse the query
+        raise NotFound(f"preference model v{version} not found")
     row = session.scalar(select(PreferenceModelRow).where(PreferenceModelRow.version == version))
     if row is None:
         raise NotFound(f"preference model v{version} not found")

@@ -37,6 +37,37 @@ def resolve(rel_path: str, root: Path | None = None) -> Path:
     return full
 
 
+# Linux's limits (NAME_MAX, PATH_MAX): a longer name part or path makes every file-system call
+# on it fail with ENAMETOOLONG, so such a value is refused up front with the limits named
+NAME_MAX = 255
+PATH_MAX = 4096
+
+
+def _length_problem(value: str) -> str | None:
+    """Why `value` cannot name a file on this system at all (a name part or the whole path
+    too long, counted in bytes as the file system counts them), or None."""
+    try:
+        encoded = os.fsencode(value)
+    except UnicodeError:  # a lone surrogate: no file can have that name
+        return "must be a path of valid Unicode text"
+    if len(encoded) >= PATH_MAX:
+        return f"is too long: a path has at most {PATH_MAX - 1} bytes, got {len(encoded)}"
+    longest = max((len(part) for part in encoded.split(b"/")), default=0)
+    if longest > NAME_MAX:
+        return (f"has a name part too long: at most {NAME_MAX} bytes between slashes, got "
+                f"{longest}")
+    return None
+
+
+def _is(full: Path, want: str) -> bool:
+    """Whether `full` is a file (`want="file"`) or a directory; False when the file system
+    cannot say (a path grown too long after symlinks, no permission)."""
+    try:
+        return full.is_file() if want == "file" else full.is_dir()
+    except OSError:
+        return False
+
+
 def job_path(value: str, *, want: str = "file") -> Path:
     """The file (or directory, `want="dir"`) a job config names by path: absolute, or relative
     to STORAGE_DIR (then MODELS_DIR), and in every case inside one of those two, so that a job
@@ -46,14 +77,15 @@ def job_path(value: str, *, want: str = "file") -> Path:
     allowed = f"a {want} under STORAGE_DIR ({roots[0]}) or MODELS_DIR ({roots[1]})"
     if not value.strip() or "\x00" in value:
         raise ValueError(f"must name {allowed}")
+    if (problem := _length_problem(value)) is not None:
+        raise ValueError(f"{problem}; must name {allowed}")
     given = Path(value)
     for candidate in [given] if given.is_absolute() else [root / given for root in roots]:
         try:
             full = candidate.resolve()  # symlinks followed: one that leaves the roots is out
         except (OSError, RuntimeError):
             continue
-        if any(full.is_relative_to(root) for root in roots) and (
-                full.is_file() if want == "file" else full.is_dir()):
+        if any(full.is_relative_to(root) for root in roots) and _is(full, want):
             return full
     raise ValueError(f"{value!r} is not {allowed}")
 
@@ -67,6 +99,8 @@ def model_dir(value: str) -> Path:
     allowed = f"a directory under MODELS_DIR ({root})"
     if not value.strip() or "\x00" in value:
         raise ValueError(f"must name {allowed}")
+    if (problem := _length_problem(value)) is not None:
+        raise ValueError(f"{problem}; must name {allowed}")
     given = Path(value)
     try:
         full = (given if given.is_absolute() else root / given).resolve()  # symlinks followed
@@ -74,6 +108,8 @@ def model_dir(value: str) -> Path:
         raise ValueError(f"{value!r} is not {allowed}") from None
     if full == root or not full.is_relative_to(root):
         raise ValueError(f"{value!r} is not {allowed}")
+    if (problem := _length_problem(str(full))) is not None:  # MODELS_DIR and the value together
+        raise ValueError(f"{problem} (as {root}/...); must name {allowed}")
     return full
 
 
@@ -87,6 +123,8 @@ def reward_model_dir(value: str) -> Path:
     allowed = f"a directory under REWARD_MODELS_DIR ({roots[0]}) or MODELS_DIR ({roots[1]})"
     if not value.strip() or "\x00" in value:
         raise ValueError(f"must name {allowed}")
+    if (problem := _length_problem(value)) is not None:
+        raise ValueError(f"{problem}; must name {allowed}")
     given = Path(value)
     candidates = [given] if given.is_absolute() else [root / given for root in roots]
     resolved = []
@@ -95,8 +133,10 @@ def reward_model_dir(value: str) -> Path:
             full = candidate.resolve()  # symlinks followed: one that leaves the roots is out
         except (OSError, RuntimeError):
             continue
+        if _length_problem(str(full)) is not None:  # the root and the value together
+            continue
         if any(full != root and full.is_relative_to(root) for root in roots):
-            if full.is_dir():
+            if _is(full, "dir"):
                 return full
             resolved.append(full)
     if resolved:  # inside a root but not there (yet): the reward's check names its files

@@ -45,8 +45,10 @@ def build_ui(enqueuer: Enqueuer | None = None) -> gr.Blocks:
                 ("annotators", "Annotators", build_annotators),
             ]:
                 with gr.Tab(title, id=key, elem_id=f"tab-{key}", visible=False) as tab:
-                    if key == "annotators":  # re-reads its numbers whenever it is shown
-                        build_annotators(user, tab)
+                    # these re-read whenever shown: the annotators' numbers, the arena's pair
+                    # (if "No pairs left" was showing)
+                    if key in ("arena", "annotators"):
+                        builder(user, tab)
                     else:
                         builder(user)
                 pages[key] = tab
@@ -64,6 +66,16 @@ def mount(app: FastAPI) -> FastAPI:
     settings = get_settings()
     blocked = {str(settings.data_dir.resolve()), str(settings.resolved_storage_dir)}
     ui = build_ui(enqueuer=getattr(app.state, "enqueuer", None))
-    return gr.mount_gradio_app(app, ui, path=PATH, css=CSS, head=HEAD,
-                               blocked_paths=sorted(blocked), footer_links=[],
-                               theme=gr.themes.Default())
+    mounted = gr.mount_gradio_app(app, ui, path=PATH, css=CSS, head=HEAD,
+                                  blocked_paths=sorted(blocked), footer_links=[],
+                                  theme=gr.themes.Default(),
+                                  # Gradio's /upload (and every route it sizes) refuses more
+                                  # than the API's dataset upload takes
+                                  max_file_size=settings.max_upload_bytes)
+    # Gradio checks that a file named in an event's payload was uploaded (is in its upload
+    # folder) only once the Blocks "has launched", which `launch()` records and a mounted app
+    # never does: without this, {"path": "/any/file"} in a queue/join payload is copied into
+    # the upload folder and handed to the handler as if the user had uploaded it
+    # (tests/app/test_ui_security.py drives that payload through the mounted Blocks).
+    ui.has_launched = True
+    return mounted

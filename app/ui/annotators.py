@@ -6,11 +6,14 @@ re-read whenever the page is shown, so an annotator's own vote count is current 
 
 from __future__ import annotations
 
+from typing import Any
+
 import gradio as gr
 
+from app.errors import BadRequest
 from app.services import annotators as svc
 from app.services import auth
-from app.ui.common import Raw, caller, error_text, esc, notice, session, table
+from app.ui.common import Raw, admin_or_none, caller, error_text, esc, notice, session, table
 
 
 def _pct(x: float | None, n: int) -> str:
@@ -48,7 +51,7 @@ def set_excluded(user_state: dict | None, user_id: int | None, excluded: bool) -
     try:
         caller(user_state, "admin")
         if not user_id:
-            raise ValueError("pick an annotator")
+            raise BadRequest("pick an annotator")
         with session() as s:
             changed = svc.set_excluded(s, int(user_id), bool(excluded))
         verb = "excluded" if excluded else "included again"
@@ -99,13 +102,32 @@ def revoke_account(user_state: dict | None, user_id: int | None) -> str:
     try:
         admin = caller(user_state, "admin")
         if not user_id:
-            raise ValueError("pick a user")
+            raise BadRequest("pick a user")
         with session() as s:
             n = auth.revoke_user(s, int(user_id), by=admin)
     except Exception as exc:  # noqa: BLE001
         return notice(error_text(exc), "error")
     return notice(f"User #{user_id} can no longer log in ({n} token(s) revoked; their votes "
                   "stay).", "ok")
+
+
+def on_login(user_state: dict | None) -> tuple[Any, ...]:
+    """The page for whoever is logged in, re-authenticated each time it is shown (the role is
+    the server's, never the one the session state claims): an admin's switches and accounts,
+    an annotator's own row; a revoked or unknown token gets an error and no admin parts.
+    Outputs: stats, admin row, annotator picker, accounts column, users list, revoke picker."""
+    hidden = (gr.Row(visible=False), gr.skip(), gr.Column(visible=False), "", gr.skip())
+    if not (user_state or {}).get("token"):
+        return ("", *hidden)
+    try:
+        admin = admin_or_none(user_state) is not None
+    except Exception as exc:  # noqa: BLE001 - shown to the user
+        return (notice(error_text(exc), "error"), *hidden)
+    if not admin:
+        return (stats_html(user_state), *hidden)
+    return (stats_html(user_state), gr.Row(visible=True),
+            gr.Dropdown(choices=user_choices()), gr.Column(visible=True),
+            users_html(user_state), gr.Dropdown(choices=account_choices(user_state)))
 
 
 def build_annotators(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
@@ -131,15 +153,6 @@ def build_annotators(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
                 revoke_who = gr.Dropdown([], label="User", elem_id="users-revoke-pick", scale=2)
                 revoke = gr.Button("Revoke access", variant="stop", elem_id="users-revoke")
             revoked = gr.HTML(elem_id="users-revoked")
-
-        def on_login(user_state: dict | None):
-            admin = bool(user_state) and user_state.get("role") == "admin"
-            return (stats_html(user_state) if user_state else "",
-                    gr.Row(visible=admin),
-                    gr.Dropdown(choices=user_choices()) if admin else gr.skip(),
-                    gr.Column(visible=admin),
-                    users_html(user_state) if admin else "",
-                    gr.Dropdown(choices=account_choices(user_state)) if admin else gr.skip())
 
         shown = [out, admin_row, who, accounts, listing, revoke_who]
         user.change(on_login, user, shown, api_visibility="private")

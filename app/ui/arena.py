@@ -20,6 +20,7 @@ from typing import Any
 
 import gradio as gr
 
+from app.errors import BadRequest
 from app.models import OUTCOMES
 from app.services import rollouts, votes
 from app.ui.common import caller, error_text, esc, fmt, image_src, notice, session
@@ -28,6 +29,8 @@ from trainer.rewards.outcomes import Outcome
 # the key shown on each outcome's button (the page script in app.ui.common binds them)
 KEYS = {Outcome.A: "1", Outcome.B: "2", Outcome.TIE: "3", Outcome.BOTH_BAD: "4",
         Outcome.SKIP: "space"}
+# while no pair is on screen, how often the arena looks for one (new rollouts arrive)
+POLL_SECONDS = 5.0
 
 def new_arena_state() -> dict[str, Any]:
     return {"session_id": uuid.uuid4().hex, "current": None, "next": None,
@@ -66,12 +69,16 @@ def _side_text(d: dict[str, Any] | None) -> str:
 
 
 def reveal_html(last: dict[str, Any] | None) -> str:
+    """The sources of the pair just judged. It shows under the next pair, so it says that it
+    is about the previous one and names that pair's prompt."""
     if not last:
         return ""
     a, b = last["sources"].get(str(last["a_id"])), last["sources"].get(str(last["b_id"]))
-    return (f'<div class="ngs-reveal" data-vote="{last["vote_id"]}">You chose '
-            f'<b>{esc(Outcome(last["outcome"]).label)}</b>. A: {_side_text(a)} &middot; '
-            f'B: {_side_text(b)}</div>')
+    prompt = last.get("prompt")
+    about = f" (&ldquo;{esc(prompt)}&rdquo;)" if prompt else ""
+    return (f'<div class="ngs-reveal" data-vote="{last["vote_id"]}"><b>Previous pair</b>'
+            f'{about}: you chose <b>{esc(Outcome(last["outcome"]).label)}</b>. '
+            f'A: {_side_text(a)} &middot; B: {_side_text(b)}</div>')
 
 
 def counters_html(state: dict[str, Any]) -> str:
@@ -82,12 +89,18 @@ def counters_html(state: dict[str, Any]) -> str:
             f"</div>")
 
 
+def _poll(state: dict[str, Any] | None) -> gr.Timer:
+    """The arena's timer runs while no pair is on screen, so that new rollouts show up."""
+    return gr.Timer(active=bool(state) and state.get("current") is None)
+
+
 def load(user_state: dict | None, arena: dict | None):
-    """Show a pair (on login or when the arena tab opens) and prefetch the next one."""
+    """Show a pair (on login, when the arena tab opens, and while none is on screen, every
+    POLL_SECONDS) and prefetch the next one. Outputs: pair, reveal, counters, state, timer."""
     try:
         user = caller(user_state)
     except Exception as exc:  # noqa: BLE001 - shown to the user
-        return notice(error_text(exc), "error"), "", "", arena
+        return notice(error_text(exc), "error"), "", "", arena, gr.Timer(active=False)
     state = arena if arena and arena.get("session_id") else new_arena_state()
     with session() as s:
         state["my_total"] = votes.count_votes(s, user.id)
@@ -98,25 +111,40 @@ def load(user_state: dict | None, arena: dict | None):
         cur = state["current"]
         state["next"] = _fetch_pair(user.id, [cur["a_id"], cur["b_id"]])
     state["shown_at"] = datetime.now(UTC).isoformat()
-    return pair_html(state["current"]), "", counters_html(state), state
+    return pair_html(state["current"]), "", counters_html(state), state, _poll(state)
+
+
+def poll(user_state: dict | None, arena: dict | None):
+    """The timer's tick: look for a pair if none is on screen (the reveal of a vote just made
+    stays). Outputs as `load`."""
+    if arena and arena.get("session_id") and arena.get("current") is not None:
+        return gr.skip(), gr.skip(), gr.skip(), arena, _poll(arena)
+    pair, _, counters, state, timer = load(user_state, arena)
+    return pair, gr.skip(), counters, state, timer
 
 
 def vote(outcome: str, meta: str, user_state: dict | None, arena: dict | None):
     """Record `outcome` for the pair on screen, show the prefetched pair at once (first yield),
-    then prefetch the one after it (second yield). Outputs: pair, reveal, counters, state."""
+    then prefetch the one after it (second yield). With no pair on screen, a vote (a click,
+    a key) looks for one instead. Outputs: pair, reveal, counters, state, timer."""
     try:
         user = caller(user_state)
         if outcome not in OUTCOMES:
-            raise ValueError(f"unknown outcome {outcome!r}")
+            raise BadRequest(f"unknown outcome {outcome!r}")
         info = json.loads(meta or "{}")
     except Exception as exc:  # noqa: BLE001 - shown to the user
-        yield gr.skip(), notice(error_text(exc), "error"), gr.skip(), arena
+        yield gr.skip(), notice(error_text(exc), "error"), gr.skip(), arena, gr.skip()
         return
     state = arena if arena and arena.get("session_id") else new_arena_state()
     cur = state.get("current")
-    if cur is None or info.get("nonce") != cur["nonce"]:
+    if cur is None:
+        # nothing on screen to judge ("No pairs left"): look again, new rollouts may be in
+        pair, _, counters, state, timer = load(user_state, state)
+        yield pair, gr.skip(), counters, state, timer
+        return
+    if info.get("nonce") != cur["nonce"]:
         # a repeat of a vote already handled (the pair has changed since): nothing to do
-        yield gr.skip(), gr.skip(), gr.skip(), state
+        yield gr.skip(), gr.skip(), gr.skip(), state, gr.skip()
         return
     shown_at = datetime.fromisoformat(state["shown_at"]) if state.get("shown_at") else None
     now = datetime.now(UTC)
@@ -133,23 +161,24 @@ def vote(outcome: str, meta: str, user_state: dict | None, arena: dict | None):
     except Exception as exc:  # noqa: BLE001 - e.g. the pair was judged in another tab
         state["current"], state["next"] = state.get("next"), None
         yield (pair_html(state["current"]), notice(error_text(exc), "error"),
-               counters_html(state), state)
+               counters_html(state), state, _poll(state))
         return
     if created:
         state["session_votes"] += 1
         state["my_total"] += 1
         state["all_total"] += 1
     state["last"] = {"vote_id": vote_id, "outcome": outcome, "a_id": cur["a_id"],
-                     "b_id": cur["b_id"], "sources": {str(k): v for k, v in sources.items()}}
+                     "b_id": cur["b_id"], "prompt": cur["prompt"],
+                     "sources": {str(k): v for k, v in sources.items()}}
     nxt = state.get("next")
     if nxt is None:
         nxt = _fetch_pair(user.id, [])
     state["current"], state["next"] = nxt, None
     state["shown_at"] = datetime.now(UTC).isoformat()
-    yield pair_html(nxt), reveal_html(state["last"]), counters_html(state), state
+    yield pair_html(nxt), reveal_html(state["last"]), counters_html(state), state, _poll(state)
     if nxt is not None:
         state["next"] = _fetch_pair(user.id, [nxt["a_id"], nxt["b_id"]])
-    yield gr.skip(), gr.skip(), gr.skip(), state
+    yield gr.skip(), gr.skip(), gr.skip(), state, gr.skip()
 
 
 def dispatch(meta: str, user_state: dict | None, arena: dict | None):
@@ -164,8 +193,9 @@ def dispatch(meta: str, user_state: dict | None, arena: dict | None):
 VOTE_JS = ("(meta, user, arena) => { const m = JSON.parse(window.ngsVoteMeta()); "
            "m.outcome = window.ngsOutcome || ''; return [JSON.stringify(m), user, arena]; }")
 
-def build_arena(user: gr.State) -> gr.Blocks:
-    """The arena page; `user` is the login state (`app.ui.login`)."""
+def build_arena(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
+    """The arena page; `user` is the login state (`app.ui.login`), `tab` the arena's tab
+    (opening it looks for a pair if none is shown)."""
     with gr.Blocks() as page:
         arena = gr.State(None)
         counters = gr.HTML(elem_id="arena-counters")
@@ -177,11 +207,19 @@ def build_arena(user: gr.State) -> gr.Blocks:
                        for outcome in Outcome]
         reveal = gr.HTML(elem_id="arena-reveal")
         meta = gr.Textbox(visible=False)
-        outputs = [pair, reveal, counters, arena]
+        timer = gr.Timer(POLL_SECONDS, active=False)
+        outputs = [pair, reveal, counters, arena, timer]
         gr.on([b.click for b in buttons], dispatch, inputs=[meta, user, arena],
               outputs=outputs, js=VOTE_JS, trigger_mode="once", show_progress="hidden",
               concurrency_limit=None, api_visibility="private")
         # a login (or a new token) shows the first pair
         user.change(load, inputs=[user, arena], outputs=outputs, show_progress="hidden",
                     api_visibility="private")
+        # "New rollouts will appear here": while no pair is shown, look again every few
+        # seconds and whenever the tab is opened
+        timer.tick(poll, inputs=[user, arena], outputs=outputs, show_progress="hidden",
+                   api_visibility="private")
+        if tab is not None:
+            tab.select(poll, inputs=[user, arena], outputs=outputs, show_progress="hidden",
+                       api_visibility="private")
     return page

@@ -11,18 +11,23 @@ from __future__ import annotations
 
 import base64
 import html
+import logging
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from gradio.utils import get_upload_folder
 from sqlalchemy.orm import Session
 
 from app import db
-from app.errors import ServiceError, Unauthorized
+from app.errors import BadRequest, ServiceError, Unauthorized
 from app.models import User
 from app.services import auth, storage
+
+log = logging.getLogger(__name__)
 
 # images at most this big are inlined as data URIs (no request, nothing to leak in a URL);
 # bigger ones load from /api/media with the session cookie set at login (app/api/media.py)
@@ -50,10 +55,62 @@ def caller(user_state: dict | None, *roles: str) -> User:
     return user
 
 
+def admin_or_none(user_state: dict | None) -> User | None:
+    """For handlers that fire for everyone (a login, a logout, a dropdown's focus): the caller
+    if the server says they are an admin, None if no one is logged in or they are not (the
+    page shows nothing then). The role in `user_state` is never trusted: a revoked or unknown
+    token raises Unauthorized, as `caller` does, so an open session of a revoked admin gets an
+    error rather than the data."""
+    if not (user_state or {}).get("token"):
+        return None
+    user = caller(user_state)
+    return user if user.role == "admin" else None
+
+
 def error_text(exc: Exception) -> str:
+    """What the page shows for an exception. A `ServiceError` (the services' typed errors, and
+    `BadRequest` for a user's mistake caught in a handler) is the user's to fix: its message
+    as it is. Anything else is a bug or the server's trouble: its text can name server paths
+    (an OSError's does), so it goes to the log and the page gets only its kind."""
     if isinstance(exc, ServiceError):
         return exc.message
-    return f"{type(exc).__name__}: {exc}"
+    log.error("unexpected error in a UI handler", exc_info=exc)
+    return (f"Something went wrong on the server ({type(exc).__name__}); "
+            "the server log has the details.")
+
+
+def whole_number(value: Any, label: str, minimum: int, maximum: int | None = None) -> int:
+    """A form's number as an int, or BadRequest naming the field and what it allows. Number
+    fields are built without `precision` so that 1.5 reaches this check instead of being
+    rounded to 2 on the way in."""
+    allowed = (f"{label}: a whole number from {minimum} to {maximum}" if maximum is not None
+               else f"{label}: a whole number from {minimum} up")
+    if value is None or not str(value).strip():
+        raise BadRequest(allowed)
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise BadRequest(f"{allowed}, got {str(value)[:40]!r}") from None
+    if not math.isfinite(x) or x != int(x) or x < minimum or (maximum is not None
+                                                             and x > maximum):
+        raise BadRequest(f"{allowed}, got {x:g}")
+    return int(x)
+
+
+def uploaded_file(value: str | None) -> Path:
+    """The file behind a `gr.File(type="filepath")` value, if Gradio's upload folder holds it
+    (symlinks resolved). The value comes from the client, which can name any path; anything
+    else is refused with a message that does not echo the path, and so is a missing file (an
+    outside path gets the same answer whether or not it exists)."""
+    if not value:
+        raise BadRequest("choose a file first")
+    root = Path(get_upload_folder()).resolve()
+    path = Path(value).resolve()
+    if not path.is_relative_to(root):
+        raise BadRequest("that file was not uploaded through this page: choose it again")
+    if not path.is_file():
+        raise BadRequest("the uploaded file is no longer on the server: choose it again")
+    return path
 
 
 def esc(value: Any) -> str:
@@ -96,29 +153,54 @@ def progress_bar(fraction: float | None, label: str = "", elem_class: str = "") 
             f'style="width:{pct:.1f}%"></div><span>{esc(label)}</span></div>')
 
 
+# the plots' 10px sans-serif tick labels: about this many pixels per character (digits and
+# "-" in the usual sans fonts), so the left margin fits the longest label, minus sign included
+TICK_CHAR_PX = 6.5
+LEGEND_ROW_PX = 13
+
+
 def line_plot(title: str, xs: Sequence[float], series: dict[str, Sequence[float | None]],
               band: tuple[Sequence[float | None], Sequence[float | None]] | None = None,
               width: int = 320, height: int = 160, elem_id: str = "") -> str:
     """A small inline SVG line plot (no JS, no network): one polyline per series and an
-    optional shaded band (e.g. mean ± std). `data-points` says how many x values it has."""
-    pad_l, pad_r, pad_t, pad_b = 44, 8, 20, 20
+    optional shaded band (e.g. mean ± std). `data-points` says how many x values it has.
+    A legend under the title names every series, a single one too (what the line is: the
+    title may name the plot, not the reward)."""
     values = [v for s in series.values() for v in s if v is not None]
     if band:
         values += [v for s in band for v in s if v is not None]
     colors = ["#2563eb", "#dc2626", "#16a34a", "#9333ea"]
-    head = (f'<svg class="ngs-plot" id="{esc(elem_id)}" data-points="{len(xs)}" '
-            f'viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
-            f'xmlns="http://www.w3.org/2000/svg"><text x="{pad_l}" y="13" class="ngs-plot-title">'
-            f'{esc(title)}</text>')
-    if not xs or not values:
-        return head + (f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" '
-                       f'class="ngs-plot-empty">no data yet</text></svg>')
-    x0, x1 = min(xs), max(xs)
-    y0, y1 = min(values), max(values)
-    if x1 == x0:
-        x1 = x0 + 1
+    # the legend: entries left to right under the title, wrapping to more rows as needed
+    legend, lx, rows = [], 8.0, 1
+    for k, name in enumerate(series):
+        w = 14 + TICK_CHAR_PX * len(name) + 10
+        if lx > 8 and lx + w > width - 8:
+            lx, rows = 8.0, rows + 1
+        y = 13 + LEGEND_ROW_PX * rows
+        color = colors[k % len(colors)]
+        legend.append(f'<g class="ngs-legend" data-series="{esc(name)}">'
+                      f'<line x1="{lx:.0f}" y1="{y - 3}" x2="{lx + 10:.0f}" y2="{y - 3}" '
+                      f'stroke="{color}" stroke-width="2"/><text x="{lx + 14:.0f}" y="{y}" '
+                      f'class="ngs-tick">{esc(name)}</text></g>')
+        lx += w
+    pad_t = 20 + (LEGEND_ROW_PX * rows if series else 0)
+    pad_r, pad_b = 8, 20
+    y0, y1 = (min(values), max(values)) if values else (0.0, 1.0)
     if y1 == y0:
         y0, y1 = y0 - 0.5, y1 + 0.5
+    lo_label, hi_label = (f"{y0:.3g}", f"{y1:.3g}") if xs and values else ("", "")
+    pad_l = max(30, round(8 + TICK_CHAR_PX * max(len(lo_label), len(hi_label))))
+    height = max(height, pad_t + pad_b + 60)
+    head = (f'<svg class="ngs-plot" id="{esc(elem_id)}" data-points="{len(xs)}" '
+            f'viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+            f'xmlns="http://www.w3.org/2000/svg"><text x="8" y="13" class="ngs-plot-title">'
+            f'{esc(title)}</text>' + "".join(legend))
+    if not xs or not values:
+        return head + (f'<text x="{width / 2}" y="{(pad_t + height) / 2}" text-anchor="middle" '
+                       f'class="ngs-plot-empty">no data yet</text></svg>')
+    x0, x1 = min(xs), max(xs)
+    if x1 == x0:
+        x1 = x0 + 1
 
     def px(x: float) -> float:
         return pad_l + (x - x0) / (x1 - x0) * (width - pad_l - pad_r)
@@ -132,9 +214,9 @@ def line_plot(title: str, xs: Sequence[float], series: dict[str, Sequence[float 
              f'<line x1="{pad_l}" y1="{pad_t}" x2="{pad_l}" y2="{height - pad_b}" '
              f'class="ngs-axis"/>',
              f'<text x="{pad_l - 4}" y="{pad_t + 4}" text-anchor="end" class="ngs-tick">'
-             f'{y1:.3g}</text>',
+             f'{hi_label}</text>',
              f'<text x="{pad_l - 4}" y="{height - pad_b}" text-anchor="end" class="ngs-tick">'
-             f'{y0:.3g}</text>',
+             f'{lo_label}</text>',
              f'<text x="{pad_l}" y="{height - 5}" class="ngs-tick">{x0:g}</text>',
              f'<text x="{width - pad_r}" y="{height - 5}" text-anchor="end" class="ngs-tick">'
              f'{x1:g}</text>']
@@ -151,9 +233,6 @@ def line_plot(title: str, xs: Sequence[float], series: dict[str, Sequence[float 
         color = colors[k % len(colors)]
         parts.append(f'<polyline points="{pts}" fill="none" stroke="{color}" '
                      f'stroke-width="1.5" class="ngs-line" data-series="{esc(name)}"/>')
-        if len(series) > 1:
-            parts.append(f'<text x="{width - pad_r - 90 * (len(series) - k) + 90}" y="13" '
-                         f'fill="{color}" class="ngs-tick" text-anchor="end">{esc(name)}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -165,8 +244,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], elem_class: str
 
     head = "".join(f"<th>{esc(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in r) + "</tr>" for r in rows)
-    return f'<table class="ngs-table {elem_class}"><thead><tr>{head}</tr></thead>' \
-           f"<tbody>{body}</tbody></table>"
+    # the wrapper scrolls sideways: Gradio's container hides what overflows it, so a wide
+    # table on a phone was cut off with no way to see its last columns
+    return (f'<div class="ngs-table-wrap"><table class="ngs-table {elem_class}"><thead><tr>'
+            f"{head}</tr></thead><tbody>{body}</tbody></table></div>")
 
 
 class Raw:
@@ -206,6 +287,7 @@ CSS = """
   min-width: 120px; overflow: hidden; }
 .ngs-progress-fill { height: 100%; background: #22c55e; transition: width .3s; }
 .ngs-progress span { position: absolute; left: 6px; top: 0; font-size: 12px; line-height: 18px; }
+.ngs-table-wrap { max-width: 100%; overflow-x: auto; -webkit-overflow-scrolling: touch; }
 .ngs-table { border-collapse: collapse; width: 100%; font-size: 0.92em; }
 .ngs-table th, .ngs-table td { border-bottom: 1px solid #e4e4e7; padding: 4px 6px;
   text-align: left; vertical-align: middle; }
@@ -231,6 +313,15 @@ CSS = """
 .ngs-info { background: #eff6ff; } .ngs-ok { background: #f0fdf4; }
 .ngs-error { background: #fef2f2; color: #991b1b; }
 .ngs-field-error { color: #b91c1c; font-size: 0.85em; }
+/* the header (title, who is logged in, Log out) on a phone: the row wraps instead of
+   squeezing the title until its words break, and Log out stays a small button */
+#ngs-header { flex-wrap: wrap; align-items: center; row-gap: 4px; }
+#ngs-title { flex: 0 0 auto !important; min-width: 0 !important; width: auto !important;
+  max-width: 100%; }
+#ngs-title h2 { overflow-wrap: normal; word-break: normal; hyphens: none; margin: 0; }
+#login-status { flex: 1 1 12em !important; min-width: 0 !important; }
+#logout { flex: 0 0 auto !important; width: auto !important; min-width: 0 !important;
+  align-self: center; }
 .ngs-help label > span:first-child::after, .ngs-help .label-wrap span::after {
   content: " (?)"; opacity: .55; cursor: help; }
 """

@@ -4,14 +4,25 @@ the counts (prompts, eval split, duplicates dropped), a preview of the first row
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
 from app.config import get_settings
+from app.errors import BadRequest
+from app.limits import MAX_ID
 from app.services import datasets as svc
-from app.ui.common import caller, error_text, esc, notice, session, table
+from app.ui.common import (
+    admin_or_none,
+    caller,
+    error_text,
+    esc,
+    notice,
+    session,
+    table,
+    uploaded_file,
+    whole_number,
+)
 
 PREVIEW_ROWS = 10
 
@@ -46,16 +57,16 @@ def upload(user_state: dict | None, file: str | None, name: str, eval_fraction: 
     """Outputs: status, preview, list."""
     try:
         caller(user_state, "admin")
-        if not file:
-            raise ValueError("choose a file first")
-        path = Path(file)
+        # only a file the user uploaded: the value is the client's, and can name any path
+        path = uploaded_file(file)
         limit = get_settings().max_upload_bytes
         with path.open("rb") as fh:
             data = fh.read(limit + 1)
         with session() as s:
             result = svc.import_dataset(
                 s, filename=path.name, data=data, name=name or None,
-                eval_fraction=float(eval_fraction or 0.0), seed=int(seed or 0),
+                eval_fraction=float(eval_fraction or 0.0),
+                seed=whole_number(0 if seed is None else seed, "Split seed", 0, MAX_ID),
                 max_prompt_length=get_settings().max_prompt_length, max_bytes=limit)
             ds_id, dropped = result.dataset.id, result.duplicates_dropped
             blank = result.blank_lines_skipped
@@ -73,10 +84,19 @@ def upload(user_state: dict | None, file: str | None, name: str, eval_fraction: 
 def show(user_state: dict | None, dataset_id: float | None) -> str:
     try:
         caller(user_state, "admin")
-        if not dataset_id:
-            raise ValueError("enter a dataset id")
-        return preview(int(dataset_id))
+        if dataset_id is None:
+            raise BadRequest("enter a dataset id")
+        return preview(whole_number(dataset_id, "Preview dataset #", 1, MAX_ID))
     except Exception as exc:  # noqa: BLE001
+        return notice(error_text(exc), "error")
+
+
+def listing_for(user_state: dict | None) -> str:
+    """The dataset list for an admin (re-authenticated: a revoked token gets an error), nothing
+    for anyone else (a login, a logout)."""
+    try:
+        return dataset_list() if admin_or_none(user_state) else ""
+    except Exception as exc:  # noqa: BLE001 - shown to the user
         return notice(error_text(exc), "error")
 
 
@@ -95,17 +115,16 @@ def build_datasets(user: gr.State) -> gr.Blocks:
                 name = gr.Textbox(label="Name (default: the file name)", elem_id="dataset-name")
                 eval_fraction = gr.Slider(0.0, 0.95, value=0.0, step=0.05,
                                           label="Eval fraction", elem_id="dataset-eval")
-                seed = gr.Number(0, label="Split seed", precision=0)
+                seed = gr.Number(0, label="Split seed")
                 go = gr.Button("Upload", variant="primary", elem_id="dataset-upload")
         status = gr.HTML(elem_id="dataset-status")
         prev = gr.HTML(elem_id="dataset-preview-box")
         with gr.Row():
-            pick = gr.Number(label="Preview dataset #", precision=0, elem_id="dataset-pick")
+            pick = gr.Number(label="Preview dataset #", elem_id="dataset-pick")
             show_btn = gr.Button("Preview", elem_id="dataset-show")
         listing = gr.HTML(elem_id="dataset-list")
         go.click(upload, [user, file, name, eval_fraction, seed], [status, prev, listing],
                  api_visibility="private")
         show_btn.click(show, [user, pick], prev, api_visibility="private")
-        user.change(lambda u: dataset_list() if u and u.get("role") == "admin" else "",
-                    user, listing, api_visibility="private")
+        user.change(listing_for, user, listing, api_visibility="private")
     return page

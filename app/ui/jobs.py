@@ -8,15 +8,18 @@ arena then serves)."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import gradio as gr
 
+from app.errors import BadRequest
 from app.services import datasets, rollouts, workers
 from app.services import jobs as svc
 from app.services.jobs import Enqueuer
 from app.ui.common import (
     Raw,
+    admin_or_none,
     caller,
     error_text,
     esc,
@@ -98,8 +101,10 @@ def field_component(d: dict[str, Any], value: Any) -> gr.components.Component:
     if d["choices"]:
         return gr.Dropdown(choices=d["choices"], value=value, **kw)
     if d["type"] in ("int", "float"):
-        # no min/max here: the server's check names the field and the error shows beside it
-        return gr.Number(value=value, precision=0 if d["type"] == "int" else None, **kw)
+        # no min/max here: the server's check names the field and the error shows beside it;
+        # no precision either: precision=0 rounds 1.5 to 2 before any handler sees it, and
+        # parse_form's "whole number" error beside the field would never show
+        return gr.Number(value=value, **kw)
     # `value` is the form's value (form_values): a list or dict field is already JSON text
     return gr.Textbox(value=value, **kw)
 
@@ -114,6 +119,15 @@ def form_values(preset: str | None) -> list[Any]:
     return out
 
 
+def _number(v: Any) -> float | None:
+    """A number field's value as a finite float, else None (empty, text, inf, NaN)."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
 def parse_form(values: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """The config from the form's values, and per-field parse errors."""
     config, errors = {}, {}
@@ -126,17 +140,19 @@ def parse_form(values: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
             except ValueError as exc:
                 errors[name] = f"not valid JSON: {exc}"
         elif d["type"] == "int":
-            if v is None:
+            x = _number(v)
+            if x is None:
                 errors[name] = "a whole number is required"
-            elif float(v) != int(float(v)):
-                errors[name] = f"must be a whole number, got {v}"
+            elif x != int(x):
+                errors[name] = f"must be a whole number, got {x:g}"
             else:
-                config[name] = int(float(v))
+                config[name] = int(x)
         elif d["type"] == "float":
-            if v is None:
+            x = _number(v)
+            if x is None:
                 errors[name] = "a number is required"
             else:
-                config[name] = float(v)
+                config[name] = x
         elif d["type"] == "bool":
             config[name] = bool(v)
         else:
@@ -287,7 +303,7 @@ def act(enqueuer: Enqueuer | None, action: str, user_state: dict | None,
     try:
         user = caller(user_state, "admin")
         if not job_id:
-            raise ValueError("pick a job first")
+            raise BadRequest("pick a job first")
         with session() as s:
             if action == "cancel":
                 job = svc.request_cancel(s, int(job_id))
@@ -305,6 +321,46 @@ def act(enqueuer: Enqueuer | None, action: str, user_state: dict | None,
                           f"from {what}; its groups go to the arena as they arrive.", "ok")
     except Exception as exc:  # noqa: BLE001
         return notice(error_text(exc), "error")
+
+
+def _admin(user_state: dict | None) -> Any:
+    """The admin behind `user_state` (re-authenticated), None for anyone else; a revoked or
+    unknown token is an error shown as Gradio's toast (these handlers' outputs are pickers)."""
+    try:
+        return admin_or_none(user_state)
+    except Exception as exc:  # noqa: BLE001 - shown to the user
+        raise gr.Error(error_text(exc)) from None
+
+
+def _job_options() -> list[tuple[str, int]]:
+    with session() as s:
+        rows, _ = svc.list_jobs(s, limit=200)
+        return [(f"#{j.id} {j.kind}", j.id) for j in rows]
+
+
+def job_choices(user_state: dict | None) -> Any:
+    """The Job picker's choices (admins; a dropdown's focus refreshes them)."""
+    if _admin(user_state) is None:
+        return gr.skip()
+    return gr.Dropdown(choices=_job_options())
+
+
+def dataset_choices(user_state: dict | None) -> Any:
+    """The Dataset picker's choices (admins; a dropdown's focus refreshes them)."""
+    if _admin(user_state) is None:
+        return gr.skip()
+    with session() as s:
+        rows, _ = datasets.list_datasets(s, limit=1000)
+        return gr.Dropdown(choices=[("(none)", 0)] + [
+            (f"#{d.id} {d.name} ({d.num_prompts} prompts)", d.id) for d in rows])
+
+
+def on_login(user_state: dict | None) -> tuple[Any, Any, Any]:
+    """A login (or logout): the progress timer runs and the pickers fill for an admin only.
+    Outputs: timer, job picker, dataset picker."""
+    if _admin(user_state) is None:
+        return gr.Timer(active=False), gr.skip(), gr.skip()
+    return gr.Timer(active=True), job_choices(user_state), dataset_choices(user_state)
 
 
 def build_jobs(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Blocks:
@@ -360,36 +416,15 @@ def build_jobs(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Blocks:
         view = gr.State({})
         timer = gr.Timer(POLL_SECONDS, active=False)
 
-        def on_login(user_state: dict | None):
-            if not user_state or user_state.get("role") != "admin":
-                return gr.Timer(active=False), gr.skip(), gr.skip()
-            return gr.Timer(active=True), _job_choices(), _dataset_choices()
-
-        def _job_choices() -> gr.Dropdown:
-            with session() as s:
-                rows, _ = svc.list_jobs(s, limit=200)
-                return gr.Dropdown(choices=[(f"#{j.id} {j.kind}", j.id) for j in rows])
-
-        def _dataset_choices() -> gr.Dropdown:
-            with session() as s:
-                rows, _ = datasets.list_datasets(s, limit=1000)
-                return gr.Dropdown(choices=[("(none)", 0)] + [
-                    (f"#{d.id} {d.name} ({d.num_prompts} prompts)", d.id) for d in rows])
-
-        def refresh_choices(user_state: dict | None):
-            if not user_state or user_state.get("role") != "admin":
-                return gr.skip()
-            return _job_choices()
-
         user.change(on_login, user, [timer, pick, dataset], api_visibility="private")
         preset.change(lambda p: form_values(None if p == DEFAULTS else p), preset, inputs,
                       api_visibility="private")
-        dataset.focus(lambda u: _dataset_choices() if u and u.get("role") == "admin"
-                      else gr.skip(), user, dataset, api_visibility="private")
+        dataset.focus(dataset_choices, user, dataset, api_visibility="private")
 
         def do_launch(user_state, dataset_id, *values):
             job_id, out = launch(enqueuer, user_state, dataset_id, *values)
-            pick_update = (gr.Dropdown(choices=_job_choices().choices, value=job_id)
+            # a job id means launch() re-authenticated an admin
+            pick_update = (gr.Dropdown(choices=_job_options(), value=job_id)
                            if job_id else gr.skip())
             # a section (folded or not) holding a field with an error opens to show it
             bad = {d["name"] for d, e in zip(fields, out[1:], strict=True) if e}
@@ -407,7 +442,7 @@ def build_jobs(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Blocks:
                     api_visibility="private")
         # an action's message is about the job it was taken on: another job clears it
         pick.change(lambda: "", None, action_status, api_visibility="private")
-        pick.focus(refresh_choices, user, pick, api_visibility="private")
+        pick.focus(job_choices, user, pick, api_visibility="private")
         for button, action in ((cancel, "cancel"), (resume, "resume"), (send, "send")):
             button.click(lambda u, j, a=action: act(enqueuer, a, u, j), [user, pick],
                          action_status, api_visibility="private")

@@ -9,10 +9,22 @@ from typing import Any
 
 import gradio as gr
 
+from app.errors import BadRequest
 from app.services import checkpoints, leaderboard
 from app.services import jobs as jobs_svc
 from app.services.jobs import Enqueuer
-from app.ui.common import Raw, caller, error_text, esc, fmt, notice, session, table
+from app.ui.common import (
+    Raw,
+    admin_or_none,
+    caller,
+    error_text,
+    esc,
+    fmt,
+    notice,
+    session,
+    table,
+    whole_number,
+)
 
 
 def ratings_html(board: dict[str, Any]) -> str:
@@ -90,6 +102,16 @@ def checkpoint_choices() -> list[tuple[str, int]]:
         return [(f"{c.name} (#{c.id})", c.id) for c in rows]
 
 
+def max_seeds() -> int:
+    """How many seeds an evaluate job takes (its config's own limit, read from it)."""
+    from annotated_types import MaxLen
+
+    from app.job_kinds import EvaluateConfig
+
+    meta = EvaluateConfig.model_fields["seeds"].metadata
+    return next((m.max_length for m in meta if isinstance(m, MaxLen)), 1000)
+
+
 def evaluate(enqueuer: Enqueuer | None, user_state: dict | None, ids: list[int] | None,
              seeds: float | None, rewards: str | None = None) -> str:
     """Launch an evaluate job on the picked checkpoints; `rewards` is a comma-separated list
@@ -97,12 +119,15 @@ def evaluate(enqueuer: Enqueuer | None, user_state: dict | None, ids: list[int] 
     try:
         user = caller(user_state, "admin")
         if not ids:
-            raise ValueError("pick one checkpoint to score, or two or more to compare")
+            raise BadRequest("pick one checkpoint to score, or two or more to compare")
+        # the field's own limits: 0 used to become 4 (`seeds or 4`), and -2 an empty list the
+        # service then named ("seeds: ...") though the user typed a count
+        n_seeds = whole_number(seeds, "Seeds per prompt", 1, max_seeds())
         names = [n.strip() for n in (rewards or "").split(",") if n.strip()]
         with session() as s:
             job = jobs_svc.launch_job(s, enqueuer, "evaluate", {
                 "checkpoint_ids": [int(i) for i in ids],
-                "seeds": list(range(int(seeds or 4))), "reward_names": names}, user=user)
+                "seeds": list(range(n_seeds)), "reward_names": names}, user=user)
             pairs = ("; its images go to the arena as cross-checkpoint pairs" if len(ids) > 1
                      else "")
             return (f'<div class="ngs-notice ngs-ok" id="evaluate-launched" '
@@ -111,6 +136,18 @@ def evaluate(enqueuer: Enqueuer | None, user_state: dict | None, ids: list[int] 
                     "finishes.</div>")
     except Exception as exc:  # noqa: BLE001
         return notice(error_text(exc), "error")
+
+
+def on_login(user_state: dict | None, bootstrap: float | None) -> tuple[Any, Any]:
+    """A login, a logout or Refresh: the board and the checkpoints for an admin (the role is
+    the server's, re-read from the token); a revoked or unknown token gets an error.
+    Outputs: the board, the checkpoint picker."""
+    try:
+        if admin_or_none(user_state) is None:
+            return gr.skip(), gr.skip()
+    except Exception as exc:  # noqa: BLE001 - shown to the user
+        return notice(error_text(exc), "error"), gr.skip()
+    return show(user_state, bootstrap), gr.CheckboxGroup(choices=checkpoint_choices())
 
 
 def build_leaderboard(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Blocks:
@@ -123,17 +160,13 @@ def build_leaderboard(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Bl
         with gr.Row():
             pick = gr.CheckboxGroup([], label="Checkpoints", elem_id="leaderboard-ckpts",
                                     scale=3)
-            seeds = gr.Number(4, label="Seeds per prompt", precision=0)
+            # no precision: 1.5 gets evaluate()'s field error instead of becoming 2
+            seeds = gr.Number(4, label="Seeds per prompt", elem_id="leaderboard-seeds")
             rewards = gr.Textbox("", label="Rewards", elem_id="leaderboard-rewards",
                                  placeholder="e.g. hpsv2,pickscore (empty: the model's)")
             go = gr.Button("Evaluate these checkpoints", variant="primary",
                            elem_id="leaderboard-evaluate")
         status = gr.HTML(elem_id="leaderboard-status")
-
-        def on_login(user_state: dict | None, b: float):
-            if not user_state or user_state.get("role") != "admin":
-                return gr.skip(), gr.skip()
-            return show(user_state, b), gr.CheckboxGroup(choices=checkpoint_choices())
 
         user.change(on_login, [user, bootstrap], [board, pick], api_visibility="private")
         refresh.click(on_login, [user, bootstrap], [board, pick], api_visibility="private")

@@ -87,8 +87,9 @@ class Login:
 
 
 def build_login(user: gr.State) -> Login:
-    with gr.Row(equal_height=True):
-        gr.Markdown("## Neighbor GRPO Studio")
+    # not equal_height: it stretched Log out to the height of the wrapped title on a phone
+    with gr.Row(elem_id="ngs-header"):
+        gr.Markdown("## Neighbor GRPO Studio", elem_id="ngs-title")
         status = gr.HTML(elem_id="login-status")
         logout = gr.Button("Log out", visible=False, size="sm", scale=0, elem_id="logout")
     with gr.Column(elem_id="login-box") as box:

@@ -5,13 +5,26 @@ on an image opens its details (seed, member index, sigma, solver, checkpoint). L
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import gradio as gr
 
+from app.limits import MAX_ID
 from app.services import jobs as jobs_svc
 from app.services import rollouts
-from app.ui.common import caller, error_text, esc, fmt, image_src, media_link, notice, session
+from app.ui.common import (
+    admin_or_none,
+    caller,
+    error_text,
+    esc,
+    fmt,
+    image_src,
+    media_link,
+    notice,
+    session,
+    whole_number,
+)
 
 PAGE_SIZE = 20
 
@@ -66,25 +79,42 @@ def job_choices() -> list[tuple[str, int]]:
         return [(f"#{j.id} {j.kind} ({j.status})", j.id) for j in rows]
 
 
+def refresh_jobs(user_state: dict | None) -> Any:
+    """The Job picker's choices, for an admin (re-authenticated, never the role the session
+    state claims); a revoked or unknown token is an error (Gradio's toast)."""
+    try:
+        admin = admin_or_none(user_state)
+    except Exception as exc:  # noqa: BLE001 - shown to the user
+        raise gr.Error(error_text(exc)) from None
+    if admin is None:
+        return gr.skip()
+    return gr.Dropdown(choices=job_choices())
+
+
 def show(user_state: dict | None, job_id: int | None, iteration: str | None,
          prompt: str, page_no: float | None) -> str:
     try:
         caller(user_state, "admin")
-        page_no = max(1, int(page_no or 1))
+        page_no = whole_number(1 if page_no is None else page_no, "Page", 1, MAX_ID)
         it = str(iteration or "").strip()
-        if it and not it.isdigit():
-            raise ValueError(f"iteration must be a whole number, got {it!r}")
+        query = {"job_id": int(job_id) if job_id else None,
+                 "iteration": whole_number(it, "Iteration (empty: all)", 0, MAX_ID) if it
+                 else None,
+                 "prompt": (prompt or "").strip() or None, "limit": PAGE_SIZE}
         with session() as s:
-            groups, total = rollouts.list_groups(
-                s, job_id=int(job_id) if job_id else None,
-                iteration=int(it) if it else None,
-                prompt=(prompt or "").strip() or None, limit=PAGE_SIZE,
-                offset=(page_no - 1) * PAGE_SIZE)
+            groups, total = rollouts.list_groups(s, **query, offset=(page_no - 1) * PAGE_SIZE)
+            pages = max(1, math.ceil(total / PAGE_SIZE))
+            past = page_no > pages
+            if past and total:  # past the end: the last page, saying so
+                groups, total = rollouts.list_groups(s, **query,
+                                                     offset=(pages - 1) * PAGE_SIZE)
             body = groups_html(groups, s)
     except Exception as exc:  # noqa: BLE001 - shown to the user
         return notice(error_text(exc), "error")
-    return (f'<div id="rollouts-count" data-total="{total}">{total} group(s); page {page_no}'
-            f"</div>{body}")
+    where = (f"page {pages} of {pages} (page {page_no} is past the end)" if past
+             else f"page {page_no} of {pages}")
+    return (f'<div id="rollouts-count" data-total="{total}" data-page="{min(page_no, pages)}">'
+            f"{total} group(s); {where}</div>{body}")
 
 
 def build_rollouts(user: gr.State) -> gr.Blocks:
@@ -94,16 +124,11 @@ def build_rollouts(user: gr.State) -> gr.Blocks:
                               elem_id="rollouts-job")
             iteration = gr.Textbox(label="Iteration (empty: all)", elem_id="rollouts-iteration")
             prompt = gr.Textbox(label="or a prompt (exact text)", elem_id="rollouts-prompt")
-            page_no = gr.Number(label="Page", value=1, precision=0, minimum=1)
+            page_no = gr.Number(label="Page", value=1, minimum=1)
             go = gr.Button("Show", variant="primary", elem_id="rollouts-show")
         gr.HTML("<small>Sorted by reward; anchors are outlined in orange; click an image for "
                 "its details.</small>")
         out = gr.HTML(elem_id="rollouts-groups")
-
-        def refresh_jobs(user_state: dict | None):
-            if not user_state or user_state.get("role") != "admin":
-                return gr.skip()
-            return gr.Dropdown(choices=job_choices())
 
         user.change(refresh_jobs, user, job, api_visibility="private")
         job.focus(refresh_jobs, user, job, api_visibility="private")

@@ -103,7 +103,7 @@ def test_arena_vote_prefetch_and_dedupe(settings, annotator, make_group):
 
     make_group(g=4)
     user = _token(annotator)
-    _, _, _, state = arena.load(user, None)
+    state = arena.load(user, None)[3]
     first = state["current"]
     assert first is not None and state["next"] is not None
     meta = json.dumps({"client_vote_id": "v1", "nonce": first["nonce"], "outcome": "a"})

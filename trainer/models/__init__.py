@@ -131,14 +131,18 @@ def model_dir_problem(name: str, path: str | Path) -> str | None:
     if expected is None:
         return None
     path = Path(path)
-    if not path.is_dir():
-        return (f"model directory {path} does not exist (a diffusers-format {name!r} directory "
-                f"holds {', '.join(expected)}, with weights in each model folder)")
-    missing = [f for f in expected if not (path / f).exists()]
-    for folder in _WEIGHT_FOLDERS:
-        sub = path / folder
-        if sub.is_dir() and not any(sub.glob("*.safetensors")) and not any(sub.glob("*.bin")):
-            missing.append(f"{folder}/*.safetensors")
+    try:
+        if not path.is_dir():
+            return (f"model directory {path} does not exist (a diffusers-format {name!r} "
+                    f"directory holds {', '.join(expected)}, with weights in each model folder)")
+        missing = [f for f in expected if not (path / f).exists()]
+        for folder in _WEIGHT_FOLDERS:
+            sub = path / folder
+            if (sub.is_dir() and not any(sub.glob("*.safetensors"))
+                    and not any(sub.glob("*.bin"))):
+                missing.append(f"{folder}/*.safetensors")
+    except OSError as exc:  # a name too long (ENAMETOOLONG), no permission: not a model here
+        return f"model directory {path} cannot be read ({exc.strerror or exc})"
     if missing:
         return (f"model directory {path} is incomplete for {name!r}: missing "
                 f"{', '.join(missing)} (a diffusers-format directory holds "

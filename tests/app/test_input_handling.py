@@ -1,0 +1,490 @@
+"""Input the API must answer with a 4xx naming the field, never a 500: NaN and infinity in a
+JSON body, dates out of range, over-long paths, odd preference specs, deep or broken uploads,
+NUL characters; and what it must not take (unknown fields, unbounded weights)."""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy import func, select
+
+
+def _raw(client, path, text, headers):
+    """POST `text` as JSON as is: NaN and Infinity are tokens Python's json reads (and FastAPI
+    accepts), which a client library would refuse to write."""
+    return client.post(path, content=text.encode(),
+                       headers={**headers, "Content-Type": "application/json"})
+
+
+def _errors(response) -> dict[str, str]:
+    return {e["field"]: e["message"] for e in response.json()["errors"]}
+
+
+# --- 1. NaN / Infinity in a field that fails validation ----------------------------------------
+def test_nan_in_a_refused_body_field_is_a_422_naming_it(client, admin, annotator):
+    r = _raw(client, "/api/votes", '{"client_vote_id": "v1", "sample_a_id": 1, "sample_b_id": 2,'
+             ' "outcome": "a", "latency_ms": NaN}', annotator)
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == "latency_ms"
+    assert _errors(r) == {"latency_ms": "must be a finite number"}
+    assert r.json()["detail"] == "latency_ms: must be a finite number"
+
+    r = _raw(client, "/api/jobs", '{"kind": "train", "dataset_id": NaN}', admin)
+    assert r.status_code == 422, r.text
+    assert _errors(r) == {"dataset_id": "must be a finite number"}
+    r = _raw(client, "/api/jobs", '{"kind": "train", "dataset_id": -Infinity, "preset": 5}',
+             admin)
+    assert r.status_code == 422 and set(_errors(r)) == {"dataset_id", "preset"}  # every one
+
+
+def test_a_request_validation_error_has_the_projects_shape(client, admin):
+    r = client.post("/api/jobs", json={"kind": "nope", "config": [], "extra": 1}, headers=admin)
+    assert r.status_code == 422
+    body = r.json()
+    assert set(body) == {"detail", "field", "errors"}
+    assert set(_errors(r)) == {"kind", "config", "extra"}
+    assert all(f"{e['field']}: {e['message']}" in body["detail"] for e in body["errors"])
+    r = _raw(client, "/api/jobs", '{"kind": "train",', admin)
+    assert r.status_code == 422 and r.json()["field"] == "body"
+    assert r.json()["errors"][0]["message"].startswith("malformed JSON")
+    r = client.get("/api/jobs", params={"limit": "x"}, headers=admin)
+    assert r.status_code == 422 and r.json()["field"] == "limit"
+
+
+def test_openapi_documents_the_422_that_is_sent(client):
+    schema = client.get("/openapi.json").json()
+    problems = schema["components"]["schemas"]["HTTPValidationError"]
+    assert set(problems["properties"]) == {"detail", "field", "errors"}
+    assert problems["properties"]["errors"]["items"] == {"$ref": "#/components/schemas/FieldProblem"}
+    assert "FieldProblem" in schema["components"]["schemas"]
+    assert "#/components/schemas/ValidationError\"" not in json.dumps(schema)
+
+
+def test_nan_in_a_job_config_says_finite(client, admin, session):
+    from app.models import Job
+
+    r = _raw(client, "/api/jobs", '{"kind": "rollout", "config": {"dataset_id": 1, "sigma": NaN,'
+             ' "guidance_scale": Infinity}}', admin)
+    assert r.status_code == 422, r.text
+    errors = _errors(r)
+    assert errors["sigma"] == "must be a finite number"
+    assert errors["guidance_scale"] == "must be a finite number"
+    r = _raw(client, "/api/jobs", '{"kind": "train", "preset": "tiny", "config": '
+             '{"sigma": NaN}}', admin)
+    assert r.status_code == 422 and "must be a finite number" in _errors(r)["sigma"]
+    assert session.scalar(select(func.count()).select_from(Job)) == 0
+
+
+# --- 2. a datetime that leaves Python's range in UTC --------------------------------------------
+def test_shown_at_out_of_range_in_utc_is_a_422_on_that_field(client, annotator):
+    for shown_at in ("9999-12-31T23:00:00-05:00", "0001-01-01T01:00:00+05:00"):
+        r = client.post("/api/votes", json={"client_vote_id": "v1", "sample_a_id": 1,
+                                            "sample_b_id": 2, "outcome": "a",
+                                            "shown_at": shown_at}, headers=annotator)
+        assert r.status_code == 422, r.text
+        assert "between 0001-01-01 and 9999-12-31" in _errors(r)["shown_at"]
+
+
+# --- 3. paths the file system cannot take -------------------------------------------------------
+LONG_PART = "a" * 300  # over NAME_MAX (255)
+DEEP = "/".join(["b" * 200] * 20)  # each part fine, 4019 characters: over PATH_MAX under a root
+
+
+def _post_job(client, headers, kind, config, preset=None):
+    body = {"kind": kind, "config": config, **({"preset": preset} if preset else {})}
+    return client.post("/api/jobs", json=body, headers=headers)
+
+
+def test_over_long_job_paths_are_422_naming_the_field(client, admin):
+    for value in (LONG_PART, DEEP, "/" + DEEP, f"x/{LONG_PART}/y"):
+        r = _post_job(client, admin, "train", {"base_checkpoint": value}, "tiny")
+        assert r.status_code == 422, r.text
+        assert set(_errors(r)) == {"base_checkpoint"}, r.text
+        r = _post_job(client, admin, "train", {"model": "flux", "model_path": value}, "tiny")
+        assert r.status_code == 422 and "model_path" in _errors(r), r.text
+        r = _post_job(client, admin, "train", {"reward_weights": {"count": 1, "preference": 1},
+                                               "preference_model": value}, "tiny")
+        assert r.status_code == 422 and set(_errors(r)) == {"preference_model"}, r.text
+        r = _post_job(client, admin, "train", {"reward_weights": {"hpsv2": 1},
+                                               "reward_model_paths": {"hpsv2": value}}, "tiny")
+        assert r.status_code == 422 and set(_errors(r)) == {"reward_model_paths"}, r.text
+        r = _post_job(client, admin, "fit_preference", {"features": "clip", "clip_path": value})
+        assert r.status_code == 422 and set(_errors(r)) == {"clip_path"}, r.text
+        r = _post_job(client, admin, "evaluate", {"checkpoint_ids": [1], "model": "flux",
+                                                  "model_path": value})
+        assert r.status_code == 422 and "model_path" in _errors(r), r.text
+    r = _post_job(client, admin, "train", {"base_checkpoint": LONG_PART})
+    assert "name part too long" in _errors(r)["base_checkpoint"]
+
+
+def test_train_config_text_fields_are_capped(client, admin):
+    from trainer.config import MAX_TEXT, TrainConfig
+
+    long = "c" * (MAX_TEXT + 1)
+    problems = TrainConfig(
+        model="flux", base_checkpoint=long, model_path=long, preference_model=long,
+        reward_server_url=long, report_to=long, reward_model_paths={"hpsv2": long}).problems()
+    for name in ("base_checkpoint", "model_path", "preference_model", "reward_server_url",
+                 "report_to", "reward_model_paths"):
+        assert any(e.field == name and f"at most {MAX_TEXT} characters" in e.message
+                   for e in problems), (name, problems)
+    r = _post_job(client, admin, "train", {"base_checkpoint": long}, "tiny")
+    assert r.status_code == 422 and "at most 4096 characters" in _errors(r)["base_checkpoint"]
+    r = _post_job(client, admin, "fit_preference", {"clip_path": long})
+    assert r.status_code == 422 and set(_errors(r)) == {"clip_path"}
+
+
+def test_model_dir_problem_says_why_an_unreadable_path_is_no_model(tmp_path):
+    from trainer.models import model_dir_problem
+
+    problem = model_dir_problem("flux", tmp_path / LONG_PART)
+    assert problem is not None and "cannot be read" in problem
+
+
+# --- 4. the preference_model spec, read one way ------------------------------------------------
+def test_preference_spec_digits_are_ascii_only():
+    from app.services.preference import PreferenceSpec, parse_spec
+
+    assert parse_spec(" latest ") == parse_spec("") == PreferenceSpec("latest")
+    assert parse_spec("v12") == parse_spec("12") == PreferenceSpec("version", version=12)
+    for spec in ("²", "v²", "v٣", "v1²", "vv1", "v", "v-1", "preference/v1.safetensors"):
+        assert parse_spec(spec) == PreferenceSpec("path", path=spec), spec
+
+
+def test_superscript_preference_versions_are_a_422_not_a_500(client, admin):
+    for spec in ("²", "v²", "v٣", f"v{2**40}"):
+        r = _post_job(client, admin, "train", {"reward_weights": {"count": 1, "preference": 1},
+                                               "preference_model": spec}, "tiny")
+        assert r.status_code == 422, (spec, r.text)
+        assert set(_errors(r)) == {"preference_model"}, r.text
+
+
+def test_the_worker_reads_the_spec_as_submission_does(settings):
+    import pytest
+
+    from app.errors import NotFound
+    from trainer.config import TrainConfig
+    from worker.preference import resolve_preference
+
+    def config(spec: str) -> TrainConfig:
+        return TrainConfig(reward_weights={"count": 1.0, "preference": 1.0},
+                           preference_model=spec)
+
+    for spec in ("²", "v²"):
+        with pytest.raises(FileNotFoundError, match="preference_model"):
+            resolve_preference(config(spec))
+    for spec in ("v3", f"v{2**40}"):
+        with pytest.raises(NotFound):
+            resolve_preference(config(spec))
+
+
+# --- 5-8. uploads: deep metadata, unreadable parquet columns, .txt lines, every bad row ----------
+def _upload(client, headers, filename, data, **form):
+    return client.post("/api/datasets", files={"file": (filename, data, "application/octet-stream")},
+                       data={k: str(v) for k, v in form.items()}, headers=headers)
+
+
+def _counts(session):
+    from app.models import Dataset, Prompt
+
+    session.expire_all()
+    return (session.scalar(select(func.count()).select_from(Dataset)),
+            session.scalar(select(func.count()).select_from(Prompt)))
+
+
+def _parquet(table) -> bytes:
+    import io
+
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
+
+
+def test_deeply_nested_metadata_is_refused_by_line(client, admin, session):
+    from app.services.datasets import MAX_META_DEPTH
+
+    deep = '{"prompt": "x", "m": ' + "[" * 600 + "1" + "]" * 600 + "}"
+    r = _upload(client, admin, "deep.jsonl", f'{{"prompt": "ok"}}\n{deep}\n'.encode())
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"] == (f"deep.jsonl: line 2: metadata nested deeper than "
+                                  f"{MAX_META_DEPTH} levels")
+    assert r.json()["line"] == 2
+    r = _upload(client, admin, "deep.json", f'["ok", {deep}]'.encode())
+    assert r.status_code == 422 and r.json()["detail"].startswith("deep.json: item 2: metadata")
+    # as deep as allowed: stored, and exported as it came
+    fine = '{"prompt": "y", "m": ' + "[" * (MAX_META_DEPTH - 1) + "]" * (MAX_META_DEPTH - 1) + "}"
+    r = _upload(client, admin, "fine.jsonl", fine.encode())
+    assert r.status_code == 201, r.text
+    exported = client.get(f"/api/datasets/{r.json()['id']}/export", headers=admin).text
+    assert json.loads(exported)["metadata"] == {"m": json.loads(fine)["m"]}
+    assert _counts(session) == (1, 1)
+
+
+def test_json_safe_and_nesting_depth_need_no_recursion():
+    from app.services.datasets import json_safe, nesting_depth
+
+    deep: list = []
+    node = deep
+    for _ in range(5000):
+        node.append([])
+        node = node[0]
+    node.append(float("nan"))
+    assert nesting_depth(deep, limit=10) == 11
+    assert nesting_depth(deep, limit=10_000) == 5001
+    safe = json_safe({"a": (1.0, float("inf"), {"b": deep})})
+    assert safe["a"][:2] == [1.0, None]
+    node = safe["a"][2]["b"]
+    for _ in range(5000):
+        node = node[0]
+    assert node == [None]
+
+
+def test_parquet_dates_out_of_pythons_range_name_the_column(client, admin, session):
+    import pyarrow as pa
+
+    table = pa.table({"prompt": ["a", "b"],
+                      "shot_at": pa.array([0, 300_000_000_000_000], type=pa.timestamp("ms")),
+                      "day": pa.array([0, 1], type=pa.date32())})
+    r = _upload(client, admin, "t.parquet", _parquet(table))
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"].startswith("t.parquet: column 'shot_at' holds values that cannot "
+                                         "be read")
+    assert r.json()["column"] == "shot_at"
+    table = pa.table({"prompt": ["a"], "day": pa.array([2**31 - 1], type=pa.date32())})
+    r = _upload(client, admin, "d.parquet", _parquet(table))
+    assert r.status_code == 422 and "column 'day'" in r.json()["detail"]
+    two = pa.Table.from_arrays([pa.array(["a"]), pa.array(["b"])], names=["prompt", "prompt"])
+    r = _upload(client, admin, "two.parquet", _parquet(two))
+    assert r.status_code == 422 and "prompt" in r.json()["detail"]  # pyarrow refuses it
+    assert _counts(session) == (0, 0)
+
+
+def test_txt_lines_end_at_newlines_only(client, admin):
+    data = "red circle\u2028blue square\nform\x0cfeed\x1cand\x1dseparators\r\nthird\n".encode()
+    r = _upload(client, admin, "u.txt", data)
+    assert r.status_code == 201, r.text
+    assert r.json()["num_prompts"] == 3
+    texts = [p["text"] for p in client.get("/api/prompts", params={
+        "dataset_id": r.json()["id"]}, headers=admin).json()["items"]]
+    assert texts == ["red circle blue square", "form feed and separators", "third"]
+    # line numbers count "\n" alone, as an editor does
+    r = _upload(client, admin, "n.txt", "a\u2028b\nc\x0bd\n".encode() + b"x" * 2001 + b"\n")
+    assert r.status_code == 422 and r.json()["detail"].startswith("n.txt: line 3: prompt too long")
+
+
+def test_every_bad_row_is_reported_at_once(client, admin, session):
+    r = _upload(client, admin, "m.jsonl", b'{"prompt": "ok"}\n{"prompt": oops}\n[1]\n\n'
+                b'{"text": "x"}\n{"prompt": "  "}\n{"prompt": 3}\n{"prompt": "fine"}\n')
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert [(e["line"], e["message"].split(" (")[0]) for e in body["errors"]] == [
+        (2, "malformed JSON"), (3, "expected a JSON object"), (5, "missing key 'prompt'"),
+        (6, "empty prompt"), (7, "'prompt' must be a string")]
+    assert body["detail"].startswith("m.jsonl: line 2: malformed JSON")
+    assert "; m.jsonl: line 7: 'prompt' must be a string" in body["detail"]
+    assert (body["line"], body["field"], body["error_count"]) == (2, "file", 5)
+
+    r = _upload(client, admin, "r.csv", b"prompt,a\nok,1\nbad,1,2\n  ,2\nfine,3\nx\n")
+    assert [e["where"] for e in r.json()["errors"]] == [
+        "line 3 (row 2)", "line 4 (row 3)", "line 6 (row 5)"]
+
+    # many: the first MAX_REPORTED in full, the rest counted
+    from app.services.datasets import MAX_REPORTED
+
+    lines = b"".join(b"x" * 2001 + b"\n" if i % 2 else b"ok %d\n" % i for i in range(100))
+    r = _upload(client, admin, "many.txt", lines)
+    assert r.status_code == 422
+    body = r.json()
+    assert len(body["errors"]) == MAX_REPORTED and body["error_count"] == 50
+    assert [e["line"] for e in body["errors"]] == list(range(2, 2 * MAX_REPORTED + 1, 2))
+    assert body["detail"].endswith(f"and {50 - MAX_REPORTED} more bad record(s)")
+    assert _counts(session) == (0, 0)
+
+
+def test_a_train_jobs_dataset_is_checked_with_its_config(client, admin, session):
+    from app.models import Job
+
+    r = client.post("/api/jobs", json={"kind": "train", "preset": "nope",
+                                       "dataset_id": 999999}, headers=admin)
+    assert r.status_code == 422
+    assert [e["field"] for e in r.json()["errors"]] == ["preset", "dataset_id"]
+    assert r.json()["detail"].startswith("preset: unknown preset 'nope'")
+    assert "; dataset_id: dataset 999999 not found" in r.json()["detail"]
+    r = client.post("/api/jobs", json={"kind": "train", "config": {"group_size": 1},
+                                       "dataset_id": 999999}, headers=admin)
+    assert [e["field"] for e in r.json()["errors"]] == ["dataset_id", "group_size"]
+    assert "config.group_size" in r.json()["detail"]
+    assert session.scalar(select(func.count()).select_from(Job)) == 0
+
+
+# --- 9. reward weights are bounded --------------------------------------------------------------
+def test_reward_weights_are_bounded(client, admin, session):
+    from app.models import Job
+    from trainer.config import MAX_REWARD_WEIGHT, TrainConfig
+
+    for weight in (1e308, -1e7, 10**400, MAX_REWARD_WEIGHT * 1.01):
+        r = _post_job(client, admin, "train", {"reward_weights": {"count": weight}}, "tiny")
+        assert r.status_code == 422, (weight, r.text)
+        assert "'count': the weight must be in [-1e+06, 1e+06]" in _errors(r)["reward_weights"]
+    r = _raw(client, "/api/jobs", '{"kind": "train", "preset": "tiny", "config": '
+             '{"reward_weights": {"count": Infinity}}}', admin)
+    assert r.status_code == 422 and "finite numbers" in _errors(r)["reward_weights"]
+    assert session.scalar(select(func.count()).select_from(Job)) == 0
+    assert not TrainConfig(reward_weights={"count": MAX_REWARD_WEIGHT,
+                                           "color": -MAX_REWARD_WEIGHT}).problems()
+
+
+# --- 10. a registered model can be configured ---------------------------------------------------
+def _register_custom(monkeypatch, name: str = "custom", directory: list[str] | None = None):
+    import trainer.models as models
+
+    for table in ("_MODELS", "_WEIGHT_FORMATS", "_DIRECTORY_FILES"):  # restored after the test
+        monkeypatch.setattr(models, table, dict(getattr(models, table)))
+    models.register_model(name, lambda spec, device: None, directory_files=directory)
+
+
+def test_a_registered_model_is_a_configurable_model(client, admin, monkeypatch):
+    from app.job_kinds import RolloutConfig
+    from trainer.config import TrainConfig
+
+    assert "must be one of ['shapes', 'flux', 'sd3'], got 'custom'" in _errors(_post_job(
+        client, admin, "train", {"model": "custom"}, "tiny"))["model"]
+    _register_custom(monkeypatch)
+    config = {"model": "custom", "reward_weights": {"jpeg_compressibility": 1.0}}
+    assert TrainConfig.from_dict(config).model == "custom"
+    r = _post_job(client, admin, "train", config, "tiny")
+    assert r.status_code == 201, r.text
+    assert r.json()["config"]["model"] == "custom"
+    assert RolloutConfig(dataset_id=1, model="custom").model == "custom"
+    r = _post_job(client, admin, "rollout", {"dataset_id": 1, "model": "unet"})
+    assert "must be one of ['shapes', 'custom', 'flux', 'sd3'], got 'unet'" in _errors(r)["model"]
+    # the forms and the schema list it (the built-in default first)
+    schema = client.get("/api/jobs/config-schema", headers=admin).json()
+    train = {f["name"]: f for f in schema["train"]}
+    assert train["model"]["choices"] == ["shapes", "custom", "flux", "sd3"]
+    assert schema["rollout"]["properties"]["model"]["anyOf"][0]["enum"] == [
+        "shapes", "custom", "flux", "sd3"]
+
+
+def test_a_registered_model_with_a_directory_needs_model_path(monkeypatch):
+    from trainer.config import TrainConfig
+
+    _register_custom(monkeypatch, "dirmodel", ["model_index.json"])
+    problems = {e.field for e in TrainConfig(model="dirmodel", reward_weights={
+        "jpeg_compressibility": 1.0}).problems()}
+    assert problems == {"model_path"}
+
+
+# --- 11-12. NUL characters; the users endpoints ------------------------------------------------
+def test_nul_characters_are_refused_naming_the_field(client, admin, annotator, session):
+    from app.models import User, Vote
+
+    r = client.post("/api/users", json={"name": "a\u0000b"}, headers=admin)
+    assert r.status_code == 422, r.text
+    assert _errors(r) == {"name": "must not contain NUL characters"}
+    for field in ("session_id", "selection"):
+        r = client.post("/api/votes", json={"client_vote_id": "v1", "sample_a_id": 1,
+                                            "sample_b_id": 2, "outcome": "a",
+                                            field: "x\u0000y"}, headers=annotator)
+        assert r.status_code == 422, r.text
+        assert _errors(r) == {field: "must not contain NUL characters"}
+    r = client.get("/api/rollouts", params={"prompt": "a\x00b"}, headers=annotator)
+    assert r.status_code == 422, r.text
+    assert r.json() == {"detail": "prompt: must not contain NUL characters", "field": "prompt"}
+    session.expire_all()
+    assert session.scalar(select(func.count()).select_from(User).where(
+        User.name.like("a%b"))) == 0
+    assert session.scalar(select(func.count()).select_from(Vote)) == 0
+
+
+def test_create_user_service_refuses_nul_too(session):
+    import pytest
+
+    from app.errors import Invalid
+    from app.services.auth import create_user
+
+    with pytest.raises(Invalid, match="name: must not contain NUL characters"):
+        create_user(session, "eve\x00", "annotator")
+
+
+def test_users_refuse_unknown_fields_and_answer_utc(client, admin):
+    r = client.post("/api/users", json={"name": "eve", "rolle": "admin"}, headers=admin)
+    assert r.status_code == 422 and set(_errors(r)) == {"rolle"}
+    r = client.post("/api/users", json={"name": "eve"}, headers=admin)
+    assert r.status_code == 201, r.text
+    users = client.get("/api/users", headers=admin).json()
+    assert users and all(u["created_at"].endswith("Z") for u in users), users
+
+
+# --- 13. an upload's caller, role and size are checked before its body is read ------------------
+def _upload_reads(app, headers: dict[str, str], size: int) -> tuple[int, dict, int]:
+    """(status, body, chunks of the body read) of a multipart upload declaring `size` bytes,
+    sent to the ASGI app directly, so that what it reads is counted."""
+    import asyncio
+
+    boundary = "xyz"
+    head = (f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="p.txt"\r\n'
+            "Content-Type: text/plain\r\n\r\n").encode()
+    chunks = [head] + [b"a prompt\n" * 1000] * 20 + [f"\r\n--{boundary}--\r\n".encode()]
+    read = 0
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        nonlocal read
+        if read < len(chunks):
+            read += 1
+            return {"type": "http.request", "body": chunks[read - 1],
+                    "more_body": read < len(chunks)}
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    raw = [(k.lower().encode(), v.encode()) for k, v in {
+        **headers, "content-type": f"multipart/form-data; boundary={boundary}",
+        "content-length": str(size)}.items()]
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/api/datasets", "raw_path":
+             b"/api/datasets", "root_path": "", "query_string": b"", "headers": raw,
+             "client": ("test", 1), "server": ("test", 80)}
+    asyncio.run(app(scope, receive, send))
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, json.loads(body), read
+
+
+def test_upload_checks_token_role_and_size_before_reading(settings, admin, annotator, session):
+    from app.main import create_app
+
+    app = create_app(settings, enqueuer=lambda job_id, kind: None, mount_ui=False)
+    huge = 300 * 1024 * 1024
+    status, body, read = _upload_reads(app, {}, huge)
+    assert (status, body["detail"], read) == (401, "missing bearer token", 0)
+    status, body, read = _upload_reads(app, {"authorization": "Bearer nope"}, huge)
+    assert (status, read) == (401, 0)
+    status, body, read = _upload_reads(app, annotator, huge)
+    assert (status, read) == (403, 0) and "needs role admin" in body["detail"]
+    status, body, read = _upload_reads(app, admin, huge)
+    assert (status, body["field"], read) == (413, "file", 0), body
+    assert f"larger than the limit of {settings.max_upload_bytes} bytes" in body["detail"]
+    assert _counts(session) == (0, 0)
+    # an admin's upload of the size it declares is read and imported
+    status, body, read = _upload_reads(app, admin, 182_000)
+    assert (status, body["num_prompts"]) == (201, 1), body
+
+
+def test_upload_form_fields_are_validated_as_documented(client, admin, session):
+    for value in ("nan", "inf", "-Infinity"):
+        r = _upload(client, admin, "p.txt", b"one\n", eval_fraction=value)
+        assert r.status_code == 422, r.text
+        assert _errors(r) == {"eval_fraction": "must be a finite number"}
+    r = _upload(client, admin, "p.txt", b"one\n", eval_fraction=1, seed=-1)
+    assert set(_errors(r)) == {"eval_fraction", "seed"}
+    assert _counts(session) == (0, 0)
+    schema = client.get("/openapi.json").json()["paths"]["/api/datasets"]["post"]
+    assert schema["operationId"] == "upload_dataset_api_datasets_post"
+    assert {"201", "401", "403", "413", "422"} <= set(schema["responses"])
+    assert "multipart/form-data" in schema["requestBody"]["content"]
+    assert schema["security"] == [{"HTTPBearer": []}]

@@ -1,0 +1,245 @@
+"""The UI's security rules, each driven the way an attacker would: a forged Gradio file
+payload naming a server path, a revoked admin's open session (and an annotator whose session
+state claims "admin"), and Gradio routes that take a body without a token."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+# app.ui imports gradio (about 4 s): each test imports the handlers it needs, as in
+# tests/app/test_ui_handlers.py
+
+
+def _token(headers: dict[str, str]) -> dict[str, str]:
+    return {"token": headers["Authorization"].split(" ", 1)[1]}
+
+
+def _dataset_count() -> int:
+    from app.db import session_scope
+    from app.services import datasets
+
+    with session_scope() as s:
+        return datasets.list_datasets(s, limit=10)[1]
+
+
+@pytest.fixture
+def upload_dir(tmp_path, monkeypatch) -> Path:
+    """Gradio's upload folder for this test (GRADIO_TEMP_DIR, as Gradio reads it)."""
+    folder = tmp_path / "gradio-uploads"
+    folder.mkdir()
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(folder))
+    return folder
+
+
+@pytest.fixture
+def secret(tmp_path) -> Path:
+    """A server file no one uploaded."""
+    path = tmp_path / "server-only" / "secret.txt"
+    path.parent.mkdir()
+    path.write_text("the server's secret line\n")
+    return path
+
+
+def _error(status: str) -> str:
+    return re.sub(r"<[^>]+>", "", status)
+
+
+# --- 1: the dataset upload reads only what was uploaded ---------------------------------------
+def test_upload_reads_only_files_in_the_upload_folder(settings, admin, upload_dir, secret):
+    from app.ui import datasets
+
+    user = _token(admin)
+    inside = upload_dir / "0123abcd"
+    inside.mkdir()
+    link = inside / "prompts.txt"
+    link.symlink_to(secret)  # inside the folder by name, outside it once resolved
+    for path in (str(secret), str(link), f"{upload_dir}/../server-only/secret.txt"):
+        status, _, _ = datasets.upload(user, path, "", 0.0, 0)
+        text = _error(status)
+        assert 'id="dataset-error"' in status
+        assert "not uploaded through this page" in text, text
+        assert str(secret.parent) not in text and str(upload_dir) not in text
+    # a missing file, in the folder or not: the same kind of answer, never the path
+    for path in (str(inside / "gone.txt"), str(secret.parent / "nothing-here.txt")):
+        text = _error(datasets.upload(user, path, "", 0.0, 0)[0])
+        assert "FileNotFoundError" not in text and "/" not in text, text
+    assert _dataset_count() == 0
+
+    good = inside / "animals.txt"
+    good.write_text("a red fox\nan owl at night\n")
+    status, _, _ = datasets.upload(user, str(good), "", 0.0, 0)
+    assert 'id="dataset-ok"' in status and "2 prompts" in status
+    assert _dataset_count() == 1
+
+
+def _mounted_blocks(settings):
+    """The app as served, and the Gradio Blocks mounted in it at /ui."""
+    from starlette.routing import Mount
+
+    from app.main import create_app
+
+    app = create_app(settings, enqueuer=lambda job_id, kind: None, mount_ui=True)
+    mount = next(r for r in app.routes if isinstance(r, Mount) and r.path == "/ui")
+    return app, mount.app.get_blocks()
+
+
+def test_a_forged_file_payload_never_reaches_the_handler(settings, admin, upload_dir, secret):
+    """What POST /ui/gradio_api/queue/join with {"path": "/any/server/file"} runs: the event's
+    preprocessing on the mounted Blocks. Gradio refuses the path before the handler runs and
+    copies nothing into its upload folder (a mounted app skipped that check, and the handler
+    saw the secret as a file in the upload folder)."""
+    from gradio.state_holder import SessionState
+
+    from app.ui import datasets
+
+    _, blocks = _mounted_blocks(settings)
+    fn = next(f for f in blocks.fns.values() if f.fn is datasets.upload)
+    state = SessionState(blocks)
+    state[fn.inputs[0]._id] = _token(admin)  # the logged-in admin's gr.State
+    forged = {"path": str(secret), "orig_name": "secret.txt",
+              "meta": {"_type": "gradio.FileData"}}
+    # in a thread of its own: the browser tests' Playwright keeps an event loop running in
+    # this one
+    with ThreadPoolExecutor(1) as pool, pytest.raises(Exception, match="not uploaded by a user"):
+        pool.submit(asyncio.run, blocks.process_api(
+            fn, [None, forged, "", 0.0, 0], state=state)).result()
+    assert _dataset_count() == 0
+    copied = [p for p in upload_dir.rglob("*") if p.is_file()]
+    assert not copied, copied
+
+
+# --- 2: every handler re-authenticates; the role in the session state is never trusted --------
+def _revoked_admin(make_user, admin) -> dict[str, str]:
+    from app.ui import annotators
+
+    carol = _token(make_user("carol", "admin"))
+    carol_id = next(i for label, i in annotators.account_choices(_token(admin))
+                    if "carol" in label)
+    assert "can no longer log in" in annotators.revoke_account(_token(admin), carol_id)
+    return {**carol, "name": "carol", "role": "admin"}  # her browser's state, unchanged
+
+
+def test_a_revoked_admins_open_session_gets_errors(settings, admin, make_user):
+    import gradio as gr
+
+    from app.ui import annotators, datasets, jobs, leaderboard, rollouts
+
+    carol = _revoked_admin(make_user, admin)
+    for handler in (jobs.job_choices, jobs.dataset_choices, jobs.on_login,
+                    rollouts.refresh_jobs):
+        with pytest.raises(gr.Error, match="invalid or revoked"):
+            handler(carol)
+    board, pick = leaderboard.on_login(carol, 0)
+    assert "invalid or revoked" in board and pick == gr.skip()
+    stats, admin_row, who, accounts, listing, revoke_who = annotators.on_login(carol)
+    assert "invalid or revoked" in stats
+    assert admin_row.visible is False and accounts.visible is False
+    assert who == gr.skip() and revoke_who == gr.skip() and listing == ""
+    assert "invalid or revoked" in datasets.listing_for(carol)
+
+
+def test_an_annotator_claiming_admin_in_the_session_state_gets_nothing(settings, annotator,
+                                                                      make_group):
+    """The pickers and lists are for admins by the server's word (the token's user), not the
+    role the session state carries."""
+    import gradio as gr
+
+    from app.ui import annotators, datasets, jobs, leaderboard, rollouts
+
+    make_group(g=2)
+    forged = {**_token(annotator), "role": "admin"}
+    assert jobs.job_choices(forged) == gr.skip() and jobs.dataset_choices(forged) == gr.skip()
+    timer, pick, dataset = jobs.on_login(forged)
+    assert timer.active is False and pick == gr.skip() and dataset == gr.skip()
+    assert rollouts.refresh_jobs(forged) == gr.skip()
+    assert leaderboard.on_login(forged, 0) == (gr.skip(), gr.skip())
+    stats, admin_row, who, *_ = annotators.on_login(forged)
+    assert 'data-user="bob"' in stats and admin_row.visible is False and who == gr.skip()
+    assert datasets.listing_for(forged) == ""
+
+
+# --- 3: Gradio routes that take files need a token; uploads are capped -------------------------
+@pytest.fixture
+def served(settings, monkeypatch):
+    """The app with the UI mounted, MAX_UPLOAD_BYTES small, behind a TestClient."""
+    from fastapi.testclient import TestClient
+
+    from app.config import get_settings
+
+    monkeypatch.setenv("MAX_UPLOAD_BYTES", "2000")
+    get_settings.cache_clear()
+    app, blocks = _mounted_blocks(get_settings())
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield client, blocks
+
+
+def _ui_post_routes(app) -> list[str]:
+    """Every POST route mounted under /ui (path parameters filled in), as
+    tests/app/test_route_access.py walks them."""
+    from fastapi.routing import iter_route_contexts
+    from starlette.routing import Mount
+
+    def walk(routes, prefix: str) -> list[tuple[str, set[str]]]:
+        found = []
+        for ctx in iter_route_contexts(routes):
+            route = ctx._effective_route
+            if isinstance(route, Mount):
+                found += walk(route.routes or getattr(route.app, "routes", []),
+                              prefix + route.path)
+            else:
+                found.append((prefix + ctx.path, set(ctx.methods or {"GET"})))
+        return found
+
+    return sorted({re.sub(r"\{[^}]+\}", "x", path) for path, methods in walk(app.routes, "")
+                   if "POST" in methods and path.startswith("/ui/")})
+
+
+def test_every_gradio_route_taking_a_file_needs_a_token(served, admin):
+    client, blocks = served
+    posts = _ui_post_routes(client.app)
+    assert "/ui/gradio_api/process_recording" in posts and "/ui/gradio_api/upload" in posts
+    files = {"files": ("x.txt", b"a red fox\n", "text/plain")}
+    for path in posts:
+        r = client.post(path, files=files)
+        assert r.status_code == 401, (path, r.status_code)
+        r = client.post(path, content=b"raw bytes", headers={"Content-Type": "text/plain"})
+        assert r.status_code == 401, (path, r.status_code)
+    # the recording route with a token: past the guard (Gradio answers for itself)
+    r = client.post("/ui/gradio_api/process_recording", headers=admin,
+                    files={"video": ("v.mp4", b"\0" * 10, "video/mp4")})
+    assert r.status_code != 401
+    # the public shell's JSON still works without one: the login box runs on the queue
+    r = client.post("/ui/gradio_api/queue/join", json={
+        "data": [], "fn_index": 0, "session_hash": "x", "event_data": None})
+    assert r.status_code != 401
+
+
+def test_gradio_uploads_are_capped_at_max_upload_bytes(served, admin):
+    client, blocks = served
+    assert blocks.max_file_size == 2000
+    small = client.post("/ui/gradio_api/upload", headers=admin,
+                        files={"files": ("ok.txt", b"a" * 1000, "text/plain")})
+    assert small.status_code == 200, small.text
+    big = client.post("/ui/gradio_api/upload", headers=admin,
+                      files={"files": ("big.txt", b"a" * 5000, "text/plain")})
+    assert big.status_code == 413, (big.status_code, big.text)
+
+
+# --- 7: a user's mistake reads as a message, an unexpected error never shows its text ---------
+def test_user_errors_read_clean_and_unexpected_ones_leak_nothing(settings, admin, annotator):
+    from app.ui import annotators, datasets, jobs
+    from app.ui.common import error_text
+
+    user = _token(admin)
+    assert _error(datasets.upload(user, None, "", 0.0, 0)[0]) == "choose a file first"
+    assert re.sub(r"<[^>]+>", "", jobs.act(None, "cancel", user, None)) == "pick a job first"
+    status, _ = annotators.set_excluded(user, None, True)
+    assert re.sub(r"<[^>]+>", "", status) == "pick an annotator"
+    assert "needs role admin" in jobs.act(None, "cancel", _token(annotator), 1)
+    text = error_text(FileNotFoundError(2, "No such file", "/srv/secret/thing.txt"))
+    assert "/srv/secret" not in text and "FileNotFoundError" in text
