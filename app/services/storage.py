@@ -59,6 +59,15 @@ def _length_problem(value: str) -> str | None:
     return None
 
 
+def _refuse_unnamable(value: str, allowed: str) -> None:
+    """ValueError saying what is `allowed` when `value` cannot name a file at all: empty, a
+    NUL in it, or too long for the file system (`_length_problem`)."""
+    if not value.strip() or "\x00" in value:
+        raise ValueError(f"must name {allowed}")
+    if (problem := _length_problem(value)) is not None:
+        raise ValueError(f"{problem}; must name {allowed}")
+
+
 def _is(full: Path, want: str) -> bool:
     """Whether `full` is a file (`want="file"`) or a directory; False when the file system
     cannot say (a path grown too long after symlinks, no permission)."""
@@ -75,10 +84,7 @@ def job_path(value: str, *, want: str = "file") -> Path:
     settings = get_settings()
     roots = [settings.resolved_storage_dir, settings.resolved_models_dir]
     allowed = f"a {want} under STORAGE_DIR ({roots[0]}) or MODELS_DIR ({roots[1]})"
-    if not value.strip() or "\x00" in value:
-        raise ValueError(f"must name {allowed}")
-    if (problem := _length_problem(value)) is not None:
-        raise ValueError(f"{problem}; must name {allowed}")
+    _refuse_unnamable(value, allowed)
     given = Path(value)
     for candidate in [given] if given.is_absolute() else [root / given for root in roots]:
         try:
@@ -97,10 +103,7 @@ def model_dir(value: str) -> Path:
     question (`trainer.models.model_dir_problem`). ValueError says what is allowed."""
     root = get_settings().resolved_models_dir.resolve()
     allowed = f"a directory under MODELS_DIR ({root})"
-    if not value.strip() or "\x00" in value:
-        raise ValueError(f"must name {allowed}")
-    if (problem := _length_problem(value)) is not None:
-        raise ValueError(f"{problem}; must name {allowed}")
+    _refuse_unnamable(value, allowed)
     given = Path(value)
     try:
         full = (given if given.is_absolute() else root / given).resolve()  # symlinks followed
@@ -121,10 +124,7 @@ def reward_model_dir(value: str) -> Path:
     settings = get_settings()
     roots = [settings.resolved_reward_models_dir, settings.resolved_models_dir]
     allowed = f"a directory under REWARD_MODELS_DIR ({roots[0]}) or MODELS_DIR ({roots[1]})"
-    if not value.strip() or "\x00" in value:
-        raise ValueError(f"must name {allowed}")
-    if (problem := _length_problem(value)) is not None:
-        raise ValueError(f"{problem}; must name {allowed}")
+    _refuse_unnamable(value, allowed)
     given = Path(value)
     candidates = [given] if given.is_absolute() else [root / given for root in roots]
     resolved = []

@@ -17,9 +17,8 @@ from urllib.parse import quote, unquote
 import anyio
 import httpx
 import pytest
-from fastapi.routing import iter_route_contexts
 from fastapi.testclient import TestClient
-from starlette.routing import Mount
+from route_walk import mounted_routes
 
 TIMEOUT_S = 1.0  # Gradio's event streams (heartbeat, dev reload) never end by themselves
 # every other route answers; on a loaded CI box a first call (lazy imports) can take seconds
@@ -190,19 +189,6 @@ class World:
     ids: dict[str, int]
     files: dict[str, bytes]  # path relative to STORAGE_DIR -> content
     storage: Path
-
-
-def mounted_routes(routes, prefix: str = "") -> list[tuple[str, str]]:
-    """(method, path) of every route, recursing into mounted apps (the Gradio UI)."""
-    found = []
-    for ctx in iter_route_contexts(routes):
-        route = ctx._effective_route
-        if isinstance(route, Mount):
-            found += mounted_routes(route.routes or getattr(route.app, "routes", []),
-                                    prefix + route.path)
-            continue
-        found += [(method, prefix + ctx.path) for method in sorted(ctx.methods or {"GET"})]
-    return found
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from route_walk import mounted_routes
 
 # app.ui imports gradio (about 4 s): each test imports the handlers it needs, as in
 # tests/app/test_ui_handlers.py
@@ -179,24 +180,9 @@ def served(settings, monkeypatch):
 
 
 def _ui_post_routes(app) -> list[str]:
-    """Every POST route mounted under /ui (path parameters filled in), as
-    tests/app/test_route_access.py walks them."""
-    from fastapi.routing import iter_route_contexts
-    from starlette.routing import Mount
-
-    def walk(routes, prefix: str) -> list[tuple[str, set[str]]]:
-        found = []
-        for ctx in iter_route_contexts(routes):
-            route = ctx._effective_route
-            if isinstance(route, Mount):
-                found += walk(route.routes or getattr(route.app, "routes", []),
-                              prefix + route.path)
-            else:
-                found.append((prefix + ctx.path, set(ctx.methods or {"GET"})))
-        return found
-
-    return sorted({re.sub(r"\{[^}]+\}", "x", path) for path, methods in walk(app.routes, "")
-                   if "POST" in methods and path.startswith("/ui/")})
+    """Every POST route mounted under /ui (path parameters filled in)."""
+    return sorted({re.sub(r"\{[^}]+\}", "x", path) for method, path in mounted_routes(app.routes)
+                   if method == "POST" and path.startswith("/ui/")})
 
 
 def test_every_gradio_route_taking_a_file_needs_a_token(served, admin):
