@@ -11,56 +11,105 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
 
-    data_dir: Path = Path("./data")
-    database_url: str | None = None
-    storage_dir: Path | None = None
-    # local model weights jobs may name by path (base checkpoints, CLIP for preference fits);
-    # with STORAGE_DIR the only places a job config's paths may point into
-    models_dir: Path | None = None
-    # weights of the model-backed rewards (hpsv2, pickscore, clip_score, aesthetic,
-    # imagereward), one subdirectory per reward; the trainer reads the same variable from the
-    # environment (trainer/rewards/models.py), and the worker hands it the resolved directory
-    reward_models_dir: Path | None = None
-    broker_url: str | None = None
+    data_dir: Path = Field(
+        Path("./data"), description="DATA_DIR: the directory everything local lives under by "
+        "default: the SQLite database (studio.db), STORAGE_DIR, MODELS_DIR, REWARD_MODELS_DIR "
+        "and the embedded broker (broker/). Default ./data, relative to the working directory.")
+    database_url: str | None = Field(
+        None, description="DATABASE_URL: the SQLAlchemy URL of the database (e.g. a "
+        "PostgreSQL one). Unset: a SQLite file DATA_DIR/studio.db.")
+    storage_dir: Path | None = Field(
+        None, description="STORAGE_DIR: where the studio writes its files (sample images and "
+        "thumbnails, checkpoints, preference models, tracking) and serves them from "
+        "(/api/media, never outside it); a job's base_checkpoint and clip_path must lie in it or "
+        "in MODELS_DIR. Unset: DATA_DIR/storage.")
+    models_dir: Path | None = Field(
+        None, description="MODELS_DIR: local model weights an operator installed that jobs may "
+        "name by path: flux / sd3 model directories (here only), base checkpoints and CLIP "
+        "weights (here or in STORAGE_DIR), reward weights (here or in REWARD_MODELS_DIR). "
+        "Unset: DATA_DIR/models.")
+    reward_models_dir: Path | None = Field(
+        None, description="REWARD_MODELS_DIR: weights of the model-backed rewards (hpsv2, "
+        "pickscore, clip_score, aesthetic, imagereward), one subdirectory per reward: a reward "
+        "a job names without a path loads from REWARD_MODELS_DIR/<name>. The trainer run alone "
+        "reads the same variable from the environment; a job's worker hands it each "
+        "reward's resolved directory (so a value in .env counts too). Unset: "
+        "DATA_DIR/reward_models.")
+    broker_url: str | None = Field(
+        None, description="BROKER_URL: the Celery broker the API sends jobs to and the workers "
+        "take them from (e.g. redis://host:6379/0). Unset: the embedded broker, kombu's "
+        "filesystem transport under DATA_DIR/broker, shared by every process with that "
+        "DATA_DIR.")
     # --- workers (worker/celery_app.py, worker/reaper.py) ------------------------------
-    # Celery result backend; unset: the broker's Redis, or with the embedded broker a SQLite
-    # file `DATA_DIR/broker/results.sqlite`
-    result_backend: str | None = None
-    # Redis key prefix for every broker and result key (several deployments on one Redis)
-    broker_key_prefix: str = ""
-    # Redis redelivers an unacknowledged task after this long: longer than the longest job
-    broker_visibility_timeout: int = 7 * 24 * 3600
-    job_heartbeat_seconds: float = 10.0  # a running job's heartbeat period
-    job_stale_seconds: float = 120.0  # no heartbeat for this long: the worker is gone
-    job_max_attempts: int = 3  # runs of one job (first + resumes after lost workers)
-    reaper_interval_seconds: float = 30.0  # how often each worker looks for stale jobs
-    train_nproc: int = 1  # processes (GPUs) per train job; > 1 launches torchrun (DDP)
+    result_backend: str | None = Field(
+        None, description="RESULT_BACKEND: the Celery result backend. Unset: the broker's "
+        "Redis when BROKER_URL is a Redis URL (none for another broker), or with the embedded "
+        "broker a SQLite file DATA_DIR/broker/results.sqlite.")
+    broker_key_prefix: str = Field(
+        "", description="BROKER_KEY_PREFIX: a prefix for every Redis broker and result key, so "
+        "several deployments (or test runs) share one Redis; read only with a BROKER_URL. "
+        "Empty: no prefix.")
+    broker_visibility_timeout: int = Field(
+        7 * 24 * 3600, description="BROKER_VISIBILITY_TIMEOUT: seconds after which Redis "
+        "redelivers an unacknowledged task; keep it longer than the longest job, or a running "
+        "job's message reaches a second worker. Read only with a BROKER_URL; default a week.")
+    job_heartbeat_seconds: float = Field(
+        10.0, description="JOB_HEARTBEAT_SECONDS: a running job's heartbeat period in seconds "
+        "(a thread beats, so a long iteration never looks like a dead worker).")
+    job_stale_seconds: float = Field(
+        120.0, description="JOB_STALE_SECONDS: a running job with no heartbeat for this many "
+        "seconds has lost its worker: the reaper requeues it (or fails it after "
+        "JOB_MAX_ATTEMPTS runs) and another worker may claim it. Also the least time an "
+        "unseen worker still counts as live.")
+    job_max_attempts: int = Field(
+        3, description="JOB_MAX_ATTEMPTS: runs of one job (the first plus resumes after lost "
+        "workers) before the reaper marks it failed.")
+    reaper_interval_seconds: float = Field(
+        30.0, description="REAPER_INTERVAL_SECONDS: how often each worker looks for stale jobs "
+        "and reports itself live; a worker unseen for three intervals (and JOB_STALE_SECONDS) "
+        "is no longer counted.")
+    train_nproc: int = Field(
+        1, description="TRAIN_NPROC: processes (GPUs) per train job on this worker; above 1 "
+        "the job runs under torchrun (DDP). A multi-host job runs train_nnodes x TRAIN_NPROC "
+        "processes.")
     # --- train jobs on several hosts (train_nnodes > 1; worker/torchrun.py) ---------------
-    # the address other hosts reach this worker at (torchrun's rendezvous when this worker
-    # holds the job, and its --local-addr); empty: the host's fully qualified name
-    worker_host: str = ""
-    # the rendezvous port of the jobs this worker holds; 0: a free one (a fixed one lets a
-    # firewall open just it, but then only one GPU worker per host may hold such a job at once)
-    rdzv_port: int = 0
-    # how long a multi-host job waits for every host to join before it fails
-    rdzv_join_timeout: int = 600
+    worker_host: str = Field(
+        "", description="WORKER_HOST: the address other hosts reach this worker at when it "
+        "holds a multi-host train job (torchrun's rendezvous endpoint and --local-addr). "
+        "Empty: the host's fully qualified name.")
+    rdzv_port: int = Field(
+        0, description="RDZV_PORT: the rendezvous port of the multi-host train jobs this "
+        "worker holds. 0: a free one each time; a fixed one lets a firewall open just it, but "
+        "then only one GPU worker per host may hold such a job at once.")
+    rdzv_join_timeout: int = Field(
+        600, description="RDZV_JOIN_TIMEOUT: seconds a multi-host train job waits for every "
+        "host to join before it fails.")
 
     # --- pair selection (app/services/votes.py, issue 6) ----------------------------------
-    # once a preference model has scored the samples, this share of GET /api/votes/next pairs
-    # stays uniformly random (to check the fit for selection bias); the rest is active
-    vote_random_share: float = 0.2
-    vote_active: bool = True  # active selection on/off (off: always uniformly random)
+    vote_random_share: float = Field(
+        0.2, description="VOTE_RANDOM_SHARE: once a preference model has scored the samples, "
+        "this share of GET /api/votes/next pairs stays uniformly random (to check the fit for "
+        "selection bias); the rest is chosen actively.")
+    vote_active: bool = Field(
+        True, description="VOTE_ACTIVE: active pair selection on or off; off: the random "
+        "strategies only, as before any preference model exists.")
 
-    max_prompt_length: int = 2000
-    max_upload_bytes: int = 50 * 1024 * 1024
-    # how long a browser may cache an image (they never change once written)
-    image_cache_seconds: int = 86400
+    max_prompt_length: int = Field(
+        2000, description="MAX_PROMPT_LENGTH: the longest prompt, in characters, that a "
+        "dataset upload or a job's prompts may hold; longer ones are refused.")
+    max_upload_bytes: int = Field(
+        50 * 1024 * 1024, description="MAX_UPLOAD_BYTES: the largest dataset upload, in bytes, "
+        "the API and the UI take (default 50 MiB); a larger one is refused.")
+    image_cache_seconds: int = Field(
+        86400, description="IMAGE_CACHE_SECONDS: how long a browser may cache a stored file "
+        "from /api/media (Cache-Control max-age); they never change once written.")
 
     @property
     def resolved_database_url(self) -> str:

@@ -75,7 +75,7 @@ def _reward_server_check(field: str, url: str, paths: dict[str, str]) -> None:
             raise PydanticCustomError("reward_server", "{message}", {"message": problem.message})
 
 
-class _SamplingCfg(_Cfg):
+class SamplingConfig(_Cfg):
     """The model fields of the sampling kinds (rollout, evaluate); submission fills in the
     model and the default rewards (app.services.jobs), so a stored config says what ran."""
 
@@ -114,39 +114,62 @@ class _SamplingCfg(_Cfg):
         return url
 
 
-class RolloutConfig(_SamplingCfg):
+class RolloutConfig(SamplingConfig):
     """Sample groups for a dataset's prompts from a checkpoint and store them for voting."""
 
     dataset_id: int = Field(ge=1, le=MAX_ID, description="Dataset whose prompts are sampled.")
     checkpoint_id: int | None = Field(None, ge=1, le=MAX_ID,
                                       description="Checkpoint to sample; none = base model.")
-    split: Literal["train", "eval", "all"] = "train"
-    max_prompts: int | None = Field(None, ge=1, le=100_000)
+    split: Literal["train", "eval", "all"] = Field(
+        "train", description="The dataset's prompts sampled: its 'train' or 'eval' split (set "
+        "at upload) or 'all'.")
+    max_prompts: int | None = Field(None, ge=1, le=100_000, description="Sample only the "
+                                    "first N prompts of the split, in upload order; empty: "
+                                    "every prompt of the split.")
     group_size: int = Field(8, ge=2, le=256, description="Samples per group (G).")
     sigma: float = Field(0.3, ge=0.0, le=1.0, description="Neighbourhood radius of the noises.")
-    solver: Literal["dpm++", "euler"] = "dpm++"
-    steps: int = Field(8, ge=2, le=1000)
-    seed: int = Field(0, ge=0, le=MAX_ID)
+    solver: Literal["dpm++", "euler"] = Field(
+        "dpm++", description="ODE solver from noise to image: DPM-Solver++(2M) or Euler, on "
+        "the model's own (shifted) schedule.")
+    steps: int = Field(8, ge=2, le=1000, description="Solver steps per sample (T).")
+    seed: int = Field(0, ge=0, le=MAX_ID, description="Noise seed: each prompt's group "
+                      "noises follow from it and the prompt's id (the seed drawn is stored "
+                      "with the group), so the same seed samples the same noises again.")
     reward_names: list[str] = Field(default_factory=list, max_length=32,
                                     description="Rewards scored on each sample (registry "
                                     "names); empty: count, color and shape for the shapes "
                                     "model, jpeg_compressibility for flux / sd3.")
 
 
-class EvaluateConfig(_SamplingCfg):
+class EvaluateConfig(SamplingConfig):
     """Fixed prompts and seeds from checkpoints, scored with any set of rewards; images feed
     cross-checkpoint votes, reward means are stored on each checkpoint (the leaderboard)."""
 
     checkpoint_ids: list[Annotated[int, Field(ge=1, le=MAX_ID)]] = Field(
         min_length=1, max_length=64, description="Distinct checkpoints: each is scored with "
         "the rewards; two or more also give cross-checkpoint pairs to vote on.")
-    dataset_id: int | None = Field(None, ge=1, le=MAX_ID)
-    split: Literal["train", "eval", "all"] = "eval"
-    prompts: list[str] = Field(default_factory=list, max_length=10_000)
-    max_prompts: int | None = Field(None, ge=1, le=100_000)
-    seeds: list[Annotated[int, Field(ge=0, le=MAX_ID)]] = Field(default_factory=lambda: [0, 1, 2, 3], min_length=1, max_length=1000)
-    solver: Literal["dpm++", "euler"] = "dpm++"
-    steps: int = Field(8, ge=2, le=1000)
+    dataset_id: int | None = Field(None, ge=1, le=MAX_ID, description="Dataset whose "
+                                   "`split` prompts are evaluated when `prompts` is empty; "
+                                   "neither given: the shapes world's 48 prompts.")
+    split: Literal["train", "eval", "all"] = Field(
+        "eval", description="The dataset's split evaluated: 'train', 'eval' or 'all'; read "
+        "only with dataset_id and no prompts.")
+    prompts: list[str] = Field(default_factory=list, max_length=10_000, description="Prompts "
+                               "to evaluate, in order; given, they win over dataset_id (which "
+                               "wins over the shapes world's 48 prompts).")
+    max_prompts: int | None = Field(None, ge=1, le=100_000, description="Evaluate only the "
+                                    "first N of the prompts chosen (prompts, else the dataset "
+                                    "split in upload order, else the 48 shapes prompts); "
+                                    "empty: all of them.")
+    seeds: list[Annotated[int, Field(ge=0, le=MAX_ID)]] = Field(
+        default_factory=lambda: [0, 1, 2, 3], min_length=1, max_length=1000,
+        description="Noise seeds: each checkpoint samples every prompt once per seed, a seed "
+        "giving the same starting noise everywhere, so a (prompt, seed) of two checkpoints is "
+        "a cross-checkpoint pair.")
+    solver: Literal["dpm++", "euler"] = Field(
+        "dpm++", description="ODE solver from noise to image: DPM-Solver++(2M) or Euler, on "
+        "the model's own (shifted) schedule.")
+    steps: int = Field(8, ge=2, le=1000, description="Solver steps per image.")
     reward_names: list[str] = Field(default_factory=list, max_length=32,
                                     description="Rewards scored on each image: any registry "
                                     "names, model-backed ones (hpsv2, pickscore, clip_score, "

@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from sqlalchemy.exc import DataError
 
-from app import db
+from app import db, queue
 from app.config import Settings, get_settings
 from app.errors import ServiceError
 from app.schemas import Problems, validation_problem
@@ -36,17 +36,6 @@ def migrations_current() -> bool:
     with db.get_engine().connect() as conn:
         current = set(MigrationContext.configure(conn).get_current_heads())
     return current == heads
-
-
-def default_enqueuer() -> Enqueuer | None:
-    """Celery, when the worker package is installed beside the app (it is in this project);
-    without it, launched jobs stay queued and say so in the log."""
-    try:
-        from worker.celery_app import enqueue
-    except ImportError as exc:
-        log.warning("no worker package (%s): launched jobs stay queued", exc)
-        return None
-    return enqueue
 
 
 def _document_problems(app: FastAPI) -> None:
@@ -73,9 +62,8 @@ def _document_problems(app: FastAPI) -> None:
 def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = None,
                mount_ui: bool = True) -> FastAPI:
     """Build the app. `settings` rebinds the database engine (tests); `enqueuer(job_id, kind)`
-    sends launched jobs to workers (default: `worker.celery_app.enqueue`, the Celery task of
-    the kind on its queue). The enqueuer is injected here, at the edge, so that services never
-    import the worker."""
+    sends launched jobs to workers (default: `app.queue.enqueue`, the Celery message of the
+    kind's task on its queue, sent by name: the app never imports the worker)."""
     if settings is not None:
         db.configure(settings)
     settings = settings or get_settings()
@@ -93,7 +81,7 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
     app = FastAPI(title="Neighbor GRPO Studio", version="0.1.0", lifespan=lifespan,
                   description="Datasets, rollouts, pairwise votes, jobs and checkpoints.")
     app.state.settings = settings
-    app.state.enqueuer = enqueuer or default_enqueuer()
+    app.state.enqueuer = enqueuer or queue.enqueue
 
     @app.exception_handler(ServiceError)
     async def service_error(_request: Request, exc: ServiceError) -> JSONResponse:

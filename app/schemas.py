@@ -12,7 +12,7 @@ from pydantic_core import PydanticCustomError
 
 from app.errors import Invalid
 from app.job_kinds import KindName
-from app.limits import MAX_ID
+from app.limits import CLIENT_VOTE_ID_PATTERN, MAX_ID
 from trainer.rewards.outcomes import OUTCOMES
 
 T = TypeVar("T")
@@ -190,7 +190,7 @@ class NextPair(BaseModel):
 
 class VoteIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    client_vote_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")
+    client_vote_id: str = Field(min_length=1, max_length=64, pattern=CLIENT_VOTE_ID_PATTERN)
     sample_a_id: int = Field(ge=1, le=MAX_ID, description="The sample shown on the left.")
     sample_b_id: int = Field(ge=1, le=MAX_ID, description="The sample shown on the right.")
     outcome: Literal[OUTCOMES]  # the same enum in OpenAPI as the values spelt out

@@ -68,7 +68,7 @@ def bootstrap(demo_job: bool = True, enqueuer: Enqueuer | None = None) -> Bootst
             _, token = auth.create_user(s, "admin", "admin")
         if demo_job and not s.scalar(select(func.count()).select_from(Job)):
             if enqueuer is None:
-                from worker.celery_app import enqueue as enqueuer
+                from app.queue import enqueue as enqueuer
             arena_id = jobs.launch_job(s, enqueuer, "rollout",
                                        {"dataset_id": ds_id, **DEMO_ARENA_ROLLOUT}).id
             job_id = jobs.launch_job(s, enqueuer, "train", preset="shapes-quick-demo").id

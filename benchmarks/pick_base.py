@@ -2,10 +2,13 @@
 exact-count accuracy on the 48 x 20 evaluation (DPM++ 8 steps) lies in [0.30, 0.70], the range
 issue 18 asks for (recognisable shapes, room above for RL), the cheapest to run on a CPU (the
 largest patches, then the smallest file), then the best combined reward (count, colour, shape).
-Copies it with its training log and evaluation into DEST. Usage: pick_base.py OUT DEST"""
+Copies it with its training log and evaluation into DEST.
+
+Usage: python benchmarks/pick_base.py OUT DEST (see --help)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import sys
@@ -16,7 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trainer.models.shapes_dit import checkpoint_config  # noqa: E402
 
 
-def main(out: Path, dest: Path) -> int:
+def pick(out: Path, dest: Path) -> int:
+    """Pick the base among OUT's evaluated checkpoints and copy it into DEST; 0 when one was
+    picked, 1 when no checkpoint's accuracy lies in [0.30, 0.70]."""
     candidates = []
     for path in out.glob("*/eval-*.json"):
         result = json.loads(path.read_text())
@@ -42,5 +47,30 @@ def main(out: Path, dest: Path) -> int:
     return 0
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pick_base.py",
+        description="Pick the shapes base model from a benchmarks/base_variants_gpu.sh run: among "
+                    "the checkpoints whose exact-count accuracy (48 x 20 evaluation, DPM++ 8 steps) "
+                    "lies in [0.30, 0.70], the cheapest on a CPU (largest patches, then smallest "
+                    "file), then the best combined reward. Copies it to DEST/base.safetensors, with "
+                    "train_base_log.jsonl, base_eval.json and, when present, "
+                    "base_eval_euler16.json. Exits 1 when no checkpoint is in range.")
+    parser.add_argument("out", type=Path, metavar="OUT",
+                        help="the base_variants_gpu.sh output directory: one subdirectory per "
+                             "variant holding its checkpoints (NAME.safetensors), their "
+                             "evaluations (eval-NAME.json, optionally euler16-NAME.json) and "
+                             "train_base_log.jsonl")
+    parser.add_argument("dest", type=Path, metavar="DEST",
+                        help="where to copy the picked base (created if missing), e.g. "
+                             "trainer/shapes/assets")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return pick(args.out, args.dest)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main(Path(sys.argv[1]), Path(sys.argv[2])))
+    raise SystemExit(main())

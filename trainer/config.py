@@ -211,8 +211,9 @@ class AlgorithmArguments:
     method: str = _field("neighbor", "Training algorithm: Neighbor GRPO ('neighbor') or the "
                          "SDE-based baseline ('sde', DanceGRPO / Flow-GRPO style).",
                          choices=("neighbor", "sde"), group="algorithm")
-    prompts: list = _field([], "Training prompts. Empty means all 48 shapes prompts.",
-                           group="algorithm")
+    prompts: list = _field([], "Training prompts. Empty means the train split of the job's "
+                           "dataset when it names one (the studio), else the 48 shapes "
+                           "prompts.", group="algorithm")
     # --- budget --------------------------------------------------------------------------
     iterations: int = _field(200, "Number of GRPO iterations.", min=1, max=1_000_000,
                              group="algorithm")
@@ -430,6 +431,11 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
                                             for p in self.prompts):
             out.append(ConfigError("prompts", "must be a list of non-empty strings without NUL "
                                               "characters"))
+        elif "prompts" not in bad and self.model == "shapes":
+            from trainer.shapes.world import shapes_prompt_problem
+
+            if (problem := shapes_prompt_problem(self.prompts)) is not None:
+                out.append(ConfigError("prompts", problem))
         return out
 
     def _model_problems(self, bad: set[str]) -> list[ConfigError]:

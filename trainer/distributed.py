@@ -26,6 +26,7 @@ Nothing in the trainer's other files knows about this module.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,11 +34,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer.grpo import SEED_LIMIT
+from trainer.grpo import SEED_LIMIT, IterationResult
 from trainer.models.base import FlowModel, copy_weights
 
 if TYPE_CHECKING:
+    from torch.nn.modules.module import _IncompatibleKeys
+
     from trainer.config import TrainConfig
+    from trainer.loop import Trainer
 
 
 def init_from_env() -> tuple[int, int]:
@@ -243,10 +247,11 @@ class DistributedFlowModel(FlowModel):
                              "construct DistributedFlowModel with with_reference=True")
         return self._reference
 
-    def state_dict(self, *args: Any, **kwargs: Any):  # the unwrapped names
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # the unwrapped names
         return self.inner.state_dict(*args, **kwargs)
 
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True,
+                        assign: bool = False) -> _IncompatibleKeys:
         return self.inner.load_state_dict(state_dict, strict=strict, assign=assign)
 
 
@@ -301,7 +306,7 @@ def _average_metrics(metrics: dict[str, Any], device: torch.device) -> dict[str,
     return out
 
 
-def make_distributed(trainer):
+def make_distributed(trainer: Trainer) -> Trainer:
     """Shard the trainer's prompts and RNG by rank, average metrics (see the module doc).
     `trainer.model` must be a DistributedFlowModel. Returns the trainer."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -317,7 +322,9 @@ def make_distributed(trainer):
     def sample_prompts() -> list[str]:
         return global_sample()[rank::world]
 
-    def sharded_iteration(model, optimizer, prompts, config, generator, **extra):
+    def sharded_iteration(model: FlowModel, optimizer: torch.optim.Optimizer,
+                          prompts: list[str], config: TrainConfig, generator: torch.Generator,
+                          **extra: Any) -> IterationResult:
         # one draw from the shared RNG keeps ranks in step; each rank gets its own stream
         base = int(torch.randint(0, SEED_LIMIT, (1,), generator=generator))
         local = torch.Generator().manual_seed(base + rank)

@@ -1,15 +1,10 @@
 """The Celery app: queues `gpu` (sampling, training, evaluation) and `cpu` (preference fitting,
 imports, reward scoring), late acks, one message at a time per process.
 
-Broker and result backend come from the app settings:
-- `BROKER_URL=redis://host:6379/0` (production, docker-compose): Redis for both, with a
-  `visibility_timeout` (`BROKER_VISIBILITY_TIMEOUT`, default a week) longer than the longest
-  job, so Redis never hands a running job's message to a second worker; `BROKER_KEY_PREFIX`
-  prefixes every key (several deployments, or test runs, on one Redis).
-- unset (a fresh machine, `make demo`): kombu's filesystem transport under
-  `DATA_DIR/broker` (tasks, remote control/inspect and revoke all work on it) and a SQLite
-  result backend `DATA_DIR/broker/results.sqlite`. Every process that shares `DATA_DIR`
-  shares the queue.
+Broker and result backend come from the app settings, read the way the app's sending side
+reads them (`app.queue.broker_settings`: Redis with BROKER_URL, else the filesystem transport
+under DATA_DIR/broker), so the two always meet on one broker. Jobs are sent with
+`app.queue.enqueue`, by the API and by workers alike.
 
 Run a worker: `celery -A worker.celery_app worker -Q gpu,cpu --pool solo` (see README).
 """
@@ -18,7 +13,6 @@ from __future__ import annotations
 
 import warnings
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 from celery import Celery
 from celery.exceptions import SecurityWarning
@@ -26,6 +20,7 @@ from kombu import Queue
 
 from app.config import Settings, get_settings
 from app.job_kinds import KINDS, QUEUE_NAMES
+from app.queue import MESSAGE_SETTINGS, broker_settings
 
 QUEUES = QUEUE_NAMES
 # not a job kind (no row, nobody launches it): another host's part of a multi-host train job,
@@ -34,40 +29,10 @@ JOIN_TRAIN_TASK = "worker.tasks.join_train"
 
 # Celery warns on every start as root (a container's default user, `make demo` on a root
 # shell). The danger it names is unpickling broker messages as root; this app accepts JSON
-# only (accept_content below; with pickle Celery refuses to start as root, which still
+# only (accept_content in app.queue.MESSAGE_SETTINGS; with pickle Celery refuses to start as root, which still
 # happens), so that one warning goes. Every other warning, security ones included, stays.
 warnings.filterwarnings("ignore", message="You're running the worker with superuser privileges",
                         category=SecurityWarning)
-
-
-def broker_settings(settings: Settings) -> dict:
-    """The Celery config keys that depend on the settings (broker, backend, options)."""
-    url = settings.broker_url
-    if url:
-        transport: dict = {"visibility_timeout": settings.broker_visibility_timeout}
-        if settings.broker_key_prefix:
-            transport["global_keyprefix"] = settings.broker_key_prefix
-        backend = settings.result_backend or (url if url.startswith(("redis", "rediss")) else None)
-        conf = {"broker_url": url, "broker_transport_options": transport,
-                "result_backend": backend}
-        if backend and backend.startswith(("redis", "rediss")):
-            conf["result_backend_transport_options"] = dict(transport)
-        return conf
-    root = (Path(settings.data_dir) / "broker").resolve()
-    folders = {name: root / name for name in ("queue", "processed", "control")}
-    for folder in folders.values():
-        folder.mkdir(parents=True, exist_ok=True)
-    return {
-        # the filesystem transport ignores the host; naming the one kombu would assume keeps
-        # it from warning "No hostname was supplied" on every connection
-        "broker_url": "filesystem://localhost//",
-        "broker_transport_options": {
-            "data_folder_in": str(folders["queue"]), "data_folder_out": str(folders["queue"]),
-            "processed_folder": str(folders["processed"]), "store_processed": False,
-            "control_folder": str(folders["control"]),
-        },
-        "result_backend": settings.result_backend or f"db+sqlite:///{root / 'results.sqlite'}",
-    }
 
 
 def make_celery(settings: Settings | None = None) -> Celery:
@@ -86,7 +51,6 @@ def make_celery(settings: Settings | None = None) -> Celery:
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         task_track_started=True,
-        task_serializer="json", result_serializer="json", accept_content=["json"],
         result_expires=timedelta(days=7),
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
@@ -96,19 +60,12 @@ def make_celery(settings: Settings | None = None) -> Celery:
         beat_schedule={"reap-stale-jobs": {
             "task": "worker.tasks.reap", "schedule": settings.reaper_interval_seconds,
             "options": {"queue": "cpu", "expires": settings.reaper_interval_seconds}}},
-        timezone="UTC",
+        **MESSAGE_SETTINGS,
     )
     return app
 
 
 celery_app = make_celery()
-
-
-def enqueue(job_id: int, kind: str) -> None:
-    """The application's default enqueuer (`create_app`, the demo, the reaper, a requeue):
-    the kind's task with args [job_id], to the kind's queue (`app.job_kinds`)."""
-    job_kind = KINDS[kind]
-    celery_app.send_task(job_kind.task, args=[job_id], queue=job_kind.queue)
 
 
 def send_join(kwargs: dict, deadline: float) -> None:

@@ -45,8 +45,8 @@ from worker.training import (
     attach_preference,
     attach_preference_version,
     checkpoint_root,
-    job_train_config,
     prepare_trainer,
+    train_config_of,
 )
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     comm = local_device() if dist.get_backend() == "nccl" else "cpu"
     log_node(job_id, rank, world)
     with session_scope() as s:
-        config = job_train_config(jobs.get_job(s, job_id).config)
+        config = train_config_of(s, jobs.get_job(s, job_id))
     model = load_distributed_model(config)  # every rank, same time
     sharded = config.parallelism == "fsdp"
     if rank == 0:  # resumes and truncates the metric history past the checkpoint
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     if error is not None:
         raise error
     if recorder.requeued:
-        from worker.celery_app import enqueue
+        from app.queue import enqueue
 
         enqueue(job_id, "train")
     elif not recorder.cancelled:

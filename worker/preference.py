@@ -22,6 +22,7 @@ import numpy as np
 from PIL import Image
 
 from app.db import session_scope
+from app.job_kinds import FitPreferenceConfig
 from app.services import jobs, storage
 from app.services import preference as pref_svc
 from trainer.config import TrainConfig
@@ -58,12 +59,13 @@ class ImageCache:
         return image
 
 
-def fit_config_from(cfg: dict[str, Any]) -> FitConfig:
-    device = str(resolve_device(cfg.get("device", "auto")))
-    fields = {k: cfg[k] for k in FIT_FIELDS if k in cfg}
-    if fields.get("features") == "clip":  # inside STORAGE_DIR or MODELS_DIR, as checked
-        fields["clip_path"] = str(storage.job_path(fields["clip_path"], want="dir"))
-    return FitConfig(**fields, device=device)
+def fit_config_from(cfg: FitPreferenceConfig) -> FitConfig:
+    """The trainer's FitConfig of a fit_preference job: its fields, the device resolved on
+    this worker and clip_path inside STORAGE_DIR or MODELS_DIR (as submission checked)."""
+    fields = cfg.model_dump(include=set(FIT_FIELDS))
+    if cfg.features == "clip":
+        fields["clip_path"] = str(storage.job_path(cfg.clip_path, want="dir"))
+    return FitConfig(**fields, device=str(resolve_device(cfg.device)))
 
 
 def fit_and_record(fit_config: FitConfig, *, job_id: int | None = None, min_votes: int = 0,
@@ -125,11 +127,10 @@ def score_all_samples(model: PreferenceModel, version: int, images: ImageCache |
 def run_fit_preference(job_id: int, worker_name: str) -> str:
     """The fit_preference job (already claimed by `worker.tasks.run_job`)."""
     with session_scope() as s:
-        cfg = dict(jobs.get_job(s, job_id).config)
+        cfg = FitPreferenceConfig.model_validate(jobs.get_job(s, job_id).config)
         jobs.update_progress(s, job_id, 0, 2)
-    _model, row = fit_and_record(fit_config_from(cfg), job_id=job_id,
-                                 min_votes=int(cfg.get("min_votes", 0)),
-                                 score_samples=bool(cfg.get("score_samples", True)))
+    _model, row = fit_and_record(fit_config_from(cfg), job_id=job_id, min_votes=cfg.min_votes,
+                                 score_samples=cfg.score_samples)
     metrics = clean_metrics({"preference_model_version": row["version"],
                              "preference_model_path": row["path"],
                              "votes_used": row["votes_used"], **row["report"]})

@@ -19,8 +19,8 @@ from datetime import timedelta
 
 from app.config import get_settings
 from app.db import session_scope
+from app.queue import enqueue
 from app.services import jobs
-from worker.celery_app import enqueue
 
 log = logging.getLogger(__name__)
 

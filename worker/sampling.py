@@ -29,7 +29,7 @@ from sqlalchemy import select
 
 from app.config import get_settings
 from app.db import session_scope
-from app.job_kinds import default_reward_names
+from app.job_kinds import EvaluateConfig, RolloutConfig, SamplingConfig, default_reward_names
 from app.models import Prompt, RolloutGroup
 from app.services import checkpoints, jobs, rollouts, storage
 from trainer.evaluation import sample_images
@@ -54,12 +54,12 @@ class Cancelled(Exception):
     pass
 
 
-def sampling_spec(cfg: dict[str, Any], checkpoint_id: int | None) -> ModelSpec:
+def sampling_spec(cfg: SamplingConfig, checkpoint_id: int | None) -> ModelSpec:
     """What a rollout or evaluate job samples: a recorded checkpoint's model as its run built
     it (the run config it carries), or for None the base of the config's model. The config's
     model_path, resolution and guidance_scale replace the checkpoint's when set. A missing or
     incomplete model directory is a JobError, raised before anything loads."""
-    model = cfg.get("model") or "shapes"
+    model = cfg.model or "shapes"
     if checkpoint_id is None:
         # the base in its own dtype, through a zero-initialised rank-1 adapter (peft's B = 0:
         # the output is exactly the base's), where 'full' would copy the transformer to fp32
@@ -70,24 +70,23 @@ def sampling_spec(cfg: dict[str, Any], checkpoint_id: int | None) -> ModelSpec:
             path = checkpoints.checkpoint_file(s, checkpoint_id)
         spec = checkpoint_spec(path)
     if uses_model_directory(spec.name):
-        spec.path = str(model_directory(spec.name, cfg.get("model_path") or spec.path))
-    if cfg.get("resolution"):
-        spec.resolution = int(cfg["resolution"])
-    if cfg.get("guidance_scale") is not None:
-        spec.guidance_scale = float(cfg["guidance_scale"])
+        spec.path = str(model_directory(spec.name, cfg.model_path or spec.path))
+    if cfg.resolution:
+        spec.resolution = cfg.resolution
+    if cfg.guidance_scale is not None:
+        spec.guidance_scale = cfg.guidance_scale
     return spec
 
 
-def load_sampling_model(cfg: dict[str, Any], checkpoint_id: int | None) -> FlowModel:
+def load_sampling_model(cfg: SamplingConfig, checkpoint_id: int | None) -> FlowModel:
     """The model `sampling_spec` describes, on this worker's device."""
     return load_flow_model(sampling_spec(cfg, checkpoint_id), device=resolve_device("auto"))
 
 
-def reward_names(kind: str, cfg: dict[str, Any]) -> list[str]:
+def reward_names(kind: str, cfg: RolloutConfig | EvaluateConfig) -> list[str]:
     """The rewards a job scores: its config's (submission fills in the model's defaults; rows
     stored before that hold none)."""
-    return list(cfg.get("reward_names") or default_reward_names(kind, cfg.get("model")
-                                                                 or "shapes"))
+    return list(cfg.reward_names or default_reward_names(kind, cfg.model or "shapes"))
 
 
 def prepare_rewards(names: list[str], given: dict[str, str] | None = None,
@@ -158,18 +157,18 @@ def _progress(job_id: int, worker_name: str, done: int, total: int,
 
 def run_rollout(job_id: int, worker_name: str) -> str:
     with session_scope() as s:
-        cfg = dict(jobs.get_job(s, job_id).config)
+        cfg = RolloutConfig.model_validate(jobs.get_job(s, job_id).config)
         done_ids = set(s.scalars(select(RolloutGroup.prompt_id).where(RolloutGroup.job_id == job_id)))
-        ckpt_iteration = (checkpoints.get_checkpoint(s, cfg["checkpoint_id"]).iteration
-                          if cfg.get("checkpoint_id") else 0)
-    prompts = dataset_prompts(cfg["dataset_id"], cfg["split"], cfg.get("max_prompts"))
+        ckpt_iteration = (checkpoints.get_checkpoint(s, cfg.checkpoint_id).iteration
+                          if cfg.checkpoint_id else 0)
+    prompts = dataset_prompts(cfg.dataset_id, cfg.split, cfg.max_prompts)
     if not prompts:
-        raise ValueError(f"dataset {cfg['dataset_id']} has no {cfg['split']} prompts")
+        raise JobError(f"dataset {cfg.dataset_id} has no {cfg.split!r} prompts")
     names = reward_names("rollout", cfg)
-    scorer = prepare_rewards(names, server_url=cfg.get("reward_server_url") or "")
-    model = load_sampling_model(cfg, cfg.get("checkpoint_id"))
+    scorer = prepare_rewards(names, server_url=cfg.reward_server_url)
+    model = load_sampling_model(cfg, cfg.checkpoint_id)
     weights = {name: 1.0 for name in names}
-    g, steps, batch = cfg["group_size"], cfg["steps"], cfg.get("batch_size", 0)
+    g, steps, batch = cfg.group_size, cfg.steps, cfg.batch_size
     device = next(model.parameters()).device
     todo = [(pid, text) for pid, text in prompts if pid not in done_ids]
     done = len(prompts) - len(todo)
@@ -177,14 +176,14 @@ def run_rollout(job_id: int, worker_name: str) -> str:
         _progress(job_id, worker_name, done, len(prompts))
         for start in range(0, len(todo), CHUNK):
             chunk = todo[start:start + CHUNK]
-            seeds = [prompt_seed(cfg["seed"], pid) for pid, _ in chunk]
+            seeds = [prompt_seed(cfg.seed, pid) for pid, _ in chunk]
             texts = [text for _, text in chunk]
             p = len(chunk)
             with torch.no_grad():
                 model.eval()
-                noises = group_noises(seeds, g, cfg["sigma"], model.latent_shape, device)
+                noises = group_noises(seeds, g, cfg.sigma, model.latent_shape, device)
                 cond = repeat_cond(model.encode_prompts(texts), g)
-                traj = rollout(cfg["solver"], model, noises.flatten(0, 1), cond, steps,
+                traj = rollout(cfg.solver, model, noises.flatten(0, 1), cond, steps,
                                shift=model.flow_shift, batch_size=batch)
                 final = traj.final
                 images = np.concatenate([to_uint8(model.decode(final[rows])) for rows in
@@ -201,8 +200,8 @@ def run_rollout(job_id: int, worker_name: str) -> str:
                                 "advantage": float(advantages[i, m])} for m in range(g)]
                     rollouts.record_rollout_group(
                         s, job_id=job_id, iteration=ckpt_iteration, prompt_id=pid,
-                        prompt_text=text, checkpoint_id=cfg.get("checkpoint_id"),
-                        solver=cfg["solver"], steps=steps, sigma=cfg["sigma"], seed=seeds[i],
+                        prompt_text=text, checkpoint_id=cfg.checkpoint_id,
+                        solver=cfg.solver, steps=steps, sigma=cfg.sigma, seed=seeds[i],
                         samples=samples, purpose="rollout")
             done += p
             _progress(job_id, worker_name, done, len(prompts),
@@ -216,28 +215,27 @@ def run_rollout(job_id: int, worker_name: str) -> str:
 def run_evaluate(job_id: int, worker_name: str) -> str:
     with session_scope() as s:
         job = jobs.get_job(s, job_id)
-        cfg = dict(job.config)
+        cfg = EvaluateConfig.model_validate(job.config)
         history = {m.iteration: m.metrics for m in jobs.metric_history(s, job_id)}
-        ckpts = [(c, checkpoints.get_checkpoint(s, c).iteration) for c in cfg["checkpoint_ids"]]
-    if cfg.get("prompts"):
-        prompts, source = list(cfg["prompts"]), "the job's prompts"
-    elif cfg.get("dataset_id"):
-        prompts = [t for _, t in dataset_prompts(cfg["dataset_id"], cfg["split"], None)]
-        source = f"dataset {cfg['dataset_id']} ({cfg['split']} split)"
+        ckpts = [(c, checkpoints.get_checkpoint(s, c).iteration) for c in cfg.checkpoint_ids]
+    if cfg.prompts:
+        prompts, source = list(cfg.prompts), "the job's prompts"
+    elif cfg.dataset_id:
+        prompts = [t for _, t in dataset_prompts(cfg.dataset_id, cfg.split, None)]
+        source = f"dataset {cfg.dataset_id} ({cfg.split} split)"
     else:
         prompts, source = all_prompts(), "the shapes prompts"
-    prompts = prompts[:cfg["max_prompts"]] if cfg.get("max_prompts") else prompts
+    prompts = prompts[:cfg.max_prompts] if cfg.max_prompts else prompts
     if not prompts:
-        raise ValueError("no prompts to evaluate")
+        raise JobError(f"no prompts to evaluate in {source}")
     # what the stored scores were measured on, so two evaluations can be told apart
     about = {"job_id": job_id, "prompts": f"{len(prompts)} of {source}",
-             "seeds": len(cfg["seeds"])}
+             "seeds": len(cfg.seeds)}
     names = reward_names("evaluate", cfg)
-    scorer = prepare_rewards(names, cfg.get("reward_model_paths"),
-                             cfg.get("reward_server_url") or "")
+    scorer = prepare_rewards(names, cfg.reward_model_paths, cfg.reward_server_url)
     # every checkpoint's model directory checked before the first loads
     specs = {ckpt_id: sampling_spec(cfg, ckpt_id) for ckpt_id, _ in ckpts}
-    pairs = [(p, seed) for p in prompts for seed in cfg["seeds"]]
+    pairs = [(p, seed) for p in prompts for seed in cfg.seeds]
     summary: dict[str, Any] = {}
     for row in history.values():
         summary.update({k: v for k, v in row.items() if k.startswith("checkpoint/")})
@@ -248,8 +246,8 @@ def run_evaluate(job_id: int, worker_name: str) -> str:
                 continue
             model = load_flow_model(specs[ckpt_id], device=resolve_device("auto"))
             images = sample_images(model, [p for p, _ in pairs], [s for _, s in pairs],
-                                   cfg["solver"], cfg["steps"],
-                                   batch_size=cfg.get("batch_size") or EVALUATE_BATCH)
+                                   cfg.solver, cfg.steps,
+                                   batch_size=cfg.batch_size or EVALUATE_BATCH)
             texts = [p for p, _ in pairs]
             scores = score(scorer, names, images, texts)
             with session_scope() as s:
@@ -258,7 +256,7 @@ def run_evaluate(job_id: int, worker_name: str) -> str:
                 for j, (text, seed) in enumerate(pairs):
                     rollouts.record_rollout_group(
                         s, job_id=job_id, iteration=ckpt_iteration, prompt_text=text,
-                        checkpoint_id=ckpt_id, solver=cfg["solver"], steps=cfg["steps"],
+                        checkpoint_id=ckpt_id, solver=cfg.solver, steps=cfg.steps,
                         sigma=0.0, seed=int(seed), purpose="evaluate",
                         samples=[{"png": png_bytes(images[j]), "member_index": 0,
                                   "rewards": {n: float(scores[n][j]) for n in names},

@@ -29,8 +29,10 @@ from celery import signals
 
 from app.config import get_settings
 from app.db import session_scope
+from app.job_kinds import KINDS
+from app.queue import enqueue
 from app.services import jobs
-from worker.celery_app import JOIN_TRAIN_TASK, celery_app, enqueue, send_join
+from worker.celery_app import JOIN_TRAIN_TASK, celery_app, send_join
 from worker.lease import JobError, JobLease, LeaseLost
 from worker.reaper import ReaperThread, reap_once
 
@@ -102,18 +104,18 @@ def run_job(job_id: int, body: Callable[[int, str], str]) -> str:
 # --- the tasks ------------------------------------------------------------------------------
 def _train(job_id: int, worker_name: str) -> str:
     from worker.torchrun import run_torchrun
-    from worker.training import job_train_config, run_training
+    from worker.training import run_training, train_config_of
 
     # a config the worker cannot run (a model directory gone) fails here, before any process
     with session_scope() as s:
-        config = job_train_config(jobs.get_job(s, job_id).config)
+        config = train_config_of(s, jobs.get_job(s, job_id))
     nproc = get_settings().train_nproc
     if nproc > 1 or config.train_nnodes > 1:
         return run_torchrun(job_id, worker_name, config, nproc, SHUTDOWN)
     return run_training(job_id, worker_name, SHUTDOWN)
 
 
-@celery_app.task(name="worker.tasks.train")
+@celery_app.task(name=KINDS["train"].task)
 def train(job_id: int) -> str:
     return run_job(job_id, _train)
 
@@ -136,14 +138,14 @@ def join_train(**rendezvous) -> str:
     return run_join(rdzv, SHUTDOWN)
 
 
-@celery_app.task(name="worker.tasks.rollout")
+@celery_app.task(name=KINDS["rollout"].task)
 def rollout(job_id: int) -> str:
     from worker.sampling import run_rollout
 
     return run_job(job_id, run_rollout)
 
 
-@celery_app.task(name="worker.tasks.evaluate")
+@celery_app.task(name=KINDS["evaluate"].task)
 def evaluate(job_id: int) -> str:
     from worker.sampling import run_evaluate
 
@@ -156,7 +158,7 @@ def _fit_preference(job_id: int, worker_name: str) -> str:
     return run_fit_preference(job_id, worker_name)
 
 
-@celery_app.task(name="worker.tasks.fit_preference")
+@celery_app.task(name=KINDS["fit_preference"].task)
 def fit_preference(job_id: int) -> str:
     return run_job(job_id, _fit_preference)
 

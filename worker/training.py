@@ -21,10 +21,12 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
+from sqlalchemy.orm import Session
 
 from app.config import get_settings
 from app.db import session_scope
-from app.services import checkpoints, jobs, rollouts, storage
+from app.models import Job
+from app.services import checkpoints, datasets, jobs, rollouts, storage
 from trainer.config import TrainConfig
 from trainer.grpo import IterationResult
 from trainer.loop import Trainer
@@ -233,12 +235,26 @@ def model_directory(model: str, value: str) -> Path:
     return path
 
 
-def job_train_config(config: dict[str, Any]) -> TrainConfig:
+def train_config_of(session: Session, job: Job) -> TrainConfig:
+    """The config a train job runs: its stored config (job_train_config), training on the
+    train split of the job's dataset when it names one and the config gives no prompts
+    (submission checked that the split has prompts the model can draw)."""
+    prompts = None
+    if job.dataset_id is not None and not job.config.get("prompts"):
+        prompts = datasets.prompt_texts(session, job.dataset_id, "train")
+        if not prompts:
+            raise JobError(f"dataset {job.dataset_id} has no 'train' prompts left to train on")
+    return job_train_config(job.config, prompts=prompts)
+
+
+def job_train_config(config: dict[str, Any], prompts: list[str] | None = None) -> TrainConfig:
     """A train job's stored config as the trainer takes it: validated again, with a relative
     base_checkpoint resolved the way submission checked it (inside STORAGE_DIR or MODELS_DIR,
     `storage.job_path`) and model_path under MODELS_DIR (a missing or incomplete model
-    directory is a JobError), so the worker's working directory never matters."""
-    cfg = TrainConfig.from_dict(dict(config))
+    directory is a JobError), so the worker's working directory never matters. `prompts`
+    (a dataset's) replace the config's own."""
+    cfg = TrainConfig.from_dict(dict(config) if prompts is None
+                                else {**config, "prompts": prompts})
     directory_model = uses_model_directory(cfg.model)
     if directory_model:
         cfg.model_path = str(model_directory(cfg.model, cfg.model_path))
@@ -272,8 +288,7 @@ def prepare_trainer(job_id: int, model=None) -> tuple[Trainer, TrainConfig, int 
     """The job's trainer, resumed from its newest recorded checkpoint (if any); also the
     checkpoint's id and the newest vote its preference model saw (0 without one)."""
     with session_scope() as s:
-        job = jobs.get_job(s, job_id)
-        config = job_train_config(job.config)
+        config = train_config_of(s, jobs.get_job(s, job_id))
         ckpt = checkpoints.latest_checkpoint(s, job_id)
         ckpt_id, ckpt_path = (ckpt.id, ckpt.path) if ckpt is not None else (None, None)
     try:
@@ -304,7 +319,7 @@ def run_training(job_id: int, worker_name: str, shutdown: threading.Event | None
     if recorder.cancelled:
         return "cancelled"
     if recorder.requeued:
-        from worker.celery_app import enqueue
+        from app.queue import enqueue
 
         enqueue(job_id, "train")
         return "queued"

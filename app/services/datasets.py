@@ -499,6 +499,14 @@ def delete_dataset(session: Session, dataset_id: int) -> None:
     session.execute(delete(Dataset).where(Dataset.id == dataset_id))
 
 
+def prompt_texts(session: Session, dataset_id: int, split: str = "all") -> list[str]:
+    """A dataset's prompts in upload order: one split's ('train', 'eval') or 'all'."""
+    stmt = select(Prompt.text).where(Prompt.dataset_id == dataset_id)
+    if split != "all":
+        stmt = stmt.where(Prompt.split == split)
+    return list(session.scalars(stmt.order_by(Prompt.position)))
+
+
 def list_prompts(session: Session, *, dataset_id: int | None = None, split: str | None = None,
                  q: str | None = None, limit: int = 50, offset: int = 0) -> tuple[list[Prompt], int]:
     stmt = select(Prompt)

@@ -22,7 +22,7 @@ half: a running job whose heartbeat is stale goes back to the queue (or to faile
 
 `launch_job` is the one way a job starts (the API, the UI and the demo call it): validate,
 write, commit, then enqueue through the enqueuer the application was built with
-(`create_app(enqueuer=...)`, default `worker.celery_app.enqueue`: a Celery task named after the
+(`create_app(enqueuer=...)`, default `app.queue.enqueue`: a Celery message named after the
 kind, to its queue). The kinds themselves are declared once, in `app.job_kinds`.
 """
 
@@ -41,9 +41,11 @@ from app.config import get_settings
 from app.errors import Conflict, Invalid, NotFound
 from app.job_kinds import KIND_NAMES, KINDS
 from app.limits import MAX_ID, NAME_LENGTH
-from app.models import Checkpoint, Dataset, Job, JobMetric, Prompt, User, utcnow
+from app.models import Checkpoint, Dataset, Job, JobMetric, User, utcnow
 from app.schemas import validation_message
 from app.services import auth, storage, workers
+from app.services.datasets import prompt_texts
+from trainer.shapes.world import shapes_prompt_problem
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +111,12 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
         del out["checkpoint_ids"]
 
     limit = get_settings().max_prompt_length
-    for i, prompt in enumerate(out.get("prompts") or []):
+    given = config.get("prompts")  # the limit holds beside any other problem with them
+    for i, prompt in enumerate(given if isinstance(given, list) else []):
         if isinstance(prompt, str) and len(prompt) > limit:
             problems.append(("prompts", f"prompt {i} has {len(prompt)} characters; the limit "
                                         f"is {limit} (MAX_PROMPT_LENGTH)"))
+    for i, prompt in enumerate(out.get("prompts") or []):
         if isinstance(prompt, str) and ("\x00" in prompt or not prompt.strip()):
             problems.append(("prompts", f"prompt {i} is empty or contains a NUL character"))
     known = reward_names()
@@ -164,12 +168,17 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
         problems.append(("dataset_id", f"dataset {ds_id} not found"))
     elif ds_id is not None and not out.get("prompts"):  # the worker samples this split
         split = config.get("split") if isinstance(config.get("split"), str) else "all"
-        stmt = select(func.count()).select_from(Prompt).where(Prompt.dataset_id == ds_id)
-        if split != "all":
-            stmt = stmt.where(Prompt.split == split)
-        if not session.scalar(stmt):
+        texts = prompt_texts(session, ds_id, split)
+        if not texts:
             problems.append(("split", f"dataset {ds_id} has no {split!r} prompts; choose "
                                       "another split or 'all'"))
+        elif (config.get("model") == "shapes" and "model" not in malformed
+              and (problem := shapes_prompt_problem(texts))):
+            problems.append(("dataset_id", f"dataset {ds_id} ({split!r} prompts): {problem}"))
+    if (kind != "train" and config.get("model") == "shapes" and "model" not in malformed
+            and out.get("prompts")) and (
+            problem := shapes_prompt_problem(out["prompts"])):
+        problems.append(("prompts", problem))
     if out.get("checkpoint_id") is not None and session.get(Checkpoint, out["checkpoint_id"]) is None:
         problems.append(("checkpoint_id", f"checkpoint {out['checkpoint_id']} not found"))
     ids = out.get("checkpoint_ids") or []
@@ -371,6 +380,26 @@ def preference_problem(session: Session, spec: str) -> str | None:
     return weights_problem("preference", path, weight_format="preference-model")
 
 
+def _training_dataset_problems(session: Session, dataset_id: int, config: dict[str, Any],
+                               problems: Problems) -> Problems:
+    """A train job's dataset gives its prompts (its train split; the worker reads them when
+    the job starts): it must have some, the config must not give prompts of its own, and the
+    shapes model must be able to draw them."""
+    out: Problems = []
+    if config.get("prompts"):
+        out.append(("dataset_id", "a dataset and config.prompts both give training prompts; "
+                                  "leave config.prompts empty to train on the dataset, or "
+                                  "give no dataset"))
+        return out
+    texts = prompt_texts(session, dataset_id, "train")
+    if not texts:
+        out.append(("dataset_id", f"dataset {dataset_id} has no 'train' prompts to train on "
+                                  "(upload it with a smaller eval_fraction)"))
+    elif config.get("model") == "shapes" and (problem := shapes_prompt_problem(texts)):
+        out.append(("dataset_id", f"dataset {dataset_id}: {problem}"))
+    return out
+
+
 def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
                     preset: str | None = None, *, dataset_id: int | None = None
                     ) -> dict[str, Any]:
@@ -383,6 +412,10 @@ def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
     if config is not None and not isinstance(config, dict):
         raise Invalid("config: must be a JSON object", field="config")
     config = dict(config or {})
+    if kind != "train" and dataset_id is not None and config.get("dataset_id") is None \
+            and "dataset_id" in (KINDS[kind].config.model_fields if KINDS[kind].config else {}):
+        # the request's dataset is the one the kind samples when its config names none
+        config["dataset_id"] = dataset_id
     top: Problems = []  # the request's own fields (preset, dataset_id): reported first
     problems: Problems = []  # the config's
     if KINDS[kind].config is None:
@@ -395,6 +428,8 @@ def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
     if dataset_id is not None and (kind == "train" or out.get("dataset_id") is None) and (
             not 1 <= dataset_id <= MAX_ID or session.get(Dataset, dataset_id) is None):
         top.append(("dataset_id", f"dataset {dataset_id} not found"))
+    elif dataset_id is not None and kind == "train":
+        top += _training_dataset_problems(session, dataset_id, out, problems)
     _check_model(session, kind, out, problems)
     _check_paths_and_names(session, kind, out, problems)
     if top or problems:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -31,7 +32,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
 
 from app.errors import Conflict, Invalid
+from app.limits import CLIENT_VOTE_ID_PATTERN
 from app.models import OUTCOMES, RolloutGroup, Sample, User, Vote
+from app.schemas import refuse_nul
 from trainer.rewards.outcomes import TARGET_A
 
 log = logging.getLogger(__name__)
@@ -228,10 +231,15 @@ def within_group(session: Session, annotator_id: int, rng: random.Random,
     return _scan(session, annotator_id, rng, exclude, cross=False)
 
 
+# Rows one _scan query reads at a time; it pages on until a page has a pair to offer.
+SCAN_PAGE = 200
+
+
 def _scan(session: Session, annotator_id: int, rng: random.Random, exclude: set[int], *,
           cross: bool) -> PairChoice | None:
-    """When random probing finds nothing (nearly everything judged): one query for unjudged
-    pairs, so a pair that exists is always found."""
+    """When random probing finds nothing (nearly everything judged): unjudged pairs read page
+    by page (keyset on the pair's ids) from a random start, wrapping round once, so a pair
+    that exists is always found, however many nearly identical pairs come before it."""
     s1, s2 = aliased(Sample), aliased(Sample)
     g1, g2 = aliased(RolloutGroup), aliased(RolloutGroup)
     lo = case((s1.id < s2.id, s1.id), else_=s2.id)
@@ -249,12 +257,33 @@ def _scan(session: Session, annotator_id: int, rng: random.Random, exclude: set[
                                      Vote.pair_hi_id == hi)).where(Vote.id.is_(None))
     if exclude:
         stmt = stmt.where(s1.id.not_in(exclude), s2.id.not_in(exclude))
-    rows = session.execute(stmt.limit(200)).all()
-    if not cross:  # nearly identical images are never offered (a coin toss for the annotator)
-        kept = [r for r in rows if not near_identical(r[1], r[3])]
-        skipped, rows = len(rows) - len(kept), kept
-    if not rows:
-        return None
+    stmt = stmt.order_by(s1.id, s2.id)
+    lo_id, hi_id = session.execute(select(func.min(Sample.id), func.max(Sample.id))).one()
+    start = rng.randint(lo_id, hi_id) if lo_id is not None and hi_id is not None else 0
+    skipped = 0
+    # [start, end) then [0, start): the random start spreads annotators over the pool
+    for lower, upper in ((start, None), (0, start)) if start else ((0, None),):
+        after: tuple[int, int] | None = None
+        while True:
+            page = stmt.where(s1.id >= lower) if lower else stmt
+            page = page.where(s1.id < upper) if upper is not None else page
+            if after is not None:  # keyset: the rows after the last one read
+                page = page.where((s1.id > after[0]) | and_(s1.id == after[0], s2.id > after[1]))
+            rows = session.execute(page.limit(SCAN_PAGE)).all()
+            if not rows:
+                break
+            after = (rows[-1][0], rows[-1][2])
+            # nearly identical images are never offered (a coin toss for the annotator)
+            kept = rows if cross else [r for r in rows if not near_identical(r[1], r[3])]
+            skipped += len(rows) - len(kept)
+            if kept:
+                return _scanned(rng, kept, cross, skipped)
+            if len(rows) < SCAN_PAGE:
+                break
+    return None
+
+
+def _scanned(rng: random.Random, rows: list, cross: bool, skipped: int) -> PairChoice:
     a_id, a_path, b_id, b_path, prompt = rng.choice(rows)
     if rng.random() < 0.5:
         a_id, a_path, b_id, b_path = b_id, b_path, a_id, a_path
@@ -460,6 +489,13 @@ def record_vote(session: Session, annotator: User, *, client_vote_id: str, sampl
     with a different vote it is a Conflict, as is a pair already judged."""
     if outcome not in OUTCOMES:
         raise Invalid(f"outcome must be one of {list(OUTCOMES)}", field="outcome")
+    # the API's schema checks it too; the UI's comes from the browser as it is
+    if not isinstance(client_vote_id, str) or not re.fullmatch(CLIENT_VOTE_ID_PATTERN,
+                                                               client_vote_id):
+        raise Invalid("client_vote_id must be 1-64 of A-Z a-z 0-9 . _ : -",
+                      field="client_vote_id")
+    for name, text in (("session_id", session_id), ("selection", selection)):
+        refuse_nul(name, text)
 
     def existing() -> Vote | None:
         found = session.scalar(select(Vote).where(Vote.annotator_id == annotator.id,

@@ -152,7 +152,7 @@ def vote(outcome: str, meta: str, user_state: dict | None, arena: dict | None):
     try:
         with session() as s:
             row, created = votes.record_vote(
-                s, user, client_vote_id=str(info.get("client_vote_id") or uuid.uuid4().hex)[:64],
+                s, user, client_vote_id=info.get("client_vote_id") or uuid.uuid4().hex,
                 sample_a_id=cur["a_id"], sample_b_id=cur["b_id"], outcome=outcome,
                 session_id=state["session_id"], shown_at=shown_at, latency_ms=latency,
                 selection=cur["selection"])

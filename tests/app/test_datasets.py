@@ -176,7 +176,7 @@ def test_configurable_prompt_length(client, admin, monkeypatch):
 
 
 def test_delete_refuses_dataset_of_running_job(client, admin, session):
-    ds = upload(client, admin, "d.txt", b"one\ntwo\n").json()["id"]
+    ds = upload(client, admin, "d.txt", b"one red circle\ntwo red circles\n").json()["id"]
     job = client.post("/api/jobs", json={"kind": "rollout", "config": {"dataset_id": ds}},
                       headers=admin).json()
     assert job["dataset_id"] == ds

@@ -47,7 +47,7 @@ def fuzz_app(settings, admin, annotator, make_group):
         workers.report(s, "fuzz-worker", _queues(), cuda,
                        [torch.cuda.get_device_name(i) for i in range(cuda)])
     with TestClient(app) as c:
-        r = c.post("/api/datasets", files={"file": ("p.txt", b"one\ntwo\nthree\n", "text/plain")},
+        r = c.post("/api/datasets", files={"file": ("p.txt", PROMPTS, "text/plain")},
                    data={"eval_fraction": "0.34"}, headers=admin)
         assert r.status_code == 201, r.text
         r = c.post("/api/jobs", json={"kind": "train", "preset": "tiny"}, headers=admin)
@@ -102,6 +102,7 @@ def worker_rejects(job) -> list[str]:
     and lookups as worker/training.py, worker/sampling.py and worker/preference.py."""
     from trainer.loop import ITERATIONS, resolve_device
     from trainer.rewards import get_reward
+    from trainer.shapes.world import tokenize
     from worker.sampling import reward_names
 
     cfg: dict[str, Any] = dict(job.config or {})
@@ -126,21 +127,28 @@ def worker_rejects(job) -> list[str]:
         key = ("checkpoint", ckpt_id, *sampled.values())
         if key not in _LOADED:  # (a checkpoint's file never changes: load each once)
             try:
-                load_sampling_model(sampled, ckpt_id)
+                load_sampling_model(parsed, ckpt_id)
                 _LOADED[key] = None
             except Exception as exc:
                 _LOADED[key] = exc
         if _LOADED[key] is not None:
             raise _LOADED[key]
 
-    if job.kind == "train":
-        from worker.preference import resolve_preference
-        from worker.training import job_train_config
+    def drawable(model: str | None, prompts: list[str]) -> None:
+        if (model or "shapes") == "shapes":  # the shapes model tokenizes every prompt
+            attempt("shapes prompts", tokenize, prompts)
 
-        # TrainConfig.from_dict and the base checkpoint resolved inside STORAGE/MODELS_DIR
-        config = attempt("job_train_config", job_train_config, cfg)
+    if job.kind == "train":
+        from app.db import session_scope
+        from worker.preference import resolve_preference
+        from worker.training import train_config_of
+
+        # TrainConfig.from_dict (the dataset's prompts in), the base checkpoint resolved
+        with session_scope() as s:
+            config = attempt("train_config_of", train_config_of, s, job)
         if config is None:
             return problems
+        drawable(config.model, config.prompts)
         rewards([n for n in config.reward_weights if n != "preference"])
         # what Trainer(config) does first: the device ('cuda' needs torch.cuda here), the
         # base model (the shipped one, or base_checkpoint), the method's iteration
@@ -157,20 +165,17 @@ def worker_rejects(job) -> list[str]:
     if job.kind == "rollout":
         from worker.sampling import dataset_prompts
 
-        for key in ("dataset_id", "split", "group_size", "steps", "seed", "sigma", "solver"):
-            attempt(f"config[{key!r}]", cfg.__getitem__, key)  # the worker indexes these
         prompts = attempt("prompts", dataset_prompts, parsed.dataset_id, parsed.split,
                           parsed.max_prompts)
         if prompts == []:
             problems.append(f"dataset {parsed.dataset_id} has no {parsed.split} prompts")
+        drawable(parsed.model, [t for _, t in prompts or []])
         attempt("model", checkpoint_model, parsed.checkpoint_id, parsed)
-        rewards(reward_names("rollout", cfg))
+        rewards(reward_names("rollout", parsed))
     elif job.kind == "evaluate":
         from trainer.shapes.world import all_prompts
         from worker.sampling import dataset_prompts
 
-        for key in ("checkpoint_ids", "seeds", "solver", "steps"):
-            attempt(f"config[{key!r}]", cfg.__getitem__, key)
         for ckpt_id in parsed.checkpoint_ids:
             attempt(f"checkpoint {ckpt_id}", checkpoint_model, ckpt_id, parsed)
         if parsed.prompts:
@@ -184,12 +189,14 @@ def worker_rejects(job) -> list[str]:
             prompts = prompts[:parsed.max_prompts]
         if not prompts:
             problems.append("no prompts to evaluate")
-        rewards(reward_names("evaluate", cfg))
+        drawable(parsed.model, prompts)
+        rewards(reward_names("evaluate", parsed))
     elif job.kind == "fit_preference":
         from worker.preference import fit_config_from
 
         # the device resolved (cuda needs torch.cuda), clip_path inside STORAGE/MODELS_DIR
-        fit = attempt("fit_config_from", fit_config_from, cfg)
+        parsed = attempt("FitPreferenceConfig", _kind_config(job.kind).model_validate, cfg)
+        fit = attempt("fit_config_from", fit_config_from, parsed) if parsed else None
         if fit is not None and fit.features == "clip" and not fit.clip_path:
             problems.append("features 'clip' without clip_path")
         # (min_votes is checked when the job runs: votes may still arrive while it waits)

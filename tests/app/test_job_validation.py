@@ -115,7 +115,8 @@ def test_base_checkpoint_must_be_weights_of_the_model(client, admin, settings):
 
 
 def test_a_split_without_prompts_is_422(client, admin):
-    up = client.post("/api/datasets", files={"file": ("p.txt", b"one\ntwo\n", "text/plain")},
+    up = client.post("/api/datasets", files={"file": ("p.txt", b"one red circle\ntwo red circles\n",
+                                                "text/plain")},
                      headers=admin).json()
     ds = up["dataset"]["id"] if "dataset" in up else up["id"]
     r = _post(client, admin, "rollout", {"dataset_id": ds, "split": "eval"})
@@ -125,7 +126,8 @@ def test_a_split_without_prompts_is_422(client, admin):
 
 
 def test_a_job_whose_dataset_was_deleted_does_not_resume(client, admin):
-    up = client.post("/api/datasets", files={"file": ("p.txt", b"one\ntwo\n", "text/plain")},
+    up = client.post("/api/datasets", files={"file": ("p.txt", b"one red circle\ntwo red circles\n",
+                                                "text/plain")},
                      headers=admin).json()
     ds = up["dataset"]["id"] if "dataset" in up else up["id"]
     job = _post(client, admin, "rollout", {"dataset_id": ds}).json()["id"]
@@ -147,9 +149,10 @@ def test_clip_path_is_checked_whenever_given(client, admin):
 def test_long_and_blank_prompts_are_422_with_the_upload_limit(client, admin, settings):
     limit = settings.max_prompt_length
     r = _post(client, admin, "train", {"prompts": ["x" * 100_000, "ok"]}, "tiny")
-    assert r.status_code == 422 and _fields(r) == ["prompts"]
+    assert r.status_code == 422 and set(_fields(r)) == {"prompts"}
     assert str(limit) in r.text and "prompt 0" in r.text
-    r = _post(client, admin, "train", {"prompts": ["x" * limit]}, "tiny")
+    at_limit = "one" + " " * (limit - len("one") - len("red circle")) + "red circle"
+    r = _post(client, admin, "train", {"prompts": [at_limit]}, "tiny")
     assert r.status_code == 201, r.text
     r = _post(client, admin, "evaluate", {"checkpoint_ids": [1, 2], "prompts": ["y" * (limit + 1)]})
     assert "prompts" in _fields(r)
@@ -287,3 +290,67 @@ def test_train_nnodes_is_at_least_one_and_divides_the_prompts(client, admin, ses
     r = _post(client, admin, "train", {"train_nnodes": 2, "prompts_per_iteration": 4}, "tiny")
     assert r.status_code in (200, 201), r.text
     assert r.json()["config"]["train_nnodes"] == 2 and len(enqueuer.calls) == 1
+
+
+def _upload(client, admin, name: str, text: str, **form) -> int:
+    r = client.post("/api/datasets", files={"file": (f"{name}.txt", text.encode(), "text/plain")},
+                    data={"name": name, **form}, headers=admin)
+    assert r.status_code == 201, r.text
+    body = r.json()
+    return body["dataset"]["id"] if "dataset" in body else body["id"]
+
+
+def test_a_train_job_trains_on_its_dataset(client, admin):
+    """The dataset picked for a train job gives its prompts (the train split): the trainer
+    the worker builds samples only those."""
+    from app.db import session_scope
+    from app.models import Job
+    from trainer.loop import Trainer
+    from worker.training import train_config_of
+
+    ds = _upload(client, admin, "reds", "one red circle\ntwo red squares\nthree red triangles\n")
+    r = client.post("/api/jobs", json={"kind": "train", "preset": "tiny", "dataset_id": ds,
+                                       "config": {"device": "cpu"}}, headers=admin)
+    assert r.status_code == 201, r.text
+    with session_scope() as s:
+        config = train_config_of(s, s.get(Job, r.json()["id"]))
+    assert config.prompts == ["one red circle", "two red squares", "three red triangles"]
+    trainer = Trainer(config)
+    drawn = {p for _ in range(10) for p in trainer.sample_prompts()}
+    assert drawn <= set(config.prompts) and len(drawn) > 1
+
+
+def test_a_train_dataset_is_checked_at_submission(client, admin):
+    """Every problem with a train job's dataset is a 422 naming dataset_id: prompts given
+    twice, no train split, prompts the shapes model cannot draw."""
+    words = _upload(client, admin, "words", "a cat\na dog\none red circle\n")
+    reds = _upload(client, admin, "reds", "one red circle\n")
+    evals = _upload(client, admin, "evals", "one red circle\n", eval_fraction="0.99")
+    cases = [(words, {}, "2 of 3 are not: 'a cat', 'a dog'"),
+             (reds, {"prompts": ["two red squares"]}, "both give training prompts"),
+             (evals, {}, "no 'train' prompts")]
+    for ds, config, message in cases:
+        r = client.post("/api/jobs", json={"kind": "train", "preset": "tiny", "dataset_id": ds,
+                                           "config": config}, headers=admin)
+        assert r.status_code == 422, r.text
+        assert _fields(r) == ["dataset_id"] and message in r.text, r.text
+    # the config's own prompts are held to the same rule, beside every other problem
+    r = _post(client, admin, "train", {"prompts": ["a cat"], "group_size": 1}, "tiny")
+    assert r.status_code == 422 and sorted(_fields(r)) == ["group_size", "prompts"]
+    # a rollout of the shapes base model over prompts it cannot draw fails here, not later
+    r = _post(client, admin, "rollout", {"dataset_id": words, "split": "all"})
+    assert r.status_code == 422 and _fields(r) == ["dataset_id"] and "'a cat'" in r.text
+
+
+def test_the_requests_dataset_is_the_one_a_sampling_job_samples(client, admin):
+    """`dataset_id` beside the config is the job's dataset for every kind: a rollout or
+    evaluate job whose config names none samples it (the worker reads the config)."""
+    ds = _upload(client, admin, "reds", "one red circle\ntwo red squares\n")
+    r = client.post("/api/jobs", json={"kind": "rollout", "dataset_id": ds, "config": {}},
+                    headers=admin)
+    assert r.status_code == 201, r.text
+    assert r.json()["config"]["dataset_id"] == ds == r.json()["dataset_id"]
+    other = _upload(client, admin, "blues", "one blue circle\n")
+    r = client.post("/api/jobs", json={"kind": "rollout", "dataset_id": other,
+                                       "config": {"dataset_id": ds}}, headers=admin)
+    assert r.status_code == 201 and r.json()["config"]["dataset_id"] == ds  # the config's wins

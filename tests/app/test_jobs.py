@@ -155,14 +155,16 @@ def test_cancel_queued_job_is_immediate_and_stale_jobs(client, admin, session):
     assert client.get(f"/api/jobs/{b}", headers=admin).json()["status"] == "queued"
 
 
-def test_default_enqueuer_without_worker_leaves_job_queued(settings, admin, monkeypatch):
-    import sys
-
+def test_a_broker_failure_leaves_the_job_queued(settings, admin, monkeypatch):
     from fastapi.testclient import TestClient
 
+    from app import queue
     from app.main import create_app
 
-    monkeypatch.setitem(sys.modules, "worker.celery_app", None)  # import fails
+    def down(job_id: int, kind: str) -> None:
+        raise ConnectionError("broker unreachable")
+
+    monkeypatch.setattr(queue, "enqueue", down)
     with TestClient(create_app(settings, mount_ui=False)) as c:
         r = c.post("/api/jobs", json={"kind": "fit_preference"}, headers=admin)
     assert r.status_code == 201 and r.json()["status"] == "queued"
@@ -171,17 +173,50 @@ def test_default_enqueuer_without_worker_leaves_job_queued(settings, admin, monk
 def test_default_enqueuer_sends_celery_task(settings, admin, monkeypatch):
     from fastapi.testclient import TestClient
 
+    from app import queue
     from app.main import create_app
-    from worker.celery_app import celery_app
 
     sent = []  # what would go to the broker: the task of the kind, on the kind's queue
-    monkeypatch.setattr(celery_app, "send_task",
+    monkeypatch.setattr(queue.client(settings), "send_task",
                         lambda name, args, queue: sent.append((name, args, queue)))
     with TestClient(create_app(settings, mount_ui=False)) as c:
         j = c.post("/api/jobs", json={"kind": "train", "preset": "tiny"}, headers=admin).json()
         k = c.post("/api/jobs", json={"kind": "fit_preference"}, headers=admin).json()
     assert sent == [("worker.tasks.train", [j["id"]], "gpu"),
                     ("worker.tasks.fit_preference", [k["id"]], "cpu")]
+
+
+def test_a_sent_job_reaches_the_workers_queue(settings):
+    """The app's client and the worker's Celery app meet on one broker: a message the app
+    sends is one the worker's consumer reads from the kind's queue (the embedded broker)."""
+    from app import queue
+    from worker.celery_app import make_celery
+
+    queue.client(settings).send_task("worker.tasks.rollout", args=[7], queue="gpu")
+    worker_app = make_celery(settings)
+    try:
+        with worker_app.connection_for_read() as conn:
+            message = conn.SimpleQueue("gpu", no_ack=True).get(timeout=5)
+        assert message.headers["task"] == "worker.tasks.rollout"
+        assert message.payload[0] == [7]  # (args, kwargs, embed)
+    finally:
+        worker_app.close()
+
+
+def test_the_app_imports_no_worker_code(tmp_path):
+    """DESIGN: app/ never imports worker/ (the enqueuer sends by task name); the server, the
+    UI and `python -m app serve` load without it."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; import app.main, app.serve, app.ui, app.__main__; "
+            "app.main.create_app(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'worker'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "DATA_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
 
 
 def test_config_schema(client, annotator):

@@ -134,12 +134,17 @@ def test_rollout_of_a_base_model_names_its_directory_and_scores_image_rewards(
     assert "['count'] score only the shapes model's" in r.text
     r = _post(client, admin, "train", {**FLUX, "reward_weights": {"color": 1.0}})
     assert set(_errors(r)) == {"reward_weights"}, r.text
-    # the shapes world is unchanged: its base model and its rewards
+    # the shapes world is unchanged: its base model and its rewards, on prompts it can draw
     r = _post(client, admin, "rollout", {"dataset_id": ds})
+    assert _errors(r) == {"dataset_id": r.json()["errors"][0]["message"]}
+    assert "'a red apple'" in r.text
+    shapes = client.post("/api/datasets", headers=admin, files={
+        "file": ("s.txt", b"one red circle\n", "text/plain")}).json()["id"]
+    r = _post(client, admin, "rollout", {"dataset_id": shapes})
     assert r.status_code == 201, r.text
     assert r.json()["config"]["model"] == "shapes"
     assert r.json()["config"]["reward_names"] == ["count", "color", "shape"]
-    r = _post(client, admin, "rollout", {"dataset_id": ds, "model_path": "tiny-flux",
+    r = _post(client, admin, "rollout", {"dataset_id": shapes, "model_path": "tiny-flux",
                                          "resolution": 64})
     assert set(_errors(r)) == {"model_path", "resolution"}
 
@@ -309,10 +314,12 @@ def test_a_base_model_rollout_samples_the_base_model_itself(settings, models):
     JobError naming the missing file."""
     import torch
 
+    from app.job_kinds import RolloutConfig
     from trainer.models import ModelSpec, load_flow_model
     from worker.sampling import load_sampling_model, sampling_spec
 
-    cfg = {"model": "flux", "model_path": "tiny-flux", "resolution": 32, "guidance_scale": 2.0}
+    cfg = RolloutConfig(dataset_id=1, model="flux", model_path="tiny-flux", resolution=32,
+                        guidance_scale=2.0)
     spec = sampling_spec(cfg, None)
     assert (spec.name, spec.path, spec.resolution, spec.guidance_scale) == (
         "flux", str(models / "tiny-flux"), 32, 2.0)

@@ -167,3 +167,26 @@ def test_rollouts_page_past_the_end_shows_the_last_page(settings, admin, make_gr
     assert _text(re.search(r'<div id="rollouts-count".*?</div>',
                            rollouts.show(_token(admin), None, "", "", 1)).group(0)) == \
         "1 group(s); page 1 of 1"
+
+
+def test_a_ui_vote_with_a_malformed_client_id_is_refused(settings, annotator, make_group):
+    """The UI's vote id comes from the browser as it is: one the API would refuse (a NUL,
+    too long) is refused the same way, and nothing is recorded."""
+    from sqlalchemy import func, select
+
+    from app.db import session_scope
+    from app.models import Vote
+    from app.ui import arena
+
+    user = _token(annotator)
+    make_group(g=4)
+    state = arena.load(user, None)[3]
+    for bad in ("v\x00", "x" * 65, "a b"):
+        meta = json.dumps({"client_vote_id": bad, "nonce": state["current"]["nonce"],
+                           "outcome": "a"})
+        reveal = list(arena.dispatch(meta, user, state))[0][1]
+        assert "client_vote_id" in _text(reveal["value"] if isinstance(reveal, dict)
+                                         else reveal), bad
+        with session_scope() as s:
+            assert s.scalar(select(func.count()).select_from(Vote)) == 0
+        state = arena.load(user, None)[3]

@@ -280,3 +280,39 @@ def test_nearly_identical_pairs_are_skipped(client, annotator, settings):
                    for seed in range(20)}
     assert svc.SKIPPED_NEAR_IDENTICAL in choices and choices <= {
         "within_group", svc.SKIPPED_NEAR_IDENTICAL}
+
+
+def test_a_pair_is_found_behind_many_nearly_identical_ones(session):
+    """More nearly identical pairs than one scan page (22 copies of one image: 231 pairs)
+    come before the only pair worth a vote: the scan pages past them, from any start."""
+    import random
+
+    from PIL import Image
+
+    from app.services import votes as svc
+    from app.services.rollouts import record_rollout_group
+
+    def png(dots: list[tuple[int, int]]) -> bytes:
+        im = Image.new("RGB", (32, 32), "white")
+        for x, y in dots:
+            im.paste((220, 38, 38), (x, y, x + 7, y + 7))
+        buf = io.BytesIO()
+        im.save(buf, format="PNG")
+        return buf.getvalue()
+
+    copies = 22
+    assert copies * (copies - 1) // 2 > svc.SCAN_PAGE
+    for prompt, images in (("one red square", [png([(4, 4)])] * copies),
+                           ("two red squares", [png([(4, 4)]), png([(4, 4), (20, 20)])])):
+        record_rollout_group(session, job_id=None, iteration=0, prompt_text=prompt,
+                             solver="dpm++", steps=8, sigma=0.3, seed=1, purpose="rollout",
+                             samples=[{"png": p, "member_index": i, "rewards": {}}
+                                      for i, p in enumerate(images)])
+    session.commit()
+    for seed in range(12):
+        choice = svc._scan(session, 10**6, random.Random(seed), set(), cross=False)
+        assert choice is not None and choice.prompt == "two red squares", seed
+    # and through the strategies, as the arena asks
+    for seed in range(4):
+        choice = svc.next_pair(session, 10**6, rng=random.Random(seed))
+        assert choice is not None and choice.prompt == "two red squares", seed

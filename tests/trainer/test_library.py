@@ -149,3 +149,26 @@ def test_read_prompts_takes_txt_and_jsonl(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"prompt": "a cat"}\n{"text": "a dog"}\n')
     with pytest.raises(ValueError, match="bad.jsonl:2"):
         read_prompts(tmp_path / "bad.jsonl")
+
+
+def test_the_readmes_train_commands_make_valid_configs():
+    """Every `python -m trainer train` command in README.md's shell blocks parses and gives a
+    config TrainConfig accepts (the model directories they name are the user's)."""
+    import shlex
+
+    from trainer.cli import _parse_overrides, build_parser
+    from trainer.config import load_config
+
+    text = (ROOT / "README.md").read_text()
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            if "-m trainer train " in line:
+                commands.append(shlex.split(line.split("-m trainer ", 1)[1], comments=True))
+    assert len(commands) >= 3, commands
+    for argv in commands:
+        args = build_parser().parse_args(argv)
+        overrides = _parse_overrides(args.set)
+        if args.method:
+            overrides["method"] = args.method
+        load_config(args.config, overrides)  # raises ConfigErrors naming every bad field

@@ -1,4 +1,4 @@
-"""The tiny FLUX and SD3 directories (tests/trainer/tiny_diffusers.py) load and run in the stock
+"""The tiny FLUX and SD3 directories (tests/tiny_diffusers.py) load and run in the stock
 diffusers pipelines, and the pipelines' calling conventions that a model adapter copies
 (timestep scaling, packing, shift, CFG, latent scaling, LoRA file) hold: each is redone by hand
 here and checked against the pipeline's own result."""

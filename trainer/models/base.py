@@ -15,7 +15,6 @@ and what a checkpoint holds.
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -267,8 +266,3 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
     that take pixels and for storage."""
     return (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8) \
         .permute(0, 2, 3, 1).cpu().numpy()
-
-
-def latent_features(model: FlowModel) -> int:
-    """F: the number of values in one latent (the leaping policy's default temperature)."""
-    return math.prod(model.latent_shape)

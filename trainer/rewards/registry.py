@@ -6,10 +6,14 @@ images: (N, H, W, 3) uint8 numpy; prompts: list of N strings.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar, overload
 
 import numpy as np
 
 RewardFn = Callable[[np.ndarray, list[str]], np.ndarray]
+# the registered callable's own type (a function, a lambda, a PreferenceModel ...), which
+# register_reward hands back unchanged
+R = TypeVar("R", bound=RewardFn)
 
 _REWARDS: dict[str, RewardFn] = {}
 # rewards that read the shapes world's 32x32 canvases (counting components of exact colours):
@@ -17,10 +21,21 @@ _REWARDS: dict[str, RewardFn] = {}
 _SHAPES_ONLY: set[str] = set()
 
 
-def register_reward(name: str, fn: RewardFn | None = None, *, shapes_only: bool = False):
-    """Register `fn` under `name` (usable as a decorator). Re-registering replaces.
-    `shapes_only`: it scores only the shapes model's images (see shapes_only_problem)."""
-    def deco(f: RewardFn) -> RewardFn:
+@overload
+def register_reward(name: str, fn: None = None, *,
+                    shapes_only: bool = False) -> Callable[[R], R]: ...
+
+
+@overload
+def register_reward(name: str, fn: R, *, shapes_only: bool = False) -> R: ...
+
+
+def register_reward(name: str, fn: R | None = None, *,
+                    shapes_only: bool = False) -> R | Callable[[R], R]:
+    """Register `fn` under `name` and return it; without `fn`, a decorator that does so.
+    Re-registering replaces. `shapes_only`: it scores only the shapes model's images (see
+    shapes_only_problem)."""
+    def deco(f: R) -> R:
         _REWARDS[name] = f
         if shapes_only:
             _SHAPES_ONLY.add(name)

@@ -76,16 +76,6 @@ def count_objects(image: np.ndarray, color: str) -> int:
     return len(components(color_mask(image, color)))
 
 
-def object_stats(image: np.ndarray, color: str) -> list[dict]:
-    """Per object of `color`: area, centre row/col, bbox size, shape guess (for attributes)."""
-    stats = []
-    for px in components(color_mask(image, color)):
-        stats.append({"area": len(px), "row": float(px[:, 0].mean()), "col": float(px[:, 1].mean()),
-                      "height": int(np.ptp(px[:, 0]) + 1), "width": int(np.ptp(px[:, 1]) + 1),
-                      "shape": classify_shape(px)})
-    return stats
-
-
 @register_reward("count", shapes_only=True)
 def count_reward(images: np.ndarray, prompts: list[str]) -> np.ndarray:
     out = []

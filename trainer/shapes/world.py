@@ -55,6 +55,23 @@ def parse_prompt(text: str) -> ShapesPrompt:
     return ShapesPrompt(COUNT_WORDS.index(count_word) + 1, color, shape)
 
 
+def not_shapes_prompts(texts: list[str]) -> list[str]:
+    """Those of `texts` the shapes world cannot draw (parse_prompt refuses them)."""
+    return [t for t in texts if not isinstance(t, str) or not _PROMPT_RE.match(t.lower())]
+
+
+def shapes_prompt_problem(texts: list[str]) -> str | None:
+    """Why the shapes model cannot train on or draw `texts` (None when it can): the first
+    few it cannot draw, and how many there are."""
+    bad = not_shapes_prompts(texts)
+    if not bad:
+        return None
+    shown = ", ".join(repr(t[:60]) for t in bad[:3])
+    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+    return (f"model 'shapes' draws only shapes prompts ('<one..four> <{'|'.join(COLORS)}> "
+            f"<{'|'.join(SHAPES)}>[s]'); {len(bad)} of {len(texts)} are not: {shown}{more}")
+
+
 def all_prompts() -> list[str]:
     """The 48 prompts, in a fixed order (count, colour, shape)."""
     return [ShapesPrompt(n, c, s).text
