@@ -30,8 +30,8 @@ from sqlalchemy import select
 from app.config import get_settings
 from app.db import session_scope
 from app.job_kinds import EvaluateConfig, RolloutConfig, SamplingConfig, default_reward_names
-from app.models import Prompt, RolloutGroup
-from app.services import checkpoints, jobs, rollouts, storage
+from app.models import RolloutGroup
+from app.services import checkpoints, datasets, jobs, rollouts, storage
 from trainer.evaluation import sample_images
 from trainer.grpo import blended_group_rewards, group_advantages, group_noises
 from trainer.loop import resolve_device
@@ -129,14 +129,9 @@ def score(scorer: Scorer, names: list[str], images: np.ndarray, prompts: list[st
 
 
 def dataset_prompts(dataset_id: int, split: str, limit: int | None) -> list[tuple[int, str]]:
+    """`datasets.prompt_rows` in a session of its own."""
     with session_scope() as s:
-        stmt = select(Prompt.id, Prompt.text).where(Prompt.dataset_id == dataset_id)
-        if split != "all":
-            stmt = stmt.where(Prompt.split == split)
-        stmt = stmt.order_by(Prompt.position, Prompt.id)
-        if limit:
-            stmt = stmt.limit(limit)
-        return [(pid, text) for pid, text in s.execute(stmt)]
+        return datasets.prompt_rows(s, dataset_id, split, limit)
 
 
 def prompt_seed(seed: int, prompt_key: int) -> int:

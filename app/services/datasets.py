@@ -499,12 +499,22 @@ def delete_dataset(session: Session, dataset_id: int) -> None:
     session.execute(delete(Dataset).where(Dataset.id == dataset_id))
 
 
-def prompt_texts(session: Session, dataset_id: int, split: str = "all") -> list[str]:
-    """A dataset's prompts in upload order: one split's ('train', 'eval') or 'all'."""
-    stmt = select(Prompt.text).where(Prompt.dataset_id == dataset_id)
+def prompt_rows(session: Session, dataset_id: int, split: str = "all",
+                limit: int | None = None) -> list[tuple[int, str]]:
+    """(id, text) of a dataset's prompts in upload order: one split's ('train', 'eval') or
+    'all', the first `limit` of them when given."""
+    stmt = select(Prompt.id, Prompt.text).where(Prompt.dataset_id == dataset_id)
     if split != "all":
         stmt = stmt.where(Prompt.split == split)
-    return list(session.scalars(stmt.order_by(Prompt.position)))
+    stmt = stmt.order_by(Prompt.position, Prompt.id)
+    if limit:
+        stmt = stmt.limit(limit)
+    return [(pid, text) for pid, text in session.execute(stmt)]
+
+
+def prompt_texts(session: Session, dataset_id: int, split: str = "all") -> list[str]:
+    """The texts of `prompt_rows`."""
+    return [text for _, text in prompt_rows(session, dataset_id, split)]
 
 
 def list_prompts(session: Session, *, dataset_id: int | None = None, split: str | None = None,

@@ -412,13 +412,14 @@ def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
     if config is not None and not isinstance(config, dict):
         raise Invalid("config: must be a JSON object", field="config")
     config = dict(config or {})
-    if kind != "train" and dataset_id is not None and config.get("dataset_id") is None \
-            and "dataset_id" in (KINDS[kind].config.model_fields if KINDS[kind].config else {}):
+    kind_config = KINDS[kind].config
+    if (kind_config is not None and "dataset_id" in kind_config.model_fields
+            and dataset_id is not None and config.get("dataset_id") is None):
         # the request's dataset is the one the kind samples when its config names none
         config["dataset_id"] = dataset_id
     top: Problems = []  # the request's own fields (preset, dataset_id): reported first
     problems: Problems = []  # the config's
-    if KINDS[kind].config is None:
+    if kind_config is None:
         out = _train_config(config, preset, top, problems)
     else:
         if preset:

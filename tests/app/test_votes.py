@@ -222,6 +222,18 @@ def test_vote_datetimes_carry_utc(client, admin, annotator, make_group):
     assert row["created_at"] == created.json()["created_at"]
 
 
+def _red_squares(corners: list[tuple[int, int]]) -> bytes:
+    """A 32x32 PNG: 7x7 red squares at the given top-left corners on white."""
+    from PIL import Image
+
+    im = Image.new("RGB", (32, 32), "white")
+    for x, y in corners:
+        im.paste((220, 38, 38), (x, y, x + 7, y + 7))
+    buf = io.BytesIO()
+    im.save(buf, format="PNG")
+    return buf.getvalue()
+
+
 def test_nearly_identical_pairs_are_skipped(client, annotator, settings):
     """Within-group pairs whose images are nearly identical are never offered; a pick that
     passed over some says so in its selection (stored on the vote)."""
@@ -234,21 +246,13 @@ def test_nearly_identical_pairs_are_skipped(client, annotator, settings):
     from app.services import votes as svc
     from app.services.rollouts import record_rollout_group
 
-    def img(dots: list[tuple[int, int]]) -> bytes:
-        im = Image.new("RGB", (32, 32), "white")
-        for x, y in dots:
-            im.paste((220, 38, 38), (x, y, x + 7, y + 7))
-        buf = io.BytesIO()
-        im.save(buf, format="PNG")
-        return buf.getvalue()
-
-    same = img([(4, 4)])
+    same = _red_squares([(4, 4)])
     almost = Image.open(io.BytesIO(same)).copy()
     almost.putpixel((20, 20), (0, 0, 0))  # one pixel of 1,024 differs
     buf = io.BytesIO()
     almost.save(buf, format="PNG")
     nearly = buf.getvalue()
-    other = img([(4, 4), (20, 20)])  # one more object: clearly different
+    other = _red_squares([(4, 4), (20, 20)])  # one more object: clearly different
     with session_scope() as s:
         record_rollout_group(s, job_id=None, iteration=0, prompt_text="one red square",
                              solver="dpm++", steps=8, sigma=0.3, seed=1, purpose="rollout",
@@ -287,23 +291,13 @@ def test_a_pair_is_found_behind_many_nearly_identical_ones(session):
     come before the only pair worth a vote: the scan pages past them, from any start."""
     import random
 
-    from PIL import Image
-
     from app.services import votes as svc
     from app.services.rollouts import record_rollout_group
 
-    def png(dots: list[tuple[int, int]]) -> bytes:
-        im = Image.new("RGB", (32, 32), "white")
-        for x, y in dots:
-            im.paste((220, 38, 38), (x, y, x + 7, y + 7))
-        buf = io.BytesIO()
-        im.save(buf, format="PNG")
-        return buf.getvalue()
-
     copies = 22
     assert copies * (copies - 1) // 2 > svc.SCAN_PAGE
-    for prompt, images in (("one red square", [png([(4, 4)])] * copies),
-                           ("two red squares", [png([(4, 4)]), png([(4, 4), (20, 20)])])):
+    for prompt, images in (("one red square", [_red_squares([(4, 4)])] * copies),
+                           ("two red squares", [_red_squares([(4, 4)]), _red_squares([(4, 4), (20, 20)])])):
         record_rollout_group(session, job_id=None, iteration=0, prompt_text=prompt,
                              solver="dpm++", steps=8, sigma=0.3, seed=1, purpose="rollout",
                              samples=[{"png": p, "member_index": i, "rewards": {}}
