@@ -199,7 +199,8 @@ class FitPreferenceConfig(_Cfg):
     FitConfig's fields); the file goes to STORAGE_DIR/preference/vN.safetensors."""
 
     min_votes: int = Field(0, ge=0, le=10_000_000,
-                           description="Fail unless at least this many clean votes exist.")
+                           description="Fail unless at least this many clean votes exist "
+                           "(a fit always needs 4, so values below 4 act as 4).")
     features: Literal["shapes", "clip"] = Field(
         "shapes", description="'shapes': a small convolutional network on the pixels; 'clip': "
         "a frozen CLIP image-text embedding from clip_path with a small head.")

@@ -199,9 +199,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--solver", choices=["dpm++", "euler"], default="dpm++")
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--device", default="auto")
+    parser.add_argument("--solver", choices=["dpm++", "euler"], default="dpm++",
+                        help="deterministic ODE solver (default dpm++)")
+    parser.add_argument("--steps", type=int, default=8, help="solver steps (default 8)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto "
+                        "(default: cuda if there is one)")
     parser.add_argument("--model", default="shapes", choices=["shapes", "flux", "sd3"],
                         help="model adapter (trainer.models.model_names())")
     parser.add_argument("--model-path", default="", help="flux / sd3: the diffusers-format "
@@ -216,7 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    train = sub.add_parser("train", help="Neighbor GRPO or the SDE baseline on the shapes world")
+    train_help = "Neighbor GRPO or the SDE baseline (model shapes, flux or sd3)"
+    train = sub.add_parser("train", help=train_help, description=train_help + ": a preset or "
+                           "JSON config with --set overrides; checkpoints and metrics under --out")
     train.add_argument("--method", choices=["neighbor", "sde"], help="overrides config.method")
     train.add_argument("--config", default="shapes-quick-demo",
                        help=f"a JSON file or a preset: {', '.join(PRESETS)}")
@@ -227,17 +231,19 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.set_defaults(func=cmd_train)
 
-    sample = sub.add_parser("sample", help="deterministic ODE sampling, one PNG per (prompt, seed)")
+    sample_help = "deterministic ODE sampling, one PNG per (prompt, seed)"
+    sample = sub.add_parser("sample", help=sample_help, description=sample_help)
     sample.add_argument("--checkpoint", help="a checkpoint directory (checkpoints/iter-N) or a "
                         "shapes model.safetensors; left out: the base model alone")
     sample.add_argument("--prompts", required=True, help="text file, one prompt per line")
     sample.add_argument("--seeds", type=int, default=4, help="seeds 0..N-1 per prompt")
-    sample.add_argument("--out", required=True)
+    sample.add_argument("--out", required=True, help="directory for the PNGs")
     _add_sampling_options(sample)
     sample.set_defaults(func=cmd_sample)
 
-    evaluate = sub.add_parser("evaluate", help="each reward's mean over prompts x seeds "
-                              "(default: the shapes rewards and exact-count accuracy, 48x20)")
+    evaluate_help = ("each reward's mean over prompts x seeds (default: the shapes rewards and "
+                     "exact-count accuracy, 48x20)")
+    evaluate = sub.add_parser("evaluate", help=evaluate_help, description=evaluate_help)
     evaluate.add_argument("--checkpoint", help="as for sample; left out: the base model")
     evaluate.add_argument("--out", help="also write the JSON here")
     evaluate.add_argument("--rewards", default="", help="comma-separated reward names, e.g. "
@@ -255,8 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_options(evaluate)
     evaluate.set_defaults(func=cmd_evaluate)
 
-    base = sub.add_parser("train-base", help="train the shapes base model (flow matching)")
-    base.add_argument("--out", required=True)
+    base_help = "train the shapes base model (flow matching)"
+    base = sub.add_parser("train-base", help=base_help, description=base_help)
+    base.add_argument("--out", required=True, help="run directory (checkpoints, training log)")
     # defaults left to BaseTrainingConfig / ShapesDiTConfig (the shipped base's recipe), read
     # when the command runs: building the parser must not import torch
     base.add_argument("--steps", type=int, help="optimizer steps (default 8000)")
@@ -284,11 +291,14 @@ def build_parser() -> argparse.ArgumentParser:
     base.add_argument("--pool-size", type=int,
                       help="render this many images once and draw batches from them on the "
                            "device (default 300,000; 0: render every batch)")
-    base.add_argument("--device", default="auto")
+    base.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     base.set_defaults(func=cmd_train_base)
 
-    demo = sub.add_parser("demo", help="a short Neighbor GRPO run on the CPU")
-    demo.add_argument("--out", default=None)
+    demo_help = "a short Neighbor GRPO run on the CPU"
+    demo = sub.add_parser("demo", help=demo_help, description=demo_help + " (the "
+                          "shapes-quick-demo preset; the same as `train --config "
+                          "shapes-quick-demo`)")
+    demo.add_argument("--out", default=None, help="run directory (default runs/demo)")
     demo.set_defaults(func=cmd_demo)
     return parser
 

@@ -29,6 +29,7 @@ from trainer.config import TrainConfig
 from trainer.loop import resolve_device
 from trainer.rewards.preference import (
     LABELLED_OUTCOMES,
+    MIN_FIT_VOTES,
     FitConfig,
     PreferenceModel,
     PreferencePair,
@@ -78,9 +79,10 @@ def fit_and_record(fit_config: FitConfig, *, job_id: int | None = None, min_vote
         rows = pref_svc.fit_votes(s)
         version = pref_svc.next_version(s)
     clean = sum(r["outcome"] in LABELLED_OUTCOMES for r in rows)
-    if clean < max(min_votes, 4):
+    needed = max(min_votes, MIN_FIT_VOTES)
+    if clean < needed:
         raise ValueError(f"fit_preference: {clean} clean votes (a, b or tie); need at least "
-                         f"{max(min_votes, 4)}")
+                         f"{needed}")
     pairs = [PreferencePair(images.get(r["a_path"]), images.get(r["b_path"]), r["prompt"],
                             r["outcome"]) for r in rows]
     model = fit_preference_model(pairs, fit_config, version=version)

@@ -100,6 +100,7 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
     from trainer.rewards import reward_names
 
     malformed = {field for field, _ in problems}
+    model = config.get("model") if "model" not in malformed else None
     expected = {"prompts": list, "reward_names": list, "base_checkpoint": str,
                 "features": str, "clip_path": str, "reward_weights": dict,
                 "preference_model": str, "dataset_id": int, "checkpoint_id": int,
@@ -172,12 +173,10 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
         if not texts:
             problems.append(("split", f"dataset {ds_id} has no {split!r} prompts; choose "
                                       "another split or 'all'"))
-        elif (config.get("model") == "shapes" and "model" not in malformed
-              and (problem := shapes_prompt_problem(texts))):
-            problems.append(("dataset_id", f"dataset {ds_id} ({split!r} prompts): {problem}"))
-    if (kind != "train" and config.get("model") == "shapes" and "model" not in malformed
-            and out.get("prompts")) and (
-            problem := shapes_prompt_problem(out["prompts"])):
+        elif problem := _drawable_problem(model, texts, f"dataset {ds_id} ({split!r} prompts)"):
+            problems.append(("dataset_id", problem))
+    # a train job's own prompts are TrainConfig's to check
+    if kind != "train" and (problem := _drawable_problem(model, out.get("prompts") or [])):
         problems.append(("prompts", problem))
     if out.get("checkpoint_id") is not None and session.get(Checkpoint, out["checkpoint_id"]) is None:
         problems.append(("checkpoint_id", f"checkpoint {out['checkpoint_id']} not found"))
@@ -395,9 +394,17 @@ def _training_dataset_problems(session: Session, dataset_id: int, config: dict[s
     if not texts:
         out.append(("dataset_id", f"dataset {dataset_id} has no 'train' prompts to train on "
                                   "(upload it with a smaller eval_fraction)"))
-    elif config.get("model") == "shapes" and (problem := shapes_prompt_problem(texts)):
-        out.append(("dataset_id", f"dataset {dataset_id}: {problem}"))
+    elif problem := _drawable_problem(config.get("model"), texts, f"dataset {dataset_id}"):
+        out.append(("dataset_id", problem))
     return out
+
+
+def _drawable_problem(model: Any, texts: list[str], source: str = "") -> str | None:
+    """What in `texts` the model cannot draw: the shapes model draws only its world's
+    prompts (trainer.shapes.world), the real models any text. `source` prefixes the message."""
+    if model != "shapes" or not texts or (problem := shapes_prompt_problem(texts)) is None:
+        return None
+    return f"{source}: {problem}" if source else problem
 
 
 def validate_config(session: Session, kind: str, config: dict[str, Any] | None,

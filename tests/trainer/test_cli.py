@@ -115,3 +115,20 @@ def test_evaluate_refuses_unknown_rewards_and_missing_weights_before_sampling(tm
     assert proc.returncode == 2
     assert "'pickscore'" in proc.stderr and "config.json" in proc.stderr
     assert "reward_model_paths['pickscore']" in proc.stderr
+
+
+def test_every_subcommand_and_option_says_what_it_does():
+    """`python -m trainer CMD --help` is the CLI's documentation: no bare option."""
+    import argparse
+
+    from trainer.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    undocumented = []
+    for name, parser in sub.choices.items():
+        if not parser.description:
+            undocumented.append(f"{name}: no description")
+        undocumented += [f"{name} {action.option_strings[0]}" for action in parser._actions
+                         if action.option_strings and action.dest != "help" and not action.help]
+    assert sorted(sub.choices) == ["demo", "evaluate", "sample", "train", "train-base"]
+    assert not undocumented, undocumented

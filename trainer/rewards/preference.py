@@ -402,6 +402,10 @@ def _train_member(net: nn.Module, inputs_a, inputs_b, labels: torch.Tensor, conf
             schedule.step()
 
 
+# the fewest labelled votes a fit accepts: a held-out split and a training split both need some
+MIN_FIT_VOTES = 4
+
+
 def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None = None,
                          version: int = 1) -> PreferenceModel:
     """Bradley-Terry fit with a held-out split; the report says how well it predicts."""
@@ -414,8 +418,9 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
             usable.append(pair)
         else:
             ignored[pair.outcome] = ignored.get(pair.outcome, 0) + 1
-    if len(usable) < 4:
-        raise ValueError(f"need at least 4 votes with a preference (a, b or tie), got {len(usable)}")
+    if len(usable) < MIN_FIT_VOTES:
+        raise ValueError(f"need at least {MIN_FIT_VOTES} votes with a preference (a, b or tie), "
+                         f"got {len(usable)}")
     rng = np.random.default_rng(config.seed)
     order = rng.permutation(len(usable))
     n_hold = int(round(len(usable) * config.holdout_fraction)) if len(usable) >= 10 else 0
@@ -472,6 +477,6 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
     return model
 
 
-__all__ = ["FitConfig", "FitReport", "PreferenceModel", "PreferencePair", "fit_preference_model",
+__all__ = ["MIN_FIT_VOTES", "FitConfig", "FitReport", "PreferenceModel", "PreferencePair", "fit_preference_model",
            "ShapesPreferenceNet", "ShapesHead", "SharedFeatureEnsemble",
            "PROMPT_LENGTH", "Outcome", "OUTCOMES", "LABELLED_OUTCOMES", "TARGET_A"]
