@@ -107,6 +107,10 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(
         50 * 1024 * 1024, description="MAX_UPLOAD_BYTES: the largest dataset upload, in bytes, "
         "the API and the UI take (default 50 MiB); a larger one is refused.")
+    max_request_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024, description="MAX_REQUEST_BYTES: the largest request body, in "
+        "bytes, other than a dataset upload (votes, job configs, the UI's events; default 8 "
+        "MiB); a larger one is answered 413 before it is read whole.")
     image_cache_seconds: int = Field(
         86400, description="IMAGE_CACHE_SECONDS: how long a browser may cache a stored file "
         "from /api/media (Cache-Control max-age); they never change once written.")

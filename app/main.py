@@ -110,7 +110,17 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
 
     _document_problems(app)
 
-    from app.api import auth, checkpoints, datasets, jobs, media, preference, rollouts, votes
+    from app.api import (
+        auth,
+        body_limit,
+        checkpoints,
+        datasets,
+        jobs,
+        media,
+        preference,
+        rollouts,
+        votes,
+    )
 
     for module in (auth, datasets, rollouts, media, votes, jobs, checkpoints, preference):
         app.include_router(module.router, prefix="/api")
@@ -131,4 +141,6 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
         app = mount(app)
     # stored files need a token on the UI's routes too (app/api/media.py says the rule)
     app.add_middleware(media.StoredFilesGuard, ui_path="/ui")
+    # outermost: no body passes its limit on its way to either of the above (app/api/body_limit.py)
+    app.add_middleware(body_limit.RequestBodyLimit, settings=settings, ui_path="/ui")
     return app

@@ -11,6 +11,7 @@ from fastapi.responses import Response, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import WithJsonSchema
 
+from app.api.body_limit import FORM_OVERHEAD
 from app.api.deps import (
     AdminDep,
     PathId,
@@ -43,10 +44,6 @@ FilePart = Annotated[
 def _json(value: object) -> str:
     # allow_nan=False: the export is strict JSON (the service already made NaN/inf null)
     return json.dumps(value, ensure_ascii=False, allow_nan=False)
-
-
-# what a multipart body may hold beyond the file (the other fields, part headers, boundaries)
-FORM_OVERHEAD = 1024 * 1024
 
 
 async def _admin_within_limit(request: Request) -> None:

@@ -10,7 +10,8 @@ The rule: a stored file leaves the server only to a caller with a valid token, g
 - the Gradio UI never serves the storage directory (`blocked_paths` in `app.ui.mount`), and
   `StoredFilesGuard` answers 401 on every Gradio route that serves or accepts files (uploaded
   prompt files are users' data too), and on every Gradio request whose body is not JSON (a
-  file coming in, whatever the route), unless the request carries a valid token.
+  file coming in, whatever the route), unless the request carries a valid token; a file
+  coming in needs an admin's (403 for an annotator: only the Datasets page uploads).
 
 Checkpoint and preference-model downloads (`/api/checkpoints/{id}/download`,
 `/api/preference-models/{version}/download`) take the same `file_reader`.
@@ -79,14 +80,24 @@ class StoredFilesGuard:
             path = re.sub(r"/{2,}", "/", scope["path"])  # "/ui//file=" routes like "/ui/file="
             if path.startswith(self.ui_path + "/"):
                 sub = path[len(self.ui_path):]
-                if GRADIO_FILE_ROUTES.match(sub) or takes_files(scope):
+                incoming = takes_files(scope)
+                if GRADIO_FILE_ROUTES.match(sub) or incoming:
                     from starlette.concurrency import run_in_threadpool
 
-                    if await run_in_threadpool(authenticated, request_token(scope)) is None:
+                    user = await run_in_threadpool(authenticated, request_token(scope))
+                    if user is None:
                         response = JSONResponse(
                             {"detail": "stored files need a valid token: log in to the UI, or "
                                        "send Authorization: Bearer <token>"},
                             status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                        await response(scope, receive, send)
+                        return
+                    if incoming and user.role != "admin":
+                        # only the Datasets page (admins) sends files; an annotator's upload
+                        # would only take the server's disk
+                        response = JSONResponse(
+                            {"detail": "only admins upload files (the Datasets page)"},
+                            status_code=403)
                         await response(scope, receive, send)
                         return
         await self.app(scope, receive, send)

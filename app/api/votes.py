@@ -55,13 +55,17 @@ async def post_vote(body: VoteIn, user: UserDep) -> VoteOut | Response:
 
 @router.get("/export", responses={200: {"content": {"application/x-ndjson": {},
                                                     "application/vnd.apache.parquet": {}}}})
-def export(session: SessionDep, _user: UserDep,
+def export(session: SessionDep, user: UserDep,
            format: Literal["jsonl", "parquet"] = "jsonl") -> Response:
+    """Every vote for an admin; an annotator's own votes for an annotator (who voted, when and
+    how fast is per-person data, as the admin-only annotator statistics are)."""
+    annotator_id = None if user.role == "admin" else user.id
     if format == "parquet":
-        return Response(svc.export_parquet(session), media_type="application/vnd.apache.parquet",
+        return Response(svc.export_parquet(session, annotator_id=annotator_id),
+                        media_type="application/vnd.apache.parquet",
                         headers={"Content-Disposition": 'attachment; filename="votes.parquet"'})
     # allow_nan=False: strict JSON, always (no row field can hold NaN or inf today)
     body = "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n"
-                   for r in svc.export_votes(session))
+                   for r in svc.export_votes(session, annotator_id=annotator_id))
     return Response(body, media_type="application/x-ndjson",
                     headers={"Content-Disposition": 'attachment; filename="votes.jsonl"'})

@@ -558,8 +558,9 @@ def _utc_iso(value: datetime | None) -> str | None:
     return value.isoformat().replace("+00:00", "Z")
 
 
-def export_votes(session: Session, batch: int = 5000) -> Iterator[dict[str, Any]]:
-    """All votes, Pick-a-Pic style: image_0 is the sample shown on the left (a), image_1 the
+def export_votes(session: Session, batch: int = 5000, *, annotator_id: int | None = None
+                 ) -> Iterator[dict[str, Any]]:
+    """All votes (or one annotator's), Pick-a-Pic style: image_0 is the sample shown on the left (a), image_1 the
     right (b); label_0/label_1 are 1/0, 0/1 or 0.5/0.5 (tie); both_bad and skip have null
     labels and has_label false. Image paths are relative to the storage dir."""
     sa, sb = aliased(Sample), aliased(Sample)
@@ -572,6 +573,8 @@ def export_votes(session: Session, batch: int = 5000) -> Iterator[dict[str, Any]
         .join(ga, ga.id == sa.group_id).join(gb, gb.id == sb.group_id)
         .order_by(Vote.id)
     )
+    if annotator_id is not None:
+        stmt = stmt.where(Vote.annotator_id == annotator_id)
     last = 0
     while True:
         rows = session.execute(stmt.where(Vote.id > last).limit(batch)).all()
@@ -595,14 +598,14 @@ def export_votes(session: Session, batch: int = 5000) -> Iterator[dict[str, Any]
         last = rows[-1][0].id
 
 
-def export_parquet(session: Session) -> bytes:
+def export_parquet(session: Session, *, annotator_id: int | None = None) -> bytes:
     import io
 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     schema = pa.schema([(name, getattr(pa, kind)()) for name, kind in EXPORT_COLUMNS])
-    rows = list(export_votes(session))
+    rows = list(export_votes(session, annotator_id=annotator_id))
     table = pa.Table.from_pylist(rows, schema=schema)
     buf = io.BytesIO()
     pq.write_table(table, buf)

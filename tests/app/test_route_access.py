@@ -32,6 +32,7 @@ ADMIN = "admin"  # admins only: an annotator gets 403
 FILE = "file"  # returns stored bytes: a valid token (header, or the UI's session cookie)
 UI = "ui"  # the Gradio shell: may load without a token, never with a stored byte in it
 UI_FILE = "ui-file"  # Gradio routes that serve or take files: refused without a token
+UI_UPLOAD = "ui-upload"  # Gradio's file upload: refused without a token, 403 for an annotator
 
 ROUTES: dict[str, str] = {
     "GET /openapi.json": PUBLIC, "HEAD /openapi.json": PUBLIC,
@@ -108,11 +109,12 @@ POST /ui/gradio_api/stream/{event_id}|POST /ui/gradio_api/stream/{event_id}/clos
 GET /ui/gradio_api/stream/{session_hash}/{run}/{component_id}/playlist.m3u8
 GET /ui/gradio_api/stream/{session_hash}/{run}/{component_id}/{segment_id}.{ext}
 GET /ui/gradio_api/stream/{session_hash}/{run}/{component_id}/playlist-file
-GET /ui/gradio_api/file/{path:path}|GET /ui/gradio_api/upload_progress|POST /ui/gradio_api/upload
+GET /ui/gradio_api/file/{path:path}|GET /ui/gradio_api/upload_progress
 """
 for _text, _kind in ((_UI_SHELL, UI), (_UI_FILES, UI_FILE)):
     ROUTES.update({key.strip(): _kind for key in _text.replace("\n", "|").split("|")
                    if key.strip()})
+ROUTES["POST /ui/gradio_api/upload"] = UI_UPLOAD
 
 # paths that no route mounts, tried anyway: the spellings older Gradio versions served files by
 EXTRA_FILE_URLS = ["/ui/file={p}", "/ui/file/{p}", "/ui//file={p}", "/ui/gradio_api//file={p}",
@@ -332,16 +334,18 @@ def test_every_route(world):
                     problems.append(f"{who}: {method} {url} -> {r.status} (public)")
                 if kind in (USER, ADMIN, FILE) and r.status != 401:
                     problems.append(f"{who}: {method} {url} -> {r.status} (want 401)")
+                if kind == UI_UPLOAD and r.status != 401:
+                    problems.append(f"{who}: {method} {url} -> {r.status} (want 401)")
                 if kind == UI_FILE and r.status not in (401, 403, 404):
                     problems.append(f"{who}: {method} {url} -> {r.status} (want 401/403/404)")
             tested.add(key)
 
             r = call(method, url, world.annotator, **request_kw(key, world))
-            if kind == ADMIN and r.status != 403:
+            if kind in (ADMIN, UI_UPLOAD) and r.status != 403:
                 problems.append(f"annotator: {method} {url} -> {r.status} (want 403)")
             if kind in (USER, FILE) and (r.status in (401, 403) or r.status >= 500):
                 problems.append(f"annotator: {method} {url} -> {r.status}")
-            if kind in (UI, UI_FILE) and stored_bytes_in(world, r.body):
+            if kind in (UI, UI_FILE, UI_UPLOAD) and stored_bytes_in(world, r.body):
                 # stored files reach the page through /api/media only, never through Gradio
                 problems.append(f"annotator: {method} {url} -> {r.status} LEAKS "
                                 f"{stored_bytes_in(world, r.body)}")

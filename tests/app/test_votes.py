@@ -157,6 +157,28 @@ def test_export_jsonl_and_parquet(client, admin, annotator, make_group):
         assert prow["label_0"] == row["label_0"] and prow["image_1_path"] == row["image_1_path"]
 
 
+def test_an_annotator_exports_only_their_own_votes(client, admin, annotator, make_user,
+                                                   make_group):
+    """Who voted, when and how fast is per-person data: an admin exports everyone's votes, an
+    annotator only their own (both formats)."""
+    make_group(g=4)
+    carol = make_user("carol", "annotator")
+    for who in (annotator, carol, annotator):
+        assert vote(client, who, client.get("/api/votes/next", headers=who).json(),
+                    "a").status_code == 201
+
+    def voters(headers: dict[str, str]) -> list[str]:
+        jl = client.get("/api/votes/export", headers=headers).text.splitlines()
+        parquet = pq.read_table(io.BytesIO(client.get(
+            "/api/votes/export?format=parquet", headers=headers).content)).to_pylist()
+        assert [json.loads(line)["vote_id"] for line in jl] == [r["vote_id"] for r in parquet]
+        return [r["annotator"] for r in parquet]
+
+    assert voters(admin) == ["bob", "carol", "bob"]
+    assert voters(annotator) == ["bob", "bob"]
+    assert voters(carol) == ["carol"]
+
+
 def test_all_pairs_of_group_are_reachable(client, annotator, make_group):
     gid = make_group(g=5)
     ids = [s["id"] for s in client.get(f"/api/rollouts/{gid}", headers=annotator).json()["samples"]]
