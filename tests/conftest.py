@@ -71,6 +71,7 @@ SUBPROCESS = {
     "tests/app/test_auth.py::test_cli_create_user_prints_token_once_and_stores_hash",
     "tests/app/test_migrations.py::test_cli_migrate_creates_default_sqlite",
     "tests/trainer/test_cli.py::*",
+    "tests/trainer/test_library.py::test_the_app_starts_without_torch",
     "tests/trainer/test_hitl_benchmarks.py::test_overoptimisation_probe_runs_and_reports_the_kl",
     "tests/trainer/test_reward_server.py::test_the_command_line_serves_and_refuses_unknown_rewards",
     "tests/trainer/test_reward_models_benchmark.py::"

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from trainer.config import PRESETS, ConfigError, TrainConfig, load_config
+from trainer.config import PRESETS, ConfigError, TrainConfig, default_preset, load_config
 
 
 def _parse_overrides(pairs: list[str]) -> dict:
@@ -24,13 +24,21 @@ def _parse_overrides(pairs: list[str]) -> dict:
     return out
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    from trainer.run_dir import RunDirectory
-
+def train_config_of(args: argparse.Namespace) -> TrainConfig:
+    """`train`'s config: --config (default: the model's preset) with --set and --method on
+    top, validated (ConfigErrors name every bad field)."""
     overrides = _parse_overrides(args.set)
     if args.method:
         overrides["method"] = args.method
-    config = load_config(args.config, overrides)  # validated before anything is written
+    model = overrides.get("model", "shapes")
+    spec = args.config or default_preset(model if isinstance(model, str) else "shapes")
+    return load_config(spec, overrides)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from trainer.run_dir import RunDirectory
+
+    config = train_config_of(args)  # validated before anything is written
     if "preference" in config.reward_weights and not Path(config.preference_model).is_file():
         raise ConfigError("preference_model", "reward 'preference' needs the path of a fitted "
                           f"preference model (safetensors); {config.preference_model!r} is not "
@@ -222,8 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help=train_help, description=train_help + ": a preset or "
                            "JSON config with --set overrides; checkpoints and metrics under --out")
     train.add_argument("--method", choices=["neighbor", "sde"], help="overrides config.method")
-    train.add_argument("--config", default="shapes-quick-demo",
-                       help=f"a JSON file or a preset: {', '.join(PRESETS)}")
+    train.add_argument("--config", help=f"a JSON file or a preset: {', '.join(PRESETS)} "
+                       "(default: the model's preset, flux-lora or sd3-lora for --set "
+                       "model=flux or sd3, else shapes-quick-demo)")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override one config field (repeatable)")
     train.add_argument("--out", required=True, help="run directory")

@@ -269,7 +269,9 @@ class AlgorithmArguments:
                                       group="algorithm")
     # --- sampling ------------------------------------------------------------------------
     rollout_solver: str = _field("dpm++", "ODE solver for rollouts: DPM-Solver++(2M) or "
-                                 "Euler, on the model's own (shifted) schedule.",
+                                 "Euler, on the model's own (shifted) schedule. Neighbor GRPO "
+                                 "(and sampling, evaluation); the SDE baseline's rollouts are "
+                                 "its own stochastic Euler steps.",
                                  choices=("dpm++", "euler"), group="algorithm")
     rollout_steps: int = _field(8, "T: solver steps per rollout.", min=2, max=1000,
                                 group="algorithm")
@@ -506,11 +508,24 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = [ConfigError(str(key), "unknown field") for key in data if key not in known]
         # copied: a preset's (or caller's) lists and dicts must not be shared with the config
-        config = cls(**copy.deepcopy({k: v for k, v in data.items() if k in known}))
+        given = copy.deepcopy({k: v for k, v in data.items() if k in known})
+        if "reward_weights" not in given and isinstance(given.get("model"), str):
+            # no rewards named: the model's own default (the dataclass's count reward reads
+            # only shapes images)
+            given["reward_weights"] = default_reward_weights(given["model"])
+        config = cls(**given)
         problems = unknown + config.problems()
         if problems:
             raise ConfigErrors(problems)
         return config
+
+    def rollout_sampler(self) -> tuple[str, float]:
+        """How this run's rollouts are drawn, as the rollouts pages record them: the ODE solver
+        and the neighbourhood radius sigma for Neighbor GRPO; "sde" with independent noises
+        (sigma 1) for the SDE baseline, whose rollout_solver and sigma are not read."""
+        if self.method == "sde":
+            return "sde", 1.0
+        return self.rollout_solver, self.sigma
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -572,6 +587,18 @@ PRESETS: dict[str, dict[str, Any]] = {
              "num_train_timesteps": 2, "rollout_steps": 4, "sample_every": 1,
              "checkpoint_every": 2},
 }
+
+
+def default_reward_weights(model: str) -> dict[str, float]:
+    """The rewards a train config of `model` that names none trains on: the shapes world's
+    count for the shapes model, the weight-free jpeg_compressibility for a real model (no
+    reward weights to configure: a first run, a smoke test)."""
+    return {"count": 1.0} if model == "shapes" else {"jpeg_compressibility": 1.0}
+
+
+def default_preset(model: str) -> str:
+    """The preset a train run of `model` starts from when it names none (the CLI's --config)."""
+    return f"{model}-lora" if f"{model}-lora" in PRESETS else "shapes-quick-demo"
 
 
 def load_config(spec: str | None, overrides: dict[str, Any] | None = None) -> TrainConfig:

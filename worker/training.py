@@ -138,10 +138,11 @@ class TrainRecorder:
         with session_scope() as s:
             if not jobs.holds(s, self.job_id, self.worker_name):
                 raise LeaseLost(f"job {self.job_id} is no longer held by {self.worker_name}")
+            solver, sigma = cfg.rollout_sampler()
             for p, samples in enumerate(groups):
                 rollouts.record_rollout_group(
                     s, job_id=self.job_id, iteration=it, prompt_text=result.prompts[p],
-                    solver=cfg.rollout_solver, steps=cfg.rollout_steps, sigma=cfg.sigma,
+                    solver=solver, steps=cfg.rollout_steps, sigma=sigma,
                     seed=int(result.noise_seeds[p]), samples=samples, purpose="train")
             if saved is not None:
                 self._record_checkpoint(s, it, saved)

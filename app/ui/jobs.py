@@ -119,6 +119,19 @@ def form_values(preset: str | None) -> list[Any]:
     return out
 
 
+def rewards_for_model(model: str | None, weights: str | None) -> str | Any:
+    """The reward_weights field when the model changes: a default left as it was follows the
+    model (count for shapes, jpeg_compressibility for a real model), weights someone typed
+    stay as they are."""
+    from trainer.config import default_reward_weights
+    from trainer.models import model_names
+
+    defaults = {json.dumps(default_reward_weights(m)) for m in model_names()}
+    if str(weights or "").strip() in {"", *defaults}:
+        return json.dumps(default_reward_weights(model or "shapes"))
+    return gr.skip()
+
+
 def _number(v: Any) -> float | None:
     """A number field's value as a finite float, else None (empty, text, inf, NaN)."""
     try:
@@ -419,6 +432,8 @@ def build_jobs(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Blocks:
         user.change(on_login, user, [timer, pick, dataset], api_visibility="private")
         preset.change(lambda p: form_values(None if p == DEFAULTS else p), preset, inputs,
                       api_visibility="private")
+        comps["model"].change(rewards_for_model, [comps["model"], comps["reward_weights"]],
+                              comps["reward_weights"], api_visibility="private")
         dataset.focus(dataset_choices, user, dataset, api_visibility="private")
 
         def do_launch(user_state, dataset_id, *values):

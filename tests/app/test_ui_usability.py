@@ -107,6 +107,31 @@ def test_launch_form_reports_a_fractional_whole_number(settings, admin, enqueuer
     assert enqueuer.calls == []
 
 
+def test_choosing_a_real_model_in_the_form_gives_it_a_reward_it_can_train_on(settings, admin,
+                                                                               enqueuer):
+    """The form's default count reward reads only shapes images: picking flux swaps a default
+    left as it was for jpeg_compressibility (and back), never weights someone typed."""
+    import gradio as gr
+
+    from app.ui import jobs
+
+    names = [d["name"] for d in jobs.describe()]
+    values = jobs.form_values(None)
+    weights = values[names.index("reward_weights")]
+    assert json.loads(weights) == {"count": 1.0}
+    weights = jobs.rewards_for_model("flux", weights)
+    assert json.loads(weights) == {"jpeg_compressibility": 1.0}
+    assert json.loads(jobs.rewards_for_model("shapes", weights)) == {"count": 1.0}
+    typed = '{"count": 1, "color": 0.5}'
+    assert jobs.rewards_for_model("sd3", typed) == gr.skip()  # left as typed
+    # launched so, the only complaint is the missing model directory, not the reward
+    values[names.index("model")] = "flux"
+    values[names.index("reward_weights")] = weights
+    job_id, out = jobs.launch(enqueuer, _token(admin), None, *values)
+    errors = {n: e for n, e in zip(names, out[1:], strict=True) if e}
+    assert job_id is None and set(errors) == {"model_path"}, errors
+
+
 @pytest.mark.parametrize("typed", ["-1", "1.5", "abc"])
 def test_rollouts_iteration_says_what_is_allowed(settings, admin, typed):
     from app.ui import rollouts

@@ -67,3 +67,14 @@ def test_configs_do_not_share_their_presets_lists_and_dicts():
     assert load_config("flux-lora", {"model_path": "/m"}).lora_target_modules == \
         TrainConfig().lora_target_modules
     assert {name: dict(preset) for name, preset in PRESETS.items()} == before
+
+
+def test_the_rollouts_record_how_each_method_samples():
+    """The rollouts pages show a group's solver and sigma: the SDE baseline's are its own
+    stochastic steps and independent noises, not the Neighbor GRPO fields it never reads."""
+    from trainer.config import PRESETS, TrainConfig
+
+    assert TrainConfig.from_dict({"sigma": 0.2}).rollout_sampler() == ("dpm++", 0.2)
+    assert TrainConfig.from_dict(PRESETS["sde-baseline"]).rollout_sampler() == ("sde", 1.0)
+    assert TrainConfig.from_dict({"method": "neighbor", "rollout_solver": "euler"}
+                                 ).rollout_sampler() == ("euler", 0.3)

@@ -156,8 +156,7 @@ def test_the_readmes_train_commands_make_valid_configs():
     config TrainConfig accepts (the model directories they name are the user's)."""
     import shlex
 
-    from trainer.cli import _parse_overrides, build_parser
-    from trainer.config import load_config
+    from trainer.cli import build_parser, train_config_of
 
     text = (ROOT / "README.md").read_text()
     commands = []
@@ -167,8 +166,37 @@ def test_the_readmes_train_commands_make_valid_configs():
                 commands.append(shlex.split(line.split("-m trainer ", 1)[1], comments=True))
     assert len(commands) >= 3, commands
     for argv in commands:
-        args = build_parser().parse_args(argv)
-        overrides = _parse_overrides(args.set)
-        if args.method:
-            overrides["method"] = args.method
-        load_config(args.config, overrides)  # raises ConfigErrors naming every bad field
+        train_config_of(build_parser().parse_args(argv))  # ConfigErrors name every bad field
+
+
+def test_a_real_model_trains_from_its_own_preset_and_reward_when_none_is_named(tmp_path):
+    """`train --set model=flux --set model_path=DIR --set finetune=lora` (issue 16's command)
+    works as it does for shapes: the model's preset, a reward that reads any image."""
+    from trainer.cli import build_parser, train_config_of
+    from trainer.config import PRESETS, ConfigErrors, TrainConfig
+
+    argv = ["train", "--set", "model=flux", "--set", f"model_path={tmp_path}", "--set",
+            "finetune=lora", "--out", str(tmp_path / "run")]
+    config = train_config_of(build_parser().parse_args(argv))
+    assert config.model == "flux" and config.reward_weights == {"jpeg_compressibility": 1.0}
+    assert config.group_size == PRESETS["flux-lora"]["group_size"] and config.torch_compile
+    sd3 = train_config_of(build_parser().parse_args(
+        ["train", "--config", "tiny", "--set", "model=sd3", "--set", f"model_path={tmp_path}",
+         "--out", "x"]))
+    assert sd3.reward_weights == {"jpeg_compressibility": 1.0} and sd3.iterations == 3
+    assert TrainConfig.from_dict({}).reward_weights == {"count": 1.0}  # shapes as before
+    # a reward named by the user is the user's: the shapes count on FLUX is still refused
+    with pytest.raises(ConfigErrors, match="reward_weights"):
+        TrainConfig.from_dict({"model": "flux", "reward_weights": {"count": 1.0}})
+
+
+def test_the_app_starts_without_torch():
+    """The API's schemas read the vote outcomes from trainer.rewards; importing the app must
+    not load torch (1.4 s of the start-up, and every tool that imports the app) until a
+    reward is asked for."""
+    code = ("import sys, app.main; assert 'torch' not in sys.modules, 'torch loaded'; "
+            "from trainer.rewards import reward_names; names = reward_names(); "
+            "assert {'count', 'jpeg_compressibility', 'hpsv2'} <= set(names), names")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr

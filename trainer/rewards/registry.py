@@ -36,6 +36,7 @@ def register_reward(name: str, fn: R | None = None, *,
     Re-registering replaces. `shapes_only`: it scores only the shapes model's images (see
     shapes_only_problem)."""
     def deco(f: R) -> R:
+        _load_builtins()  # first, so that a user's reward of a built-in's name replaces it
         _REWARDS[name] = f
         if shapes_only:
             _SHAPES_ONLY.add(name)
@@ -45,8 +46,25 @@ def register_reward(name: str, fn: R | None = None, *,
     return deco(fn) if fn is not None else deco
 
 
+_builtins_loaded = False
+
+
+def _load_builtins() -> None:
+    """Register the built-in rewards on first use, not when the package is imported: the
+    published reward models' module imports torch, and the app imports trainer.rewards
+    (outcomes, for the API's schemas) at start-up without needing either."""
+    global _builtins_loaded
+    if _builtins_loaded:
+        return
+    _builtins_loaded = True
+    # each registers its rewards when imported: count, color, shape, combined, exact_count;
+    # attr_*; jpeg_(in)compressibility; hpsv2, pickscore, clip_score, aesthetic, imagereward
+    from trainer.rewards import attributes, compressibility, models, shapes  # noqa: F401
+
+
 def shapes_only_problem(names: list[str], model: str) -> str | None:
     """Why `names` cannot score `model`'s images (some read only the shapes world's), or None."""
+    _load_builtins()
     bad = [name for name in names if name in _SHAPES_ONLY]
     if model == "shapes" or not bad:
         return None
@@ -57,12 +75,14 @@ def shapes_only_problem(names: list[str], model: str) -> str | None:
 
 
 def get_reward(name: str) -> RewardFn:
+    _load_builtins()
     if name not in _REWARDS:
         raise KeyError(f"unknown reward {name!r}; known: {sorted(_REWARDS)}")
     return _REWARDS[name]
 
 
 def reward_names() -> list[str]:
+    _load_builtins()
     return sorted(_REWARDS)
 
 
