@@ -202,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         "master_dtype": str(next(adapter.parameters()).dtype),
         "forward_weights_dtype": forward_dtype.get("dtype"),
         "gradient_checkpointing": args.checkpointing,
+        "gradient_checkpointing_fraction": args.checkpoint_fraction if args.checkpointing else 0.0,
         "build_seconds": build_seconds, "seconds": seconds,
         "rollout_seconds": median("rollout_seconds"), "update_seconds": median("update_seconds"),
         "prompts_per_second": config.prompts_per_iteration / seconds,
@@ -251,7 +252,8 @@ def record_scaling(figures: Path, world: int, report: dict[str, Any]) -> None:
     data.setdefault("scaling", {})[str(world)] = report["prompts_per_second"]
     data.setdefault("scaling_runs", {})[str(world)] = {
         k: report[k] for k in ("card", "processes", "seconds", "prompts_per_second",
-                               "torch_compile", "gradient_checkpointing", "resolution")}
+                               "torch_compile", "gradient_checkpointing",
+                               "gradient_checkpointing_fraction", "resolution")}
     tmp = figures.with_name(figures.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     tmp.replace(figures)

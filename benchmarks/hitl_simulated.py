@@ -11,7 +11,12 @@ ignore):
    differs by less are ties, as near-identical images are to a person). Accuracy is measured
    on a fixed test set of within-group pairs from other noises that the annotator would not
    call a tie, against the noise-free preference (`clean`) and against fresh 10%-flipped votes
-   (`noisy`, ceiling 0.90); `clean_all` includes the pairs inside the tie band. For each seed,
+   (`noisy`, ceiling 0.90); `clean_all` includes the pairs inside the tie band. On the same
+   decisive pairs, the model's P(a preferred) is also scored by log-loss (`log_loss_clean`,
+   and `log_loss_noisy`, its expectation against the 10%-flipped votes; ln 2 = 0.693 is a
+   constant 0.5), the expected calibration error (`ece_clean`: 10 equal-width bins of the
+   predicted probability of the side it picks, weighted by count) and the Brier score
+   (`brier_clean`); `report_log_loss` is the fitter's own held-out log-loss. For each seed,
    the fewest votes whose `noisy` accuracy reaches the target (0.85), and the fewest from which
    it stays there at every larger budget.
 2. Training from the shipped base on count alone vs count + preference (the models fitted on
@@ -63,6 +68,59 @@ def make_groups(model, prompts: list[str], seeds: list[int], g: int, device: str
 
 
 TARGET_NOISY_ACCURACY = 0.85
+FLIP = 0.1  # the simulated annotators' flip probability
+LOG_LOSS_CLIP = 1e-6  # as the fitter's heldout_log_loss clips P(a preferred)
+
+
+def log_loss(p: np.ndarray, target: np.ndarray) -> float:
+    """Mean cross-entropy (natural log) of P(a preferred) `p` against `target`, the
+    probability that a is preferred: 0/1 labels, or soft ones for an expectation over flips
+    (the loss is linear in the target)."""
+    pc = np.clip(np.asarray(p, float), LOG_LOSS_CLIP, 1 - LOG_LOSS_CLIP)
+    t = np.asarray(target, float)
+    return float(-(t * np.log(pc) + (1 - t) * np.log(1 - pc)).mean())
+
+
+def expected_calibration_error(p: np.ndarray, truth: np.ndarray, bins: int = 10) -> float:
+    """ECE of the side the model picks: its confidence max(p, 1 - p) in `bins` equal-width
+    bins of [0, 1], |accuracy - mean confidence| per bin, weighted by the bin's share of the
+    pairs. The pick is a where p > 0.5, else b, as the accuracy counts it."""
+    p, truth = np.asarray(p, float), np.asarray(truth, bool)
+    picks_a = p > 0.5
+    confidence = np.where(picks_a, p, 1 - p)
+    right = picks_a == truth
+    index = np.minimum((confidence * bins).astype(int), bins - 1)
+    ece = 0.0
+    for b in np.unique(index):
+        in_bin = index == b
+        ece += in_bin.mean() * abs(right[in_bin].mean() - confidence[in_bin].mean())
+    return float(ece)
+
+
+def pair_metrics(p: np.ndarray, truth: np.ndarray, decisive: np.ndarray,
+                 flip: float = FLIP) -> dict[str, float]:
+    """Accuracy, log-loss, ECE and Brier score of P(a preferred) on the test pairs.
+    Ties: the test set holds only pairs with a strict attribute difference, and the clean
+    metrics (`clean`, `log_loss_*`, `ece_clean`, `brier_clean`) count only the `decisive`
+    ones, outside the annotator's tie band, as the clean accuracy always has: inside it the
+    annotator votes tie, so there is no side to score a probability against; `clean_all`
+    alone includes them. `noisy` and `log_loss_noisy` are expectations over the annotator's
+    flips of those decisive pairs (it never flips a decisive pair into a tie)."""
+    p, truth, decisive = np.asarray(p, float), np.asarray(truth, bool), np.asarray(decisive, bool)
+    right = (p > 0.5) == truth
+    clean = float(right[decisive].mean())
+    pd, td = p[decisive], truth[decisive].astype(float)
+    return {"clean": round(clean, 3), "noisy": round((1 - flip) * clean + flip * (1 - clean), 3),
+            "clean_all": round(float(right.mean()), 3),
+            "log_loss_clean": round(log_loss(pd, td), 4),
+            "log_loss_noisy": round(log_loss(pd, (1 - flip) * td + flip * (1 - td)), 4),
+            "ece_clean": round(expected_calibration_error(pd, td), 4),
+            "brier_clean": round(float(((pd - td) ** 2).mean()), 4)}
+
+
+# the per-budget keys averaged over seeds in the results
+MEAN_KEYS = ("clean", "noisy", "clean_all", "log_loss_clean", "log_loss_noisy", "ece_clean",
+             "brier_clean")
 try:  # the server's own active-selection settings, where the server's packages are installed
     from app.services.votes import ACTIVE_DISAGREE_SHARE, ACTIVE_GROUPS
 except ImportError:  # a bare GPU box with only the trainer's dependencies: the same values
@@ -79,7 +137,7 @@ class Campaign:
         self.acquisition = acquisition
         self.members: np.ndarray | None = None  # (ensemble, groups, G) scores, if known
         self.rng = np.random.default_rng(seed)
-        self.annotator = SimulatedAnnotator(pref, flip=0.1, tie_band=tie_band, seed=seed)
+        self.annotator = SimulatedAnnotator(pref, flip=FLIP, tie_band=tie_band, seed=seed)
         self.votes: list[PreferencePair] = []
 
     def set_pool(self, pool: np.ndarray, prompts: list[str], scores: np.ndarray | None) -> None:
@@ -177,12 +235,12 @@ def run_selection(kind: str, pref: str, pool, pool_prompts, test, budgets, fit_c
             campaign.members = pool_member_scores(model, pool, pool_prompts)
             campaign.scores = campaign.members.mean(0)
         images_a, images_b, prompts, truth, decisive = test
-        right = (model.prob_a_beats_b(images_a, images_b, prompts) > 0.5) == truth
-        clean = float(right[decisive].mean())
-        rows[budget] = {"clean": round(clean, 3), "noisy": round(0.9 * clean + 0.1 * (1 - clean), 3),
-                        "clean_all": round(float(right.mean()), 3),
+        p = model.prob_a_beats_b(images_a, images_b, prompts)
+        report_loss = model.report.heldout_log_loss
+        rows[budget] = {**pair_metrics(p, truth, decisive),
                         "ties_voted": sum(v.outcome == "tie" for v in campaign.votes),
                         "report_heldout": model.report.heldout_accuracy,
+                        "report_log_loss": None if report_loss is None else round(report_loss, 4),
                         "fit_s": round(time.perf_counter() - t, 1)}
         models[budget] = model
         print(json.dumps({"preference": pref, "selection": kind, "seed": seed, "votes": budget,
@@ -388,7 +446,7 @@ def main() -> None:
             out[kind] = {
                 "per_seed": per_seed,
                 "mean": {b: {k: round(float(np.mean([per_seed[s]["rows"][b][k] for s in per_seed])), 3)
-                             for k in ("clean", "noisy", "clean_all")} for b in args.budgets}}
+                             for k in MEAN_KEYS} for b in args.budgets}}
         if {"random", "active"} <= set(args.selections):
             reach = {k: [out[k]["per_seed"][s]["votes_to_target"] for s in args.seeds]
                      for k in ("random", "active")}

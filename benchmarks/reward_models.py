@@ -27,9 +27,12 @@ with a note.
 
 Architectures: hpsv2 = open_clip ViT-H-14 (HPS v2.1); aesthetic = open_clip ViT-L-14 with
 QuickGELU + the LAION MLP; pickscore = transformers CLIP ViT-H/14 (laion/CLIP-ViT-H-14, which
-PickScore fine-tunes); clip_score = transformers CLIP ViT-L/14 (openai/clip-vit-large-patch14).
-The transformers tokenizers are character-level stand-ins (no vocabulary can be downloaded);
-text costs little beside the 224 px image towers.
+PickScore fine-tunes); clip_score = transformers CLIP ViT-L/14 (openai/clip-vit-large-patch14);
+imagereward = ImageReward v1.0 (BLIP_Pretrain(image_size=224, vit='large'): BLIP's ViT-L/16 at
+224 px, BLIP's med_config.json BERT-base text encoder cross-attending to it, the MLP head),
+written as ImageReward.pt with BLIP's original key names + med_config.json + vocab.txt.
+The tokenizers are character-level stand-ins (no vocabulary can be downloaded); text costs
+little beside the 224 px image towers (ImageReward's prompts are padded to 35 tokens anyway).
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trainer.rewards import compute_rewards  # noqa: E402
 from trainer.rewards import models as reward_models  # noqa: E402
 
-REWARDS = ("hpsv2", "pickscore", "clip_score", "aesthetic")
+REWARDS = ("hpsv2", "pickscore", "clip_score", "aesthetic", "imagereward")
 # images per request of each concurrent server client: one prompt's group (G = 12)
 GROUP = 12
 # the server's start (its models load in create_app, before this clock) and its stop
@@ -88,6 +91,26 @@ TINY_OPEN_CLIP = {"embed_dim": 16,
                                  "patch_size": 8},
                   "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32,
                                "heads": 2, "layers": 1}}
+
+# ImageReward v1.0: BLIP_Pretrain(image_size=224, vit='large') (blip.py create_vit: ViT-L/16,
+# 1024 wide, 24 blocks, 16 heads, MLP 4096) and BLIP's med_config.json (BERT-base + cross-attention;
+# vocab 30524 = bert-base-uncased's 30522 + [DEC] + [ENC])
+IMAGEREWARD_VIT = dict(hidden_size=1024, num_hidden_layers=24, intermediate_size=4096,
+                       patch_size=16, image_size=224)
+IMAGEREWARD_MED_CONFIG = {
+    "architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1, "hidden_size": 768, "initializer_range": 0.02,
+    "intermediate_size": 3072, "layer_norm_eps": 1e-12, "max_position_embeddings": 512,
+    "model_type": "bert", "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 0,
+    "type_vocab_size": 2, "vocab_size": 30524, "encoder_width": 768, "add_cross_attention": True}
+# toy sizes: 2 ViT heads of BLIP's 64, one block, 16 px patches on 32 px; a one-layer BERT 32 wide
+TINY_IMAGEREWARD_VIT = dict(hidden_size=128, num_hidden_layers=1, intermediate_size=256,
+                            patch_size=16, image_size=32)
+TINY_IMAGEREWARD_MED_CONFIG = {**IMAGEREWARD_MED_CONFIG, "hidden_size": 32,
+                               "intermediate_size": 64, "max_position_embeddings": 40,
+                               "num_attention_heads": 2, "num_hidden_layers": 1}
+# BLIP_Pretrain's contrastive projections (in ImageReward.pt, unused by the score): embed_dim 256
+BLIP_EMBED_DIM = 256
 
 
 def _write_hf_clip(directory: Path, sizes: dict, device: torch.device) -> None:
@@ -141,9 +164,79 @@ def _write_open_clip(name: str, directory: Path, tiny: bool, device: torch.devic
         torch.save(head.state_dict(), directory / reward_models.AESTHETIC_HEAD)
 
 
+def _bert_vocab() -> list[str]:
+    """A character-level BERT WordPiece vocabulary (vocab.txt: a token a line, the id its line):
+    BERT's special tokens, then every lower-case letter and digit alone and as a ##suffix, so
+    that any benchmark prompt tokenizes without [UNK]."""
+    chars = string.ascii_lowercase + string.digits
+    return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *(f"##{c}" for c in chars)]
+
+
+def imagereward_original_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """ImageRewardModel's state dict under ImageReward.pt's own names: the inverse of the
+    adapter's reward_models.imagereward_state_dict (BLIP vit.py / med.py / ImageReward.py mlp)."""
+    top = {ours: original for original, ours in reward_models._IMAGEREWARD_VIT_TOP.items()}
+    block = {ours: original for original, ours in reward_models._IMAGEREWARD_VIT_BLOCK.items()}
+    out = {}
+    for key, value in state.items():
+        if key.startswith("vision."):
+            name = key[len("vision."):]
+            if name in top:
+                out["blip.visual_encoder." + top[name]] = value
+                continue
+            # encoder.layers.<i>.<module path>.<weight|bias>
+            parts = name.split(".")
+            module = block[".".join(parts[3:-1])]
+            out[f"blip.visual_encoder.blocks.{parts[2]}.{module}.{parts[-1]}"] = value
+        elif key.startswith("text."):
+            out["blip.text_encoder." + key[len("text."):]] = value
+        elif key.startswith("head."):
+            out["mlp." + key[len("head."):]] = value
+        else:
+            raise ValueError(f"ImageRewardModel key {key!r} has no ImageReward.pt name")
+    return out
+
+
+def _write_imagereward(directory: Path, tiny: bool, device: torch.device) -> None:
+    """ImageReward's layout (trainer/rewards/models.py load_imagereward_model): ImageReward.pt, a
+    torch.save'd state dict with BLIP's original names (the contrastive projections and the
+    position_ids buffer included, as the published file has them), med_config.json, vocab.txt."""
+    from transformers import BlipVisionConfig
+
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab = _bert_vocab()
+    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    med = TINY_IMAGEREWARD_MED_CONFIG if tiny else IMAGEREWARD_MED_CONFIG
+    if tiny:  # the published 30524 rows would dwarf a toy model; + BLIP's [DEC] and [ENC]
+        med = {**med, "vocab_size": len(vocab) + 2}
+    (directory / reward_models.IMAGEREWARD_MED_CONFIG).write_text(json.dumps(med, indent=2))
+    vit = TINY_IMAGEREWARD_VIT if tiny else IMAGEREWARD_VIT
+    # as the adapter reads it back from the checkpoint's shapes (_imagereward_vision_config)
+    vision_config = BlipVisionConfig(
+        **vit, num_attention_heads=vit["hidden_size"] // reward_models.BLIP_VIT_HEAD_DIM,
+        hidden_act="gelu", layer_norm_eps=reward_models.BLIP_VIT_LAYER_NORM_EPS)
+    text_config = reward_models._imagereward_text_config(
+        directory / reward_models.IMAGEREWARD_MED_CONFIG, vit["hidden_size"])
+    with torch.device(device):  # random init on the card
+        model = reward_models.ImageRewardModel(vision_config, text_config)
+    state = imagereward_original_names(
+        {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()})
+    width, hidden = vit["hidden_size"], med["hidden_size"]
+    state.update({
+        "blip.vision_proj.weight": torch.randn(BLIP_EMBED_DIM, width) * width ** -0.5,
+        "blip.vision_proj.bias": torch.zeros(BLIP_EMBED_DIM),
+        "blip.text_proj.weight": torch.randn(BLIP_EMBED_DIM, hidden) * hidden ** -0.5,
+        "blip.text_proj.bias": torch.zeros(BLIP_EMBED_DIM),
+        "blip.text_encoder.embeddings.position_ids":
+            torch.arange(med["max_position_embeddings"]).expand(1, -1)})
+    torch.save(state, directory / reward_models.IMAGEREWARD_CHECKPOINT)
+
+
 def write_reward(name: str, root: Path, tiny: bool, device: torch.device) -> None:
     """The reward's network, random weights, in the layout its adapter loads."""
-    if name in HF_CLIP:
+    if name == "imagereward":
+        _write_imagereward(root / name, tiny, device)
+    elif name in HF_CLIP:
         _write_hf_clip(root / name, TINY_HF_CLIP if tiny else HF_CLIP[name], device)
     else:
         _write_open_clip(name, root / name, tiny, device)

@@ -248,15 +248,16 @@ def plots_html(history: list[Any]) -> str:
     lo = [None if a is None or b is None else a - b for a, b in zip(mean, std, strict=True)]
     hi = [None if a is None or b is None else a + b for a, b in zip(mean, std, strict=True)]
     # each reward's raw mean (trainer.grpo.reward_metrics logs `reward/<name>`): the blend
-    # above can hold still while one reward climbs and another is traded away for it
+    # above can hold still while one reward climbs and another is traded away for it. One
+    # plot each, on its own scale: PickScore sits near 20 and HPSv2 near 0.3, and on one
+    # axis the smaller one would draw as a flat line
     names = sorted({k.removeprefix("reward/") for m in history for k in m.metrics
                     if k.startswith("reward/")})
     return ('<div class="ngs-plots">'
             + line_plot("reward mean ± std", xs, {"reward mean": mean}, band=(lo, hi),
                         elem_id="plot-reward")
-            + line_plot("raw rewards", xs,
-                        {name: col(f"reward/{name}") for name in names},
-                        elem_id="plot-rewards")
+            + "".join(line_plot(f"raw reward: {name}", xs, {name: col(f"reward/{name}")},
+                                elem_id=f"plot-reward-{name}") for name in names)
             + line_plot("loss", xs, {"loss": col("loss")}, elem_id="plot-loss")
             + line_plot("clipped fraction", xs, {"clip fraction": col("clip_fraction")},
                         elem_id="plot-clip")

@@ -70,8 +70,9 @@ def test_job_page_says_what_a_queued_job_waits_for(settings, admin, enqueuer):
 
 
 def test_job_page_plots_each_rewards_raw_mean(settings, admin, enqueuer):
-    """A job blending two rewards: the job page's plots show the blend and, in #plot-rewards,
-    one line per reward from its logged `reward/<name>` means, every iteration's point."""
+    """A job blending two rewards: the job page's plots show the blend and one plot per
+    reward from its logged `reward/<name>` means, every iteration's point, each on its own
+    scale (one axis would flatten the reward of the smaller range)."""
     import re
 
     from app.db import session_scope
@@ -86,11 +87,13 @@ def test_job_page_plots_each_rewards_raw_mean(settings, admin, enqueuer):
                 "reward_mean": 0.5, "reward_std": 0.1, "reward/count": 0.1 * it,
                 "reward/jpeg_compressibility": 1.0 - 0.2 * it})
     _, _, plots, *_ = jobs.job_view(_token(admin), job_id, None)
-    rewards = re.search(r'<svg[^>]*id="plot-rewards".*?</svg>', plots).group(0)
-    assert 'data-points="3"' in rewards
-    lines = re.findall(r'<polyline points="([^"]*)"[^>]*data-series="([^"]*)"', rewards)
-    assert sorted(name for _, name in lines) == ["count", "jpeg_compressibility"]
-    assert all(len(points.split()) == 3 for points, _ in lines)
+    for name, lo, hi in (("count", "0.1", "0.3"), ("jpeg_compressibility", "0.4", "0.8")):
+        plot = re.search(rf'<svg[^>]*id="plot-reward-{name}".*?</svg>', plots).group(0)
+        assert 'data-points="3"' in plot
+        lines = re.findall(r'<polyline points="([^"]*)"[^>]*data-series="([^"]*)"', plot)
+        assert [n for _, n in lines] == [name] and len(lines[0][0].split()) == 3
+        ticks = re.findall(r'text-anchor="end" class="ngs-tick">([^<]*)<', plot)
+        assert ticks[:2] == [hi, lo], ticks  # its own range on its own axis
     assert 'id="plot-reward"' in plots  # the blend stays
 
 

@@ -71,3 +71,30 @@ def test_the_multihost_profile_adds_a_worker_for_another_host():
         "redis://10.0.0.5:6379")
     assert {"RDZV_PORT", "RDZV_JOIN_TIMEOUT", "TRAIN_NPROC"} <= set(env)
     assert "depends_on" not in worker  # PostgreSQL and Redis run on the main host
+
+
+def test_the_rewards_profile_serves_known_rewards_to_the_workers():
+    """`--profile rewards` adds the reward server: its command is one the server's own CLI
+    takes, with rewards the registry knows, on the port its health check and the README's
+    reward_server_url use; it reads the studio's weights read-only and is off by default."""
+    from trainer.rewards import reward_names
+    from trainer.rewards.serve import build_parser
+
+    result = subprocess.run([*_compose(), "-f", "docker-compose.yml", "--profile", "rewards",
+                             "config"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "REWARD_SERVER_REWARDS": "hpsv2,imagereward"})
+    assert result.returncode == 0, result.stderr
+    server = yaml.safe_load(result.stdout)["services"]["reward-server"]
+    assert server["profiles"] == ["rewards"]  # off unless asked for (it needs the weights)
+    command = server["command"]
+    assert command[:3] == ["python", "-m", "trainer.rewards.serve"]
+    args = build_parser().parse_args(command[3:])
+    assert args.rewards.split(",") == ["hpsv2", "imagereward"]
+    assert set(args.rewards.split(",")) <= set(reward_names())
+    assert args.host == "0.0.0.0" and args.device == "cuda"
+    assert f"127.0.0.1:{args.port}/health" in " ".join(server["healthcheck"]["test"])
+    assert server["environment"]["REWARD_MODELS_DIR"] == "/data/reward_models"
+    assert any(str(v).endswith(":ro") or (isinstance(v, dict) and v.get("read_only"))
+               for v in server["volumes"]), server["volumes"]
+    assert "ports" not in server  # no authentication: never published
+    assert f"http://reward-server:{args.port}" in (ROOT / "docker-compose.yml").read_text()

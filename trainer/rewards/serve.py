@@ -379,7 +379,8 @@ def _parse_paths(text: str) -> dict[str, str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """`python -m trainer.rewards.serve`'s options (docker-compose.yml's reward-server runs it)."""
     parser = argparse.ArgumentParser(
         prog="python -m trainer.rewards.serve",
         description="Serve rewards over HTTP to the jobs that name this server's URL "
@@ -401,7 +402,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reward-model-paths", type=_parse_paths, default={},
                         help="name=path,... weights directories for rewards not under "
                              "REWARD_MODELS_DIR/<name>/")
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--log-level", default="info",
+                        choices=["critical", "error", "warning", "info", "debug"],
+                        help="logging level of the server and uvicorn (default %(default)s)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
