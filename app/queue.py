@@ -2,7 +2,7 @@
 
 The app sends a job as a Celery message by task name (`app.job_kinds`: each kind's task and
 queue), so it needs the broker's address and options, never the worker's code: `app/` does not
-import `worker/` (DESIGN.md). The worker builds its Celery app from the same
+import `worker/` (a test in tests/app/test_jobs.py holds it to that). The worker builds its Celery app from the same
 `broker_settings`, so both ends always agree on the broker.
 
 Broker and result backend come from the settings:

@@ -39,8 +39,8 @@ class ConfigErrors(ConfigError):
         return self.args[0]
 
 
-# the longest text field (a path, a URL, a name): as the sampling jobs' configs cap theirs
-# (app/job_kinds.py); longer paths no file system takes, and a config is stored whole on its job
+# the longest text field (a path, a URL, a name), the same cap the studio's other job configs
+# use; longer paths no file system takes, and a config is stored whole on its job
 MAX_TEXT = 4096
 
 # the largest reward weight: rewards are normalised per group (about unit scale), so a weight
@@ -91,7 +91,7 @@ def _reward_model_path_problems(paths: dict) -> list[ConfigError]:
 
 def reward_server_problems(url: str, paths: Any) -> list[ConfigError]:
     """Why a (non-empty) reward_server_url cannot be used with these reward_model_paths; the
-    sampling jobs' configs (app/job_kinds.py) say the same through this."""
+    studio's sampling job configs say the same through this."""
     from trainer.rewards.remote import url_problem
 
     out = []
@@ -344,8 +344,8 @@ class RunArguments:
 
 @dataclass
 class StudioArguments:
-    """Read by the studio's job runner (worker/training.py), which holds the votes; a Trainer
-    used as a library ignores them."""
+    """Read by the studio's job runner, which holds the votes and the hosts; a Trainer used as
+    a library ignores them."""
 
     preference_refit_every: int = _field(0, "Studio jobs: refit the preference model every N "
                                          "iterations from the votes that arrived meanwhile "

@@ -18,7 +18,7 @@ from trainer.solvers import rollout
 
 EVAL_SEEDS = tuple(range(20))
 # what the shapes model is evaluated with when no rewards are named (the studio's evaluate job
-# defaults to the same set: app.job_kinds.SHAPES_EVALUATE_REWARDS)
+# defaults to the same set)
 SHAPES_EVAL_REWARDS = ("count", "exact_count", "color", "shape", "combined")
 
 

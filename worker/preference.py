@@ -23,6 +23,7 @@ from PIL import Image
 
 from app.db import session_scope
 from app.job_kinds import FitPreferenceConfig
+from app.json_values import json_safe
 from app.services import jobs, storage
 from app.services import preference as pref_svc
 from trainer.config import TrainConfig
@@ -36,7 +37,6 @@ from trainer.rewards.preference import (
     fit_preference_model,
 )
 from worker.lease import LeaseLost
-from worker.training import clean_metrics
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def fit_and_record(fit_config: FitConfig, *, job_id: int | None = None, min_vote
     model.save(tmp, metadata={"version": str(version), "job_id": str(job_id or ""),
                               "votes_used": str(len(rows))})
     tmp.replace(full)
-    report = clean_metrics(asdict(model.report)) if model.report else {}
+    report = json_safe(asdict(model.report)) if model.report else {}
     with session_scope() as s:  # two fits at once: the unique version makes one fail
         row = pref_svc.record_model(
             s, version=version, path=rel, report=report, job_id=job_id, votes_used=len(rows),
@@ -133,7 +133,7 @@ def run_fit_preference(job_id: int, worker_name: str) -> str:
         jobs.update_progress(s, job_id, 0, 2)
     _model, row = fit_and_record(fit_config_from(cfg), job_id=job_id, min_votes=cfg.min_votes,
                                  score_samples=cfg.score_samples)
-    metrics = clean_metrics({"preference_model_version": row["version"],
+    metrics = json_safe({"preference_model_version": row["version"],
                              "preference_model_path": row["path"],
                              "votes_used": row["votes_used"], **row["report"]})
     with session_scope() as s:

@@ -25,12 +25,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from sqlalchemy import select
 
 from app.config import get_settings
 from app.db import session_scope
 from app.job_kinds import EvaluateConfig, RolloutConfig, SamplingConfig, default_reward_names
-from app.models import RolloutGroup
+from app.json_values import json_safe
 from app.services import checkpoints, datasets, jobs, rollouts, storage
 from trainer.evaluation import sample_images
 from trainer.grpo import blended_group_rewards, group_advantages, group_noises
@@ -42,7 +41,7 @@ from trainer.rewards.remote import RewardServerError, Scorer, prepare_scorer
 from trainer.shapes.world import all_prompts
 from trainer.solvers import rollout
 from worker.lease import JobError, LeaseLost
-from worker.training import clean_metrics, model_directory, png_bytes
+from worker.training import model_directory, png_bytes
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +152,7 @@ def _progress(job_id: int, worker_name: str, done: int, total: int,
 def run_rollout(job_id: int, worker_name: str) -> str:
     with session_scope() as s:
         cfg = RolloutConfig.model_validate(jobs.get_job(s, job_id).config)
-        done_ids = set(s.scalars(select(RolloutGroup.prompt_id).where(RolloutGroup.job_id == job_id)))
+        done_ids = rollouts.prompts_done(s, job_id)
         ckpt_iteration = (checkpoints.get_checkpoint(s, cfg.checkpoint_id).iteration
                           if cfg.checkpoint_id else 0)
     prompts = dataset_prompts(cfg.dataset_id, cfg.split, cfg.max_prompts)
@@ -257,14 +256,14 @@ def run_evaluate(job_id: int, worker_name: str) -> str:
                                   "rewards": {n: float(scores[n][j]) for n in names},
                                   "advantage": None}])
                 # in the images' transaction: the scores are stored exactly when they are
-                checkpoints.record_scores(s, ckpt_id, clean_metrics({
+                checkpoints.record_scores(s, ckpt_id, json_safe({
                     n: {"mean": float(scores[n].mean()), "std": float(scores[n].std()),
                         "n": len(pairs)} for n in names}), **about)
             row = {f"checkpoint/{ckpt_id}/{n}": float(scores[n].mean()) for n in names}
             summary.update(row)
             _progress(job_id, worker_name, index, len(ckpts),
-                      clean_metrics({"checkpoint_id": ckpt_id, **row}))
+                      json_safe({"checkpoint_id": ckpt_id, **row}))
     except Cancelled:
         return "cancelled"
     with session_scope() as s:
-        return jobs.mark_succeeded(s, job_id, metrics=clean_metrics(summary)).status
+        return jobs.mark_succeeded(s, job_id, metrics=json_safe(summary)).status

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import logging
-import math
 import threading
 from pathlib import Path
 from typing import Any
@@ -25,14 +24,17 @@ from sqlalchemy.orm import Session
 
 from app.config import get_settings
 from app.db import session_scope
+from app.json_values import json_safe
 from app.models import Job
 from app.services import checkpoints, datasets, jobs, rollouts, storage
+from app.services import preference as pref_svc
 from trainer.config import TrainConfig
 from trainer.grpo import IterationResult
 from trainer.loop import Trainer
 from trainer.models import checkpoint_directory, checkpoint_weights_file, uses_model_directory
 from trainer.rewards.remote import RewardServerError
 from worker.lease import JobError, LeaseLost
+from worker.preference import fit_and_record, resolve_preference
 
 log = logging.getLogger(__name__)
 
@@ -41,21 +43,6 @@ def png_bytes(image: np.ndarray) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(np.asarray(image, dtype=np.uint8)).save(buf, format="PNG")
     return buf.getvalue()
-
-
-def clean_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
-    """JSON-safe metrics: numpy scalars to floats, NaN/inf to None (PostgreSQL JSON rejects them)."""
-    out: dict[str, Any] = {}
-    for key, value in metrics.items():
-        if isinstance(value, dict):
-            out[key] = clean_metrics(value)
-            continue
-        if isinstance(value, (np.generic,)):
-            value = value.item()
-        if isinstance(value, float) and not math.isfinite(value):
-            value = None
-        out[key] = value
-    return out
 
 
 def checkpoint_root(job_id: int) -> Path:
@@ -147,7 +134,7 @@ class TrainRecorder:
             if saved is not None:
                 self._record_checkpoint(s, it, saved)
             requested = jobs.update_progress(s, self.job_id, it, cfg.iterations,
-                                             clean_metrics(result.metrics))
+                                             json_safe(result.metrics))
             # a request that arrived after a collective checkpoint's plan waits for the next
             cancel = cancel or (requested and not (self.collective_checkpoints and saved is None))
             if cancel and saved is not None:
@@ -178,8 +165,6 @@ def attach_preference(trainer: Trainer, config: TrainConfig, latest: int | None 
     or version `latest` when given) as the reward "preference", when reward_weights has it.
     Returns the id of the newest vote that model saw (0 without one): online refits start
     from there."""
-    from worker.preference import resolve_preference
-
     path, version, last_vote = resolve_preference(config, latest)
     if not path:
         return 0
@@ -190,8 +175,6 @@ def attach_preference(trainer: Trainer, config: TrainConfig, latest: int | None 
 def attach_preference_version(trainer: Trainer, version: int) -> None:
     """Blend in recorded preference model `version`: how the other ranks of a torchrun launch
     follow rank 0's online refit (worker/distributed_train.py)."""
-    from app.services import preference as pref_svc
-
     _blend_preference(trainer, storage.resolve(pref_svc.model_path(version)), version)
 
 
@@ -203,9 +186,6 @@ def maybe_refit_preference(trainer: Trainer, config: TrainConfig, job_id: int,
     n = config.preference_refit_every
     if not n or "preference" not in config.reward_weights or trainer.iteration % n:
         return {}, last
-    from app.services import preference as pref_svc
-    from worker.preference import fit_and_record
-
     with session_scope() as s:
         new = pref_svc.votes_since(s, last)
     if not new:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import random
 import re
 from collections.abc import Callable, Iterator
@@ -28,6 +27,7 @@ from sqlalchemy import delete, func, insert, select
 from sqlalchemy.orm import Session
 
 from app.errors import BadRequest, Conflict, Invalid, NotFound, PayloadTooLarge
+from app.json_values import json_safe
 from app.limits import NAME_LENGTH
 from app.models import Dataset, Job, Prompt
 from app.schemas import refuse_nul
@@ -138,34 +138,6 @@ def _decode(filename: str, data: bytes) -> str:
             file=filename,
             line=line,
         ) from None
-
-
-def json_safe(value: Any) -> Any:
-    """`value` with every non-finite float (NaN, inf: what 1e400 parses to) replaced by None,
-    in nested dicts and lists too: json.dumps would write them as the non-JSON tokens NaN and
-    Infinity, and PostgreSQL's json type refuses them. Iterative, so that no nesting depth can
-    exhaust Python's recursion (an upload's is bounded anyway: MAX_META_DEPTH)."""
-    def leaf(v: Any) -> Any:
-        return v if not isinstance(v, float) or math.isfinite(v) else None
-
-    if not isinstance(value, dict | list | tuple):
-        return leaf(value)
-    root: dict[Any, Any] | list[Any] = {} if isinstance(value, dict) else []
-    stack: list[tuple[Any, dict[Any, Any] | list[Any]]] = [(value, root)]
-    while stack:
-        source, target = stack.pop()
-        items = source.items() if isinstance(source, dict) else enumerate(source)
-        for key, item in items:
-            if isinstance(item, dict | list | tuple):
-                child: dict[Any, Any] | list[Any] = {} if isinstance(item, dict) else []
-                stack.append((item, child))
-            else:
-                child = leaf(item)
-            if isinstance(target, dict):
-                target[key] = child
-            else:
-                target.append(child)
-    return root
 
 
 def nesting_depth(value: Any, limit: int = MAX_META_DEPTH) -> int:

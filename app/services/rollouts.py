@@ -139,6 +139,13 @@ def record_rollout_group(session: Session, *, job_id: int | None, iteration: int
     return group.id
 
 
+def prompts_done(session: Session, job_id: int) -> set[int]:
+    """The ids of the prompts a job has recorded a rollout group for (a resumed rollout job
+    skips them)."""
+    return set(session.scalars(select(RolloutGroup.prompt_id).where(
+        RolloutGroup.job_id == job_id, RolloutGroup.prompt_id.is_not(None))))
+
+
 def list_groups(session: Session, *, job_id: int | None = None, iteration: int | None = None,
                 prompt_id: int | None = None, prompt: str | None = None,
                 checkpoint_id: int | None = None, purpose: str | None = None,

@@ -223,7 +223,8 @@ def test_deeply_nested_metadata_is_refused_by_line(client, admin, session):
 
 
 def test_json_safe_and_nesting_depth_need_no_recursion():
-    from app.services.datasets import json_safe, nesting_depth
+    from app.json_values import json_safe
+    from app.services.datasets import nesting_depth
 
     deep: list = []
     node = deep

@@ -91,3 +91,65 @@ def test_active_picks_rank_pairs_by_the_margin_or_by_the_members_disagreement():
         campaign.count[:] = 1.0  # no pair where the count reward and the model disagree
         picks[kind] = campaign._active_pick()
     assert picks == {"active": (0, 0, 1), "active-disagreement": (0, 0, 2)}
+
+
+def test_pair_metrics_score_probabilities_against_the_clean_side():
+    """Log-loss, ECE and Brier of hitl_simulated: a confident right predictor beats a constant
+    0.5 (ln 2), which beats a confident wrong one; the tie-band pairs are left out."""
+    hitl = _load("hitl_simulated")
+    truth = np.array([True, False, True, False, True])
+    decisive = np.array([True, True, True, True, False])  # the last is inside the tie band
+    right = np.where(truth, 0.9, 0.1)
+    right[4] = 0.0  # confidently wrong inside the tie band: must not count
+    good = hitl.pair_metrics(right, truth, decisive)
+    constant = hitl.pair_metrics(np.full(5, 0.5), truth, decisive)
+    wrong = hitl.pair_metrics(1 - right, truth, decisive)
+    assert good["clean"] == 1.0 and good["clean_all"] == 0.8 and wrong["clean"] == 0.0
+    assert good["log_loss_clean"] == round(-np.log(0.9), 4)
+    assert constant["log_loss_clean"] == constant["log_loss_noisy"] == round(np.log(2), 4)
+    assert good["log_loss_clean"] < constant["log_loss_clean"] < wrong["log_loss_clean"]
+    # against 10%-flipped votes: 0.9 (-ln 0.9) + 0.1 (-ln 0.1), worse than clean
+    assert good["log_loss_noisy"] == round(-0.9 * np.log(0.9) - 0.1 * np.log(0.1), 4)
+    # all right at confidence 0.9: ECE 0.1; all wrong at 0.9: 0.9; the constant is always
+    # scored as picking b (p > 0.5 picks a), right half the time at confidence 0.5: 0
+    assert np.isclose(good["ece_clean"], 0.1) and np.isclose(wrong["ece_clean"], 0.9)
+    assert constant["ece_clean"] == 0.0
+    assert good["brier_clean"] == 0.01 and constant["brier_clean"] == 0.25
+    assert wrong["brier_clean"] == 0.81
+    # ECE weights the bins by count: 3 pairs right at 0.95, 1 wrong at 0.65
+    p = np.array([0.95, 0.05, 0.95, 0.35])
+    ece = hitl.expected_calibration_error(p, np.array([True, False, True, True]))
+    assert np.isclose(ece, 0.75 * 0.05 + 0.25 * 0.65)
+
+
+def test_a_tiny_fit_reports_log_loss_and_calibration_on_the_held_out_pairs():
+    """run_selection on hand-drawn groups (one red square at random places), `upper`, 200
+    votes, a small CPU fit: the row carries the new metrics, finite and in range, and a model
+    that learned the preference has a log-loss under a constant 0.5's ln 2."""
+    hitl = _load("hitl_simulated")
+    from trainer.rewards.preference import FitConfig
+
+    def groups(n: int, seed: int) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        out = np.empty((n, 8, 32, 32, 3), np.uint8)
+        out[:] = BACKGROUND
+        for gi in range(n):
+            for i in range(8):
+                top, left = rng.integers(0, 25, size=2)
+                out[gi, i, top:top + 8, left:left + 8] = COLORS["red"]
+        return out
+
+    prompt = "one red square"
+    test = hitl.test_pairs(groups(6, 1), [prompt] * 6, "upper", 0.05)
+    rows, models, _ = hitl.run_selection(
+        "random", "upper", groups(20, 0), [prompt] * 20, test, [200],
+        FitConfig(epochs=10, ensemble=1, device="cpu", seed=0), 0, 0.05)
+    row = rows[200]
+    assert set(hitl.MEAN_KEYS) <= set(row) and "report_log_loss" in row
+    for key in ("log_loss_clean", "log_loss_noisy", "ece_clean", "brier_clean", "report_log_loss"):
+        assert np.isfinite(row[key]), (key, row)
+    assert row["log_loss_clean"] > 0 and row["log_loss_noisy"] > 0
+    assert 0.0 <= row["ece_clean"] <= 1.0 and 0.0 <= row["brier_clean"] <= 1.0
+    assert row["clean"] > 0.8, row  # it learned `upper` (0.95-0.99 over fit seeds 0-2)
+    assert row["log_loss_clean"] < np.log(2) - 0.1, row  # 0.17-0.26 over fit seeds 0-2
+    assert row["log_loss_clean"] < row["log_loss_noisy"], row  # flipped votes cost more

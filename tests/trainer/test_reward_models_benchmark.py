@@ -1,6 +1,7 @@
 """benchmarks/reward_models.py writes each reward's network in its adapter's layout, loads it
 through the registry and times batches (the code path of the GPU numbers in
-docs/benchmarks.md), here at toy size on the CPU for the transformers-CLIP rewards."""
+docs/benchmarks.md), here at toy size on the CPU for the transformers rewards (the CLIP ones and
+ImageReward's BLIP, written as ImageReward.pt with a local vocab.txt)."""
 
 from __future__ import annotations
 
@@ -13,24 +14,29 @@ from benchmark_scripts import load_benchmark
 from trainer.rewards import models as reward_models
 
 
-def test_transformers_rewards_are_written_loaded_and_timed(tmp_path, monkeypatch):
+def test_transformers_rewards_are_written_loaded_and_timed(tmp_path, monkeypatch, capsys):
     bench = load_benchmark("reward_models")
+    assert "imagereward" in bench.REWARDS  # a default run covers every published reward
     monkeypatch.setenv(reward_models.ENV_DIR, str(tmp_path / "unused"))  # main() sets its own
     out = tmp_path / "rows.json"
     try:
-        assert bench.main(["--tiny", "--device", "cpu", "--rewards", "pickscore,clip_score",
+        assert bench.main(["--tiny", "--device", "cpu",
+                           "--rewards", "pickscore,clip_score,imagereward",
                            "--batch", "5", "--image-size", "40", "--repeats", "1",
                            "--out", str(out)]) == 0
     finally:
         reward_models.configure_reward_models({}, "cpu")
         reward_models.clear_cache()
+    printed = capsys.readouterr().out
     report = json.loads(out.read_text())
     assert report["card"] == "cpu"
     rows = {r["reward"]: r for r in report["rows"]}
-    assert set(rows) == {"pickscore", "clip_score"}
-    for row in rows.values():
+    assert set(rows) == {"pickscore", "clip_score", "imagereward"}
+    for name, row in rows.items():
         assert "error" not in row, row
+        assert f"| {name} | cpu | 5 |" in printed
         assert row["finite"] and row["batch"] == 5
+        assert row["images_per_second"] > 0
         assert np.isclose(row["images_per_second"], 5 / row["seconds_per_batch"])
         assert row["load_seconds"] > 0
 

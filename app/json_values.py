@@ -1,0 +1,37 @@
+"""JSON values the database and the API can hold: one cleaning for uploads' metadata, job
+metrics and checkpoint scores alike."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with every non-finite float (NaN, inf: what 1e400 parses to) replaced by None,
+    in nested dicts and lists too: json.dumps would write them as the non-JSON tokens NaN and
+    Infinity, and PostgreSQL's json type refuses them. Numpy scalars (a trainer's metrics) become Python numbers. Iterative, so that no
+    nesting depth can exhaust Python's recursion (an upload's is bounded anyway)."""
+    def leaf(v: Any) -> Any:
+        if type(v).__module__ == "numpy" and hasattr(v, "item"):  # a numpy scalar (metrics)
+            v = v.item()
+        return v if not isinstance(v, float) or math.isfinite(v) else None
+
+    if not isinstance(value, dict | list | tuple):
+        return leaf(value)
+    root: dict[Any, Any] | list[Any] = {} if isinstance(value, dict) else []
+    stack: list[tuple[Any, dict[Any, Any] | list[Any]]] = [(value, root)]
+    while stack:
+        source, target = stack.pop()
+        items = source.items() if isinstance(source, dict) else enumerate(source)
+        for key, item in items:
+            if isinstance(item, dict | list | tuple):
+                child: dict[Any, Any] | list[Any] = {} if isinstance(item, dict) else []
+                stack.append((item, child))
+            else:
+                child = leaf(item)
+            if isinstance(target, dict):
+                target[key] = child
+            else:
+                target.append(child)
+    return root
