@@ -464,6 +464,12 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
             if self.torch_compile:
                 out.append(ConfigError("torch_compile", f"model {self.model!r} is not "
                                        "compiled (too small to gain); it is for flux and sd3"))
+            if self.gradient_checkpointing:
+                out.append(ConfigError("gradient_checkpointing", f"model {self.model!r} keeps "
+                                       "its activations (a few MB); it is for flux and sd3"))
+            if self.mixed_precision == "bf16":
+                out.append(ConfigError("mixed_precision", f"model {self.model!r} trains in "
+                                       "fp32; use 'auto' or 'no' ('bf16' is for flux and sd3)"))
             if "resolution" not in bad and self.resolution not in (0, 32):
                 out.append(ConfigError("resolution", "the shapes model draws 32x32 images; use "
                                        f"0 or 32, got {self.resolution}"))

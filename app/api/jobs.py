@@ -74,7 +74,5 @@ def cancel_job(job_id: PathId, session: SessionDep, _admin: AdminDep) -> JobOut:
 @router.post("/{job_id}/resume", response_model=JobOut, responses={404: {}, 409: {}})
 def resume_job(job_id: PathId, session: SessionDep, _admin: AdminDep,
                enqueuer: EnqueuerDep) -> JobOut:
-    job = svc.resume_job(session, job_id)
-    session.commit()
-    svc.enqueue(enqueuer, job)
+    job = svc.relaunch_job(session, enqueuer, job_id)
     return job_out(job, waiting=workers.waiting_for(session, [job]))

@@ -591,6 +591,15 @@ def resume_job(session: Session, job_id: int) -> Job:
     return job
 
 
+def relaunch_job(session: Session, enqueuer: Enqueuer | None, job_id: int) -> Job:
+    """The one way a stopped job starts again (the API's resume and the UI's): resume_job's
+    checks, the queued row committed, then the job enqueued, as launch_job does."""
+    job = resume_job(session, job_id)
+    session.commit()
+    enqueue(enqueuer, job)
+    return job
+
+
 # --- worker side ---------------------------------------------------------------------------
 def mark_running(session: Session, job_id: int, worker_name: str) -> Job:
     """queued (or running, after a crash/requeue) -> running. Conflict if the job is finished

@@ -324,9 +324,7 @@ def act(enqueuer: Enqueuer | None, action: str, user_state: dict | None,
                 s.commit()
                 return notice(f"Cancel requested for job {job.id} ({job.status}).", "ok")
             if action == "resume":
-                job = svc.resume_job(s, int(job_id))
-                s.commit()
-                svc.enqueue(enqueuer, job)
+                job = svc.relaunch_job(s, enqueuer, int(job_id))
                 return notice(f"Job {job.id} queued to resume from its newest checkpoint.", "ok")
             # send newest rollouts to the arena: sample fresh groups from the newest checkpoint
             job, ckpt = svc.send_to_arena(s, enqueuer, int(job_id), user=user)

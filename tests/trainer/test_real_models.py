@@ -369,6 +369,11 @@ def test_checkpointing_a_share_of_the_blocks_recomputes_only_those(flux_dev, fra
     ({"model": "shapes", "model_path": "", "resolution": 0}, "finetune"),
     ({"model": "shapes", "model_path": "", "resolution": 0, "finetune": "full",
       "torch_compile": True}, "torch_compile"),
+    # what only the diffusers adapters read is refused for shapes, not silently ignored
+    ({"model": "shapes", "model_path": "", "resolution": 0, "finetune": "full",
+      "gradient_checkpointing": True}, "gradient_checkpointing"),
+    ({"model": "shapes", "model_path": "", "resolution": 0, "finetune": "full",
+      "mixed_precision": "bf16"}, "mixed_precision"),
     ({"eval_every": 5}, "eval_every"),  # the periodic evaluation is the shapes world's
     # the shapes rewards count exact-colour shapes on 32x32 canvases: meaningless on FLUX's
     ({"reward_weights": {"jpeg_compressibility": 1.0, "count": 1.0}}, "reward_weights"),
