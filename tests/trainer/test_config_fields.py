@@ -41,6 +41,27 @@ def test_every_train_config_field_is_read(name):
     assert name in _attributes_read(), f"TrainConfig.{name} is read nowhere"
 
 
+def _other_config_fields() -> list[str]:
+    """Every field of the other configs a user sets: the sampling and fit jobs' configs, the
+    preference fit's FitConfig, the server's Settings."""
+    from app.config import Settings
+    from app.job_kinds import EvaluateConfig, FitPreferenceConfig, RolloutConfig
+    from trainer.rewards.preference import FitConfig
+
+    out = [f"{model.__name__}.{name}" for model in (RolloutConfig, EvaluateConfig,
+                                                     FitPreferenceConfig, Settings)
+           for name in model.model_fields]
+    return out + [f"FitConfig.{f.name}" for f in dataclasses.fields(FitConfig)]
+
+
+@pytest.mark.parametrize("qualified", _other_config_fields())
+def test_every_other_config_field_and_setting_is_read(qualified):
+    """A job config's field or a setting that nothing reads does nothing, whatever its help
+    text says (the same rule as TrainConfig's above, over the same code)."""
+    name = qualified.split(".", 1)[1]
+    assert name in _attributes_read(), f"{qualified} is read nowhere"
+
+
 def test_eval_every_logs_evaluation_metrics_without_touching_training(tmp_path):
     from trainer.loop import Trainer
 
