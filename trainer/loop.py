@@ -239,7 +239,7 @@ def model_card(trainer: Trainer) -> str:
         f" (rank {config.lora_rank}, alpha {config.lora_alpha})" if config.finetune == "lora" else ""},
   {trainer.iteration} of {config.iterations} iterations, learning rate {config.learning_rate}
 - rewards: {", ".join(f"{n} x {w}" for n, w in config.reward_weights.items())}
-- resolution: {config.resolution or "the model's default"}, rollouts: {config.rollout_solver}
+- resolution: {config.resolution or "the model's default"}, rollouts: {config.rollout_sampler()[0]}
   {config.rollout_steps} steps, group size {config.group_size}
 
 ## Prompts

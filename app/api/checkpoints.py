@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response, StreamingResponse
 
 from app.api.deps import MAX_ID, FileReaderDep, PathId, QueryId, SessionDep, UserDep
 from app.models import Checkpoint
@@ -37,7 +38,16 @@ def get_checkpoint(checkpoint_id: PathId, session: SessionDep, _user: UserDep) -
 
 @router.get("/checkpoints/{checkpoint_id}/download", response_class=FileResponse,
             responses={401: {}, 404: {}})
-def download(checkpoint_id: PathId, session: SessionDep, _user: FileReaderDep) -> FileResponse:
+def download(checkpoint_id: PathId, session: SessionDep, _user: FileReaderDep,
+             format: Literal["weights", "zip"] = "weights") -> Response:
+    """The weights file (a diffusers LoRA a stock pipeline loads, the shapes model, a full
+    fine-tune's transformer weights); `format=zip`: the whole checkpoint directory to take
+    away (weights, config, model card), without the optimizer state."""
+    if format == "zip":
+        name, chunks = svc.checkpoint_archive(session, checkpoint_id)
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)  # a header takes no quotes or non-ASCII
+        return StreamingResponse(chunks, media_type="application/zip", headers={
+            "Content-Disposition": f'attachment; filename="{safe}.zip"'})
     ckpt = svc.get_checkpoint(session, checkpoint_id)
     full = svc.checkpoint_file(session, checkpoint_id)
     suffix = Path(full).suffix or ".safetensors"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +72,61 @@ def list_checkpoints(session: Session, *, job_id: int | None = None, limit: int 
 def checkpoint_file(session: Session, checkpoint_id: int) -> Path:
     """The checkpoint's file, only if it lies inside the storage directory."""
     return storage.resolve(get_checkpoint(session, checkpoint_id).path)
+
+
+# what a checkpoint directory holds for resuming this trainer only (the optimizer's moments, the
+# RNG): twice the weights' size for full fine-tuning, and of no use to anyone taking it away
+RESUME_ONLY = "trainer_state.safetensors"
+ARCHIVE_CHUNK = 1024 * 1024
+
+
+class _Chunks(io.RawIOBase):
+    """A write-only sink the zip is written into and drained from as it goes (no tell(), so
+    zipfile writes data descriptors: nothing is held beyond a chunk)."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.parts.append(bytes(data))
+        return len(data)
+
+    def take(self) -> bytes:
+        out, self.parts = b"".join(self.parts), []
+        return out
+
+
+def checkpoint_archive(session: Session, checkpoint_id: int) -> tuple[str, Iterator[bytes]]:
+    """The checkpoint's whole directory as a zip streamed in chunks, for taking it away: the
+    weights (a LoRA, the shapes model, or a full fine-tune's transformer/ with its config),
+    the model card (README.md), without the resume-only state. Returns the download's name
+    and the chunks."""
+    from trainer.models import checkpoint_directory
+
+    ckpt = get_checkpoint(session, checkpoint_id)
+    root = storage.storage_root()
+    directory = checkpoint_directory(storage.resolve(ckpt.path)).resolve()
+    if directory == root or root not in directory.parents:
+        raise NotFound(f"checkpoint {checkpoint_id} has no directory of its own")
+    files = sorted(p for p in directory.rglob("*")
+                   if p.is_file() and not p.is_symlink() and p.name != RESUME_ONLY)
+
+    def chunks() -> Iterator[bytes]:
+        sink = _Chunks()
+        with zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for path in files:
+                arcname = f"{ckpt.name}/{path.relative_to(directory).as_posix()}"
+                with zf.open(arcname, "w", force_zip64=True) as out, path.open("rb") as src:
+                    while block := src.read(ARCHIVE_CHUNK):
+                        out.write(block)
+                        yield sink.take()
+                yield sink.take()
+        yield sink.take()
+
+    return ckpt.name, chunks()
 
 
 def record_scores(session: Session, checkpoint_id: int, scores: dict[str, dict[str, Any]],

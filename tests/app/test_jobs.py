@@ -223,3 +223,50 @@ def test_config_schema(client, annotator):
     r = client.get("/api/jobs/config-schema", headers=annotator).json()
     assert any(f["name"] == "sigma" for f in r["train"]) and "tiny" in r["presets"]
     assert "dataset_id" in r["rollout"]["properties"]
+
+
+@pytest.mark.parametrize("layout", ["lora", "full"])
+def test_a_checkpoint_downloads_whole_as_a_zip_without_its_resume_state(
+        client, admin, annotator, session, layout):
+    """`?format=zip` takes the checkpoint away: its weights (a LoRA, or a full fine-tune's
+    transformer/ with the config from_pretrained needs), its model card, nothing of the
+    optimizer state; the plain download stays the weights file alone."""
+    import io
+    import zipfile
+
+    from app.services import checkpoints, jobs, storage
+
+    job = jobs.create_job(session, "train", {"iterations": 2}, preset="tiny")
+    session.commit()
+    directory = storage.storage_root() / f"checkpoints/job-{job.id}/iter-000002"
+    files = {"README.md": b"# model card\n", "trainer_state.safetensors": b"optimizer" * 100}
+    if layout == "lora":
+        files["pytorch_lora_weights.safetensors"] = b"lora weights"
+        weights = "pytorch_lora_weights.safetensors"
+    else:
+        files["transformer/config.json"] = b'{"_class_name": "FluxTransformer2DModel"}'
+        files["transformer/diffusion_pytorch_model.safetensors"] = b"full weights" * 1000
+        weights = "transformer/diffusion_pytorch_model.safetensors"
+    for rel, data in files.items():
+        (directory / rel).parent.mkdir(parents=True, exist_ok=True)
+        (directory / rel).write_bytes(data)
+    ckpt_id = checkpoints.record_checkpoint(session, job.id, 2, str(directory / weights))
+    session.commit()
+
+    plain = client.get(f"/api/checkpoints/{ckpt_id}/download", headers=annotator)
+    assert plain.status_code == 200 and plain.content == files[weights]
+    r = client.get(f"/api/checkpoints/{ckpt_id}/download", params={"format": "zip"},
+                   headers=annotator)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "application/zip"
+    name = client.get(f"/api/checkpoints/{ckpt_id}", headers=admin).json()["name"]
+    assert f'filename="{name}.zip"' in r.headers["content-disposition"]
+    with zipfile.ZipFile(io.BytesIO(r.content)) as zf:
+        assert zf.testzip() is None
+        got = {n.split("/", 1)[1]: zf.read(n) for n in zf.namelist()}
+    assert got == {rel: data for rel, data in files.items()
+                   if rel != "trainer_state.safetensors"}
+    assert client.get(f"/api/checkpoints/{ckpt_id}/download",
+                      params={"format": "zip"}).status_code == 401
+    assert client.get(f"/api/checkpoints/{ckpt_id}/download", params={"format": "tar"},
+                      headers=admin).status_code == 422

@@ -151,6 +151,16 @@ def test_a_lora_job_on_a_tiny_flux_through_the_api_worker_and_arena(stack, tiny_
     assert tensors and all(k.startswith("transformer.") for k in tensors)
     assert any("lora_A" in k for k in tensors) and any("lora_B" in k for k in tensors)
     assert all(np.isfinite(v).all() for v in tensors.values())
+    # the whole directory to take away: the same LoRA and its model card, no optimizer state
+    import zipfile
+
+    r = client.get(newest["download_url"], params={"format": "zip"}, headers=annotator)
+    assert r.status_code == 200
+    with zipfile.ZipFile(io.BytesIO(r.content)) as zf:
+        members = {n.split("/", 1)[1]: n for n in zf.namelist()}
+        assert set(members) == {"pytorch_lora_weights.safetensors", "README.md"}, members
+        assert load(zf.read(members["pytorch_lora_weights.safetensors"])).keys() == tensors.keys()
+        assert "FluxPipeline" in zf.read(members["README.md"]).decode()
 
     # a rollout job from that checkpoint: its model (flux) and rewards filled in at submission
     r = client.post("/api/datasets", headers=admin, files={
