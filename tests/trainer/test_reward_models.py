@@ -471,6 +471,26 @@ def test_trainer_step_blends_a_model_reward_with_count(name, tiny_model):
     assert metrics["reward_mean"] == pytest.approx(expected, rel=1e-6, abs=1e-9)
 
 
+@pytest.mark.parametrize("name", ["pickscore", "imagereward"])
+def test_the_preference_model_blends_with_a_model_reward(name, tiny_model):
+    """The votes' preference model is one more reward in the paper's blend: a step with
+    {preference: 1, <model reward>: 2} logs both raw means and the config's weighting."""
+    from trainer.config import load_config
+    from trainer.loop import Trainer
+    from trainer.rewards.preference import FitConfig, PreferenceModel
+
+    torch.manual_seed(0)
+    weights = {"preference": 1.0, name: 2.0}
+    config = load_config("tiny", {"device": "cpu", "reward_weights": weights})
+    trainer = Trainer(config, model=tiny_model)
+    trainer.set_preference_model(PreferenceModel(FitConfig(ensemble=2)), version=3)
+    metrics = trainer.step().metrics
+    assert np.isfinite(metrics["reward/preference"]) and np.isfinite(metrics[f"reward/{name}"])
+    assert metrics["reward_weights"] == weights and metrics["preference_model_version"] == 3
+    expected = (metrics["reward/preference"] + 2.0 * metrics[f"reward/{name}"]) / 3.0
+    assert metrics["reward_mean"] == pytest.approx(expected, rel=1e-6, abs=1e-9)
+
+
 def test_group_blend_uses_the_config_weights():
     """Each reward z-scored per group, then weighted (trainer.grpo.blended_group_rewards)."""
     from trainer.grpo import blended_group_rewards, group_advantages
