@@ -10,21 +10,32 @@ import sys
 from app.errors import ServiceError
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app")
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m app", description="The studio's server: "
+                                     "its database, its users and the server itself.")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("migrate", help="upgrade the database to the newest migration")
-    cu = sub.add_parser("create-user", help="create a user and print their API token once")
-    cu.add_argument("name")
-    cu.add_argument("--role", choices=("admin", "annotator"), default="annotator")
-    sv = sub.add_parser("serve", help="migrate, seed, start a worker and the server "
-                        "(Ctrl-C stops all)")
-    sv.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
-    sv.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+    for name, text in (("migrate", "upgrade the database (DATABASE_URL) to the newest migration"),
+                       ("create-user", "create a user and print their API token once"),
+                       ("serve", "migrate, seed, start a worker and the server (Ctrl-C stops "
+                                 "all)")):
+        sub.add_parser(name, help=text, description=text)
+    cu = sub.choices["create-user"]
+    cu.add_argument("name", help="the user's name (unique; shown on their votes)")
+    cu.add_argument("--role", choices=("admin", "annotator"), default="annotator",
+                    help="admins do everything; annotators vote and read (default annotator)")
+    sv = sub.choices["serve"]
+    sv.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"),
+                    help="address to listen on (default $HOST or 127.0.0.1)")
+    sv.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")),
+                    help="port to listen on (default $PORT or 8000)")
     sv.add_argument("--no-worker", action="store_true", help="do not start a worker process")
     sv.add_argument("--no-demo-job", action="store_true",
                     help="do not launch the quick demo training job on the first start")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
 
     if args.command == "serve":
         from app.serve import serve

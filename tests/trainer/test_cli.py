@@ -132,3 +132,17 @@ def test_every_subcommand_and_option_says_what_it_does():
                          if action.option_strings and action.dest != "help" and not action.help]
     assert sorted(sub.choices) == ["demo", "evaluate", "sample", "train", "train-base"]
     assert not undocumented, undocumented
+
+
+def test_the_servers_cli_explains_itself_too():
+    """`python -m app CMD --help`: every subcommand described, every argument explained."""
+    import argparse
+
+    from app.__main__ import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert sorted(sub.choices) == ["create-user", "migrate", "serve"]
+    bare = [f"{name}: no description" for name, p in sub.choices.items() if not p.description]
+    bare += [f"{name} {action.dest}" for name, p in sub.choices.items() for action in p._actions
+             if action.dest != "help" and not action.help]
+    assert not bare, bare
