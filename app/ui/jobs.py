@@ -14,6 +14,7 @@ from typing import Any
 import gradio as gr
 
 from app.errors import BadRequest
+from app.job_kinds import KINDS
 from app.services import datasets, rollouts, workers
 from app.services import jobs as svc
 from app.services.jobs import Enqueuer
@@ -192,7 +193,7 @@ def launch(enqueuer: Enqueuer | None, user_state: dict | None, dataset_id: int |
     names = [d["name"] for d in describe()]
     blank = ["" for _ in names]
     try:
-        user = caller(user_state, "admin")
+        user = caller(user_state, KINDS["train"].launch_role)  # the kind says who launches it
     except Exception as exc:  # noqa: BLE001
         return None, [notice(error_text(exc), "error"), *blank]
     config, errors = parse_form(list(values))

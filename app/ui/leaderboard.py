@@ -10,6 +10,7 @@ from typing import Any
 import gradio as gr
 
 from app.errors import BadRequest
+from app.job_kinds import KINDS
 from app.services import checkpoints, leaderboard
 from app.services import jobs as jobs_svc
 from app.services.jobs import Enqueuer
@@ -117,7 +118,7 @@ def evaluate(enqueuer: Enqueuer | None, user_state: dict | None, ids: list[int] 
     """Launch an evaluate job on the picked checkpoints; `rewards` is a comma-separated list
     of reward names (empty: the model's defaults)."""
     try:
-        user = caller(user_state, "admin")
+        user = caller(user_state, KINDS["evaluate"].launch_role)
         if not ids:
             raise BadRequest("pick one checkpoint to score, or two or more to compare")
         # the field's own limits: 0 used to become 4 (`seeds or 4`), and -2 an empty list the
