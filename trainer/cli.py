@@ -212,8 +212,10 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=8, help="solver steps (default 8)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto "
                         "(default: cuda if there is one)")
-    parser.add_argument("--model", default="shapes", choices=["shapes", "flux", "sd3"],
-                        help="model adapter (trainer.models.model_names())")
+    from trainer.models import model_names  # the registry, torch-free to import
+
+    parser.add_argument("--model", default="shapes", choices=model_names(),
+                        help="model adapter, one of the registry's (trainer.models.model_names())")
     parser.add_argument("--model-path", default="", help="flux / sd3: the diffusers-format "
                         "model directory (any local path)")
     parser.add_argument("--resolution", type=int, default=None, help="image side in pixels "

@@ -146,3 +146,37 @@ def test_the_servers_cli_explains_itself_too():
     bare += [f"{name} {action.dest}" for name, p in sub.choices.items() for action in p._actions
              if action.dest != "help" and not action.help]
     assert not bare, bare
+
+
+def test_model_choices_are_the_registrys_and_train_base_help_states_the_real_defaults():
+    """`--model` lists what `trainer.models` registers, and every `(default X)` that
+    `train-base --help` prints is the recipe `BaseTrainingConfig` / `ShapesDiTConfig` holds
+    (the parser states them without importing torch, so they are written out: kept true here)."""
+    import argparse
+    import re
+
+    from trainer.cli import build_parser
+    from trainer.models import model_names
+    from trainer.models.shapes_dit import ShapesDiTConfig
+    from trainer.shapes.base_training import BaseTrainingConfig
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name in ("sample", "evaluate"):
+        model = next(a for a in sub.choices[name]._actions if a.dest == "model")
+        assert list(model.choices) == model_names()
+    field_of = {"lr": "learning_rate"}
+    recipe = {**vars(BaseTrainingConfig()), **vars(ShapesDiTConfig())}
+    stated = {}
+    for action in sub.choices["train-base"]._actions:
+        found = re.search(r"default ([^):;]+)", action.help or "")
+        if action.option_strings and found and action.dest in recipe | field_of:
+            stated[field_of.get(action.dest, action.dest)] = found.group(1).strip()
+    assert len(stated) >= 12, stated  # every recipe option's help states its default
+    for field_name, text in stated.items():
+        value = recipe[field_name]
+        if isinstance(value, bool):
+            assert text == ("on" if value else "off"), (field_name, text, value)
+        elif isinstance(value, (int, float)):
+            assert float(text.replace(",", "")) == value, (field_name, text, value)
+        else:
+            assert text == str(value), (field_name, text, value)
