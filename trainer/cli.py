@@ -147,7 +147,10 @@ def _prompt_list(path: str | None) -> list[str] | None:
         return None
     if not Path(path).is_file():
         raise ConfigError("prompts-file", f"{path} does not exist")
-    prompts = read_prompts(path)
+    try:
+        prompts = read_prompts(path)
+    except ValueError as exc:
+        raise ConfigError("prompts-file", str(exc)) from None
     if not prompts:
         raise ConfigError("prompts-file", f"{path} holds no prompts")
     return prompts
@@ -263,8 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--reward-model-path", action="append", default=[],
                           metavar="NAME=DIR", help="weights directory of a model-backed reward "
                           "(repeatable; default: $REWARD_MODELS_DIR/NAME)")
-    evaluate.add_argument("--prompts-file", help="held-out prompts: .txt (one per line) or "
-                          ".jsonl with a \"prompt\" field (default: the 48 shapes prompts)")
+    evaluate.add_argument("--prompts-file", help="held-out prompts: .txt (one per line), "
+                          ".jsonl with a \"prompt\" field, or .json (an array of strings or of "
+                          "such objects, as HPDv2's test.json) (default: the 48 shapes prompts)")
     evaluate.add_argument("--seeds", type=int, default=None,
                           help="seeds 0..N-1 per prompt (default 20)")
     evaluate.add_argument("--batch-size", type=int, default=256,

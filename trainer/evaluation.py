@@ -47,11 +47,21 @@ def sample_images(model: FlowModel, prompts: list[str], seeds: list[int], solver
 
 def read_prompts(path: str | Path) -> list[str]:
     """The prompts of a file as a user brings it (HPDv2-style): .jsonl, one JSON object per
-    line with a "prompt" field (other fields ignored); anything else, one prompt per line.
-    Blank lines are skipped. ValueError names the line of a malformed record."""
+    line with a "prompt" field (other fields ignored); .json, one array of strings or of such
+    objects (HPDv2's test.json, HPSv2's benchmark files); .txt or no suffix, one prompt per
+    line. Blank lines are skipped. ValueError names the line or item of a malformed record,
+    and refuses other formats (a .csv or .parquet read as lines would be garbage prompts)."""
     path = Path(path)
-    lines = path.read_text(encoding="utf-8").splitlines()
-    if path.suffix.lower() != ".jsonl":
+    suffix = path.suffix.lower()
+    if suffix not in ("", ".txt", ".jsonl", ".json"):
+        raise ValueError(f"{path}: unsupported prompt file {suffix!r}; use .txt (one prompt "
+                         "per line), .jsonl (objects with a \"prompt\" field) or .json (an "
+                         "array of strings or such objects)")
+    text = path.read_text(encoding="utf-8")
+    if suffix == ".json":
+        return _json_array_prompts(path, text)
+    lines = text.splitlines()
+    if suffix != ".jsonl":
         return [line.strip() for line in lines if line.strip()]
     prompts = []
     for number, line in enumerate(lines, start=1):
@@ -61,11 +71,28 @@ def read_prompts(path: str | Path) -> list[str]:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from None
-        prompt = record.get("prompt") if isinstance(record, dict) else None
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError(f'{path}:{number}: no "prompt" text field')
-        prompts.append(prompt.strip())
+        prompts.append(_prompt_of(record, f"{path}:{number}"))
     return prompts
+
+
+def _prompt_of(record: Any, where: str, *, strings: bool = False) -> str:
+    prompt = record if strings and isinstance(record, str) else (
+        record.get("prompt") if isinstance(record, dict) else None)
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(f'{where}: no "prompt" text field')
+    return prompt.strip()
+
+
+def _json_array_prompts(path: Path, text: str) -> list[str]:
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}:{exc.lineno}: not JSON ({exc.msg})") from None
+    if not isinstance(items, list):
+        raise ValueError(f"{path}: expected a JSON array of prompts (strings or objects with "
+                         f'a "prompt" field), got a {type(items).__name__}')
+    return [_prompt_of(item, f"{path}: item {i}", strings=True)
+            for i, item in enumerate(items, start=1)]
 
 
 def evaluate(model: FlowModel, prompts: list[str] | None = None,

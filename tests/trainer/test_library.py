@@ -139,7 +139,7 @@ def test_the_cli_wants_a_preference_model_file(tmp_path, capsys):
     assert "preference_model" in capsys.readouterr().err
 
 
-def test_read_prompts_takes_txt_and_jsonl(tmp_path):
+def test_read_prompts_takes_txt_jsonl_and_json_and_refuses_other_files(tmp_path):
     from trainer.evaluation import read_prompts
 
     (tmp_path / "p.txt").write_text("one red circle\n\n  two blue squares \n")
@@ -149,6 +149,21 @@ def test_read_prompts_takes_txt_and_jsonl(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"prompt": "a cat"}\n{"text": "a dog"}\n')
     with pytest.raises(ValueError, match="bad.jsonl:2"):
         read_prompts(tmp_path / "bad.jsonl")
+    # HPDv2's test.json (objects) and HPSv2's benchmark files (strings) are JSON arrays
+    (tmp_path / "test.json").write_text('[{"prompt": "a cat", "image_path": ["x.jpg"]}, '
+                                        '{"prompt": " a dog "}]')
+    assert read_prompts(tmp_path / "test.json") == ["a cat", "a dog"]
+    (tmp_path / "anime.json").write_text('["a cat", "a dog"]')
+    assert read_prompts(tmp_path / "anime.json") == ["a cat", "a dog"]
+    (tmp_path / "bad.json").write_text('["a cat", {"text": "a dog"}]')
+    with pytest.raises(ValueError, match="item 2"):
+        read_prompts(tmp_path / "bad.json")
+    (tmp_path / "obj.json").write_text('{"prompt": "a cat"}')
+    with pytest.raises(ValueError, match="JSON array"):
+        read_prompts(tmp_path / "obj.json")
+    (tmp_path / "p.csv").write_text("prompt\na cat\n")
+    with pytest.raises(ValueError, match="unsupported prompt file '.csv'"):
+        read_prompts(tmp_path / "p.csv")
 
 
 def test_the_readmes_train_commands_make_valid_configs():
