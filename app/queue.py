@@ -79,8 +79,10 @@ def client(settings: Settings | None = None) -> Celery:
         return _clients[key]
 
 
-def enqueue(job_id: int, kind: str) -> None:
+def enqueue(job_id: int, kind: str, countdown: float = 0) -> None:
     """The application's enqueuer (`create_app`, the demo, a worker's requeue or reaper): the
-    kind's task with args [job_id], to the kind's queue (`app.job_kinds`)."""
+    kind's task with args [job_id], to the kind's queue (`app.job_kinds`), runnable after
+    `countdown` seconds."""
     job_kind = KINDS[kind]
-    client().send_task(job_kind.task, args=[job_id], queue=job_kind.queue)
+    client().send_task(job_kind.task, args=[job_id], queue=job_kind.queue,
+                       countdown=countdown or None)

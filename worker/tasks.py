@@ -31,7 +31,7 @@ from app.config import get_settings
 from app.db import session_scope
 from app.job_kinds import KINDS
 from app.queue import enqueue
-from app.services import jobs
+from app.services import jobs, workers
 from worker.celery_app import JOIN_TRAIN_TASK, celery_app, send_join
 from worker.lease import JobError, JobLease, LeaseLost
 from worker.reaper import ReaperThread, reap_once
@@ -49,10 +49,17 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}\n\n{tail}"[:8000]
 
 
+# a job this worker cannot run while another live worker of its queue can goes back to the
+# queue after this long: time for the able worker to take it, no busy loop between CPU workers
+PASS_ON_SECONDS = 5.0
+
+
 def missing_device(config: dict) -> str | None:
     """Why this worker cannot run a config (it asks for CUDA and there is none here), or None.
-    Submission refuses such configs while a live worker reports the same; a job accepted
-    before any worker reported can still land here, and fails with this, not a traceback."""
+    Submission refuses such configs while the queue's live workers report the same. Where a
+    live worker of the queue can run it (CPU and GPU workers sharing a queue), the job is
+    passed on (`run_job`); a job accepted before any worker reported fails with this, not a
+    traceback."""
     if config.get("device") != "cuda":
         return None
     import torch
@@ -71,11 +78,19 @@ def run_job(job_id: int, body: Callable[[int, str], str]) -> str:
             kind = jobs.get_job(s, lease.job_id).kind
         enqueue(lease.job_id, kind)
         return "deferred"
+    with session_scope() as s:
+        job = jobs.get_job(s, lease.job_id)
+        config, kind, queued = dict(job.config or {}), job.kind, job.status == "queued"
+        problem = missing_device(config)
+        if problem and queued and workers.able(s, kind, config):
+            # a worker that can run it serves the same queue: leave the job untouched for it
+            log.info("job %s: %s; passed on to the queue's able workers", job_id, problem)
+            enqueue(lease.job_id, kind, countdown=PASS_ON_SECONDS)
+            return "passed on"
     if not lease.claim():
         log.info("job %s is finished, cancelled or held by another worker: skipped", job_id)
         return "skipped"
     with session_scope() as s:
-        problem = missing_device(dict(jobs.get_job(s, lease.job_id).config or {}))
         if problem:
             jobs.mark_failed(s, lease.job_id, f"{lease.worker_name}: {problem}")
             return "failed"

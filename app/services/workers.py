@@ -67,6 +67,15 @@ def device_problem(session: Session, kind: str, config: dict[str, Any]) -> str |
             f"{names}); use 'auto' or 'cpu', or start a worker on a GPU machine")
 
 
+def able(session: Session, kind: str, config: dict[str, Any],
+         workers: list[WorkerRow] | None = None) -> list[WorkerRow]:
+    """The live workers (or `workers`) that consume this kind's queue and have the device
+    its config asks for."""
+    queue, cuda = KINDS[kind].queue, wants_cuda(config)
+    return [w for w in (live(session) if workers is None else workers)
+            if queue in w.queues and (w.cuda_devices > 0 or not cuda)]
+
+
 def waiting_for(session: Session, jobs: list[Job]) -> dict[int, str]:
     """For queued jobs that no live worker can take: job id -> what it waits for."""
     queued = [j for j in jobs if j.status == "queued"]
@@ -77,8 +86,7 @@ def waiting_for(session: Session, jobs: list[Job]) -> dict[int, str]:
     for job in queued:
         queue = KINDS[job.kind].queue
         cuda = wants_cuda(job.config or {})
-        able = [w for w in workers if queue in w.queues and (w.cuda_devices > 0 or not cuda)]
-        if not able:
+        if not able(session, job.kind, job.config or {}, workers):
             need = " with a CUDA device" if cuda else ""
             out[job.id] = (f"waiting for a worker{need} on queue {queue!r}: none has reported "
                            f"in the last {live_seconds():.0f} s")

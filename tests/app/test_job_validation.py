@@ -277,6 +277,38 @@ def test_a_cuda_job_on_a_worker_without_cuda_fails_with_a_clear_reason(settings,
     assert "no CUDA device" in row.error and "Traceback" not in row.error
 
 
+def test_a_cuda_job_is_passed_on_to_a_gpu_worker_of_its_queue_not_failed(settings, session,
+                                                                         monkeypatch):
+    """CPU and GPU workers sharing the `gpu` queue (the demo's worker beside a GPU box): the
+    CPU worker that receives a cuda job sends it back to the queue for the GPU worker,
+    leaving the job untouched; with no able worker left it fails as above."""
+    import torch
+
+    import worker.tasks
+    from app.models import Job
+    from app.services import jobs, workers
+    from worker.tasks import PASS_ON_SECONDS, run_job
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the job would run")
+    workers.report(session, "cpu-box", ["gpu", "cpu"], 0, [])
+    workers.report(session, "gpu-box", ["gpu"], 1, ["NVIDIA H200"])
+    job = jobs.create_job(session, "train", {"device": "cuda"}, preset="tiny")
+    session.commit()
+    sent = []
+    monkeypatch.setattr(worker.tasks, "enqueue", lambda *a, **kw: sent.append((a, kw)))
+    ran = []
+    assert run_job(job.id, lambda jid, name: ran.append(jid) or "succeeded") == "passed on"
+    assert sent == [((job.id, "train"), {"countdown": PASS_ON_SECONDS})] and ran == []
+    session.expire_all()
+    row = session.get(Job, job.id)
+    assert row.status == "queued" and row.worker is None and row.attempts == 0 and not row.error
+    session.delete(session.get(workers.WorkerRow, "gpu-box"))  # the GPU box went away
+    session.commit()
+    assert run_job(job.id, lambda jid, name: ran.append(jid) or "succeeded") == "failed"
+    assert len(sent) == 1 and ran == []
+
+
 def test_train_nnodes_is_at_least_one_and_divides_the_prompts(client, admin, session, enqueuer):
     # several hosts (README "Workers"): each trains an equal share of every iteration's prompts
     for nnodes, prompts in ((0, 4), (3, 4), (1.5, 3)):
