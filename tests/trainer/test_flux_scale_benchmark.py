@@ -100,3 +100,24 @@ def test_half_the_blocks_checkpointed_and_the_sync_report(tmp_path):
     assert [rows[f]["gradient_checkpointing_fraction"] for f in rows] == [1.0, 0.5]
     full, half = (rows[f]["update_hfu"] / rows[f]["update_mfu"] - 1 for f in ("1.0", "0.5"))
     assert half == pytest.approx(full / 2, rel=1e-6)
+
+
+def test_a_rerun_keeps_the_data_parallel_scaling_it_cannot_measure(tmp_path):
+    """flux_ddp_scaling.py --figures puts 1, 2 and 4 GPUs measured in one run into the figures
+    file; a later single-card run rewrites everything else and keeps those, so re-running the
+    documented command does not throw the multi-GPU numbers away."""
+    bench = load_benchmark("flux_scale")
+    out = tmp_path / "flux_scale.json"
+    measured = {"1": 0.159, "2": 0.305, "4": 0.602}
+    out.write_text(json.dumps({"scaling": measured, "scaling_runs": {"2": {"processes": 2}},
+                               "neighbor_s_per_iteration": 9.9}))
+    row = {"case": bench.HEADLINE_NEIGHBOR, "seconds": 6.0, "iterations_per_second": 1 / 6.0,
+           "update_mfu": 0.5, "peak_memory_gb": 50.0, "peak_memory_gib": 46.6}
+    bench.write({"cases": [row]}, out)
+    written = json.loads(out.read_text())
+    assert written["scaling"] == measured and written["scaling_runs"] == {"2": {"processes": 2}}
+    assert written["neighbor_s_per_iteration"] == 6.0
+    single = tmp_path / "single.json"  # a file with one card only gets this run's figure
+    single.write_text(json.dumps({"scaling": {"1": 0.1}}))
+    bench.write({"cases": [row]}, single)
+    assert json.loads(single.read_text())["scaling"] == {"1": pytest.approx(1 / 6.0)}
