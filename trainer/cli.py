@@ -52,38 +52,57 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_any_model(args: argparse.Namespace):
-    """The model `sample` / `evaluate` were given: --model (with --model-path for flux and
-    sd3) and --checkpoint on top; a checkpoint alone carries its run's model options."""
-    from trainer.loop import resolve_device
-    from trainer.models import (
-        ModelSpec,
-        checkpoint_spec,
-        checkpoint_weights_file,
-        load_flow_model,
-        uses_model_directory,
-    )
+def _checkpoint_of(args: argparse.Namespace) -> Path | None:
+    """--checkpoint checked: a weights file, or a directory that holds model weights."""
+    from trainer.models import checkpoint_weights_file
 
-    device = resolve_device(args.device)
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
     if checkpoint is not None and not checkpoint.exists():
         raise ConfigError("checkpoint", f"{checkpoint} does not exist")
     if checkpoint is not None and checkpoint.is_dir() and checkpoint_weights_file(checkpoint) is None:
         raise ConfigError("checkpoint", f"{checkpoint} holds no model weights")
-    if uses_model_directory(args.model) and not args.model_path:
-        raise ConfigError("model-path", f"--model {args.model} needs --model-path, its "
+    return checkpoint
+
+
+def _model_spec(args: argparse.Namespace):
+    """What `sample` / `evaluate` load: --model (with --model-path for flux and sd3) and
+    --checkpoint on top. A checkpoint of this trainer carries its run's model options, so
+    --model and --model-path default to its run's; a bare diffusers LoRA (a checkpoint's
+    zip download, another tool's LoRA) carries its rank and targets but not its base, which
+    --model and --model-path name. Sets args.model to the model loaded."""
+    from trainer.models import ModelSpec, checkpoint_spec, uses_model_directory
+
+    checkpoint = _checkpoint_of(args)
+    try:
+        spec = checkpoint_spec(checkpoint) if checkpoint is not None else None
+    except ValueError as exc:  # a LoRA file whose layers cannot be read
+        raise ConfigError("checkpoint", str(exc)) from None
+    bare_lora = spec is not None and not spec.name  # its base is the user's to name
+    if bare_lora and not (args.model and uses_model_directory(args.model)):
+        raise ConfigError("model", f"{checkpoint} is a diffusers LoRA without its run's "
+                              "state: name its base with --model (flux or sd3) and --model-path")
+    spec = spec or ModelSpec(args.model or "shapes")
+    # the command line names the model and where it lives on this machine; the rest of the
+    # options (LoRA rank, resolution, guidance) come from the checkpoint's run
+    spec.name = args.model or spec.name
+    spec.path = args.model_path or (spec.path if uses_model_directory(spec.name) else "")
+    if uses_model_directory(spec.name) and not spec.path:
+        raise ConfigError("model-path", f"--model {spec.name} needs --model-path, its "
                           "diffusers-format directory")
-    if checkpoint is None and args.model == "shapes":
-        return load_flow_model("shapes", None, device)
-    spec = checkpoint_spec(checkpoint) if checkpoint is not None else ModelSpec(args.model)
-    if args.model != "shapes" or spec.name != "shapes":
-        # the command line names the model and where it lives on this machine; the rest of
-        # the options (LoRA rank, resolution, guidance) come from the checkpoint's run
-        spec.name, spec.path = args.model, args.model_path
+    if spec.name == "shapes" and checkpoint is None:
+        spec.weights = ""  # the shipped base
     for option in ("resolution", "guidance_scale"):
         if getattr(args, option, None) is not None:
             setattr(spec, option, getattr(args, option))
-    return load_flow_model(spec, device=device)
+    args.model = spec.name
+    return spec
+
+
+def _load_any_model(args: argparse.Namespace):
+    from trainer.loop import resolve_device
+    from trainer.models import load_flow_model
+
+    return load_flow_model(_model_spec(args), device=resolve_device(args.device))
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
@@ -163,9 +182,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         raise ConfigError("seeds", "must be >= 1")
     if args.batch_size < 1:
         raise ConfigError("batch-size", "must be >= 1")
+    from trainer.loop import resolve_device
+    from trainer.models import load_flow_model
+
+    spec = _model_spec(args)  # headers only: which model, for the default rewards
     rewards = _reward_list(args)  # before the model loads: a bad name costs nothing
     prompts = _prompt_list(args.prompts_file)
-    model = _load_any_model(args)
+    model = load_flow_model(spec, device=resolve_device(args.device))
     seeds = tuple(range(args.seeds)) if args.seeds else EVAL_SEEDS
     result = evaluate(model, prompts, seeds=seeds, solver=args.solver, steps=args.steps,
                       rewards=rewards, batch_size=args.batch_size)
@@ -217,10 +240,11 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
                         "(default: cuda if there is one)")
     from trainer.models import model_names  # the registry, torch-free to import
 
-    parser.add_argument("--model", default="shapes", choices=model_names(),
-                        help="model adapter, one of the registry's (trainer.models.model_names())")
+    parser.add_argument("--model", choices=model_names(),
+                        help="model adapter, one of the registry's (trainer.models.model_names()); "
+                        "default: the checkpoint's run's, else shapes")
     parser.add_argument("--model-path", default="", help="flux / sd3: the diffusers-format "
-                        "model directory (any local path)")
+                        "model directory (any local path; default: the checkpoint's run's)")
     parser.add_argument("--resolution", type=int, default=None, help="image side in pixels "
                         "(default: the checkpoint's run, else the model's)")
     parser.add_argument("--guidance-scale", type=float, default=None, help="FLUX.1-dev "

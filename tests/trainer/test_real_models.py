@@ -29,6 +29,7 @@ from trainer.loop import Trainer
 from trainer.models import (
     LORA_WEIGHTS,
     ModelSpec,
+    checkpoint_spec,
     load_checkpoint_model,
     load_flow_model,
     model_dir_problem,
@@ -445,6 +446,60 @@ def test_cli_samples_flux_with_and_without_a_checkpoint(flux_dev, lora_runs, tmp
                      str(tmp_path / "none"), "--device", "cpu"]) == 2
     assert "model-path" in capsys.readouterr().err
     assert not (tmp_path / "none").exists()
+
+
+def test_cli_samples_a_checkpoint_alone_and_a_taken_away_lora(flux_dev, lora_runs, tmp_path,
+                                                             capsys):
+    """A checkpoint directory alone names its run's model and path; the LoRA as a user takes
+    it away (the zip download: the weights and the model card, no trainer state) samples the
+    same images once --model and --model-path name its base, and without them is refused."""
+    from safetensors.torch import load_file, save_file
+
+    from trainer.models import LORA_WEIGHTS, bare_lora_spec
+
+    _, checkpoint = lora_runs["flux_dev"]
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    common = ["sample", "--prompts", str(prompts), "--seeds", "1", "--resolution", str(SIZE),
+              "--steps", "2", "--device", "cpu"]
+    away = tmp_path / "takeaway"
+    away.mkdir()
+    for name in (LORA_WEIGHTS, "README.md"):
+        shutil.copy(checkpoint / name, away / name)
+    runs = {"alone": ["--checkpoint", str(checkpoint)],
+            "takeaway": ["--model", "flux", "--model-path", str(flux_dev),
+                         "--checkpoint", str(away)]}
+    outputs = {}
+    for label, extra in runs.items():
+        out = tmp_path / label
+        assert cli_main([*common, *extra, "--out", str(out)]) == 0, capsys.readouterr().err
+        outputs[label] = np.stack([np.asarray(Image.open(f)) for f in sorted(out.glob("*.png"))])
+    expected = sample_images(load_checkpoint_model(checkpoint), PROMPTS, [0, 0], "dpm++", 2)
+    for label, images in outputs.items():
+        assert np.abs(images.astype(int) - expected.astype(int)).max() <= 1, label
+
+    capsys.readouterr()
+    assert cli_main([*common, "--checkpoint", str(away), "--out", str(tmp_path / "no")]) == 2
+    err = capsys.readouterr().err
+    assert "diffusers LoRA" in err and "--model" in err and not (tmp_path / "no").exists()
+
+    # the adapter config comes from the file's metadata, as diffusers writes it; without
+    # metadata (another tool's LoRA) from the tensors: rank and targets, alpha = rank
+    trained = checkpoint_spec(checkpoint)
+    spec = bare_lora_spec(away)
+    assert (spec.finetune, spec.lora_rank, spec.lora_alpha) == \
+        ("lora", trained.lora_rank, trained.lora_alpha)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    save_file(load_file(str(away / LORA_WEIGHTS)), str(bare / LORA_WEIGHTS))
+    spec = bare_lora_spec(bare)
+    assert (spec.lora_rank, spec.lora_alpha) == (trained.lora_rank, float(trained.lora_rank))
+    model = load_flow_model(ModelSpec(name="flux", path=str(flux_dev), resolution=SIZE,
+                                      finetune="lora", lora_rank=spec.lora_rank,
+                                      lora_target_modules=spec.lora_target_modules))
+    adapted = {n.split(".lora_A")[0] for n, _ in model.transformer.named_parameters()
+               if ".lora_A." in n}
+    assert adapted == set(spec.lora_target_modules)
 
 
 # ---------------------------------------------------------------------------------------

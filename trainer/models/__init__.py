@@ -150,9 +150,9 @@ def model_dir_problem(name: str, path: str | Path) -> str | None:
     return None
 
 
-def safetensors_metadata(path: str | Path) -> dict[str, str]:
-    """The `__metadata__` of a safetensors file, read from its header alone (no torch, no
-    tensors): ValueError when the file is not safetensors."""
+def safetensors_header(path: str | Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file (every tensor's dtype and shape, and
+    `__metadata__`), read alone (no torch, no tensors): ValueError when it is not safetensors."""
     with open(path, "rb") as fh:
         head = fh.read(8)
         if len(head) != 8:
@@ -166,7 +166,12 @@ def safetensors_metadata(path: str | Path) -> dict[str, str]:
             raise ValueError("not a safetensors file (unreadable header)") from None
     if not isinstance(header, dict):
         raise ValueError("not a safetensors file (header is not a JSON object)")
-    meta = header.get("__metadata__") or {}
+    return header
+
+
+def safetensors_metadata(path: str | Path) -> dict[str, str]:
+    """The `__metadata__` of a safetensors file, read from its header alone."""
+    meta = safetensors_header(path).get("__metadata__") or {}
     return meta if isinstance(meta, dict) else {}
 
 
@@ -254,7 +259,43 @@ def checkpoint_spec(path: str | Path) -> ModelSpec:
             config = safetensors_metadata(source).get("train_config")
             if config:
                 return ModelSpec.from_config(json.loads(config), weights=directory)
+    if (directory / LORA_WEIGHTS).is_file():
+        return bare_lora_spec(directory)
     return ModelSpec(name="shapes", weights=str(path))
+
+
+# the safetensors metadata key diffusers' save_lora_weights writes the adapter's config under
+LORA_ADAPTER_METADATA = "lora_adapter_metadata"
+
+
+def bare_lora_spec(directory: str | Path) -> ModelSpec:
+    """The spec of a diffusers LoRA directory without its run's trainer state (a checkpoint's
+    zip download, or another tool's LoRA). Its base model is not recorded there, so `name`
+    is left empty for the caller to fill in; rank, alpha and targets come from the adapter
+    config diffusers stores in the file's metadata, else from the tensors' names and shapes
+    (alpha = rank, as load_lora_weights assumes without metadata). ValueError when the file
+    holds no LoRA layers of a transformer."""
+    lora = Path(directory) / LORA_WEIGHTS
+    header = safetensors_header(lora)
+    down = {k.removeprefix("transformer.").removesuffix(".lora_A.weight"): v["shape"]
+            for k, v in header.items()
+            if k.startswith("transformer.") and k.endswith(".lora_A.weight")}
+    if not down:
+        raise ValueError(f"{lora} holds no transformer LoRA layers (keys "
+                         "'transformer.<module>.lora_A.weight', as diffusers saves them)")
+    rank = int(next(iter(down.values()))[0])
+    spec = ModelSpec(name="", weights=str(directory), finetune="lora", lora_rank=rank,
+                     lora_alpha=float(rank), lora_target_modules=sorted(down))
+    adapter = safetensors_metadata(lora).get(LORA_ADAPTER_METADATA)
+    if adapter:  # {"transformer.r": 64, "transformer.lora_alpha": 64, ...}: the component's
+        config = {k.removeprefix("transformer."): v for k, v in json.loads(adapter).items()
+                  if k.startswith("transformer.")}
+        spec.lora_rank = int(config.get("r", rank))
+        spec.lora_alpha = float(config.get("lora_alpha", spec.lora_rank))
+        targets = config.get("target_modules")
+        if isinstance(targets, list) and targets:  # (a string is a regex: the names above)
+            spec.lora_target_modules = sorted(targets)
+    return spec
 
 
 def load_checkpoint_model(path: str | Path, device: torch.device | str = "cpu") -> FlowModel:
