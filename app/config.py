@@ -14,6 +14,10 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# where the Gradio UI is mounted: the UI, and the stored-files guard and body limit that
+# watch its routes, all read it here (app.ui imports gradio, too heavy for the middleware)
+UI_PATH = "/ui"
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")

@@ -1,6 +1,7 @@
 """The job kinds: each declared once, here, with its config, queue, task and who may launch
-it. The API (`POST /api/jobs`, its schemas and filters), the UI, the demo, the database column
-and the worker's Celery routes all read this registry; adding a kind is one entry below plus
+it. The API (`POST /api/jobs`, its schemas and filters), the UI, the demo
+and the worker's Celery routes all read this registry (the database's `jobs.kind` is a plain
+string: a kind added here needs no migration); adding a kind is one entry below plus
 its task in worker/tasks.py (a test checks that every kind has one).
 
 This module imports no database or worker code, so the models, the services and the worker can
@@ -172,8 +173,8 @@ class EvaluateConfig(SamplingConfig):
     steps: int = Field(8, ge=2, le=1000, description="Solver steps per image.")
     reward_names: list[str] = Field(default_factory=list, max_length=32,
                                     description="Rewards scored on each image: any registry "
-                                    "names, model-backed ones (hpsv2, pickscore, clip_score, "
-                                    "aesthetic) included; empty: count, exact_count, color, "
+                                    "names, model-backed ones (hpsv2, pickscore, imagereward, "
+                                    "clip_score, aesthetic) included; empty: count, exact_count, color, "
                                     "shape and combined for the shapes model, "
                                     "jpeg_compressibility for flux / sd3. Each one's mean is "
                                     "stored on the checkpoint.")

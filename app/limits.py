@@ -4,5 +4,9 @@
 MAX_ID = 2**31 - 1
 # the length of String columns that hold names (datasets, checkpoints, job workers, workers)
 NAME_LENGTH = 200
+# an upload's original filename as stored on its dataset (longer names are cut)
+FILENAME_LENGTH = 300
+# a vote's selection reason (how its pair was chosen)
+SELECTION_LENGTH = 50
 # a vote's client_vote_id (the client's retry key): 1-64 URL-safe characters
 CLIENT_VOTE_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"

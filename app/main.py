@@ -15,7 +15,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from sqlalchemy.exc import DataError
 
 from app import db, queue
-from app.config import Settings, get_settings
+from app.config import UI_PATH, Settings, get_settings
 from app.errors import ServiceError
 from app.schemas import Problems, validation_problem
 from app.services.jobs import Enqueuer
@@ -140,7 +140,7 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
 
         app = mount(app)
     # stored files need a token on the UI's routes too (app/api/media.py says the rule)
-    app.add_middleware(media.StoredFilesGuard, ui_path="/ui")
+    app.add_middleware(media.StoredFilesGuard, ui_path=UI_PATH)
     # outermost: no body passes its limit on its way to either of the above (app/api/body_limit.py)
-    app.add_middleware(body_limit.RequestBodyLimit, settings=settings, ui_path="/ui")
+    app.add_middleware(body_limit.RequestBodyLimit, settings=settings, ui_path=UI_PATH)
     return app

@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from app.limits import NAME_LENGTH
+from app.limits import FILENAME_LENGTH, NAME_LENGTH, SELECTION_LENGTH
 from trainer.rewards.outcomes import OUTCOMES  # noqa: F401  (the values votes.outcome holds)
 
 
@@ -76,7 +76,7 @@ class Dataset(Base):
     __tablename__ = "datasets"
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(NAME_LENGTH))
-    filename: Mapped[str] = mapped_column(String(300))
+    filename: Mapped[str] = mapped_column(String(FILENAME_LENGTH))
     format: Mapped[str] = mapped_column(String(10))
     num_prompts: Mapped[int] = mapped_column(Integer, default=0)
     num_eval: Mapped[int] = mapped_column(Integer, default=0)
@@ -217,7 +217,7 @@ class Vote(Base):
     outcome: Mapped[str] = mapped_column(String(10))
     shown_at: Mapped[datetime | None]
     latency_ms: Mapped[int | None] = mapped_column(Integer)
-    selection: Mapped[str] = mapped_column(String(50), default="unknown")
+    selection: Mapped[str] = mapped_column(String(SELECTION_LENGTH), default="unknown")
     excluded: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     __table_args__ = (

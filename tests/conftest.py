@@ -59,7 +59,8 @@ def tiny_flux_path(tmp_path_factory) -> Path:
 #   redis       needs the local Redis: a *-redis backend of `stack`
 #   worker      everything in tests/worker: real Celery worker processes (and torchrun, docker)
 #   e2e, browser  everything in tests/e2e: uvicorn, a worker and chromium under Playwright
-#   subprocess  spawns Python subprocesses (a CLI round trip, a benchmark script): listed below
+#   subprocess  spawns Python subprocesses (a CLI round trip, a benchmark script): listed below,
+#               or marked in the test file beside the subprocess it starts
 #   slow        takes long: marked in the test file, or listed below (from `--durations`)
 # `make check` runs -m "not slow and not postgres and not redis and not worker and not e2e and
 # not subprocess"; `make test` runs them all.
@@ -69,6 +70,7 @@ PG_FIXTURES = {"fresh_pg_url", "pg_database"}
 # "path::function" (every parametrization of it)
 SUBPROCESS = {
     "tests/app/test_auth.py::test_cli_create_user_prints_token_once_and_stores_hash",
+    "tests/app/test_jobs.py::test_the_app_imports_no_worker_code",
     "tests/app/test_migrations.py::test_cli_migrate_creates_default_sqlite",
     "tests/trainer/test_cli.py::*",
     "tests/trainer/test_library.py::test_the_app_starts_without_torch",

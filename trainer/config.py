@@ -129,8 +129,14 @@ def _field(default: Any, help: str, *, min: float | None = None, max: float | No
     return field(default=default, metadata=meta, **kwargs)
 
 
+# the largest seed: int32, what the studio's INTEGER columns hold
+MAX_SEED = 2**31 - 1
+
 # The usual attention and MLP projections of FLUX's and SD3's transformer blocks (diffusers
 # module names; peft matches them as suffixes), as diffusers' DreamBooth LoRA scripts target
+# them. FLUX's single-stream blocks get adapters on their attention (to_q/k/v) only: their
+# fused MLP (proj_mlp, proj_out) is left out, as in those scripts, and a suffix "proj_out"
+# would also catch the transformer's final projection.
 DEFAULT_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj",
                         "add_v_proj", "to_add_out", "ff.net.0.proj", "ff.net.2",
                         "ff_context.net.0.proj", "ff_context.net.2"]
@@ -168,7 +174,9 @@ class ModelArguments:
                                "alpha / rank.", min=1e-6, max=1e6, group="model")
     lora_target_modules: list = _field(DEFAULT_LORA_TARGETS, "Module names (suffixes) that get "
                                        "LoRA adapters; the default covers the attention and MLP "
-                                       "projections of FLUX's and SD3's blocks.", group="model")
+                                       "projections of FLUX's double-stream and SD3's blocks "
+                                       "and the attention of FLUX's single-stream blocks (add "
+                                       "\"proj_mlp\" for their MLP).", group="model")
     resolution: int = _field(0, "Image side in pixels (square). 0: the model's default (shapes "
                              "32, flux / sd3 512). flux / sd3: a multiple of 16.",
                              min=0, max=4096, group="model")
@@ -311,7 +319,7 @@ class AlgorithmArguments:
 
 @dataclass
 class RunArguments:
-    seed: int = _field(0, "Seed for noises, anchors and timesteps.", min=0, max=2**31 - 1,
+    seed: int = _field(0, "Seed for noises, anchors and timesteps.", min=0, max=MAX_SEED,
                        group="run")
     sample_every: int = _field(10, "Save a sample grid / rollout group every N iterations.",
                                min=1, max=1_000_000, group="run")
@@ -351,12 +359,12 @@ class StudioArguments:
                                          "iterations from the votes that arrived meanwhile "
                                          "(online); 0 never refits.", min=0, max=1_000_000,
                                          group="studio")
-    train_nnodes: int = _field(1, "Studio jobs: hosts the job trains on at once, one worker "
-                               "each (torchrun's rendezvous; README \"Workers\"). Each host "
-                               "runs its worker's TRAIN_NPROC processes, so every iteration's "
-                               "prompts are split over train_nnodes x TRAIN_NPROC processes: "
-                               "prompts_per_iteration must be a multiple of that. 1: the "
-                               "worker's host alone.", min=1, max=1024, group="studio")
+    train_nnodes: int = _field(1, "Studio jobs: hosts the job trains on at once (torchrun's "
+                               "rendezvous; the README says how). Each host runs its "
+                               "TRAIN_NPROC processes, so every iteration's prompts are split "
+                               "over train_nnodes x TRAIN_NPROC processes: "
+                               "prompts_per_iteration must be a multiple of that. 1: one host "
+                               "alone.", min=1, max=1024, group="studio")
 
 
 @dataclass

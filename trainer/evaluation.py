@@ -13,7 +13,7 @@ import torch
 
 from trainer.models.base import FlowModel, to_uint8
 from trainer.rewards import compute_rewards
-from trainer.shapes.world import all_prompts
+from trainer.shapes.world import all_prompts, parse_prompt
 from trainer.solvers import rollout
 
 EVAL_SEEDS = tuple(range(20))
@@ -101,7 +101,8 @@ def evaluate(model: FlowModel, prompts: list[str] | None = None,
     """Every (prompt, seed) sampled and scored with `rewards` (registry names; default: the
     shapes rewards, SHAPES_EVAL_REWARDS). `rewards` holds {name: {"mean", "std"}}; each
     reward's mean is also `<name>_reward`, except exact_count, which is reported as
-    `exact_count_accuracy` with a breakdown by the prompt's count word (shapes prompts)."""
+    `exact_count_accuracy` with a breakdown by the prompt's count word (shapes prompts); the
+    shape reward is also broken down by the prompt's shape (`shape_reward_by_shape`)."""
     prompts = prompts or all_prompts()
     names = list(dict.fromkeys(rewards or SHAPES_EVAL_REWARDS))
     pairs = [(p, s) for p in prompts for s in seeds]
@@ -121,4 +122,9 @@ def evaluate(model: FlowModel, prompts: list[str] | None = None,
             by_count.setdefault(text.split()[0], []).append(float(hit))
         out["exact_count_accuracy"] = float(scores["exact_count"].mean())
         out["exact_count_accuracy_by_count"] = {k: float(np.mean(v)) for k, v in by_count.items()}
+    if "shape" in scores:  # which shapes the model draws recognisably, and which it does not
+        by_shape: dict[str, list[float]] = {}
+        for text, value in zip(texts, scores["shape"], strict=True):
+            by_shape.setdefault(parse_prompt(text).shape, []).append(float(value))
+        out["shape_reward_by_shape"] = {k: float(np.mean(v)) for k, v in sorted(by_shape.items())}
     return out

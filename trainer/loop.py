@@ -20,14 +20,13 @@ from safetensors.torch import save_file
 
 from trainer.config import TrainConfig
 from trainer.grpo import IterationResult
-from trainer.models import SHAPES_BASE, TRAINER_STATE, ModelSpec
+from trainer.models import TRAINER_STATE, ModelSpec
 from trainer.models.base import FlowModel, WeightsFile
 from trainer.neighbor_grpo import neighbor_grpo_iteration
 from trainer.sde_grpo import sde_grpo_iteration
 from trainer.shapes.world import all_prompts
 from trainer.tracking import RunTracking
 
-SHIPPED_BASE = SHAPES_BASE  # the shapes adapter's default base weights
 CHECKPOINT_DIR_RE = re.compile(r"^iter-(\d+)$")
 
 ITERATIONS = {"neighbor": neighbor_grpo_iteration, "sde": sde_grpo_iteration}

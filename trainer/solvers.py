@@ -56,6 +56,9 @@ def linear_timesteps(steps: int, device: torch.device | str = "cpu",
     return shift_sigmas(torch.linspace(1.0, 0.0, steps + 1, device=device), shift)
 
 
+# Rollouts run under no_grad, not inference_mode: their latents are the update's inputs, and
+# an inference tensor cannot be saved for backward ("Inference tensors cannot be saved for
+# backward"), so inference_mode would cost a copy of every recorded latent for nothing.
 @torch.no_grad()
 def euler_rollout(velocity_fn: VelocityFn, noise: torch.Tensor, cond: Any, steps: int,
                   shift: float = 1.0) -> Rollout:

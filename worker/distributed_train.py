@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         if (directory := recorded_checkpoint_dir(job_id)) is not None:
             trainer.load_checkpoint(directory)
     make_distributed(trainer)
+    fingerprinted = log_preference_fingerprint(trainer, rank, 0)
     recorder = (TrainRecorder(job_id, worker_name, config, ckpt_id, shutdown, last_vote)
                 if rank == 0 else None)
     if recorder is not None:
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     error: Exception | None = None
 
     def on_iteration(tr: Trainer, result) -> bool:
-        nonlocal error
+        nonlocal error, fingerprinted
         stop = 0
         # a warm shutdown of any host's worker (SIGTERM to its ranks): rank 0 saves, requeues
         if any_rank(shutdown.is_set(), comm):
@@ -101,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         stop, version = broadcast_ints([stop, preference_version(tr)], comm)
         if not stop and follow_preference(tr, version):
             log.info("rank %d follows rank 0 to preference model v%d", rank, version)
+        fingerprinted = log_preference_fingerprint(tr, rank, fingerprinted)
         return bool(stop)
 
     if trainer.iteration < config.iterations:
@@ -137,6 +139,33 @@ def log_node(job_id: int, rank: int, world: int) -> None:
 def preference_version(trainer: Trainer) -> int:
     """The version of the preference model in use, 0 without a recorded one (int to broadcast)."""
     return trainer.preference_version or 0
+
+
+def log_preference_fingerprint(trainer: Trainer, rank: int, logged: int) -> int:
+    """When the preference model in use is a version this rank has not described yet, log
+    what it is: a digest of its weights and its scores on a fixed probe batch, the same on
+    every rank when every rank blends the same model (rank 0's refit in memory, the others
+    the file it recorded). Returns the version described (`logged` when nothing changed)."""
+    version = preference_version(trainer)
+    if not version or version == logged:
+        return logged
+    import hashlib
+
+    import numpy as np
+
+    from trainer.rewards import get_reward
+
+    model = get_reward("preference")
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.net.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().float().cpu().numpy().tobytes())
+    probe = np.random.default_rng(0).integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
+    scores = model(probe, ["one red circle", "two blue squares", "three green triangles",
+                           "four red squares"])
+    log.info("rank %d preference model v%d: weights %s, probe scores %s", rank, version,
+             digest.hexdigest()[:16], " ".join(f"{s:.6f}" for s in scores))
+    return version
 
 
 def follow_preference(trainer: Trainer, version: int) -> bool:

@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.media import takes_files
-from app.config import Settings
+from app.config import UI_PATH, Settings
 
 # what a multipart body may hold beyond the file (the other fields, part headers, boundaries)
 FORM_OVERHEAD = 1024 * 1024
@@ -29,7 +29,7 @@ class BodyTooLarge(Exception):
     """Raised from `receive` when a body passes its limit (the request is answered 413)."""
 
 
-def body_limit(scope: Scope, settings: Settings, ui_path: str = "/ui") -> tuple[int, str, bool]:
+def body_limit(scope: Scope, settings: Settings, ui_path: str = UI_PATH) -> tuple[int, str, bool]:
     """The largest body this request may send, the setting that says so, and whether it is
     an upload (whose route checks a declared size itself, after the caller: a 401 comes
     before a 413 there)."""
@@ -50,7 +50,7 @@ def _too_large(limit: int, setting: str, size: int | None = None) -> JSONRespons
 class RequestBodyLimit:
     """ASGI middleware: a 413 for a body over `body_limit`, declared or counted."""
 
-    def __init__(self, app: ASGIApp, settings: Settings, ui_path: str = "/ui") -> None:
+    def __init__(self, app: ASGIApp, settings: Settings, ui_path: str = UI_PATH) -> None:
         self.app, self.settings, self.ui_path = app, settings, ui_path.rstrip("/")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -26,6 +26,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.deps import FileReaderDep, SettingsDep, authenticated, session_cookie
+from app.config import UI_PATH
 from app.services import storage
 
 router = APIRouter(tags=["media"])
@@ -72,7 +73,7 @@ def request_token(scope: Scope) -> str | None:
 class StoredFilesGuard:
     """ASGI middleware: Gradio's file routes under `ui_path` need a valid token or cookie."""
 
-    def __init__(self, app: ASGIApp, ui_path: str = "/ui") -> None:
+    def __init__(self, app: ASGIApp, ui_path: str = UI_PATH) -> None:
         self.app, self.ui_path = app, ui_path.rstrip("/")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

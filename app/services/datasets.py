@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from app.errors import BadRequest, Conflict, Invalid, NotFound, PayloadTooLarge
 from app.json_values import json_safe
-from app.limits import NAME_LENGTH
+from app.limits import FILENAME_LENGTH, NAME_LENGTH
 from app.models import Dataset, Job, Prompt
 from app.schemas import refuse_nul
 
@@ -416,7 +416,7 @@ def import_dataset(session: Session, *, filename: str, data: bytes, name: str | 
     order = list(range(len(prompts)))
     random.Random(seed).shuffle(order)
     eval_idx = set(order[:n_eval])
-    ds = Dataset(name=name, filename=filename[:300], format=parsed.format, num_prompts=len(prompts),
+    ds = Dataset(name=name, filename=filename[:FILENAME_LENGTH], format=parsed.format, num_prompts=len(prompts),
                  num_eval=n_eval, duplicates_dropped=dropped, eval_fraction=eval_fraction)
     session.add(ds)
     session.flush()

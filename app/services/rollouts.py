@@ -181,13 +181,6 @@ def get_group(session: Session, group_id: int) -> RolloutGroup:
     return group
 
 
-def get_sample(session: Session, sample_id: int) -> Sample:
-    sample = session.get(Sample, sample_id)
-    if sample is None:
-        raise NotFound(f"sample {sample_id} not found")
-    return sample
-
-
 def source_label(purpose: str, job_id: int | None, iteration: int,
                  checkpoint: Checkpoint | None, job_kind: str | None) -> str:
     """Where a sample's image came from, in words: "training job N iteration I" (a train

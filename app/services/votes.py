@@ -32,7 +32,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
 
 from app.errors import Conflict, Invalid
-from app.limits import CLIENT_VOTE_ID_PATTERN
+from app.limits import CLIENT_VOTE_ID_PATTERN, SELECTION_LENGTH
 from app.models import OUTCOMES, RolloutGroup, Sample, User, Vote
 from app.schemas import refuse_nul
 from trainer.rewards.outcomes import TARGET_A
@@ -521,7 +521,7 @@ def record_vote(session: Session, annotator: User, *, client_vote_id: str, sampl
     vote = Vote(client_vote_id=client_vote_id, annotator_id=annotator.id, session_id=session_id,
                 sample_a_id=sample_a_id, sample_b_id=sample_b_id, pair_lo_id=lo, pair_hi_id=hi,
                 outcome=outcome, shown_at=shown_at, latency_ms=latency_ms,
-                selection=(selection or "unknown")[:50], excluded=annotator.excluded)
+                selection=(selection or "unknown")[:SELECTION_LENGTH], excluded=annotator.excluded)
     session.add(vote)
     try:
         session.commit()

@@ -16,10 +16,11 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 
+from app.config import UI_PATH  # noqa: E402
 from app.services.jobs import Enqueuer  # noqa: E402
 from app.ui.common import CSS, HEAD  # noqa: E402
 
-PATH = "/ui"
+PATH = UI_PATH
 
 
 def build_ui(enqueuer: Enqueuer | None = None) -> gr.Blocks:

@@ -39,7 +39,7 @@ def fuzz_app(settings, admin, annotator, make_group):
     from app.main import create_app
     from app.services import storage, workers
     from app.services.checkpoints import record_checkpoint
-    from trainer.loop import SHIPPED_BASE
+    from trainer.models import SHAPES_BASE
 
     app = create_app(settings, enqueuer=lambda job_id, kind: None, mount_ui=False)
     with session_scope() as s:
@@ -54,7 +54,7 @@ def fuzz_app(settings, admin, annotator, make_group):
         assert r.status_code == 201, r.text
         for iteration in (1, 2):  # checkpoints 1 and 2 (the shipped base model), to compare
             rel = f"checkpoints/job-1/iter-{iteration:06d}/model.safetensors"
-            storage.write_bytes(rel, SHIPPED_BASE.read_bytes())
+            storage.write_bytes(rel, SHAPES_BASE.read_bytes())
             with session_scope() as s:
                 record_checkpoint(s, 1, iteration, rel)
         app.state.config_schema = c.get("/api/jobs/config-schema", headers=admin).json()

@@ -79,12 +79,13 @@ def test_base_checkpoint_under_models_dir_is_accepted_and_the_worker_loads_it(
         client, admin, settings):
     from app.db import session_scope
     from app.models import Job
-    from trainer.loop import SHIPPED_BASE, load_model
+    from trainer.loop import load_model
+    from trainer.models import SHAPES_BASE
     from worker.training import job_train_config
 
     models = settings.resolved_models_dir
     (models / "shapes").mkdir(parents=True)
-    (models / "shapes" / "base.safetensors").write_bytes(SHIPPED_BASE.read_bytes())
+    (models / "shapes" / "base.safetensors").write_bytes(SHAPES_BASE.read_bytes())
     for given in ("shapes/base.safetensors", str(models / "shapes" / "base.safetensors")):
         r = _post(client, admin, "train", {"base_checkpoint": given, "device": "cpu"}, "tiny")
         assert r.status_code == 201, r.text

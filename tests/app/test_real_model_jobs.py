@@ -156,8 +156,7 @@ def test_sampling_jobs_take_their_checkpoints_model(client, admin, models, sessi
     from app.services import storage
     from app.services.checkpoints import record_checkpoint
     from trainer import PRESETS, TrainConfig, Trainer
-    from trainer.loop import SHIPPED_BASE
-    from trainer.models import checkpoint_weights_file
+    from trainer.models import SHAPES_BASE, checkpoint_weights_file
 
     trained = TrainConfig.from_dict({**PRESETS["tiny"], **FLUX,
                                      "model_path": str(models / "tiny-flux")})
@@ -167,7 +166,7 @@ def test_sampling_jobs_take_their_checkpoints_model(client, admin, models, sessi
         directory = Trainer(trained).save_checkpoint(root / name)
         flux_ids.append(record_checkpoint(session, None, 0, str(checkpoint_weights_file(
             directory)), name=f"flux-{name}"))
-    storage.write_bytes("checkpoints/shapes/model.safetensors", SHIPPED_BASE.read_bytes())
+    storage.write_bytes("checkpoints/shapes/model.safetensors", SHAPES_BASE.read_bytes())
     shapes_id = record_checkpoint(session, None, 0, "checkpoints/shapes/model.safetensors",
                                   name="shapes")
     session.commit()

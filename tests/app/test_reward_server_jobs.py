@@ -67,9 +67,9 @@ def checkpoint(session) -> int:
     """A recorded shapes checkpoint (the shipped base model, copied into storage)."""
     from app.services import storage
     from app.services.checkpoints import record_checkpoint
-    from trainer.loop import SHIPPED_BASE
+    from trainer.models import SHAPES_BASE
 
-    storage.write_bytes("checkpoints/base/model.safetensors", SHIPPED_BASE.read_bytes())
+    storage.write_bytes("checkpoints/base/model.safetensors", SHAPES_BASE.read_bytes())
     ckpt = record_checkpoint(session, None, 0, "checkpoints/base/model.safetensors",
                              name="base")
     session.commit()

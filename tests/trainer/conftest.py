@@ -1,13 +1,13 @@
 import pytest
 import torch
 
-from trainer.loop import SHIPPED_BASE
+from trainer.models import SHAPES_BASE
 from trainer.models.shapes_dit import ShapesDiT, ShapesDiTConfig
 
 
 @pytest.fixture(scope="session")
 def base_model() -> ShapesDiT:
-    return ShapesDiT.load(SHIPPED_BASE)
+    return ShapesDiT.load(SHAPES_BASE)
 
 
 @pytest.fixture

@@ -83,6 +83,10 @@ def test_evaluate_reports_accuracy_on_48x20(tmp_path):
     assert 0.3 <= result["exact_count_accuracy"] <= 0.7, result
     assert result["color_reward"] > 0.85 and result["count_reward"] > 0.6, result
     assert set(result["exact_count_accuracy_by_count"]) == {"one", "two", "three", "four"}
+    # the shape reward per prompted shape: the prompts hold each shape equally often
+    by_shape = result["shape_reward_by_shape"]
+    assert set(by_shape) == {"circle", "square", "triangle"}
+    assert sum(by_shape.values()) / 3 == pytest.approx(result["shape_reward"])
 
 
 def test_evaluate_scores_held_out_prompts_with_any_rewards(tmp_path, tiny_clip_path):

@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from diffusers import FluxPipeline, StableDiffusion3Pipeline
 from PIL import Image
 from tiny_diffusers import write_tiny_flux, write_tiny_sd3
 
@@ -38,7 +37,15 @@ from trainer.models import (
 PROMPTS = ["one red circle", "two blue squares"]
 SIZE = 32
 VARIANTS = {"flux_dev": "flux", "flux_schnell": "flux", "sd3": "sd3"}
-PIPELINES = {"flux": FluxPipeline, "sd3": StableDiffusion3Pipeline}
+# diffusers' pipeline classes by model, imported when a test needs one: importing diffusers
+# takes seconds, which every collection (and every xdist worker) would pay
+PIPELINES = {"flux": "FluxPipeline", "sd3": "StableDiffusion3Pipeline"}
+
+
+def _pipeline_class(model_name: str):
+    import diffusers
+
+    return getattr(diffusers, PIPELINES[model_name])
 # fp32 on the CPU: the trainer's rollout and the stock pipeline run the same transformer on the
 # same latents; they differ only in float rounding (the pipeline's sigmas pass through numpy
 # float32, FLUX's timestep through * 1000 / 1000): at most ~1e-6 on final latents of magnitude
@@ -182,7 +189,7 @@ def test_saved_lora_loads_into_the_stock_pipeline_and_reproduces_samples(variant
     noise = _noise(model)
     ours = _our_samples(model, noise, steps)
 
-    pipe = PIPELINES[model_name].from_pretrained(request.getfixturevalue(variant),
+    pipe = _pipeline_class(model_name).from_pretrained(request.getfixturevalue(variant),
                                                  local_files_only=True)
     pipe.set_progress_bar_config(disable=True)
     base = _pipeline_samples(pipe, model_name, noise, steps, config.guidance_scale)

@@ -8,7 +8,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from diffusers import FluxPipeline, StableDiffusion3Pipeline
 from safetensors.torch import load_file
 from tiny_diffusers import write_tiny_flux, write_tiny_sd3
 
@@ -31,13 +30,17 @@ def sd3(tmp_path_factory):
     return write_tiny_sd3(tmp_path_factory.mktemp("sd3"))
 
 
-def _flux(path) -> FluxPipeline:
+def _flux(path):
+    from diffusers import FluxPipeline  # lazily: importing diffusers costs every collection seconds
+
     pipe = FluxPipeline.from_pretrained(path, local_files_only=True)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
 
-def _sd3(path) -> StableDiffusion3Pipeline:
+def _sd3(path):
+    from diffusers import StableDiffusion3Pipeline
+
     pipe = StableDiffusion3Pipeline.from_pretrained(path, local_files_only=True)
     pipe.set_progress_bar_config(disable=True)
     return pipe
@@ -123,6 +126,8 @@ def test_rebuilding_gives_identical_weights_and_leaves_the_rng_alone(tmp_path, f
 
 
 def test_the_loaded_transformer_is_trainable(flux_dev):
+    from diffusers import FluxPipeline
+
     transformer = _flux(flux_dev).transformer
     params = list(transformer.parameters())
     assert params and all(p.requires_grad and p.dtype == torch.float32 for p in params)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -202,6 +203,17 @@ def test_every_rank_blends_rank_0s_preference_model_and_follows_its_refit(stack)
     assert output.count("blending preference model") == 3, output
     assert output.count("v1.safetensors (v1)") == 2, output
     assert "rank 1 follows rank 0 to preference model v2" in output, output
+    # the same model on both ranks after the refit (rank 0's in memory, rank 1's from its
+    # file): the same weights and the same rewards on a probe batch, and not v1's
+    lines = re.findall(r"rank (\d) preference model v(\d): weights (\w+), probe scores "
+                       r"([-\d. ]+\d)", output)
+    by_version = {}
+    for rank, version, weights, scores in lines:
+        by_version.setdefault(version, {})[rank] = (weights, scores)
+    assert set(by_version) == {"1", "2"}, lines
+    for version, ranks in by_version.items():
+        assert set(ranks) == {"0", "1"} and ranks["0"] == ranks["1"], (version, ranks)
+    assert by_version["1"]["0"] != by_version["2"]["0"]
 
 
 def test_the_other_ranks_resolve_latest_to_the_version_rank_0_chose(stack):

@@ -105,13 +105,13 @@ def test_a_config_that_fails_in_the_worker_ends_failed_with_the_error(stack):
     import shutil
 
     from app.config import get_settings
-    from trainer.loop import SHIPPED_BASE
+    from trainer.models import SHAPES_BASE
 
     stack.start_worker()
     # a base checkpoint that passed the submission check, then was deleted before the run
     base = get_settings().resolved_models_dir / "gone" / "base.safetensors"
     base.parent.mkdir(parents=True)
-    shutil.copy(SHIPPED_BASE, base)
+    shutil.copy(SHAPES_BASE, base)
     missing = create_train_job(base_checkpoint="gone/base.safetensors")
     base.unlink()
     stack.send(missing)
