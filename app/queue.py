@@ -84,5 +84,5 @@ def enqueue(job_id: int, kind: str, countdown: float = 0) -> None:
     kind's task with args [job_id], to the kind's queue (`app.job_kinds`), runnable after
     `countdown` seconds."""
     job_kind = KINDS[kind]
-    client().send_task(job_kind.task, args=[job_id], queue=job_kind.queue,
-                       countdown=countdown or None)
+    delay = {"countdown": countdown} if countdown else {}
+    client().send_task(job_kind.task, args=[job_id], queue=job_kind.queue, **delay)
