@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
+from collections import OrderedDict
 from dataclasses import asdict
 from typing import Any
 
@@ -46,17 +47,26 @@ FIT_FIELDS = tuple(f.name for f in dataclasses.fields(FitConfig) if f.name != "d
 
 
 class ImageCache:
-    """Decoded images by storage path (a pair's images repeat across votes and fits)."""
+    """Decoded images by storage path (a pair's images repeat across votes and fits), the
+    least recently used dropped beyond `max_bytes` (a training job keeps one across its
+    online refits: a 512 px image decodes to 0.75 MiB)."""
 
-    def __init__(self) -> None:
-        self._items: dict[str, np.ndarray] = {}
+    def __init__(self, max_bytes: int | None = None) -> None:
+        self._items: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.max_bytes, self.nbytes = max_bytes, 0
 
     def get(self, rel_path: str) -> np.ndarray:
         image = self._items.get(rel_path)
-        if image is None:
-            data = storage.resolve(rel_path).read_bytes()
-            image = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.uint8)
-            self._items[rel_path] = image
+        if image is not None:
+            self._items.move_to_end(rel_path)
+            return image
+        data = storage.resolve(rel_path).read_bytes()
+        image = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.uint8)
+        self._items[rel_path] = image
+        self.nbytes += image.nbytes
+        while self.max_bytes is not None and self.nbytes > self.max_bytes and len(self._items) > 1:
+            _, dropped = self._items.popitem(last=False)
+            self.nbytes -= dropped.nbytes
         return image
 
 

@@ -489,3 +489,34 @@ def test_upload_form_fields_are_validated_as_documented(client, admin, session):
     assert {"201", "401", "403", "413", "422"} <= set(schema["responses"])
     assert "multipart/form-data" in schema["requestBody"]["content"]
     assert schema["security"] == [{"HTTPBearer": []}]
+
+
+def test_the_refit_image_cache_decodes_once_and_keeps_to_its_byte_budget(settings, monkeypatch):
+    """A training job's online refits share one ImageCache: an image read again is not
+    decoded again, and beyond max_bytes the least recently used ones go."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from app.services import storage
+    from worker.preference import ImageCache
+
+    paths = []
+    for k in range(4):
+        buf = io.BytesIO()
+        Image.fromarray(np.full((32, 32, 3), k * 60, dtype=np.uint8)).save(buf, format="PNG")
+        paths.append(f"rollouts/test/{k}.png")
+        storage.write_bytes(paths[-1], buf.getvalue())
+    reads = []
+    real_resolve = storage.resolve
+    monkeypatch.setattr(storage, "resolve", lambda rel: reads.append(rel) or real_resolve(rel))
+    cache = ImageCache(max_bytes=2 * 32 * 32 * 3)  # room for two
+    assert int(cache.get(paths[0])[0, 0, 0]) == 0 and int(cache.get(paths[1])[0, 0, 0]) == 60
+    cache.get(paths[0])  # a hit, and now the most recently used
+    assert reads == paths[:2]
+    cache.get(paths[2])  # over budget: paths[1], the least recently used, goes
+    assert cache.nbytes == 2 * 32 * 32 * 3
+    cache.get(paths[0])
+    cache.get(paths[1])
+    assert reads == [*paths[:3], paths[1]]

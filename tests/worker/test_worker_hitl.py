@@ -202,6 +202,7 @@ def test_votes_fit_active_selection_and_blended_training(stack, preference):
     assert versions == {it: 1 if it <= 4 else 2 for it in history}, versions
     assert history[4]["metrics"]["preference_refit"] == 1
     assert history[4]["metrics"]["preference_refit_votes"] >= 10
+    assert history[4]["metrics"]["preference_refit_seconds"] > 0  # the stall, measured
     assert metrics["preference_model_version"] == 2
     refit_row = client.get("/api/preference-models", headers=admin).json()["items"][0]
     assert refit_row["version"] == 2 and refit_row["votes_used"] > VOTES
