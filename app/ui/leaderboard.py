@@ -11,7 +11,7 @@ import gradio as gr
 
 from app.errors import BadRequest
 from app.job_kinds import KINDS
-from app.services import checkpoints, leaderboard
+from app.services import checkpoints, datasets, leaderboard
 from app.services import jobs as jobs_svc
 from app.services.jobs import Enqueuer
 from app.ui.common import (
@@ -113,10 +113,21 @@ def max_seeds() -> int:
     return next((m.max_length for m in meta if isinstance(m, MaxLen)), 1000)
 
 
+def dataset_choices() -> list[tuple[str, int]]:
+    """Where the evaluated prompts come from: a dataset's split, or (0) the shapes world's."""
+    with session() as s:
+        rows, _ = datasets.list_datasets(s, limit=1000)
+        return [("the shapes world's 48 prompts", 0)] + [
+            (f"#{d.id} {d.name} ({d.num_prompts} prompts)", d.id) for d in rows]
+
+
 def evaluate(enqueuer: Enqueuer | None, user_state: dict | None, ids: list[int] | None,
-             seeds: float | None, rewards: str | None = None) -> str:
+             seeds: float | None, rewards: str | None = None, dataset_id: float | None = None,
+             split: str | None = None) -> str:
     """Launch an evaluate job on the picked checkpoints; `rewards` is a comma-separated list
-    of reward names (empty: the model's defaults)."""
+    of reward names (empty: the model's defaults); `dataset_id` (0 or None: the shapes
+    world's prompts) and its `split` are the held-out prompts (a FLUX or SD3 checkpoint is
+    evaluated on a dataset's, as the paper on HPDv2's test set)."""
     try:
         user = caller(user_state, KINDS["evaluate"].launch_role)
         if not ids:
@@ -125,10 +136,12 @@ def evaluate(enqueuer: Enqueuer | None, user_state: dict | None, ids: list[int] 
         # service then named ("seeds: ...") though the user typed a count
         n_seeds = whole_number(seeds, "Seeds per prompt", 1, max_seeds())
         names = [n.strip() for n in (rewards or "").split(",") if n.strip()]
+        config: dict[str, Any] = {"checkpoint_ids": [int(i) for i in ids],
+                                  "seeds": list(range(n_seeds)), "reward_names": names}
+        if dataset_id:
+            config.update(dataset_id=int(dataset_id), split=split or "eval")
         with session() as s:
-            job = jobs_svc.launch_job(s, enqueuer, "evaluate", {
-                "checkpoint_ids": [int(i) for i in ids],
-                "seeds": list(range(n_seeds)), "reward_names": names}, user=user)
+            job = jobs_svc.launch_job(s, enqueuer, "evaluate", config, user=user)
             pairs = ("; its images go to the arena as cross-checkpoint pairs" if len(ids) > 1
                      else "")
             return (f'<div class="ngs-notice ngs-ok" id="evaluate-launched" '
@@ -142,13 +155,14 @@ def evaluate(enqueuer: Enqueuer | None, user_state: dict | None, ids: list[int] 
 def on_login(user_state: dict | None, bootstrap: float | None) -> tuple[Any, Any]:
     """A login, a logout or Refresh: the board and the checkpoints for an admin (the role is
     the server's, re-read from the token); a revoked or unknown token gets an error.
-    Outputs: the board, the checkpoint picker."""
+    Outputs: the board, the checkpoint picker, the prompt-set picker."""
     try:
         if admin_or_none(user_state) is None:
-            return gr.skip(), gr.skip()
+            return gr.skip(), gr.skip(), gr.skip()
     except Exception as exc:  # noqa: BLE001 - shown to the user
-        return notice(error_text(exc), "error"), gr.skip()
-    return show(user_state, bootstrap), gr.CheckboxGroup(choices=checkpoint_choices())
+        return notice(error_text(exc), "error"), gr.skip(), gr.skip()
+    return (show(user_state, bootstrap), gr.CheckboxGroup(choices=checkpoint_choices()),
+            gr.Dropdown(choices=dataset_choices(), value=0))
 
 
 def build_leaderboard(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Blocks:
@@ -165,13 +179,21 @@ def build_leaderboard(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Bl
             seeds = gr.Number(4, label="Seeds per prompt", elem_id="leaderboard-seeds")
             rewards = gr.Textbox("", label="Rewards", elem_id="leaderboard-rewards",
                                  placeholder="e.g. hpsv2,pickscore (empty: the model's)")
+        with gr.Row():
+            prompt_set = gr.Dropdown([("the shapes world's 48 prompts", 0)], value=0,
+                                     label="Held-out prompts", elem_id="leaderboard-dataset",
+                                     scale=3)
+            split = gr.Radio(["eval", "train", "all"], value="eval", label="Split",
+                             elem_id="leaderboard-split")
             go = gr.Button("Evaluate these checkpoints", variant="primary",
                            elem_id="leaderboard-evaluate")
         status = gr.HTML(elem_id="leaderboard-status")
 
-        user.change(on_login, [user, bootstrap], [board, pick], api_visibility="private")
-        refresh.click(on_login, [user, bootstrap], [board, pick], api_visibility="private")
-        go.click(lambda u, i, n, r: evaluate(enqueuer, u, i, n, r), [user, pick, seeds, rewards],
-                 status,
+        user.change(on_login, [user, bootstrap], [board, pick, prompt_set],
+                    api_visibility="private")
+        refresh.click(on_login, [user, bootstrap], [board, pick, prompt_set],
+                      api_visibility="private")
+        go.click(lambda u, i, n, r, d, sp: evaluate(enqueuer, u, i, n, r, d, sp),
+                 [user, pick, seeds, rewards, prompt_set, split], status,
                  api_visibility="private")
     return page

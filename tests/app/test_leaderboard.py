@@ -148,3 +148,30 @@ def test_leaderboard_launches_an_evaluate_job_with_the_named_rewards(admin, enqu
     refused = evaluate(enqueuer, user, [ck], 2, "hpsv2")
     assert "reward &#x27;hpsv2&#x27;" in refused and "HPS_v2.1" in refused
     assert "evaluate-launched" not in refused
+
+
+def test_leaderboard_evaluates_on_a_datasets_held_out_split(admin, enqueuer, session):
+    """The page's prompt set: a dataset and its split go into the evaluate job (as the paper
+    evaluates on HPDv2's test set); 0 is the shapes world's prompts; a dataset gone since the
+    page loaded is refused naming the field."""
+    from app.models import Job
+    from app.services.checkpoints import record_checkpoint
+    from app.services.datasets import import_dataset
+    from app.ui.leaderboard import dataset_choices, evaluate
+
+    ck = record_checkpoint(session, None, 0, "ck/a.safetensors", name="a")
+    ds = import_dataset(session, filename="test.txt", data=b"one red circle\ntwo blue squares\n",
+                        name="held-out").dataset
+    session.commit()
+    assert (f"#{ds.id} held-out (2 prompts)", ds.id) in dataset_choices()
+    assert dataset_choices()[0][1] == 0
+    user = {"token": admin["Authorization"].split(" ", 1)[1]}
+    out = evaluate(enqueuer, user, [ck], 1, "", ds.id, "all")
+    assert 'id="evaluate-launched"' in out, out
+    job = session.scalars(select(Job).order_by(Job.id.desc())).first()
+    assert (job.config["dataset_id"], job.config["split"]) == (ds.id, "all")
+    out = evaluate(enqueuer, user, [ck], 1, "", 0, "eval")
+    job = session.scalars(select(Job).order_by(Job.id.desc())).first()
+    assert 'id="evaluate-launched"' in out and job.config.get("dataset_id") is None
+    refused = evaluate(enqueuer, user, [ck], 1, "", 999_999, "eval")
+    assert "dataset_id" in refused and "evaluate-launched" not in refused

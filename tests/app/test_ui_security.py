@@ -135,8 +135,8 @@ def test_a_revoked_admins_open_session_gets_errors(settings, admin, make_user):
                     rollouts.refresh_jobs):
         with pytest.raises(gr.Error, match="invalid or revoked"):
             handler(carol)
-    board, pick = leaderboard.on_login(carol, 0)
-    assert "invalid or revoked" in board and pick == gr.skip()
+    board, pick, prompt_set = leaderboard.on_login(carol, 0)
+    assert "invalid or revoked" in board and pick == gr.skip() and prompt_set == gr.skip()
     stats, admin_row, who, accounts, listing, revoke_who = annotators.on_login(carol)
     assert "invalid or revoked" in stats
     assert admin_row.visible is False and accounts.visible is False
@@ -158,7 +158,7 @@ def test_an_annotator_claiming_admin_in_the_session_state_gets_nothing(settings,
     timer, pick, dataset = jobs.on_login(forged)
     assert timer.active is False and pick == gr.skip() and dataset == gr.skip()
     assert rollouts.refresh_jobs(forged) == gr.skip()
-    assert leaderboard.on_login(forged, 0) == (gr.skip(), gr.skip())
+    assert leaderboard.on_login(forged, 0) == (gr.skip(), gr.skip(), gr.skip())
     stats, admin_row, who, *_ = annotators.on_login(forged)
     assert 'data-user="bob"' in stats and admin_row.visible is False and who == gr.skip()
     assert datasets.listing_for(forged) == ""

@@ -17,11 +17,11 @@ def _votes_of(name: str) -> list[Vote]:
 
 
 def _image_bytes(sample_id: int) -> bytes:
+    from app.models import Sample
     from app.services import storage
-    from app.services.rollouts import get_sample
 
     with session_scope() as s:
-        return storage.resolve(get_sample(s, sample_id).image_path).read_bytes()
+        return storage.resolve(s.get(Sample, sample_id).image_path).read_bytes()
 
 
 def _data(src: str) -> bytes:
