@@ -81,6 +81,7 @@ class Dataset(Base):
     num_prompts: Mapped[int] = mapped_column(Integer, default=0)
     num_eval: Mapped[int] = mapped_column(Integer, default=0)
     duplicates_dropped: Mapped[int] = mapped_column(Integer, default=0)
+    blank_lines_skipped: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     eval_fraction: Mapped[float] = mapped_column(Float, default=0.0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     prompts: Mapped[list[Prompt]] = relationship(

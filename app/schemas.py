@@ -129,15 +129,14 @@ class DatasetOut(ORM):
     num_prompts: int
     num_eval: int
     duplicates_dropped: int
+    blank_lines_skipped: int = Field(
+        0, description="blank lines skipped (.txt, .jsonl and .csv): not prompts, not errors")
     eval_fraction: float
     created_at: UTCDateTime
 
 
 class DatasetCreated(DatasetOut):
-    """The upload's answer: the dataset and what the import skipped."""
-
-    blank_lines_skipped: int = Field(
-        0, description="blank lines skipped (.txt, .jsonl and .csv): not prompts, not errors")
+    """The upload's answer: the dataset and what the import skipped (all on the dataset)."""
 
 
 class PromptOut(ORM):

@@ -93,9 +93,7 @@ def upload_dataset(
                                 eval_fraction=eval_fraction, seed=seed,
                                 max_prompt_length=settings.max_prompt_length, max_bytes=limit)
     session.commit()
-    out = DatasetCreated.model_validate(result.dataset)
-    out.blank_lines_skipped = result.blank_lines_skipped
-    return out
+    return DatasetCreated.model_validate(result.dataset)
 
 
 router.add_api_route("/datasets", upload_dataset, methods=["POST"], status_code=201,

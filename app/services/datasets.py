@@ -417,7 +417,8 @@ def import_dataset(session: Session, *, filename: str, data: bytes, name: str | 
     random.Random(seed).shuffle(order)
     eval_idx = set(order[:n_eval])
     ds = Dataset(name=name, filename=filename[:FILENAME_LENGTH], format=parsed.format, num_prompts=len(prompts),
-                 num_eval=n_eval, duplicates_dropped=dropped, eval_fraction=eval_fraction)
+                 num_eval=n_eval, duplicates_dropped=dropped,
+                 blank_lines_skipped=parsed.blank_lines_skipped, eval_fraction=eval_fraction)
     session.add(ds)
     session.flush()
     rows = [

@@ -32,9 +32,10 @@ def dataset_list() -> str:
         rows, total = svc.list_datasets(s, limit=200)
         return f"<p>{total} dataset(s)</p>" + table(
             ["id", "name", "file", "format", "prompts", "train", "eval", "duplicates dropped",
-             "created"],
+             "blank lines skipped", "created"],
             [[d.id, d.name, d.filename, d.format, d.num_prompts, d.num_prompts - d.num_eval,
-              d.num_eval, d.duplicates_dropped, d.created_at.strftime("%Y-%m-%d %H:%M")]
+              d.num_eval, d.duplicates_dropped, d.blank_lines_skipped,
+              d.created_at.strftime("%Y-%m-%d %H:%M")]
              for d in rows], "ngs-datasets")
 
 
@@ -49,7 +50,8 @@ def preview(dataset_id: int) -> str:
         return (f'<div id="dataset-preview" data-dataset="{ds.id}"><b>{esc(ds.name)}</b> '
                 f"(#{ds.id}, {esc(ds.filename)}): {ds.num_prompts} prompts &middot; "
                 f"train {ds.num_prompts - ds.num_eval} / eval {ds.num_eval} &middot; "
-                f"{ds.duplicates_dropped} duplicate(s) dropped. First rows:{body}</div>")
+                f"{ds.duplicates_dropped} duplicate(s) dropped, {ds.blank_lines_skipped} blank "
+                f"line(s) skipped. First rows:{body}</div>")
 
 
 def upload(user_state: dict | None, file: str | None, name: str, eval_fraction: float | None,

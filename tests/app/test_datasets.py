@@ -205,9 +205,11 @@ def test_txt_blank_lines_are_skipped_and_counted(client, admin):
     prompts = client.get("/api/prompts", params={"dataset_id": body["id"]}, headers=admin).json()
     assert [p["text"] for p in prompts["items"]] == ["one red circle", "two blue squares"]
     assert [p["position"] for p in prompts["items"]] == [0, 1]
-    # the count belongs to the upload's answer, not to the stored dataset
-    assert "blank_lines_skipped" not in client.get(f"/api/datasets/{body['id']}",
-                                                   headers=admin).json()
+    # kept on the dataset, as duplicates_dropped is: the dataset and the list report it
+    assert client.get(f"/api/datasets/{body['id']}",
+                      headers=admin).json()["blank_lines_skipped"] == 6
+    listed = client.get("/api/datasets", headers=admin).json()["items"]
+    assert {d["id"]: d["blank_lines_skipped"] for d in listed}[body["id"]] == 6
     # errors after blank lines still name the file's own line number
     r = upload(client, admin, "later.txt", b"\n\nok\n" + b"x" * 2001 + b"\n")
     assert r.status_code == 422 and r.json()["detail"].startswith("later.txt: line 4: prompt too long")

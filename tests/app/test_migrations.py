@@ -100,3 +100,32 @@ def test_checkpoint_scores_column_keeps_existing_checkpoints(backend, tmp_path, 
             assert conn.execute(text("SELECT name FROM checkpoints")).scalar() == "old"
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_blank_lines_column_keeps_existing_datasets(backend, tmp_path, request):
+    """0006 adds datasets.blank_lines_skipped (0 for datasets uploaded before) and its
+    downgrade drops it without losing the rows."""
+    from sqlalchemy import text
+
+    url = (f"sqlite:///{tmp_path / 'm.db'}" if backend == "sqlite"
+           else request.getfixturevalue("fresh_pg_url"))
+    upgrade(url, "0005")
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO datasets (id, name, filename, format, num_prompts, "
+                              "num_eval, duplicates_dropped, eval_fraction, created_at) VALUES "
+                              "(1, 'old', 'old.txt', 'txt', 2, 0, 1, 0.0, CURRENT_TIMESTAMP)"))
+        engine.dispose()
+        upgrade(url)
+        with engine.begin() as conn:
+            assert conn.execute(text("SELECT blank_lines_skipped FROM datasets")).scalar() == 0
+        engine.dispose()
+        downgrade(url, "0005")
+        assert "blank_lines_skipped" not in {
+            c["name"] for c in inspect(engine).get_columns("datasets")}
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT name FROM datasets")).scalar() == "old"
+    finally:
+        engine.dispose()
