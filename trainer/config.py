@@ -197,7 +197,9 @@ class ModelArguments:
         1.0, "With gradient_checkpointing: the share of the transformer's blocks that recompute "
         "their activations, evenly spaced over its block lists (1.0 every block, the least "
         "memory; 0.5 every other block: about half the activation memory is kept and half "
-        "the recomputation is saved). A knob between memory and speed for the update.",
+        "the recomputation is saved). A knob between memory and speed for the update: the "
+        "flux-lora preset's 0.25 is a 512 px choice (FLUX at 1,024 px: 94 GiB with 0.25, "
+        "46 GiB with 1.0 on an H200, docs/benchmarks.md).",
         min=0.0, max=1.0, group="model")
     torch_compile: bool = _field(False, "Compile each transformer block with torch.compile "
                                  "(regional compilation: the repeated blocks, not the whole "
