@@ -89,8 +89,6 @@ def _model_spec(args: argparse.Namespace):
     if uses_model_directory(spec.name) and not spec.path:
         raise ConfigError("model-path", f"--model {spec.name} needs --model-path, its "
                           "diffusers-format directory")
-    if spec.name == "shapes" and checkpoint is None:
-        spec.weights = ""  # the shipped base
     for option in ("resolution", "guidance_scale"):
         if getattr(args, option, None) is not None:
             setattr(spec, option, getattr(args, option))
