@@ -22,6 +22,8 @@ variants=(  # every option spelled out: the defaults are now the shipped recipe 
   "CXS192 --mlp-conv --xavier-init --position-embedding sincos --width 192"
   "CXS8k --mlp-conv --xavier-init --position-embedding sincos --steps 8000"
 )
+# VARIANTS_FILE: one variant per line in the same form, replacing the list above
+if [ -n "${VARIANTS_FILE:-}" ]; then mapfile -t variants < "$VARIANTS_FILE"; fi
 i=0
 for spec in "${variants[@]}"; do
   set -- $spec; name=$1; shift
@@ -35,7 +37,9 @@ wait
 jobs=()
 for f in "$out"/*/base*.safetensors; do
   d=$(dirname "$f"); n=$(basename "$f" .safetensors)
-  jobs+=("--checkpoint $f --out $d/eval-$n.json" "--checkpoint $f --solver euler --steps 16 --out $d/euler16-$n.json")
+  jobs+=("--checkpoint $f --out $d/eval-$n.json")
+  # EULER=0 skips the Euler 16-step evaluation (half the evaluation time)
+  [ "${EULER:-1}" = 0 ] || jobs+=("--checkpoint $f --solver euler --steps 16 --out $d/euler16-$n.json")
 done
 printf '%s\n' "${jobs[@]}" | nl -v0 -w1 -s' ' | xargs -P 12 -L 1 sh -c \
   'CUDA_VISIBLE_DEVICES=$(($0 % '"$gpus"')) python3 -m trainer evaluate --device cuda "$@" >/dev/null 2>&1'
@@ -46,6 +50,7 @@ for p in sorted(out.glob("*/eval-*.json")) + sorted(out.glob("*/euler16-*.json")
     r = json.loads(p.read_text()); key = f"{p.parent.name}/{p.stem}"; rows[key] = r
     print(key, "acc", round(r["exact_count_accuracy"], 3), "count", round(r["count_reward"], 3),
           "color", round(r["color_reward"], 3), "shape", round(r["shape_reward"], 3),
+          {k: round(v, 2) for k, v in r.get("shape_reward_by_shape", {}).items()},
           {k: round(v, 2) for k, v in r["exact_count_accuracy_by_count"].items()})
 for log in sorted(out.glob("*/train_base_log.jsonl")):
     last = json.loads(log.read_text().splitlines()[-1])
