@@ -219,6 +219,10 @@ class Vote(Base):
     shown_at: Mapped[datetime | None]
     latency_ms: Mapped[int | None] = mapped_column(Integer)
     selection: Mapped[str] = mapped_column(String(SELECTION_LENGTH), default="unknown")
+    # the fraction of the two images' pixels that differ (app.services.votes.differing_fraction,
+    # the distance pair selection's near-identical rule uses), measured when the vote is
+    # recorded; None for votes from before migration 0007 and pairs with an unreadable image
+    pixel_difference: Mapped[float | None] = mapped_column(Float)
     excluded: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     __table_args__ = (

@@ -185,6 +185,10 @@ class NextPair(BaseModel):
     a: PairSide
     b: PairSide
     selection: str
+    pixel_difference: float | None = Field(
+        None, description="The fraction of the two images' pixels that differ (32x32, a channel "
+        "off by more than 24 of 255); within-group pairs under 0.01 are never offered. Null "
+        "when an image cannot be read.")
 
 
 class VoteIn(BaseModel):
@@ -210,6 +214,7 @@ class VoteOut(ORM):
     shown_at: UTCDateTime | None
     latency_ms: int | None
     selection: str
+    pixel_difference: float | None
     excluded: bool
     created_at: UTCDateTime
     duplicate: bool = False

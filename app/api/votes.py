@@ -37,6 +37,7 @@ async def next_pair(user: UserDep,
     if choice is None:
         return Response(status_code=204)
     return NextPair(prompt=choice.prompt, selection=choice.selection,
+                    pixel_difference=choice.pixel_difference,
                     a=PairSide(sample_id=choice.a_id, image_url=media_url(choice.a_path)),
                     b=PairSide(sample_id=choice.b_id, image_url=media_url(choice.b_path)))
 

@@ -11,6 +11,9 @@ Within-group pairs whose two stored images are nearly identical (`near_identical
 of one noise often draw the same picture) are never offered: a person's vote on them is a coin
 toss. A within-group pick that had to pass over such pairs says so in its selection,
 `within_group_skipped_near_identical`. Active selection is left as it is (it keeps its share).
+Every vote keeps the distance of its pair (`pixel_difference`, measured from the stored images
+when it is recorded) beside its selection, so the rule's threshold can be checked and tuned
+from the votes themselves.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class PairChoice:
     selection: str
     a_path: str = ""
     b_path: str = ""
+    pixel_difference: float | None = None  # differing_fraction of the two images
 
 
 Strategy = Callable[[Session, int, random.Random, set[int]], PairChoice | None]
@@ -452,18 +456,20 @@ def next_pair(session: Session, annotator_id: int, *, rng: random.Random | None 
     for name in order:
         choice = strategies[name](session, annotator_id, rng, ex)
         if choice is not None:
+            # cached: a within-group pick has just compared the same two images
+            choice.pixel_difference = differing_fraction(choice.a_path, choice.b_path)
             return choice
     return None
 
 
 # --- recording -----------------------------------------------------------------------------
-def _valid_pair(session: Session, a_id: int, b_id: int) -> int | None:
-    """Raise Invalid unless a and b may be compared; return their group id if they share one."""
+def _valid_pair(session: Session, a_id: int, b_id: int) -> tuple[str, str]:
+    """Raise Invalid unless a and b may be compared; return their image paths."""
     if a_id == b_id:
         raise Invalid("sample_a_id and sample_b_id must differ", field="sample_b_id")
     rows = {r[0]: r for r in session.execute(
         select(Sample.id, RolloutGroup.id, RolloutGroup.purpose, RolloutGroup.prompt_text,
-               RolloutGroup.checkpoint_id)
+               RolloutGroup.checkpoint_id, Sample.image_path)
         .join(RolloutGroup, RolloutGroup.id == Sample.group_id)
         .where(Sample.id.in_([a_id, b_id]))
     )}
@@ -471,11 +477,9 @@ def _valid_pair(session: Session, a_id: int, b_id: int) -> int | None:
         if sid not in rows:
             raise Invalid(f"{field}: sample {sid} not found", field=field)
     a, b = rows[a_id], rows[b_id]
-    if a[1] == b[1]:
-        return a[1]
-    if (a[2] == b[2] == "evaluate" and a[3] == b[3] and a[4] is not None
-            and b[4] is not None and a[4] != b[4]):
-        return None
+    if a[1] == b[1] or (a[2] == b[2] == "evaluate" and a[3] == b[3] and a[4] is not None
+                        and b[4] is not None and a[4] != b[4]):
+        return a[5], b[5]
     raise Invalid("the samples are neither from one rollout group nor the same prompt from two "
                   "checkpoints", field="sample_b_id")
 
@@ -511,7 +515,7 @@ def record_vote(session: Session, annotator: User, *, client_vote_id: str, sampl
         return found
 
     try:
-        _valid_pair(session, sample_a_id, sample_b_id)
+        a_path, b_path = _valid_pair(session, sample_a_id, sample_b_id)
     except Invalid:
         found = existing()  # a retry of a vote whose samples were since deleted
         if found is not None:
@@ -521,7 +525,8 @@ def record_vote(session: Session, annotator: User, *, client_vote_id: str, sampl
     vote = Vote(client_vote_id=client_vote_id, annotator_id=annotator.id, session_id=session_id,
                 sample_a_id=sample_a_id, sample_b_id=sample_b_id, pair_lo_id=lo, pair_hi_id=hi,
                 outcome=outcome, shown_at=shown_at, latency_ms=latency_ms,
-                selection=(selection or "unknown")[:SELECTION_LENGTH], excluded=annotator.excluded)
+                selection=(selection or "unknown")[:SELECTION_LENGTH],
+                pixel_difference=differing_fraction(a_path, b_path), excluded=annotator.excluded)
     session.add(vote)
     try:
         session.commit()
@@ -545,7 +550,8 @@ EXPORT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("checkpoint_0_id", "int64"), ("checkpoint_1_id", "int64"),
     ("rollout_group_0_id", "int64"), ("rollout_group_1_id", "int64"),
     ("outcome", "string"), ("label_0", "float64"), ("label_1", "float64"),
-    ("has_label", "bool_"), ("selection", "string"), ("excluded", "bool_"),
+    ("has_label", "bool_"), ("selection", "string"), ("pixel_difference", "float64"),
+    ("excluded", "bool_"),
     ("shown_at", "string"), ("created_at", "string"), ("latency_ms", "int64"),
 )
 
@@ -591,7 +597,8 @@ def export_votes(session: Session, batch: int = 5000, *, annotator_id: int | Non
                 "checkpoint_0_id": ca, "checkpoint_1_id": cb,
                 "rollout_group_0_id": gida, "rollout_group_1_id": gidb,
                 "outcome": v.outcome, "label_0": l0, "label_1": l1, "has_label": l0 is not None,
-                "selection": v.selection, "excluded": v.excluded,
+                "selection": v.selection, "pixel_difference": v.pixel_difference,
+                "excluded": v.excluded,
                 "shown_at": _utc_iso(v.shown_at), "created_at": _utc_iso(v.created_at),
                 "latency_ms": v.latency_ms,
             }

@@ -129,3 +129,42 @@ def test_blank_lines_column_keeps_existing_datasets(backend, tmp_path, request):
             assert conn.execute(text("SELECT name FROM datasets")).scalar() == "old"
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_pixel_difference_column_keeps_existing_votes(backend, tmp_path, request):
+    """0007 adds votes.pixel_difference (null for votes recorded before) and its downgrade
+    drops it without losing the votes."""
+    from sqlalchemy import text
+
+    url = (f"sqlite:///{tmp_path / 'm.db'}" if backend == "sqlite"
+           else request.getfixturevalue("fresh_pg_url"))
+    upgrade(url, "0006")
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            for sql in (
+                "INSERT INTO users (id, name, role, excluded, created_at) VALUES "
+                "(1, 'ann', 'annotator', FALSE, CURRENT_TIMESTAMP)",
+                "INSERT INTO rollout_groups (id, iteration, purpose, prompt_text, solver, steps, "
+                "sigma, seed, created_at) VALUES (1, 0, 'rollout', 'one red circle', 'dpm++', 8, "
+                "0.3, 1, CURRENT_TIMESTAMP)",
+                "INSERT INTO samples (id, group_id, member_index, image_path, rewards, is_anchor) "
+                "VALUES (1, 1, 0, 'a.png', '{}', FALSE), (2, 1, 1, 'b.png', '{}', FALSE)",
+                "INSERT INTO votes (id, client_vote_id, annotator_id, sample_a_id, sample_b_id, "
+                "pair_lo_id, pair_hi_id, outcome, selection, excluded, created_at) VALUES "
+                "(1, 'v1', 1, 1, 2, 1, 2, 'a', 'within_group', FALSE, CURRENT_TIMESTAMP)",
+            ):
+                conn.execute(text(sql))
+        engine.dispose()
+        upgrade(url)
+        with engine.begin() as conn:
+            assert conn.execute(text("SELECT pixel_difference, outcome FROM votes")).one() == \
+                (None, "a")
+        engine.dispose()
+        downgrade(url, "0006")
+        assert "pixel_difference" not in {c["name"] for c in inspect(engine).get_columns("votes")}
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT client_vote_id FROM votes")).scalar() == "v1"
+    finally:
+        engine.dispose()

@@ -256,7 +256,7 @@ def _red_squares(corners: list[tuple[int, int]]) -> bytes:
     return buf.getvalue()
 
 
-def test_nearly_identical_pairs_are_skipped(client, annotator, settings):
+def test_nearly_identical_pairs_are_skipped(client, admin, annotator, settings):
     """Within-group pairs whose images are nearly identical are never offered; a pick that
     passed over some says so in its selection (stored on the vote)."""
     import random
@@ -293,13 +293,22 @@ def test_nearly_identical_pairs_are_skipped(client, annotator, settings):
         pair = r.json()
         offered.add(frozenset((pair["a"]["sample_id"], pair["b"]["sample_id"])))
         selections.add(pair["selection"])
-        assert vote(client, annotator, pair, "a").status_code == 201
+        # the pair's distance comes with it: 49 pixels of 1,024 (the second square) differ
+        assert pair["pixel_difference"] == 49 / 1024 > svc.NEAR_IDENTICAL_FRACTION
+        posted = vote(client, annotator, pair, "a")
+        assert posted.status_code == 201 and posted.json()["pixel_difference"] == 49 / 1024
     with session_scope() as s:
         ids = list(s.scalars(select(Sample.id).order_by(Sample.id)))
         stored = set(s.scalars(select(Vote.selection)))
+        # measured again from the stored images when the vote was recorded, not taken on trust
+        distances = list(s.scalars(select(Vote.pixel_difference)))
     assert offered == {frozenset((ids[0], ids[2])), frozenset((ids[1], ids[2]))}
     assert frozenset((ids[0], ids[1])) not in offered
     assert stored == selections <= {"within_group", svc.SKIPPED_NEAR_IDENTICAL}
+    assert distances == [49 / 1024] * 2
+    exported = [json.loads(line) for line in
+                client.get("/api/votes/export", headers=admin).text.splitlines()]
+    assert [row["pixel_difference"] for row in exported] == [49 / 1024] * 2
     # the strategy alone, seeded so it meets the identical pair first: it says it skipped it
     with session_scope() as s:
         choices = {svc.within_group(s, 10**6, random.Random(seed), set()).selection
