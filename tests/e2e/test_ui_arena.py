@@ -180,3 +180,77 @@ def test_vote_buttons_draw_each_label_in_one_font(server, page):
         node = cdp.send("DOM.querySelector", {"nodeId": root, "selector": button})["nodeId"]
         fonts = cdp.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]
         assert len(fonts) == 1, (button, fonts)
+
+
+def test_reveal_names_training_rollouts_and_checkpoints(server, page):
+    """Issue 18: the reveal said "base model" for a training job's own rollouts and named the
+    evaluate job for cross-checkpoint pairs. A new annotator who has judged everything else
+    gets only pairs from a train job's iteration 10 and from two of its checkpoints: each
+    reveal names the training job, its iteration or checkpoint, never the base model or the
+    evaluate job."""
+    from itertools import combinations
+
+    from sqlalchemy import delete
+    from ui_helpers import seed_groups
+
+    from app.models import Checkpoint, Job, RolloutGroup, Sample
+    from app.services.auth import create_user
+    from app.services.checkpoints import record_checkpoint
+
+    with session_scope() as s:
+        user, token = create_user(s, "carol-reveal", "annotator")
+        uid = user.id
+        # finished: a running job without a heartbeat would be taken up again by the worker
+        train, evaluate = Job(kind="train", status="succeeded", config={}), \
+            Job(kind="evaluate", status="succeeded", config={})
+        s.add_all([train, evaluate])
+        s.flush()
+        train_id, eval_id = train.id, evaluate.id
+        ckpts = [record_checkpoint(s, train_id, it, f"c{it}.safetensors", name=f"iter-{it:06d}")
+                 for it in (10, 20)]
+        # every pair already there counts as judged: only the new groups are left to offer
+        rows = s.execute(select(Sample.id, Sample.group_id, RolloutGroup.purpose,
+                                RolloutGroup.prompt_text)
+                         .join(RolloutGroup, RolloutGroup.id == Sample.group_id)).all()
+        pairs = {(min(x[0], y[0]), max(x[0], y[0])) for x, y in combinations(rows, 2)
+                 if x[1] == y[1] or (x[2] == y[2] == "evaluate" and x[3] == y[3])}
+        s.add_all(Vote(client_vote_id=f"seen-{lo}-{hi}", annotator_id=uid, sample_a_id=lo,
+                       sample_b_id=hi, pair_lo_id=lo, pair_hi_id=hi, outcome="skip",
+                       selection="test") for lo, hi in pairs)
+    groups = seed_groups(1, g=2, seed=7, job_id=train_id, iteration=10, purpose="train")
+    for ckpt in ckpts:  # the same prompt and seed from both checkpoints: cross-checkpoint pairs
+        groups += seed_groups(1, g=2, seed=8, job_id=eval_id, purpose="evaluate",
+                              checkpoint_id=ckpt)
+    try:
+        login(page, server, token)
+        seen: list[tuple[str, str]] = []  # (selection, reveal text) of each vote
+        page.locator("#arena-pair .ngs-pair[data-nonce]").wait_for()
+        for _ in range(8):  # 1 + 2 within-group pairs and 2 cross-checkpoint pairs
+            nonce = page.locator("#arena-pair .ngs-pair").get_attribute("data-nonce")
+            if not nonce:  # "No pairs left to judge": all five are judged
+                break
+            page.locator("#vote-a").click()
+            page.wait_for_function(  # the next pair, or the empty notice after the last
+                "(old) => { const p = document.querySelector('#arena-pair .ngs-pair');"
+                " return p && p.dataset.nonce !== old; }", arg=nonce)
+            v = _votes_of("carol-reveal")[-1]
+            reveal = page.locator(f"#arena-reveal .ngs-reveal[data-vote='{v.id}']")
+            reveal.wait_for()
+            text = reveal.inner_text()
+            assert "base model" not in text and f"job {eval_id}" not in text, text
+            seen.append((v.selection, text))
+        assert len(_votes_of("carol-reveal")) == len(pairs) + 5
+        assert any(f"training job {train_id} iteration 10" in t for _, t in seen), seen
+        cross = [t for selection, t in seen if selection == "cross_checkpoint"]
+        assert cross, seen
+        for ckpt, it in zip(ckpts, (10, 20), strict=True):
+            assert all(f"checkpoint iter-{it:06d} (#{ckpt}) of job {train_id}" in t
+                       for t in cross), seen
+    finally:
+        with session_scope() as s:
+            s.execute(delete(Vote).where(Vote.annotator_id == uid))
+            s.execute(delete(Sample).where(Sample.group_id.in_(groups)))
+            s.execute(delete(RolloutGroup).where(RolloutGroup.id.in_(groups)))
+            s.execute(delete(Checkpoint).where(Checkpoint.id.in_(ckpts)))
+            s.execute(delete(Job).where(Job.id.in_([train_id, eval_id])))
+            s.execute(delete(User).where(User.id == uid))

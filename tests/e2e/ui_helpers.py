@@ -64,7 +64,8 @@ def base_samples(prompts: list[str], seeds: list[int]) -> tuple[list[bytes], lis
 
 
 def seed_groups(n: int, g: int = 4, *, seed: int = 0, job_id: int | None = None,
-                iteration: int = 0) -> list[int]:
+                iteration: int = 0, purpose: str = "rollout",
+                checkpoint_id: int | None = None) -> list[int]:
     """n rollout groups of g members sampled from the shipped base, with their count rewards
     and group advantages (in the test process)."""
     from app.db import session_scope
@@ -86,7 +87,7 @@ def seed_groups(n: int, g: int = 4, *, seed: int = 0, job_id: int | None = None,
             ids.append(record_rollout_group(
                 s, job_id=job_id, iteration=iteration, prompt_text=group_prompts[k],
                 solver="dpm++", steps=8, sigma=0.3, seed=seed * 100_000 + k, samples=samples,
-                purpose="rollout"))
+                purpose=purpose, checkpoint_id=checkpoint_id))
     return ids
 
 
