@@ -305,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     # when the command runs: building the parser must not import torch
     base.add_argument("--steps", type=int, help="optimizer steps (default 8000)")
     base.add_argument("--batch-size", type=int, help="images per step (default 256)")
-    base.add_argument("--lr", type=float, help="AdamW learning rate (default 3e-4)")
+    base.add_argument("--lr", type=float, help="AdamW learning rate (default 1e-3)")
     base.add_argument("--width", type=int, help="transformer width (default 128)")
     base.add_argument("--depth", type=int, help="transformer blocks (default 6)")
     base.add_argument("--seed", type=int, help="default 0")

@@ -572,7 +572,7 @@ _REAL_MODEL_LORA: dict[str, Any] = {
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Small enough for a laptop CPU: curves, sample grids and checkpoints within minutes. On
-    # the shipped base (exact-count accuracy 0.547) the count reward moves little in 60
+    # the shipped base (exact-count accuracy 0.644) the count reward moves little in 60
     # iterations at the default learning rate: the gains take hundreds (docs/benchmarks.md).
     "shapes-quick-demo": {"iterations": 60, "prompts_per_iteration": 4, "group_size": 12,
                           "num_anchors": 4, "num_train_timesteps": 4, "rollout_steps": 8,
