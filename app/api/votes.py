@@ -17,9 +17,14 @@ router = APIRouter(prefix="/votes", tags=["votes"])
 
 
 # The two hot endpoints are async and do their database work in one thread-pool hop.
-def _next(user_id: int, exclude: list[int]) -> svc.PairChoice | None:
+def _next(user_id: int, exclude: list[int]) -> tuple[svc.PairChoice, float | None] | None:
+    """The pair and how far apart its images are (only the API gives it; the UI does not show
+    it). The images are cached: a within-group pick has just compared the same two."""
     with db.new_session() as session:
-        return svc.next_pair(session, user_id, exclude=exclude)
+        choice = svc.next_pair(session, user_id, exclude=exclude)
+    if choice is None:
+        return None
+    return choice, svc.differing_fraction(choice.a_path, choice.b_path)
 
 
 def _vote(user: User, body: VoteIn) -> tuple[VoteOut, bool]:
@@ -33,11 +38,11 @@ async def next_pair(user: UserDep,
                     exclude: Annotated[list[Annotated[int, Query(ge=1, le=MAX_ID)]], Query(
                         max_length=100, description="sample ids not to show (e.g. the pair "
                         "on screen, when prefetching)")] = []) -> NextPair | Response:  # noqa: B006
-    choice = await run_in_threadpool(_next, user.id, exclude)
-    if choice is None:
+    found = await run_in_threadpool(_next, user.id, exclude)
+    if found is None:
         return Response(status_code=204)
-    return NextPair(prompt=choice.prompt, selection=choice.selection,
-                    pixel_difference=choice.pixel_difference,
+    choice, difference = found
+    return NextPair(prompt=choice.prompt, selection=choice.selection, pixel_difference=difference,
                     a=PairSide(sample_id=choice.a_id, image_url=media_url(choice.a_path)),
                     b=PairSide(sample_id=choice.b_id, image_url=media_url(choice.b_path)))
 

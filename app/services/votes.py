@@ -51,7 +51,6 @@ class PairChoice:
     selection: str
     a_path: str = ""
     b_path: str = ""
-    pixel_difference: float | None = None  # differing_fraction of the two images
 
 
 Strategy = Callable[[Session, int, random.Random, set[int]], PairChoice | None]
@@ -456,8 +455,6 @@ def next_pair(session: Session, annotator_id: int, *, rng: random.Random | None 
     for name in order:
         choice = strategies[name](session, annotator_id, rng, ex)
         if choice is not None:
-            # cached: a within-group pick has just compared the same two images
-            choice.pixel_difference = differing_fraction(choice.a_path, choice.b_path)
             return choice
     return None
 

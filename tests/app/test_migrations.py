@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
 
 from app.migrate import downgrade, upgrade
 
@@ -71,100 +74,79 @@ def test_cli_migrate_creates_default_sqlite(tmp_path):
     engine.dispose()
 
 
+def _url(backend: str, tmp_path, request) -> str:
+    return (f"sqlite:///{tmp_path / 'm.db'}" if backend == "sqlite"
+            else request.getfixturevalue("fresh_pg_url"))
+
+
+@contextmanager
+def _added_column(url: str, before: str, table: str, column: str, inserts: list[str],
+                  kept: tuple[str, object]) -> Iterator:
+    """A migration that adds `table.column`: rows inserted at revision `before`, then upgraded
+    to the newest (the engine is yielded for the test's checks of the new column), then
+    downgraded to `before`: the column is gone and the rows are kept (`kept`: a query and the
+    value it must still give)."""
+    upgrade(url, before)
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            for sql in inserts:
+                conn.execute(text(sql))
+        engine.dispose()
+        upgrade(url)
+        yield engine
+        engine.dispose()
+        downgrade(url, before)
+        assert column not in {c["name"] for c in inspect(engine).get_columns(table)}
+        with engine.connect() as conn:
+            assert conn.execute(text(kept[0])).scalar() == kept[1]
+    finally:
+        engine.dispose()
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_checkpoint_scores_column_keeps_existing_checkpoints(backend, tmp_path, request):
     """0005 adds checkpoints.scores to a database that already holds checkpoints (NULL: not
     evaluated yet) and its downgrade drops it without losing the rows."""
-    from sqlalchemy import text
-
-    url = (f"sqlite:///{tmp_path / 'm.db'}" if backend == "sqlite"
-           else request.getfixturevalue("fresh_pg_url"))
-    upgrade(url, "0004")
-    engine = create_engine(url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(text("INSERT INTO checkpoints (id, iteration, name, path, format, "
-                              "created_at) VALUES (1, 3, 'old', 'c/1.safetensors', "
-                              "'safetensors', CURRENT_TIMESTAMP)"))
-        engine.dispose()
-        upgrade(url)
+    with _added_column(_url(backend, tmp_path, request), "0004", "checkpoints", "scores", [
+            "INSERT INTO checkpoints (id, iteration, name, path, format, created_at) VALUES "
+            "(1, 3, 'old', 'c/1.safetensors', 'safetensors', CURRENT_TIMESTAMP)"],
+            kept=("SELECT name FROM checkpoints", "old")) as engine:
         assert "scores" in {c["name"] for c in inspect(engine).get_columns("checkpoints")}
         with engine.begin() as conn:
             assert conn.execute(text("SELECT scores FROM checkpoints")).scalar() is None
             conn.execute(text("UPDATE checkpoints SET scores = :s"),
                          {"s": '{"count": {"mean": 0.5}}'})
-        engine.dispose()
-        downgrade(url, "0004")
-        assert "scores" not in {c["name"] for c in inspect(engine).get_columns("checkpoints")}
-        with engine.connect() as conn:
-            assert conn.execute(text("SELECT name FROM checkpoints")).scalar() == "old"
-    finally:
-        engine.dispose()
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_blank_lines_column_keeps_existing_datasets(backend, tmp_path, request):
     """0006 adds datasets.blank_lines_skipped (0 for datasets uploaded before) and its
     downgrade drops it without losing the rows."""
-    from sqlalchemy import text
-
-    url = (f"sqlite:///{tmp_path / 'm.db'}" if backend == "sqlite"
-           else request.getfixturevalue("fresh_pg_url"))
-    upgrade(url, "0005")
-    engine = create_engine(url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(text("INSERT INTO datasets (id, name, filename, format, num_prompts, "
-                              "num_eval, duplicates_dropped, eval_fraction, created_at) VALUES "
-                              "(1, 'old', 'old.txt', 'txt', 2, 0, 1, 0.0, CURRENT_TIMESTAMP)"))
-        engine.dispose()
-        upgrade(url)
-        with engine.begin() as conn:
-            assert conn.execute(text("SELECT blank_lines_skipped FROM datasets")).scalar() == 0
-        engine.dispose()
-        downgrade(url, "0005")
-        assert "blank_lines_skipped" not in {
-            c["name"] for c in inspect(engine).get_columns("datasets")}
-        with engine.connect() as conn:
-            assert conn.execute(text("SELECT name FROM datasets")).scalar() == "old"
-    finally:
-        engine.dispose()
+    with _added_column(_url(backend, tmp_path, request), "0005", "datasets",
+                       "blank_lines_skipped", [
+            "INSERT INTO datasets (id, name, filename, format, num_prompts, num_eval, "
+            "duplicates_dropped, eval_fraction, created_at) VALUES "
+            "(1, 'old', 'old.txt', 'txt', 2, 0, 1, 0.0, CURRENT_TIMESTAMP)"],
+            kept=("SELECT name FROM datasets", "old")) as engine, engine.begin() as conn:
+        assert conn.execute(text("SELECT blank_lines_skipped FROM datasets")).scalar() == 0
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_pixel_difference_column_keeps_existing_votes(backend, tmp_path, request):
     """0007 adds votes.pixel_difference (null for votes recorded before) and its downgrade
     drops it without losing the votes."""
-    from sqlalchemy import text
-
-    url = (f"sqlite:///{tmp_path / 'm.db'}" if backend == "sqlite"
-           else request.getfixturevalue("fresh_pg_url"))
-    upgrade(url, "0006")
-    engine = create_engine(url)
-    try:
-        with engine.begin() as conn:
-            for sql in (
-                "INSERT INTO users (id, name, role, excluded, created_at) VALUES "
-                "(1, 'ann', 'annotator', FALSE, CURRENT_TIMESTAMP)",
-                "INSERT INTO rollout_groups (id, iteration, purpose, prompt_text, solver, steps, "
-                "sigma, seed, created_at) VALUES (1, 0, 'rollout', 'one red circle', 'dpm++', 8, "
-                "0.3, 1, CURRENT_TIMESTAMP)",
-                "INSERT INTO samples (id, group_id, member_index, image_path, rewards, is_anchor) "
-                "VALUES (1, 1, 0, 'a.png', '{}', FALSE), (2, 1, 1, 'b.png', '{}', FALSE)",
-                "INSERT INTO votes (id, client_vote_id, annotator_id, sample_a_id, sample_b_id, "
-                "pair_lo_id, pair_hi_id, outcome, selection, excluded, created_at) VALUES "
-                "(1, 'v1', 1, 1, 2, 1, 2, 'a', 'within_group', FALSE, CURRENT_TIMESTAMP)",
-            ):
-                conn.execute(text(sql))
-        engine.dispose()
-        upgrade(url)
-        with engine.begin() as conn:
-            assert conn.execute(text("SELECT pixel_difference, outcome FROM votes")).one() == \
+    with _added_column(_url(backend, tmp_path, request), "0006", "votes", "pixel_difference", [
+            "INSERT INTO users (id, name, role, excluded, created_at) VALUES "
+            "(1, 'ann', 'annotator', FALSE, CURRENT_TIMESTAMP)",
+            "INSERT INTO rollout_groups (id, iteration, purpose, prompt_text, solver, steps, "
+            "sigma, seed, created_at) VALUES (1, 0, 'rollout', 'one red circle', 'dpm++', 8, "
+            "0.3, 1, CURRENT_TIMESTAMP)",
+            "INSERT INTO samples (id, group_id, member_index, image_path, rewards, is_anchor) "
+            "VALUES (1, 1, 0, 'a.png', '{}', FALSE), (2, 1, 1, 'b.png', '{}', FALSE)",
+            "INSERT INTO votes (id, client_vote_id, annotator_id, sample_a_id, sample_b_id, "
+            "pair_lo_id, pair_hi_id, outcome, selection, excluded, created_at) VALUES "
+            "(1, 'v1', 1, 1, 2, 1, 2, 'a', 'within_group', FALSE, CURRENT_TIMESTAMP)"],
+            kept=("SELECT client_vote_id FROM votes", "v1")) as engine, engine.begin() as conn:
+        assert conn.execute(text("SELECT pixel_difference, outcome FROM votes")).one() == \
                 (None, "a")
-        engine.dispose()
-        downgrade(url, "0006")
-        assert "pixel_difference" not in {c["name"] for c in inspect(engine).get_columns("votes")}
-        with engine.connect() as conn:
-            assert conn.execute(text("SELECT client_vote_id FROM votes")).scalar() == "v1"
-    finally:
-        engine.dispose()
