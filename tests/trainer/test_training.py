@@ -39,7 +39,10 @@ def test_one_iteration_updates_parameters_and_reports_metrics(method):
 def test_ratio_is_one_at_first_update_with_one_step_old_policy_but_not_the_literal_one():
     config = {**TINY, "num_anchors": 1, "rollout_solver": "dpm++", "learning_rate": 1e-4}
     one_step = Trainer(TrainConfig.from_dict(config)).step().metrics
-    assert one_step["abs_log_ratio"] == 0.0 and one_step["clip_fraction"] == 0.0
+    # equal up to float rounding: the rollout's velocity came from a forward over the whole
+    # group, the update's from a forward over the anchors, and on some CPUs the two batch
+    # sizes take kernels that differ in the last bits (2e-8 seen); a wrong pi_old is > 0.1
+    assert one_step["abs_log_ratio"] < 1e-6 and one_step["clip_fraction"] == 0.0
     literal = Trainer(TrainConfig.from_dict({**config, "old_policy": "rollout",
                                              "temperature": 1.0})).step().metrics
     assert literal["abs_log_ratio"] > 0.1  # DPM++ latents are not what an Euler step predicts
