@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from app import db
 from app.errors import BadRequest, ServiceError, Unauthorized
 from app.models import User
-from app.services import auth, storage
+from app.services import auth, datasets, storage
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +111,13 @@ def uploaded_file(value: str | None) -> Path:
     if not path.is_file():
         raise BadRequest("the uploaded file is no longer on the server: choose it again")
     return path
+
+
+def dataset_options(limit: int = 1000) -> list[tuple[str, int]]:
+    """Every dataset as a picker's (label, id) choice, labelled the same on every page."""
+    with session() as s:
+        rows, _ = datasets.list_datasets(s, limit=limit)
+        return [(f"#{d.id} {d.name} ({d.num_prompts} prompts)", d.id) for d in rows]
 
 
 def esc(value: Any) -> str:

@@ -15,13 +15,14 @@ import gradio as gr
 
 from app.errors import BadRequest
 from app.job_kinds import KINDS
-from app.services import datasets, rollouts, workers
 from app.services import jobs as svc
+from app.services import rollouts, workers
 from app.services.jobs import Enqueuer
 from app.ui.common import (
     Raw,
     admin_or_none,
     caller,
+    dataset_options,
     error_text,
     esc,
     fmt,
@@ -362,10 +363,7 @@ def dataset_choices(user_state: dict | None) -> Any:
     """The Dataset picker's choices (admins; a dropdown's focus refreshes them)."""
     if _admin(user_state) is None:
         return gr.skip()
-    with session() as s:
-        rows, _ = datasets.list_datasets(s, limit=1000)
-        return gr.Dropdown(choices=[("(none)", 0)] + [
-            (f"#{d.id} {d.name} ({d.num_prompts} prompts)", d.id) for d in rows])
+    return gr.Dropdown(choices=[("(none)", 0), *dataset_options()])
 
 
 def on_login(user_state: dict | None) -> tuple[Any, Any, Any]:

@@ -11,13 +11,14 @@ import gradio as gr
 
 from app.errors import BadRequest
 from app.job_kinds import KINDS
-from app.services import checkpoints, datasets, leaderboard
+from app.services import checkpoints, leaderboard
 from app.services import jobs as jobs_svc
 from app.services.jobs import Enqueuer
 from app.ui.common import (
     Raw,
     admin_or_none,
     caller,
+    dataset_options,
     error_text,
     esc,
     fmt,
@@ -115,10 +116,7 @@ def max_seeds() -> int:
 
 def dataset_choices() -> list[tuple[str, int]]:
     """Where the evaluated prompts come from: a dataset's split, or (0) the shapes world's."""
-    with session() as s:
-        rows, _ = datasets.list_datasets(s, limit=1000)
-        return [("the shapes world's 48 prompts", 0)] + [
-            (f"#{d.id} {d.name} ({d.num_prompts} prompts)", d.id) for d in rows]
+    return [("the shapes world's 48 prompts", 0), *dataset_options()]
 
 
 def evaluate(enqueuer: Enqueuer | None, user_state: dict | None, ids: list[int] | None,
