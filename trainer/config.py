@@ -586,6 +586,18 @@ PRESETS: dict[str, dict[str, Any]] = {
                      "group_size": 12, "num_train_timesteps": 4, "rollout_solver": "euler",
                      "rollout_steps": 8, "clip_range": 1e-4, "sample_every": 50,
                      "checkpoint_every": 100, "eval_every": 100},
+    # Humans in the loop on the shapes model: count + the preference model fitted from votes,
+    # refitted every 50 iterations on the votes that arrived meanwhile (annotators voting on
+    # the job's own samples). With 150 simulated votes a round it reached half-way to the
+    # base's best decile for `upper` and `left` on all three vote sets while the count rose
+    # (0.83 against 0.81); the count at weight 1 lost up to 0.14 (docs/benchmarks.md,
+    # "Longer, faster and guarded runs").
+    "shapes-preference": {"iterations": 700, "prompts_per_iteration": 4, "group_size": 12,
+                          "num_anchors": 4, "num_train_timesteps": 4, "rollout_steps": 8,
+                          "learning_rate": 3e-6, "kl_coefficient": 0.1,
+                          "reward_weights": {"count": 1.5, "preference": 1.0},
+                          "preference_refit_every": 50, "sample_every": 10,
+                          "checkpoint_every": 100},
     # LoRA on a real model from a local diffusers directory (set model_path): the paper's
     # cheapest setting (_REAL_MODEL_LORA). FLUX compiles its blocks and recomputes a quarter
     # of them: 6.3 s an iteration at 48 GiB on an H200, as fast as keeping every activation

@@ -387,3 +387,23 @@ def test_the_requests_dataset_is_the_one_a_sampling_job_samples(client, admin):
     r = client.post("/api/jobs", json={"kind": "rollout", "dataset_id": other,
                                        "config": {"dataset_id": ds}}, headers=admin)
     assert r.status_code == 201 and r.json()["config"]["dataset_id"] == ds  # the config's wins
+
+
+def test_the_preference_preset_asks_for_votes_first_then_trains_on_them(client, admin, settings):
+    """`shapes-preference` (the measured human-in-the-loop setting) names the preference
+    reward: without a fitted model it is a 422 pointing at fit_preference; with one it is
+    accepted with the preset's blend, refit interval and KL penalty."""
+    from trainer.rewards.preference import FitConfig, PreferenceModel
+
+    r = _post(client, admin, "train", {}, "shapes-preference")
+    assert r.status_code == 422 and _fields(r) == ["preference_model"]
+    assert "fit_preference" in r.text
+    models = settings.resolved_models_dir
+    models.mkdir(parents=True, exist_ok=True)
+    PreferenceModel(FitConfig(width=8, ensemble=1)).save(models / "pref.safetensors")
+    r = _post(client, admin, "train", {"preference_model": "pref.safetensors"},
+              "shapes-preference")
+    assert r.status_code == 201, r.text
+    config = r.json()["config"]
+    assert config["reward_weights"] == {"count": 1.5, "preference": 1.0}
+    assert (config["preference_refit_every"], config["kl_coefficient"]) == (50, 0.1)
