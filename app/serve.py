@@ -76,8 +76,11 @@ def bootstrap(demo_job: bool = True, enqueuer: Enqueuer | None = None) -> Bootst
 
 
 def worker_command(name: str = "local") -> list[str]:
+    """The embedded worker: one process that takes every kind's queue (the registry's)."""
+    from app.job_kinds import QUEUE_NAMES
+
     return [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
-            "-Q", "gpu,cpu", "--pool", "solo", "-n", f"{name}@%h", "--without-gossip",
+            "-Q", ",".join(QUEUE_NAMES), "--pool", "solo", "-n", f"{name}@%h", "--without-gossip",
             "--without-mingle", "--without-heartbeat", "-l", "INFO"]
 
 

@@ -6,7 +6,8 @@ ignore):
    with uniformly random vs active pair selection (as GET /api/votes/next does it: 80% active,
    of which a quarter the pair where the count reward and the model disagree and the rest
    the least-sure pair, |P(a beats b) - 0.5| smallest, among the pairs of 4 consecutive
-   rollout groups; 20% uniformly random), over several seeds. Votes come from a
+   rollout groups; 20% uniformly random; neither ever pairs two nearly identical images, as
+   the server does not, unless --no-skip-near-identical), over several seeds. Votes come from a
    SimulatedAnnotator with a 10% flip and a tie band (default 5%: pairs whose attribute
    differs by less are ties, as near-identical images are to a person). Accuracy is measured
    on a fixed test set of within-group pairs from other noises that the annotator would not
@@ -121,10 +122,24 @@ def pair_metrics(p: np.ndarray, truth: np.ndarray, decisive: np.ndarray,
 # the per-budget keys averaged over seeds in the results
 MEAN_KEYS = ("clean", "noisy", "clean_all", "log_loss_clean", "log_loss_noisy", "ece_clean",
              "brier_clean")
-try:  # the server's own active-selection settings, where the server's packages are installed
-    from app.services.votes import ACTIVE_DISAGREE_SHARE, ACTIVE_GROUPS
+try:  # the server's own pair-selection settings, where the server's packages are installed
+    from app.services.votes import (
+        ACTIVE_DISAGREE_SHARE,
+        ACTIVE_GROUPS,
+        NEAR_IDENTICAL_FRACTION,
+        PIXEL_TOLERANCE,
+    )
 except ImportError:  # a bare GPU box with only the trainer's dependencies: the same values
     ACTIVE_GROUPS, ACTIVE_DISAGREE_SHARE = 4, 0.25
+    NEAR_IDENTICAL_FRACTION, PIXEL_TOLERANCE = 0.01, 24
+
+
+def near_identical_pairs(group: np.ndarray) -> np.ndarray:
+    """(G, G) bool: which members of one group (G, 32, 32, 3) the server would never pair,
+    as app.services.votes.near_identical judges them (fewer than 1% of pixels differ)."""
+    g = group.astype(np.int16)
+    differs = np.abs(g[:, None] - g[None, :]).max(-1) > PIXEL_TOLERANCE
+    return differs.mean((-1, -2)) < NEAR_IDENTICAL_FRACTION
 
 
 class Campaign:
@@ -132,9 +147,11 @@ class Campaign:
     uniformly at random or actively (see the module doc); the votes accumulate across pools."""
 
     def __init__(self, pref: str, seed: int, tie_band: float,
-                 acquisition: str = "margin") -> None:
-        """`acquisition`: how an active pick ranks the candidate pairs (ACQUISITIONS)."""
+                 acquisition: str = "margin", skip_near_identical: bool = True) -> None:
+        """`acquisition`: how an active pick ranks the candidate pairs (ACQUISITIONS);
+        `skip_near_identical`: never pair two nearly identical images, as the server does."""
         self.acquisition = acquisition
+        self.skip_near_identical = skip_near_identical
         self.members: np.ndarray | None = None  # (ensemble, groups, G) scores, if known
         self.rng = np.random.default_rng(seed)
         self.annotator = SimulatedAnnotator(pref, flip=FLIP, tie_band=tie_band, seed=seed)
@@ -149,6 +166,9 @@ class Campaign:
         self.count = self.count.reshape(n_groups, g)
         self.pairs = [(gi, i, j) for gi in range(n_groups) for i in range(g) for j in range(i + 1, g)]
         self.used: set[tuple[int, int, int]] = set()
+        if self.skip_near_identical:  # never offered: as good as used
+            same = [near_identical_pairs(group) for group in pool]
+            self.used = {(gi, i, j) for gi, i, j in self.pairs if same[gi][i, j]}
 
     def collect(self, n: int, active: bool) -> None:
         for _ in range(n):
@@ -222,9 +242,10 @@ ACQUISITIONS = {"active": "margin", "active-disagreement": "disagreement"}
 
 
 def run_selection(kind: str, pref: str, pool, pool_prompts, test, budgets, fit_cfg, seed,
-                  tie_band):
+                  tie_band, skip_near_identical: bool = True):
     """Accuracy per budget; returns ({budget: row}, {budget: model}, the campaign)."""
-    campaign = Campaign(pref, seed, tie_band, ACQUISITIONS.get(kind, "margin"))
+    campaign = Campaign(pref, seed, tie_band, ACQUISITIONS.get(kind, "margin"),
+                        skip_near_identical)
     campaign.set_pool(pool, pool_prompts, None)
     rows, models = {}, {}
     for budget in budgets:
@@ -373,6 +394,11 @@ def main() -> None:
                     help="FitConfig.mirror_augment: fit on random left-right mirrors of the votes")
     ap.add_argument("--selections", nargs="+", default=["random", "active"],
                     choices=["random", *ACQUISITIONS])
+    ap.add_argument("--skip-near-identical", action=argparse.BooleanOptionalAction,
+                    default=True,
+                    help="never pair nearly identical images, random or active, as the server "
+                    "does (the tables of docs/benchmarks.md before 2026-11-29's last runs were "
+                    "measured without: --no-skip-near-identical)")
     ap.add_argument("--pool-seeds", type=int, default=8, help="groups per prompt in the pool")
     ap.add_argument("--iterations", type=int, default=300, help="0 skips training")
     ap.add_argument("--learning-rate", type=float, default=TrainConfig().learning_rate,
@@ -438,7 +464,8 @@ def main() -> None:
                                     shared_features=args.shared_features,
                                     label_smoothing=args.label_smoothing)
                 rows, fitted, campaign = run_selection(kind, pref, pool, pool_prompts, test,
-                                                       args.budgets, fit_cfg, seed, args.tie_band)
+                                                       args.budgets, fit_cfg, seed, args.tie_band,
+                                                       args.skip_near_identical)
                 per_seed[seed] = {"rows": rows, "votes_to_target": votes_to_target(rows)}
                 if seed == args.seeds[0] and args.train_budget in fitted:
                     campaign.votes = campaign.votes[:args.train_budget]

@@ -372,8 +372,9 @@ def active(session: Session, annotator_id: int, rng: random.Random,
     """A within-group pair the current preference model is least sure about
     (|P(a beats b) - 0.5| smallest: `active_uncertain`) or, for a share of picks, one where the
     automatic reward and the preference model disagree (`active_disagree`), among the
-    unjudged pairs of a few rollout groups. Reads the scores the fit_preference job cached on
-    the samples; never runs the network. None until a model has scored the samples."""
+    unjudged pairs of a few rollout groups, nearly identical images never. Reads the scores
+    the fit_preference job cached on the samples; never runs the network. None until a model
+    has scored the samples."""
     version = _pref_version.get(session)
     if version is None:
         return None
@@ -410,11 +411,16 @@ def active(session: Session, annotator_id: int, rng: random.Random,
         if not uncertain:
             continue
         if disagree and rng.random() < ACTIVE_DISAGREE_SHARE:
-            x, y = rng.choice(disagree)
-            reason = "active_disagree"
+            candidates, reason = rng.sample(disagree, len(disagree)), "active_disagree"
         else:
-            _, x, y = min(uncertain, key=lambda t: (t[0], rng.random()))
-            reason = "active_uncertain"
+            uncertain.sort(key=lambda t: (t[0], rng.random()))
+            candidates, reason = [(x, y) for _, x, y in uncertain], "active_uncertain"
+        # never nearly identical images, as the other strategies: such a pair's margin is
+        # near 0, so the least-sure pair would often be one, and its vote a coin toss
+        pick = next(((x, y) for x, y in candidates if not near_identical(x[1], y[1])), None)
+        if pick is None:
+            continue
+        x, y = pick
         if rng.random() < 0.5:
             x, y = y, x
         return PairChoice(x[0], y[0], x[5], reason, x[1], y[1])

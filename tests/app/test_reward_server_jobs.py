@@ -58,6 +58,24 @@ def test_the_worker_fails_the_job_at_start_naming_a_server_that_is_down(client, 
         prepare_trainer(r.json()["id"])
 
 
+def test_weights_gone_after_submission_fail_the_job_naming_them(client, admin, settings):
+    """Weights present at submission and gone when the job starts: a JobError (the job's error
+    is the message alone) naming the reward, its setting and the files expected."""
+    import shutil
+
+    weights = settings.resolved_reward_models_dir / "pickscore"
+    weights.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "preprocessor_config.json",
+                 "tokenizer.json"):
+        (weights / name).write_text("{}")
+    local = {k: v for k, v in TRAIN.items() if k != "reward_server_url"}
+    r = _post(client, admin, local)
+    assert r.status_code == 201, r.text
+    shutil.rmtree(weights)
+    with pytest.raises(JobError, match=r"'pickscore'.*reward_model_paths\['pickscore'\].*config\.json"):
+        prepare_trainer(r.json()["id"])
+
+
 # --- rollout and evaluate jobs ---------------------------------------------------------------
 SERVED = ["count", "jpeg_compressibility"]  # weight-free rewards: scored alike anywhere
 

@@ -341,3 +341,41 @@ def test_a_pair_is_found_behind_many_nearly_identical_ones(session):
     for seed in range(4):
         choice = svc.next_pair(session, 10**6, rng=random.Random(seed))
         assert choice is not None and choice.prompt == "two red squares", seed
+
+
+def test_active_selection_passes_over_nearly_identical_images(session):
+    """The least-sure pair by the model's margin is often two images that look the same (their
+    scores are equal too); active selection offers the next least-sure pair instead."""
+    import random
+
+    from PIL import Image
+
+    from app.models import PreferenceModelRow, Sample
+    from app.services import votes as svc
+    from app.services.rollouts import record_rollout_group
+
+    same = _red_squares([(4, 4)])
+    almost = Image.open(io.BytesIO(same)).copy()
+    almost.putpixel((20, 20), (0, 0, 0))  # one pixel of 1,024 differs
+    buf = io.BytesIO()
+    almost.save(buf, format="PNG")
+    other = _red_squares([(4, 4), (20, 20)])
+    record_rollout_group(session, job_id=None, iteration=0, prompt_text="one red square",
+                         solver="dpm++", steps=8, sigma=0.3, seed=1, purpose="rollout",
+                         samples=[{"png": p, "member_index": i, "rewards": {}}
+                                  for i, p in enumerate([same, buf.getvalue(), other])])
+    session.add(PreferenceModelRow(version=1, path="pref-v1.safetensors"))
+    samples = list(session.scalars(select(Sample).order_by(Sample.id)))
+    # the identical pair is the least sure (margin 0.01); then (same, other) at margin 2.0
+    for sample, score in zip(samples, (0.0, 0.01, 2.0), strict=True):
+        sample.preference_score, sample.preference_version = score, 1
+    session.commit()
+    svc._pref_version.clear()
+    ids = [x.id for x in samples]
+    assert svc.near_identical(samples[0].image_path, samples[1].image_path)
+    for seed in range(8):
+        choice = svc.active(session, 10**6, random.Random(seed), set())
+        assert choice is not None and choice.selection == "active_uncertain", seed
+        assert {choice.a_id, choice.b_id} == {ids[1], ids[2]}, seed  # margin 1.99, not 0.01
+    # with every other pair judged or excluded, nothing is offered rather than the coin toss
+    assert svc.active(session, 10**6, random.Random(0), {ids[2]}) is None

@@ -81,7 +81,9 @@ def test_active_picks_rank_pairs_by_the_margin_or_by_the_members_disagreement():
     pool[..., :] = BACKGROUND
     picks = {}
     for kind, acquisition in hitl.ACQUISITIONS.items():
-        campaign = hitl.Campaign("left", seed=0, tie_band=0.05, acquisition=acquisition)
+        # blank images are all nearly identical: kept here to compare the acquisitions alone
+        campaign = hitl.Campaign("left", seed=0, tie_band=0.05, acquisition=acquisition,
+                                 skip_near_identical=False)
         campaign.set_pool(pool, ["one red square"], None)
         # three members' scores of the group's three images: images 0 and 1 tie on the mean
         # (margin 0) with members that agree; 0 and 2 differ on the mean, and the members
@@ -91,6 +93,26 @@ def test_active_picks_rank_pairs_by_the_margin_or_by_the_members_disagreement():
         campaign.count[:] = 1.0  # no pair where the count reward and the model disagree
         picks[kind] = campaign._active_pick()
     assert picks == {"active": (0, 0, 1), "active-disagreement": (0, 0, 2)}
+
+
+def test_campaigns_never_pair_nearly_identical_images_as_the_server_does():
+    """As GET /api/votes/next: two images with under 1% of pixels apart are never a pair,
+    though their equal scores make them the least-sure pair by the margin."""
+    hitl = _load("hitl_simulated")
+    pool = np.zeros((1, 3, 32, 32, 3), np.uint8)
+    pool[..., :] = BACKGROUND
+    pool[0, :, 4:10, 4:10] = COLORS["red"]  # the same square on all three
+    pool[0, 1, 0, 0] = 0  # one pixel of 1,024 apart: nearly identical to image 0
+    pool[0, 2, 20:26, 20:26] = COLORS["red"]  # a second square: clearly different
+    assert hitl.near_identical_pairs(pool[0]).tolist() == [
+        [True, True, False], [True, True, False], [False, False, True]]
+    campaign = hitl.Campaign("left", seed=0, tie_band=0.05)
+    campaign.set_pool(pool, ["one red square"], None)
+    campaign.scores = np.array([[0.0, 0.0, 2.0]])  # (0, 1) has margin 0: least sure
+    campaign.count[:] = 1.0
+    assert campaign._active_pick() in {(0, 0, 2), (0, 1, 2)}
+    campaign.collect(2, active=False)  # the only two pairs worth a vote
+    assert campaign.used >= {(0, 0, 2), (0, 1, 2)} and len(campaign.votes) == 2
 
 
 def test_pair_metrics_score_probabilities_against_the_clean_side():
