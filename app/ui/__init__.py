@@ -18,7 +18,7 @@ from fastapi import FastAPI  # noqa: E402
 
 from app.config import UI_PATH  # noqa: E402
 from app.services.jobs import Enqueuer  # noqa: E402
-from app.ui.common import CSS, HEAD  # noqa: E402
+from app.ui.common import CSS, page_head  # noqa: E402
 
 PATH = UI_PATH
 
@@ -63,11 +63,12 @@ def mount(app: FastAPI) -> FastAPI:
     images reach the page inlined or through /api/media with the login's session cookie
     (app/api/media.py holds the access rule)."""
     from app.config import get_settings
+    from app.ui.arena import KEYS
 
     settings = get_settings()
     blocked = {str(settings.data_dir.resolve()), str(settings.resolved_storage_dir)}
     ui = build_ui(enqueuer=getattr(app.state, "enqueuer", None))
-    mounted = gr.mount_gradio_app(app, ui, path=PATH, css=CSS, head=HEAD,
+    mounted = gr.mount_gradio_app(app, ui, path=PATH, css=CSS, head=page_head(KEYS),
                                   blocked_paths=sorted(blocked), footer_links=[],
                                   theme=gr.themes.Default(),
                                   # Gradio's /upload (and every route it sizes) refuses more

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -338,8 +339,7 @@ HEAD = """
 <link rel="icon" type="image/svg+xml" href="/favicon.ico">
 <script>
 (() => {
-  const KEYS = {"1": "vote-a", "2": "vote-b", "3": "vote-tie", "4": "vote-both_bad",
-                " ": "vote-skip"};
+  const KEYS = __VOTE_KEYS__;  // key -> vote button id: page_head fills it from arena.KEYS
   function visible(el) { return el && el.offsetParent !== null; }
   document.addEventListener("keydown", (e) => {
     const t = e.target;
@@ -394,4 +394,11 @@ HEAD = """
 })();
 </script>
 """
+
+
+def page_head(vote_keys: Mapping[str, str]) -> str:
+    """HEAD with the arena's shortcuts bound: each outcome's key, as its button shows it
+    ("space": the space bar), clicks the button of id vote-<outcome>."""
+    keys = {" " if key == "space" else key: f"vote-{outcome}" for outcome, key in vote_keys.items()}
+    return HEAD.replace("__VOTE_KEYS__", json.dumps(keys))
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainer.rewards.outcomes import Outcome
 from trainer.rewards.registry import register_reward
 from trainer.rewards.shapes import COLOR_TOLERANCE, color_distance, foreground_mask
 from trainer.shapes.world import IMAGE_SIZE, parse_prompt
@@ -173,12 +174,12 @@ class SimulatedAnnotator:
             raise ValueError(f"flip must be in [0, 1], got {self.flip}")
         self._rng = np.random.default_rng(self.seed)
 
-    def vote(self, image_a: np.ndarray, image_b: np.ndarray, prompt: str) -> str:
+    def vote(self, image_a: np.ndarray, image_b: np.ndarray, prompt: str) -> Outcome:
         a, b = self._score(image_a, prompt), self._score(image_b, prompt)
         scale = max(abs(a), abs(b), 1e-9)
         if abs(a - b) <= self.tie_band * scale:
-            return "tie"
-        winner = "a" if a > b else "b"
+            return Outcome.TIE
+        winner = Outcome.A if a > b else Outcome.B
         if self._rng.random() < self.flip:
-            winner = "b" if winner == "a" else "a"
+            winner = Outcome.B if winner == Outcome.A else Outcome.A
         return winner
