@@ -173,6 +173,9 @@ class DistributedFlowModel(FlowModel):
     def flow_shift(self) -> float:
         return self.inner.flow_shift
 
+    def sigmas(self, steps: int) -> torch.Tensor:
+        return self.inner.sigmas(steps)
+
     @property
     def compute_dtype(self) -> torch.dtype | None:
         return self.inner.compute_dtype

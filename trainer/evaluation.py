@@ -40,7 +40,7 @@ def sample_images(model: FlowModel, prompts: list[str], seeds: list[int], solver
         chunk_prompts, chunk_seeds = prompts[i:i + batch_size], seeds[i:i + batch_size]
         noise = torch.stack([seed_noise(s, model.latent_shape) for s in chunk_seeds]).to(device)
         traj = rollout(solver, model, noise, model.encode_prompts(chunk_prompts), steps,
-                       shift=model.flow_shift)
+                       shift=model.flow_shift, timesteps=model.sigmas(steps))
         images.append(to_uint8(model.decode(traj.final)))
     return np.concatenate(images)
 

@@ -101,7 +101,8 @@ def rollout_neighborhoods(model: FlowModel, prompts: list[str], config: TrainCon
     noises = group_noises(noise_seeds, G, config.sigma, model.latent_shape, device)  # (P, G, *D)
     model.eval()
     traj = rollout(config.rollout_solver, model, noises.flatten(0, 1), repeat_cond(cond, G), T,
-                   shift=model.flow_shift, batch_size=config.rollout_batch_size)
+                   shift=model.flow_shift, batch_size=config.rollout_batch_size,
+                   timesteps=model.sigmas(T))
     features = math.prod(model.latent_shape)
     latents = traj.latents.view(T + 1, P, G, features)  # (T+1, P, G, F)
     velocities = traj.velocities.view(T, P, G, features)  # (T, P, G, F)

@@ -34,7 +34,6 @@ from trainer.grpo import (
     wall_clock,
 )
 from trainer.models.base import FlowModel, index_cond, micro_batches, repeat_cond
-from trainer.solvers import linear_timesteps
 
 
 def sde_step_distribution(x_t: torch.Tensor, velocity: torch.Tensor, t: torch.Tensor,
@@ -63,7 +62,7 @@ def sde_rollout(model: FlowModel, noise: torch.Tensor, cond, steps: int, eta: fl
                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Latents (T+1, N, *D), timesteps (T+1,) on the model's shifted schedule, old log-probs
     (T, N) of each step taken."""
-    timesteps = linear_timesteps(steps, noise.device, model.flow_shift)
+    timesteps = model.sigmas(steps).to(noise.device, torch.float32)
     t_cap = float(timesteps[1])
     x, latents, log_probs = noise, [noise], []
     for k in range(steps):

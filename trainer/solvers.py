@@ -61,8 +61,15 @@ def linear_timesteps(steps: int, device: torch.device | str = "cpu",
 # backward"), so inference_mode would cost a copy of every recorded latent for nothing.
 @torch.no_grad()
 def euler_rollout(velocity_fn: VelocityFn, noise: torch.Tensor, cond: Any, steps: int,
-                  shift: float = 1.0) -> Rollout:
-    timesteps = linear_timesteps(steps, noise.device, shift)
+                  shift: float = 1.0, timesteps: torch.Tensor | None = None) -> Rollout:
+    """`timesteps`: the (steps + 1,) grid (a model's `sigmas(steps)`); None: evenly spaced,
+    then shifted by `shift`."""
+    if timesteps is None:
+        timesteps = linear_timesteps(steps, noise.device, shift)
+    else:
+        if timesteps.shape != (steps + 1,):
+            raise ValueError(f"timesteps: expected {steps + 1} values, got {tuple(timesteps.shape)}")
+        timesteps = timesteps.to(noise.device, torch.float32)
     latents, velocities = [noise], []
     x = noise
     for k in range(steps):
@@ -107,12 +114,17 @@ SOLVERS = {"euler": euler_rollout, "dpm++": dpm_rollout}
 
 
 def rollout(solver: str, velocity_fn: VelocityFn, noise: torch.Tensor, cond: Any,
-            steps: int, shift: float = 1.0, batch_size: int = 0) -> Rollout:
+            steps: int, shift: float = 1.0, batch_size: int = 0,
+            timesteps: torch.Tensor | None = None) -> Rollout:
     """Solve from `noise` (N, *D) with `solver`, `batch_size` rows at a time (0: all at once;
-    each row's trajectory is the same either way), the schedule shifted by `shift`."""
+    each row's trajectory is the same either way), the schedule shifted by `shift`. Euler
+    steps on `timesteps` where given (the model's own pipeline grid, `model.sigmas(steps)`);
+    DPM++ lays out its own grid from `shift`, as diffusers' DPM-Solver does."""
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; use 'euler' or 'dpm++'")
-    parts = [SOLVERS[solver](velocity_fn, noise[rows], index_cond(cond, rows), steps, shift)
+    grid = {"timesteps": timesteps} if solver == "euler" else {}
+    parts = [SOLVERS[solver](velocity_fn, noise[rows], index_cond(cond, rows), steps, shift,
+                             **grid)
              for rows in micro_batches(noise.shape[0], batch_size)]
     if len(parts) == 1:
         return parts[0]

@@ -178,7 +178,8 @@ def run_rollout(job_id: int, worker_name: str) -> str:
                 noises = group_noises(seeds, g, cfg.sigma, model.latent_shape, device)
                 cond = repeat_cond(model.encode_prompts(texts), g)
                 traj = rollout(cfg.solver, model, noises.flatten(0, 1), cond, steps,
-                               shift=model.flow_shift, batch_size=batch)
+                               shift=model.flow_shift, batch_size=batch,
+                               timesteps=model.sigmas(steps))
                 final = traj.final
                 images = np.concatenate([to_uint8(model.decode(final[rows])) for rows in
                                          micro_batches(final.shape[0], batch)])  # (P*G, H, W, 3)

@@ -168,15 +168,15 @@ def _noise(model, seed: int = 7) -> torch.Tensor:
 def _our_samples(model, noise: torch.Tensor, steps: int) -> torch.Tensor:
     with torch.no_grad():
         return solvers.rollout("euler", model, noise, model.encode_prompts(PROMPTS), steps,
-                               shift=model.flow_shift).final
+                               shift=model.flow_shift, timesteps=model.sigmas(steps)).final
 
 
 def _pipeline_samples(pipe, model_name: str, noise: torch.Tensor, steps: int,
                       guidance_scale: float) -> torch.Tensor:
-    extra = {"sigmas": np.linspace(1.0, 1 / steps, steps)} if model_name == "sd3" else {}
+    """The stock pipeline's samples with its own default schedule (no sigmas passed)."""
     with torch.no_grad():
         return pipe(PROMPTS, latents=noise, height=SIZE, width=SIZE, num_inference_steps=steps,
-                    guidance_scale=guidance_scale, output_type="latent", **extra).images
+                    guidance_scale=guidance_scale, output_type="latent").images
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -206,6 +206,35 @@ def test_saved_lora_loads_into_the_stock_pipeline_and_reproduces_samples(variant
     assert reloaded.spec.finetune == "lora" and reloaded.spec.path == config.model_path
     torch.testing.assert_close(_our_samples(reloaded, noise, steps), ours, rtol=0,
                                atol=SAMPLE_ATOL)
+
+
+@pytest.mark.parametrize("variant", ["flux_dev", "sd3"])
+def test_rollouts_step_on_the_grid_the_stock_pipeline_samples_with(variant, request):
+    """FLUX's pipeline passes sigmas from 1 to 1/steps through its dynamic shift; SD3's lets
+    the scheduler lay them out (from 1 to its shifted sigma_min, not evenly spaced to 0): the
+    adapter's grid is the one the pipeline used, and Neighbor GRPO's and the SDE baseline's
+    rollouts step on it."""
+    from trainer.neighbor_grpo import rollout_neighborhoods
+    from trainer.sde_grpo import sde_rollout
+
+    model_name = VARIANTS[variant]
+    config = _config(request.getfixturevalue(variant), model_name, rollout_solver="euler")
+    model = Trainer(config).model
+    steps = config.rollout_steps
+    pipe = _pipeline_class(model_name).from_pretrained(request.getfixturevalue(variant),
+                                                       local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    _pipeline_samples(pipe, model_name, _noise(model), steps, config.guidance_scale)
+    used = pipe.scheduler.sigmas.float()  # the scheduler keeps the grid it stepped on
+    torch.testing.assert_close(model.sigmas(steps), used)
+    evenly = solvers.linear_timesteps(steps, shift=model.flow_shift)
+    assert (model_name == "flux") == torch.allclose(used, evenly, atol=1e-5)
+    groups = rollout_neighborhoods(model, PROMPTS[:1], config, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(groups.timesteps, used)
+    noise = _noise(model)[:1]
+    cond = model.encode_prompts(PROMPTS[:1])
+    _, timesteps, _ = sde_rollout(model, noise, cond, steps, 0.7, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(timesteps.cpu(), used)
 
 
 # ---------------------------------------------------------------------------------------

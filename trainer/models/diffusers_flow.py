@@ -30,6 +30,7 @@ import math
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 import torch.utils.checkpoint
 from torch import nn
@@ -169,20 +170,40 @@ class DiffusersFlowModel(FlowModel):
         """How many image tokens the transformer sees (what a dynamic shift depends on)."""
         return (self.latent_size // self.patch_multiple) ** 2
 
-    @property
-    def flow_shift(self) -> float:
-        """The scheduler's shift: static (`shift`), or with dynamic shifting exp(mu) with mu
-        interpolated from the image token count, as the pipelines compute it."""
+    def _mu(self) -> float:
+        """The dynamic shift's mu, interpolated from the image token count as the pipelines
+        compute it (diffusers' calculate_shift)."""
         config = self.pipeline.scheduler.config
-        if not config.get("use_dynamic_shifting"):
-            return float(config.get("shift", 1.0))
         base_len, max_len = config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096)
         base_shift, max_shift = config.get("base_shift", 0.5), config.get("max_shift", 1.15)
         slope = (max_shift - base_shift) / (max_len - base_len)
-        mu = base_shift + slope * (self.image_tokens() - base_len)
+        return base_shift + slope * (self.image_tokens() - base_len)
+
+    @property
+    def flow_shift(self) -> float:
+        """The scheduler's shift: static (`shift`), or with dynamic shifting exp(mu) (what
+        DPM-Solver++ lays its grid out with)."""
+        config = self.pipeline.scheduler.config
+        if not config.get("use_dynamic_shifting"):
+            return float(config.get("shift", 1.0))
         if config.get("time_shift_type", "exponential") == "linear":
-            return float(mu)
-        return math.exp(mu)
+            return float(self._mu())
+        return math.exp(self._mu())
+
+    def _pipeline_sigmas(self, steps: int) -> np.ndarray | None:
+        """The sigmas the model's pipeline passes to its scheduler's set_timesteps (None: it
+        lets the scheduler lay them out)."""
+        return None
+
+    def sigmas(self, steps: int) -> torch.Tensor:
+        """The Euler grid the model's own pipeline samples with, (steps + 1,) ending at 0: a
+        copy of its FlowMatchEulerDiscreteScheduler after set_timesteps, called as the
+        pipeline calls it (FLUX: sigmas from 1 to 1/steps; SD3: the scheduler's own layout,
+        from 1 to its shifted sigma_min, as Flow-GRPO's SD3 rollouts use it)."""
+        scheduler = type(self.pipeline.scheduler).from_config(self.pipeline.scheduler.config)
+        mu = self._mu() if scheduler.config.get("use_dynamic_shifting") else None
+        scheduler.set_timesteps(steps, sigmas=self._pipeline_sigmas(steps), mu=mu)
+        return scheduler.sigmas.detach().to("cpu", torch.float32)
 
     # -- prompts -------------------------------------------------------------------------------
     def encode_prompts(self, prompts: list[str]) -> Conditioning:
@@ -470,6 +491,9 @@ class FluxFlowModel(DiffusersFlowModel):
     @property
     def latent_shape(self) -> tuple[int, ...]:
         return (self.image_tokens(), self.latent_channels * 4)
+
+    def _pipeline_sigmas(self, steps: int) -> np.ndarray | None:
+        return np.linspace(1.0, 1 / steps, steps)  # as FluxPipeline.__call__ passes them
 
     def _encode(self, prompts: list[str], device: torch.device):
         embeds, pooled, text_ids = self.pipeline.encode_prompt(
