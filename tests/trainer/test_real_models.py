@@ -618,6 +618,31 @@ def test_full_finetune_kl_reference_is_a_frozen_copy_in_the_compute_dtype(varian
     assert _changed(policy_state, _state(model.transformer))  # the policy did
 
 
+@pytest.mark.parametrize("variant", ["flux_dev", "sd3"])
+def test_lora_kl_reference_is_the_same_model_with_its_adapters_off(variant, request):
+    """kl_coefficient > 0 with LoRA: no second transformer (TRL's way); the reference is the
+    policy's own transformer with the adapters disabled, so after training it still gives
+    the base's velocity while the policy's has moved, and the adapters are on again after."""
+    trainer = Trainer(_config(request.getfixturevalue(variant), VARIANTS[variant],
+                              kl_coefficient=0.1, learning_rate=1e-2))
+    model, reference = trainer.model, trainer.reference
+    assert reference.frozen is None  # no copy of the transformer
+    assert {id(p) for p in reference.parameters()}.isdisjoint(id(p) for p in model.parameters())
+    x = _noise(model)
+    t = torch.full((x.shape[0],), 0.5)
+    cond = model.encode_prompts(PROMPTS[:1] * x.shape[0])
+    with torch.no_grad():
+        before = model(x, t, cond)
+        torch.testing.assert_close(reference(x, t, cond), before)
+    for _ in range(3):
+        trainer.step()
+    with torch.no_grad():
+        after, base = model(x, t, cond), reference(x, t, cond)
+        assert (after - before).abs().max() > 1e-3  # the adapters trained away from zero
+        torch.testing.assert_close(base, before)  # the reference did not move
+        torch.testing.assert_close(model(x, t, cond), after)  # adapters back on
+
+
 @pytest.mark.parametrize("finetune", ["lora", "full"])
 def test_a_staged_model_is_set_up_for_its_device_with_its_weights_in_cpu_memory(finetune,
                                                                               flux_dev):
