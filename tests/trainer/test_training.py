@@ -157,3 +157,23 @@ def test_short_cpu_run_raises_reward_while_shuffled_control_does_not():
         gains[shuffle] = after - before
     assert gains[False] > 0.05, gains
     assert gains[True] < gains[False] / 2, gains
+
+
+def test_the_model_card_says_what_was_trained_on_what_and_how_far():
+    """A checkpoint's README.md names the base, the method and fine-tune, the rewards with
+    their weights, the iteration reached, the prompts and the latest metrics."""
+    from trainer.loop import model_card
+
+    prompts = ["one red circle", "two blue squares"]
+    trainer = Trainer(TrainConfig.from_dict({**TINY, "prompts": prompts,
+                                             "reward_weights": {"count": 1.0, "shape": 0.5}}))
+    trainer.step()
+    card = model_card(trainer)
+    assert "base model: `shapes` from `the shipped shapes base`" in card
+    assert "method `neighbor`, finetune `full`" in card
+    assert "count x 1.0, shape x 0.5" in card
+    assert f"1 of {TINY['iterations']} iterations" in card
+    assert all(f"- {p}" in card for p in prompts)
+    assert "## Metrics at iteration 1" in card
+    loss = trainer.last_metrics["loss"]
+    assert f"| loss | {loss:.4g} |" in card
