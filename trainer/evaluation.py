@@ -35,12 +35,13 @@ def sample_images(model: FlowModel, prompts: list[str], seeds: list[int], solver
         raise ValueError("prompts and seeds must have the same length")
     device = next(model.parameters()).device
     model.eval()
+    timesteps = model.sigmas(steps)  # the model's grid: laid out once, not per chunk
     images = []
     for i in range(0, len(prompts), batch_size):
         chunk_prompts, chunk_seeds = prompts[i:i + batch_size], seeds[i:i + batch_size]
         noise = torch.stack([seed_noise(s, model.latent_shape) for s in chunk_seeds]).to(device)
         traj = rollout(solver, model, noise, model.encode_prompts(chunk_prompts), steps,
-                       shift=model.flow_shift, timesteps=model.sigmas(steps))
+                       shift=model.flow_shift, timesteps=timesteps)
         images.append(to_uint8(model.decode(traj.final)))
     return np.concatenate(images)
 

@@ -164,6 +164,7 @@ def run_rollout(job_id: int, worker_name: str) -> str:
     weights = {name: 1.0 for name in names}
     g, steps, batch = cfg.group_size, cfg.steps, cfg.batch_size
     device = next(model.parameters()).device
+    timesteps = model.sigmas(steps)  # the model's grid: laid out once, not per chunk
     todo = [(pid, text) for pid, text in prompts if pid not in done_ids]
     done = len(prompts) - len(todo)
     try:
@@ -179,7 +180,7 @@ def run_rollout(job_id: int, worker_name: str) -> str:
                 cond = repeat_cond(model.encode_prompts(texts), g)
                 traj = rollout(cfg.solver, model, noises.flatten(0, 1), cond, steps,
                                shift=model.flow_shift, batch_size=batch,
-                               timesteps=model.sigmas(steps))
+                               timesteps=timesteps)
                 final = traj.final
                 images = np.concatenate([to_uint8(model.decode(final[rows])) for rows in
                                          micro_batches(final.shape[0], batch)])  # (P*G, H, W, 3)
