@@ -206,6 +206,25 @@ def peak_memory(device: torch.device) -> float:
     return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
+def peak_reserved(device: torch.device) -> float | None:
+    """Bytes the CUDA caching allocator held at its peak (what the card must have free,
+    fragmentation included); None off CUDA."""
+    if device.type == "cuda":
+        return float(torch.cuda.max_memory_reserved(device))
+    return None
+
+
+def cap_memory(device: torch.device, cap_gb: float) -> dict[str, float]:
+    """Let this process allocate at most `cap_gb` (1e9 bytes) on the card, so a run on a
+    larger card shows what fits on a smaller one (an 80 GB H100 from a 141 GB H200): the
+    caching allocator raises out-of-memory past the cap as the smaller card would."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    fraction = min(1.0, cap_gb * 1e9 / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return {"memory_cap_gb": cap_gb, "card_total_gb": total / 1e9,
+            "memory_fraction": fraction}
+
+
 def run_case(name: str, adapter: torch.nn.Module, args: argparse.Namespace,
              warmup: bool) -> dict[str, Any]:
     """One case's timed iterations (after one warm-up iteration when `warmup`), the median
@@ -246,6 +265,7 @@ def run_case(name: str, adapter: torch.nn.Module, args: argparse.Namespace,
         return statistics.median(float(m[key]) for m in metrics)
 
     peak = peak_memory(device)
+    reserved = peak_reserved(device)
     P, G, T = config.prompts_per_iteration, config.group_size, config.rollout_steps
     row.update({
         "seconds": median("seconds"), "rollout_seconds": median("rollout_seconds"),
@@ -257,6 +277,7 @@ def run_case(name: str, adapter: torch.nn.Module, args: argparse.Namespace,
         "optimizer_steps": int(metrics[0]["optimizer_steps"]),
         "rollout_forwards": P * G * T,
         "peak_memory_gb": peak / 1e9, "peak_memory_gib": peak / 2**30,
+        "peak_reserved_gb": reserved / 1e9 if reserved is not None else None,
         "case_wall_seconds": time.perf_counter() - began})
     return row
 
@@ -340,6 +361,8 @@ def summary(report: dict[str, Any]) -> None:
     report["update_mfu"] = neighbor.get("update_mfu") if neighbor else None
     report["peak_memory_gb"] = max((r["peak_memory_gb"] for r in rows.values()), default=None)
     report["peak_memory_gib"] = max((r["peak_memory_gib"] for r in rows.values()), default=None)
+    # the headline peak is the largest case's (the SDE's); the method's own is beside it
+    report["neighbor_peak_memory_gb"] = neighbor["peak_memory_gb"] if neighbor else None
     if len(report.get("scaling") or {}) < 2:  # not the data-parallel run's (kept, see write)
         report["scaling"] = {"1": neighbor["iterations_per_second"]} if neighbor else {}
 
@@ -411,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
                              "for smoke runs only")
     parser.add_argument("--matmul-size", type=int, help="side of the peak-measuring matmul "
                         "(default 8192; --tiny: 256)")
+    parser.add_argument("--memory-cap-gb", type=float,
+                        help="CUDA: allocate at most this many GB (1e9 bytes), to show what "
+                             "fits a smaller card (80 for an 80 GB H100) on a larger one")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     args = parser.parse_args(argv)
     args.resolution = args.resolution or (32 if args.tiny else 512)
@@ -422,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown case(s) {unknown}; known: {list(CASES)}")
     device = torch.device(args.device)
+    if args.memory_cap_gb is not None and device.type != "cuda":
+        parser.error("--memory-cap-gb needs a CUDA device")
     out = Path(args.out)
     card = (torch.cuda.get_device_name(device) if device.type == "cuda"
             else platform.processor() or "cpu")
@@ -442,7 +470,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{args.warmup} iteration of {names[0]}, shared by all cases"},
         "notes": "seconds are medians of the timed iterations; reward_seconds = VAE decode + "
                  "reward; peak memory is torch.cuda.max_memory_allocated over the timed "
-                 "iterations (CPU: the process's max RSS); update_mfu = update model FLOPs / "
+                 "iterations (CPU: the process's max RSS; peak_reserved_gb: "
+                 "max_memory_reserved, the allocator's hold); update_mfu = update model FLOPs / "
                  "update seconds / matmul_peak_tflops (see flops_counted); speedup = "
                  f"{HEADLINE_SDE} / {HEADLINE_NEIGHBOR} seconds per iteration",
         "cases": []}
@@ -454,6 +483,10 @@ def main(argv: list[str] | None = None) -> int:
     peak = matmul_peak(device, args.matmul_size or (256 if args.tiny else 8192))
     report["matmul_peak_tflops"] = peak["tflops"]
     report["matmul"] = peak
+    if args.memory_cap_gb is not None:  # after the matmul, which measures the card itself
+        report["settings"].update(cap_memory(device, args.memory_cap_gb))
+        print(f"memory capped at {args.memory_cap_gb:g} GB of the card's "
+              f"{report['settings']['card_total_gb']:.1f} GB", flush=True)
     print(f"matmul peak: {peak['tflops']:.1f} TFLOP/s ({peak['size']}^3 {peak['dtype']})",
           flush=True)
     write(report, out)

@@ -14,8 +14,6 @@ from benchmark_scripts import load_benchmark
 pytestmark = pytest.mark.slow
 
 
-
-
 def _positive(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
@@ -32,6 +30,9 @@ def test_every_case_runs_at_toy_size_and_writes_the_figures(tmp_path, capsys):
         assert _positive(report[key]), (key, report[key])
     assert report["scaling"] == {"1": pytest.approx(1 / report["neighbor_s_per_iteration"])}
     assert report["update_mfu"] < 1
+    neighbor = next(r for r in report["cases"] if r["case"] == "neighbor-8")
+    assert report["neighbor_peak_memory_gb"] == neighbor["peak_memory_gb"]
+    assert report["peak_memory_gb"] >= report["neighbor_peak_memory_gb"]
     assert _positive(report["flops_counted"]["forward_flops_per_sample"])
     assert (report["flops_counted"]["forward_backward_flops_per_sample"]
             > report["flops_counted"]["forward_flops_per_sample"])
@@ -56,6 +57,14 @@ def test_every_case_runs_at_toy_size_and_writes_the_figures(tmp_path, capsys):
     assert rows["sde-25"]["backward_passes"] > rows["neighbor-8"]["backward_passes"]
     assert rows["sde-25"]["update_hfu"] > rows["sde-25"]["update_mfu"]  # checkpointing recomputes
     assert "| neighbor-8 | 4 |" in capsys.readouterr().out
+
+
+def test_a_memory_cap_needs_a_cuda_card(capsys):
+    bench = load_benchmark("flux_scale")
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--tiny", "--device", "cpu", "--memory-cap-gb", "80"])
+    assert exit_.value.code == 2
+    assert "--memory-cap-gb needs a CUDA device" in capsys.readouterr().err
 
 
 def test_a_failing_case_is_recorded_and_the_next_one_still_runs(tmp_path, monkeypatch):
