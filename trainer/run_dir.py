@@ -12,10 +12,18 @@ from trainer.config import TrainConfig
 from trainer.grpo import IterationResult
 from trainer.loop import Trainer, latest_checkpoint
 
+# Sample grids blow small images up so a 32 px shapes canvas is legible in a viewer; images
+# larger than this side (FLUX / SD3 at 512 px) are shown at their own size, since doubling
+# them would only make the flux-lora preset's 1 x 12 grid 12.6 megapixels for no detail gained.
+GRID_UPSCALE_MAX_SIDE = 64
 
-def image_grid(images: np.ndarray, scale: int = 2) -> np.ndarray:
-    """(R, C, H, W, 3) -> one (R*H*scale, C*W*scale, 3) uint8 image with 1 px gutters."""
+
+def image_grid(images: np.ndarray, scale: int | None = None) -> np.ndarray:
+    """(R, C, H, W, 3) -> one (R*(H+1)*scale, C*(W+1)*scale, 3) uint8 image with 1 px gutters.
+    `scale` None: 2 for images of side at most GRID_UPSCALE_MAX_SIDE, else 1."""
     rows, cols, h, w, _ = images.shape
+    if scale is None:
+        scale = 2 if max(h, w) <= GRID_UPSCALE_MAX_SIDE else 1
     grid = np.full((rows * (h + 1), cols * (w + 1), 3), 255, dtype=np.uint8)
     for r in range(rows):
         for c in range(cols):
