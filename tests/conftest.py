@@ -88,7 +88,10 @@ SLOW = {
     # a tiny CLIP saved and fitted: 25
     "tests/trainer/test_preference.py::test_clip_head_learns_from_votes_round_trips_and_trains",
     "tests/app/test_fuzz.py::*",  # schemathesis: 33 on SQLite
-    "tests/app/test_route_access.py::*",  # every route, UI mounted: 36 on SQLite
+    # every route walked, UI mounted: 36 on SQLite (test_every_route_is_classified stays fast)
+    "tests/app/test_route_access.py::test_every_route",
+    "tests/app/test_route_access.py::test_stored_files_with_a_token",
+    "tests/app/test_route_access.py::test_session_cookie_login_and_logout",
 }
 
 

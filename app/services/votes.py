@@ -9,8 +9,10 @@ has not judged; the unique index (annotator, pair_lo_id, pair_hi_id) enforces it
 
 Within-group pairs whose two stored images are nearly identical (`near_identical`: neighbours
 of one noise often draw the same picture) are never offered: a person's vote on them is a coin
-toss. A within-group pick that had to pass over such pairs says so in its selection,
-`within_group_skipped_near_identical`. Active selection is left as it is (it keeps its share).
+toss, and active selection, whose least-sure pair is often such a pair (equal images, equal
+scores), passes over them too while keeping its share. A pick that had to pass over such pairs
+says so in its selection: `within_group_skipped_near_identical`,
+`active_uncertain_skipped_near_identical`, `active_disagree_skipped_near_identical`.
 Every vote keeps the distance of its pair (`pixel_difference`, measured from the stored images
 when it is recorded) beside its selection, so the rule's threshold can be checked and tuned
 from the votes themselves.
@@ -117,7 +119,8 @@ PIXEL_TOLERANCE = 24
 # pixels for a circle), so any added, removed, moved or recoloured object clears it while
 # neighbours of one noise that drew the same picture (a few edge pixels apart) do not.
 NEAR_IDENTICAL_FRACTION = 0.01
-SKIPPED_NEAR_IDENTICAL = "within_group_skipped_near_identical"
+SKIPPED_SUFFIX = "_skipped_near_identical"
+SKIPPED_NEAR_IDENTICAL = "within_group" + SKIPPED_SUFFIX
 
 
 class _ImageCache:
@@ -417,10 +420,15 @@ def active(session: Session, annotator_id: int, rng: random.Random,
             candidates, reason = [(x, y) for _, x, y in uncertain], "active_uncertain"
         # never nearly identical images, as the other strategies: such a pair's margin is
         # near 0, so the least-sure pair would often be one, and its vote a coin toss
-        pick = next(((x, y) for x, y in candidates if not near_identical(x[1], y[1])), None)
-        if pick is None:
+        passed_over = 0
+        for x, y in candidates:
+            if not near_identical(x[1], y[1]):
+                break
+            passed_over += 1
+        else:
             continue
-        x, y = pick
+        if passed_over:  # said on the vote, as within-group picks say it
+            reason += SKIPPED_SUFFIX
         if rng.random() < 0.5:
             x, y = y, x
         return PairChoice(x[0], y[0], x[5], reason, x[1], y[1])

@@ -375,7 +375,12 @@ def test_active_selection_passes_over_nearly_identical_images(session):
     assert svc.near_identical(samples[0].image_path, samples[1].image_path)
     for seed in range(8):
         choice = svc.active(session, 10**6, random.Random(seed), set())
-        assert choice is not None and choice.selection == "active_uncertain", seed
+        # the pick says it passed over the nearly identical pair, as within-group picks do
+        assert choice is not None, seed
+        assert choice.selection == "active_uncertain" + svc.SKIPPED_SUFFIX, seed
         assert {choice.a_id, choice.b_id} == {ids[1], ids[2]}, seed  # margin 1.99, not 0.01
+    # with the nearly identical pair out of reach the least-sure pair is first: a plain reason
+    choice = svc.active(session, 10**6, random.Random(0), {ids[0]})
+    assert choice is not None and choice.selection == "active_uncertain"
     # with every other pair judged or excluded, nothing is offered rather than the coin toss
     assert svc.active(session, 10**6, random.Random(0), {ids[2]}) is None
