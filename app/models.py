@@ -74,6 +74,8 @@ class ApiToken(Base):
 
 class Dataset(Base):
     __tablename__ = "datasets"
+    # unique: names pick datasets in the UI and the demo (0008 closed the race of two uploads)
+    __table_args__ = (Index("ux_datasets_name", "name", unique=True),)
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(NAME_LENGTH))
     filename: Mapped[str] = mapped_column(String(FILENAME_LENGTH))

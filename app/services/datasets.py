@@ -24,6 +24,7 @@ from pathlib import PurePath
 from typing import Any
 
 from sqlalchemy import delete, func, insert, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.errors import BadRequest, Conflict, Invalid, NotFound, PayloadTooLarge
@@ -391,7 +392,8 @@ def dataset_name(filename: str, name: str | None) -> str:
 
 def check_name_free(session: Session, name: str) -> None:
     """Conflict if a dataset already has this name (names pick datasets in the UI and the
-    demo). A check, not a unique index: two uploads racing with one name can both pass."""
+    demo). Checked before parsing, for the clear message; the unique constraint catches two
+    uploads racing with one name (import_dataset)."""
     taken = session.scalar(select(Dataset.id).where(Dataset.name == name)
                            .order_by(Dataset.id).limit(1))
     if taken is not None:
@@ -419,8 +421,13 @@ def import_dataset(session: Session, *, filename: str, data: bytes, name: str | 
     ds = Dataset(name=name, filename=filename[:FILENAME_LENGTH], format=parsed.format, num_prompts=len(prompts),
                  num_eval=n_eval, duplicates_dropped=dropped,
                  blank_lines_skipped=parsed.blank_lines_skipped, eval_fraction=eval_fraction)
-    session.add(ds)
-    session.flush()
+    try:
+        with session.begin_nested():  # only this insert is undone if the name was taken
+            session.add(ds)
+            session.flush()
+    except IntegrityError:  # another upload took the name since check_name_free
+        check_name_free(session, name)
+        raise
     rows = [
         {"dataset_id": ds.id, "position": i, "text": p.text, "meta": p.meta,
          "split": "eval" if i in eval_idx else "train"}

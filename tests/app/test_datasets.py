@@ -264,6 +264,30 @@ def test_duplicate_dataset_name_is_a_conflict(client, admin, session):
     assert r.status_code == 422 and r.json()["field"] == "name"
 
 
+def test_two_uploads_racing_for_one_name_give_one_dataset_and_a_conflict(client, admin,
+                                                                        session, monkeypatch):
+    """The name check runs before parsing; an upload that passed it while another took the
+    name is stopped by the unique constraint, with the same 409, and nothing of it stays."""
+    from app.services import datasets as svc
+
+    first = upload(client, admin, "a.txt", b"one\n", name="raced").json()["id"]
+    checks = []
+
+    def passed_before_the_other_committed(session_, name):
+        checks.append(name)
+        if len(checks) > 1:  # the second call is the constraint's follow-up: the real check
+            return real_check(session_, name)
+
+    real_check = svc.check_name_free
+    monkeypatch.setattr(svc, "check_name_free", passed_before_the_other_committed)
+    r = upload(client, admin, "b.txt", b"two\nthree\n", name="raced")
+    assert r.status_code == 409, r.text
+    assert (r.json()["field"], r.json()["dataset_id"]) == ("name", first)
+    assert checks == ["raced", "raced"]
+    session.expire_all()
+    assert counts(session) == (1, 1)  # the loser's dataset row and prompts are gone
+
+
 def test_serve_bootstrap_seeds_shapes_once(settings, session):
     from app.models import Dataset
     from app.serve import SHAPES_DATASET, bootstrap

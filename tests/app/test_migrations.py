@@ -150,3 +150,38 @@ def test_pixel_difference_column_keeps_existing_votes(backend, tmp_path, request
             kept=("SELECT client_vote_id FROM votes", "v1")) as engine, engine.begin() as conn:
         assert conn.execute(text("SELECT pixel_difference, outcome FROM votes")).one() == \
                 (None, "a")
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_unique_dataset_names_keep_every_dataset_that_shared_one(backend, tmp_path, request):
+    """0008 makes datasets.name unique; datasets that shared a name before keep their prompts,
+    the oldest its name, later ones their id beside it (never another dataset's name)."""
+    url = _url(backend, tmp_path, request)
+    upgrade(url, "0007")
+    engine = create_engine(url)
+    row = ("INSERT INTO datasets (id, name, filename, format, num_prompts, num_eval, "
+           "duplicates_dropped, blank_lines_skipped, eval_fraction, created_at) VALUES "
+           "({id}, '{name}', 'f.txt', 'txt', 1, 0, 0, 0, 0.0, CURRENT_TIMESTAMP)")
+    try:
+        with engine.begin() as conn:
+            for id_, name in ((1, "mine"), (2, "mine (3)"), (3, "mine"), (4, "other"),
+                              (5, "mine")):
+                conn.execute(text(row.format(id=id_, name=name)))
+            conn.execute(text("INSERT INTO prompts (id, dataset_id, position, text, split) "
+                              "VALUES (1, 3, 0, 'one red circle', 'train')"))
+        engine.dispose()
+        upgrade(url)
+        with engine.begin() as conn:
+            names = dict(conn.execute(text("SELECT id, name FROM datasets")).all())
+            assert names == {1: "mine", 2: "mine (3)", 3: "mine (3-2)", 4: "other",
+                             5: "mine (5)"}
+            assert conn.execute(text("SELECT dataset_id FROM prompts")).scalar() == 3
+        with pytest.raises(Exception, match="(?i)unique"), engine.begin() as conn:
+            conn.execute(text(row.format(id=6, name="other")))
+        engine.dispose()
+        downgrade(url, "0007")
+        with engine.begin() as conn:  # the constraint is gone, the names stay
+            conn.execute(text(row.format(id=6, name="other")))
+            assert conn.execute(text("SELECT count(*) FROM datasets")).scalar() == 6
+    finally:
+        engine.dispose()
