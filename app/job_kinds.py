@@ -243,7 +243,7 @@ class JobKind:
     queue: str  # the Celery queue its task goes to: "gpu" (sampling, training) or "cpu"
     summary: str
     config: type[BaseModel] | None  # None: trainer.config.TrainConfig
-    launch_role: str = "admin"  # who may launch it
+    launch_role: str = "admin"  # the least trusted role (app.models.ROLES) that may launch it
 
     @property
     def task(self) -> str:

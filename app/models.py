@@ -40,7 +40,7 @@ NAMING = {
     "pk": "pk_%(table_name)s",
 }
 
-ROLES = ("admin", "annotator")
+ROLES = ("admin", "annotator")  # most trusted first (a job kind open to a role: to those above)
 
 
 class Base(DeclarativeBase):

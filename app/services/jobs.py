@@ -41,7 +41,7 @@ from app.config import get_settings
 from app.errors import Conflict, Invalid, NotFound
 from app.job_kinds import KIND_NAMES, KINDS
 from app.limits import MAX_ID, NAME_LENGTH
-from app.models import Checkpoint, Dataset, Job, JobMetric, User, utcnow
+from app.models import ROLES, Checkpoint, Dataset, Job, JobMetric, User, utcnow
 from app.schemas import validation_message
 from app.services import auth, storage, workers
 from app.services.datasets import prompt_texts
@@ -483,7 +483,9 @@ def launch_job(session: Session, enqueuer: Enqueuer | None, kind: str,
     """The one way a job starts: the caller's role checked against the kind's, the config
     validated completely, the queued row committed, then the job enqueued."""
     if user is not None and kind in KINDS:
-        auth.require_role(user, KINDS[kind].launch_role)
+        # ROLES runs from most to least trusted: a kind open to a role is open to those above
+        allowed = ROLES[:ROLES.index(KINDS[kind].launch_role) + 1]
+        auth.require_role(user, *allowed)
     job = create_job(session, kind, config, preset=preset, dataset_id=dataset_id, user=user)
     session.commit()
     enqueue(enqueuer, job)

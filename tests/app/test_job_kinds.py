@@ -55,6 +55,22 @@ def test_launch_job_checks_the_kinds_role_commits_then_enqueues(settings, sessio
     assert isinstance(session.get(User, admin.id), User)
 
 
+def test_the_api_launches_by_the_registrys_role_alone(client, admin, annotator, monkeypatch):
+    """POST /api/jobs has no role rule of its own: a kind the registry opens to annotators
+    launches for them, the rest answer 403 naming the role."""
+    import dataclasses
+
+    from app import job_kinds
+
+    r = client.post("/api/jobs", json={"kind": "train", "preset": "tiny"}, headers=annotator)
+    assert r.status_code == 403 and "needs role admin" in r.text
+    opened = dataclasses.replace(job_kinds.KINDS["train"], launch_role="annotator")
+    monkeypatch.setitem(job_kinds.KINDS, "train", opened)
+    for who in (annotator, admin):  # open to annotators: to admins too
+        r = client.post("/api/jobs", json={"kind": "train", "preset": "tiny"}, headers=who)
+        assert r.status_code == 201, r.text
+
+
 def test_send_to_arena_uses_the_jobs_group_size_capped(settings, session, enqueuer):
     from app.services import datasets, jobs
 
