@@ -36,6 +36,7 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from trainer.models import model_dir_problem, uses_model_directory
     from trainer.run_dir import RunDirectory
 
     config = train_config_of(args)  # validated before anything is written
@@ -43,6 +44,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError("preference_model", "reward 'preference' needs the path of a fitted "
                           f"preference model (safetensors); {config.preference_model!r} is not "
                           "a file")
+    # the model directory a resumed run loads is its saved config's; checked here so that a
+    # wrong path is a config error naming model_path and the files expected (as the API's
+    # 422), before the model loads and before the run directory is touched
+    run_config = RunDirectory.run_config(Path(args.out), config, args.resume)
+    if uses_model_directory(run_config.model) and (
+            problem := model_dir_problem(run_config.model, run_config.model_path)) is not None:
+        raise ConfigError("model_path", problem)
     run = RunDirectory(Path(args.out), config, resume=args.resume)
     run.train(progress=not args.no_progress)
     print(f"metrics:      {run.metrics_path}")
@@ -96,6 +104,46 @@ def _model_spec(args: argparse.Namespace):
     return spec
 
 
+# images solved and decoded at once by `sample` / `evaluate` when --batch-size is not given:
+# the shapes model's 32 px canvases all at once as before; a real model at 512 px would hold
+# hundreds of full-size latents and decodes, so it goes by the checkpoint's run's
+# rollout_batch_size, else its preset's (12 for flux-lora and sd3-lora: one 80 GB card)
+SHAPES_SAMPLE_BATCH = 256
+REAL_MODEL_SAMPLE_BATCH = 12
+
+
+def _run_rollout_batch_size(checkpoint: Path | None) -> int:
+    """The rollout_batch_size of the run that wrote `checkpoint` (0: none recorded: no
+    checkpoint, a bare diffusers LoRA, or a run that solved everything at once)."""
+    from trainer.models import TRAINER_STATE, checkpoint_directory, safetensors_metadata
+
+    if checkpoint is None:
+        return 0
+    state = checkpoint_directory(checkpoint) / TRAINER_STATE
+    if not state.is_file():
+        return 0
+    config = json.loads(safetensors_metadata(state).get("train_config") or "{}")
+    size = config.get("rollout_batch_size", 0)
+    return size if isinstance(size, int) and size > 0 else 0
+
+
+def sampling_batch_size(args: argparse.Namespace, model: str) -> int:
+    """--batch-size checked, or its default for `model` and --checkpoint (see
+    SHAPES_SAMPLE_BATCH). Batching never changes the images: each has its own seed's noise."""
+    from trainer.models import uses_model_directory
+
+    if args.batch_size is not None:
+        if args.batch_size < 1:
+            raise ConfigError("batch-size", "must be >= 1")
+        return args.batch_size
+    if not uses_model_directory(model):
+        return SHAPES_SAMPLE_BATCH
+    checkpoint = Path(args.checkpoint) if args.checkpoint else None
+    preset = PRESETS.get(default_preset(model), {})
+    return (_run_rollout_batch_size(checkpoint) or preset.get("rollout_batch_size")
+            or REAL_MODEL_SAMPLE_BATCH)
+
+
 def _load_any_model(args: argparse.Namespace):
     from trainer.loop import resolve_device
     from trainer.models import load_flow_model
@@ -116,10 +164,13 @@ def cmd_sample(args: argparse.Namespace) -> int:
         raise ConfigError("prompts", f"{args.prompts} holds no prompts")
     if args.seeds < 1:
         raise ConfigError("seeds", "must be >= 1")
-    model = _load_any_model(args)
+    if args.batch_size is not None and args.batch_size < 1:  # before the model loads
+        raise ConfigError("batch-size", "must be >= 1")
+    model = _load_any_model(args)  # sets args.model to the model loaded
+    batch_size = sampling_batch_size(args, args.model)
     pairs = [(p, s) for p in prompts for s in range(args.seeds)]
     images = sample_images(model, [p for p, _ in pairs], [s for _, s in pairs], args.solver,
-                           args.steps)
+                           args.steps, batch_size=batch_size)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with (out / "manifest.jsonl").open("w") as manifest:
@@ -127,7 +178,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
             name = f"{i:05d}_seed{seed}.png"
             Image.fromarray(image).save(out / name)
             manifest.write(json.dumps({"file": name, "prompt": prompt, "seed": seed}) + "\n")
-    print(f"{len(pairs)} images and manifest.jsonl in {out}")
+    print(f"{len(pairs)} images (batches of {batch_size}) and manifest.jsonl in {out}")
     return 0
 
 
@@ -178,19 +229,19 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     if args.seeds is not None and args.seeds < 1:
         raise ConfigError("seeds", "must be >= 1")
-    if args.batch_size < 1:
-        raise ConfigError("batch-size", "must be >= 1")
     from trainer.loop import resolve_device
     from trainer.models import load_flow_model
 
     spec = _model_spec(args)  # headers only: which model, for the default rewards
+    batch_size = sampling_batch_size(args, spec.name)
     rewards = _reward_list(args)  # before the model loads: a bad name costs nothing
     prompts = _prompt_list(args.prompts_file)
     model = load_flow_model(spec, device=resolve_device(args.device))
     seeds = tuple(range(args.seeds)) if args.seeds else EVAL_SEEDS
     result = evaluate(model, prompts, seeds=seeds, solver=args.solver, steps=args.steps,
-                      rewards=rewards, batch_size=args.batch_size)
+                      rewards=rewards, batch_size=batch_size)
     result["checkpoint"] = str(args.checkpoint or "base")
+    result["batch_size"] = batch_size
     result["prompts"] = args.prompts_file or "the shapes prompts"
     text = json.dumps(result, indent=2)
     print(text)
@@ -247,6 +298,12 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
                         "(default: the checkpoint's run, else the model's)")
     parser.add_argument("--guidance-scale", type=float, default=None, help="FLUX.1-dev "
                         "guidance / SD3 CFG scale (default: the checkpoint's run, else 3.5)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="images solved and decoded per batch; the images do not change. "
+                        f"Default: {SHAPES_SAMPLE_BATCH} for shapes; for flux / sd3 the "
+                        "checkpoint's run's rollout_batch_size, else the model's preset's "
+                        f"({REAL_MODEL_SAMPLE_BATCH}). Lower it when a large model runs out of "
+                        "memory")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -293,8 +350,6 @@ def build_parser() -> argparse.ArgumentParser:
                           "such objects, as HPDv2's test.json) (default: the 48 shapes prompts)")
     evaluate.add_argument("--seeds", type=int, default=None,
                           help="seeds 0..N-1 per prompt (default 20)")
-    evaluate.add_argument("--batch-size", type=int, default=256,
-                          help="images sampled per batch; lower it for large models")
     _add_sampling_options(evaluate)
     evaluate.set_defaults(func=cmd_evaluate)
 

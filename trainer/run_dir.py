@@ -63,9 +63,7 @@ class RunDirectory:
         self.samples_dir = out / "samples"
         self.checkpoints_dir = out / "checkpoints"
         saved_config = out / "config.json"
-        if resume and saved_config.exists():
-            config = TrainConfig.from_dict({**json.loads(saved_config.read_text()),
-                                            "iterations": config.iterations})
+        config = self.run_config(out, config, resume)
         self.trainer = Trainer(config)
         # report_to's logs live with the run: <out>/tracking, the run named as its directory
         self.tracking_dir = out / "tracking"
@@ -80,6 +78,16 @@ class RunDirectory:
         else:
             self.metrics_path.write_text("")
         saved_config.write_text(json.dumps(config.to_dict(), indent=2))
+
+    @staticmethod
+    def run_config(out: Path, config: TrainConfig, resume: bool) -> TrainConfig:
+        """The config a run in `out` trains with: a resumed run keeps the one it started
+        with (its config.json), taking only the new iteration budget from `config`."""
+        saved_config = out / "config.json"
+        if resume and saved_config.exists():
+            return TrainConfig.from_dict({**json.loads(saved_config.read_text()),
+                                          "iterations": config.iterations})
+        return config
 
     def _read_records(self) -> list[dict]:
         if not self.metrics_path.exists():

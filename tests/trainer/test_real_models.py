@@ -2,14 +2,16 @@
 diffusers-format directories of tests/tiny_diffusers.py (issue 16): what trains in LoRA
 and full mode, LoRA checkpoints that the stock diffusers pipelines load and that reproduce the
 trainer's own samples, the prompt-embedding cache, full and LoRA checkpoints restored, config
-and model-directory errors naming what is wrong, the CLI's `sample` on FLUX, and micro-batched
-rollouts and updates giving the results of unbatched ones.
+and model-directory errors naming what is wrong, the CLI's `sample` on FLUX, its `train` of a
+FLUX LoRA (checkpoints, model cards, resume) and `evaluate` / `sample` of its checkpoints in
+batches, and micro-batched rollouts and updates giving the results of unbatched ones.
 
 Everything runs in float32 on the CPU (mixed_precision 'auto' is fp32 off CUDA).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -536,6 +538,197 @@ def test_cli_samples_a_checkpoint_alone_and_a_taken_away_lora(flux_dev, lora_run
     adapted = {n.split(".lora_A")[0] for n, _ in model.transformer.named_parameters()
                if ".lora_A." in n}
     assert adapted == set(spec.lora_target_modules)
+
+
+# ---------------------------------------------------------------------------------------
+# 6b. The CLI trains a FLUX LoRA, resumes it and evaluates its checkpoints
+# ---------------------------------------------------------------------------------------
+# the flux-lora preset (what `train --set model=flux` starts from) cut down to seconds on a
+# CPU: tiny groups and steps, no compilation (a minute of inductor), a high learning rate so
+# the LoRA moves far from zero in two iterations; rollout_batch_size 3 splits each group of
+# 4 into batches of 3 and 1, which `evaluate` then takes as its default batch size
+CLI_RUN_ROLLOUT_BATCH = 3
+CLI_FLUX_SETTINGS = {"finetune": "lora", "resolution": SIZE, "iterations": 2,
+                     "checkpoint_every": 1, "sample_every": 1, "group_size": 4,
+                     "num_anchors": 2, "num_train_timesteps": 2, "rollout_steps": 4,
+                     "torch_compile": False, "lora_rank": 4, "lora_alpha": 8.0,
+                     "learning_rate": 1e-2, "rollout_batch_size": CLI_RUN_ROLLOUT_BATCH,
+                     "prompts": PROMPTS, "device": "cpu"}
+
+
+def _set_options(settings: dict) -> list[str]:
+    return [arg for key, value in settings.items()
+            for arg in ("--set", f"{key}={json.dumps(value)}")]
+
+
+@pytest.fixture(scope="module")
+def cli_flux_run(flux_dev, tmp_path_factory) -> Path:
+    """A run directory of `python -m trainer train --set model=flux ...`: 2 iterations, a
+    checkpoint each."""
+    out = tmp_path_factory.mktemp("cli-flux") / "run"
+    argv = ["train", "--set", "model=flux", "--set", f"model_path={flux_dev}",
+            *_set_options(CLI_FLUX_SETTINGS), "--out", str(out), "--no-progress"]
+    assert cli_main(argv) == 0
+    return out
+
+
+def test_cli_trains_a_flux_lora_the_stock_pipeline_loads_and_resumes_it(cli_flux_run, flux_dev,
+                                                                        tmp_path):
+    from diffusers import FluxPipeline
+
+    saved = json.loads((cli_flux_run / "config.json").read_text())
+    # the flux-lora preset underneath the --set fields (gradient checkpointing is its own)
+    assert saved["model"] == "flux" and saved["finetune"] == "lora"
+    assert saved["gradient_checkpointing"] is True and saved["train_batch_size"] == 4
+    checkpoints = sorted(p.name for p in (cli_flux_run / "checkpoints").iterdir())
+    assert checkpoints == ["iter-000001", "iter-000002"]
+    for name in checkpoints:
+        directory = cli_flux_run / "checkpoints" / name
+        assert (directory / LORA_WEIGHTS).is_file()
+        card = (directory / "README.md").read_text()
+        assert "FluxPipeline" in card and str(flux_dev) in card
+        assert f"{int(name.split('-')[1])} of 2 iterations" in card
+    metrics = [json.loads(line) for line in
+               (cli_flux_run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["iteration"] for m in metrics] == [1, 2]
+    grid = Image.open(cli_flux_run / "samples" / "iter-000002.png")
+    assert grid.size == (4 * (SIZE + 1) * 2, 1 * (SIZE + 1) * 2)  # 32 px tiles, doubled
+
+    # the stock pipeline loads the LoRA as written, and samples what the trainer's own
+    # checkpoint loader does (same noise and schedule; SAMPLE_ATOL as above)
+    newest = cli_flux_run / "checkpoints" / "iter-000002"
+    ours = load_checkpoint_model(newest)
+    noise = _noise(ours)
+    pipe = FluxPipeline.from_pretrained(flux_dev, local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    base = _pipeline_samples(pipe, "flux", noise, 3, saved["guidance_scale"])
+    pipe.load_lora_weights(newest)
+    stock = _pipeline_samples(pipe, "flux", noise, 3, saved["guidance_scale"])
+    assert (stock - base).abs().max() > 100 * SAMPLE_ATOL  # the LoRA trained
+    torch.testing.assert_close(stock, _our_samples(ours, noise, 3), rtol=0, atol=SAMPLE_ATOL)
+
+    # --resume continues from iter-2 with the run's saved config (only the new budget given):
+    # iteration 1 is not redone (its files, removed here, do not come back)
+    resumed = shutil.copytree(cli_flux_run, tmp_path / "run")
+    shutil.rmtree(resumed / "checkpoints" / "iter-000001")
+    (resumed / "samples" / "iter-000001.png").unlink()
+    assert cli_main(["train", "--out", str(resumed), "--resume", "--set", "iterations=3",
+                     "--no-progress"]) == 0
+    assert sorted(p.name for p in (resumed / "checkpoints").iterdir()) == \
+        ["iter-000002", "iter-000003"]
+    assert not (resumed / "samples" / "iter-000001.png").exists()
+    metrics = [json.loads(line) for line in (resumed / "metrics.jsonl").read_text().splitlines()]
+    assert [m["iteration"] for m in metrics] == [1, 2, 3]
+    third = resumed / "checkpoints" / "iter-000003"
+    assert (third / LORA_WEIGHTS).is_file() and "3 of 3 iterations" in \
+        (third / "README.md").read_text()
+    assert checkpoint_spec(third).path == str(flux_dev)  # the saved config's model
+
+
+def _spy_on_decodes(monkeypatch) -> list[int]:
+    """The batch size of every VAE decode from now on (the real decode still runs)."""
+    from diffusers import AutoencoderKL
+
+    decode, batches = AutoencoderKL.decode, []
+
+    def recording_decode(self, z, *args, **kwargs):
+        batches.append(z.shape[0])
+        return decode(self, z, *args, **kwargs)
+
+    monkeypatch.setattr(AutoencoderKL, "decode", recording_decode)
+    return batches
+
+
+def test_cli_evaluates_flux_lora_checkpoints_in_batches(cli_flux_run, flux_dev, tmp_path,
+                                                        capsys, monkeypatch):
+    checkpoint = cli_flux_run / "checkpoints" / "iter-000002"
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    common = ["evaluate", "--model", "flux", "--model-path", str(flux_dev), "--prompts-file",
+              str(prompts), "--seeds", "2", "--steps", "2", "--device", "cpu",
+              "--resolution", str(SIZE)]  # a LoRA taken away would sample at FLUX's 512 px
+    batches = _spy_on_decodes(monkeypatch)
+    results = {}
+    for label, extra in (("default", []), ("one", ["--batch-size", "1"])):
+        out = tmp_path / f"{label}.json"
+        capsys.readouterr()
+        assert cli_main([*common, "--checkpoint", str(checkpoint), *extra,
+                         "--out", str(out)]) == 0, capsys.readouterr().err
+        results[label] = json.loads(out.read_text())
+        assert results[label]["samples"] == 4 and results[label]["checkpoint"] == str(checkpoint)
+        assert "mean jpeg_compressibility" in capsys.readouterr().err
+    # the default is the checkpoint's run's rollout_batch_size: 4 images in batches of 3 and
+    # 1 (not the 256 at once that would decode hundreds of 512 px images on a real model)
+    assert results["default"]["batch_size"] == CLI_RUN_ROLLOUT_BATCH
+    assert results["one"]["batch_size"] == 1
+    assert batches == [CLI_RUN_ROLLOUT_BATCH, 1, 1, 1, 1, 1]
+    # batching does not change the images (up to float rounding, which can move a pixel by
+    # one level and a JPEG by a few bytes): the same scores
+    default, one = (results[k]["rewards"]["jpeg_compressibility"] for k in ("default", "one"))
+    assert np.isfinite(default["mean"])
+    assert one["mean"] == pytest.approx(default["mean"], rel=0.01, abs=1e-3)
+
+    # a LoRA taken away (no run config): the flux preset's rollout_batch_size
+    away = tmp_path / "takeaway"
+    away.mkdir()
+    shutil.copy(checkpoint / LORA_WEIGHTS, away / LORA_WEIGHTS)
+    del batches[:]
+    assert cli_main([*common, "--checkpoint", str(away), "--out", str(tmp_path / "away.json")]) == 0
+    preset_batch = PRESETS["flux-lora"]["rollout_batch_size"]
+    assert json.loads((tmp_path / "away.json").read_text())["batch_size"] == preset_batch
+    assert batches == [min(4, preset_batch)]
+
+    capsys.readouterr()
+    assert cli_main([*common, "--checkpoint", str(checkpoint), "--batch-size", "0"]) == 2
+    assert "config field 'batch-size'" in capsys.readouterr().err
+
+
+def test_cli_sample_takes_a_batch_size(cli_flux_run, tmp_path, capsys, monkeypatch):
+    checkpoint = cli_flux_run / "checkpoints" / "iter-000001"
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    common = ["sample", "--checkpoint", str(checkpoint), "--prompts", str(prompts), "--seeds",
+              "2", "--steps", "2", "--device", "cpu"]
+    batches = _spy_on_decodes(monkeypatch)
+    images = {}
+    for label, extra in (("default", []), ("two", ["--batch-size", "2"])):
+        out = tmp_path / label
+        assert cli_main([*common, *extra, "--out", str(out)]) == 0, capsys.readouterr().err
+        images[label] = np.stack([np.asarray(Image.open(f)) for f in sorted(out.glob("*.png"))])
+    assert batches == [CLI_RUN_ROLLOUT_BATCH, 1, 2, 2]  # the run's default, then --batch-size
+    assert images["default"].shape == (4, SIZE, SIZE, 3)
+    assert np.abs(images["two"].astype(int) - images["default"].astype(int)).max() <= 1
+    capsys.readouterr()
+    assert cli_main([*common, "--batch-size", "0", "--out", str(tmp_path / "no")]) == 2
+    assert "config field 'batch-size'" in capsys.readouterr().err
+    assert not (tmp_path / "no").exists()
+
+
+def test_cli_train_errors_name_the_config_field(flux_dev, tmp_path, capsys):
+    """A model directory that is missing or incomplete, or a LoRA rank of 0: exit code 2 and
+    a message naming the field (and for the directory, the files expected), as the API's
+    422, before the run directory is written."""
+    out = tmp_path / "run"
+    train = ["train", "--set", "model=flux", "--set", "finetune=lora", "--set", "device=cpu",
+             "--out", str(out), "--no-progress"]
+    missing = tmp_path / "nope"
+    incomplete = shutil.copytree(flux_dev, tmp_path / "incomplete")
+    (incomplete / "vae" / "config.json").unlink()
+    for path, wanted in ((missing, "does not exist"), (incomplete, "missing vae/config.json")):
+        capsys.readouterr()
+        assert cli_main([*train, "--set", f"model_path={path}"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: config field 'model_path': model directory {path} ")
+        assert wanted in err
+        # the files a diffusers-format FLUX directory holds
+        assert all(f in err for f in ("model_index.json", "transformer/config.json",
+                                      "vae/config.json")), err
+        assert not out.exists()
+
+    assert cli_main([*train, "--set", f"model_path={flux_dev}", "--set", "lora_rank=0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: config field 'lora_rank': ") and "model_path" not in err
+    assert not out.exists()
 
 
 # ---------------------------------------------------------------------------------------
