@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import re
 from pathlib import Path
 
 import pytest
@@ -13,12 +14,32 @@ import pytest
 from trainer.config import PRESETS, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
+SETTINGS_FILE = ROOT / "app" / "config.py"
+
+
+# what a config is called where it is read: `config.x`, `cfg.x`, `self.config.x`,
+# `job.config["x"]`, `spec.x` (ModelSpec.from_config copies the model fields), `settings.x`.
+# A read of the same name on anything else (`tensor.device`, `user.name`) does not count.
+CONFIG_RECEIVER = re.compile(r"(^|_)(config|cfg|spec|settings)$", re.IGNORECASE)
+
+
+def _receiver(node: ast.expr) -> str:
+    """The name a read is made on: `cfg` in `cfg.x`, `config` in `self.config.x`,
+    `get_settings` in `get_settings().x`."""
+    if isinstance(node, ast.Call):
+        return _receiver(node.func)
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return ""
 
 
 @functools.cache  # parsed once for all the parametrized fields below (about 0.7 s a parse)
 def _attributes_read() -> set[str]:
-    """Names read as attributes (`x.name`) or as string keys (`cfg["name"]`, `.get("name")`)
-    anywhere in the code that runs jobs: trainer/, worker/, app/ (config.py itself excluded)."""
+    """Names read from a config: as attributes (`cfg.name`) or as string keys
+    (`config["name"]`, `config.get("name")`) anywhere in the code that runs jobs: trainer/,
+    worker/, app/ (config.py itself excluded)."""
     seen: set[str] = set()
     for package in ("trainer", "worker", "app"):
         for path in (ROOT / package).rglob("*.py"):
@@ -26,14 +47,30 @@ def _attributes_read() -> set[str]:
                 continue
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
-                    seen.add(node.attr)
+                    name, receiver = node.attr, node.value
                 elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-                    seen.add(str(node.slice.value))
+                    name, receiver = str(node.slice.value), node.value
                 elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                       and node.func.attr == "get" and node.args
                       and isinstance(node.args[0], ast.Constant)):
-                    seen.add(str(node.args[0].value))
+                    name, receiver = str(node.args[0].value), node.func.value
+                else:
+                    continue
+                receiver_name = _receiver(receiver)
+                # the settings' own resolved_* properties read their fields off `self`
+                if CONFIG_RECEIVER.search(receiver_name) or (
+                        path == SETTINGS_FILE and receiver_name == "self"):
+                    seen.add(name)
     return seen
+
+
+def test_a_name_read_on_something_else_does_not_count():
+    """The rule above, on a field nothing reads: `device` read off a tensor is not a read of
+    the config's `device`."""
+    code = "x = tensor.device\ny = user.name\nz = self.config.seed\nw = spec.lora_rank\n"
+    reads = {node.attr for node in ast.walk(ast.parse(code))
+             if isinstance(node, ast.Attribute) and CONFIG_RECEIVER.search(_receiver(node.value))}
+    assert reads == {"seed", "lora_rank"}
 
 
 @pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(TrainConfig)])
