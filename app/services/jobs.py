@@ -28,6 +28,7 @@ kind, to its queue). The kinds themselves are declared once, in `app.job_kinds`.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -345,6 +346,11 @@ def _check_model(session: Session, kind: str, config: dict[str, Any], problems: 
                                            f"checkpoint's or 512), got {resolution}"))
     if config.get("reward_names") == [] and "reward_names" not in malformed:
         config["reward_names"] = default_reward_names(kind, model)
+    if (config.get("batch_size") == 0 and "batch_size" not in malformed
+            and uses_model_directory(model)):
+        # 0 is "all at once": the shapes model's 32 px canvases fit, but 256 evaluate images
+        # (or 16 prompts x G) of a real model at 512 px would not fit one card's memory
+        config["batch_size"] = real_model_sampling_batch(session, model, list(specs))
     names = config.get("reward_names")
     if isinstance(names, list) and "reward_names" not in malformed:
         from trainer.rewards import shapes_only_problem
@@ -352,6 +358,47 @@ def _check_model(session: Session, kind: str, config: dict[str, Any], problems: 
         problem = shapes_only_problem([n for n in names if isinstance(n, str)], model)
         if problem is not None:
             problems.append(("reward_names", problem))
+
+
+# what a flux / sd3 rollout or evaluate job solves and decodes at once when neither its config
+# nor its checkpoints' runs say: the flux-lora / sd3-lora presets' rollout_batch_size, sized
+# for a 512 px rollout on one 80 GB card
+REAL_MODEL_SAMPLE_BATCH = 12
+
+
+def _run_rollout_batch_size(session: Session, checkpoint_id: int) -> int:
+    """The rollout_batch_size of the run that wrote a checkpoint: its train job's config (as
+    send_to_arena reads it), else the run config the checkpoint's trainer state carries (a
+    checkpoint recorded without a job); 0 when neither says."""
+    from trainer.models import TRAINER_STATE, checkpoint_directory, safetensors_metadata
+
+    ckpt = session.get(Checkpoint, checkpoint_id)
+    if ckpt is None:
+        return 0
+    job = session.get(Job, ckpt.job_id) if ckpt.job_id is not None else None
+    if job is not None:
+        size = (job.config or {}).get("rollout_batch_size")
+    else:
+        try:
+            state = checkpoint_directory(storage.resolve(ckpt.path)) / TRAINER_STATE
+            run = json.loads(safetensors_metadata(state).get("train_config") or "{}")
+        except (NotFound, OSError, ValueError):  # no state file: a bare LoRA, a shapes file
+            return 0
+        size = run.get("rollout_batch_size") if isinstance(run, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
+
+
+def real_model_sampling_batch(session: Session, model: str, checkpoint_ids: list[int]) -> int:
+    """The batch size of a flux / sd3 rollout or evaluate job whose config gives 0: the
+    smallest rollout_batch_size among its checkpoints' runs (what their training fitted on
+    its card), else the model's preset's (REAL_MODEL_SAMPLE_BATCH)."""
+    from trainer.config import PRESETS, default_preset
+
+    sizes = [size for cid in checkpoint_ids if (size := _run_rollout_batch_size(session, cid))]
+    if sizes:
+        return min(sizes)
+    return int(PRESETS.get(default_preset(model), {}).get("rollout_batch_size")
+               or REAL_MODEL_SAMPLE_BATCH)
 
 
 def preference_problem(session: Session, spec: str) -> str | None:
