@@ -64,7 +64,8 @@ def _finished(client: httpx.Client, headers: dict, job_id: int, timeout: float, 
     return wait_for(done, timeout, f"job {job_id}", stack)
 
 
-@pytest.mark.parametrize("stack", ["postgres-redis"], indirect=True)  # as deployed
+# as deployed, and the default setting (SQLite, the embedded broker) a first install runs
+@pytest.mark.parametrize("stack", ["sqlite-fs", "postgres-redis"], indirect=True)
 def test_a_lora_job_on_a_tiny_flux_through_the_api_worker_and_arena(stack, tiny_flux_path):
     import numpy as np
     from PIL import Image
