@@ -509,20 +509,45 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
         return out
 
     def validate(self) -> TrainConfig:
-        """Check every field; raise ConfigErrors naming every bad one."""
+        """Check every field; raise ConfigErrors naming every bad one. A config that passed
+        and has not changed since is not checked again (`checked`)."""
+        if self.checked:
+            return self
         problems = self.problems()
         if problems:
             raise ConfigErrors(problems)
+        self._mark_checked()
         return self
 
+    # A config is checked once on its way to training: by from_dict (the CLI, a library
+    # caller) or by the studio's submission, whose stored form the worker rebuilds with
+    # from_stored. The mark is a fingerprint of every field rather than a flag, so that a
+    # field changed afterwards, in place too (a list or dict), is checked again by the Trainer.
+    def _fingerprint(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, default=str)
+
+    def _mark_checked(self) -> None:
+        self._checked_as = self._fingerprint()
+
+    @property
+    def checked(self) -> bool:
+        """Validated (here or at the studio's submission) and unchanged since."""
+        return getattr(self, "_checked_as", None) == self._fingerprint()
+
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """Build and validate; unknown fields are errors (a typo must not be ignored). Every
-        problem is reported at once (ConfigErrors)."""
+    def _unknown_fields(cls, data: Any) -> list[ConfigError]:
+        """An error for each key of `data` that is not a field (a typo must not be ignored)."""
         if not isinstance(data, dict):
             raise ConfigError("config", "must be a JSON object")
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = [ConfigError(str(key), "unknown field") for key in data if key not in known]
+        return [ConfigError(str(key), "unknown field") for key in data if key not in known]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """Build and validate; unknown fields are errors. Every problem is reported at once
+        (ConfigErrors)."""
+        unknown = cls._unknown_fields(data)
+        known = {f.name for f in dataclasses.fields(cls)}
         # copied: a preset's (or caller's) lists and dicts must not be shared with the config
         given = copy.deepcopy({k: v for k, v in data.items() if k in known})
         if "reward_weights" not in given and isinstance(given.get("model"), str):
@@ -533,6 +558,19 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
         problems = unknown + config.problems()
         if problems:
             raise ConfigErrors(problems)
+        config._mark_checked()
+        return config
+
+    @classmethod
+    def from_stored(cls, data: dict[str, Any]) -> TrainConfig:
+        """The typed form the studio's submission validated and stored (a job's config, every
+        field given), as the worker reads it: rebuilt, not checked again. A field this version
+        does not know is still an error (a job stored by another version)."""
+        unknown = cls._unknown_fields(data)
+        if unknown:
+            raise ConfigErrors(unknown)
+        config = cls(**copy.deepcopy(data))
+        config._mark_checked()
         return config
 
     def rollout_sampler(self) -> tuple[str, float]:

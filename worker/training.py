@@ -242,37 +242,37 @@ def train_config_of(session: Session, job: Job) -> TrainConfig:
 
 
 def job_train_config(config: dict[str, Any], prompts: list[str] | None = None) -> TrainConfig:
-    """A train job's stored config as the trainer takes it: validated again, with a relative
+    """A train job's stored config as the trainer takes it: the typed form submission
+    validated (read, not checked again: TrainConfig.from_stored), with a relative
     base_checkpoint resolved the way submission checked it (inside STORAGE_DIR or MODELS_DIR,
     `storage.job_path`) and model_path under MODELS_DIR (a missing or incomplete model
     directory is a JobError), so the worker's working directory never matters. `prompts`
-    (a dataset's) replace the config's own."""
-    cfg = TrainConfig.from_dict(dict(config) if prompts is None
-                                else {**config, "prompts": prompts})
-    directory_model = uses_model_directory(cfg.model)
+    (a dataset's, which submission checked) replace the config's own."""
+    data = dict(config) if prompts is None else {**config, "prompts": prompts}
+    directory_model = uses_model_directory(data.get("model", "shapes"))
     if directory_model:
-        cfg.model_path = str(model_directory(cfg.model, cfg.model_path))
-    if cfg.base_checkpoint:
-        cfg.base_checkpoint = str(storage.job_path(cfg.base_checkpoint,
-                                                   want="dir" if directory_model else "file"))
+        data["model_path"] = str(model_directory(data["model"], data.get("model_path", "")))
+    if data.get("base_checkpoint"):
+        data["base_checkpoint"] = str(storage.job_path(
+            data["base_checkpoint"], want="dir" if directory_model else "file"))
     # model-backed rewards: every one the job uses gets its directory from the studio's
     # settings (REWARD_MODELS_DIR may be set in .env, which the trainer does not read); with a
     # reward server the server holds the weights and the job names none
-    if not cfg.reward_server_url:
-        cfg.reward_model_paths = reward_model_paths(cfg)
-    return cfg
+    if not data.get("reward_server_url"):
+        data["reward_model_paths"] = reward_model_paths(data)
+    return TrainConfig.from_stored(data)
 
 
-def reward_model_paths(cfg: TrainConfig) -> dict[str, str]:
-    """The weights directory of each model-backed reward in cfg.reward_weights: its
-    reward_model_paths entry resolved inside REWARD_MODELS_DIR / MODELS_DIR, else
+def reward_model_paths(config: dict[str, Any]) -> dict[str, str]:
+    """The weights directory of each model-backed reward in a stored config's reward_weights:
+    its reward_model_paths entry resolved inside REWARD_MODELS_DIR / MODELS_DIR, else
     REWARD_MODELS_DIR/<name>."""
     from trainer.rewards.models import MODEL_REWARDS
 
     root = get_settings().resolved_reward_models_dir
     out = {name: str(storage.reward_model_dir(path)) for name, path in
-           cfg.reward_model_paths.items()}
-    for name in cfg.reward_weights:
+           (config.get("reward_model_paths") or {}).items()}
+    for name in config.get("reward_weights") or {}:
         if name in MODEL_REWARDS and name not in out:
             out[name] = str(root / name)
     return out

@@ -95,6 +95,42 @@ def test_base_checkpoint_under_models_dir_is_accepted_and_the_worker_loads_it(
         assert load_model(config) is not None  # what the worker builds the trainer from
 
 
+def test_a_jobs_config_is_checked_once_from_submission_to_the_trainer(client, admin,
+                                                                      monkeypatch):
+    """One config path (issue 15): submission validates the config into its typed form and
+    stores it; the worker rebuilds that form and the Trainer takes it, neither checking it
+    again. A config changed after its check (a field set, or a dict edited in place) is
+    checked again at the Trainer's door."""
+    from app.db import session_scope
+    from app.models import Job
+    from trainer.config import ConfigErrors, TrainConfig
+    from trainer.loop import Trainer
+    from worker.training import job_train_config
+
+    checks = []
+    problems = TrainConfig.problems
+    monkeypatch.setattr(TrainConfig, "problems", lambda self: checks.append(1) or problems(self))
+    r = _post(client, admin, "train", {"device": "cpu", "iterations": 1}, "tiny")
+    assert r.status_code == 201, r.text
+    assert len(checks) == 1
+    with session_scope() as s:
+        config = job_train_config(s.get(Job, r.json()["id"]).config)
+    trainer = Trainer(config)
+    assert len(checks) == 1 and config.checked
+    trainer.step()
+
+    config.learning_rate = -1.0
+    assert not config.checked
+    with pytest.raises(ConfigErrors, match="learning_rate"):
+        Trainer(config)
+    config.learning_rate = 1e-4
+    config.reward_weights["beauty"] = 1.0  # in place: the fingerprint still sees it
+    with pytest.raises(ConfigErrors, match="beauty"):
+        Trainer(config)
+    with pytest.raises(ConfigErrors, match="no_such_field"):  # a job stored by another version
+        TrainConfig.from_stored({**TrainConfig().to_dict(), "no_such_field": 1})
+
+
 def test_base_checkpoint_must_be_weights_of_the_model(client, admin, settings):
     from trainer.rewards.preference import FitConfig, PreferenceModel
 
