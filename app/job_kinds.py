@@ -95,9 +95,10 @@ class SamplingConfig(_Cfg):
         None, ge=0.0, le=100.0, description="FLUX.1-dev's guidance embedding / SD3's "
         "classifier-free guidance scale. Empty: the checkpoint's (base model: 3.5).")
     batch_size: int = Field(0, ge=0, le=100_000, description="Samples solved and decoded per "
-                            "batch; 0: all at once (a rollout's 16 prompts x G, or 256 evaluate "
-                            "images). Lower it when a large model runs out of memory; the images "
-                            "do not change.")
+                            "batch; 0: for shapes all at once (a rollout's 16 prompts x G, or "
+                            "256 evaluate images), for flux / sd3 the rollout_batch_size its "
+                            "checkpoints were trained with (set at submission). Lower it when a "
+                            "large model runs out of memory; the images do not change.")
     # before the kinds' own fields: EvaluateConfig's reward_model_paths check reads it
     reward_server_url: str = Field(
         "", max_length=4096, description="Score the rewards on a reward server (`python -m "
