@@ -509,6 +509,11 @@ def test_check_reward_models_ignores_other_rewards(monkeypatch, tmp_path):
     check_reward_models({"count": 1.0, "jpeg_compressibility": 1.0})
     with pytest.raises(RewardWeightsMissing):
         check_reward_models({"count": 1.0, "clip_score": 1.0})
+    # every missing one at once, not one per attempt
+    with pytest.raises(RewardWeightsMissing) as missing:
+        check_reward_models({"hpsv2": 1.0, "count": 1.0, "clip_score": 1.0})
+    assert missing.value.reward == "hpsv2"
+    assert "'hpsv2'" in str(missing.value) and "'clip_score'" in str(missing.value)
 
 
 @needs_open_clip

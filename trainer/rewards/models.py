@@ -172,12 +172,15 @@ def weights_problem(name: str, paths: dict[str, str] | None = None,
 
 def check_reward_models(names: list[str] | dict[str, Any],
                         paths: dict[str, str] | None = None) -> None:
-    """Raise RewardWeightsMissing for the first model-backed reward among `names` whose
-    weights cannot load; other names are ignored."""
-    for name in names:
-        if name in MODEL_REWARDS and (problem := weights_problem(name, paths)) is not None:
-            setting = reward_model_dir(name, paths)[1]
-            raise RewardWeightsMissing(name, setting, problem)
+    """Raise RewardWeightsMissing when a model-backed reward among `names` cannot load its
+    weights, naming every such reward at once (its reward and setting: the first's); other
+    names are ignored."""
+    missing = [(name, problem) for name in names if name in MODEL_REWARDS
+               and (problem := weights_problem(name, paths)) is not None]
+    if missing:
+        first = missing[0][0]
+        raise RewardWeightsMissing(first, reward_model_dir(first, paths)[1],
+                                   "; ".join(problem for _, problem in missing))
 
 
 def _current_device() -> torch.device:
