@@ -104,7 +104,11 @@ def score_groups(model: FlowModel, final_latents: torch.Tensor, prompts: list[st
     Returns images (P, G, H, W, 3), raw rewards {name: (P, G)}, advantages (P, G)."""
     p_count, g = final_latents.shape[:2]
     flat = final_latents.flatten(0, 1)  # (P*G, *D)
-    with torch.no_grad():  # decoded in the rollouts' micro-batches (a VAE at 512 px is large)
+    # decoded in the rollouts' micro-batches (a VAE at 512 px is large), then quantised to
+    # the 8-bit images that are stored, shown in the arena and sent to a reward server: every
+    # reward scores the picture a person judges, not a float image nobody sees (the model
+    # rewards move their batch back to their device; 12 images of 512 px are 9 MB)
+    with torch.no_grad():
         images = np.concatenate([to_uint8(model.decode(flat[rows])) for rows in
                                  micro_batches(flat.shape[0], config.rollout_batch_size)])
     member_prompts = [text for text in prompts for _ in range(g)]
