@@ -129,6 +129,13 @@ def _seed_leaderboard() -> None:
                     samples=[{"png": pngs.pop(), "member_index": 0,
                               "rewards": {"count": rng.random()}}], purpose="evaluate")
         judge, _ = create_user(s, f"judge-{uuid.uuid4().hex[:6]}", "annotator")
+        # an evaluate job's reward means, which the board shows beside the human rating
+        for c, (count, exact) in zip(ids, ((0.71, 0.52), (0.78, 0.61), (0.84, 0.70)),
+                                     strict=True):
+            checkpoints.record_scores(s, c, {"count": {"mean": count, "std": 0.2, "n": 48},
+                                             "exact_count": {"mean": exact, "std": 0.5,
+                                                             "n": 48}},
+                                      job_id=None, prompts="48 of the shapes prompts", seeds=1)
     strength = {ids[0]: 0.2, ids[1]: 0.5, ids[2]: 0.8}
     for seed in range(6):
         for i in range(3):
@@ -153,6 +160,9 @@ def test_leaderboard_page(server, page):
     assert int(board.get_attribute("data-n")) == 3
     assert "95% interval" in board.inner_text()
     assert page.locator("#leaderboard .ngs-matrix tbody tr").count() == 3
+    # the reward columns: each checkpoint's evaluated means beside its rating
+    means = board.locator('[data-reward="count"]').all_inner_texts()
+    assert sorted(means) == ["0.710", "0.780", "0.840"]
     page.locator("#leaderboard-ckpts").get_by_text("demo-it0").click()
     page.locator("#leaderboard-ckpts").get_by_text("demo-it60").click()
     page.locator("#leaderboard-evaluate").click()
