@@ -60,8 +60,13 @@ def main() -> int:
     trainer = make_distributed(Trainer(config, model=load_distributed_model(config)))
 
     def on_iteration(tr, result):
+        # each rank's noise seeds (one per prompt of its own): every group's members share
+        # their prompt's eps*, and no two ranks may draw the same one
+        seeds: list = [None] * world
+        dist.all_gather_object(seeds, [int(x) for x in result.noise_seeds])
         if rank == 0:
-            print(json.dumps({"metrics": result.metrics, "prompts": result.prompts}), flush=True)
+            print(json.dumps({"metrics": result.metrics, "prompts": result.prompts,
+                              "noise_seeds_by_rank": seeds}), flush=True)
         return False
 
     trainer.run(on_iteration)

@@ -60,6 +60,11 @@ def test_two_gloo_processes_match_one_process_with_the_same_total_batch():
         for key in ("forward_passes", "backward_passes", "optimizer_steps", "iteration"):
             assert b["metrics"][key] == a["metrics"][key], key
         assert b["metrics"]["world_size"] == 2
+        # each rank draws its own base noises: two prompts per rank, no noise on both ranks
+        mine, theirs = b["noise_seeds_by_rank"]
+        assert len(mine) == len(theirs) == 2 and not set(mine) & set(theirs)
+    every_seed = [s for r in two for rank_seeds in r["noise_seeds_by_rank"] for s in rank_seeds]
+    assert len(set(every_seed)) == len(every_seed)  # nor twice over the whole run
     reward_one = np.mean([r["metrics"]["reward_mean"] for r in one])
     reward_two = np.mean([r["metrics"]["reward_mean"] for r in two])
     assert abs(reward_one - reward_two) < 0.1, (reward_one, reward_two)
