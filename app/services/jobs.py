@@ -5,20 +5,21 @@ cancelled job back to queued. Cancel is cooperative: `request_cancel` sets a fla
 worker reads (`is_cancel_requested`, or the return value of `heartbeat`/`update_progress`)
 between iterations, then calls `mark_cancelled`. A queued job is cancelled at once.
 
-Worker usage (each call in its own short transaction):
+Worker usage (each call in its own short transaction; worker/lease.py wraps it):
 
     from app.db import session_scope
     from app.services import jobs
     with session_scope() as s:
-        job = jobs.mark_running(s, job_id, worker_name)
+        job = jobs.claim(s, job_id, worker_name, stale_after)  # None: not this worker's
     ...
     with session_scope() as s:
         stop = jobs.update_progress(s, job_id, it, total, {"reward_mean": 0.4})
 
-Workers that may race (two workers on one queue, a redelivered message, a reaper) use
-`claim` instead of `mark_running`: an atomic compare-and-set that only one of them wins, and
-`holds` to check each iteration that the job is still theirs. `reap_stale` is the reaper's
-half: a running job whose heartbeat is stale goes back to the queue (or to failed/cancelled).
+`claim` is an atomic compare-and-set that only one of several racing workers wins (two
+workers on one queue, a redelivered message, a reaper); `holds` checks each iteration that
+the job is still theirs. `mark_running` is the plain transition, for a caller that knows no
+one else holds the job (tests, scripts). `reap_stale` is the reaper's half: a running job
+whose heartbeat is stale goes back to the queue (or to failed/cancelled).
 
 `launch_job` is the one way a job starts (the API, the UI and the demo call it): validate,
 write, commit, then enqueue through the enqueuer the application was built with
