@@ -1,6 +1,6 @@
 """`python -m app serve` (what `make demo` runs) on the embedded defaults: migrations, the shapes
 dataset, an admin token printed once, base-model pairs in the arena within a minute (the rollout
-job queued before the demo training job), the demo training job running in the child worker, the
+job queued before the demo training job; the browser's first page after login shows one), the demo training job running in the child worker, the
 API answering; Ctrl-C stops the server and the worker (the job saves a checkpoint and goes back
 to the queue), and the next start resumes it."""
 
@@ -70,7 +70,31 @@ def _alive(pid: int) -> bool:
     return True
 
 
+CHROMIUM = os.environ.get("NGRPO_CHROMIUM", "/usr/bin/chromium")
+
+
+def _first_page_after_login_shows_a_pair(base: str, token: str) -> None:
+    """What a newcomer sees in the browser once the first minute is over: the arena's first
+    page after login holds a pair to judge, not "No pairs left to judge" (issue 18)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                    args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page()
+            page.goto(f"{base}/ui/")
+            page.locator("#login-token input, #login-token textarea").first.fill(token)
+            page.locator("#login-button").click()
+            page.locator("#arena-pair .ngs-pair[data-nonce]").wait_for(timeout=30_000)
+            assert page.locator("#arena-pair img").count() == 2
+            assert "No pairs left" not in page.locator("#arena-pair").inner_text()
+        finally:
+            browser.close()
+
+
 @pytest.mark.slow
+@pytest.mark.browser
 def test_serve_starts_everything_and_ctrl_c_stops_it(tmp_path):
     port, log = _free_port(), tmp_path / "serve.log"
     proc = _start(tmp_path, port, log)
@@ -89,6 +113,7 @@ def test_serve_starts_everything_and_ctrl_c_stops_it(tmp_path):
                      "a pair in the arena within a minute", log)
         assert pair["selection"].startswith("within_group")
         assert _get(f"{base}/api/jobs/1", token)["kind"] == "rollout"
+        _first_page_after_login_shows_a_pair(base, token)
         job = _wait(lambda: (j := _get(f"{base}/api/jobs/2", token)) and j["iteration"] >= 1
                     and j, 240, "the demo job to train", log)
         assert job["kind"] == "train" and job["status"] == "running"
