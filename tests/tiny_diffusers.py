@@ -68,8 +68,10 @@ def write_tiny_flux(directory: Path, guidance_embeds: bool = True, *,
     return directory
 
 
-def write_tiny_sd3(directory: Path) -> Path:
+def write_tiny_sd3(directory: Path, *, sd35: bool = False) -> Path:
     """An SD3-like model directory: MMDiT with two CLIPs (with projection) and a T5.
+    `sd35`: SD3.5-medium's transformer (MMDiT-X): RMS-normalised queries and keys, and a second
+    image self-attention (`attn2`) in its first block, as its dual_attention_layers have it.
 
     T5's width is 64 (= joint_attention_dim), the two CLIP hidden sizes side by side, so the
     pipeline's zero-padding of the CLIP features up to T5's width is a no-op rather than a crop.
@@ -95,7 +97,8 @@ def write_tiny_sd3(directory: Path) -> Path:
         transformer = SD3Transformer2DModel(
             sample_size=32, patch_size=2, in_channels=4, num_layers=1, attention_head_dim=8,
             num_attention_heads=2, joint_attention_dim=64, caption_projection_dim=16,
-            pooled_projection_dim=64, out_channels=4, pos_embed_max_size=32).eval()
+            pooled_projection_dim=64, out_channels=4, pos_embed_max_size=32,
+            **({"qk_norm": "rms_norm", "dual_attention_layers": (0,)} if sd35 else {})).eval()
         pipe = StableDiffusion3Pipeline(
             transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
             vae=_tiny_vae(SD3_VAE_SCALING, SD3_VAE_SHIFT),

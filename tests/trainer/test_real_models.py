@@ -38,7 +38,8 @@ from trainer.models import (
 
 PROMPTS = ["one red circle", "two blue squares"]
 SIZE = 32
-VARIANTS = {"flux_dev": "flux", "flux_schnell": "flux", "sd3": "sd3"}
+# sd35: SD3.5-medium's MMDiT-X (qk norm, a second image attention) at tiny size
+VARIANTS = {"flux_dev": "flux", "flux_schnell": "flux", "sd3": "sd3", "sd35": "sd3"}
 # diffusers' pipeline classes by model, imported when a test needs one: importing diffusers
 # takes seconds, which every collection (and every xdist worker) would pay
 PIPELINES = {"flux": "FluxPipeline", "sd3": "StableDiffusion3Pipeline"}
@@ -68,6 +69,11 @@ def flux_schnell(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sd3(tmp_path_factory):
     return write_tiny_sd3(tmp_path_factory.mktemp("sd3"))
+
+
+@pytest.fixture(scope="module")
+def sd35(tmp_path_factory):
+    return write_tiny_sd3(tmp_path_factory.mktemp("sd35"), sd35=True)
 
 
 def _config(directory: Path, model: str, **overrides) -> TrainConfig:
@@ -125,6 +131,8 @@ def test_one_iteration_trains_only_what_it_should(variant, method, finetune, req
         assert lora_keys and {k for k in before if "lora_B" in k}
         assert changed and all("lora" in k for k in changed), sorted(changed - lora_keys)
         assert any("lora_B" in k for k in changed)
+        if variant == "sd35":  # MMDiT-X's second image attention is adapted and trains too
+            assert any(".attn2." in k for k in changed), sorted(changed)
         # the optimizer holds the adapters alone
         lora_params = {id(p) for n, p in model.transformer.named_parameters() if "lora" in n}
         optimized = [p for group in trainer.optimizer.param_groups for p in group["params"]]
