@@ -752,6 +752,29 @@ def _params_after_one_iteration(config: TrainConfig) -> tuple[dict, dict]:
     return before, {n: params[n].detach().clone() for n in names}
 
 
+@pytest.mark.parametrize("variant", ["flux_dev", "sd35"])
+def test_bf16_base_trains_fp32_adapters(variant, request):
+    """mixed_precision bf16 (the CUDA default, asked for here on the CPU): the frozen base
+    holds bf16 weights, the LoRA adapters the optimizer updates are fp32, and an iteration's
+    loss and update are finite."""
+    trainer = Trainer(_config(request.getfixturevalue(variant), VARIANTS[variant],
+                              mixed_precision="bf16"))
+    named = dict(trainer.model.transformer.named_parameters())
+    lora = {n: p for n, p in named.items() if "lora" in n}
+    base = {n: p for n, p in named.items() if "lora" not in n}
+    assert lora and all(p.dtype == torch.float32 and p.requires_grad for p in lora.values())
+    assert base and all(p.dtype == torch.bfloat16 and not p.requires_grad
+                        for p in base.values())
+    optimized = [p for group in trainer.optimizer.param_groups for p in group["params"]]
+    assert {id(p) for p in optimized} == {id(p) for p in lora.values()}
+    before = {n: p.detach().clone() for n, p in lora.items()}
+    result = trainer.step()
+    assert np.isfinite(result.metrics["loss"])
+    assert all(torch.isfinite(p).all() for p in lora.values())
+    assert any(not torch.equal(before[n], p) for n, p in lora.items())
+    assert all(p.dtype == torch.float32 for p in lora.values())  # still fp32 after the step
+
+
 @pytest.mark.parametrize(("variant", "method"), [("flux_dev", "neighbor"), ("sd3", "neighbor"),
                                                  ("flux_schnell", "sde"), ("sd3", "sde")])
 def test_micro_batches_give_the_same_update(variant, method, request):
