@@ -182,3 +182,25 @@ def test_reference_penalty_gradient_pulls_the_prediction_back():
     x = torch.tensor([[3.0, -1.0]], requires_grad=True)
     reference_penalty(x, torch.zeros(1, 2), 1.0).backward()
     assert torch.allclose(x.grad, 2 * x.detach())  # d/dx ||x||^2
+
+
+def test_the_default_temperature_keeps_the_policy_alike_at_flux_latent_size():
+    """temperature 0 (default) means the flattened latent dimension: the logits are then mean
+    squared differences per element, so a one-step prediction near one of 12 neighbours
+    (sigma 0.3) gets the same spread of probabilities for the shapes model's 3x32x32 latents
+    and FLUX's 512 px packed latents (1,024 tokens x 64 = 64x64x16), instead of a one-hot
+    policy whose ratios would be all or nothing."""
+    def probabilities(shape: tuple[int, ...], temperature: float | None = None) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(0)
+        candidates = perturb_noise(torch.randn(shape, generator=gen), 12, 0.3, generator=gen)
+        prediction = candidates[0] + 0.05 * torch.randn(shape, generator=gen)
+        dim = float(math.prod(shape))
+        return leaping_log_probs(candidates, prediction, temperature or dim).exp()
+
+    shapes, flux = probabilities((3, 32, 32)), probabilities((1024, 64))
+    for p in (shapes, flux):
+        assert torch.isfinite(p).all() and float(p.sum()) == pytest.approx(1.0, abs=1e-5)
+        assert 1 / 12 < float(p[0]) < 0.2  # the near neighbour ahead, the rest not zero
+    assert float(flux[0]) == pytest.approx(float(shapes[0]), abs=0.01)
+    # a fixed temperature of 1 at FLUX's size: every probability but one underflows
+    assert float(probabilities((1024, 64), temperature=1.0)[0]) > 0.999
