@@ -218,9 +218,11 @@ def cap_memory(device: torch.device, cap_gb: float) -> dict[str, float]:
     """Let this process allocate at most `cap_gb` (1e9 bytes) on the card, so a run on a
     larger card shows what fits on a smaller one (an 80 GB H100 from a 141 GB H200): the
     caching allocator raises out-of-memory past the cap as the smaller card would."""
-    total = torch.cuda.get_device_properties(device).total_memory
+    # an index: set_per_process_memory_fraction refuses a bare "cuda" device
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
     fraction = min(1.0, cap_gb * 1e9 / total)
-    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
     return {"memory_cap_gb": cap_gb, "card_total_gb": total / 1e9,
             "memory_fraction": fraction}
 
