@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -179,3 +180,13 @@ def fresh_pg_url() -> Iterator[str]:
     finally:
         with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def models(settings, tiny_flux_path) -> Path:
+    """MODELS_DIR holding the tiny FLUX (tests/tiny_diffusers.py) as `tiny-flux`, the
+    model_path a real-model job names."""
+    root = settings.resolved_models_dir
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(tiny_flux_path, root / "tiny-flux")
+    return root

@@ -31,15 +31,6 @@ def _errors(response) -> dict[str, str]:
     return out
 
 
-@pytest.fixture
-def models(settings, tiny_flux_path):
-    """MODELS_DIR holding the tiny FLUX as `tiny-flux`."""
-    root = settings.resolved_models_dir
-    root.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(tiny_flux_path, root / "tiny-flux")
-    return root
-
-
 def test_a_tiny_flux_train_job_under_models_dir_is_accepted(client, admin, models):
     r = _post(client, admin, "train", FLUX, "tiny")
     assert r.status_code == 201, r.text

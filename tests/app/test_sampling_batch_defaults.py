@@ -8,21 +8,8 @@ ran. Checkpoints are real tiny-FLUX LoRAs saved by the trainer (tests/tiny_diffu
 
 from __future__ import annotations
 
-import shutil
-
-import pytest
-
 FLUX = {"model": "flux", "model_path": "tiny-flux", "finetune": "lora", "lora_rank": 4,
         "resolution": 32, "reward_weights": {"jpeg_compressibility": 1.0}, "device": "cpu"}
-
-
-@pytest.fixture
-def models(settings, tiny_flux_path):
-    """MODELS_DIR holding the tiny FLUX as `tiny-flux`."""
-    root = settings.resolved_models_dir
-    root.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(tiny_flux_path, root / "tiny-flux")
-    return root
 
 
 def _saved_checkpoint(session, models, name: str, rollout_batch_size: int,
