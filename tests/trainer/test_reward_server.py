@@ -149,7 +149,8 @@ def test_eight_concurrent_clients_are_batched_and_get_their_own_scores(server):
     requests = []
     for i in range(8):  # each client its own images, count, size and rewards
         n, size = i + 1, (32 if i % 2 else 24)
-        names = ["count", "color"] if i % 3 else ["jpeg_compressibility", "count"]
+        names = (["pickscore", "count"] if i % 4 == 3  # a model reward, batched across clients
+                 else ["count", "color"] if i % 3 else ["jpeg_compressibility", "count"])
         requests.append((names, _images(n, seed=100 + i, size=size),
                          [PROMPTS[(i + k) % len(PROMPTS)] for k in range(n)]))
 
@@ -173,7 +174,12 @@ def test_eight_concurrent_clients_are_batched_and_get_their_own_scores(server):
         local = compute_rewards(names, images, prompts)
         assert list(answer) == names
         for name in names:
-            np.testing.assert_array_equal(answer[name], local[name])
+            if name == "pickscore":  # scored in a batch with other clients' images: the
+                # network's float rounding may differ with the batch, nothing else
+                np.testing.assert_allclose(answer[name], local[name], rtol=1e-5, atol=1e-4)
+            else:
+                np.testing.assert_array_equal(answer[name], local[name])
+    assert any("pickscore" in names for names, _, _ in requests)
     after = _health(server)
     assert after["requests"] - before["requests"] == 10
     assert after["images"] - before["images"] == 1 + 2 + sum(range(1, 9))
