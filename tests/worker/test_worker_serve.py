@@ -75,7 +75,16 @@ CHROMIUM = os.environ.get("NGRPO_CHROMIUM", "/usr/bin/chromium")
 
 def _first_page_after_login_shows_a_pair(base: str, token: str) -> None:
     """What a newcomer sees in the browser once the first minute is over: the arena's first
-    page after login holds a pair to judge, not "No pairs left to judge" (issue 18)."""
+    page after login holds a pair to judge, not "No pairs left to judge" (issue 18). In a
+    thread of its own: in the whole suite the browser tests' session keeps Playwright's event
+    loop running in this one, where a second sync_playwright() refuses to start."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(_check_first_page, base, token).result()
+
+
+def _check_first_page(base: str, token: str) -> None:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
