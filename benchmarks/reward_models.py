@@ -54,7 +54,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from imagereward_reference import MED_CONFIG  # noqa: E402  (this folder is not a package)
 
 from trainer.rewards import compute_rewards  # noqa: E402
 from trainer.rewards import models as reward_models  # noqa: E402
@@ -97,12 +100,9 @@ TINY_OPEN_CLIP = {"embed_dim": 16,
 # vocab 30524 = bert-base-uncased's 30522 + [DEC] + [ENC])
 IMAGEREWARD_VIT = dict(hidden_size=1024, num_hidden_layers=24, intermediate_size=4096,
                        patch_size=16, image_size=224)
-IMAGEREWARD_MED_CONFIG = {
-    "architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
-    "hidden_dropout_prob": 0.1, "hidden_size": 768, "initializer_range": 0.02,
-    "intermediate_size": 3072, "layer_norm_eps": 1e-12, "max_position_embeddings": 512,
-    "model_type": "bert", "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 0,
-    "type_vocab_size": 2, "vocab_size": 30524, "encoder_width": 768, "add_cross_attention": True}
+# BLIP's med_config.json, as the image-reward reference check writes it (that script imports
+# nothing of the project's, so it runs in the image-reward package's own venv)
+IMAGEREWARD_MED_CONFIG = MED_CONFIG
 # toy sizes: 2 ViT heads of BLIP's 64, one block, 16 px patches on 32 px; a one-layer BERT 32 wide
 TINY_IMAGEREWARD_VIT = dict(hidden_size=128, num_hidden_layers=1, intermediate_size=256,
                             patch_size=16, image_size=32)

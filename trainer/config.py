@@ -547,9 +547,9 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
         """Build and validate; unknown fields are errors. Every problem is reported at once
         (ConfigErrors)."""
         unknown = cls._unknown_fields(data)
-        known = {f.name for f in dataclasses.fields(cls)}
         # copied: a preset's (or caller's) lists and dicts must not be shared with the config
-        given = copy.deepcopy({k: v for k, v in data.items() if k in known})
+        given = copy.deepcopy({k: v for k, v in data.items()
+                               if k not in {e.field for e in unknown}})
         if "reward_weights" not in given and isinstance(given.get("model"), str):
             # no rewards named: the model's own default (the dataclass's count reward reads
             # only shapes images)
