@@ -11,13 +11,23 @@ the other kinds take the pydantic models below.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_type_hints
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    create_model,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from app.limits import MAX_ID
+from trainer.rewards.fit_config import FitConfig, fit_fields
 
 
 class _Cfg(BaseModel):
@@ -196,46 +206,32 @@ class EvaluateConfig(SamplingConfig):
         return paths
 
 
-class FitPreferenceConfig(_Cfg):
-    """Refit the human-preference reward model from clean votes (trainer.rewards.preference
-    FitConfig's fields); the file goes to STORAGE_DIR/preference/vN.safetensors."""
+def _fit_field(f: dataclasses.Field, annotation: Any) -> tuple[Any, Any]:
+    """A pydantic field for one of FitConfig's: its default, help text and bounds."""
+    bounds = {k: v for k, v in f.metadata.items() if k not in ("help", "choices")}
+    if choices := f.metadata.get("choices"):
+        annotation = Literal[tuple(choices)]  # type: ignore[valid-type]
+    return annotation, Field(f.default, description=f.metadata["help"], **bounds)
+
+
+# FitConfig's fields as the job takes them (the device is the job's own, below)
+_FitFields = create_model("_FitFields", __base__=_Cfg, **{
+    f.name: _fit_field(f, get_type_hints(FitConfig)[f.name])
+    for f in fit_fields(exclude=("device",))})
+
+
+class FitPreferenceConfig(_FitFields):
+    """Refit the human-preference reward model from clean votes (trainer.rewards.fit_config
+    FitConfig's fields, and the job's own below); the file goes to
+    STORAGE_DIR/preference/vN.safetensors."""
 
     min_votes: int = Field(0, ge=0, le=10_000_000,
                            description="Fail unless at least this many clean votes exist "
                            "(a fit always needs 4, so values below 4 act as 4).")
-    features: Literal["shapes", "clip"] = Field(
-        "shapes", description="'shapes': a small convolutional network on the pixels; 'clip': "
-        "a frozen CLIP image-text embedding from clip_path with a small head.")
-    clip_path: str = Field("", max_length=4096,
-                           description="Local CLIP weights for features='clip'.")
-    holdout_fraction: float = Field(0.2, ge=0.0, lt=1.0, description="Share of the votes kept "
-                                    "out of the fit to report held-out pair accuracy and log-loss.")
-    epochs: int = Field(10, ge=1, le=10_000, description="Passes over the training votes.")
-    batch_size: int = Field(64, ge=1, le=65_536, description="Votes per optimizer step.")
-    learning_rate: float = Field(2e-3, gt=0.0, le=1.0, description="Peak AdamW learning rate "
-                                 "(one-cycle schedule).")
-    weight_decay: float = Field(1e-3, ge=0.0, le=1.0, description="AdamW weight decay.")
-    ensemble: int = Field(5, ge=1, le=32, description="Scorers averaged (and whose "
-                          "disagreement the training reward subtracts); more rank close pairs "
-                          "more reliably.")
-    shared_features: bool = Field(True, description="Members after the first are heads on "
-                                  "the first network's frozen features, each fitted to a "
-                                  "bootstrap resample of the votes: an ensemble costs about one "
-                                  "network's fit. Off: whole networks, each on every vote.")
-    label_smoothing: float = Field(0.05, ge=0.0, lt=1.0, description="Pull the vote targets "
-                                   "this far towards 1/2 (a vote for A becomes 1 - s): people "
-                                   "flip some votes, and a fit that believes every vote "
-                                   "overfits the flips.")
-    mirror_augment: bool = Field(False, description="Train on random left-right mirrors of the "
-                                 "shapes images: more variety from few votes, but a preference "
-                                 "for one side can then not be learned.")
-    seed: int = Field(0, ge=0, le=MAX_ID, description="Seed of the held-out split and the "
-                      "initialisations.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to fit; 'auto' "
                                                    "takes the GPU when there is one.")
     score_samples: bool = Field(True, description="Cache the new model's score on every "
                                 "stored sample (active pair selection reads it).")
-
 
 
 @dataclass(frozen=True)

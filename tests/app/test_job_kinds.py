@@ -86,14 +86,28 @@ def test_send_to_arena_uses_the_jobs_group_size_capped(settings, session, enqueu
 
 
 def test_fit_preference_job_config_is_fitconfig_plus_job_settings():
+    """The job's config is built from FitConfig's fields: same names, defaults, help texts and
+    bounds, so the two cannot drift apart; the job adds only its own three settings."""
+    import dataclasses
+
+    from pydantic import ValidationError
+
     from app.job_kinds import FitPreferenceConfig
+    from trainer.rewards.fit_config import FitConfig
     from worker.preference import FIT_FIELDS
 
-    job_fields = set(FitPreferenceConfig.model_fields)
-    # every FitConfig field a job may set is in the job's config, with the same default
-    assert set(FIT_FIELDS) - {"width"} <= job_fields
-    assert job_fields - set(FIT_FIELDS) == {"min_votes", "score_samples", "device"}
-    from trainer.rewards.preference import FitConfig
-
-    for name in set(FIT_FIELDS) & job_fields:
-        assert FitPreferenceConfig.model_fields[name].default == getattr(FitConfig(), name), name
+    job_fields = FitPreferenceConfig.model_fields
+    assert set(job_fields) - set(FIT_FIELDS) == {"min_votes", "score_samples", "device"}
+    assert set(FIT_FIELDS) <= set(job_fields)
+    for f in dataclasses.fields(FitConfig):
+        if f.name == "device":
+            continue
+        assert job_fields[f.name].default == f.default, f.name
+        assert job_fields[f.name].description == f.metadata["help"], f.name
+    # FitConfig's bounds are the job's: every one refused at once, each naming its field
+    with pytest.raises(ValidationError) as caught:
+        FitPreferenceConfig(epochs=0, holdout_fraction=1.0, features="pixels", width=2,
+                            learning_rate=0.0)
+    assert {e["loc"][0] for e in caught.value.errors()} == {
+        "epochs", "holdout_fraction", "features", "width", "learning_rate"}
+    assert FitPreferenceConfig(width=64, epochs=3).width == 64

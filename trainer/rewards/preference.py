@@ -38,6 +38,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from trainer.rewards.fit_config import FitConfig
 from trainer.rewards.outcomes import LABELLED_OUTCOMES, OUTCOMES, TARGET_A, Outcome
 from trainer.shapes.world import PROMPT_LENGTH, VOCAB, tokenize
 
@@ -48,46 +49,6 @@ class PreferencePair:
     image_b: np.ndarray
     prompt: str
     outcome: str  # an Outcome value
-
-
-def _help(default: Any, help: str) -> Any:
-    """A FitConfig field with its help text in the field's metadata (as TrainConfig's:
-    `dataclasses.fields(FitConfig)[i].metadata["help"]`)."""
-    return field(default=default, metadata={"help": help})
-
-
-@dataclass
-class FitConfig:
-    features: str = _help("shapes", "'shapes': a small convolutional network on the pixels "
-                          "and the prompt's tokens; 'clip': a frozen CLIP image-text embedding "
-                          "from clip_path with a small head.")
-    clip_path: str = _help("", "Local CLIP weights (a transformers save_pretrained directory) "
-                           "for features='clip'; never downloaded.")
-    width: int = _help(32, "Channels of the shapes network (features='shapes').")
-    holdout_fraction: float = _help(0.2, "Share of the votes kept out of the fit to report "
-                                    "held-out pair accuracy and log-loss (none held out under "
-                                    "10 usable votes).")
-    epochs: int = _help(10, "Passes over the training votes.")
-    batch_size: int = _help(64, "Votes per optimizer step.")
-    learning_rate: float = _help(2e-3, "Peak AdamW learning rate (one-cycle schedule).")
-    weight_decay: float = _help(1e-3, "AdamW weight decay.")
-    ensemble: int = _help(5, "Scorers averaged; their disagreement marks images unlike the "
-                          "voted ones (a training reward may subtract it). See "
-                          "shared_features.")
-    shared_features: bool = _help(True, "Members after the first are heads on the first "
-                                  "network's frozen features, each fitted to a bootstrap "
-                                  "resample of the votes (shapes features only); False: whole "
-                                  "networks, each on all the votes.")
-    label_smoothing: float = _help(0.05, "Pull the Bradley-Terry targets this far towards 1/2 "
-                                   "(a vote for a becomes 1 - s): people flip some votes, and "
-                                   "a fit that believes every vote overfits the flips.")
-    mirror_augment: bool = _help(False, "Train on random left-right mirrors of the shapes "
-                                 "images. Off by default: it assumes nobody prefers one side, "
-                                 "and a campaign for \"subject on the left\" then learns "
-                                 "nothing (docs/benchmarks.md).")
-    seed: int = _help(0, "Seed of the held-out split, the initialisations, the batch order "
-                      "and the bootstrap resamples.")
-    device: str = _help("cpu", "Torch device the fit and the model run on.")
 
 
 @dataclass

@@ -1,0 +1,72 @@
+"""FitConfig: how a human-preference model is fitted to votes, described once.
+
+The trainer's fit (`trainer.rewards.preference.fit_preference_model`) reads it, and the
+studio's fit_preference job config (`app.job_kinds.FitPreferenceConfig`) is built from its
+fields: the same names, defaults, help texts and allowed values. Each field's metadata carries
+its help text and its bounds in pydantic's words (`ge`, `gt`, `le`, `lt`, `max_length`,
+`choices`), so a schema or a form needs no second copy.
+
+This module imports no torch: the web app builds its job schema from it at import time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+# the largest seed: int32, what the studio's INTEGER columns hold (as trainer.config.MAX_SEED)
+MAX_SEED = 2**31 - 1
+
+FEATURES = ("shapes", "clip")
+
+
+def _help(default: Any, help: str, **bounds: Any) -> Any:
+    """A FitConfig field with its help text and bounds in the field's metadata."""
+    return field(default=default, metadata={"help": help, **bounds})
+
+
+@dataclass
+class FitConfig:
+    features: str = _help("shapes", "'shapes': a small convolutional network on the pixels "
+                          "and the prompt's tokens; 'clip': a frozen CLIP image-text embedding "
+                          "from clip_path with a small head.", choices=FEATURES)
+    clip_path: str = _help("", "Local CLIP weights (a transformers save_pretrained directory) "
+                           "for features='clip'; never downloaded.", max_length=4096)
+    width: int = _help(32, "Channels of the shapes network (features='shapes'): more fit "
+                       "subtler preferences from more votes, at a cost per vote.", ge=4, le=512)
+    holdout_fraction: float = _help(0.2, "Share of the votes kept out of the fit to report "
+                                    "held-out pair accuracy and log-loss (none held out under "
+                                    "10 usable votes).", ge=0.0, lt=1.0)
+    epochs: int = _help(10, "Passes over the training votes.", ge=1, le=10_000)
+    batch_size: int = _help(64, "Votes per optimizer step.", ge=1, le=65_536)
+    learning_rate: float = _help(2e-3, "Peak AdamW learning rate (one-cycle schedule).",
+                                 gt=0.0, le=1.0)
+    weight_decay: float = _help(1e-3, "AdamW weight decay.", ge=0.0, le=1.0)
+    ensemble: int = _help(5, "Scorers averaged; their disagreement marks images unlike the "
+                          "voted ones (a training reward may subtract it). See "
+                          "shared_features.", ge=1, le=32)
+    shared_features: bool = _help(True, "Members after the first are heads on the first "
+                                  "network's frozen features, each fitted to a bootstrap "
+                                  "resample of the votes (shapes features only): an ensemble "
+                                  "costs about one network's fit. False: whole networks, each "
+                                  "on all the votes.")
+    label_smoothing: float = _help(0.05, "Pull the Bradley-Terry targets this far towards 1/2 "
+                                   "(a vote for a becomes 1 - s): people flip some votes, and "
+                                   "a fit that believes every vote overfits the flips.",
+                                   ge=0.0, lt=1.0)
+    mirror_augment: bool = _help(False, "Train on random left-right mirrors of the shapes "
+                                 "images. Off by default: it assumes nobody prefers one side, "
+                                 "and a campaign for \"subject on the left\" then learns "
+                                 "nothing (docs/benchmarks.md).")
+    seed: int = _help(0, "Seed of the held-out split, the initialisations, the batch order "
+                      "and the bootstrap resamples.", ge=0, le=MAX_SEED)
+    device: str = _help("cpu", "Torch device the fit and the model run on.")
+
+
+def fit_fields(exclude: tuple[str, ...] = ()) -> list[dataclasses.Field]:
+    """FitConfig's fields, in order, less `exclude`."""
+    return [f for f in dataclasses.fields(FitConfig) if f.name not in exclude]
+
+
+__all__ = ["FEATURES", "MAX_SEED", "FitConfig", "fit_fields"]
