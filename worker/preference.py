@@ -36,6 +36,7 @@ from trainer.rewards.preference import (
     PreferenceModel,
     PreferencePair,
     fit_preference_model,
+    warm_start_problem,
 )
 from worker.lease import LeaseLost
 
@@ -80,9 +81,12 @@ def fit_config_from(cfg: FitPreferenceConfig) -> FitConfig:
 
 
 def fit_and_record(fit_config: FitConfig, *, job_id: int | None = None, min_votes: int = 0,
-                   score_samples: bool = True, images: ImageCache | None = None
+                   score_samples: bool = True, images: ImageCache | None = None,
+                   warm_start: PreferenceModel | None = None
                    ) -> tuple[PreferenceModel, dict[str, Any]]:
     """Fit on every clean vote, save vN, record the row (and cache sample scores).
+    `warm_start`: the model a refit may start from (fit_config.warm_start_epochs; the votes
+    are keyed by their ids, so their held-out split is the same in every fit).
     Returns the model and its row as a dict."""
     images = images or ImageCache()
     with session_scope() as s:
@@ -94,8 +98,8 @@ def fit_and_record(fit_config: FitConfig, *, job_id: int | None = None, min_vote
         raise ValueError(f"fit_preference: {clean} clean votes (a, b or tie); need at least "
                          f"{needed}")
     pairs = [PreferencePair(images.get(r["a_path"]), images.get(r["b_path"]), r["prompt"],
-                            r["outcome"]) for r in rows]
-    model = fit_preference_model(pairs, fit_config, version=version)
+                            r["outcome"], key=str(r["vote_id"])) for r in rows]
+    model = fit_preference_model(pairs, fit_config, version=version, warm_start=warm_start)
     rel = pref_svc.model_path(version)
     full = storage.storage_root() / rel
     full.parent.mkdir(parents=True, exist_ok=True)
@@ -136,13 +140,33 @@ def score_all_samples(model: PreferenceModel, version: int, images: ImageCache |
     return done
 
 
+def newest_model(fit_config: FitConfig) -> PreferenceModel | None:
+    """The newest recorded preference model, loaded, when a fit with `fit_config` may start
+    from it (warm_start_epochs set and the same network and held-out votes); else None."""
+    if not fit_config.warm_start_epochs:
+        return None
+    with session_scope() as s:
+        row = pref_svc.latest_model(s)
+        path = storage.resolve(row.path) if row is not None else None
+    if path is None or not path.exists():
+        return None
+    model = PreferenceModel.load(path, device=fit_config.device)
+    if (problem := warm_start_problem(model, fit_config)) is not None:
+        log.info("preference fit from scratch: it cannot start from v%s: %s",
+                 model.report.version if model.report else "?", problem)
+        return None
+    return model
+
+
 def run_fit_preference(job_id: int, worker_name: str) -> str:
     """The fit_preference job (already claimed by `worker.tasks.run_job`)."""
     with session_scope() as s:
         cfg = FitPreferenceConfig.model_validate(jobs.get_job(s, job_id).config)
         jobs.update_progress(s, job_id, 0, 2)
-    _model, row = fit_and_record(fit_config_from(cfg), job_id=job_id, min_votes=cfg.min_votes,
-                                 score_samples=cfg.score_samples)
+    fit_config = fit_config_from(cfg)
+    _model, row = fit_and_record(fit_config, job_id=job_id, min_votes=cfg.min_votes,
+                                 score_samples=cfg.score_samples,
+                                 warm_start=newest_model(fit_config))
     metrics = json_safe({"preference_model_version": row["version"],
                              "preference_model_path": row["path"],
                              "votes_used": row["votes_used"], **row["report"]})

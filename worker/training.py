@@ -201,16 +201,20 @@ def maybe_refit_preference(trainer: Trainer, config: TrainConfig, job_id: int,
     if not new:
         return {"preference_refit": 0}, last
     from trainer.rewards import get_reward
-    from trainer.rewards.preference import FitConfig
+    from trainer.rewards.preference import FitConfig, PreferenceModel
 
-    # the same fit settings as the model in use (a model given by path may have none)
-    fit_config = getattr(get_reward("preference"), "config", None) or FitConfig()
+    # the same fit settings as the model in use (a model given by path may have none), and
+    # that model to start from where its settings allow (FitConfig.warm_start_epochs)
+    in_use = get_reward("preference")
+    fit_config = getattr(in_use, "config", None) or FitConfig()
     began = time.perf_counter()
-    model, row = fit_and_record(fit_config, job_id=job_id, images=images)
+    model, row = fit_and_record(fit_config, job_id=job_id, images=images,
+                                warm_start=in_use if isinstance(in_use, PreferenceModel) else None)
     trainer.set_preference_model(model, row["version"])
     # the time training stood still for it (the fit and the scores of the stored samples)
     return ({"preference_refit": 1, "preference_refit_votes": new,
              "preference_refit_seconds": time.perf_counter() - began,
+             "preference_refit_warm_start": int(bool(model.report.extra.get("warm_start"))),
              "preference_heldout_accuracy": row["heldout_accuracy"]}, row["last_vote_id"])
 
 

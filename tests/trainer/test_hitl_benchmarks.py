@@ -175,3 +175,20 @@ def test_a_tiny_fit_reports_log_loss_and_calibration_on_the_held_out_pairs():
     assert row["clean"] > 0.8, row  # it learned `upper` (0.95-0.99 over fit seeds 0-2)
     assert row["log_loss_clean"] < np.log(2) - 0.1, row  # 0.17-0.26 over fit seeds 0-2
     assert row["log_loss_clean"] < row["log_loss_noisy"], row  # flipped votes cost more
+
+
+def test_refits_benchmark_fits_both_ways_on_the_same_votes_and_summarises():
+    out = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "hitl_refits.py"), "--device", "cpu", "--start", "40",
+         "--round-votes", "20", "--rounds", "2", "--pool-seeds", "1", "--prompts", "8",
+         "--preferences", "upper", "--seeds", "0", "--epochs", "2", "--ensemble", "2",
+         "--warm-start-epochs", "1"],
+        capture_output=True, text=True, timeout=600, check=True, cwd=BENCHMARKS).stdout
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [(r["round"], r["votes"]) for r in rows] == [(1, 60), (2, 80)]
+    for row in rows:
+        for name in ("scratch", "warm"):
+            assert 0.0 <= row[name]["clean"] <= 1.0 and row[name]["seconds"] > 0
+    summary = json.loads(out.split("SUMMARY ", 1)[1])
+    assert summary["upper"]["speedup"] > 0
+    assert summary["upper"]["warm"]["clean_last_round"] == rows[-1]["warm"]["clean"]

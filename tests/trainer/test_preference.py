@@ -1,6 +1,7 @@
 """The preference reward model and simulated annotators, on rendered shapes (exact attributes)."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +18,10 @@ from trainer.rewards.preference import (
     PreferenceModel,
     PreferencePair,
     SharedFeatureEnsemble,
+    _heldout_split,
     fit_preference_model,
     mirror_augment,
+    warm_start_problem,
 )
 from trainer.shapes.world import COLORS, all_prompts, parse_prompt, render, shape_mask
 
@@ -211,6 +214,64 @@ def test_mirror_augmentation_is_off_unless_asked_for():
     assert any(torch.equal(x, images.flip(-1)) for x in on) and any(torch.equal(x, images) for x in on)
     off = [mirror_augment(images, FitConfig()) for _ in range(40)]
     assert all(torch.equal(x, images) for x in off)
+
+
+def _keyed(pairs: list[PreferencePair], start: int = 0) -> list[PreferencePair]:
+    """The pairs with vote ids as keys, from `start`, as the studio's fits pass them."""
+    return [replace(p, key=str(start + i)) for i, p in enumerate(pairs)]
+
+
+def test_keyed_votes_are_held_out_by_key_the_same_in_every_refit():
+    """A vote held out (or trained on) stays so as votes arrive; unkeyed votes keep the seeded
+    permutation with round(n * fraction) held out."""
+    first = _keyed(_pairs(200, "upper", flip=0.0, seed=5))
+    later = first + _keyed(_pairs(300, "upper", flip=0.0, seed=6), start=200)
+    config = FitConfig()
+    held1, train1, how1 = _heldout_split(first, config)
+    held2, train2, how2 = _heldout_split(later, config)
+    assert how1 == how2 == "key"
+    keys1 = {p.key for p in held1}
+    assert keys1 == {p.key for p in held2 if int(p.key) < 200}
+    assert {p.key for p in train1} == {p.key for p in train2 if int(p.key) < 200}
+    assert 0.12 < len(held2) / len(later) < 0.28  # about holdout_fraction
+    # another seed holds out other votes
+    assert {p.key for p in _heldout_split(first, FitConfig(seed=1))[0]} != keys1
+    plain = _pairs(200, "upper", flip=0.0, seed=5)
+    held, _, how = _heldout_split(plain, config)
+    assert how == "random" and len(held) == 40
+
+
+def test_a_refit_starts_from_a_compatible_model_and_otherwise_from_scratch():
+    """warm_start_epochs: the refit loads the model in use and trains that many epochs on all
+    the votes; a different network, seed or unkeyed votes refit from scratch."""
+    votes = _keyed(_pairs(120, "upper", flip=0.0, seed=7))
+    config = FitConfig(epochs=3, ensemble=2, warm_start_epochs=1)
+    previous = fit_preference_model(votes, config, version=1)
+    assert previous.report.extra == {"split": "key", "epochs": 3, "warm_start": False,
+                                     "warm_start_version": None}
+    more = votes + _keyed(_pairs(40, "upper", flip=0.0, seed=8), start=120)
+    images, prompts = np.stack([q.image_a for q in more]), [q.prompt for q in more]
+    # at a vanishing learning rate a warm refit scores as the model it started from
+    still = fit_preference_model(more, replace(config, learning_rate=1e-12), version=2,
+                                 warm_start=previous)
+    assert still.report.extra["warm_start_version"] == 1 and still.report.extra["epochs"] == 1
+    np.testing.assert_allclose(still.member_scores(images, prompts),
+                               previous.member_scores(images, prompts), rtol=1e-4, atol=1e-5)
+    cold = fit_preference_model(more, replace(config, learning_rate=1e-12), version=2)
+    assert not cold.report.extra["warm_start"]
+    assert not np.allclose(cold.scores(images, prompts), previous.scores(images, prompts))
+    # a warm refit at the normal rate learns the new votes too
+    warm = fit_preference_model(more, config, version=2, warm_start=previous)
+    assert warm.report.extra["warm_start"] and warm.report.train_accuracy > 0.75, warm.report
+    for changed in (replace(config, width=16), replace(config, seed=3),
+                    replace(config, ensemble=3), replace(config, warm_start_epochs=0)):
+        refit = fit_preference_model(more, changed, version=2, warm_start=previous)
+        assert not refit.report.extra["warm_start"], changed
+        assert refit.report.extra["epochs"] == 3
+    assert "width differs" in warm_start_problem(previous, replace(config, width=16))
+    unkeyed = fit_preference_model([replace(p, key=None) for p in more], config, version=2,
+                                   warm_start=previous)
+    assert unkeyed.report.extra["split"] == "random" and not unkeyed.report.extra["warm_start"]
 
 
 def test_fit_refuses_too_few_votes():

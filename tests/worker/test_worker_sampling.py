@@ -179,3 +179,27 @@ def test_fit_preference_on_clip_features_scores_the_stored_samples(stack, tiny_c
         assert len(scored) == 16
         assert all(score is not None and version == record.version for score, version in scored)
         assert len({round(score, 6) for score, _ in scored}) > 1  # scores differ per image
+
+    # a refit after more votes starts from that model (warm_start_epochs: the same network,
+    # seed and held-out votes, which are chosen by vote id); one on another seed from scratch
+    with session_scope() as s:
+        second, _ = auth.create_user(s, "ann2", "annotator")
+        for n, (a, b) in enumerate(pairs):
+            record_vote(s, second, client_vote_id=f"w{n}", sample_a_id=a, sample_b_id=b,
+                        outcome="b" if n % 3 else "a")
+        warm = jobs.create_job(s, "fit_preference", {
+            "features": "clip", "clip_path": "tiny-clip", "epochs": 2, "ensemble": 2,
+            "device": "cpu", "warm_start_epochs": 1}).id
+    stack.send(warm, "fit_preference")
+    job = wait_for(lambda: _done(warm), 120, "the warm refit", stack)
+    assert job.status == "succeeded", job.error
+    assert job.metrics["extra"]["warm_start_version"] == 1 and job.metrics["extra"]["epochs"] == 1
+    assert job.metrics["votes_fitted"] == 48 and job.metrics["preference_model_version"] == 2
+    with session_scope() as s:
+        cold = jobs.create_job(s, "fit_preference", {
+            "features": "clip", "clip_path": "tiny-clip", "epochs": 2, "ensemble": 2,
+            "device": "cpu", "warm_start_epochs": 1, "seed": 5}).id
+    stack.send(cold, "fit_preference")
+    job = wait_for(lambda: _done(cold), 120, "the refit on another seed", stack)
+    assert job.status == "succeeded", job.error
+    assert job.metrics["extra"]["warm_start"] is False and job.metrics["extra"]["epochs"] == 2

@@ -49,6 +49,10 @@ class PreferencePair:
     image_b: np.ndarray
     prompt: str
     outcome: str  # an Outcome value
+    # a stable identity (the studio passes the vote's id): when every pair has one, a vote is
+    # held out by a hash of its key, so it is held out in every refit of the same seed, and a
+    # refit that starts from an earlier model is never judged on votes that model trained on
+    key: str | None = None
 
 
 @dataclass
@@ -368,8 +372,15 @@ MIN_FIT_VOTES = 4
 
 
 def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None = None,
-                         version: int = 1) -> PreferenceModel:
-    """Bradley-Terry fit with a held-out split; the report says how well it predicts."""
+                         version: int = 1, warm_start: PreferenceModel | None = None
+                         ) -> PreferenceModel:
+    """Bradley-Terry fit with a held-out split; the report says how well it predicts.
+
+    `warm_start`: the model in use. With `config.warm_start_epochs` and a compatible model
+    (`warm_start_problem`; the pairs keyed), the fit starts from its weights and trains
+    warm_start_epochs on every vote, old and new: a refit after a round of votes costs a
+    fraction of a fit from scratch. Training on the new votes alone would forget the old ones.
+    """
     config = config or FitConfig()
     start = time.perf_counter()
     ignored: dict[str, int] = {}
@@ -382,13 +393,16 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
     if len(usable) < MIN_FIT_VOTES:
         raise ValueError(f"need at least {MIN_FIT_VOTES} votes with a preference (a, b or tie), "
                          f"got {len(usable)}")
-    rng = np.random.default_rng(config.seed)
-    order = rng.permutation(len(usable))
-    n_hold = int(round(len(usable) * config.holdout_fraction)) if len(usable) >= 10 else 0
-    held, train = [usable[i] for i in order[:n_hold]], [usable[i] for i in order[n_hold:]]
+    held, train, split = _heldout_split(usable, config)
 
     torch.manual_seed(config.seed)  # each member's initialisation differs: drawn in turn
     model = PreferenceModel(config)
+    warm_from = None
+    if config.warm_start_epochs and warm_start is not None and split == "key" \
+            and warm_start_problem(warm_start, config) is None:
+        model.net.load_state_dict(warm_start.net.state_dict())
+        warm_from = warm_start.report.version if warm_start.report else None
+        config = replace(config, epochs=config.warm_start_epochs)
 
     def tensors(subset: list[PreferencePair]):
         images_a = np.stack([p.image_a for p in subset])
@@ -434,10 +448,50 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
         version=version, votes_total=len(pairs), votes_fitted=len(usable), votes_ignored=ignored,
         train_pairs=len(train), heldout_pairs=len(held), heldout_accuracy=held_acc,
         heldout_log_loss=held_loss, train_accuracy=train_acc or 0.0,
-        seconds=time.perf_counter() - start)
+        seconds=time.perf_counter() - start,
+        extra={"split": split, "epochs": config.epochs, "warm_start": warm_from is not None,
+               "warm_start_version": warm_from})
     return model
 
 
-__all__ = ["MIN_FIT_VOTES", "FitConfig", "FitReport", "PreferenceModel", "PreferencePair", "fit_preference_model",
+def _held_out_by_key(key: str, config: FitConfig) -> bool:
+    """Whether the vote `key` is held out: a hash of (seed, key) below holdout_fraction, the
+    same answer in every fit of that seed however many votes come later."""
+    digest = hashlib.blake2b(f"{config.seed}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64 < config.holdout_fraction
+
+
+def _heldout_split(usable: list[PreferencePair], config: FitConfig
+                   ) -> tuple[list[PreferencePair], list[PreferencePair], str]:
+    """(held out, trained on, how): by key when every pair has one ("key"), else a seeded
+    random permutation with round(n * holdout_fraction) held out ("random"); none held out
+    under 10 usable votes."""
+    if len(usable) >= 10 and all(pair.key is not None for pair in usable):
+        held = [_held_out_by_key(pair.key, config) for pair in usable]  # type: ignore[arg-type]
+        return ([p for p, h in zip(usable, held, strict=True) if h],
+                [p for p, h in zip(usable, held, strict=True) if not h], "key")
+    order = np.random.default_rng(config.seed).permutation(len(usable))
+    n_hold = int(round(len(usable) * config.holdout_fraction)) if len(usable) >= 10 else 0
+    return ([usable[i] for i in order[:n_hold]], [usable[i] for i in order[n_hold:]],
+            "random" if n_hold else "none")
+
+
+def warm_start_problem(previous: PreferenceModel, config: FitConfig) -> str | None:
+    """Why a fit with `config` cannot start from `previous`, or None when it can: the same
+    network (features, width, ensemble, shared features, CLIP weights) and the same held-out
+    votes (split by key with the same seed and fraction), so that the new model's held-out
+    accuracy is measured on votes neither model trained on."""
+    old = previous.config
+    for name in ("features", "width", "ensemble", "shared_features", "clip_path", "seed",
+                 "holdout_fraction"):
+        if getattr(old, name) != getattr(config, name):
+            return f"{name} differs ({getattr(old, name)!r} -> {getattr(config, name)!r})"
+    split = (previous.report.extra or {}).get("split") if previous.report else None
+    if split != "key":
+        return f"its held-out votes were not chosen by key (split {split!r})"
+    return None
+
+
+__all__ = ["MIN_FIT_VOTES", "FitConfig", "warm_start_problem", "FitReport", "PreferenceModel", "PreferencePair", "fit_preference_model",
            "ShapesPreferenceNet", "ShapesHead", "SharedFeatureEnsemble",
            "PROMPT_LENGTH", "Outcome", "OUTCOMES", "LABELLED_OUTCOMES", "TARGET_A"]
