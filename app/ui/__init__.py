@@ -43,7 +43,7 @@ def build_ui(enqueuer: Enqueuer | None = None) -> gr.Blocks:
                 ("jobs", "Jobs", partial(build_jobs, enqueuer=enqueuer)),
                 ("leaderboard", "Leaderboard", partial(build_leaderboard, enqueuer=enqueuer)),
                 ("datasets", "Datasets", build_datasets),
-                ("annotators", "Annotators", build_annotators),
+                ("annotators", "Annotators", partial(build_annotators, enqueuer=enqueuer)),
             ]:
                 with gr.Tab(title, id=key, elem_id=f"tab-{key}", visible=False) as tab:
                     # these re-read whenever shown: the annotators' numbers, the arena's pair

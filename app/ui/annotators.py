@@ -2,7 +2,8 @@
 the automatic reward on shared pairs (`app.services.annotators.stats`). Admins see everyone and
 the switch that excludes an annotator's votes from fitting, and the accounts: create a user
 (its token shown once), list them, revoke one; annotators see their own row. The stats are
-re-read whenever the page is shown, so an annotator's own vote count is current after voting."""
+re-read whenever the page is shown, so an annotator's own vote count is current after voting.
+Admins also see the fitted preference models and launch a fit from the votes."""
 
 from __future__ import annotations
 
@@ -11,9 +12,14 @@ from typing import Any
 import gradio as gr
 
 from app.errors import BadRequest
+from app.job_kinds import KINDS
 from app.services import annotators as svc
 from app.services import auth
+from app.services import jobs as jobs_svc
+from app.services import preference as pref_svc
+from app.services.jobs import Enqueuer
 from app.ui.common import Raw, admin_or_none, caller, error_text, esc, notice, session, table
+from trainer.rewards.fit_config import MIN_FIT_VOTES
 
 
 def _pct(x: float | None, n: int) -> str:
@@ -111,6 +117,52 @@ def revoke_account(user_state: dict | None, user_id: int | None) -> str:
                   "stay).", "ok")
 
 
+def models_html(user_state: dict | None) -> str:
+    """The fitted preference models, newest first (the first is the one training's "latest"
+    and the arena's active selection use), for admins; nothing for anyone else."""
+    try:
+        caller(user_state, "admin")
+    except Exception:  # noqa: BLE001 - the section is the admins'; on_login shows the error
+        return ""
+    with session() as s:
+        rows, total = pref_svc.list_models(s, limit=20)
+        rows = [pref_svc.to_dict(r) for r in rows]
+    if not rows:
+        return ('<div id="preference-models" class="ngs-notice ngs-info">No preference model '
+                "yet: fit one once annotators have voted (it needs at least "
+                f"{MIN_FIT_VOTES} a, b or tie votes).</div>")
+
+    def started(report: dict[str, Any]) -> str:
+        extra = (report or {}).get("extra") or {}
+        if extra.get("warm_start"):
+            return f"v{extra.get('warm_start_version')}"
+        return "scratch"
+
+    body = table(["version", "votes", "held-out accuracy", "held-out log-loss", "started from",
+                  "job", "fitted"],
+                 [[Raw(f'<span class="ngs-pref-version">v{r["version"]}</span>'), r["votes_used"],
+                   r["heldout_accuracy"], r["heldout_log_loss"], started(r["report"]),
+                   r["job_id"] or "–",
+                   r["created_at"].strftime("%Y-%m-%d %H:%M") if r["created_at"] else ""]
+                  for r in rows], "ngs-pref-models")
+    more = f"<p>The newest 20 of {total}.</p>" if total > len(rows) else ""
+    return f'<div id="preference-models">{body}{more}</div>'
+
+
+def fit_now(enqueuer: Enqueuer | None, user_state: dict | None) -> str:
+    """Launch a fit_preference job with the defaults (a refit starts from the newest model
+    when it can, FitConfig.warm_start_epochs)."""
+    try:
+        user = caller(user_state, KINDS["fit_preference"].launch_role)
+        with session() as s:
+            job_id = jobs_svc.launch_job(s, enqueuer, "fit_preference", {}, user=user).id
+    except Exception as exc:  # noqa: BLE001
+        return notice(error_text(exc), "error")
+    return (f'<div class="ngs-notice ngs-ok" id="fit-launched" data-job="{job_id}">Launched '
+            f"fit job {job_id} on every clean vote; its new version appears here when it "
+            "finishes (Refresh), and the Jobs page follows it.</div>")
+
+
 def on_login(user_state: dict | None) -> tuple[Any, ...]:
     """The page for whoever is logged in, re-authenticated each time it is shown (the role is
     the server's, never the one the session state claims): an admin's switches and accounts,
@@ -130,7 +182,8 @@ def on_login(user_state: dict | None) -> tuple[Any, ...]:
             users_html(user_state), gr.Dropdown(choices=account_choices(user_state)))
 
 
-def build_annotators(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
+def build_annotators(user: gr.State, tab: gr.Tab | None = None,
+                     enqueuer: Enqueuer | None = None) -> gr.Blocks:
     with gr.Blocks() as page:
         refresh = gr.Button("Refresh", size="sm", elem_id="annotators-refresh")
         out = gr.HTML(elem_id="annotators-box")
@@ -153,12 +206,24 @@ def build_annotators(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
                 revoke_who = gr.Dropdown([], label="User", elem_id="users-revoke-pick", scale=2)
                 revoke = gr.Button("Revoke access", variant="stop", elem_id="users-revoke")
             revoked = gr.HTML(elem_id="users-revoked")
+            gr.Markdown("### Preference models")
+            with gr.Row(equal_height=True):
+                fit = gr.Button("Fit preference model from the votes", variant="primary",
+                                elem_id="preference-fit")
+            fitted = gr.HTML(elem_id="preference-fit-status")
+            models = gr.HTML(elem_id="preference-models-box")
 
         shown = [out, admin_row, who, accounts, listing, revoke_who]
         user.change(on_login, user, shown, api_visibility="private")
         refresh.click(on_login, user, shown, api_visibility="private")
+        user.change(models_html, user, models, api_visibility="private")
+        refresh.click(models_html, user, models, api_visibility="private")
         if tab is not None:  # shown again (e.g. after voting in the arena): current numbers
             tab.select(on_login, user, shown, show_progress="hidden", api_visibility="private")
+            tab.select(models_html, user, models, show_progress="hidden",
+                       api_visibility="private")
+        fit.click(lambda u: (fit_now(enqueuer, u), models_html(u)), user, [fitted, models],
+                  api_visibility="private")
         apply.click(set_excluded, [user, who, excluded], [status, out],
                     api_visibility="private")
 

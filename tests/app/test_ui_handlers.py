@@ -211,6 +211,38 @@ def test_annotators_page_creates_lists_and_revokes(settings, admin, annotator):
     assert all("eve" not in label for label, _ in annotators.account_choices(_token(admin)))
 
 
+def test_annotators_page_lists_preference_models_and_launches_a_fit(settings, admin, annotator,
+                                                                    enqueuer):
+    """An admin fits the preference model from the page (a fit_preference job with the
+    defaults, enqueued) and sees every version with its held-out numbers and where it started;
+    an annotator can do neither."""
+    from app.db import session_scope
+    from app.services import jobs
+    from app.services import preference as pref_svc
+    from app.ui import annotators
+
+    assert annotators.models_html(_token(annotator)) == ""
+    assert "needs role admin" in annotators.fit_now(enqueuer, _token(annotator))
+    assert enqueuer.calls == []
+    assert "No preference model yet" in annotators.models_html(_token(admin))
+    launched = annotators.fit_now(enqueuer, _token(admin))
+    job_id = int(launched.split('data-job="')[1].split('"')[0])
+    assert enqueuer.calls == [(job_id, "fit_preference")]
+    with session_scope() as s:
+        assert jobs.get_job(s, job_id).kind == "fit_preference"
+        pref_svc.record_model(s, version=1, path="preference/v1.safetensors", job_id=job_id,
+                              votes_used=1000, report={"heldout_accuracy": 0.91,
+                                                       "heldout_log_loss": 0.33,
+                                                       "extra": {"warm_start": False}})
+        pref_svc.record_model(s, version=2, path="preference/v2.safetensors", votes_used=1150,
+                              report={"heldout_accuracy": 0.905, "heldout_log_loss": 0.32,
+                                      "extra": {"warm_start": True, "warm_start_version": 1}})
+    page = annotators.models_html(_token(admin))
+    rows = page.split("<tbody>")[1].split("</tr>")
+    assert "v2" in rows[0] and "1150" in rows[0] and "0.905" in rows[0] and ">v1<" in rows[0]
+    assert "v1" in rows[1] and "0.910" in rows[1] and "scratch" in rows[1]
+
+
 def test_demo_queues_arena_rollouts_before_the_training_job(settings, enqueuer):
     from app.db import session_scope
     from app.serve import DEMO_ARENA_ROLLOUT, bootstrap

@@ -214,6 +214,19 @@ def test_favicon(server, page):
     assert page.request.get(href if href.startswith("http") else server.base + href).ok
 
 
+def test_admin_fits_the_preference_model_from_the_annotators_page(server, page):
+    login(page, server, server.admin_token)
+    _tab(page, "Annotators")
+    page.locator("#preference-models").wait_for()  # the list, or "No preference model yet"
+    page.locator("#preference-fit").click()
+    launched = page.locator("#fit-launched")
+    launched.wait_for()
+    job_id = launched.get_attribute("data-job")
+    r = page.request.get(f"{server.base}/api/jobs/{job_id}",
+                         headers={"Authorization": f"Bearer {server.admin_token}"})
+    assert r.ok and r.json()["kind"] == "fit_preference", r.text()
+
+
 def test_admin_creates_lists_and_revokes_an_annotator(server, page, browser):
     name = f"carol-{uuid.uuid4().hex[:6]}"
     login(page, server, server.admin_token)

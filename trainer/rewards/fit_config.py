@@ -20,6 +20,9 @@ MAX_SEED = 2**31 - 1
 
 FEATURES = ("shapes", "clip")
 
+# the fewest labelled votes a fit accepts: a held-out split and a training split both need some
+MIN_FIT_VOTES = 4
+
 
 def _help(default: Any, help: str, **bounds: Any) -> Any:
     """A FitConfig field with its help text and bounds in the field's metadata."""
@@ -76,4 +79,4 @@ def fit_fields(exclude: tuple[str, ...] = ()) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(FitConfig) if f.name not in exclude]
 
 
-__all__ = ["FEATURES", "MAX_SEED", "FitConfig", "fit_fields"]
+__all__ = ["FEATURES", "MAX_SEED", "MIN_FIT_VOTES", "FitConfig", "fit_fields"]

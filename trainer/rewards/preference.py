@@ -38,7 +38,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from trainer.rewards.fit_config import FitConfig
+from trainer.rewards.fit_config import MIN_FIT_VOTES, FitConfig
 from trainer.rewards.outcomes import LABELLED_OUTCOMES, OUTCOMES, TARGET_A, Outcome
 from trainer.shapes.world import PROMPT_LENGTH, VOCAB, tokenize
 
@@ -366,9 +366,6 @@ def _train_member(net: nn.Module, inputs_a, inputs_b, labels: torch.Tensor, conf
             optimizer.step()
             schedule.step()
 
-
-# the fewest labelled votes a fit accepts: a held-out split and a training split both need some
-MIN_FIT_VOTES = 4
 
 
 def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None = None,
