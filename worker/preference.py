@@ -147,10 +147,15 @@ def newest_model(fit_config: FitConfig) -> PreferenceModel | None:
         return None
     with session_scope() as s:
         row = pref_svc.latest_model(s)
-        path = storage.resolve(row.path) if row is not None else None
-    if path is None or not path.exists():
+        path = row.path if row is not None else None
+    if path is None:
         return None
-    model = PreferenceModel.load(path, device=fit_config.device)
+    try:
+        model = PreferenceModel.load(storage.resolve(path), device=fit_config.device)
+    except Exception as exc:  # noqa: BLE001 - a missing or unreadable file costs the warm
+        # start, not the fit
+        log.warning("preference fit from scratch: %s does not load (%s)", path, exc)
+        return None
     if (problem := warm_start_problem(model, fit_config)) is not None:
         log.info("preference fit from scratch: it cannot start from v%s: %s",
                  model.report.version if model.report else "?", problem)
