@@ -1,4 +1,4 @@
-"""`python -m trainer ...`: train, sample, evaluate, train-base, demo."""
+"""`python -m trainer ...`: train, sample, evaluate, train-base, demo, fit-preference."""
 
 from __future__ import annotations
 
@@ -57,6 +57,99 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"reward curve: {run.curve_path}")
     print(f"samples:      {run.samples_dir}")
     print(f"checkpoints:  {run.checkpoints_dir}")
+    return 0
+
+
+# what fit-preference reads of each line of a votes file (the studio's vote export,
+# GET /api/votes/export?format=jsonl, has these and more)
+VOTE_FIELDS = ("prompt", "outcome", "image_0_path", "image_1_path")
+MAX_LISTED_PROBLEMS = 20  # a file with thousands of bad lines lists the first ones
+
+
+def read_votes(path: Path, images: Path, include_excluded: bool = False) -> list:
+    """PreferencePairs from a JSONL votes file in the studio's export format: image_0 is the
+    left image (outcome "a"), image_1 the right; paths relative to `images`; the vote_id, when
+    given, is the pair's key (its held-out split is then the studio's). Votes marked excluded
+    are left out, as the studio's fit leaves them out. ValueError listing every bad line."""
+    import numpy as np
+    from PIL import Image
+
+    from trainer.rewards.outcomes import OUTCOMES
+    from trainer.rewards.preference import PreferencePair
+
+    if not path.is_file():
+        raise FileNotFoundError(f"--votes: {path} is not a file")
+    pairs, problems = [], []
+    decoded: dict[str, np.ndarray] = {}
+
+    def image(rel: str, line: int) -> np.ndarray | None:
+        if rel not in decoded:
+            try:
+                with Image.open(images / rel) as img:
+                    decoded[rel] = np.asarray(img.convert("RGB"), dtype=np.uint8)
+            except (OSError, ValueError) as exc:
+                problems.append(f"line {line}: image {images / rel}: {exc}")
+                return None
+        return decoded[rel]
+
+    with path.open(encoding="utf-8") as lines:
+        for number, text in enumerate(lines, start=1):
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as exc:
+                problems.append(f"line {number}: not JSON ({exc.msg})")
+                continue
+            if not isinstance(row, dict):
+                problems.append(f"line {number}: not a JSON object")
+                continue
+            if missing := [k for k in VOTE_FIELDS if not isinstance(row.get(k), str)]:
+                problems.append(f"line {number}: needs string fields {', '.join(missing)}")
+                continue
+            if row["outcome"] not in OUTCOMES:
+                problems.append(f"line {number}: outcome must be one of {list(OUTCOMES)}, "
+                                f"got {row['outcome']!r}")
+                continue
+            if row.get("excluded") and not include_excluded:
+                continue
+            a, b = image(row["image_0_path"], number), image(row["image_1_path"], number)
+            if a is not None and b is not None:
+                key = row.get("vote_id")
+                pairs.append(PreferencePair(a, b, row["prompt"], row["outcome"],
+                                            key=None if key is None else str(key)))
+    if problems:
+        more = len(problems) - MAX_LISTED_PROBLEMS
+        listed = problems[:MAX_LISTED_PROBLEMS] + ([f"... and {more} more"] if more > 0 else [])
+        raise ValueError(f"--votes {path}: " + "; ".join(listed))
+    if len({pair.image_a.shape for pair in pairs} | {pair.image_b.shape for pair in pairs}) > 1:
+        raise ValueError(f"--votes {path}: the images differ in size; a fit needs one size")
+    return pairs
+
+
+def cmd_fit_preference(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from trainer.loop import resolve_device
+    from trainer.rewards.fit_config import fit_config_from, fit_config_problems
+    from trainer.rewards.preference import PreferenceModel, fit_preference_model
+
+    overrides = _parse_overrides(args.set)
+    overrides["device"] = str(resolve_device(args.device))
+    if problems := fit_config_problems(overrides):  # every bad field before any image loads
+        from trainer.config import ConfigErrors
+
+        raise ConfigErrors([ConfigError(name, message) for name, message in problems])
+    config = fit_config_from(overrides)
+    votes = Path(args.votes)
+    pairs = read_votes(votes, Path(args.images) if args.images else votes.parent,
+                       args.include_excluded)
+    warm = PreferenceModel.load(args.warm_start, config.device) if args.warm_start else None
+    model = fit_preference_model(pairs, config, warm_start=warm)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    model.save(out, metadata={"votes_file": str(votes)})
+    print(json.dumps({"out": str(out), **asdict(model.report)}))
     return 0
 
 
@@ -392,6 +485,29 @@ def build_parser() -> argparse.ArgumentParser:
                           "shapes-quick-demo`)")
     demo.add_argument("--out", default=None, help="run directory (default runs/demo)")
     demo.set_defaults(func=cmd_demo)
+    fit_help = "fit a human-preference reward model to pairwise votes (Bradley-Terry)"
+    fit = sub.add_parser("fit-preference", help=fit_help, description=fit_help + ": from a "
+                         "JSONL votes file in the studio's export format (GET /api/votes/"
+                         "export): prompt, outcome (a, b, tie, both_bad, skip), image_0_path "
+                         "(the left image, 'a'), image_1_path, and vote_id when there is one. "
+                         "Train on it with --set preference_model=OUT and a 'preference' "
+                         "reward weight.")
+    fit.add_argument("--votes", required=True, help="the JSONL votes file")
+    fit.add_argument("--images", default="", help="the directory the image paths are relative "
+                     "to (the studio's STORAGE_DIR for its export; default: the votes file's "
+                     "directory)")
+    fit.add_argument("--out", required=True, help="the model file to write (.safetensors)")
+    fit.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="a FitConfig field (trainer/rewards/fit_config.py: epochs, ensemble, "
+                     "features, clip_path, warm_start_epochs, seed, ...); repeatable")
+    fit.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: "
+                     "cuda if there is one)")
+    fit.add_argument("--warm-start", default="", help="a model fitted before on some of these "
+                     "votes: start from it (FitConfig.warm_start_epochs) when its network, seed "
+                     "and held-out votes match")
+    fit.add_argument("--include-excluded", action="store_true", help="fit on votes the studio "
+                     "marked excluded too (left out by default, as the studio leaves them out)")
+    fit.set_defaults(func=cmd_fit_preference)
     return parser
 
 

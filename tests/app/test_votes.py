@@ -129,7 +129,7 @@ def test_cross_checkpoint_pairs(client, admin, annotator, make_group, session):
     assert len(ck) == 3
 
 
-def test_export_jsonl_and_parquet(client, admin, annotator, make_group):
+def test_export_jsonl_and_parquet(client, admin, annotator, make_group, settings, tmp_path):
     make_group(g=3)
     outcomes = ["a", "b", "tie"]
     sent = []
@@ -155,6 +155,14 @@ def test_export_jsonl_and_parquet(client, admin, annotator, make_group):
                                                     "tie": (0.5, 0.5)}[o]
         assert row["outcome"] == o and row["has_label"] is True and row["latency_ms"] == 1234
         assert prow["label_0"] == row["label_0"] and prow["image_1_path"] == row["image_1_path"]
+    # the export is what `python -m trainer fit-preference --votes` reads, images from storage
+    from trainer.cli import read_votes
+
+    (tmp_path / "votes.jsonl").write_text(jl.text)
+    pairs = read_votes(tmp_path / "votes.jsonl", settings.resolved_storage_dir)
+    assert [(q.key, q.outcome) for q in pairs] == [(str(r["vote_id"]), r["outcome"])
+                                                   for r in rows]
+    assert pairs[0].image_a.shape[-1] == 3 and pairs[0].prompt == "two red circles"
 
 
 def test_an_annotator_exports_only_their_own_votes(client, admin, annotator, make_user,

@@ -74,9 +74,46 @@ class FitConfig:
     device: str = _help("cpu", "Torch device the fit and the model run on.")
 
 
+def fit_config_problems(values: dict[str, Any]) -> list[tuple[str, str]]:
+    """Every (field, message) wrong in `values`, FitConfig's fields by name, checked against
+    their metadata (type, choices, bounds) as the studio's job schema checks them."""
+    fields = {f.name: f for f in dataclasses.fields(FitConfig)}
+    problems = []
+    for name, value in values.items():
+        f = fields.get(name)
+        if f is None:
+            problems.append((name, f"unknown field; the fields are {', '.join(fields)}"))
+            continue
+        kind = type(f.default)
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if type(value) is not kind:
+            problems.append((name, f"must be {kind.__name__}, got {value!r}"))
+            continue
+        meta = f.metadata
+        if "choices" in meta and value not in meta["choices"]:
+            problems.append((name, f"must be one of {list(meta['choices'])}, got {value!r}"))
+        for key, holds, words in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
+                                  ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<")):
+            if key in meta and not holds(value, meta[key]):
+                problems.append((name, f"must be {words} {meta[key]}, got {value!r}"))
+        if "max_length" in meta and len(value) > meta["max_length"]:
+            problems.append((name, f"at most {meta['max_length']} characters"))
+    return problems
+
+
+def fit_config_from(values: dict[str, Any]) -> FitConfig:
+    """A FitConfig from `values` (field: value); ValueError listing every problem at once."""
+    if problems := fit_config_problems(values):
+        raise ValueError("; ".join(f"{name}: {message}" for name, message in problems))
+    floats = {f.name for f in dataclasses.fields(FitConfig) if type(f.default) is float}
+    return FitConfig(**{k: float(v) if k in floats else v for k, v in values.items()})
+
+
 def fit_fields(exclude: tuple[str, ...] = ()) -> list[dataclasses.Field]:
     """FitConfig's fields, in order, less `exclude`."""
     return [f for f in dataclasses.fields(FitConfig) if f.name not in exclude]
 
 
-__all__ = ["FEATURES", "MAX_SEED", "MIN_FIT_VOTES", "FitConfig", "fit_fields"]
+__all__ = ["FEATURES", "MAX_SEED", "MIN_FIT_VOTES", "FitConfig", "fit_config_from",
+           "fit_config_problems", "fit_fields"]

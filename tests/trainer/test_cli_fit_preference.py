@@ -1,0 +1,94 @@
+"""`python -m trainer fit-preference`: a preference model fitted from a votes file in the
+studio's export format, outside the web app, and the errors a bad file or field gets."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from PIL import Image
+
+from trainer.cli import main
+from trainer.rewards.attributes import SimulatedAnnotator
+from trainer.rewards.preference import PreferenceModel
+from trainer.shapes.world import COLORS, parse_prompt, shape_mask
+
+
+def _draw(prompt: str, row: int, col: int) -> np.ndarray:
+    image = np.full((32, 32, 3), 250, dtype=np.uint8)
+    p = parse_prompt(prompt)
+    image[row:row + 8, col:col + 8][shape_mask(p.shape, 8)] = COLORS[p.color]
+    return image
+
+
+def _export(tmp_path, n: int = 160) -> tuple:
+    """Images under tmp_path/storage and a votes.jsonl as GET /api/votes/export writes it,
+    voted by an annotator who prefers the object higher up."""
+    storage = tmp_path / "storage"
+    (storage / "samples").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    annotator = SimulatedAnnotator("upper", flip=0.0, seed=0)
+    prompt = "one red square"
+    lines = []
+    for i in range(n):
+        a = _draw(prompt, int(rng.integers(0, 24)), int(rng.integers(0, 24)))
+        b = _draw(prompt, int(rng.integers(0, 24)), int(rng.integers(0, 24)))
+        paths = []
+        for side, image in (("a", a), ("b", b)):
+            rel = f"samples/{i}-{side}.png"
+            Image.fromarray(image).save(storage / rel)
+            paths.append(rel)
+        lines.append({"vote_id": i + 1, "prompt": prompt, "image_0_path": paths[0],
+                      "image_1_path": paths[1], "outcome": annotator.vote(a, b, prompt),
+                      "excluded": False, "annotator": "sim", "label_0": None})
+    lines[0]["excluded"] = True
+    votes = tmp_path / "votes.jsonl"
+    votes.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return votes, storage, lines
+
+
+def test_fit_preference_from_an_exported_votes_file(tmp_path, capsys):
+    votes, storage, lines = _export(tmp_path)
+    out = tmp_path / "pref.safetensors"
+    code = main(["fit-preference", "--votes", str(votes), "--images", str(storage),
+                 "--out", str(out), "--device", "cpu", "--set", "epochs=15", "--set",
+                 "ensemble=2", "--set", "learning_rate=3e-3"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    # the excluded vote is left out; vote ids split the held-out votes as the studio does
+    assert report["out"] == str(out) and report["votes_total"] == len(lines) - 1
+    assert report["extra"]["split"] == "key" and report["heldout_pairs"] > 10
+    assert report["heldout_accuracy"] > 0.75, report
+    model = PreferenceModel.load(out)
+    high, low = _draw("one red square", 2, 12), _draw("one red square", 22, 12)
+    scores = model(np.stack([high, low]), ["one red square"] * 2)
+    assert scores[0] > scores[1]  # it learned "higher is better"
+    # a refit from it trains warm_start_epochs on the votes, as the studio's refits do
+    again = tmp_path / "pref2.safetensors"
+    assert main(["fit-preference", "--votes", str(votes), "--images", str(storage),
+                 "--out", str(again), "--device", "cpu", "--set", "ensemble=2",
+                 "--set", "warm_start_epochs=2", "--warm-start", str(out)]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["extra"]["warm_start"] and report["extra"]["epochs"] == 2
+
+
+def test_fit_preference_names_every_bad_field_and_line(tmp_path, capsys):
+    votes, storage, _ = _export(tmp_path, n=6)
+    out = tmp_path / "pref.safetensors"
+    assert main(["fit-preference", "--votes", str(votes), "--images", str(storage), "--out",
+                 str(out), "--set", "epochs=0", "--set", "features=pixels", "--set",
+                 "colour=red"]) == 2
+    err = capsys.readouterr().err
+    assert "'epochs': must be >= 1" in err and "'features': must be one of" in err
+    assert "'colour': unknown field" in err and not out.exists()
+    text = votes.read_text().splitlines()
+    bad = [text[0], "not json", json.dumps({"prompt": "x", "outcome": "a"}),
+           json.dumps({**json.loads(text[1]), "outcome": "maybe"}),
+           json.dumps({**json.loads(text[2]), "image_0_path": "samples/missing.png"})]
+    votes.write_text("\n".join(bad) + "\n")
+    assert main(["fit-preference", "--votes", str(votes), "--images", str(storage), "--out",
+                 str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "line 2: not JSON" in err and "line 3: needs string fields image_0_path" in err
+    assert "line 4: outcome must be one of" in err and "line 5: image" in err
+    assert "missing.png" in err and not out.exists()
