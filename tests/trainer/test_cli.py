@@ -136,7 +136,8 @@ def test_every_subcommand_and_option_says_what_it_does():
             undocumented.append(f"{name}: no description")
         undocumented += [f"{name} {action.option_strings[0]}" for action in parser._actions
                          if action.option_strings and action.dest != "help" and not action.help]
-    assert sorted(sub.choices) == ["demo", "evaluate", "sample", "train", "train-base"]
+    assert sorted(sub.choices) == ["demo", "evaluate", "fit-preference", "sample", "train",
+                                   "train-base"]
     assert not undocumented, undocumented
 
 
