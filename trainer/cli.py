@@ -131,16 +131,12 @@ def cmd_fit_preference(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from trainer.loop import resolve_device
-    from trainer.rewards.fit_config import fit_config_from, fit_config_problems
+    from trainer.rewards.fit_config import fit_config_from
     from trainer.rewards.preference import PreferenceModel, fit_preference_model
 
     overrides = _parse_overrides(args.set)
     overrides["device"] = str(resolve_device(args.device))
-    if problems := fit_config_problems(overrides):  # every bad field before any image loads
-        from trainer.config import ConfigErrors
-
-        raise ConfigErrors([ConfigError(name, message) for name, message in problems])
-    config = fit_config_from(overrides)
+    config = fit_config_from(overrides)  # every bad field named before any image loads
     votes = Path(args.votes)
     pairs = read_votes(votes, Path(args.images) if args.images else votes.parent,
                        args.include_excluded)

@@ -103,9 +103,11 @@ def fit_config_problems(values: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def fit_config_from(values: dict[str, Any]) -> FitConfig:
-    """A FitConfig from `values` (field: value); ValueError listing every problem at once."""
+    """A FitConfig from `values` (field: value); ConfigErrors naming every bad field at once."""
     if problems := fit_config_problems(values):
-        raise ValueError("; ".join(f"{name}: {message}" for name, message in problems))
+        from trainer.config import ConfigError, ConfigErrors  # torch-free, as this module
+
+        raise ConfigErrors([ConfigError(name, message) for name, message in problems])
     floats = {f.name for f in dataclasses.fields(FitConfig) if type(f.default) is float}
     return FitConfig(**{k: float(v) if k in floats else v for k, v in values.items()})
 
