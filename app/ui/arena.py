@@ -5,10 +5,15 @@ images inlined, so after a vote the next pair is shown from memory while the one
 fetched. The source of each image (checkpoint, iteration, rewards) is not in the page until
 the vote is recorded; then it shows for a few seconds (a CSS fade).
 
-One listener serves all five buttons (so a vote in flight blocks the next trigger, whatever
-the button) and one handler takes the outcome as a parameter. The page script gives each pair
-on screen one client vote id: a repeated click on the same pair carries the same id, the
-server records the vote once, and the second click of a double click never leaves the page.
+One listener serves all five buttons and one handler takes the outcome as a parameter. A
+vote's event shows the next pair (first yield) and then prefetches the one after it (second
+yield); a click made meanwhile, on the pair already shown, is deferred until the event ends
+(`trigger_mode="always_last"`), never dropped: with "once" a quick annotator's vote on the new
+pair did nothing at all. The page script notes at click time which pair was on screen, so a
+deferred click on a pair that has since been replaced is a no-op, not a vote on a pair the
+annotator never saw. It also gives each pair one client vote id: a repeated click on the same
+pair carries the same id and the server records the vote once; the second click of a double
+click never leaves the page.
 """
 
 from __future__ import annotations
@@ -184,14 +189,19 @@ def vote(outcome: str, meta: str, user_state: dict | None, arena: dict | None):
 def dispatch(meta: str, user_state: dict | None, arena: dict | None):
     """The one listener of the five buttons: the outcome travels in the client's meta."""
     try:
-        outcome = json.loads(meta or "{}").get("outcome", "")
+        outcome = json.loads(meta or "{}").get("outcome")
     except ValueError:
         outcome = ""
+    if outcome is None:
+        # a deferred trigger whose click the event before it already took (two clicks in
+        # one tick): nothing to record
+        yield gr.skip(), gr.skip(), gr.skip(), arena, gr.skip()
+        return
     yield from vote(outcome, meta, user_state, arena)
 
 
-VOTE_JS = ("(meta, user, arena) => { const m = JSON.parse(window.ngsVoteMeta()); "
-           "m.outcome = window.ngsOutcome || ''; return [JSON.stringify(m), user, arena]; }")
+# the click's outcome and pair (noted by the page script at click time, app.ui.common)
+VOTE_JS = "(meta, user, arena) => [window.ngsVoteMeta(), user, arena]"
 
 def build_arena(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
     """The arena page; `user` is the login state (`app.ui.login`), `tab` the arena's tab
@@ -210,7 +220,7 @@ def build_arena(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
         timer = gr.Timer(POLL_SECONDS, active=False)
         outputs = [pair, reveal, counters, arena, timer]
         gr.on([b.click for b in buttons], dispatch, inputs=[meta, user, arena],
-              outputs=outputs, js=VOTE_JS, trigger_mode="once", show_progress="hidden",
+              outputs=outputs, js=VOTE_JS, trigger_mode="always_last", show_progress="hidden",
               concurrency_limit=None, api_visibility="private")
         # a login (or a new token) shows the first pair
         user.change(load, inputs=[user, arena], outputs=outputs, show_progress="hidden",

@@ -353,13 +353,24 @@ HEAD = """
     if (e.repeat) return;
     btn.click();
   }, true);
-  // the second click of a double click never reaches a vote button; the first one notes
-  // which button it was (the arena's one listener reads it)
+  function shownNonce() {
+    const pair = document.querySelector("#arena-pair .ngs-pair");
+    return pair ? pair.dataset.nonce : "";
+  }
+  // the second click of a double click never reaches a vote button; every other click notes
+  // which button it was and which pair was on screen at that moment. The arena's one
+  // listener reads the notes later than the click (its script runs asynchronously, and a
+  // click made while the previous vote's event is still prefetching waits for that event):
+  // it takes the first click on the pair on screen then; later clicks on that pair are
+  // repeats, clicks on pairs since replaced are stale (ngsVoteMeta)
+  window.ngsClicks = [];
   window.addEventListener("click", (e) => {
     const b = e.target.closest && e.target.closest(".ngs-vote");
     if (!b) return;
     if (e.detail > 1) { e.stopImmediatePropagation(); e.preventDefault(); return; }
-    if (b.id && b.id.startsWith("vote-")) window.ngsOutcome = b.id.slice(5);
+    if (b.id && b.id.startsWith("vote-")) {
+      window.ngsClicks.push({outcome: b.id.slice(5), nonce: shownNonce()});
+    }
   }, true);
   function uuid() {
     if (window.crypto && crypto.randomUUID) return crypto.randomUUID();
@@ -369,12 +380,17 @@ HEAD = """
   // one client vote id per pair on screen: a repeated vote on the same pair reuses it, so
   // the server records it once
   window.ngsVoteMeta = () => {
-    const pair = document.querySelector("#arena-pair .ngs-pair");
-    const nonce = pair ? pair.dataset.nonce : "";
+    const shown = shownNonce(), clicks = window.ngsClicks;
+    window.ngsClicks = [];
+    // no click on the pair on screen: a stale one goes to the server, which ignores it; no
+    // click at all (the event before took it): no outcome, nothing to record
+    const click = clicks.find((c) => c.nonce === shown) || clicks[0] || {nonce: shown};
+    const nonce = click.nonce;
     window.ngsPerf = window.ngsPerf || {};
     window.ngsPerf.clickAt = performance.now();
     if (!window.ngsVote || window.ngsVote.nonce !== nonce) window.ngsVote = {nonce, id: uuid()};
-    return JSON.stringify({client_vote_id: window.ngsVote.id, nonce});
+    return JSON.stringify({client_vote_id: window.ngsVote.id, nonce,
+                           outcome: click.outcome === undefined ? null : click.outcome});
   };
   // help text as tooltips: fields render lazily (hidden tabs), so apply on every change
   window.ngsHelp = {};
