@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -37,6 +38,12 @@ class ConfigErrors(ConfigError):
 
     def __str__(self) -> str:
         return self.args[0]
+
+
+def unknown_field_message(name: str, known: list[str]) -> str:
+    """"unknown field", with the nearest field's name when `name` looks like a typo of one."""
+    near = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+    return f"unknown field (did you mean {near[0]!r}?)" if near else "unknown field"
 
 
 # the longest text field (a path, a URL, a name), the same cap the studio's other job configs
@@ -539,8 +546,9 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
         """An error for each key of `data` that is not a field (a typo must not be ignored)."""
         if not isinstance(data, dict):
             raise ConfigError("config", "must be a JSON object")
-        known = {f.name for f in dataclasses.fields(cls)}
-        return [ConfigError(str(key), "unknown field") for key in data if key not in known]
+        known = [f.name for f in dataclasses.fields(cls)]
+        return [ConfigError(str(key), unknown_field_message(str(key), known))
+                for key in data if key not in known]
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:

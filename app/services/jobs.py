@@ -81,6 +81,8 @@ def _train_config(config: dict[str, Any], preset: str | None, top: Problems,
 
 
 def _kind_config(kind: str, config: dict[str, Any], problems: Problems) -> dict[str, Any]:
+    from trainer.config import unknown_field_message
+
     model = KINDS[kind].config
     assert model is not None, kind
     try:
@@ -89,6 +91,9 @@ def _kind_config(kind: str, config: dict[str, Any], problems: Problems) -> dict[
         for err in exc.errors():
             name = ".".join(str(p) for p in err["loc"][:1]) or "config"
             where = ".".join(str(p) for p in err["loc"][1:])
+            if err["type"] == "extra_forbidden" and not where:  # as a train config says it
+                problems.append((name, unknown_field_message(name, list(model.model_fields))))
+                continue
             problems.append((name, f"{where + ': ' if where else ''}{validation_message(err)}"))
     return dict(config)  # the server's own checks still run on it
 

@@ -295,6 +295,22 @@ def test_trainer_cli_config_reports_every_bad_field():
     assert "typo: unknown field" in str(err.value) and "'beauty'" in str(err.value)
 
 
+def test_a_misspelt_field_is_named_with_the_field_meant(client, admin):
+    """Every kind says "unknown field" for a typo and names the nearest field; a name near
+    none gets no guess."""
+    cases = [("train", {"learnin_rate": 1e-5}, "learning_rate"),
+             ("rollout", {"dataset_id": 1, "grop_size": 4}, "group_size"),
+             ("fit_preference", {"epoch": 3}, "epochs")]
+    for kind, config, meant in cases:
+        r = _post(client, admin, kind, config)
+        assert r.status_code == 422, r.text
+        (typo,) = set(config) - {"dataset_id"}
+        errors = {e["field"]: e["message"] for e in r.json()["errors"]}
+        assert errors[typo] == f"unknown field (did you mean {meant!r}?)", errors
+    r = _post(client, admin, "train", {"zzz": 1})
+    assert r.json()["errors"] == [{"field": "zzz", "message": "unknown field"}]
+
+
 def test_a_cuda_job_on_a_worker_without_cuda_fails_with_a_clear_reason(settings, session):
     import torch
 

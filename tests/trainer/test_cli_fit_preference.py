@@ -81,6 +81,7 @@ def test_fit_preference_names_every_bad_field_and_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "'epochs': must be >= 1" in err and "'features': must be one of" in err
     assert "'colour': unknown field" in err and not out.exists()
+    assert "did you mean" not in err  # nothing like "colour" among the fields
     text = votes.read_text().splitlines()
     bad = [text[0], "not json", json.dumps({"prompt": "x", "outcome": "a"}),
            json.dumps({**json.loads(text[1]), "outcome": "maybe"}),

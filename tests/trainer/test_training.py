@@ -111,7 +111,7 @@ def test_config_errors_name_the_field():
     with pytest.raises(ConfigError) as err:
         TrainConfig.from_dict({"sigma": 1.5})
     assert err.value.field == "sigma" and "[0.0, 1.0]" in err.value.message
-    with pytest.raises(ConfigError, match="group_siz: unknown field"):
+    with pytest.raises(ConfigError, match="group_siz: unknown field .did you mean 'group_size'"):
         TrainConfig.from_dict({"group_siz": 4})
     with pytest.raises(ConfigError, match="rollout_solver"):
         TrainConfig.from_dict({"rollout_solver": "heun"})
