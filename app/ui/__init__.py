@@ -8,6 +8,7 @@ each (`build_<page>(user) -> gr.Blocks`) and call `app.services`, never the ORM 
 
 from __future__ import annotations
 
+import asyncio
 import os
 from functools import partial
 
@@ -21,6 +22,26 @@ from app.services.jobs import Enqueuer  # noqa: E402
 from app.ui.common import CSS, page_head  # noqa: E402
 
 PATH = UI_PATH
+
+# how often the page's stream-holding event wakes (below); a closed page's event ends at its
+# next wake, when Gradio has marked it dead (0: no such event, as before 2026-12-01)
+KEEP_STREAM_SECONDS = 15.0
+
+
+async def keep_event_stream_open():
+    """Runs for as long as the page is open, so that Gradio's event stream never closes.
+
+    Gradio's server closes a session's event stream (a `close_stream` message) whenever no
+    event of the session is pending, and its browser client aborts the stream on that message.
+    An event submitted just then (a vote the moment the last one's output shows, more likely
+    on a loaded machine) had its answer sent down the closing stream, and the abort reached
+    the new event as "broken connection": the client marked the whole page disconnected and
+    dropped every later click without a word. With one event always pending the stream stays
+    open and that race cannot happen (tests/e2e/test_ui_arena.py checks that no close_stream
+    arrives). Async and idle: no worker thread is held."""
+    while True:
+        await asyncio.sleep(KEEP_STREAM_SECONDS)
+        yield
 
 
 def build_ui(enqueuer: Enqueuer | None = None) -> gr.Blocks:
@@ -55,6 +76,9 @@ def build_ui(enqueuer: Enqueuer | None = None) -> gr.Blocks:
                 pages[key] = tab
         login.wire(pages, tabs, ui)
         assert set(ADMIN_TABS) <= set(pages)
+        if KEEP_STREAM_SECONDS:
+            ui.load(keep_event_stream_open, None, None, show_progress="hidden",
+                    concurrency_limit=None, api_visibility="private")
     return ui
 
 

@@ -88,7 +88,8 @@ def test_login_and_vote_with_mouse_and_keys(server, page):
         reveal = page.locator("#arena-reveal .ngs-reveal")
         assert reveal.get_attribute("data-vote") == str(v.id)
         # the seeded groups come from no job and no checkpoint: the base model
-        assert reveal.inner_text().count("base model") == 2
+        # text_content: the reveal fades out (CSS), and faded text has no inner_text
+        assert reveal.text_content().count("base model") == 2
         if k == 1:
             screenshot(page, "arena-after-vote")
     assert all(v.session_id == votes[0].session_id for v in votes[before:])
@@ -132,11 +133,13 @@ def test_double_click_records_one_vote(server, page):
 
 # Holds back, while `window.ngsHold` is true, the server-sent message that ends a Gradio event
 # (the browser's fetch of /queue/data is wrapped; every other message passes at once). With it
-# a test can act while an event is still running, however fast the server is.
+# a test can act while an event is still running, however fast the server is. It also counts
+# the server's close_stream messages (`window.ngsCloseStreams`).
 HOLD_COMPLETION = r"""
 (() => {
   const fetch0 = window.fetch;
   window.ngsHold = false;
+  window.ngsCloseStreams = 0;
   window.fetch = async (...args) => {
     const resp = await fetch0(...args);
     const url = typeof args[0] === "string" ? args[0] : args[0].url;
@@ -150,6 +153,7 @@ HOLD_COMPLETION = r"""
           if (m) {
             const ev = buf.slice(0, m.index + m[0].length);
             buf = buf.slice(m.index + m[0].length);
+            if (ev.includes("close_stream")) window.ngsCloseStreams += 1;
             while (window.ngsHold && ev.includes("process_completed")) {
               await new Promise((r) => setTimeout(r, 20));
             }
@@ -205,6 +209,27 @@ def test_a_vote_on_the_new_pair_while_the_last_one_prefetches_is_recorded(server
     new = _votes_of("bob")[before:]
     assert [v.outcome for v in new] == ["a", "b", "a", "both_bad"]
     assert len({(v.sample_a_id, v.sample_b_id) for v in new}) == 4  # four pairs, once each
+
+
+def test_the_event_stream_stays_open_between_votes(server, page):
+    """Gradio's server closed a session's event stream whenever no event was pending, and a
+    vote submitted at that moment could be answered down the closing stream: the browser
+    client then took the page for disconnected and ignored every later click (CI's arena
+    tests timed out that way on a loaded box). The UI keeps one event pending per page
+    (app.ui.keep_event_stream_open), so after login no close_stream ever arrives."""
+    page.add_init_script(HOLD_COMPLETION)
+    login(page, server, server.annotator_token)
+    page.locator("#arena-pair .ngs-pair[data-nonce]").wait_for()
+    page.evaluate("() => { window.ngsCloseStreams = 0; }")
+    before = len(_votes_of("bob"))
+    for k, button in enumerate(("#vote-a", "#vote-b", "#vote-tie"), 1):
+        nonce, _, _ = _shown_pair(page)
+        page.locator(button).click()
+        _wait_new_pair(page, nonce)
+        _wait_count(page, k)
+    page.wait_for_timeout(1000)  # the last vote's prefetch ends, its completion arrives
+    assert len(_votes_of("bob")) == before + 3
+    assert page.evaluate("() => window.ngsCloseStreams") == 0
 
 
 def test_annotator_cannot_open_admin_pages(server, page):
@@ -313,7 +338,7 @@ def test_reveal_names_training_rollouts_and_checkpoints(server, page):
             v = _votes_of("carol-reveal")[-1]
             reveal = page.locator(f"#arena-reveal .ngs-reveal[data-vote='{v.id}']")
             reveal.wait_for()
-            text = reveal.inner_text()
+            text = reveal.text_content()
             assert "base model" not in text and f"job {eval_id}" not in text, text
             seen.append((v.selection, text))
         assert len(_votes_of("carol-reveal")) == len(pairs) + 5
