@@ -103,7 +103,8 @@ def test_sides_match_what_was_shown(server, page):
     nonce, a_src, b_src = _shown_pair(page)
     page.locator("#vote-b").click()
     _wait_new_pair(page, nonce)
-    page.locator("#arena-reveal .ngs-reveal").wait_for()
+    # attached, not visible: the reveal fades out, on a loaded box before this looks
+    page.locator("#arena-reveal .ngs-reveal").wait_for(state="attached")
     v = _votes_of("bob")[-1]
     assert v.outcome == "b"
     assert _image_bytes(v.sample_a_id) == _data(a_src)
@@ -337,7 +338,7 @@ def test_reveal_names_training_rollouts_and_checkpoints(server, page):
                 " return p && p.dataset.nonce !== old; }", arg=nonce)
             v = _votes_of("carol-reveal")[-1]
             reveal = page.locator(f"#arena-reveal .ngs-reveal[data-vote='{v.id}']")
-            reveal.wait_for()
+            reveal.wait_for(state="attached")  # it fades out
             text = reveal.text_content()
             assert "base model" not in text and f"job {eval_id}" not in text, text
             seen.append((v.selection, text))
