@@ -38,7 +38,10 @@ async def keep_event_stream_open():
     the new event as "broken connection": the client marked the whole page disconnected and
     dropped every later click without a word. With one event always pending the stream stays
     open and that race cannot happen (tests/e2e/test_ui_arena.py checks that no close_stream
-    arrives). Async and idle: no worker thread is held."""
+    arrives). Async and idle: no worker thread is held. The cost: each open tab holds two
+    long-lived connections (this stream and Gradio's heartbeat), and browsers open six per
+    host over HTTP/1.1, so more than three studio tabs in one browser want an HTTP/2 proxy in
+    front of uvicorn."""
     while True:
         await asyncio.sleep(KEEP_STREAM_SECONDS)
         yield
