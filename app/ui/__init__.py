@@ -24,7 +24,7 @@ from app.ui.common import CSS, page_head  # noqa: E402
 PATH = UI_PATH
 
 # how often the page's stream-holding event wakes (below); a closed page's event ends at its
-# next wake, when Gradio has marked it dead (0: no such event, as before 2026-12-01)
+# next wake, when Gradio has marked it dead
 KEEP_STREAM_SECONDS = 15.0
 
 
@@ -80,9 +80,8 @@ def build_ui(enqueuer: Enqueuer | None = None) -> gr.Blocks:
                 pages[key] = tab
         login.wire(pages, tabs, ui)
         assert set(ADMIN_TABS) <= set(pages)
-        if KEEP_STREAM_SECONDS:
-            ui.load(keep_event_stream_open, None, None, show_progress="hidden",
-                    concurrency_limit=None, api_visibility="private")
+        ui.load(keep_event_stream_open, None, None, show_progress="hidden",
+                concurrency_limit=None, api_visibility="private")
     return ui
 
 

@@ -12,7 +12,6 @@ This module imports no torch: the web app builds its job schema from it at impor
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,9 +82,10 @@ def fit_config_problems(values: dict[str, Any]) -> list[tuple[str, str]]:
     for name, value in values.items():
         f = fields.get(name)
         if f is None:
-            near = difflib.get_close_matches(name, list(fields), n=1, cutoff=0.75)
-            hint = f" (did you mean {near[0]!r}?)" if near else ""
-            problems.append((name, f"unknown field{hint}; the fields are {', '.join(fields)}"))
+            from trainer.config import unknown_field_message  # torch-free, as this module
+
+            problems.append((name, f"{unknown_field_message(name, list(fields))}; "
+                                   f"the fields are {', '.join(fields)}"))
             continue
         kind = type(f.default)
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
