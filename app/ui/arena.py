@@ -37,6 +37,10 @@ KEYS = {Outcome.A: "1", Outcome.B: "2", Outcome.TIE: "3", Outcome.BOTH_BAD: "4",
 # while no pair is on screen, how often the arena looks for one (new rollouts arrive)
 POLL_SECONDS = 5.0
 
+STALE_PAIR = ("That pair had been replaced before your vote arrived, so nothing was recorded: "
+              "judge the pair now shown.")
+
+
 def new_arena_state() -> dict[str, Any]:
     return {"session_id": uuid.uuid4().hex, "current": None, "next": None,
             "session_votes": 0, "my_total": 0, "all_total": 0, "last": None}
@@ -120,9 +124,17 @@ def load(user_state: dict | None, arena: dict | None):
 
 
 def poll(user_state: dict | None, arena: dict | None):
-    """The timer's tick: look for a pair if none is on screen (the reveal of a vote just made
-    stays). Outputs as `load`."""
-    if arena and arena.get("session_id") and arena.get("current") is not None:
+    """The timer's tick and the tab's opening: look for a pair if none is on screen (the reveal
+    of a vote just made stays). Outputs as `load`.
+
+    Before the arena is set up it does nothing: the login sets it up (`load`, on the user's
+    change), and the login's selection of the arena tab fires this at the same moment. Two
+    events that both set the arena up each drew a pair; the page could show one event's pair
+    while the session kept the other's state, and every vote on it was then taken for a
+    repeat of an old one: the arena ignored every key until a reload."""
+    if not (arena and arena.get("session_id")):
+        return gr.skip(), gr.skip(), gr.skip(), arena, gr.skip()
+    if arena.get("current") is not None:
         return gr.skip(), gr.skip(), gr.skip(), arena, _poll(arena)
     pair, _, counters, state, timer = load(user_state, arena)
     return pair, gr.skip(), counters, state, timer
@@ -148,8 +160,19 @@ def vote(outcome: str, meta: str, user_state: dict | None, arena: dict | None):
         yield pair, gr.skip(), counters, state, timer
         return
     if info.get("nonce") != cur["nonce"]:
-        # a repeat of a vote already handled (the pair has changed since): nothing to do
-        yield gr.skip(), gr.skip(), gr.skip(), state, gr.skip()
+        if info.get("shown", cur["nonce"]) == cur["nonce"]:
+            # a repeat of a vote already handled (the page shows the pair that replaced the
+            # one clicked): nothing to do
+            yield gr.skip(), gr.skip(), gr.skip(), state, gr.skip()
+            return
+        # the page shows a pair this session does not hold (an event that set the arena up
+        # or looked for a pair raced another): show the one it holds, so that the next vote
+        # counts, and say that this one did not. A new nonce: the page renders only a changed
+        # value
+        cur["nonce"] = uuid.uuid4().hex[:16]
+        state["shown_at"] = datetime.now(UTC).isoformat()
+        yield (pair_html(cur), notice(STALE_PAIR, "error"), counters_html(state), state,
+               _poll(state))
         return
     shown_at = datetime.fromisoformat(state["shown_at"]) if state.get("shown_at") else None
     now = datetime.now(UTC)

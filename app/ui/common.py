@@ -389,7 +389,9 @@ HEAD = """
     window.ngsPerf = window.ngsPerf || {};
     window.ngsPerf.clickAt = performance.now();
     if (!window.ngsVote || window.ngsVote.nonce !== nonce) window.ngsVote = {nonce, id: uuid()};
-    return JSON.stringify({client_vote_id: window.ngsVote.id, nonce,
+    // shown: the pair on screen now, so that the server tells a repeat (the page already
+    // shows the pair after the one clicked) from a page out of step with it
+    return JSON.stringify({client_vote_id: window.ngsVote.id, nonce, shown,
                            outcome: click.outcome === undefined ? null : click.outcome});
   };
   // help text as tooltips: fields render lazily (hidden tabs), so apply on every change

@@ -257,3 +257,59 @@ def test_demo_queues_arena_rollouts_before_the_training_job(settings, enqueuer):
         assert job.config["dataset_id"] == info.dataset_id
         assert job.config["max_prompts"] == DEMO_ARENA_ROLLOUT["max_prompts"]
     assert bootstrap(enqueuer=enqueuer).arena_job_id is None  # once, on the first start
+
+
+def test_opening_the_arena_tab_before_the_login_sets_it_up_draws_no_pair(settings, annotator,
+                                                                          make_group):
+    """The login's selection of the arena tab fires `poll` beside the login's `load`: only
+    `load` sets the arena up, so the page and the session cannot end up holding two pairs."""
+    from app.ui import arena
+
+    make_group(g=4)
+    user = _token(annotator)
+    pair, _, _, state, _ = arena.poll(user, None)
+    assert state is None and not isinstance(pair, str)  # skipped: no pair drawn
+    state = arena.load(user, None)[3]
+    assert state["current"] is not None
+
+
+def test_a_vote_on_a_pair_the_session_does_not_hold_shows_the_one_it_holds(settings, annotator,
+                                                                           make_group):
+    """A page out of step with its session (it shows a pair the session does not hold) gets
+    the held pair and a notice, and its next vote counts; a repeat of a vote on a pair since
+    replaced, from a page that shows the current pair, changes nothing."""
+    import json
+
+    from app.db import session_scope
+    from app.services import votes
+    from app.ui import arena
+
+    make_group(g=4)
+    user = _token(annotator)
+    state = arena.load(user, None)[3]
+    held = state["current"]["nonce"]
+    a_id, b_id = state["current"]["a_id"], state["current"]["b_id"]
+
+    def meta(nonce: str, shown: str, vote_id: str) -> str:
+        return json.dumps({"client_vote_id": vote_id, "nonce": nonce, "shown": shown,
+                           "outcome": "a"})
+
+    # a repeat: the click was on an older pair, the page already shows the held one
+    steps = list(arena.dispatch(meta("older", held, "v0"), user, state))
+    assert len(steps) == 1 and not isinstance(steps[0][0], str)
+    # out of step: the page shows a pair the session never held
+    steps = list(arena.dispatch(meta("other", "other", "v1"), user, state))
+    assert len(steps) == 1
+    pair, reveal, _, state, _ = steps[0]
+    assert arena.STALE_PAIR in reveal.replace("&#x27;", "'")
+    # the held pair, under a new nonce (the page renders only a changed value)
+    assert (state["current"]["a_id"], state["current"]["b_id"]) == (a_id, b_id)
+    held = state["current"]["nonce"]
+    assert f'data-nonce="{held}"' in pair and state["current"]["a_src"] in pair
+    with session_scope() as s:
+        assert votes.count_votes(s) == 0
+    # the pair it now shows takes the vote
+    steps = list(arena.dispatch(meta(held, held, "v2"), user, steps[-1][3]))
+    assert steps[-1][3]["session_votes"] == 1
+    with session_scope() as s:
+        assert votes.count_votes(s) == 1

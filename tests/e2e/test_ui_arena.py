@@ -132,6 +132,32 @@ def test_double_click_records_one_vote(server, page):
     assert len(_votes_of("bob")) == before + 2
 
 
+
+def test_a_page_out_of_step_with_its_session_is_brought_back(server, page):
+    """A page that shows a pair its session does not hold (two events drew pairs at once as
+    the login set the arena up) used to have every vote taken for a repeat: the arena ignored
+    every key until a reload. The next key now brings the held pair back, says that nothing
+    was recorded, and the key after it votes."""
+    login(page, server, server.annotator_token)
+    page.locator("#arena-pair .ngs-pair[data-nonce]").wait_for()
+    before = len(_votes_of("bob"))
+    _, shown_a, shown_b = _shown_pair(page)
+    # the page out of step: it shows a pair the session never held
+    page.evaluate("() => { document.querySelector('#arena-pair .ngs-pair').dataset.nonce"
+                  " = 'drawn-by-another-event'; }")
+    page.keyboard.press("1")
+    _wait_new_pair(page, "drawn-by-another-event")
+    held, a_src, b_src = _shown_pair(page)  # the pair the session holds, with a new nonce
+    assert (a_src, b_src) == (shown_a, shown_b)
+    page.locator("#arena-reveal .ngs-notice").wait_for(state="attached")
+    assert "nothing was recorded" in page.locator("#arena-reveal").text_content()
+    assert len(_votes_of("bob")) == before
+    page.keyboard.press("2")
+    _wait_new_pair(page, held)
+    _wait_count(page, 1)
+    votes = _votes_of("bob")
+    assert len(votes) == before + 1 and votes[-1].outcome == "b"
+
 # Holds back, while `window.ngsHold` is true, the server-sent message that ends a Gradio event
 # (the browser's fetch of /queue/data is wrapped; every other message passes at once). With it
 # a test can act while an event is still running, however fast the server is. It also counts
