@@ -1,6 +1,6 @@
 """Humans in the loop with simulated annotators (issue 6), in-process (no HTTP), CPU or GPU.
 
-For each preference (upper, left, larger, tidy, centred; attributes the verifiable rewards
+For each preference (upper, left, larger, tidy, apart, centred; attributes the verifiable rewards
 ignore):
 1. Held-out pair accuracy of the preference model against the number of votes (100 ... 3000)
    with uniformly random vs active pair selection (as GET /api/votes/next does it: 80% active,
@@ -372,7 +372,7 @@ def measure(images, eval_prompts, attr, seconds=None):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--preferences", nargs="+", default=["upper", "left", "larger", "tidy"],
+    ap.add_argument("--preferences", nargs="+", default=["upper", "left", "larger", "apart", "tidy"],
                     help=f"simulated preferences, of {sorted(PREFERENCES)}")
     ap.add_argument("--budgets", nargs="+", type=int, default=[100, 200, 300, 500, 1000, 3000])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2],

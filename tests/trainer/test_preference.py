@@ -79,6 +79,23 @@ def test_attributes_and_simulated_annotator():
     assert tidy[0] == 0.0 and tidy[1] == 0.0
     assert tidy[2] == pytest.approx(-9 / 36)  # 9 blue pixels beside 36 red ones
     assert SimulatedAnnotator("tidy", flip=0.0).vote(stray, small, "one red square") == "b"
+    # apart: the objects' centres far from each other, wherever the scene sits and however big
+    def squares(corners: list[tuple[int, int]], side: int) -> np.ndarray:
+        image = np.full((32, 32, 3), 250, dtype=np.uint8)
+        for row, col in corners:
+            image[row:row + side, col:col + side] = COLORS["red"]
+        return image
+
+    far, near = squares([(0, 0), (26, 26)], 6), squares([(0, 0), (0, 10)], 6)
+    near_moved, near_big = squares([(20, 14), (20, 24)], 6), squares([(0, 0), (0, 12)], 10)
+    spreads = attribute_values("spread", np.stack([far, near, near_moved, near_big, small]),
+                               ["two red squares"] * 4 + ["one red square"])
+    np.testing.assert_allclose(spreads[0], 26 / 31)  # centres (2.5, 2.5) and (28.5, 28.5)
+    np.testing.assert_allclose(spreads[1], 10 / np.hypot(31, 31))
+    assert spreads[2] == pytest.approx(spreads[1])  # moved: unchanged
+    assert spreads[3] == pytest.approx(12 / np.hypot(31, 31))  # bigger, set 12 apart
+    assert spreads[4] == 0.0  # one object: nothing to be apart from
+    assert SimulatedAnnotator("apart", flip=0.0).vote(near, far, "two red squares") == "b"
     with pytest.raises(ValueError, match="unknown preference"):
         SimulatedAnnotator("bluer")
 

@@ -5,9 +5,9 @@ want: `size` (how chunky the requested colour looks: the colour mass near each o
 averaged over them, and nothing once the canvas is flooded; larger is preferred by the
 "larger" annotator), `upper` (how high the colour sits: 1 at the top row, 0 at the bottom;
 preferred by the "upper" annotator), `left` (the same across: the "left" annotator) and
-`centre` (how close to the canvas centre: the "centred" annotator) and `tidiness` (how little
-is drawn besides the requested colour: the "tidy" annotator, the one that is neither
-positional nor a size). Neither the shapes rewards nor the preference model know these exist.
+`centre` (how close to the canvas centre: the "centred" annotator), `tidiness` (how little
+is drawn besides the requested colour: the "tidy" annotator) and `spread` (how far apart the
+objects stand: the "apart" annotator); the last two are neither positional nor a size. Neither the shapes rewards nor the preference model know these exist.
 """
 
 from __future__ import annotations
@@ -20,7 +20,13 @@ import numpy as np
 
 from trainer.rewards.outcomes import Outcome
 from trainer.rewards.registry import register_reward
-from trainer.rewards.shapes import COLOR_TOLERANCE, color_distance, foreground_mask
+from trainer.rewards.shapes import (
+    COLOR_TOLERANCE,
+    color_distance,
+    color_mask,
+    components,
+    foreground_mask,
+)
 from trainer.shapes.world import IMAGE_SIZE, parse_prompt
 
 
@@ -127,16 +133,33 @@ def tidiness(image: np.ndarray, prompt: str) -> float:
     return -stray / max(float(weight), 1.0)
 
 
+def spread(image: np.ndarray, prompt: str) -> float:
+    """How far apart the requested colour's objects stand: the mean distance between the
+    centres of its objects (the count reward's connected components), over the canvas
+    diagonal; 0 with fewer than two objects. Neither positional (moving the whole scene leaves
+    it unchanged) nor a size (two small squares far apart spread more than two big ones side
+    by side): a person who wants the objects set apart rather than bunched up."""
+    objects = components(color_mask(image, parse_prompt(prompt).color))
+    if len(objects) < 2:
+        return 0.0
+    centres = np.array([pixels.mean(axis=0) for pixels in objects])
+    gaps = [float(np.hypot(*(centres[i] - centres[j])))
+            for i in range(len(centres)) for j in range(i + 1, len(centres))]
+    height, width = image.shape[:2]
+    return float(np.mean(gaps)) / float(np.hypot(height - 1, width - 1))
+
+
 ATTRIBUTES: dict[str, Callable[[np.ndarray, str], float]] = {
     "size": object_size,
     "upper": upperness,
     "left": leftness,
     "centre": centredness,
     "tidiness": tidiness,
+    "spread": spread,
 }
 # preference name -> the attribute it prefers larger values of
 PREFERENCES = {"larger": "size", "upper": "upper", "left": "left", "centred": "centre",
-               "tidy": "tidiness"}
+               "tidy": "tidiness", "apart": "spread"}
 
 
 def attribute_values(name: str, images: np.ndarray, prompts: list[str]) -> np.ndarray:
