@@ -26,6 +26,10 @@ PATH = UI_PATH
 # how often the page's stream-holding event wakes (below); a closed page's event ends at its
 # next wake, when Gradio has marked it dead
 KEEP_STREAM_SECONDS = 15.0
+# how long a tab is out of sight before it lets go of its event stream (the page script waits
+# this long; tests set window.ngsStreamPauseMs). Long enough that switching tabs for a moment
+# does not close and reopen the stream, which is when the race below could come back
+STREAM_PAUSE_MS = 30_000
 
 
 async def keep_event_stream_open():
@@ -38,11 +42,12 @@ async def keep_event_stream_open():
     the new event as "broken connection": the client marked the whole page disconnected and
     dropped every later click without a word. With one event always pending the stream stays
     open and that race cannot happen (tests/e2e/test_ui_arena.py checks that no close_stream
-    arrives). Async and idle: no worker thread is held. The cost: each open tab holds two
+    arrives). Async and idle: no worker thread is held. The cost: a tab that holds it holds two
     long-lived connections (this stream and Gradio's heartbeat) of the six a browser opens to
-    one host over HTTP/1.1, so a third studio tab in one browser does not load (measured in
-    chromium, 2026-12-01; five did without this event); an HTTP/2 proxy in front of uvicorn
-    lifts the limit."""
+    one host over HTTP/1.1; with every tab holding it a third studio tab in one browser did not
+    load (measured in chromium, 2026-12-01). So a tab out of sight for `STREAM_PAUSE_MS` lets
+    go of it (the page script cancels this event) and takes it back when shown again: only the
+    tabs in view hold two. An HTTP/2 proxy in front of uvicorn lifts the limit altogether."""
     while True:
         await asyncio.sleep(KEEP_STREAM_SECONDS)
         yield
@@ -80,8 +85,16 @@ def build_ui(enqueuer: Enqueuer | None = None) -> gr.Blocks:
                 pages[key] = tab
         login.wire(pages, tabs, ui)
         assert set(ADMIN_TABS) <= set(pages)
-        ui.load(keep_event_stream_open, None, None, show_progress="hidden",
-                concurrency_limit=None, api_visibility="private")
+        # the page script (app.ui.common) clicks these: a tab out of sight for a while lets
+        # go of its stream, and takes it back when shown
+        stream_pause = gr.Button("pause", elem_id="ngs-stream-pause",
+                                 elem_classes=["ngs-offscreen"])
+        stream_resume = gr.Button("resume", elem_id="ngs-stream-resume",
+                                  elem_classes=["ngs-offscreen"])
+        holds = [trigger(keep_event_stream_open, None, None, show_progress="hidden",
+                         concurrency_limit=None, api_visibility="private")
+                 for trigger in (ui.load, stream_resume.click)]
+        stream_pause.click(None, None, None, cancels=holds, api_visibility="private")
     return ui
 
 
@@ -95,8 +108,8 @@ def mount(app: FastAPI) -> FastAPI:
     settings = get_settings()
     blocked = {str(settings.data_dir.resolve()), str(settings.resolved_storage_dir)}
     ui = build_ui(enqueuer=getattr(app.state, "enqueuer", None))
-    mounted = gr.mount_gradio_app(app, ui, path=PATH, css=CSS, head=page_head(KEYS),
-                                  blocked_paths=sorted(blocked), footer_links=[],
+    mounted = gr.mount_gradio_app(app, ui, path=PATH, css=CSS,
+                                  head=page_head(KEYS, STREAM_PAUSE_MS), blocked_paths=sorted(blocked), footer_links=[],
                                   theme=gr.themes.Default(),
                                   # Gradio's /upload (and every route it sizes) refuses more
                                   # than the API's dataset upload takes

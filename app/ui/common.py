@@ -330,6 +330,9 @@ CSS = """
 #login-status { flex: 1 1 12em !important; min-width: 0 !important; }
 #logout { flex: 0 0 auto !important; width: auto !important; min-width: 0 !important;
   align-self: center; }
+/* the event stream's pause and resume buttons: clicked by the page script, never seen */
+.ngs-offscreen { position: absolute !important; left: -10000px !important; width: 1px !important;
+  height: 1px !important; overflow: hidden !important; }
 .ngs-help label > span:first-child::after, .ngs-help .label-wrap span::after {
   content: " (?)"; opacity: .55; cursor: help; }
 """
@@ -403,6 +406,22 @@ HEAD = """
     }
   }
   window.ngsTooltips = (help) => { Object.assign(window.ngsHelp, help); applyTips(); };
+  // a tab out of sight for a while lets go of its event stream and takes it back when shown
+  // (app.ui.keep_event_stream_open says why it is held and what holding it costs)
+  let pauseTimer = null, streamPaused = false;
+  document.addEventListener("visibilitychange", () => {
+    clearTimeout(pauseTimer);
+    if (document.visibilityState === "hidden") {
+      pauseTimer = setTimeout(() => {
+        const pause = document.getElementById("ngs-stream-pause");
+        if (pause) { streamPaused = true; pause.click(); }
+      }, window.ngsStreamPauseMs || __STREAM_PAUSE_MS__);
+    } else if (streamPaused) {
+      streamPaused = false;
+      const resume = document.getElementById("ngs-stream-resume");
+      if (resume) resume.click();
+    }
+  });
   let pending = false;
   new MutationObserver(() => {
     if (pending || !Object.keys(window.ngsHelp).length) return;
@@ -414,9 +433,11 @@ HEAD = """
 """
 
 
-def page_head(vote_keys: Mapping[str, str]) -> str:
+def page_head(vote_keys: Mapping[str, str], stream_pause_ms: int) -> str:
     """HEAD with the arena's shortcuts bound: each outcome's key, as its button shows it
-    ("space": the space bar), clicks the button of id vote-<outcome>."""
+    ("space": the space bar), clicks the button of id vote-<outcome>; a tab out of sight for
+    `stream_pause_ms` lets go of its event stream."""
     keys = {" " if key == "space" else key: f"vote-{outcome}" for outcome, key in vote_keys.items()}
-    return HEAD.replace("__VOTE_KEYS__", json.dumps(keys))
+    return (HEAD.replace("__VOTE_KEYS__", json.dumps(keys))
+            .replace("__STREAM_PAUSE_MS__", str(int(stream_pause_ms))))
 

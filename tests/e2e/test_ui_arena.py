@@ -383,3 +383,49 @@ def test_reveal_names_training_rollouts_and_checkpoints(server, page):
             s.execute(delete(Checkpoint).where(Checkpoint.id.in_(ckpts)))
             s.execute(delete(Job).where(Job.id.in_([train_id, eval_id])))
             s.execute(delete(User).where(User.id == uid))
+
+
+def _set_visibility(page, state: str) -> None:
+    """What the browser does when a tab goes out of sight or comes back (headless tabs are
+    always in sight)."""
+    page.evaluate("(s) => { Object.defineProperty(document, 'visibilityState',"
+                  " {value: s, configurable: true});"
+                  " document.dispatchEvent(new Event('visibilitychange')); }", state)
+
+
+def test_tabs_out_of_sight_let_go_of_their_streams_so_a_third_tab_opens(server, browser):
+    """Each studio tab holds two long-lived connections (its event stream and Gradio's
+    heartbeat) of the six chromium opens to one host; with every tab holding both, a third tab
+    in one browser never got its events answered. A tab out of sight lets go of its stream,
+    and takes it back when shown: the third tab votes, and so does the first one after."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.add_init_script("window.ngsStreamPauseMs = 300;" + HOLD_COMPLETION)
+    try:
+        def open_tab():
+            tab = context.new_page()
+            tab.set_default_timeout(60_000)
+            if not tabs:
+                login(tab, server, server.annotator_token)
+            else:  # the login's session cookie logs the later tabs in
+                tab.goto(server.ui)
+                tab.locator("#whoami").wait_for()
+            tab.locator("#arena-pair .ngs-pair[data-nonce]").wait_for()
+            return tab
+
+        tabs = []
+        for _ in range(2):
+            tab = open_tab()
+            _set_visibility(tab, "hidden")
+            tabs.append(tab)
+        for tab in tabs:  # each lets go: the server ends its stream
+            tab.wait_for_function("() => window.ngsCloseStreams >= 1")
+        third = open_tab()
+        for tab in (third, tabs[0]):
+            if tab is tabs[0]:
+                _set_visibility(tab, "visible")
+            nonce, _, _ = _shown_pair(tab)
+            tab.keyboard.press("1")
+            _wait_new_pair(tab, nonce)
+            _wait_count(tab, 1)
+    finally:
+        context.close()
