@@ -109,7 +109,8 @@ def mount(app: FastAPI) -> FastAPI:
     blocked = {str(settings.data_dir.resolve()), str(settings.resolved_storage_dir)}
     ui = build_ui(enqueuer=getattr(app.state, "enqueuer", None))
     mounted = gr.mount_gradio_app(app, ui, path=PATH, css=CSS,
-                                  head=page_head(KEYS, STREAM_PAUSE_MS), blocked_paths=sorted(blocked), footer_links=[],
+                                  head=page_head(KEYS, STREAM_PAUSE_MS),
+                                  blocked_paths=sorted(blocked), footer_links=[],
                                   theme=gr.themes.Default(),
                                   # Gradio's /upload (and every route it sizes) refuses more
                                   # than the API's dataset upload takes

@@ -7,12 +7,14 @@ averaged over them, and nothing once the canvas is flooded; larger is preferred 
 preferred by the "upper" annotator), `left` (the same across: the "left" annotator) and
 `centre` (how close to the canvas centre: the "centred" annotator), `tidiness` (how little
 is drawn besides the requested colour: the "tidy" annotator) and `spread` (how far apart the
-objects stand: the "apart" annotator); the last two are neither positional nor a size. Neither the shapes rewards nor the preference model know these exist.
+objects stand: the "apart" annotator); the last two are neither positional nor a size.
+Neither the shapes rewards nor the preference model know these exist.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -142,9 +144,8 @@ def spread(image: np.ndarray, prompt: str) -> float:
     objects = components(color_mask(image, parse_prompt(prompt).color))
     if len(objects) < 2:
         return 0.0
-    centres = np.array([pixels.mean(axis=0) for pixels in objects])
-    gaps = [float(np.hypot(*(centres[i] - centres[j])))
-            for i in range(len(centres)) for j in range(i + 1, len(centres))]
+    centres = [pixels.mean(axis=0) for pixels in objects]
+    gaps = [np.linalg.norm(a - b) for a, b in itertools.combinations(centres, 2)]
     height, width = image.shape[:2]
     return float(np.mean(gaps)) / float(np.hypot(height - 1, width - 1))
 
