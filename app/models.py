@@ -112,6 +112,9 @@ class Job(Base):
     dataset_id: Mapped[int | None] = mapped_column(
         ForeignKey("datasets.id", ondelete="SET NULL"), index=True
     )
+    # the dataset_id the job was submitted with, kept when the dataset is deleted (dataset_id
+    # is then null): a stopped job that trained on it must not resume on other prompts
+    submitted_dataset_id: Mapped[int | None] = mapped_column(Integer)
     created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
     iteration: Mapped[int] = mapped_column(Integer, default=0)
     total_iterations: Mapped[int | None] = mapped_column(Integer)

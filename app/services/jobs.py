@@ -163,10 +163,15 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
                                       "(a transformers save_pretrained directory) under "
                                       "MODELS_DIR"))
     elif out.get("clip_path", "").strip():
+        from trainer.rewards.preference import clip_dir_problem
+
         try:
-            storage.job_path(out["clip_path"], want="dir")
+            clip_dir = storage.job_path(out["clip_path"], want="dir")
         except ValueError as exc:
             problems.append(("clip_path", str(exc)))
+        else:
+            if (problem := clip_dir_problem(clip_dir)) is not None:
+                problems.append(("clip_path", problem))
     if kind == "train" and any(n in RUN_TIME_REWARDS for n in out.get("reward_weights", {})):
         problem = preference_problem(session, out.get("preference_model", ""))
         if problem:
@@ -511,7 +516,7 @@ def create_job(session: Session, kind: str, config: dict[str, Any] | None = None
     ds = full.get("dataset_id") if kind != "train" else None
     ds = ds if ds is not None else dataset_id  # validate_config found it
     total = full.get("iterations") if kind == "train" else None
-    job = Job(kind=kind, status="queued", config=full, dataset_id=ds,
+    job = Job(kind=kind, status="queued", config=full, dataset_id=ds, submitted_dataset_id=ds,
               created_by_id=user.id if user else None, total_iterations=total)
     session.add(job)
     session.flush()
@@ -625,8 +630,15 @@ def request_cancel(session: Session, job_id: int) -> Job:
 def check_still_valid(session: Session, job: Job) -> None:
     """Conflict, naming every problem, when the job's stored config no longer passes
     submission's checks (what it names may have been deleted since it was accepted)."""
+    if job.dataset_id is None and job.submitted_dataset_id is not None:
+        # the dataset's deletion set dataset_id null: the job would run on other prompts
+        raise Conflict(f"job {job.id} can no longer run: its dataset {job.submitted_dataset_id} "
+                       "was deleted; launch a new job on another dataset",
+                       errors=[{"field": "dataset_id", "message": f"dataset "
+                                f"{job.submitted_dataset_id} was deleted"}])
     try:
-        validate_config(session, job.kind, job.config)
+        validate_config(session, job.kind, job.config,
+                        dataset_id=job.dataset_id if job.kind == "train" else None)
     except Invalid as exc:
         raise Conflict(f"job {job.id} can no longer run: {exc.message}",
                        errors=exc.details.get("errors", [])) from exc

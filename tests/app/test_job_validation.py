@@ -174,8 +174,39 @@ def test_a_job_whose_dataset_was_deleted_does_not_resume(client, admin):
     assert client.delete(f"/api/datasets/{ds}", headers=admin).status_code == 204
     r = client.post(f"/api/jobs/{job}/resume", headers=admin)
     assert r.status_code == 409, r.text
-    assert f"dataset {ds} not found" in r.text and _fields(r) == ["dataset_id"]
+    assert f"dataset {ds} was deleted" in r.text and _fields(r) == ["dataset_id"]
     assert client.get(f"/api/jobs/{job}", headers=admin).json()["status"] == "cancelled"
+
+
+def test_a_train_job_whose_dataset_was_deleted_does_not_resume_on_other_prompts(client, admin):
+    """A train job's dataset is not in its config (the worker reads the prompts when it
+    starts), and deleting the dataset sets the job's dataset_id null: without the dataset kept
+    as submitted, the resume ran on the built-in shapes prompts as if it had had none."""
+    ds = _upload(client, admin, "reds", "one red circle\ntwo red squares\n")
+    job = client.post("/api/jobs", json={"kind": "train", "preset": "tiny", "dataset_id": ds,
+                                         "config": {}}, headers=admin).json()["id"]
+    assert client.post(f"/api/jobs/{job}/cancel", headers=admin).status_code == 200
+    assert client.delete(f"/api/datasets/{ds}", headers=admin).status_code == 204
+    r = client.post(f"/api/jobs/{job}/resume", headers=admin)
+    assert r.status_code == 409, r.text
+    assert f"dataset {ds} was deleted" in r.text and _fields(r) == ["dataset_id"]
+    assert client.get(f"/api/jobs/{job}", headers=admin).json()["status"] == "cancelled"
+
+
+def test_a_train_job_resumes_only_while_its_dataset_still_has_train_prompts(client, admin,
+                                                                          session):
+    """Resuming re-checks the train job's dataset as submission did."""
+    from app.models import Prompt
+
+    ds = _upload(client, admin, "reds", "one red circle\ntwo red squares\n")
+    job = client.post("/api/jobs", json={"kind": "train", "preset": "tiny", "dataset_id": ds,
+                                         "config": {}}, headers=admin).json()["id"]
+    assert client.post(f"/api/jobs/{job}/cancel", headers=admin).status_code == 200
+    for prompt in session.scalars(select(Prompt).where(Prompt.dataset_id == ds)):
+        prompt.split = "eval"
+    session.commit()
+    r = client.post(f"/api/jobs/{job}/resume", headers=admin)
+    assert r.status_code == 409 and "no 'train' prompts" in r.text, r.text
 
 
 def test_clip_path_is_checked_whenever_given(client, admin):
@@ -276,10 +307,23 @@ def test_preference_reward_needs_a_fitted_model_or_an_allowed_path(client, admin
     assert r.status_code == 422 and _fields(r) == ["preference_model"]
 
 
-def test_clip_path_must_be_a_directory_under_models_dir(client, admin, settings):
+def test_clip_path_must_be_a_complete_clip_directory_under_models_dir(client, admin, settings,
+                                                                     tiny_clip_path):
+    import shutil
+
     r = _post(client, admin, "fit_preference", {"features": "clip", "clip_path": "/etc"})
     assert r.status_code == 422 and _fields(r) == ["clip_path"]
+    # a directory without CLIP's files: the worker failed on it with transformers' traceback
     (settings.resolved_models_dir / "clip").mkdir(parents=True)
+    r = _post(client, admin, "fit_preference", {"features": "clip", "clip_path": "clip"})
+    assert r.status_code == 422 and _fields(r) == ["clip_path"], r.text
+    for name in ("config.json", "model.safetensors", "processor_config.json", "tokenizer.json"):
+        assert name in r.text
+    shutil.copytree(tiny_clip_path, settings.resolved_models_dir / "clip", dirs_exist_ok=True)
+    (settings.resolved_models_dir / "clip" / "model.safetensors").unlink()
+    r = _post(client, admin, "fit_preference", {"features": "clip", "clip_path": "clip"})
+    assert r.status_code == 422 and "missing model.safetensors" in r.text, r.text
+    shutil.copy(tiny_clip_path / "model.safetensors", settings.resolved_models_dir / "clip")
     r = _post(client, admin, "fit_preference", {"features": "clip", "clip_path": "clip"})
     assert r.status_code == 201, r.text
 

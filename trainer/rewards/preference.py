@@ -249,6 +249,36 @@ class PreferenceModel:
         return model
 
 
+# what CLIPModel.from_pretrained and CLIPProcessor.from_pretrained read from a local directory
+# (transformers' save_pretrained writes them): each entry is satisfied by any one of its names
+_CLIP_FILES = (
+    ("config.json",),
+    ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+     "pytorch_model.bin.index.json"),
+    ("preprocessor_config.json", "processor_config.json"),  # older and newer processor files
+    ("tokenizer.json", "vocab.json"),  # a fast tokenizer's file, or the BPE vocabulary
+)
+
+
+def clip_dir_problem(path: str | Path) -> str | None:
+    """Why `path` is not a CLIP directory `features="clip"` can load (every missing file
+    named), or None. Checked at submission too: transformers' own error comes late, from the
+    worker, as a traceback."""
+    path = Path(path)
+    try:
+        if not path.is_dir():
+            return f"clip_path {str(path)!r} is not a directory (weights load from a local path)"
+        missing = [" or ".join(names) for names in _CLIP_FILES
+                   if not any((path / name).exists() for name in names)]
+    except OSError as exc:  # a name too long, no permission
+        return f"clip_path {str(path)!r} cannot be read ({exc.strerror or exc})"
+    if missing:
+        return (f"clip_path {str(path)!r} is not a complete CLIP directory: missing "
+                f"{'; '.join(missing)} (what transformers' CLIPModel and CLIPProcessor "
+                "save_pretrained write)")
+    return None
+
+
 class _ClipEncoder:
     """Frozen transformers CLIP from a local path (never downloads), with its embeddings kept
     by image content and prompt: a long-lived process refits on mostly the same voted images, and only
@@ -257,8 +287,8 @@ class _ClipEncoder:
     cache_size = 50_000  # embeddings of each kind kept (about 100 MB at CLIP's 512 dims)
 
     def __init__(self, path: str, device: str) -> None:
-        if not path or not Path(path).exists():
-            raise FileNotFoundError(f"clip_path {path!r} does not exist (weights load from a local path)")
+        if (problem := clip_dir_problem(path or "")) is not None:
+            raise FileNotFoundError(problem)
         try:
             from transformers import CLIPModel, CLIPProcessor
         except ImportError as error:
@@ -489,6 +519,6 @@ def warm_start_problem(previous: PreferenceModel, config: FitConfig) -> str | No
     return None
 
 
-__all__ = ["MIN_FIT_VOTES", "FitConfig", "warm_start_problem", "FitReport", "PreferenceModel", "PreferencePair", "fit_preference_model",
+__all__ = ["MIN_FIT_VOTES", "clip_dir_problem", "FitConfig", "warm_start_problem", "FitReport", "PreferenceModel", "PreferencePair", "fit_preference_model",
            "ShapesPreferenceNet", "ShapesHead", "SharedFeatureEnsemble",
            "PROMPT_LENGTH", "Outcome", "OUTCOMES", "LABELLED_OUTCOMES", "TARGET_A"]
