@@ -563,18 +563,27 @@ def send_to_arena(session: Session, enqueuer: Enqueuer | None, source_job_id: in
     first), on the job's dataset or else the built-in shapes prompts, with the job's group
     size, sigma and rollout batch size (and, for the base model, its model fields); its groups
     become pairs in the arena. Returns the job and the checkpoint."""
-    from app.services import checkpoints, datasets
+    from app.services import checkpoints
 
     src = get_job(session, source_job_id)
     ckpt = checkpoints.latest_checkpoint(session, src.id)
-    ds_id = src.dataset_id
-    if ds_id is None:
-        rows, _ = datasets.list_datasets(session, limit=1000)
-        named = [d for d in rows if d.name == SHAPES_DATASET] or rows
-        if not named:
-            raise Invalid("no dataset to draw prompts from: upload one first", field="dataset_id")
-        ds_id = named[-1].id
-    cfg = src.config or {}
+    ds_id, cfg = src.dataset_id, src.config or {}
+    if ds_id is None and src.submitted_dataset_id is not None:
+        raise Invalid(f"job {src.id}'s dataset {src.submitted_dataset_id} was deleted: upload "
+                      "its prompts again and launch a rollout job on them", field="dataset_id")
+    if ds_id is None and cfg.get("prompts"):
+        # another dataset's prompts would put pairs of prompts it never trained on in the arena
+        raise Invalid(f"job {src.id} trained on the {len(cfg['prompts'])} prompts of its "
+                      "config, not on a dataset, and the arena samples a dataset: upload them "
+                      "as one and launch a rollout job on it", field="dataset_id")
+    if ds_id is None:  # trained on the built-in prompts, which the server loads as SHAPES_DATASET
+        ds_id = session.scalar(select(Dataset.id).where(Dataset.name == SHAPES_DATASET)
+                               .order_by(Dataset.id).limit(1))
+        if ds_id is None:
+            raise Invalid(f"job {src.id} trained on the built-in prompts and the {SHAPES_DATASET!r} "
+                          "dataset that holds them was deleted: restart the server (it loads "
+                          "them again) or launch a rollout job on another dataset",
+                          field="dataset_id")
     config = {
         "dataset_id": ds_id, "checkpoint_id": ckpt.id if ckpt else None,
         "max_prompts": ARENA_ROLLOUT_PROMPTS,

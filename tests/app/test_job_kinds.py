@@ -85,6 +85,34 @@ def test_send_to_arena_uses_the_jobs_group_size_capped(settings, session, enqueu
     assert enqueuer.calls[-1] == (job.id, "rollout")
 
 
+def test_send_to_arena_samples_only_the_prompts_the_job_trained_on(settings, session, enqueuer):
+    """Never another dataset's prompts: with the built-in one deleted it picked the newest
+    upload, and a job trained on its config's prompts got the built-in ones."""
+    import pytest
+
+    from app.errors import Invalid
+    from app.services import datasets, jobs
+
+    other = datasets.import_dataset(session, filename="o.txt", data=b"two blue squares\n",
+                                    name="other").dataset.id
+    builtin = jobs.launch_job(session, enqueuer, "train", {"num_anchors": 2}, preset="tiny")
+    with pytest.raises(Invalid, match="'shapes' dataset that holds them was deleted"):
+        jobs.send_to_arena(session, enqueuer, builtin.id)
+    own = jobs.launch_job(session, enqueuer, "train", {"num_anchors": 2,
+                                                       "prompts": ["one red circle"]},
+                          preset="tiny")
+    with pytest.raises(Invalid, match="trained on the 1 prompts of its config"):
+        jobs.send_to_arena(session, enqueuer, own.id)
+    shapes = datasets.import_dataset(session, filename="shapes.txt", data=b"one red circle\n",
+                                     name=jobs.SHAPES_DATASET).dataset.id
+    job, _ = jobs.send_to_arena(session, enqueuer, builtin.id)
+    assert job.config["dataset_id"] == shapes != other
+    on_other = jobs.launch_job(session, enqueuer, "train", {"num_anchors": 2}, preset="tiny",
+                               dataset_id=other)
+    job, _ = jobs.send_to_arena(session, enqueuer, on_other.id)
+    assert job.config["dataset_id"] == other
+
+
 def test_fit_preference_job_config_is_fitconfig_plus_job_settings():
     """The job's config is built from FitConfig's fields: same names, defaults, help texts and
     bounds, so the two cannot drift apart; the job adds only its own three settings."""
