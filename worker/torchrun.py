@@ -133,12 +133,19 @@ def held(job_id: int, holder: str) -> bool:
         return jobs.holds(s, job_id, holder)
 
 
+def cancel_requested(job_id: int) -> bool:
+    with session_scope() as s:
+        return jobs.get_job(s, job_id).cancel_requested
+
+
 def supervise(cmd: list[str], job_id: int, holder: str, shutdown: threading.Event,
-              on_started=None) -> tuple[int, str]:
+              on_started=None, cancel_while_waiting: bool = False) -> tuple[int, str]:
     """Run one node's torchrun to its end; (exit code, its output). A warm shutdown of this
     worker is passed on to the ranks as SIGTERM (rank 0 saves and requeues, all of them
     leave); once the job is no longer running under `holder` for LOST_GRACE_SECONDS, torchrun
-    is stopped."""
+    is stopped. `cancel_while_waiting`: a cancel requested before any node has started (the
+    rendezvous still waiting for hosts) stops torchrun at once, since no rank is there yet to
+    read the job's stop flag (it would wait out RDZV_JOIN_TIMEOUT)."""
     with tempfile.NamedTemporaryFile("w+b", suffix=".log", delete=False) as out:
         log_path = Path(out.name)
     try:
@@ -147,13 +154,18 @@ def supervise(cmd: list[str], job_id: int, holder: str, shutdown: threading.Even
             if on_started is not None:
                 on_started()
             lost_since: float | None = None
-            signalled = False
+            signalled = started = False
             while True:
                 try:
                     proc.wait(timeout=POLL_SECONDS)
                     break
                 except subprocess.TimeoutExpired:
-                    _forward_node_lines(follow)
+                    started = _forward_node_lines(follow) or started
+                if cancel_while_waiting and not started and cancel_requested(job_id):
+                    log.info("job %s cancelled while its rendezvous waited for hosts: "
+                             "stopping torchrun", job_id)
+                    stop(proc)
+                    break
                 if shutdown.is_set() and not signalled:
                     signal_ranks(proc)
                     signalled = True
@@ -209,14 +221,18 @@ def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
         proc.wait()
 
 
-def _forward_node_lines(follow) -> None:
+def _forward_node_lines(follow) -> bool:
     """Copy the node lines (NODE_LINE) torchrun wrote since the last call into this worker's
-    log, as they come: which node of the job this host is, while it runs."""
+    log, as they come: which node of the job this host is, while it runs. Whether there was
+    one (this node's ranks have joined the job)."""
+    seen = False
     while (line := follow.readline()).endswith(b"\n"):
         if match := NODE_LINE.search(line.decode(errors="replace")):
             log.info("%s", match.group(0))
+            seen = True
     if line:  # a partial line: read it again once it is complete
         follow.seek(-len(line), 1)
+    return seen
 
 
 def tail(text: str, lines: int = 20) -> str:
@@ -246,11 +262,15 @@ def run_torchrun(job_id: int, worker_name: str, config: TrainConfig, nproc: int,
             send_join(rdzv.as_kwargs(), rdzv.deadline)
 
     code, text = supervise(torchrun_command(job_id, worker_name, nproc, rdzv), job_id,
-                           worker_name, shutdown, send_joins if rdzv is not None else None)
+                           worker_name, shutdown, send_joins if rdzv is not None else None,
+                           cancel_while_waiting=rdzv is not None)
     with session_scope() as s:
         job = jobs.get_job(s, job_id)
         if job.status != "running" or job.worker != worker_name:
             return job.status  # finished, cancelled, or requeued by rank 0 on shutdown
+        if job.cancel_requested and NODE_LINE.search(text) is None:
+            # stopped while the rendezvous waited: no rank ran, so none recorded the cancel
+            return jobs.mark_cancelled(s, job_id).status
     if rdzv is not None and "RendezvousTimeoutError" in text:
         raise JobError(f"waited {get_settings().rdzv_join_timeout} s for {nnodes - 1} more "
                        f"host(s) to join the rendezvous at {rdzv.endpoint} (train_nnodes="

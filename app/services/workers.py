@@ -77,17 +77,32 @@ def able(session: Session, kind: str, config: dict[str, Any],
 
 
 def waiting_for(session: Session, jobs: list[Job]) -> dict[int, str]:
-    """For queued jobs that no live worker can take: job id -> what it waits for."""
-    queued = [j for j in jobs if j.status == "queued"]
-    if not queued:
+    """For queued jobs that no live worker can take, and multi-host train jobs that fewer
+    live workers than their hosts could start: job id -> what it waits for."""
+    waiting = [j for j in jobs if j.status == "queued" or (j.status == "running"
+                                                           and hosts_wanted(j) > 1
+                                                           and j.iteration == 0)]
+    if not waiting:
         return {}
     workers = live(session)
     out = {}
-    for job in queued:
+    for job in waiting:
         queue = KINDS[job.kind].queue
         cuda = wants_cuda(job.config or {})
-        if not able(session, job.kind, job.config or {}, workers):
-            need = " with a CUDA device" if cuda else ""
+        can = able(session, job.kind, job.config or {}, workers)
+        need = " with a CUDA device" if cuda else ""
+        if not can and job.status == "queued":
             out[job.id] = (f"waiting for a worker{need} on queue {queue!r}: none has reported "
                            f"in the last {live_seconds():.0f} s")
+        elif len(can) < (hosts := hosts_wanted(job)):
+            # one worker a host (worker/torchrun.py); the job starts or fails (after
+            # RDZV_JOIN_TIMEOUT) once its holder's rendezvous is over
+            out[job.id] = (f"waiting for {hosts} hosts (train_nnodes): {len(can)} live worker(s)"
+                           f"{need} on queue {queue!r}; start one on each other host")
     return out
+
+
+def hosts_wanted(job: Job) -> int:
+    """How many hosts a job runs on: a train job's train_nnodes, else one."""
+    nnodes = (job.config or {}).get("train_nnodes", 1) if job.kind == "train" else 1
+    return nnodes if isinstance(nnodes, int) and not isinstance(nnodes, bool) else 1

@@ -282,6 +282,28 @@ def test_a_queue_without_a_live_worker_is_waited_for(client, admin, settings):
     assert r.status_code == 201 and "'cpu'" in r.json()["waiting_for"]
 
 
+def test_a_job_for_more_hosts_than_live_workers_says_it_waits_for_them(client, admin, session):
+    """One worker cannot start a train_nnodes=2 job (its rendezvous waits for another host):
+    the job is accepted, since a host may come later, but its page says so, while queued and
+    while its holder waits."""
+    from app.models import Job
+
+    _report_worker("host-a", ["gpu"], cuda=1)
+    r = _post(client, admin, "train", {"train_nnodes": 2, "prompts_per_iteration": 4}, "tiny")
+    assert r.status_code == 201, r.text
+    assert r.json()["waiting_for"] == ("waiting for 2 hosts (train_nnodes): 1 live worker(s) on "
+                                       "queue 'gpu'; start one on each other host")
+    job = session.get(Job, r.json()["id"])
+    job.status, job.worker = "running", "host-a"
+    session.commit()
+    assert "waiting for 2 hosts" in client.get(f"/api/jobs/{job.id}", headers=admin).json()[
+        "waiting_for"]
+    _report_worker("host-b", ["gpu"], cuda=1)
+    assert client.get(f"/api/jobs/{job.id}", headers=admin).json()["waiting_for"] is None
+    single = _post(client, admin, "train", {}, "tiny").json()
+    assert single["waiting_for"] is None
+
+
 def test_worker_reports_its_real_devices_and_queues(settings):
     import torch
 

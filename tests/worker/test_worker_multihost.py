@@ -117,6 +117,29 @@ def test_a_job_whose_other_host_never_joins_fails_saying_so(stack):
     assert job_row(job_id).status == "failed"
 
 
+def test_a_job_cancelled_while_waiting_for_its_other_host_stops_at_once(stack):
+    """No rank runs before every host has joined, so none reads the stop flag: the holder
+    itself stops the rendezvous (it held the only worker for RDZV_JOIN_TIMEOUT, then failed)."""
+    from app.db import session_scope
+    from app.services import jobs
+
+    holder = stack.start_worker("alone", queues="gpu", extra_env={"WORKER_HOST": "127.0.0.1",
+                                                                  "RDZV_JOIN_TIMEOUT": "300"})
+    job_id = create_train_job(iterations=2, train_nnodes=2)
+    stack.send(job_id)
+    wait_for(lambda: _worker_pid(job_id) == holder.pid, 30, "the holder's claim", stack)
+    wait_for(lambda: "asking 1 more host(s) to join" in stack.logs[0].read_text(errors="replace"),
+             30, "the rendezvous to start", stack)
+    start = time.monotonic()
+    with session_scope() as s:
+        jobs.request_cancel(s, job_id)
+    job = wait_for(lambda: (j := job_row(job_id)).status != "running" and j, 60,
+                   "the cancel", stack)
+    assert job.status == "cancelled", (job.status, job.error)
+    assert time.monotonic() - start < 45
+    assert "cancelled while its rendezvous waited" in stack.logs[0].read_text(errors="replace")
+
+
 def test_each_host_gets_the_same_command_and_the_world_must_divide_the_prompts(monkeypatch):
     from app.config import get_settings
     from trainer.config import TrainConfig
