@@ -87,6 +87,11 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
     async def service_error(_request: Request, exc: ServiceError) -> JSONResponse:
         body: dict[str, object] = {"detail": exc.message}
         body.update({k: v for k, v in exc.details.items() if v is not None})
+        if exc.status_code == 422 and "errors" not in body:
+            # every 422 has the shape of a validation error's (README): one problem, named
+            field = str(body.setdefault("field", "body"))
+            message = exc.message.removeprefix(f"{field}: ")
+            body["errors"] = [{"field": field, "message": message}]
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
         return JSONResponse(body, status_code=exc.status_code, headers=headers)
 

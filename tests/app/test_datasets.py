@@ -112,7 +112,8 @@ def test_prompt_search_refuses_nul(client, admin):
     for q in ("\x00", "one\x00", "%\x00"):
         r = client.get("/api/prompts", params={"q": q}, headers=admin)
         assert r.status_code == 422, r.text
-        assert r.json() == {"detail": "q: must not contain NUL characters", "field": "q"}
+        assert r.json() == {"detail": "q: must not contain NUL characters", "field": "q",
+                            "errors": [{"field": "q", "message": "must not contain NUL characters"}]}
 
 
 BAD = [
@@ -233,8 +234,9 @@ def test_upload_without_a_filename_names_the_field(client, admin, session):
                   {"file": (None, b"one\n", "text/plain")}):
         r = client.post("/api/datasets", files=files, headers=admin)
         assert r.status_code == 422, r.text
-        assert r.json() == {"detail": "file: a file with a name is required (.txt, .csv, "
-                            ".jsonl, .json or .parquet)", "field": "file"}
+        message = "a file with a name is required (.txt, .csv, .jsonl, .json or .parquet)"
+        assert r.json() == {"detail": f"file: {message}", "field": "file",
+                            "errors": [{"field": "file", "message": message}]}
     assert counts(session) == (0, 0)
     # the docs still describe a file upload
     schema = client.get("/openapi.json").json()

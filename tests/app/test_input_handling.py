@@ -51,6 +51,25 @@ def test_a_request_validation_error_has_the_projects_shape(client, admin):
     assert r.status_code == 422 and r.json()["field"] == "limit"
 
 
+def test_every_422_the_services_raise_has_the_projects_shape(client, admin, annotator):
+    """Not only validation errors: an upload's content, a vote's pair, a user's name."""
+    cases = [
+        client.post("/api/datasets", files={"file": ("empty.txt", b"\n", "text/plain")},
+                    headers=admin),
+        client.post("/api/datasets", files={"file": ("bin.txt", b"\xff\xfe\x00x", "text/plain")},
+                    headers=admin),
+        client.post("/api/votes", json={"client_vote_id": "v", "sample_a_id": 1,
+                                        "sample_b_id": 1, "outcome": "a"}, headers=annotator),
+        client.post("/api/users", json={"name": "   "}, headers=admin),
+    ]
+    for r in cases:
+        assert r.status_code == 422, r.text
+        body = r.json()
+        assert {"detail", "field", "errors"} <= set(body), body
+        assert [e["field"] for e in body["errors"]] == [body["field"]]
+        assert body["errors"][0]["message"] in body["detail"]
+
+
 def test_openapi_documents_the_422_that_is_sent(client):
     schema = client.get("/openapi.json").json()
     problems = schema["components"]["schemas"]["HTTPValidationError"]
@@ -393,7 +412,9 @@ def test_nul_characters_are_refused_naming_the_field(client, admin, annotator, s
         assert _errors(r) == {field: "must not contain NUL characters"}
     r = client.get("/api/rollouts", params={"prompt": "a\x00b"}, headers=annotator)
     assert r.status_code == 422, r.text
-    assert r.json() == {"detail": "prompt: must not contain NUL characters", "field": "prompt"}
+    assert r.json() == {"detail": "prompt: must not contain NUL characters", "field": "prompt",
+                        "errors": [{"field": "prompt",
+                                    "message": "must not contain NUL characters"}]}
     session.expire_all()
     assert session.scalar(select(func.count()).select_from(User).where(
         User.name.like("a%b"))) == 0
