@@ -65,7 +65,7 @@ def test_vote_is_idempotent_by_client_id_and_pairs_unique(client, annotator, mak
     assert r2.status_code == 200 and r2.json()["id"] == v["id"] and r2.json()["duplicate"]
     assert session.scalar(select(func.count()).select_from(Vote)) == 1
     # the same pair again (new client id, sides swapped) is refused
-    swapped = {"a": pair["b"], "b": pair["a"], "selection": "x"}
+    swapped = {"a": pair["b"], "b": pair["a"], "selection": "within_group"}
     r3 = vote(client, annotator, swapped, "a", vid="vote-2")
     assert r3.status_code == 409
     assert session.scalar(select(func.count()).select_from(Vote)) == 1
@@ -221,7 +221,7 @@ def test_reused_client_vote_id_for_a_different_vote_is_a_conflict(client, annota
     expected = (f"client_vote_id vote-1: already used for a different vote (sample_a_id {a}, "
                 f"sample_b_id {b}, outcome a); a new vote needs a new client_vote_id")
     other = client.get("/api/votes/next", headers=annotator).json()
-    swapped = {"a": pair["b"], "b": pair["a"], "selection": "x"}
+    swapped = {"a": pair["b"], "b": pair["a"], "selection": "within_group"}
     for p, outcome in ((pair, "b"), (pair, "tie"), (other, "a"), (swapped, "b")):
         r = vote(client, annotator, p, outcome, vid="vote-1")
         assert r.status_code == 409, r.text
@@ -392,3 +392,28 @@ def test_active_selection_passes_over_nearly_identical_images(session):
     assert choice is not None and choice.selection == "active_uncertain"
     # with every other pair judged or excluded, nothing is offered rather than the coin toss
     assert svc.active(session, 10**6, random.Random(0), {ids[2]}) is None
+
+
+def test_a_vote_names_only_a_selection_the_server_makes_and_a_past_shown_at(
+        client, annotator, make_group, session):
+    """The export's selection and timing feed selection-bias and latency checks: a made-up
+    selection or a shown_at after the vote would pass for the server's own. Every 422 names
+    its field and records nothing."""
+    from datetime import UTC, datetime, timedelta
+
+    from app.models import Vote
+    from app.services.votes import SELECTIONS
+
+    make_group(g=3)
+    pair = client.get("/api/votes/next", headers=annotator).json()
+    r = vote(client, annotator, pair, selection="made_up")
+    assert r.status_code == 422 and r.json()["field"] == "selection", r.text
+    assert "within_group" in r.json()["detail"]
+    future = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    r = vote(client, annotator, pair, shown_at=future)
+    assert r.status_code == 422 and r.json()["field"] == "shown_at", r.text
+    assert session.scalar(select(func.count()).select_from(Vote)) == 0
+    # a clock a minute ahead is drift, not a future; the server's own selection is taken
+    ahead = (datetime.now(UTC) + timedelta(minutes=1)).isoformat()
+    r = vote(client, annotator, pair, shown_at=ahead)
+    assert r.status_code == 201 and r.json()["selection"] in SELECTIONS, r.text
