@@ -21,6 +21,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -69,6 +70,10 @@ class ApiToken(Base):
     prefix: Mapped[str] = mapped_column(String(12))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None]
+    # a UI login's session (the ngs_session cookie), not an API token: expires, and logout
+    # revokes it; the user's API tokens are never put in a cookie
+    is_session: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    expires_at: Mapped[datetime | None]
     user: Mapped[User] = relationship(back_populates="tokens", lazy="joined")
 
 

@@ -1,4 +1,5 @@
-"""Users and bearer API tokens (stored as SHA-256 hashes; shown once at creation)."""
+"""Users, bearer API tokens and the UI's login sessions (stored as SHA-256 hashes; an API
+token is shown once, at creation)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,13 @@ import hashlib
 import secrets
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, or_, select
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, Forbidden, Invalid, NotFound, Unauthorized
-from app.models import ROLES, ApiToken, User
+from app.models import ROLES, ApiToken, User, utcnow
 from app.schemas import refuse_nul
 
 TOKEN_PREFIX = "ngs_"
@@ -45,10 +46,46 @@ def issue_token(session: Session, user: User) -> str:
     return token
 
 
+# how long a UI login lasts (the cookie's Max-Age and its token's expiry)
+SESSION_LIFETIME = timedelta(days=7)
+
+
+def start_session(session: Session, user: User) -> str:
+    """A UI login: a token of its own for the session cookie, expiring after SESSION_LIFETIME
+    and revoked by `end_session`, so that the cookie never holds an API token (logging out
+    must end what a copied cookie can do). The user's expired sessions are dropped. Flushes."""
+    now = utcnow()
+    session.execute(delete(ApiToken).where(ApiToken.user_id == user.id,
+                                           ApiToken.is_session.is_(True),
+                                           ApiToken.expires_at < now))
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    session.add(ApiToken(user_id=user.id, token_hash=hash_token(token), prefix=token[:10],
+                         is_session=True, expires_at=now + SESSION_LIFETIME))
+    session.flush()
+    return token
+
+
+def end_session(session: Session, token: str | None) -> bool:
+    """Revoke the session token `token` (a logout); an API token is left alone. Whether one
+    was revoked. Flushes."""
+    if not token:
+        return False
+    row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token),
+                                                ApiToken.is_session.is_(True),
+                                                ApiToken.revoked_at.is_(None)))
+    if row is None:
+        return False
+    row.revoked_at = utcnow()
+    session.flush()
+    token_cache.clear()  # at once, not after the cache's few seconds
+    return True
+
+
 def list_users(session: Session) -> list[dict]:
-    """Every user with its role, creation time and number of live (unrevoked) tokens; a user
-    with none can no longer log in."""
-    live = (select(ApiToken.user_id, func.count().label("n")).where(ApiToken.revoked_at.is_(None))
+    """Every user with its role, creation time and number of live (unrevoked) API tokens,
+    sessions not counted; a user with none can no longer log in."""
+    live = (select(ApiToken.user_id, func.count().label("n"))
+            .where(ApiToken.revoked_at.is_(None), ApiToken.is_session.is_(False))
             .group_by(ApiToken.user_id).subquery())
     rows = session.execute(select(User, func.coalesce(live.c.n, 0))
                            .outerjoin(live, live.c.user_id == User.id).order_by(User.id)).all()
@@ -113,10 +150,11 @@ def authenticate(session: Session, token: str | None) -> User:
     if user is not None:
         return user
     row = session.scalar(
-        select(ApiToken).where(ApiToken.token_hash == key, ApiToken.revoked_at.is_(None))
+        select(ApiToken).where(ApiToken.token_hash == key, ApiToken.revoked_at.is_(None),
+                               or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > utcnow()))
     )
     if row is None:
-        raise Unauthorized("invalid or revoked token")
+        raise Unauthorized("invalid, revoked or expired token")
     user = row.user
     session.expunge(user)
     token_cache.put(key, user)

@@ -407,14 +407,46 @@ def test_stored_files_with_a_token(world):
 
 
 def test_session_cookie_login_and_logout(world):
+    """The cookie holds a session of its own, never the API token (a copied cookie was a
+    permanent token, and logging out left it valid): it reads stored files until logout
+    revokes it, and logging out leaves the API token alone."""
     call = world.call
+    image = next(rel for rel in world.files if rel.endswith(".png"))
     r = call("POST", "/api/auth/session", world.annotator)
     assert r.status == 200
     set_cookie = r.headers.get("set-cookie", "")
-    assert set_cookie.startswith(f"ngs_session={world.annotator_token}")
+    session_token = re.match(r"ngs_session=([^;]+);", set_cookie).group(1)
+    assert session_token != world.annotator_token and world.annotator_token not in set_cookie
     assert "httponly" in set_cookie.lower() and "samesite=strict" in set_cookie.lower()
+    assert "max-age=604800" in set_cookie.lower()
+    cookie = {"Cookie": f"ngs_session={session_token}"}
+    assert call("GET", f"/api/media/{image}", cookie).status == 200
     assert call("POST", "/api/auth/session").status == 401
     assert call("POST", "/api/auth/session", {"Authorization": "Bearer nope"}).status == 401
+    # a cookie holding an API token (set by hand) is not a session: logout does not revoke it
     r = call("DELETE", "/api/auth/session", {"Cookie": f"ngs_session={world.annotator_token}"})
     assert r.status == 204
+    assert call("GET", "/api/auth/me", world.annotator).status == 200
+    r = call("DELETE", "/api/auth/session", cookie)
+    assert r.status == 204
     assert re.match(r'ngs_session=("")?;', r.headers.get("set-cookie", ""))
+    r = call("GET", f"/api/media/{image}", cookie)
+    assert r.status == 401 and not stored_bytes_in(world, r.body)
+    assert call("GET", "/api/auth/me", world.annotator).status == 200
+    # a session past its expiry reads nothing either
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from app.db import session_scope
+    from app.models import ApiToken, utcnow
+    from app.services import auth
+
+    r = call("POST", "/api/auth/session", world.annotator)
+    fresh = {"Cookie": re.match(r"(ngs_session=[^;]+);", r.headers["set-cookie"]).group(1)}
+    assert call("GET", f"/api/media/{image}", fresh).status == 200
+    with session_scope() as s:
+        s.execute(update(ApiToken).where(ApiToken.is_session.is_(True))
+                  .values(expires_at=utcnow() - timedelta(seconds=1)))
+    auth.token_cache.clear()
+    assert call("GET", f"/api/media/{image}", fresh).status == 401
