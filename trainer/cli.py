@@ -4,10 +4,126 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainer.config import PRESETS, ConfigError, TrainConfig, default_preset, load_config
+
+if TYPE_CHECKING:  # torch stays unimported until a command runs
+    import torch
+
+
+# argparse `type=` checks: a value no command can use is refused as the option is parsed,
+# before torch loads or anything is written ("argument --steps: must be ..."), instead of
+# failing deep inside (0 solver steps: an empty torch.stack) or doing nothing (0 training
+# steps: an untrained base model written). They must not import torch: argparse also runs
+# them on the options' string defaults.
+def _number(text: str, kind: type[int] | type[float]) -> int | float:
+    try:
+        value = kind(text)
+    except ValueError:
+        noun = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"must be {noun}, got {text!r}") from None
+    if not math.isfinite(value):  # float("nan") and float("inf") parse
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1: steps, seeds, batch sizes, layer sizes."""
+    value = _number(text, int)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0: a seed, or a count where 0 means "none" (save_every, pool_size)."""
+    value = _number(text, int)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    """A float that is not nan or +-inf."""
+    return _number(text, float)
+
+
+def non_negative_float(text: str) -> float:
+    """A finite float >= 0: a guidance scale (0 turns guidance off; below 0 means nothing)."""
+    value = finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite float > 0: a learning rate."""
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def ema_decay(text: str) -> float:
+    """A decay in [0, 1): at 1 the average never moves from the random initial weights."""
+    value = finite_float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text!r}")
+    return value
+
+
+DEVICE_CHOICES = "auto, cpu, cuda or cuda:N (N a GPU index)"
+
+
+def device_name(text: str) -> str:
+    """--device spelled as resolve_device takes it; whether CUDA is there is `_device`'s to
+    check (torch would reject any other name only when the model loads, listing its own
+    device types, none of which the trainer runs on)."""
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"must be one of {DEVICE_CHOICES}, got {text!r}")
+    return text
+
+
+def _device(name: str, field_name: str = "device") -> torch.device:
+    """The device `name` (auto, cpu, cuda, cuda:N) resolves to, or a ConfigError naming
+    `field_name` when it is not on this machine: resolve_device's RuntimeError for a missing
+    CUDA is the user's to fix, not a bug to trace back; a cuda:N it lets through would fail
+    at the first tensor moved there."""
+    import torch
+
+    from trainer.loop import resolve_device
+
+    try:
+        device = resolve_device(name)
+    except RuntimeError as exc:  # "device 'cuda' requested but CUDA is not available"
+        raise ConfigError(field_name, str(exc)) from None
+    if device.type == "cuda" and device.index is not None:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if device.index >= count:
+            raise ConfigError(field_name, f"device {name!r} requested but this machine has "
+                              f"{count} CUDA device(s)")
+    return device
+
+
+def _out_path(path: str, *, directory: bool, field_name: str = "out") -> Path:
+    """--out checked before any work: a directory to make (or a file to write, `directory`
+    False) where a file (a directory) is not already in the way, and whose nearest existing
+    parent is a directory; mkdir and open would otherwise fail after the model has run."""
+    out = Path(path)
+    if directory and out.exists() and not out.is_dir():
+        raise ConfigError(field_name, f"{out} is an existing file, not a directory")
+    if not directory and out.is_dir():
+        raise ConfigError(field_name, f"{out} is an existing directory, not a file")
+    parent = next((p for p in out.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ConfigError(field_name, f"{parent} is an existing file, not a directory, so "
+                          f"{out} cannot be created")
+    return out
 
 
 def _parse_overrides(pairs: list[str]) -> dict:
@@ -51,7 +167,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if uses_model_directory(run_config.model) and (
             problem := model_dir_problem(run_config.model, run_config.model_path)) is not None:
         raise ConfigError("model_path", problem)
-    run = RunDirectory(Path(args.out), config, resume=args.resume)
+    _device(run_config.device)  # the Trainer resolves it again, once the model is loading
+    run = RunDirectory(_out_path(args.out, directory=True), config, resume=args.resume)
     run.train(progress=not args.no_progress)
     print(f"metrics:      {run.metrics_path}")
     print(f"reward curve: {run.curve_path}")
@@ -130,19 +247,18 @@ def read_votes(path: Path, images: Path, include_excluded: bool = False) -> list
 def cmd_fit_preference(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from trainer.loop import resolve_device
     from trainer.rewards.fit_config import fit_config_from
     from trainer.rewards.preference import PreferenceModel, fit_preference_model
 
     overrides = _parse_overrides(args.set)
-    overrides["device"] = str(resolve_device(args.device))
+    overrides["device"] = str(_device(args.device))
     config = fit_config_from(overrides)  # every bad field named before any image loads
+    out = _out_path(args.out, directory=False)
     votes = Path(args.votes)
     pairs = read_votes(votes, Path(args.images) if args.images else votes.parent,
                        args.include_excluded)
     warm = PreferenceModel.load(args.warm_start, config.device) if args.warm_start else None
     model = fit_preference_model(pairs, config, warm_start=warm)
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     model.save(out, metadata={"votes_file": str(votes)})
     print(json.dumps({"out": str(out), **asdict(model.report)}))
@@ -150,14 +266,22 @@ def cmd_fit_preference(args: argparse.Namespace) -> int:
 
 
 def _checkpoint_of(args: argparse.Namespace) -> Path | None:
-    """--checkpoint checked: a weights file, or a directory that holds model weights."""
-    from trainer.models import checkpoint_weights_file
+    """--checkpoint checked: a weights file, or a directory that holds model weights, whose
+    safetensors header reads (any other file would fail in the loader's own words)."""
+    from trainer.models import checkpoint_weights_file, safetensors_header
 
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
-    if checkpoint is not None and not checkpoint.exists():
+    if checkpoint is None:
+        return None
+    if not checkpoint.exists():
         raise ConfigError("checkpoint", f"{checkpoint} does not exist")
-    if checkpoint is not None and checkpoint.is_dir() and checkpoint_weights_file(checkpoint) is None:
+    weights = checkpoint_weights_file(checkpoint) if checkpoint.is_dir() else checkpoint
+    if weights is None:
         raise ConfigError("checkpoint", f"{checkpoint} holds no model weights")
+    try:
+        safetensors_header(weights)
+    except (OSError, ValueError) as exc:
+        raise ConfigError("checkpoint", f"{weights} is not a readable checkpoint: {exc}") from None
     return checkpoint
 
 
@@ -168,6 +292,7 @@ def _model_spec(args: argparse.Namespace):
     zip download, another tool's LoRA) carries its rank and targets but not its base, which
     --model and --model-path name. Sets args.model to the model loaded."""
     from trainer.models import ModelSpec, checkpoint_spec, uses_model_directory
+    from trainer.shapes.world import IMAGE_SIZE
 
     checkpoint = _checkpoint_of(args)
     try:
@@ -189,6 +314,11 @@ def _model_spec(args: argparse.Namespace):
     for option in ("resolution", "guidance_scale"):
         if getattr(args, option, None) is not None:
             setattr(spec, option, getattr(args, option))
+    if spec.name == "shapes" and spec.resolution not in (0, IMAGE_SIZE):
+        # its images are its latents, drawn at the world's one size whatever is asked (the
+        # rule TrainConfig and the studio's jobs apply to resolution)
+        raise ConfigError("resolution", f"the shapes model draws {IMAGE_SIZE}x{IMAGE_SIZE} "
+                          f"images; use {IMAGE_SIZE} or leave it out, got {spec.resolution}")
     args.model = spec.name
     return spec
 
@@ -233,11 +363,10 @@ def sampling_batch_size(args: argparse.Namespace, model: str) -> int:
             or REAL_MODEL_SAMPLE_BATCH)
 
 
-def _load_any_model(args: argparse.Namespace):
-    from trainer.loop import resolve_device
+def _load_any_model(args: argparse.Namespace, device: torch.device):
     from trainer.models import load_flow_model
 
-    return load_flow_model(_model_spec(args), device=resolve_device(args.device))
+    return load_flow_model(_model_spec(args), device=device)
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
@@ -251,16 +380,15 @@ def cmd_sample(args: argparse.Namespace) -> int:
     prompts = [line.strip() for line in prompts_path.read_text().splitlines() if line.strip()]
     if not prompts:
         raise ConfigError("prompts", f"{args.prompts} holds no prompts")
-    if args.seeds < 1:
-        raise ConfigError("seeds", "must be >= 1")
     if args.batch_size is not None and args.batch_size < 1:  # before the model loads
         raise ConfigError("batch-size", "must be >= 1")
-    model = _load_any_model(args)  # sets args.model to the model loaded
+    out = _out_path(args.out, directory=True)  # before minutes of sampling, not after
+    device = _device(args.device)
+    model = _load_any_model(args, device)  # sets args.model to the model loaded
     batch_size = sampling_batch_size(args, args.model)
     pairs = [(p, s) for p in prompts for s in range(args.seeds)]
     images = sample_images(model, [p for p, _ in pairs], [s for _, s in pairs], args.solver,
                            args.steps, batch_size=batch_size)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with (out / "manifest.jsonl").open("w") as manifest:
         for i, ((prompt, seed), image) in enumerate(zip(pairs, images, strict=True)):
@@ -276,7 +404,6 @@ def _reward_list(args: argparse.Namespace) -> list[str]:
     jpeg_compressibility for flux / sd3, as the studio's evaluate job); the model-backed ones
     pointed at --reward-model-path or REWARD_MODELS_DIR and checked before any sampling."""
     from trainer.evaluation import SHAPES_EVAL_REWARDS
-    from trainer.loop import resolve_device
     from trainer.rewards import reward_names
     from trainer.rewards.models import check_reward_models, configure_reward_models
 
@@ -292,7 +419,7 @@ def _reward_list(args: argparse.Namespace) -> list[str]:
         if not sep or not name or not path:
             raise ConfigError("reward-model-path", f"must look like NAME=DIR, got {pair!r}")
         paths[name] = path
-    configure_reward_models(paths, resolve_device(args.device))
+    configure_reward_models(paths, _device(args.device))
     check_reward_models(names, paths)  # RewardWeightsMissing names the reward and the files
     return names
 
@@ -315,17 +442,16 @@ def _prompt_list(path: str | None) -> list[str] | None:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from trainer.evaluation import EVAL_SEEDS, evaluate
-
-    if args.seeds is not None and args.seeds < 1:
-        raise ConfigError("seeds", "must be >= 1")
-    from trainer.loop import resolve_device
     from trainer.models import load_flow_model
 
+    # the JSON is written after the whole evaluation: its path is checked before it
+    out = _out_path(args.out, directory=False) if args.out else None
     spec = _model_spec(args)  # headers only: which model, for the default rewards
     batch_size = sampling_batch_size(args, spec.name)
+    device = _device(args.device)
     rewards = _reward_list(args)  # before the model loads: a bad name costs nothing
     prompts = _prompt_list(args.prompts_file)
-    model = load_flow_model(spec, device=resolve_device(args.device))
+    model = load_flow_model(spec, device=device)
     seeds = tuple(range(args.seeds)) if args.seeds else EVAL_SEEDS
     result = evaluate(model, prompts, seeds=seeds, solver=args.solver, steps=args.steps,
                       rewards=rewards, batch_size=batch_size)
@@ -336,7 +462,6 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print(text)
     for name, entry in result["rewards"].items():  # one line each, for a terminal or a grep
         print(f"mean {name}: {entry['mean']:.6g} (std {entry['std']:.6g})", file=sys.stderr)
-    out = Path(args.out) if args.out else None
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n")
@@ -344,7 +469,6 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_train_base(args: argparse.Namespace) -> int:
-    from trainer.loop import resolve_device
     from trainer.models.shapes_dit import ShapesDiTConfig
     from trainer.shapes.base_training import BaseTrainingConfig, train_base
 
@@ -359,7 +483,12 @@ def cmd_train_base(args: argparse.Namespace) -> int:
         width=args.width, depth=args.depth, patch_size=args.patch_size,
         position_embedding=args.position_embedding, mlp_conv=args.mlp_conv,
         xavier_init=args.xavier_init))
-    path = train_base(args.out, config, model_config, device=str(resolve_device(args.device)))
+    # the attention heads split the width, and the 2D sine-cosine positions quarter it
+    multiple = math.lcm(model_config.heads, 4)
+    if model_config.width % multiple:
+        raise ConfigError("width", f"must be a multiple of {multiple}, got {model_config.width}")
+    out = _out_path(args.out, directory=True)
+    path = train_base(out, config, model_config, device=str(_device(args.device)))
     print(f"base checkpoint: {path}")
     return 0
 
@@ -373,9 +502,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--solver", choices=["dpm++", "euler"], default="dpm++",
                         help="deterministic ODE solver (default dpm++)")
-    parser.add_argument("--steps", type=int, default=8, help="solver steps (default 8)")
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto "
-                        "(default: cuda if there is one)")
+    parser.add_argument("--steps", type=positive_int, default=8,
+                        help="solver steps (default 8)")
+    parser.add_argument("--device", type=device_name, default="auto", help="cpu, cuda, "
+                        "cuda:N or auto (default: cuda if there is one)")
     from trainer.models import model_names  # the registry, torch-free to import
 
     parser.add_argument("--model", choices=model_names(),
@@ -383,10 +513,13 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
                         "default: the checkpoint's run's, else shapes")
     parser.add_argument("--model-path", default="", help="flux / sd3: the diffusers-format "
                         "model directory (any local path; default: the checkpoint's run's)")
-    parser.add_argument("--resolution", type=int, default=None, help="image side in pixels "
-                        "(default: the checkpoint's run, else the model's)")
-    parser.add_argument("--guidance-scale", type=float, default=None, help="FLUX.1-dev "
-                        "guidance / SD3 CFG scale (default: the checkpoint's run, else 3.5)")
+    parser.add_argument("--resolution", type=positive_int, default=None, help="image side in "
+                        "pixels (default: the checkpoint's run, else the model's; shapes: 32 "
+                        "only)")
+    parser.add_argument("--guidance-scale", type=non_negative_float, default=None,
+                        help="FLUX.1-dev guidance / SD3 CFG scale (default: the checkpoint's "
+                        "run, else 3.5)")
+    # < 1 is refused by the command (sampling_batch_size), as config field 'batch-size'
     parser.add_argument("--batch-size", type=int, default=None,
                         help="images solved and decoded per batch; the images do not change. "
                         f"Default: {SHAPES_SAMPLE_BATCH} for shapes; for flux / sd3 the "
@@ -418,7 +551,8 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--checkpoint", help="a checkpoint directory (checkpoints/iter-N) or a "
                         "shapes model.safetensors; left out: the base model alone")
     sample.add_argument("--prompts", required=True, help="text file, one prompt per line")
-    sample.add_argument("--seeds", type=int, default=4, help="seeds 0..N-1 per prompt")
+    sample.add_argument("--seeds", type=positive_int, default=4,
+                        help="seeds 0..N-1 per prompt")
     sample.add_argument("--out", required=True, help="directory for the PNGs")
     _add_sampling_options(sample)
     sample.set_defaults(func=cmd_sample)
@@ -437,7 +571,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--prompts-file", help="held-out prompts: .txt (one per line), "
                           ".jsonl with a \"prompt\" field, or .json (an array of strings or of "
                           "such objects, as HPDv2's test.json) (default: the 48 shapes prompts)")
-    evaluate.add_argument("--seeds", type=int, default=None,
+    evaluate.add_argument("--seeds", type=positive_int, default=None,
                           help="seeds 0..N-1 per prompt (default 20)")
     _add_sampling_options(evaluate)
     evaluate.set_defaults(func=cmd_evaluate)
@@ -447,17 +581,18 @@ def build_parser() -> argparse.ArgumentParser:
     base.add_argument("--out", required=True, help="run directory (checkpoints, training log)")
     # defaults left to BaseTrainingConfig / ShapesDiTConfig (the shipped base's recipe), read
     # when the command runs: building the parser must not import torch
-    base.add_argument("--steps", type=int, help="optimizer steps (default 8000)")
-    base.add_argument("--batch-size", type=int, help="images per step (default 256)")
-    base.add_argument("--lr", type=float, help="AdamW learning rate (default 1e-3)")
-    base.add_argument("--width", type=int, help="transformer width (default 128)")
-    base.add_argument("--depth", type=int, help="transformer blocks (default 6)")
-    base.add_argument("--seed", type=int, help="default 0")
+    base.add_argument("--steps", type=positive_int, help="optimizer steps (default 8000)")
+    base.add_argument("--batch-size", type=positive_int, help="images per step (default 256)")
+    base.add_argument("--lr", type=positive_float, help="AdamW learning rate (default 1e-3)")
+    base.add_argument("--width", type=positive_int,
+                      help="transformer width, a multiple of 4 (default 128)")
+    base.add_argument("--depth", type=positive_int, help="transformer blocks (default 6)")
+    base.add_argument("--seed", type=non_negative_int, help="default 0")
     base.add_argument("--patch-size", type=int, choices=[2, 4, 8], help="default 4")
-    base.add_argument("--ema-decay", type=float, help="default 0.999")
+    base.add_argument("--ema-decay", type=ema_decay, help="default 0.999")
     base.add_argument("--time-sampling", choices=["uniform", "logit_normal"],
                       help="default uniform")
-    base.add_argument("--save-every", type=int,
+    base.add_argument("--save-every", type=non_negative_int,
                       help="keep intermediate checkpoints every N steps (default 0: none)")
     base.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU)")
     base.add_argument("--position-embedding", choices=["learned", "sincos"],
@@ -469,10 +604,11 @@ def build_parser() -> argparse.ArgumentParser:
     base.add_argument("--xavier-init", action=argparse.BooleanOptionalAction,
                       help="DiT's xavier-uniform initialisation of the linear layers "
                            "(default on)")
-    base.add_argument("--pool-size", type=int,
+    base.add_argument("--pool-size", type=non_negative_int,
                       help="render this many images once and draw batches from them on the "
                            "device (default 300,000; 0: render every batch)")
-    base.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    base.add_argument("--device", type=device_name, default="auto",
+                      help="cpu, cuda, cuda:N or auto")
     base.set_defaults(func=cmd_train_base)
 
     demo_help = "a short Neighbor GRPO run on the CPU"
@@ -496,8 +632,8 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="a FitConfig field (trainer/rewards/fit_config.py: epochs, ensemble, "
                      "features, clip_path, warm_start_epochs, seed, ...); repeatable")
-    fit.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: "
-                     "cuda if there is one)")
+    fit.add_argument("--device", type=device_name, default="auto", help="cpu, cuda, cuda:N "
+                     "or auto (default: cuda if there is one)")
     fit.add_argument("--warm-start", default="", help="a model fitted before on some of these "
                      "votes: start from it (FitConfig.warm_start_epochs) when its network, seed "
                      "and held-out votes match")

@@ -187,3 +187,168 @@ def test_model_choices_are_the_registrys_and_train_base_help_states_the_real_def
             assert float(text.replace(",", "")) == value, (field_name, text, value)
         else:
             assert text == str(value), (field_name, text, value)
+
+
+# ---------------------------------------------------------------------------------------
+# A new user's mistakes: each an `error: ...` line and exit code 2, naming the option, before
+# any model loads or anything is written (in-process: main(), argparse's SystemExit(2) or the
+# 2 main returns for a config error)
+# ---------------------------------------------------------------------------------------
+BASE = "trainer/shapes/assets/base.safetensors"
+
+
+def cli_error(argv: list[str], capsys) -> str:
+    """main(argv) refuses with exit code 2 and no traceback; its error line."""
+    from trainer.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own refusal (a type= check)
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and err.strip(), err
+    line = err.strip().splitlines()[-1]  # argparse prints its usage lines first
+    assert "error: " in line, err
+    return line
+
+
+@pytest.fixture
+def prompts_file(tmp_path):
+    path = tmp_path / "ok.txt"
+    path.write_text("one red circle\n")
+    return path
+
+
+@pytest.mark.parametrize("argv", [
+    ["sample", "--steps", "0"], ["sample", "--steps", "-1"], ["evaluate", "--steps", "0"],
+    ["sample", "--seeds", "0"], ["evaluate", "--seeds", "-3"], ["sample", "--resolution", "0"],
+    ["sample", "--steps", "two"]])
+def test_steps_seeds_and_resolution_must_be_positive_integers(argv, prompts_file, tmp_path,
+                                                              capsys):
+    out = tmp_path / "x"
+    extra = ["--prompts", str(prompts_file), "--out", str(out)] if argv[0] == "sample" else []
+    line = cli_error([*argv, *extra, "--device", "cpu"], capsys)
+    assert f"argument {argv[1]}: must be an integer" in line and repr(argv[2]) in line
+    assert not out.exists()
+
+
+def test_an_unreadable_checkpoint_is_named(tmp_path, prompts_file, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text("# not weights\n" * 100)
+    line = cli_error(["evaluate", "--checkpoint", str(readme), "--seeds", "1", "--device", "cpu"],
+                     capsys)
+    assert f"'checkpoint': {readme} is not a readable checkpoint" in line
+    # a checkpoint directory whose weights file is not safetensors: that file is named
+    directory = tmp_path / "iter-000001"
+    directory.mkdir()
+    (directory / "model.safetensors").write_bytes(b"\x00" * 4)
+    line = cli_error(["sample", "--checkpoint", str(directory), "--prompts", str(prompts_file),
+                      "--out", str(tmp_path / "x"), "--device", "cpu"], capsys)
+    assert f"{directory / 'model.safetensors'} is not a readable checkpoint" in line
+
+
+def test_cuda_asked_for_without_cuda_is_a_config_error(tmp_path, prompts_file, capsys,
+                                                       monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    sample = ["sample", "--prompts", str(prompts_file), "--out", str(tmp_path / "x"),
+              "--steps", "1", "--seeds", "1"]
+    line = cli_error([*sample, "--device", "cuda"], capsys)
+    assert line == ("error: config field 'device': device 'cuda' requested but CUDA is not "
+                    "available")
+    line = cli_error([*sample, "--device", "cuda:1"], capsys)
+    assert "'device': device 'cuda:1' requested but this machine has 0 CUDA device(s)" in line
+    out = tmp_path / "run"
+    line = cli_error(["train", "--config", "tiny", "--set", "device=cuda", "--out", str(out),
+                      "--no-progress"], capsys)
+    assert "'device': device 'cuda' requested but CUDA is not available" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["sample", "evaluate", "train-base", "fit-preference"])
+def test_an_unknown_device_names_the_choices(command, tmp_path, prompts_file, capsys):
+    required = {"sample": ["--prompts", str(prompts_file), "--out", str(tmp_path / "x")],
+                "train-base": ["--out", str(tmp_path / "x")],
+                "fit-preference": ["--votes", str(tmp_path / "v.jsonl"), "--out",
+                                   str(tmp_path / "p.safetensors")]}
+    line = cli_error([command, *required.get(command, []), "--device", "bogus"], capsys)
+    assert "argument --device: must be one of auto, cpu, cuda or cuda:N" in line
+    assert "'bogus'" in line and not (tmp_path / "x").exists()
+
+
+def test_out_in_the_way_of_a_file_or_directory_is_refused_before_any_work(tmp_path, capsys,
+                                                                         prompts_file):
+    taken = tmp_path / "taken"
+    taken.write_text("a file\n")
+    sample = ["sample", "--prompts", str(prompts_file), "--steps", "1", "--seeds", "1",
+              "--device", "cpu", "--out"]
+    line = cli_error([*sample, str(taken)], capsys)
+    assert line == f"error: config field 'out': {taken} is an existing file, not a directory"
+    line = cli_error([*sample, str(taken / "under")], capsys)
+    assert f"'out': {taken} is an existing file, not a directory, so {taken / 'under'}" in line
+    line = cli_error(["train", "--config", "tiny", "--set", "device=cpu", "--out", str(taken),
+                      "--no-progress"], capsys)
+    assert f"'out': {taken} is an existing file, not a directory" in line
+    line = cli_error(["train-base", "--out", str(taken), "--steps", "1", "--batch-size", "2",
+                      "--pool-size", "0", "--width", "8", "--depth", "1", "--device", "cpu"],
+                     capsys)
+    assert f"'out': {taken} is an existing file, not a directory" in line
+    # evaluate writes its JSON to a file: a directory there is refused before sampling
+    line = cli_error(["evaluate", "--seeds", "1", "--steps", "1", "--device", "cpu", "--out",
+                      str(tmp_path)], capsys)
+    assert f"'out': {tmp_path} is an existing directory, not a file" in line
+    assert taken.read_text() == "a file\n"
+
+
+@pytest.mark.parametrize("bad, option", [
+    (["--steps", "0"], "--steps"), (["--steps", "-5", "--batch-size", "0"], "--steps"),
+    (["--batch-size", "0"], "--batch-size"), (["--lr", "0"], "--lr"), (["--lr", "nan"], "--lr"),
+    (["--ema-decay", "1"], "--ema-decay"), (["--depth", "0"], "--depth"),
+    (["--width", "-8"], "--width"), (["--seed", "-1"], "--seed"),
+    (["--pool-size", "-1"], "--pool-size"), (["--save-every", "-1"], "--save-every")])
+def test_train_base_refuses_values_that_train_nothing(bad, option, tmp_path, capsys):
+    out = tmp_path / "base"
+    # a tiny recipe: without the checks, a bad value would train it (fast) and exit 0
+    tiny = ["--steps", "1", "--batch-size", "2", "--pool-size", "0", "--width", "8", "--depth",
+            "1", "--device", "cpu"]
+    line = cli_error(["train-base", "--out", str(out), *tiny, *bad], capsys)
+    assert f"argument {option}: must be" in line
+    assert not out.exists()
+
+
+def test_train_base_width_must_split_into_its_heads(tmp_path, capsys):
+    out = tmp_path / "base"
+    line = cli_error(["train-base", "--out", str(out), "--steps", "1", "--batch-size", "2",
+                      "--pool-size", "0", "--width", "6", "--depth", "1", "--device", "cpu"],
+                     capsys)
+    assert line == "error: config field 'width': must be a multiple of 4, got 6"
+    assert not out.exists()
+
+
+def test_the_shapes_model_samples_at_its_one_resolution(tmp_path, prompts_file, capsys):
+    from trainer.cli import main
+
+    sample = ["sample", "--prompts", str(prompts_file), "--seeds", "1", "--steps", "1",
+              "--device", "cpu"]
+    for spec in ([], ["--checkpoint", BASE]):
+        out = tmp_path / "64"
+        line = cli_error([*sample, *spec, "--resolution", "64", "--out", str(out)], capsys)
+        assert "'resolution': the shapes model draws 32x32 images; use 32" in line
+        assert "got 64" in line and not out.exists()
+    out = tmp_path / "32"
+    assert main([*sample, "--resolution", "32", "--out", str(out)]) == 0
+    assert [Image.open(f).size for f in out.glob("*.png")] == [(32, 32)]
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "x"])
+def test_guidance_scale_must_be_a_finite_non_negative_number(value, tmp_path, prompts_file,
+                                                             capsys):
+    out = tmp_path / "x"
+    line = cli_error(["sample", "--prompts", str(prompts_file), "--out", str(out), "--steps",
+                      "1", "--seeds", "1", "--device", "cpu", f"--guidance-scale={value}"],
+                     capsys)  # "=": argparse takes a lone "-inf" for an option
+    assert "argument --guidance-scale: must be a" in line and repr(value) in line
+    assert not out.exists()
