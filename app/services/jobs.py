@@ -478,11 +478,20 @@ def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
         raise Invalid("config: must be a JSON object", field="config")
     config = dict(config or {})
     kind_config = KINDS[kind].config
-    if (kind_config is not None and "dataset_id" in kind_config.model_fields
-            and dataset_id is not None and config.get("dataset_id") is None):
-        # the request's dataset is the one the kind samples when its config names none
-        config["dataset_id"] = dataset_id
     top: Problems = []  # the request's own fields (preset, dataset_id): reported first
+    if dataset_id is not None and kind_config is not None:
+        given = config.get("dataset_id")
+        if "dataset_id" not in kind_config.model_fields:
+            # recorded on the job, it would hold the dataset against deletion for nothing
+            top.append(("dataset_id", f"{kind} jobs take no dataset"))
+            dataset_id = None
+        elif given is not None and given != dataset_id:
+            top.append(("dataset_id", f"dataset {dataset_id} differs from config.dataset_id "
+                                      f"{given!r}: give the dataset once"))
+            dataset_id = None
+        elif given is None:
+            # the request's dataset is the one the kind samples when its config names none
+            config["dataset_id"] = dataset_id
     problems: Problems = []  # the config's
     if kind_config is None:
         out = _train_config(config, preset, top, problems)

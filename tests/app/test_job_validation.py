@@ -329,6 +329,29 @@ def test_preference_reward_needs_a_fitted_model_or_an_allowed_path(client, admin
     assert r.status_code == 422 and _fields(r) == ["preference_model"]
 
 
+def test_a_request_dataset_a_kind_cannot_use_or_that_contradicts_its_config_is_422(
+        client, admin, session):
+    """Both were accepted silently: the config's dataset was sampled, and a fit job recorded
+    a dataset it never reads (which then could not be deleted while the job ran)."""
+    one = _upload(client, admin, "one", "one red circle\n")
+    two = _upload(client, admin, "two", "two red circles\n")
+    before = _job_count(session)
+    r = client.post("/api/jobs", json={"kind": "rollout", "config": {"dataset_id": one},
+                                       "dataset_id": two}, headers=admin)
+    assert r.status_code == 422 and _fields(r) == ["dataset_id"] and "give the dataset once" in \
+        r.text, r.text
+    r = client.post("/api/jobs", json={"kind": "fit_preference", "config": {},
+                                       "dataset_id": one}, headers=admin)
+    assert r.status_code == 422 and _fields(r) == ["dataset_id"] and "take no dataset" in r.text
+    assert _job_count(session) == before
+    r = client.post("/api/jobs", json={"kind": "rollout", "config": {"dataset_id": one},
+                                       "dataset_id": one}, headers=admin)
+    assert r.status_code == 201, r.text
+    r = client.post("/api/jobs", json={"kind": "rollout", "config": {}, "dataset_id": two},
+                    headers=admin)
+    assert r.status_code == 201 and r.json()["config"]["dataset_id"] == two
+
+
 def test_clip_path_must_be_a_complete_clip_directory_under_models_dir(client, admin, settings,
                                                                      tiny_clip_path):
     import shutil
@@ -504,7 +527,7 @@ def test_the_requests_dataset_is_the_one_a_sampling_job_samples(client, admin):
     other = _upload(client, admin, "blues", "one blue circle\n")
     r = client.post("/api/jobs", json={"kind": "rollout", "dataset_id": other,
                                        "config": {"dataset_id": ds}}, headers=admin)
-    assert r.status_code == 201 and r.json()["config"]["dataset_id"] == ds  # the config's wins
+    assert r.status_code == 422 and _fields(r) == ["dataset_id"]  # two datasets: which one?
 
 
 def test_the_preference_preset_asks_for_votes_first_then_trains_on_them(client, admin, settings):
