@@ -139,7 +139,7 @@ def record_scores(session: Session, checkpoint_id: int, scores: dict[str, dict[s
     ckpt = session.get(Checkpoint, checkpoint_id, with_for_update=True, populate_existing=True)
     if ckpt is None:
         raise NotFound(f"checkpoint {checkpoint_id} not found")
-    at = utcnow().isoformat()
+    at = utcnow().isoformat().replace("+00:00", "Z")  # as every timestamp the API gives
     merged = dict(ckpt.scores or {})
     merged.update({name: {**entry, **about, "at": at} for name, entry in scores.items()})
     ckpt.scores = merged  # a new dict: SQLAlchemy does not see in-place JSON changes

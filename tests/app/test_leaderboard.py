@@ -95,7 +95,10 @@ def test_reward_scores_stand_beside_ratings(client, admin, annotator, make_group
     assert one.status_code == 200
     assert {k: v["mean"] for k, v in one.json()["scores"].items()} == {
         "count": 0.4, "clip_score": 21.0, "aesthetic": 5.5}
-    assert one.json()["scores"]["count"]["n"] == 4 and one.json()["scores"]["count"]["at"]
+    assert one.json()["scores"]["count"]["n"] == 4
+    # a UTC time spelt as every other timestamp of the API (it carried +00:00)
+    at = one.json()["scores"]["count"]["at"]
+    assert at.endswith("Z") and "+" not in at and one.json()["created_at"].endswith("Z"), at
     assert client.get("/api/checkpoints/999999", headers=annotator).status_code == 404
     listed = {c["id"]: c for c in client.get("/api/checkpoints", headers=annotator).json()["items"]}
     assert listed[ck[1]]["scores"] == {} and listed[ck[2]]["scores"]["count"]["mean"] == 0.9
