@@ -20,7 +20,7 @@ import random
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import PurePath
+from pathlib import PurePath, PurePosixPath
 from typing import Any
 
 from sqlalchemy import delete, func, insert, select
@@ -409,6 +409,8 @@ def import_dataset(session: Session, *, filename: str, data: bytes, name: str | 
     file's stem) that another dataset has is a Conflict."""
     if not 0.0 <= eval_fraction < 1.0:
         raise Invalid("eval_fraction must be in [0, 1)", field="eval_fraction")
+    # the file's own name: a client's path ("../../p.txt", "C:\\x\\p.txt") is not ours to keep
+    filename = PurePosixPath(filename.replace("\\", "/")).name or filename
     name = dataset_name(filename, name)
     check_name_free(session, name)
     parsed = parse_upload(filename, data, max_prompt_length=max_prompt_length,
@@ -501,6 +503,7 @@ def list_prompts(session: Session, *, dataset_id: int | None = None, split: str 
                  q: str | None = None, limit: int = 50, offset: int = 0) -> tuple[list[Prompt], int]:
     stmt = select(Prompt)
     if dataset_id is not None:
+        get_dataset(session, dataset_id)  # 404, as GET /api/datasets/{id}, not an empty page
         stmt = stmt.where(Prompt.dataset_id == dataset_id)
     if split is not None:
         stmt = stmt.where(Prompt.split == split)

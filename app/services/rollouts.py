@@ -152,6 +152,8 @@ def list_groups(session: Session, *, job_id: int | None = None, iteration: int |
                 limit: int = 50, offset: int = 0) -> tuple[list[RolloutGroup], int]:
     stmt = select(RolloutGroup)
     if job_id is not None:
+        if session.get(Job, job_id) is None:  # a 404, not an empty page that reads as "none yet"
+            raise NotFound(f"job {job_id} not found")
         stmt = stmt.where(RolloutGroup.job_id == job_id)
     if iteration is not None:
         stmt = stmt.where(RolloutGroup.iteration == iteration)

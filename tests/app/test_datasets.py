@@ -308,3 +308,20 @@ def test_datetimes_carry_utc_on_post_and_in_lists(client, admin):
     for value in (posted["created_at"], listed["created_at"], got["created_at"]):
         assert value.endswith("Z"), value
     assert posted["created_at"] == listed["created_at"] == got["created_at"]
+
+
+def test_listing_by_a_dataset_or_job_that_does_not_exist_is_404_and_paths_are_not_kept(
+        client, admin):
+    """An empty page read as "no prompts yet" for a mistyped id; a client's path in the
+    filename ("../../p.txt") was kept as the dataset's filename."""
+    r = client.get("/api/prompts", params={"dataset_id": 999}, headers=admin)
+    assert r.status_code == 404 and "dataset 999" in r.text
+    r = client.get("/api/rollouts", params={"job_id": 999}, headers=admin)
+    assert r.status_code == 404 and "job 999" in r.text
+    for sent, kept in (("../../evil.txt", "evil.txt"), ("C:\\data\\win.txt", "win.txt")):
+        r = client.post("/api/datasets", files={"file": (sent, b"one red circle\n",
+                                                         "text/plain")}, headers=admin)
+        assert r.status_code == 201, r.text
+        body = r.json()
+        dataset = body.get("dataset", body)
+        assert dataset["filename"] == kept
