@@ -96,6 +96,22 @@ def stop_process(proc: subprocess.Popen, timeout: float = 60.0) -> None:
         proc.wait()
 
 
+# how long a stopping server lets open requests finish before it closes them
+GRACEFUL_SHUTDOWN_SECONDS = 5
+
+
+class _QuietCancelledStreams(logging.Filter):
+    """Drop uvicorn's "Exception in ASGI application" for a request cancelled because the
+    server is stopping (an open tab's event stream past GRACEFUL_SHUTDOWN_SECONDS): that is
+    the shutdown working, and its traceback read like a crash."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        import asyncio
+
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, asyncio.CancelledError)
+
+
 def serve(host: str = "127.0.0.1", port: int = 8000, worker: bool = True,
           demo_job: bool = True) -> int:
     import uvicorn
@@ -135,9 +151,14 @@ def serve(host: str = "127.0.0.1", port: int = 8000, worker: bool = True,
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop_on_sigterm)
+    logging.getLogger("uvicorn.error").addFilter(_QuietCancelledStreams())
     try:
+        # an open UI tab holds event streams that never end on their own: without a bound,
+        # a SIGTERM (docker stop, systemd) waited on them forever at "Waiting for connections
+        # to close", and the worker ran on
         config = uvicorn.Config("app.main:create_app", factory=True, host=host, port=port,
-                                log_level="info")
+                                log_level="info",
+                                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
         uvicorn.Server(config).run()
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C after its own clean shutdown
         pass

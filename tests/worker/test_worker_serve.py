@@ -104,6 +104,16 @@ def _check_first_page(base: str, token: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.browser
+def _open_stream(url: str, token: str):
+    """An event stream held open, as an open UI tab holds one: its first bytes read."""
+    import urllib.request
+
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    response = urllib.request.urlopen(req, timeout=30)
+    assert response.status == 200 and response.read(5)
+    return response
+
+
 def test_serve_starts_everything_and_ctrl_c_stops_it(tmp_path):
     port, log = _free_port(), tmp_path / "serve.log"
     proc = _start(tmp_path, port, log)
@@ -144,11 +154,14 @@ def test_serve_starts_everything_and_ctrl_c_stops_it(tmp_path):
         assert "admin API token" not in text  # printed once, on the first start only
         _wait(lambda: "job 2 resumes from" in log2.read_text(), 120, "the resume", log2)
         worker_pid = int(re.search(r"worker:\s+pid (\d+)", text).group(1))
-        # SIGTERM (docker stop, systemd, `timeout`) stops everything like Ctrl-C does
+        # SIGTERM (docker stop, systemd, `timeout`) stops everything like Ctrl-C does, even
+        # with a tab's event stream open (it waited on one forever)
+        stream = _open_stream(f"{base}/ui/gradio_api/heartbeat/sigterm-test", token)
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=90)
+        proc.wait(timeout=60)
+        stream.close()
         assert not _alive(worker_pid), "the worker outlived a SIGTERM'd server"
-        assert "stopped." in log2.read_text()
+        assert "stopped." in log2.read_text() and "Traceback" not in log2.read_text()
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
