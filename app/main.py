@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from sqlalchemy.exc import DataError
@@ -101,12 +102,20 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
         return JSONResponse({"detail": f"value out of range: {exc.orig}"}, status_code=422)
 
     @app.exception_handler(RequestValidationError)
-    async def request_invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def request_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI's own answer echoes each rejected input, and a NaN or an infinity there (a
         # JSON body may carry them) cannot be written as strict JSON: it became a 500. This
         # one answers as every other 422 does (app.services.jobs' config errors), naming
         # each field and what is allowed, without the inputs.
         problems = [validation_problem(err) for err in exc.errors()]
+        if request.method == "POST" and request.url.path == "/api/jobs":
+            from app.api.jobs import config_problems_beside
+
+            # the bearer token only, as the route takes it (the session cookie reads files)
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            problems += await run_in_threadpool(
+                config_problems_beside, token.strip() if scheme.lower() == "bearer" else None,
+                exc.body)
         problems = list(dict.fromkeys(problems)) or [("body", "invalid request")]
         body = Problems(detail="; ".join(f"{f}: {m}" for f, m in problems),
                         field=problems[0][0],

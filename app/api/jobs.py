@@ -4,6 +4,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 
+from app import db
 from app.api.deps import MAX_ID, AdminDep, EnqueuerDep, PathId, SessionDep, UserDep
 from app.job_kinds import KINDS, KindName
 from app.models import Job
@@ -25,6 +26,36 @@ def job_out(job: Job, cls: type[JobOut] = JobOut, waiting: dict[int, str] | None
     for k, v in extra.items():
         setattr(out, k, v)
     return out
+
+
+def config_problems_beside(token: str | None, body: Any) -> list[tuple[str, str]]:
+    """The config's own problems in a POST /api/jobs whose envelope failed validation (an
+    unknown top-level field, a bad preset type), so that its 422 lists every problem at once
+    instead of the envelope's first. Only for a caller who may launch the kind (the config's
+    checks look at datasets and files), and only when kind and config are usable."""
+    from app.api.deps import authenticated
+    from app.errors import Invalid
+    from app.limits import MAX_ID
+
+    if not isinstance(body, dict) or body.get("kind") not in KINDS \
+            or not isinstance(body.get("config", {}), dict):
+        return []
+    kind = body["kind"]
+    user = authenticated(token)
+    if user is None or user.role not in ("admin", KINDS[kind].launch_role):
+        return []
+    preset = body.get("preset") if isinstance(body.get("preset"), str) else None
+    dataset_id = body.get("dataset_id")
+    if isinstance(dataset_id, bool) or not isinstance(dataset_id, int) \
+            or not 1 <= dataset_id <= MAX_ID:
+        dataset_id = None  # the envelope's problem, already reported
+    try:
+        with db.new_session() as session:
+            svc.validate_config(session, kind, body.get("config") or {}, preset,
+                                dataset_id=dataset_id)
+    except Invalid as exc:
+        return [(e["field"], e["message"]) for e in exc.details.get("errors", [])]
+    return []
 
 
 @router.post("", response_model=JobOut, status_code=201, responses={422: {}})

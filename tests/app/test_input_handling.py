@@ -51,6 +51,18 @@ def test_a_request_validation_error_has_the_projects_shape(client, admin):
     assert r.status_code == 422 and r.json()["field"] == "limit"
 
 
+def test_a_job_request_with_a_bad_envelope_lists_its_configs_problems_too(client, admin,
+                                                                          annotator):
+    """An unknown top-level field hid the config's problems until it was removed."""
+    body = {"kind": "train", "config": {"bogus": 1, "iterations": "x"}, "extra": 5}
+    r = client.post("/api/jobs", json=body, headers=admin)
+    assert r.status_code == 422
+    assert set(_errors(r)) == {"extra", "bogus", "iterations"}, r.text
+    # the config's checks are for those who may launch the kind
+    r = client.post("/api/jobs", json=body, headers=annotator)
+    assert r.status_code in (403, 422) and "bogus" not in r.text
+
+
 def test_every_422_the_services_raise_has_the_projects_shape(client, admin, annotator):
     """Not only validation errors: an upload's content, a vote's pair, a user's name."""
     cases = [
