@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 from fastapi.responses import FileResponse
 
 from app.api.deps import MAX_ID, AdminDep, FileReaderDep, PathId, SessionDep, UserDep
+from app.errors import NotFound
 from app.models import PreferenceModelRow
 from app.schemas import (
     AnnotatorStats,
@@ -40,9 +41,17 @@ def list_models(session: SessionDep, _user: UserDep,
     return Page(items=[_out(r) for r in rows], total=total, limit=limit, offset=offset)
 
 
+# a version as configs spell it ("v3", `preference_model`) or as the list gives it (3)
+VersionPath = Annotated[str, Path(pattern=r"^v?[0-9]{1,12}$",
+                                  description="The model's version: 3 or v3.")]
+
+
 @router.get("/preference-models/{version}/download", responses={401: {}, 404: {}})
-def download(version: PathId, session: SessionDep, _user: FileReaderDep) -> FileResponse:
-    row = svc.get_model(session, version)
+def download(version: VersionPath, session: SessionDep, _user: FileReaderDep) -> FileResponse:
+    number = int(version.removeprefix("v"))
+    if not 1 <= number <= MAX_ID:
+        raise NotFound(f"preference model {version} not found")
+    row = svc.get_model(session, number)
     return FileResponse(storage.resolve(row.path), media_type="application/octet-stream",
                         filename=f"preference-v{row.version}.safetensors")
 
