@@ -154,7 +154,7 @@ def authenticate(session: Session, token: str | None) -> User:
                                or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > utcnow()))
     )
     if row is None:
-        raise Unauthorized("invalid, revoked or expired token")
+        raise Unauthorized("invalid or revoked token (or an expired session)")
     user = row.user
     session.expunge(user)
     token_cache.put(key, user)

@@ -262,8 +262,8 @@ _CLIP_FILES = (
 
 def clip_dir_problem(path: str | Path) -> str | None:
     """Why `path` is not a CLIP directory `features="clip"` can load (every missing file
-    named), or None. Checked at submission too: transformers' own error comes late, from the
-    worker, as a traceback."""
+    named), or None. For callers to check before a fit starts: transformers' own error comes
+    only once the fit loads the encoder, as a traceback."""
     path = Path(path)
     try:
         if not path.is_dir():
