@@ -1,6 +1,7 @@
 """What every page shares: a database session per call, the caller from the per-session user
-state, HTML helpers (escaping, images, progress bars, SVG line plots), the CSS and the page
-script (keyboard shortcuts, the double-click guard, tooltips).
+state, number fields whose range the handler checks, HTML helpers (escaping, images, progress
+bars, SVG line plots), the CSS and the page script (keyboard shortcuts, the double-click guard,
+tooltips).
 
 The user state (`gr.State`) holds only the API token; every handler re-authenticates with it
 (`auth.authenticate`, cached for a few seconds), so a revoked token or a role change takes
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import gradio as gr
 from gradio.utils import get_upload_folder
 from sqlalchemy.orm import Session
 
@@ -96,6 +98,31 @@ def whole_number(value: Any, label: str, minimum: int, maximum: int | None = Non
                                                              and x > maximum):
         raise BadRequest(f"{allowed}, got {x:g}")
     return int(x)
+
+
+def _range_left_to_the_handler(num: float, minimum: float | None,
+                               maximum: float | None) -> None:
+    """Stands in for gr.Number's own range check (see `number`): the handler checks."""
+
+
+def number(value: float | None = None, *, minimum: float | None = None,
+           maximum: float | None = None, step: float | str = 1, **kw: Any) -> gr.Number:
+    """A number field whose `minimum` and `maximum` guide the browser only: they become the
+    input's min and max, where its arrow keys stop. Gradio would also check them before the
+    handler runs, and its error is a toast that names no field ("Value 0 is less than minimum
+    value 1."), leaving the page's old results on screen and a traceback in the server log;
+    the handler checks the range instead and its message names the field (`whole_number`, the
+    launch form's field errors). No `precision`, for the reason `whole_number` gives.
+
+    Send such a field plain values, never an update (`gr.Number(...)`, `gr.skip()`): Gradio
+    builds an updated component anew for the session, with its own check back."""
+    # `step` goes to the input as it is: "any" (HTML's word for no step) works though Gradio's
+    # signature says float
+    field = gr.Number(value, minimum=minimum, maximum=maximum, step=step, **kw)
+    # gr.Number.preprocess calls self.raise_if_out_of_bounds: the instance's attribute wins.
+    # A subclass would say it plainly, but forms and tests take the field for a gr.Number
+    field.raise_if_out_of_bounds = _range_left_to_the_handler
+    return field
 
 
 def uploaded_file(value: str | None) -> Path:

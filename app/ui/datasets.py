@@ -18,6 +18,7 @@ from app.ui.common import (
     error_text,
     esc,
     notice,
+    number,
     session,
     table,
     uploaded_file,
@@ -93,13 +94,24 @@ def show(user_state: dict | None, dataset_id: float | None) -> str:
         return notice(error_text(exc), "error")
 
 
-def listing_for(user_state: dict | None) -> str:
+def newest_dataset_id() -> int | None:
+    """The id of the dataset the list shows first (the newest), None without one."""
+    with session() as s:
+        rows, _ = svc.list_datasets(s, limit=1)
+        return rows[0].id if rows else None
+
+
+def listing_for(user_state: dict | None) -> tuple[str, int | None]:
     """The dataset list for an admin (re-authenticated: a revoked token gets an error), nothing
-    for anyone else (a login, a logout)."""
+    for anyone else (a login, a logout); and the "Preview dataset #" field's value: the first
+    dataset of the list, else empty. A gr.Number built without a value shows 0, below the
+    field's minimum of 1, and the browser shows it empty only once an event sends None."""
     try:
-        return dataset_list() if admin_or_none(user_state) else ""
+        if not admin_or_none(user_state):
+            return "", None
+        return dataset_list(), newest_dataset_id()
     except Exception as exc:  # noqa: BLE001 - shown to the user
-        return notice(error_text(exc), "error")
+        return notice(error_text(exc), "error"), None
 
 
 def build_datasets(user: gr.State) -> gr.Blocks:
@@ -122,11 +134,12 @@ def build_datasets(user: gr.State) -> gr.Blocks:
         status = gr.HTML(elem_id="dataset-status")
         prev = gr.HTML(elem_id="dataset-preview-box")
         with gr.Row():
-            pick = gr.Number(label="Preview dataset #", elem_id="dataset-pick")
+            # the login fills it (listing_for); its minimum guides the browser, `show` checks
+            pick = number(None, label="Preview dataset #", minimum=1, elem_id="dataset-pick")
             show_btn = gr.Button("Preview", elem_id="dataset-show")
         listing = gr.HTML(elem_id="dataset-list")
         go.click(upload, [user, file, name, eval_fraction, seed], [status, prev, listing],
                  api_visibility="private")
         show_btn.click(show, [user, pick], prev, api_visibility="private")
-        user.change(listing_for, user, listing, api_visibility="private")
+        user.change(listing_for, user, [listing, pick], api_visibility="private")
     return page

@@ -15,8 +15,8 @@ import gradio as gr
 
 from app.errors import BadRequest
 from app.job_kinds import KINDS
+from app.services import checkpoints, rollouts, workers
 from app.services import jobs as svc
-from app.services import rollouts, workers
 from app.services.jobs import Enqueuer
 from app.ui.common import (
     Raw,
@@ -28,6 +28,7 @@ from app.ui.common import (
     fmt,
     line_plot,
     notice,
+    number,
     progress_bar,
     session,
     table,
@@ -35,6 +36,8 @@ from app.ui.common import (
 from app.ui.rollouts import groups_html
 
 DEFAULTS = "(defaults)"
+# the field the service's errors about the Dataset picker name (the request's dataset_id)
+DATASET_FIELD = "dataset_id"
 POLL_SECONDS = 1.5
 
 # The form's sections: (title, fields shown, fields folded away as rarely changed). Layout
@@ -103,10 +106,14 @@ def field_component(d: dict[str, Any], value: Any) -> gr.components.Component:
     if d["choices"]:
         return gr.Dropdown(choices=d["choices"], value=value, **kw)
     if d["type"] in ("int", "float"):
-        # no min/max here: the server's check names the field and the error shows beside it;
-        # no precision either: precision=0 rounds 1.5 to 2 before any handler sees it, and
+        # the field's range is the browser's min and max (its arrow keys stop there), checked
+        # by the server, whose error names the field and shows beside it (common.number). A
+        # float steps by "any": with step 1 the browser took 0.3 for off-step, and a finer step
+        # counts from the minimum (1e-9 for learning_rate), so most defaults would still be off
+        # it. No precision: precision=0 rounds 1.5 to 2 before any handler sees it, and
         # parse_form's "whole number" error beside the field would never show
-        return gr.Number(value=value, **kw)
+        return number(value, minimum=d["min"], maximum=d["max"],
+                      step=1 if d["type"] == "int" else "any", **kw)
     # `value` is the form's value (form_values): a list or dict field is already JSON text
     return gr.Textbox(value=value, **kw)
 
@@ -188,10 +195,12 @@ def _error_outputs(names: list[str], found: dict[str, list[str]]) -> list[Any]:
 
 
 def launch(enqueuer: Enqueuer | None, user_state: dict | None, dataset_id: int | None,
-           *values: Any) -> tuple[int | None, list[Any]]:
+           *values: Any, boxes: list[str] | None = None) -> tuple[int | None, list[Any]]:
     """Validate and launch a train job. Returns the job id (None on an error) and the outputs:
-    the status, then one error box per field."""
-    names = [d["name"] for d in describe()]
+    the status, then one error box per name in `boxes` (default: the config's fields in
+    describe() order; the page puts the Dataset picker's, DATASET_FIELD, first). An error
+    about a field without a box is named in the status line."""
+    names = [d["name"] for d in describe()] if boxes is None else boxes
     blank = ["" for _ in names]
     try:
         user = caller(user_state, KINDS["train"].launch_role)  # the kind says who launches it
@@ -199,11 +208,12 @@ def launch(enqueuer: Enqueuer | None, user_state: dict | None, dataset_id: int |
         return None, [notice(error_text(exc), "error"), *blank]
     config, errors = parse_form(list(values))
     if errors:
-        # the fields that parsed are still checked, so every problem shows at once
+        # the fields that parsed are still checked, and the dataset, so every problem shows
+        # at once
         found: dict[str, list[str]] = {n: [m] for n, m in errors.items()}
         try:
             with session() as s:
-                svc.validate_config(s, "train", config)
+                svc.validate_config(s, "train", config, dataset_id=dataset_id or None)
         except Exception as exc:  # noqa: BLE001
             for err in getattr(exc, "details", {}).get("errors") or []:
                 if err["field"] not in errors:
@@ -314,6 +324,20 @@ def job_view(user_state: dict | None, job_id: int | None, view: dict | None):
     return listing, header, plots, samples, view
 
 
+def resumed_text(s: Any, job: Any) -> str:
+    """What Resume queued. A train job resumes from the checkpoint the worker will load (the
+    newest, `checkpoints.latest_checkpoint`), or starts over when it has none: "from its
+    newest checkpoint" promised progress a job that never saved one does not keep."""
+    if job.kind != "train":
+        return f"Job {job.id} ({job.kind}) queued to resume."
+    ckpt = checkpoints.latest_checkpoint(s, job.id)
+    if ckpt is None:
+        return (f"Job {job.id} queued to restart from the beginning: it has no checkpoint "
+                "to resume from.")
+    return (f"Job {job.id} queued to resume from its newest checkpoint, {ckpt.name} "
+            f"(iteration {ckpt.iteration}).")
+
+
 def act(enqueuer: Enqueuer | None, action: str, user_state: dict | None,
         job_id: int | None) -> str:
     try:
@@ -327,7 +351,7 @@ def act(enqueuer: Enqueuer | None, action: str, user_state: dict | None,
                 return notice(f"Cancel requested for job {job.id} ({job.status}).", "ok")
             if action == "resume":
                 job = svc.relaunch_job(s, enqueuer, int(job_id))
-                return notice(f"Job {job.id} queued to resume from its newest checkpoint.", "ok")
+                return notice(resumed_text(s, job), "ok")
             # send newest rollouts to the arena: sample fresh groups from the newest checkpoint
             job, ckpt = svc.send_to_arena(s, enqueuer, int(job_id), user=user)
             what = f"checkpoint {ckpt.name}" if ckpt else "the base model"
@@ -381,8 +405,13 @@ def build_jobs(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Blocks:
             with gr.Row():
                 preset = gr.Dropdown([DEFAULTS, *presets()], value=DEFAULTS, label="Preset",
                                      elem_id="jobs-preset")
-                dataset = gr.Dropdown([], value=None, label="Dataset (optional: prompts "
-                                      "come from the config otherwise)", elem_id="jobs-dataset")
+                with gr.Column(min_width=200):
+                    dataset = gr.Dropdown([], value=None, label="Dataset (optional: prompts "
+                                          "come from the config otherwise)",
+                                          elem_id="jobs-dataset")
+                    # the service's errors about the dataset (no train prompts, ...), as the
+                    # fields' errors show beside them
+                    dataset_err = gr.HTML(elem_id=f"err-{DATASET_FIELD}")
             # components by name, laid out by section; `inputs` / `errors` in describe() order
             comps: dict[str, Any] = {}
             errs: dict[str, Any] = {}
@@ -434,19 +463,22 @@ def build_jobs(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Blocks:
                               comps["reward_weights"], api_visibility="private")
         dataset.focus(dataset_choices, user, dataset, api_visibility="private")
 
+        boxes = [DATASET_FIELD, *[d["name"] for d in fields]]  # launch's error boxes
+
         def do_launch(user_state, dataset_id, *values):
-            job_id, out = launch(enqueuer, user_state, dataset_id, *values)
+            job_id, out = launch(enqueuer, user_state, dataset_id, *values, boxes=boxes)
             # a job id means launch() re-authenticated an admin
             pick_update = (gr.Dropdown(choices=_job_options(), value=job_id)
                            if job_id else gr.skip())
             # a section (folded or not) holding a field with an error opens to show it
-            bad = {d["name"] for d, e in zip(fields, out[1:], strict=True) if e}
+            bad = {name for name, e in zip(boxes, out[1:], strict=True) if e}
             opened = [gr.Accordion(open=True) if bad & set(names) else gr.skip()
                       for _, names in folds]
             return [*out, pick_update, *opened]
 
         launch_btn.click(do_launch, [user, dataset, *inputs],
-                         [launch_status, *errors, pick, *[acc for acc, _ in folds]],
+                         [launch_status, dataset_err, *errors, pick,
+                          *[acc for acc, _ in folds]],
                          api_visibility="private")
         outputs = [listing, header, plots, samples, view]
         timer.tick(job_view, [user, pick, view], outputs, show_progress="hidden",

@@ -22,6 +22,7 @@ from app.ui.common import (
     image_src,
     media_link,
     notice,
+    number,
     session,
     whole_number,
 )
@@ -124,7 +125,10 @@ def build_rollouts(user: gr.State) -> gr.Blocks:
                               elem_id="rollouts-job")
             iteration = gr.Textbox(label="Iteration (empty: all)", elem_id="rollouts-iteration")
             prompt = gr.Textbox(label="or a prompt (exact text)", elem_id="rollouts-prompt")
-            page_no = gr.Number(label="Page", value=1, minimum=1)
+            # its minimum guides the browser only: Gradio's own check of it answered 0 with a
+            # toast naming no field and left the old results on screen; `show` says what
+            # Page allows, as it does for 2.5 (common.number)
+            page_no = number(1, label="Page", minimum=1, elem_id="rollouts-page")
             go = gr.Button("Show", variant="primary", elem_id="rollouts-show")
         gr.HTML("<small>Sorted by reward; anchors are outlined in orange; click an image for "
                 "its details.</small>")

@@ -313,3 +313,150 @@ def test_a_vote_on_a_pair_the_session_does_not_hold_shows_the_one_it_holds(setti
     assert steps[-1][3]["session_votes"] == 1
     with session_scope() as s:
         assert votes.count_votes(s) == 1
+
+
+# --- the form's number fields, a page below one, the preview picker, Resume, a dataset's error --
+def _run_event(page, fn, inputs: list, user: dict[str, str]) -> list:
+    """What clicking runs on the server: `fn`'s event through Gradio's preprocessing (where a
+    gr.Number's own range check raised), the handler and postprocessing; its outputs."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gradio.state_holder import SessionState
+
+    state = SessionState(page)
+    state[fn.inputs[0]._id] = user  # the logged-in user's gr.State
+    # in a thread of its own, as in tests/app/test_ui_security.py (the browser tests'
+    # Playwright keeps an event loop running in this one)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, page.process_api(fn, inputs, state=state)).result()["data"]
+
+
+def test_launch_form_numbers_take_the_fields_range_and_floats_any_step(settings):
+    """A float field stepped by 1: arrows moved sigma 0.3 -> 1.3 and the browser took 0.3 for
+    off-step. Each number field now has its description's range as the input's min and max and
+    floats step by "any"; a value out of range still reaches the handler, whose error names
+    the field (Gradio's own check would answer with a toast naming none)."""
+    from app.ui import jobs
+
+    comps, _ = _form_components()
+    numbers = [(d, c) for d, c in zip(jobs.describe(), comps, strict=True)
+               if d["type"] in ("int", "float")]
+    assert {d["name"] for d, _ in numbers} >= {"sigma", "learning_rate", "clip_range"}
+    for d, c in numbers:
+        config = c.get_config()  # what the browser gets
+        assert (config["minimum"], config["maximum"]) == (d["min"], d["max"]), d["name"]
+        assert config["step"] == ("any" if d["type"] == "float" else 1), d["name"]
+        outside = (d["max"] if d["max"] is not None else d["min"]) * 2 + 1
+        assert c.preprocess(outside) == outside, d["name"]
+    sigma = next(c for d, c in numbers if d["name"] == "sigma")
+    assert (sigma.minimum, sigma.maximum, sigma.step, sigma.value) == (0.0, 1.0, "any", 0.3)
+
+
+@pytest.mark.parametrize("typed", [0, -3])
+def test_rollouts_page_below_one_says_what_page_allows(settings, admin, make_group, typed):
+    """Page 0 or -3: Gradio's range check answered with a toast naming no field ("Value 0 is
+    less than minimum value 1.") and the old results stayed; now the page's own message names
+    the field, as for 2.5, and replaces them."""
+    import gradio as gr
+
+    from app.ui import rollouts
+
+    make_group(g=2)
+    with gr.Blocks() as page:
+        rollouts.build_rollouts(gr.State(None))
+    fn = next(f for f in page.fns.values() if f.fn is rollouts.show)
+    out, = _run_event(page, fn, [None, None, "", "", typed], _token(admin))
+    assert "Page: a whole number from 1 to" in out and f"got {typed}" in out
+    assert "ngs-error" in out and 'class="ngs-group"' not in out
+    out, = _run_event(page, fn, [None, None, "", "", 2.5], _token(admin))
+    assert "Page: a whole number from 1 to" in out and "got 2.5" in out
+    out, = _run_event(page, fn, [None, None, "", "", 1], _token(admin))
+    assert 'class="ngs-group"' in out
+    assert fn.inputs[-1].minimum == 1  # still the browser's: its arrows stop at 1
+
+
+def test_preview_picker_starts_at_the_newest_dataset_or_empty(settings, admin, annotator,
+                                                            session):
+    """"Preview dataset #" showed 0, below its own minimum of 1. The login sets it: empty
+    without datasets, else the first dataset of the list, which previews as it is."""
+    import gradio as gr
+
+    from app.services.datasets import import_dataset
+    from app.ui import datasets
+
+    with gr.Blocks() as page:
+        datasets.build_datasets(gr.State(None))
+    fn = next(f for f in page.fns.values() if f.fn is datasets.listing_for)
+    pick = fn.outputs[1]
+    assert pick.elem_id == "dataset-pick" and pick.minimum == 1
+    listing, first = datasets.listing_for(_token(admin))
+    assert "0 dataset(s)" in listing and first is None
+    ids = [import_dataset(session, filename=f"{name}.txt", data=b"one red circle\n").dataset.id
+           for name in ("older", "newer")]
+    session.commit()
+    listing, first = datasets.listing_for(_token(admin))
+    assert "2 dataset(s)" in listing and first == max(ids)
+    assert f'data-dataset="{first}"' in datasets.show(_token(admin), first)
+    assert datasets.listing_for(_token(annotator)) == ("", None)
+    assert datasets.listing_for(None) == ("", None)
+
+
+def test_resume_says_a_job_without_a_checkpoint_restarts(settings, admin, enqueuer, session):
+    """Resume on a job that never saved a checkpoint said it would "resume from its newest
+    checkpoint": it starts over, and says so; with one, it names the checkpoint the worker
+    loads (checkpoints.latest_checkpoint)."""
+    from app.services import jobs as svc
+    from app.services.checkpoints import record_checkpoint
+    from app.ui import jobs
+
+    job_id, _ = jobs.launch(enqueuer, _token(admin), None, *jobs.form_values("tiny"))
+    svc.request_cancel(session, job_id)
+    session.commit()
+    text = jobs.act(enqueuer, "resume", _token(admin), job_id)
+    assert f"Job {job_id} queued to restart from the beginning" in text, text
+    assert "checkpoint to resume from" in text and "newest checkpoint" not in text
+    for it in (2, 4):
+        record_checkpoint(session, job_id, it, f"ck/job-{job_id}-{it}.safetensors",
+                          name=f"job-{job_id}-it{it}")
+    svc.request_cancel(session, job_id)
+    session.commit()
+    text = jobs.act(enqueuer, "resume", _token(admin), job_id)
+    assert (f"Job {job_id} queued to resume from its newest checkpoint, job-{job_id}-it4 "
+            "(iteration 4)") in text, text
+    assert enqueuer.calls == [(job_id, "train")] * 3
+
+
+def test_a_dataset_error_shows_beside_the_dataset_picker(settings, admin, enqueuer, session):
+    """A dataset with no train prompts: the service's 422 names dataset_id, and its message
+    showed only in the status line; it goes beside the Dataset picker, as every field's does,
+    with the form's other errors at once."""
+    import gradio as gr
+
+    from app.services.datasets import import_dataset
+    from app.ui import jobs
+
+    ds = import_dataset(session, filename="evals.txt", data=b"one red circle\n",
+                        eval_fraction=0.99).dataset.id
+    session.commit()
+    with gr.Blocks() as page:
+        jobs.build_jobs(gr.State(None), enqueuer=enqueuer)
+    page_fn = next(f for f in page.fns.values()
+                   if f.outputs and f.outputs[0].elem_id == "jobs-launch-status")
+    names = [d["name"] for d in jobs.describe()]
+    assert [o.elem_id for o in page_fn.outputs[:2 + len(names)]] == [
+        "jobs-launch-status", "err-dataset_id", *[f"err-{n}" for n in names]]
+    values = jobs.form_values("tiny")
+    out = page_fn.fn(_token(admin), ds, *values)  # what the Launch button runs
+    assert "1 field(s) need fixing" in out[0] and "no &#x27;train&#x27; prompts" in out[1]
+    assert not any(out[2:2 + len(names)]) and enqueuer.calls == []
+    # with a field that does not parse, both show at once
+    values[names.index("reward_weights")] = "{not json"
+    out = page_fn.fn(_token(admin), ds, *values)
+    errors = dict(zip(names, out[2:2 + len(names)], strict=True))
+    assert "2 field(s) need fixing" in out[0] and "no &#x27;train&#x27; prompts" in out[1]
+    assert "not valid JSON" in errors["reward_weights"]
+    # without a box for it (launch's default outputs) the status line names it
+    _, out = jobs.launch(enqueuer, _token(admin), ds, *jobs.form_values("tiny"))
+    assert "dataset_id" in out[0] and "train" in out[0] and len(out) == 1 + len(names)
+    assert enqueuer.calls == []

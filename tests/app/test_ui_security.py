@@ -141,7 +141,8 @@ def test_a_revoked_admins_open_session_gets_errors(settings, admin, make_user):
     assert "invalid or revoked" in stats
     assert admin_row.visible is False and accounts.visible is False
     assert who == gr.skip() and revoke_who == gr.skip() and listing == ""
-    assert "invalid or revoked" in datasets.listing_for(carol)
+    listing, preview_pick = datasets.listing_for(carol)
+    assert "invalid or revoked" in listing and preview_pick is None
 
 
 def test_an_annotator_claiming_admin_in_the_session_state_gets_nothing(settings, annotator,
@@ -161,7 +162,7 @@ def test_an_annotator_claiming_admin_in_the_session_state_gets_nothing(settings,
     assert leaderboard.on_login(forged, 0) == (gr.skip(), gr.skip(), gr.skip())
     stats, admin_row, who, *_ = annotators.on_login(forged)
     assert 'data-user="bob"' in stats and admin_row.visible is False and who == gr.skip()
-    assert datasets.listing_for(forged) == ""
+    assert datasets.listing_for(forged) == ("", None)  # no list, no dataset to preview
 
 
 # --- 3: Gradio routes that take files need a token; uploads are capped -------------------------

@@ -76,6 +76,37 @@ def test_datasets_upload_preview_and_errors(server, page, tmp_path):
     assert "broken" not in names
 
 
+def _newest_dataset() -> int | None:
+    with session_scope() as s:
+        rows, _ = datasets.list_datasets(s, limit=1)
+        return rows[0].id if rows else None
+
+
+def _pick_shows(page, value: str) -> None:
+    page.wait_for_function("(v) => { const i = document.querySelector('#dataset-pick input');"
+                           " return i && i.value === v; }", arg=value)
+
+
+def test_dataset_preview_picker_starts_at_a_dataset_not_zero(server, page):
+    """"Preview dataset #" showed 0, below its own minimum of 1 (a gr.Number without a value
+    shows 0): after the login it is empty without datasets, else the list's first dataset,
+    which Preview shows."""
+    login(page, server, server.admin_token)
+    _tab(page, "Datasets")
+    page.locator("#dataset-list").get_by_text("dataset(s)").wait_for()  # the login's listing
+    newest = _newest_dataset()
+    _pick_shows(page, "" if newest is None else str(newest))
+    with session_scope() as s:
+        made = datasets.import_dataset(s, filename=f"pick-{uuid.uuid4().hex[:8]}.txt",
+                                       data=b"one red circle\n").dataset.id
+    page.reload()  # the login survives it and sets the field again
+    page.locator("#whoami").wait_for()
+    _tab(page, "Datasets")
+    _pick_shows(page, str(made))
+    page.locator("#dataset-show").click()
+    page.locator(f'#dataset-preview[data-dataset="{made}"]').wait_for()
+
+
 def group_members_of_first(page) -> int:
     return page.locator("#rollouts-groups .ngs-group").first.locator(".ngs-member").count()
 
