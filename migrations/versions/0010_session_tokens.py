@@ -23,7 +23,7 @@ def upgrade() -> None:
     with op.batch_alter_table('api_tokens', schema=None) as batch_op:
         batch_op.add_column(sa.Column('is_session', sa.Boolean(), nullable=False,
                                       server_default=sa.false()))
-        batch_op.add_column(sa.Column('expires_at', sa.DateTime(), nullable=True))
+        batch_op.add_column(sa.Column('expires_at', sa.DateTime(timezone=True), nullable=True))
 
 
 def downgrade() -> None:
