@@ -57,6 +57,23 @@ async def _admin_within_limit(request: Request) -> None:
                               f"limit of {limit} bytes", field="file")
 
 
+UPLOAD_FIELDS = ("file", "name", "eval_fraction", "seed")
+
+
+async def _known_form_fields(request: Request) -> None:
+    """A 422 naming any form field the upload does not take (a misspelt `eval_fracton` was
+    dropped without a word, as JSON bodies' unknown keys are not). The parsed form is kept on
+    the request, so the route's own parameters read it without parsing it again."""
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        return
+    unknown = sorted({key for key in (await request.form()) if key not in UPLOAD_FIELDS})
+    if unknown:
+        problems = [{"field": key[:100], "message": "unknown field; the upload takes "
+                     f"{', '.join(UPLOAD_FIELDS)}"} for key in unknown]
+        raise Invalid("; ".join(f"{p['field']}: {p['message']}" for p in problems),
+                      field=problems[0]["field"], errors=problems)
+
+
 class _CheckedBeforeBody(APIRoute):
     """A route whose caller, role and declared size are checked before its body is read.
     FastAPI reads a form body before it solves the dependencies, so without this an
@@ -69,6 +86,7 @@ class _CheckedBeforeBody(APIRoute):
 
         async def checked_first(request: Request) -> Response:
             await _admin_within_limit(request)
+            await _known_form_fields(request)
             return await handler(request)
 
         return checked_first

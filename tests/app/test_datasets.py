@@ -325,3 +325,17 @@ def test_listing_by_a_dataset_or_job_that_does_not_exist_is_404_and_paths_are_no
         body = r.json()
         dataset = body.get("dataset", body)
         assert dataset["filename"] == kept
+
+
+def test_an_upload_with_a_form_field_it_does_not_take_is_422_and_stores_nothing(client, admin,
+                                                                             session):
+    """A misspelt eval_fraction was dropped without a word: every prompt went to train."""
+    r = client.post("/api/datasets", files={"file": ("p.txt", b"one\ntwo\n", "text/plain")},
+                    data={"eval_fracton": "0.5", "bogus": "1"}, headers=admin)
+    assert r.status_code == 422, r.text
+    assert [e["field"] for e in r.json()["errors"]] == ["bogus", "eval_fracton"]
+    assert "eval_fraction" in r.json()["errors"][0]["message"]
+    assert counts(session) == (0, 0)
+    r = client.post("/api/datasets", files={"file": ("p.txt", b"one\ntwo\n", "text/plain")},
+                    data={"eval_fraction": "0.5", "name": "ok", "seed": "3"}, headers=admin)
+    assert r.status_code == 201 and r.json()["num_eval"] == 1, r.text
