@@ -11,9 +11,11 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from sqlalchemy.exc import DataError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import db, queue
 from app.config import UI_PATH, Settings, get_settings
@@ -60,6 +62,10 @@ def _document_problems(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+# what FastAPI says when its body parser fails for another reason than bad JSON syntax
+BODY_PARSE_ERROR = "There was an error parsing the body"
+
+
 def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = None,
                mount_ui: bool = True) -> FastAPI:
     """Build the app. `settings` rebinds the database engine (tests); `enqueuer(job_id, kind)`
@@ -95,6 +101,19 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
             body["errors"] = [{"field": field, "message": message}]
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
         return JSONResponse(body, status_code=exc.status_code, headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 400 and exc.detail == BODY_PARSE_ERROR:
+            # FastAPI's 400 for a body its parser gave up on (JSON nested thousands deep
+            # overflows Python's stack): a 422 as for any other malformed JSON, in one shape
+            nested = isinstance(exc.__cause__, RecursionError)
+            kind = "JSON" if "json" in request.headers.get("content-type", "") else "body"
+            message = f"malformed {kind} ({'nested too deeply' if nested else 'unreadable'})"
+            body = Problems(detail=f"body: {message}", field="body",
+                            errors=[{"field": "body", "message": message}])
+            return JSONResponse(body.model_dump(), status_code=422)
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(DataError)
     async def data_error(_request: Request, exc: DataError) -> JSONResponse:

@@ -63,6 +63,19 @@ def test_a_job_request_with_a_bad_envelope_lists_its_configs_problems_too(client
     assert r.status_code in (403, 422) and "bogus" not in r.text
 
 
+def test_json_nested_too_deep_to_parse_is_a_422_like_other_malformed_json(client, admin):
+    """It was FastAPI's 400 "There was an error parsing the body", in another shape."""
+    deep = "[" * 100_000 + "]" * 100_000
+    r = _raw(client, "/api/jobs", deep, admin)
+    assert r.status_code == 422, r.text
+    assert r.json() == {"detail": "body: malformed JSON (nested too deeply)", "field": "body",
+                        "errors": [{"field": "body", "message": "malformed JSON (nested too "
+                                                               "deeply)"}]}
+    # other HTTP errors keep FastAPI's answer
+    assert client.get("/api/no-such-route", headers=admin).status_code == 404
+    assert client.put("/api/jobs", headers=admin).status_code == 405
+
+
 def test_every_422_the_services_raise_has_the_projects_shape(client, admin, annotator):
     """Not only validation errors: an upload's content, a vote's pair, a user's name."""
     cases = [
