@@ -51,15 +51,14 @@ def bootstrap(demo_job: bool = True, enqueuer: Enqueuer | None = None) -> Bootst
     takes the rollouts first."""
     from app.db import session_scope
     from app.migrate import upgrade
-    from app.models import Dataset, Job, User
+    from app.models import Job, User
     from app.services import auth, datasets, jobs
     from trainer.shapes.world import all_prompts
 
     upgrade()
     token = job_id = arena_id = None
     with session_scope() as s:
-        ds_id = s.scalar(select(Dataset.id).where(Dataset.name == SHAPES_DATASET)
-                         .order_by(Dataset.id).limit(1))
+        ds_id = jobs.shapes_dataset_id(s)
         if ds_id is None:
             data = ("\n".join(all_prompts()) + "\n").encode()
             ds_id = datasets.import_dataset(s, filename="shapes.txt", data=data,

@@ -42,7 +42,7 @@ def config_problems_beside(token: str | None, body: Any) -> list[tuple[str, str]
         return []
     kind = body["kind"]
     user = authenticated(token)
-    if user is None or user.role not in ("admin", KINDS[kind].launch_role):
+    if user is None or user.role not in svc.launch_roles(kind):
         return []
     preset = body.get("preset") if isinstance(body.get("preset"), str) else None
     dataset_id = body.get("dataset_id")

@@ -544,15 +544,25 @@ def enqueue(enqueuer: Enqueuer | None, job: Job) -> None:
         log.exception("could not enqueue job %s; it stays queued", job.id)
 
 
+def launch_roles(kind: str) -> tuple[str, ...]:
+    """The roles that may launch `kind`: its launch_role and those above it (ROLES runs from
+    most to least trusted, and a kind open to a role is open to those above)."""
+    return tuple(ROLES[:ROLES.index(KINDS[kind].launch_role) + 1])
+
+
+def shapes_dataset_id(session: Session) -> int | None:
+    """The dataset holding the built-in prompts (SHAPES_DATASET), if the server has loaded it."""
+    return session.scalar(select(Dataset.id).where(Dataset.name == SHAPES_DATASET)
+                          .order_by(Dataset.id).limit(1))
+
+
 def launch_job(session: Session, enqueuer: Enqueuer | None, kind: str,
                config: dict[str, Any] | None = None, *, preset: str | None = None,
                dataset_id: int | None = None, user: User | None = None) -> Job:
     """The one way a job starts: the caller's role checked against the kind's, the config
     validated completely, the queued row committed, then the job enqueued."""
     if user is not None and kind in KINDS:
-        # ROLES runs from most to least trusted: a kind open to a role is open to those above
-        allowed = ROLES[:ROLES.index(KINDS[kind].launch_role) + 1]
-        auth.require_role(user, *allowed)
+        auth.require_role(user, *launch_roles(kind))
     job = create_job(session, kind, config, preset=preset, dataset_id=dataset_id, user=user)
     session.commit()
     enqueue(enqueuer, job)
@@ -586,8 +596,7 @@ def send_to_arena(session: Session, enqueuer: Enqueuer | None, source_job_id: in
                       "config, not on a dataset, and the arena samples a dataset: upload them "
                       "as one and launch a rollout job on it", field="dataset_id")
     if ds_id is None:  # trained on the built-in prompts, which the server loads as SHAPES_DATASET
-        ds_id = session.scalar(select(Dataset.id).where(Dataset.name == SHAPES_DATASET)
-                               .order_by(Dataset.id).limit(1))
+        ds_id = shapes_dataset_id(session)
         if ds_id is None:
             raise Invalid(f"job {src.id} trained on the built-in prompts and the {SHAPES_DATASET!r} "
                           "dataset that holds them was deleted: restart the server (it loads "

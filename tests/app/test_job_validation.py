@@ -178,14 +178,20 @@ def test_a_job_whose_dataset_was_deleted_does_not_resume(client, admin):
     assert client.get(f"/api/jobs/{job}", headers=admin).json()["status"] == "cancelled"
 
 
-def test_a_train_job_whose_dataset_was_deleted_does_not_resume_on_other_prompts(client, admin):
-    """A train job's dataset is not in its config (the worker reads the prompts when it
-    starts), and deleting the dataset sets the job's dataset_id null: without the dataset kept
-    as submitted, the resume ran on the built-in shapes prompts as if it had had none."""
+def _cancelled_train_job_on_a_dataset(client, admin) -> tuple[int, int]:
+    """(dataset id, job id): a train job on an uploaded dataset, cancelled while queued."""
     ds = _upload(client, admin, "reds", "one red circle\ntwo red squares\n")
     job = client.post("/api/jobs", json={"kind": "train", "preset": "tiny", "dataset_id": ds,
                                          "config": {}}, headers=admin).json()["id"]
     assert client.post(f"/api/jobs/{job}/cancel", headers=admin).status_code == 200
+    return ds, job
+
+
+def test_a_train_job_whose_dataset_was_deleted_does_not_resume_on_other_prompts(client, admin):
+    """A train job's dataset is not in its config (the worker reads the prompts when it
+    starts), and deleting the dataset sets the job's dataset_id null: without the dataset kept
+    as submitted, the resume ran on the built-in shapes prompts as if it had had none."""
+    ds, job = _cancelled_train_job_on_a_dataset(client, admin)
     assert client.delete(f"/api/datasets/{ds}", headers=admin).status_code == 204
     r = client.post(f"/api/jobs/{job}/resume", headers=admin)
     assert r.status_code == 409, r.text
@@ -198,10 +204,7 @@ def test_a_train_job_resumes_only_while_its_dataset_still_has_train_prompts(clie
     """Resuming re-checks the train job's dataset as submission did."""
     from app.models import Prompt
 
-    ds = _upload(client, admin, "reds", "one red circle\ntwo red squares\n")
-    job = client.post("/api/jobs", json={"kind": "train", "preset": "tiny", "dataset_id": ds,
-                                         "config": {}}, headers=admin).json()["id"]
-    assert client.post(f"/api/jobs/{job}/cancel", headers=admin).status_code == 200
+    ds, job = _cancelled_train_job_on_a_dataset(client, admin)
     for prompt in session.scalars(select(Prompt).where(Prompt.dataset_id == ds)):
         prompt.split = "eval"
     session.commit()
