@@ -79,8 +79,9 @@ class ApiToken(Base):
 
 class Dataset(Base):
     __tablename__ = "datasets"
-    # unique: names pick datasets in the UI and the demo (0008 closed the race of two uploads)
-    __table_args__ = (Index("ux_datasets_name", "name", unique=True),)
+    # unique: names pick datasets in the UI and the demo (0008 closed the race of two uploads);
+    # AUTOINCREMENT: SQLite would hand a deleted dataset's id to the next one (0011)
+    __table_args__ = (Index("ux_datasets_name", "name", unique=True), {"sqlite_autoincrement": True})
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(NAME_LENGTH))
     filename: Mapped[str] = mapped_column(String(FILENAME_LENGTH))
@@ -105,7 +106,8 @@ class Prompt(Base):
     meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
     split: Mapped[str] = mapped_column(String(10), default="train")
     dataset: Mapped[Dataset] = relationship(back_populates="prompts")
-    __table_args__ = (Index("ix_prompts_dataset_position", "dataset_id", "position"),)
+    __table_args__ = (Index("ix_prompts_dataset_position", "dataset_id", "position"),
+                      {"sqlite_autoincrement": True})
 
 
 class Job(Base):

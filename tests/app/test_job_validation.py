@@ -193,6 +193,9 @@ def test_a_train_job_whose_dataset_was_deleted_does_not_resume_on_other_prompts(
     as submitted, the resume ran on the built-in shapes prompts as if it had had none."""
     ds, job = _cancelled_train_job_on_a_dataset(client, admin)
     assert client.delete(f"/api/datasets/{ds}", headers=admin).status_code == 204
+    # the next upload does not get the deleted (newest) dataset's id: on SQLite it did, and
+    # the job then resumed on the new dataset's prompts
+    assert _upload(client, admin, "blues", "one blue circle\n") != ds
     r = client.post(f"/api/jobs/{job}/resume", headers=admin)
     assert r.status_code == 409, r.text
     assert f"dataset {ds} was deleted" in r.text and _fields(r) == ["dataset_id"]

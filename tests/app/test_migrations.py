@@ -185,3 +185,64 @@ def test_unique_dataset_names_keep_every_dataset_that_shared_one(backend, tmp_pa
             assert conn.execute(text("SELECT count(*) FROM datasets")).scalar() == 6
     finally:
         engine.dispose()
+
+
+def test_sqlite_never_reuses_ids_that_other_rows_remember(tmp_path):
+    """0011 rebuilds datasets and prompts with AUTOINCREMENT without losing a row or a
+    reference (the rebuild drops the old table: with foreign keys enforced that would delete
+    every prompt and unlink every job), and new ids start above every id another row still
+    remembers (a job's deleted dataset)."""
+    from app.db import make_engine
+
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    upgrade(url, "0010")
+    dataset = ("INSERT INTO datasets (id, name, filename, format, num_prompts, num_eval, "
+               "duplicates_dropped, blank_lines_skipped, eval_fraction, created_at) VALUES "
+               "({id}, 'd{id}', 'f.txt', 'txt', 1, 0, 0, 0, 0.0, CURRENT_TIMESTAMP)")
+    prompt = ("INSERT INTO prompts ({id}dataset_id, position, text, split) "
+              "VALUES ({values}{dataset}, 0, 'one red circle', 'train')")
+    engine = make_engine(url)  # the app's engine: foreign keys enforced
+    try:
+        with engine.begin() as conn:
+            for id_ in (1, 2):
+                conn.execute(text(dataset.format(id=id_)))
+            conn.execute(text(prompt.format(id="id, ", values="1, ", dataset=1)))
+            conn.execute(text(prompt.format(id="id, ", values="2, ", dataset=2)))
+            # job 2 ran on dataset 3, deleted since
+            conn.execute(text("INSERT INTO jobs (id, kind, status, config, dataset_id, "
+                              "submitted_dataset_id, iteration, cancel_requested, attempts, "
+                              "created_at) VALUES (1, 'train', 'stopped', '{}', 2, 2, 0, FALSE, 0, "
+                              "CURRENT_TIMESTAMP), (2, 'train', 'stopped', '{}', NULL, 3, 0, "
+                              "FALSE, 0, CURRENT_TIMESTAMP)"))
+        engine.dispose()
+        upgrade(url)
+        with engine.begin() as conn:
+            assert conn.execute(text("SELECT id, dataset_id FROM prompts ORDER BY id")).all() \
+                == [(1, 1), (2, 2)]
+            assert conn.execute(text("SELECT dataset_id FROM jobs WHERE id = 1")).scalar() == 2
+            assert {i["name"] for i in inspect(conn).get_indexes("datasets")} >= {"ux_datasets_name"}
+            conn.execute(text("INSERT INTO datasets (name, filename, format, num_prompts, "
+                              "num_eval, duplicates_dropped, eval_fraction, created_at) VALUES "
+                              "('new', 'f.txt', 'txt', 1, 0, 0, 0.0, CURRENT_TIMESTAMP)"))
+            new = conn.execute(text("SELECT id FROM datasets WHERE name = 'new'")).scalar()
+            assert new == 4  # not 3: job 2 remembers dataset 3
+            conn.execute(text(prompt.format(id="", values="", dataset=new)))
+            assert conn.execute(text("SELECT max(id) FROM prompts")).scalar() == 3
+            # deleting the newest dataset and prompt does not give their ids back
+            conn.execute(text("DELETE FROM datasets WHERE id = :i"), {"i": new})
+            assert conn.execute(text("SELECT count(*) FROM prompts")).scalar() == 2  # cascade
+            conn.execute(text(dataset.replace("({id}, 'd{id}'", "(NULL, 'again'").format()))
+            assert conn.execute(text("SELECT max(id) FROM datasets")).scalar() == 5
+            conn.execute(text(prompt.format(id="", values="", dataset=5)))
+            assert conn.execute(text("SELECT max(id) FROM prompts")).scalar() == 4
+            # references are enforced again after the migration
+            with pytest.raises(Exception, match="(?i)foreign key"):
+                conn.execute(text(prompt.format(id="", values="", dataset=99)))
+        engine.dispose()
+        downgrade(url, "0010")
+        with engine.begin() as conn:
+            assert conn.execute(text("SELECT id, dataset_id FROM prompts ORDER BY id")).all() \
+                == [(1, 1), (2, 2), (4, 5)]
+            assert conn.execute(text("SELECT dataset_id FROM jobs WHERE id = 1")).scalar() == 2
+    finally:
+        engine.dispose()
