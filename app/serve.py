@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -111,6 +112,21 @@ class _QuietCancelledStreams(logging.Filter):
         return not isinstance(exc, asyncio.CancelledError)
 
 
+class _RedactSessionIds(logging.Filter):
+    """Write Gradio's session ids in the access log as `session_hash=...`: a UI session's
+    event stream is named by it alone, so a log reader must not learn it."""
+
+    PATTERN = re.compile(r"(session_hash=)[^&\s]+")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and len(record.args) >= 3 and \
+                isinstance(record.args[2], str) and "session_hash=" in record.args[2]:
+            args = list(record.args)
+            args[2] = self.PATTERN.sub(r"\1...", args[2])
+            record.args = tuple(args)
+        return True
+
+
 def serve(host: str = "127.0.0.1", port: int = 8000, worker: bool = True,
           demo_job: bool = True) -> int:
     import uvicorn
@@ -151,6 +167,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, worker: bool = True,
 
     signal.signal(signal.SIGTERM, stop_on_sigterm)
     logging.getLogger("uvicorn.error").addFilter(_QuietCancelledStreams())
+    logging.getLogger("uvicorn.access").addFilter(_RedactSessionIds())
     try:
         # an open UI tab holds event streams that never end on their own: without a bound,
         # a SIGTERM (docker stop, systemd) waited on them forever at "Waiting for connections

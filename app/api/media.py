@@ -12,6 +12,8 @@ The rule: a stored file leaves the server only to a caller with a valid token, g
   prompt files are users' data too), and on every Gradio request whose body is not JSON (a
   file coming in, whatever the route), unless the request carries a valid token; a file
   coming in needs an admin's (403 for an annotator: only the Datasets page uploads).
+  Gradio's deep links, which hand a session's component values to whoever knows its id, are
+  refused outright (404): the UI offers none.
 
 Checkpoint and preference-model downloads (`/api/checkpoints/{id}/download`,
 `/api/preference-models/{version}/download`) take the same `file_reader`.
@@ -20,6 +22,7 @@ Checkpoint and preference-model downloads (`/api/checkpoints/{id}/download`,
 from __future__ import annotations
 
 import re
+from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse
@@ -45,6 +48,8 @@ def media(path: str, _user: FileReaderDep, settings: SettingsDep) -> FileRespons
 # login box can load, and every handler checks the token itself (app.ui.common.caller).
 GRADIO_FILE_ROUTES = re.compile(
     r"^/(gradio_api/)?(file=|file/|proxy=|stream/|upload|run-history/|custom_component/)")
+# Gradio's deep links (a session's component values, saved and reloaded by hash): refused
+GRADIO_DEEP_LINKS = re.compile(r"^/(gradio_api/)?deep_link")
 # What the public shell posts is JSON (queue/join, component_server, reset, cancel). A body
 # of any other kind (multipart, a form, raw bytes) is a file coming in, whatever the route:
 # /upload, /process_recording, or one a later Gradio adds, so it needs a token too.
@@ -59,6 +64,13 @@ def takes_files(scope: Scope) -> bool:
     content_type = next((v.decode("latin-1") for k, v in scope.get("headers", [])
                          if k == b"content-type"), "")
     return content_type.split(";", 1)[0].strip().lower() not in JSON_TYPES
+
+
+def asks_for_deep_link(scope: Scope) -> bool:
+    """Whether a request's query names a Gradio deep link (`?deep_link=`: the page and its
+    config load the saved values)."""
+    query = scope.get("query_string", b"").decode("latin-1")
+    return "deep_link" in parse_qs(query, keep_blank_values=True)
 
 
 def request_token(scope: Scope) -> str | None:
@@ -82,6 +94,15 @@ class StoredFilesGuard:
             if path.startswith(self.ui_path + "/"):
                 sub = path[len(self.ui_path):]
                 incoming = takes_files(scope)
+                if GRADIO_DEEP_LINKS.match(sub) or asks_for_deep_link(scope):
+                    # Gradio saves a session's component values (the login box's token, the
+                    # pages' tables) under a hash any caller who knows the session id could
+                    # ask for, and loads them for anyone holding the link: the UI offers no
+                    # deep links, so neither way in exists
+                    response = JSONResponse({"detail": "this UI does not offer deep links"},
+                                            status_code=404)
+                    await response(scope, receive, send)
+                    return
                 if GRADIO_FILE_ROUTES.match(sub) or incoming:
                     from starlette.concurrency import run_in_threadpool
 

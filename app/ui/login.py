@@ -52,19 +52,21 @@ class Login:
             except Exception as exc:  # noqa: BLE001 - shown to the user
                 return (None, "" if quiet else notice(error_text(exc), "error"),
                         gr.update(visible=True), gr.update(visible=False), gr.skip(),
-                        *[gr.update(visible=False) for _ in keys])
+                        *[gr.update(visible=False) for _ in keys], gr.skip())
             allowed = ADMIN_TABS if user.role == "admin" else ANNOTATOR_TABS
             state = {"token": token, "name": user.name, "role": user.role}
             status = (f'<div id="whoami" data-role="{esc(user.role)}">Logged in as '
                       f"<b>{esc(user.name)}</b> ({esc(user.role)})</div>")
             return (state, status, gr.update(visible=False), gr.update(visible=True),
-                    gr.Tabs(selected="arena"), *[gr.update(visible=k in allowed) for k in keys])
+                    gr.Tabs(selected="arena"), *[gr.update(visible=k in allowed) for k in keys],
+                    "")  # the box forgets the token: it lives in `state` only
 
         def logout():
             return (None, "", gr.update(visible=True), gr.update(visible=False), gr.skip(),
-                    *[gr.update(visible=False) for _ in keys])
+                    *[gr.update(visible=False) for _ in keys], "")
 
-        outputs = [self.user, self.status, self.box, self.logout, tabs, *pages.values()]
+        outputs = [self.user, self.status, self.box, self.logout, tabs, *pages.values(),
+                   self.token]
         for trigger in (self.button.click, self.token.submit):
             trigger(login, [self.token, self.user], outputs, api_visibility="private",
                     js=START_SESSION_JS)

@@ -206,6 +206,19 @@ def test_every_gradio_route_taking_a_file_needs_a_token(served, admin):
     assert r.status_code != 401
 
 
+def test_gradio_deep_links_are_refused(served, admin):
+    """Gradio saved a session's component values (the login box's token, the pages' tables)
+    for anyone who named the session id, and loaded them for anyone holding the link."""
+    client, _ = served
+    for path in ("/ui/gradio_api/deep_link?session_hash=s1", "/ui/deep_link?session_hash=s1",
+                 "/ui/config?deep_link=abc", "/ui/?deep_link=abc", "/ui/?page=x&deep_link="):
+        for headers in ({}, admin):
+            r = client.get(path, headers=headers)
+            assert r.status_code == 404 and "deep links" in r.text, (path, r.status_code)
+    assert client.get("/ui/").status_code == 200  # the shell itself stays public
+    assert client.get("/ui/config").status_code == 200
+
+
 def test_gradio_uploads_are_capped_at_max_upload_bytes(served, admin):
     client, blocks = served
     assert blocks.max_file_size == 2000

@@ -225,6 +225,11 @@ def test_annotators_page_and_exclude(server, page):
 
 def test_login_survives_a_reload_and_logout_forgets_it(server, page):
     login(page, server, server.admin_token)
+    page.locator("#logout").click()
+    page.locator("#login-button").wait_for()
+    # the box kept no token (its value lives in the server's session state too)
+    assert page.locator("#login-token input, #login-token textarea").first.input_value() == ""
+    login(page, server, server.admin_token)
     page.reload()
     page.locator("#whoami").wait_for()  # restored from the session cookie, no token typed
     assert page.locator("#whoami").get_attribute("data-role") == "admin"

@@ -123,6 +123,8 @@ def test_serve_starts_everything_and_ctrl_c_stops_it(tmp_path):
         worker_pid = int(re.search(r"worker:\s+pid (\d+)", text).group(1))
         base = f"http://127.0.0.1:{port}"
         assert _get(f"{base}/healthz") == {"status": "ok"}
+        # a UI session's id (its event stream's only key) stays out of the access log
+        assert _get(f"{base}/healthz?session_hash=s3cr3t-hash&x=1") == {"status": "ok"}
         assert _get(f"{base}/api/auth/me", token)["role"] == "admin"
         datasets = _get(f"{base}/api/datasets", token)
         items = datasets["items"] if isinstance(datasets, dict) else datasets
@@ -142,6 +144,7 @@ def test_serve_starts_everything_and_ctrl_c_stops_it(tmp_path):
         assert not _alive(worker_pid), "the worker outlived the server"
         out = log.read_text()
         assert "stopped." in out and "Traceback" not in out
+        assert "session_hash=...&x=1" in out and "s3cr3t" not in out
     finally:
         if proc.poll() is None:
             proc.kill()
