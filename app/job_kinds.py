@@ -33,7 +33,7 @@ from trainer.rewards.fit_config import FitConfig, fit_fields
 class _Cfg(BaseModel):
     # allow_inf_nan=False: NaN or infinity is refused as "not a finite number" (a range check
     # alone would say NaN is "not less than 1")
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 def _registered_model(name: str) -> str:

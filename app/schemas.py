@@ -194,12 +194,15 @@ class NextPair(BaseModel):
 class VoteIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     client_vote_id: str = Field(min_length=1, max_length=64, pattern=CLIENT_VOTE_ID_PATTERN)
-    sample_a_id: int = Field(ge=1, le=MAX_ID, description="The sample shown on the left.")
-    sample_b_id: int = Field(ge=1, le=MAX_ID, description="The sample shown on the right.")
+    # strict: "107", 105.0 or true is a client's bug, refused as train configs refuse them
+    sample_a_id: int = Field(ge=1, le=MAX_ID, strict=True,
+                             description="The sample shown on the left.")
+    sample_b_id: int = Field(ge=1, le=MAX_ID, strict=True,
+                             description="The sample shown on the right.")
     outcome: Literal[OUTCOMES]  # the same enum in OpenAPI as the values spelt out
     session_id: Annotated[str | None, NoNul] = Field(None, max_length=64)
     shown_at: UTCDateTime | None = None  # naive: taken as UTC; stored as UTC on either database
-    latency_ms: int | None = Field(None, ge=0, le=MAX_ID)
+    latency_ms: int | None = Field(None, ge=0, le=MAX_ID, strict=True)
     selection: Annotated[str | None, NoNul] = Field(None, max_length=50)
 
 

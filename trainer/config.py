@@ -76,6 +76,10 @@ def _reward_weight_problems(weights: dict, known: list[str]) -> list[ConfigError
         elif name not in known and name not in RUN_TIME_REWARDS:
             out.append(ConfigError("reward_weights", f"unknown reward {name!r}; known: "
                                    f"{sorted([*known, *RUN_TIME_REWARDS])}"))
+    if not out and all(weight == 0 for weight in weights.values()):
+        # every advantage would be 0: the run would spend its compute and change nothing
+        out.append(ConfigError("reward_weights", "at least one reward needs a non-zero "
+                                                 "weight (every weight is 0)"))
     return out
 
 

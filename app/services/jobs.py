@@ -176,6 +176,14 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
         problem = preference_problem(session, out.get("preference_model", ""))
         if problem:
             problems.append(("preference_model", problem))
+    elif kind == "train" and str(out.get("preference_model", "")).strip():
+        # the worker would ignore it: say so rather than store a model (or any server path)
+        # that the run never reads
+        problem = preference_problem(session, out["preference_model"])
+        problems.append(("preference_model", "names a preference model, but reward_weights "
+                         "has no 'preference' weight to blend it with: add one (e.g. "
+                         "\"preference\": 1) or leave preference_model empty"
+                         + (f"; also: {problem}" if problem else "")))
     ds_id = out.get("dataset_id")
     if ds_id is not None and session.get(Dataset, ds_id) is None:
         problems.append(("dataset_id", f"dataset {ds_id} not found"))

@@ -333,6 +333,23 @@ def test_preference_reward_needs_a_fitted_model_or_an_allowed_path(client, admin
     r = _post(client, admin, "train", {"reward_weights": weights,
                                        "preference_model": "/etc/passwd"}, "tiny")
     assert r.status_code == 422 and _fields(r) == ["preference_model"]
+    # without a preference weight the worker never reads the model: it was stored unchecked
+    for spec in ("/etc/passwd", "v999", "latest"):
+        r = _post(client, admin, "train", {"preference_model": spec}, "tiny")
+        assert r.status_code == 422 and _fields(r) == ["preference_model"], (spec, r.text)
+        assert "no 'preference' weight" in r.text
+    assert "not a file under STORAGE_DIR" in _post(client, admin, "train",
+                                                  {"preference_model": "/etc/passwd"},
+                              "tiny").text
+
+
+def test_reward_weights_that_are_all_zero_are_422(client, admin):
+    """Every advantage would be 0: the job ran to the end and changed nothing."""
+    r = _post(client, admin, "train", {"reward_weights": {"count": 0}}, "tiny")
+    assert r.status_code == 422 and _fields(r) == ["reward_weights"] and "non-zero" in r.text
+    # a zero weight beside a non-zero one is allowed (a reward can sit at 0 in a blend)
+    assert _post(client, admin, "train", {"reward_weights": {"count": 1, "color": 0}},
+                 "tiny").status_code == 201
 
 
 def test_a_request_dataset_a_kind_cannot_use_or_that_contradicts_its_config_is_422(
@@ -554,3 +571,20 @@ def test_the_preference_preset_asks_for_votes_first_then_trains_on_them(client, 
     config = r.json()["config"]
     assert config["reward_weights"] == {"count": 1.5, "preference": 1.0}
     assert (config["preference_refit_every"], config["kl_coefficient"]) == (50, 0.1)
+
+
+def test_sampling_configs_take_numbers_as_train_configs_do(client, admin, session):
+    """`true`, "1" and 1.0 were converted to ids and seeds (dataset 1, seed 1) where a train
+    config refuses them: one rule for every kind."""
+    ds = _upload(client, admin, "strict", "one red circle\n")
+    before = _job_count(session)
+    for config in ({"dataset_id": True}, {"dataset_id": str(ds)}, {"dataset_id": float(ds)},
+                   {"dataset_id": ds, "seed": True}, {"dataset_id": ds, "group_size": "4"}):
+        r = _post(client, admin, "rollout", config)
+        assert r.status_code == 422, (config, r.text)
+        assert _fields(r) == [next(k for k, v in config.items() if type(v) is not int)]
+    r = _post(client, admin, "evaluate", {"checkpoint_ids": [True, 2]})
+    assert r.status_code == 422 and "checkpoint_ids" in _fields(r)
+    assert _job_count(session) == before
+    # floats take whole numbers, as JSON writes them
+    assert _post(client, admin, "rollout", {"dataset_id": ds, "sigma": 1}).status_code == 201
