@@ -26,7 +26,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from app.limits import MAX_ID
+from app.limits import MAX_CONFIG_PROMPTS, MAX_ID
 from trainer.rewards.fit_config import FitConfig, fit_fields
 
 
@@ -166,7 +166,7 @@ class EvaluateConfig(SamplingConfig):
     split: Literal["train", "eval", "all"] = Field(
         "eval", description="The dataset's split evaluated: 'train', 'eval' or 'all'; read "
         "only with dataset_id and no prompts.")
-    prompts: list[str] = Field(default_factory=list, max_length=10_000, description="Prompts "
+    prompts: list[str] = Field(default_factory=list, max_length=MAX_CONFIG_PROMPTS, description="Prompts "
                                "to evaluate, in order; given, they win over dataset_id (which "
                                "wins over the shapes world's 48 prompts).")
     max_prompts: int | None = Field(None, ge=1, le=100_000, description="Evaluate only the "

@@ -10,3 +10,6 @@ FILENAME_LENGTH = 300
 SELECTION_LENGTH = 50
 # a vote's client_vote_id (the client's retry key): 1-64 URL-safe characters
 CLIENT_VOTE_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
+# prompts a job's config may list itself (more belong in an uploaded dataset): a config is
+# stored whole on its job and returned in every job listing
+MAX_CONFIG_PROMPTS = 10_000

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import unicodedata
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
@@ -53,6 +54,37 @@ def _no_nul(value: str | None) -> str | None:
 NoNul = AfterValidator(_no_nul)
 """`refuse_nul` for a request model's text field: `Annotated[str, NoNul]`."""
 
+HIDDEN_MESSAGE = ("must not contain control or invisible characters (a line break, a tab, "
+                  "NUL, a zero-width space, a text-direction mark)")
+
+
+def hidden_characters(value: str) -> list[str]:
+    """The characters of `value` nobody sees or types in a name: controls (Cc) and format
+    characters (Cf: zero-width spaces, direction overrides), as U+XXXX."""
+    return sorted({f"U+{ord(c):04X}" for c in value if unicodedata.category(c) in ("Cc", "Cf")})
+
+
+def refuse_hidden(field: str, value: str | None) -> None:
+    """Invalid naming `field` when a name holds characters nobody sees: "ann1" and "ann1" with a
+    zero-width space are two users that look like one, and a line break in a name splits
+    the lines it is written into."""
+    if value and (hidden := hidden_characters(value)):
+        raise Invalid(f"{field}: {HIDDEN_MESSAGE}; found {', '.join(hidden[:5])}", field=field)
+
+
+def _plain_name(value: str) -> str:
+    value = value.strip()
+    if not value:
+        raise PydanticCustomError("blank", "must not be blank")
+    if hidden := hidden_characters(value):
+        raise PydanticCustomError("hidden", "{message}; found {found}",
+                                  {"message": HIDDEN_MESSAGE, "found": ", ".join(hidden[:5])})
+    return value
+
+
+PlainName = AfterValidator(_plain_name)
+"""A name as people read it: stripped, not blank, no control or invisible characters."""
+
 
 class ORM(BaseModel):
     model_config = ConfigDict(from_attributes=True)
@@ -94,7 +126,7 @@ def validation_message(err: Mapping[str, Any]) -> str:
     range check on NaN would say "less than 1", which NaN is not the trouble with)."""
     value = err.get("input")
     if err.get("type") == "finite_number" or (
-            err.get("type") in _COMPARISONS and isinstance(value, float)
+            err.get("type") in (*_COMPARISONS, "int_type") and isinstance(value, float)
             and not math.isfinite(value)):
         return "must be a finite number"
     message = str(err.get("msg", "invalid value"))
@@ -362,7 +394,7 @@ class AnnotatorStats(BaseModel):
 
 class UserIn(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a misspelt field ("rolle") must not pass
-    name: Annotated[str, NoNul] = Field(min_length=1, max_length=100)
+    name: Annotated[str, PlainName] = Field(min_length=1, max_length=100)
     role: Literal["admin", "annotator"] = "annotator"
 
 

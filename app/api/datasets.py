@@ -62,14 +62,18 @@ UPLOAD_FIELDS = ("file", "name", "eval_fraction", "seed")
 
 async def _known_form_fields(request: Request) -> None:
     """A 422 naming any form field the upload does not take (a misspelt `eval_fracton` was
-    dropped without a word, as JSON bodies' unknown keys are not). The parsed form is kept on
+    dropped without a word, as JSON bodies' unknown keys are not) or takes more than once. The parsed form is kept on
     the request, so the route's own parameters read it without parsing it again."""
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         return
-    unknown = sorted({key for key in (await request.form()) if key not in UPLOAD_FIELDS})
-    if unknown:
-        problems = [{"field": key[:100], "message": "unknown field; the upload takes "
-                     f"{', '.join(UPLOAD_FIELDS)}"} for key in unknown]
+    form = await request.form()
+    unknown = sorted({key for key in form if key not in UPLOAD_FIELDS})
+    problems = [{"field": key[:100], "message": "unknown field; the upload takes "
+                 f"{', '.join(UPLOAD_FIELDS)}"} for key in unknown]
+    # a second file (or name) was dropped without a word: the route reads the last one
+    problems += [{"field": key, "message": f"given {n} times; the upload takes one"}
+                 for key in UPLOAD_FIELDS if (n := len(form.getlist(key))) > 1]
+    if problems:
         raise Invalid("; ".join(f"{p['field']}: {p['message']}" for p in problems),
                       field=problems[0]["field"], errors=problems)
 

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from app.errors import Conflict, Forbidden, Invalid, NotFound, Unauthorized
 from app.models import ROLES, ApiToken, User, utcnow
-from app.schemas import refuse_nul
+from app.schemas import refuse_hidden
 
 TOKEN_PREFIX = "ngs_"
 
@@ -28,7 +28,7 @@ def create_user(session: Session, name: str, role: str) -> tuple[User, str]:
     name = name.strip()
     if not name or len(name) > 100:
         raise Invalid("name must be 1-100 characters", field="name")
-    refuse_nul("name", name)  # the API's UserIn says the same; the UI and the CLI come here
+    refuse_hidden("name", name)  # the API's UserIn says the same; the UI and the CLI come here
     if role not in ROLES:
         raise Invalid(f"role must be one of {list(ROLES)}, got {role!r}", field="role")
     if session.scalar(select(User.id).where(User.name == name)) is not None:

@@ -31,7 +31,7 @@ from app.errors import BadRequest, Conflict, Invalid, NotFound, PayloadTooLarge
 from app.json_values import json_safe
 from app.limits import FILENAME_LENGTH, NAME_LENGTH
 from app.models import Dataset, Job, Prompt
-from app.schemas import refuse_nul
+from app.schemas import refuse_hidden, refuse_nul
 
 FORMATS = ("txt", "csv", "jsonl", "json", "parquet")
 ACTIVE_JOB_STATUSES = ("queued", "running")
@@ -284,7 +284,9 @@ def _parse_json(filename: str, text: str, counts: _Counts) -> Records:
     except json.JSONDecodeError as exc:
         raise Invalid(f"{filename}: line {exc.lineno}: malformed JSON ({exc.msg} at column "
                       f"{exc.colno})", file=filename, line=exc.lineno) from None
-    except (ValueError, RecursionError) as exc:
+    except RecursionError:
+        raise Invalid(f"{filename}: malformed JSON (nested too deeply)", file=filename) from None
+    except ValueError as exc:
         raise Invalid(f"{filename}: malformed JSON ({exc})", file=filename) from None
     if not isinstance(items, list):
         raise Invalid(f"{filename}: expected a JSON array of prompts (strings or objects with "
@@ -386,7 +388,7 @@ def parse_upload(filename: str, data: bytes, *, max_prompt_length: int,
 def dataset_name(filename: str, name: str | None) -> str:
     """The name a dataset gets: the given one, else the file's stem."""
     name = (name or "").strip() or PurePath(filename).stem or "dataset"
-    refuse_nul("name", name)
+    refuse_hidden("name", name)
     return name[:NAME_LENGTH]
 
 
@@ -411,10 +413,15 @@ def import_dataset(session: Session, *, filename: str, data: bytes, name: str | 
         raise Invalid("eval_fraction must be in [0, 1)", field="eval_fraction")
     # the file's own name: a client's path ("../../p.txt", "C:\\x\\p.txt") is not ours to keep
     filename = PurePosixPath(filename.replace("\\", "/")).name or filename
+    refuse_hidden("file", filename)  # stored and shown beside the dataset; NUL fails PostgreSQL
     name = dataset_name(filename, name)
     check_name_free(session, name)
-    parsed = parse_upload(filename, data, max_prompt_length=max_prompt_length,
-                          max_bytes=max_bytes)
+    try:
+        parsed = parse_upload(filename, data, max_prompt_length=max_prompt_length,
+                              max_bytes=max_bytes)
+    except Invalid as exc:  # whatever is wrong with the content, the field to fix is the file
+        exc.details.setdefault("field", "file")
+        raise
     prompts, dropped = parsed.prompts, parsed.duplicates_dropped
     n_eval = round(len(prompts) * eval_fraction)
     order = list(range(len(prompts)))

@@ -42,7 +42,7 @@ from sqlalchemy.orm import Session
 from app.config import get_settings
 from app.errors import Conflict, Invalid, NotFound
 from app.job_kinds import KIND_NAMES, KINDS
-from app.limits import MAX_ID, NAME_LENGTH
+from app.limits import MAX_CONFIG_PROMPTS, MAX_ID, NAME_LENGTH
 from app.models import ROLES, Checkpoint, Dataset, Job, JobMetric, User, utcnow
 from app.schemas import validation_message
 from app.services import auth, storage, workers
@@ -120,6 +120,9 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
 
     limit = get_settings().max_prompt_length
     given = config.get("prompts")  # the limit holds beside any other problem with them
+    if isinstance(given, list) and len(given) > MAX_CONFIG_PROMPTS and "prompts" not in malformed:
+        problems.append(("prompts", f"at most {MAX_CONFIG_PROMPTS} prompts in a config, got "
+                                    f"{len(given)}; upload more as a dataset (dataset_id)"))
     for i, prompt in enumerate(given if isinstance(given, list) else []):
         if isinstance(prompt, str) and len(prompt) > limit:
             problems.append(("prompts", f"prompt {i} has {len(prompt)} characters; the limit "

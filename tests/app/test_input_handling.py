@@ -428,7 +428,7 @@ def test_nul_characters_are_refused_naming_the_field(client, admin, annotator, s
 
     r = client.post("/api/users", json={"name": "a\u0000b"}, headers=admin)
     assert r.status_code == 422, r.text
-    assert _errors(r) == {"name": "must not contain NUL characters"}
+    assert _errors(r)["name"].startswith("must not contain control or invisible characters")
     for field in ("session_id", "selection"):
         r = client.post("/api/votes", json={"client_vote_id": "v1", "sample_a_id": 1,
                                             "sample_b_id": 2, "outcome": "a",
@@ -452,8 +452,48 @@ def test_create_user_service_refuses_nul_too(session):
     from app.errors import Invalid
     from app.services.auth import create_user
 
-    with pytest.raises(Invalid, match="name: must not contain NUL characters"):
-        create_user(session, "eve\x00", "annotator")
+    for name in ("eve\x00", "eve\u200b", "eve\r\nX: y"):
+        with pytest.raises(Invalid, match="name: must not contain control or invisible"):
+            create_user(session, name, "annotator")
+
+
+def test_names_that_look_alike_or_hold_hidden_characters_are_refused(client, admin, session):
+    """"ann1" and "ann1" + U+200B were two users who look like one; a NUL in a file name
+    was stored (and fails PostgreSQL)."""
+    for name in ("ann1\u200b", "\u202eevil", "tab\there", "a\r\nX: y"):
+        r = client.post("/api/users", json={"name": name}, headers=admin)
+        assert r.status_code == 422 and "U+" in _errors(r)["name"], r.text
+    # a blank name and a bad role are reported together
+    r = client.post("/api/users", json={"name": "  ", "role": "root"}, headers=admin)
+    assert r.status_code == 422 and set(_errors(r)) == {"name", "role"}, r.text
+    assert _errors(r)["name"] == "must not be blank"
+    for name in ("hdr\r\ninj", "\u202eevil\u200b"):
+        r = _upload(client, admin, "r.txt", b"one red circle\n", name=name)
+        assert r.status_code == 422 and "invisible" in _errors(r)["name"], r.text
+    # a raw multipart body: clients such as requests send the NUL as it is (httpx escapes it)
+    body = (b'--xyz\r\nContent-Disposition: form-data; name="file"; filename="r\x00.txt"\r\n'
+            b"Content-Type: text/plain\r\n\r\none red circle\n\r\n--xyz--\r\n")
+    r = client.post("/api/datasets", content=body, headers={
+        **admin, "Content-Type": "multipart/form-data; boundary=xyz"})
+    assert r.status_code == 422 and "U+0000" in _errors(r)["file"], r.text
+    assert _counts(session) == (0, 0)
+    assert _upload(client, admin, "ok.txt", b"one\n", name="plain name").status_code == 201
+
+
+def test_an_upload_takes_one_file_and_names_the_file_for_its_content(client, admin, session):
+    """A second file part was dropped without a word (the last one was imported); what is
+    wrong inside a file was reported against "body"."""
+    files = [("file", ("r.txt", b"one\n", "text/plain")), ("file", ("s.txt", b"two\n", "text/plain"))]
+    r = client.post("/api/datasets", files=files, headers=admin)
+    assert r.status_code == 422 and _errors(r) == {"file": "given 2 times; the upload takes one"}
+    for filename, data in (("bin.txt", b"\xff\xfe\x00b"), ("e.txt", b"\n\n"),
+                           ("c.csv", b"text\nx\n"), ("j.json", b'{"a": 1}'),
+                           ("deep.json", b"[" * 100_000 + b"]" * 100_000)):
+        r = _upload(client, admin, filename, data)
+        assert r.status_code == 422 and list(_errors(r)) == ["file"], (filename, r.text)
+    assert "nested too deeply" in _upload(client, admin, "deep.json",
+                                          b"[" * 100_000 + b"]" * 100_000).text
+    assert _counts(session) == (0, 0)
 
 
 def test_users_refuse_unknown_fields_and_answer_utc(client, admin):

@@ -232,6 +232,20 @@ def test_long_and_blank_prompts_are_422_with_the_upload_limit(client, admin, set
     assert "prompts" in _fields(r)
 
 
+def test_a_config_lists_at_most_max_config_prompts(client, admin, session):
+    """400,000 prompts in a train config were taken (6.8 MB stored on the job, returned in
+    every job listing)."""
+    from app.limits import MAX_CONFIG_PROMPTS
+
+    before = _job_count(session)
+    many = ["one red circle"] * (MAX_CONFIG_PROMPTS + 1)
+    r = _post(client, admin, "train", {"prompts": many}, "tiny")
+    assert r.status_code == 422 and _fields(r) == ["prompts"] and "upload" in r.text
+    r = _post(client, admin, "evaluate", {"checkpoint_ids": [1], "prompts": many})
+    assert r.status_code == 422 and "prompts" in _fields(r)
+    assert _job_count(session) == before
+
+
 def test_evaluate_needs_distinct_existing_checkpoints(client, admin, session):
     """One checkpoint may be evaluated alone (its reward scores; issue 17), two or more also
     give cross-checkpoint pairs; none, a repeat or a missing one is refused."""
