@@ -49,6 +49,11 @@ def test_a_request_validation_error_has_the_projects_shape(client, admin):
     assert r.json()["errors"][0]["message"].startswith("malformed JSON")
     r = client.get("/api/jobs", params={"limit": "x"}, headers=admin)
     assert r.status_code == 422 and r.json()["field"] == "limit"
+    # JSON sent as text/plain (curl -d without -H): the header is what to fix
+    for content_type in ("text/plain", None):
+        headers = {**admin, **({"Content-Type": content_type} if content_type else {})}
+        r = client.post("/api/jobs", content=b'{"kind": "train", "config": {}}', headers=headers)
+        assert r.status_code == 422 and "Content-Type: application/json" in r.text, r.text
 
 
 def test_a_job_request_with_a_bad_envelope_lists_its_configs_problems_too(client, admin,
