@@ -656,7 +656,7 @@ def request_cancel(session: Session, job_id: int) -> Job:
     """Ask a job to stop. Queued: cancelled now. Running: flag for the worker. Else Conflict."""
     job = get_job(session, job_id)
     if job.status in TERMINAL:
-        raise Conflict(f"job {job_id} is already {job.status}")
+        raise Conflict(f"job {job_id} has already finished ({job.status}): nothing to cancel")
     job.cancel_requested = True
     if job.status == "queued":
         job.status = "cancelled"

@@ -107,7 +107,8 @@ def test_worker_lifecycle_progress_metrics_cancel_resume(client, admin, enqueuer
         assert jobs.heartbeat(s, job_id) is True
         jobs.mark_cancelled(s, job_id)
     assert client.get(f"/api/jobs/{job_id}", headers=admin).json()["status"] == "cancelled"
-    assert client.post(f"/api/jobs/{job_id}/cancel", headers=admin).status_code == 409
+    r = client.post(f"/api/jobs/{job_id}/cancel", headers=admin)
+    assert r.status_code == 409 and "has already finished (cancelled)" in r.text
 
     r = client.post(f"/api/jobs/{job_id}/resume", headers=admin)
     assert r.status_code == 200 and r.json()["status"] == "queued"
