@@ -404,8 +404,12 @@ def _reward_list(args: argparse.Namespace) -> list[str]:
     jpeg_compressibility for flux / sd3, as the studio's evaluate job); the model-backed ones
     pointed at --reward-model-path or REWARD_MODELS_DIR and checked before any sampling."""
     from trainer.evaluation import SHAPES_EVAL_REWARDS
-    from trainer.rewards import reward_names
-    from trainer.rewards.models import check_reward_models, configure_reward_models
+    from trainer.rewards import reward_names, shapes_only_problem
+    from trainer.rewards.models import (
+        check_reward_models,
+        configure_reward_models,
+        load_reward_models,
+    )
 
     names = [n.strip() for n in (args.rewards or "").split(",") if n.strip()]
     if not names:
@@ -413,6 +417,9 @@ def _reward_list(args: argparse.Namespace) -> list[str]:
     unknown = [n for n in names if n not in reward_names()]
     if unknown:
         raise ConfigError("rewards", f"unknown reward(s) {unknown}; known: {reward_names()}")
+    # the rule train's config applies: the shapes rewards mean nothing on FLUX's or SD3's images
+    if (problem := shapes_only_problem(names, args.model or "shapes")) is not None:
+        raise ConfigError("rewards", problem)
     paths = {}
     for pair in args.reward_model_path:
         name, sep, path = pair.partition("=")
@@ -421,6 +428,9 @@ def _reward_list(args: argparse.Namespace) -> list[str]:
         paths[name] = path
     configure_reward_models(paths, _device(args.device))
     check_reward_models(names, paths)  # RewardWeightsMissing names the reward and the files
+    # loaded now, not after all the sampling: a file that is there but does not load (empty,
+    # truncated) is one line naming the reward and its directory before any work
+    load_reward_models(names)
     return names
 
 
@@ -652,6 +662,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: config field '{err.field}': {err.message}", file=sys.stderr)
         return 2
     except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        # a reward server that is down or lacks a reward (checked as the job starts, before
+        # --out is written): its message names the URL and what to do; any other
+        # RuntimeError is a bug, traced back
+        from trainer.rewards.remote import RewardServerError
+
+        if not isinstance(exc, RewardServerError):
+            raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

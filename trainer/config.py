@@ -691,8 +691,18 @@ def load_config(spec: str | None, overrides: dict[str, Any] | None = None) -> Tr
                 raise ConfigError("config", f"{spec!r} is neither a preset "
                                   f"({', '.join(PRESETS)}) nor a file")
             try:
-                data.update(json.loads(path.read_text()))
+                loaded = json.loads(path.read_text())
             except json.JSONDecodeError as exc:
                 raise ConfigError("config", f"{spec} is not valid JSON: {exc}") from exc
+            except (OSError, UnicodeDecodeError) as exc:  # unreadable, or not text at all
+                raise ConfigError("config", f"{spec} cannot be read as JSON: {exc}") from None
+            # a list or a number would fail dict.update with a TypeError (a traceback)
+            if not isinstance(loaded, dict):
+                kind = ("array" if isinstance(loaded, list) else "string"
+                        if isinstance(loaded, str) else "null" if loaded is None else "boolean"
+                        if isinstance(loaded, bool) else "number")
+                raise ConfigError("config", f"{spec} must be a JSON object of config fields, "
+                                  f"got a JSON {kind}")
+            data.update(loaded)
     data.update(overrides or {})
     return TrainConfig.from_dict(data)

@@ -18,10 +18,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from trainer.config import TrainConfig
+from trainer.config import ConfigError, TrainConfig
 from trainer.grpo import IterationResult
 from trainer.models import TRAINER_STATE, ModelSpec
-from trainer.models.base import FlowModel, WeightsFile
+from trainer.models.base import FlowModel, WeightsFile, WeightsMismatch
 from trainer.neighbor_grpo import neighbor_grpo_iteration
 from trainer.sde_grpo import sde_grpo_iteration
 from trainer.shapes.world import all_prompts
@@ -48,8 +48,13 @@ def load_model(config: TrainConfig, device: torch.device | str = "cpu", *,
     memory for FSDP to shard onto `device` (`load_flow_model`)."""
     from trainer.models import load_flow_model
 
-    return load_flow_model(ModelSpec.from_config(config), device=device,
-                           stage_on_cpu=stage_on_cpu)
+    try:
+        return load_flow_model(ModelSpec.from_config(config), device=device,
+                               stage_on_cpu=stage_on_cpu)
+    except WeightsMismatch as exc:  # the user's file, not a bug: name the field that chose it
+        if not config.base_checkpoint:
+            raise
+        raise ConfigError("base_checkpoint", str(exc)) from None
 
 
 class Trainer:

@@ -352,3 +352,48 @@ def test_guidance_scale_must_be_a_finite_non_negative_number(value, tmp_path, pr
                      capsys)  # "=": argparse takes a lone "-inf" for an option
     assert "argument --guidance-scale: must be a" in line and repr(value) in line
     assert not out.exists()
+
+
+@pytest.mark.parametrize("text, kind", [("[1, 2]", "array"), ("3", "number"), ("null", "null"),
+                                        ('"tiny"', "string")])
+def test_a_config_file_that_is_not_a_json_object_is_one_line(text, kind, tmp_path, capsys):
+    config = tmp_path / "list.json"
+    config.write_text(text)
+    out = tmp_path / "y1"
+    line = cli_error(["train", "--config", str(config), "--out", str(out), "--no-progress"],
+                     capsys)
+    assert line == (f"error: config field 'config': {config} must be a JSON object of config "
+                    f"fields, got a JSON {kind}")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("model", ["flux", "sd3"])
+def test_evaluate_refuses_shapes_only_rewards_for_real_models(model, tmp_path, capsys):
+    """The rule train's config applies (shapes_only_problem), before any model loads."""
+    line = cli_error(["evaluate", "--model", model, "--model-path", str(tmp_path), "--rewards",
+                      "jpeg_compressibility,count", "--device", "cpu", "--seeds", "1"], capsys)
+    assert line.startswith("error: config field 'rewards': ['count'] score only the shapes "
+                           "model's 32x32 images"), line
+    assert f"for model {model!r} use image rewards" in line
+
+
+def test_evaluate_names_reward_weights_that_do_not_load_before_sampling(tmp_path,
+                                                                         tiny_clip_path, capsys,
+                                                                         monkeypatch):
+    """Files that are there but do not load (a garbage model.safetensors): one line naming the
+    reward and its directory, before the model samples anything."""
+    import shutil
+
+    from trainer import evaluation
+
+    broken = shutil.copytree(tiny_clip_path, tmp_path / "clip")
+    for weights in broken.glob("*.safetensors"):
+        weights.write_bytes(b"not safetensors at all")
+    sampled = []
+    monkeypatch.setattr(evaluation, "sample_images", lambda *a, **k: sampled.append(1))
+    line = cli_error(["evaluate", "--rewards", "clip_score", "--reward-model-path",
+                      f"clip_score={broken}", "--device", "cpu", "--seeds", "1", "--steps", "1"],
+                     capsys)
+    assert line.startswith(f"error: reward 'clip_score': the weights in {str(broken)!r} (from "
+                           "reward_model_paths['clip_score']: "), line
+    assert "model.safetensors" in line and "cannot be loaded: " in line and not sampled

@@ -24,7 +24,7 @@ from tiny_diffusers import write_tiny_flux, write_tiny_sd3
 
 from trainer import solvers
 from trainer.cli import main as cli_main
-from trainer.config import PRESETS, ConfigErrors, TrainConfig
+from trainer.config import PRESETS, ConfigError, ConfigErrors, TrainConfig
 from trainer.evaluation import sample_images
 from trainer.loop import Trainer
 from trainer.models import (
@@ -453,6 +453,66 @@ def test_missing_or_incomplete_model_directory(flux_dev, tmp_path):
     message = str(info.value)
     assert str(incomplete) in message and "vae/config.json" in message
     assert model_dir_problem("flux", incomplete) == message
+
+
+def test_a_directory_of_the_other_model_is_named_before_it_loads(flux_dev, sd3, tmp_path,
+                                                                   capsys):
+    """An SD3 directory holds every file a FLUX one does: model_index.json's _class_name
+    tells them apart, in model_dir_problem (the CLI's and the API's check) and the loader,
+    before anything is written."""
+    problem = model_dir_problem("flux", sd3)
+    assert problem == (f"model directory {sd3} holds a StableDiffusion3Pipeline (model_index"
+                       ".json's _class_name), not a 'flux' model (FluxPipeline); use model "
+                       f"'sd3' for it, or point model_path at a 'flux' directory")
+    assert "holds a FluxPipeline" in model_dir_problem("sd3", flux_dev)
+    assert model_dir_problem("flux", flux_dev) is None and model_dir_problem("sd3", sd3) is None
+    with pytest.raises(FileNotFoundError, match="holds a StableDiffusion3Pipeline"):
+        load_flow_model(ModelSpec(name="flux", path=str(sd3)))
+
+    out = tmp_path / "run"
+    assert cli_main(["train", "--set", "model=flux", "--set", f"model_path={sd3}", "--set",
+                     "device=cpu", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: config field 'model_path': {problem}\n" and not out.exists()
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a cat\n")
+    assert cli_main(["sample", "--model", "flux", "--model-path", str(sd3), "--prompts",
+                     str(prompts), "--out", str(out), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [f"error: {problem}"] and not out.exists()
+
+
+def test_a_base_checkpoint_lora_that_does_not_fit_is_named(flux_dev, sd35, tmp_path, capsys):
+    """A LoRA of another rank, or of another model, as base_checkpoint: a config error naming
+    the field, the file and what differs, not load_state_dict's size-mismatch traceback.
+    (SD3.5's LoRA: its attn2 layers are not FLUX's; the tiny SD3's layers all are, in the
+    same shapes.)"""
+    flux_lora = Trainer(_config(flux_dev, "flux")).save_checkpoint(tmp_path / "flux")
+    sd3_lora = Trainer(_config(sd35, "sd3")).save_checkpoint(tmp_path / "sd3")
+    lora_file = flux_lora / "pytorch_lora_weights.safetensors"
+    with pytest.raises(ConfigError) as info:
+        Trainer(_config(flux_dev, "flux", lora_rank=8, base_checkpoint=str(flux_lora)))
+    assert str(info.value) == (f"base_checkpoint: {lora_file} holds a LoRA of rank 4; this "
+                               "run's adapters have rank 8 (lora_rank)")
+    with pytest.raises(ValueError, match=re.escape(
+            f"{sd3_lora / 'pytorch_lora_weights.safetensors'} holds the LoRA weights of "
+            f"another model, not of this 'flux' model at {flux_dev}")):
+        load_flow_model(ModelSpec(name="flux", path=str(flux_dev), finetune="lora",
+                                  lora_rank=4, weights=str(sd3_lora)))
+
+    out = tmp_path / "run"
+    settings = {"model": "flux", "model_path": str(flux_dev), "finetune": "lora",
+                "lora_rank": 4, "lora_alpha": 8.0, "resolution": SIZE, "device": "cpu",
+                "reward_weights": {"jpeg_compressibility": 1.0},
+                "base_checkpoint": str(sd3_lora)}
+    capsys.readouterr()
+    assert cli_main(["train", "--config", "tiny", *_set_options(settings), "--out", str(out),
+                     "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]  # (after diffusers' loading progress bars)
+    assert "Traceback" not in err and "another model" in line, err
+    assert line.startswith("error: config field 'base_checkpoint': ")
+    assert not out.exists()
 
 
 # ---------------------------------------------------------------------------------------

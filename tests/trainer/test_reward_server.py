@@ -310,3 +310,97 @@ def test_the_command_line_serves_and_refuses_unknown_rewards(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_zero_size_images_are_422_not_500(server):
+    """An (N, 0, 0, 3) array is a well-formed .npy no reward can score: refused as it decodes."""
+    client = RewardClient(server.url, timeout=10)
+    empty = np.zeros((1, 0, 0, 3), dtype=np.uint8)
+    with pytest.raises(RewardServerError, match=r"422.*images must be at least 1x1"):
+        client._request("POST", "/score", json={"rewards": ["count"], "prompts": PROMPTS[:1],
+                                                "images": encode_images(empty)})
+    with pytest.raises(RewardServerError, match=r"422.*images must be at least 1x1"):
+        client(["count"], np.zeros((1, 4, 0, 3), dtype=np.uint8), PROMPTS[:1])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-wait-ms", "inf"], "argument --max-wait-ms: must be a finite number >= 0, got 'inf'"),
+    (["--max-wait-ms", "nan"], "argument --max-wait-ms: must be a finite number >= 0, got 'nan'"),
+    (["--max-wait-ms", "-1"], "argument --max-wait-ms: must be a finite number >= 0"),
+    (["--max-batch", "0"], "argument --max-batch: must be an integer >= 1"),
+    (["--device", "gpu"], "argument --device: must be one of auto, cpu, cuda or cuda:N"),
+    (["--device", "cuda"], "--device: device 'cuda' requested but CUDA is not available"),
+])
+def test_the_servers_bad_options_are_one_line_and_exit_2(argv, message, capsys, monkeypatch):
+    """Refused before any reward model loads (hpsv2 has no weights here: not reached)."""
+    from trainer.rewards.serve import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(SystemExit) as exited:
+        main(["--rewards", "hpsv2", *argv])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "Traceback" not in err
+    assert message in err.strip().splitlines()[-1], err
+
+
+def test_the_batcher_refuses_a_wait_that_is_not_finite():
+    from trainer.rewards.serve import Batcher
+
+    for wait in (float("inf"), float("nan"), -1.0):
+        with pytest.raises(ValueError, match="max_wait_ms a finite number >= 0"):
+            Batcher(4, wait)
+
+
+def test_a_failure_outside_scoring_fails_its_requests_and_a_dead_thread_takes_none(monkeypatch):
+    """A bug while gathering a batch answers the requests taken with its error and leaves the
+    thread serving; once the thread is gone, new requests are refused instead of hanging."""
+    from trainer.rewards.serve import Batcher
+
+    batcher = Batcher(4, 0)
+    batcher.start()
+    try:
+        def broken(batch):
+            raise OverflowError("timeout value is too large")
+
+        monkeypatch.setattr(batcher, "_gather", broken)
+        future = batcher.submit(["count"], _images(1, seed=1), PROMPTS[:1])
+        with pytest.raises(OverflowError, match="too large"):
+            future.result(timeout=10)
+        monkeypatch.undo()
+        assert batcher.alive()
+        answer = batcher.submit(["count"], _images(1, seed=1), PROMPTS[:1]).result(timeout=30)
+        assert answer["count"].shape == (1,)
+    finally:
+        batcher.stop()
+    assert not batcher.alive()
+    with pytest.raises(RuntimeError, match="scoring thread is not running"):
+        batcher.submit(["count"], _images(1, seed=1), PROMPTS[:1])
+
+
+def _cli_error(argv: list[str], capsys) -> str:
+    from trainer.cli import main
+
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+def test_train_against_a_server_that_is_down_or_lacks_a_reward_is_one_line(server, tmp_path,
+                                                                           capsys):
+    """Checked as the Trainer starts, before the run directory is made."""
+    from reward_server_helpers import free_port_url
+
+    down = free_port_url()
+    out = tmp_path / "run"
+    train = ["train", "--config", "tiny", "--set", "device=cpu", "--out", str(out),
+             "--no-progress"]
+    line = _cli_error([*train, "--set", f"reward_server_url={down}"], capsys)
+    assert line.startswith(f"error: reward server at {down} cannot be reached")
+    assert not out.exists()
+    line = _cli_error([*train, "--set", f"reward_server_url={server.url}", "--set",
+                       'reward_weights={"hpsv2": 1.0}'], capsys)
+    assert f"reward server at {server.url} does not serve ['hpsv2']" in line
+    assert not out.exists()

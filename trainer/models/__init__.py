@@ -100,6 +100,10 @@ _DIRECTORY_FILES: dict[str, list[str]] = {
             "vae/config.json", "text_encoder/config.json", "text_encoder_2/config.json",
             "text_encoder_3/config.json", "tokenizer", "tokenizer_2", "tokenizer_3"],
 }
+# the pipeline class each adapter's directory names in model_index.json's `_class_name`: an
+# SD3 directory holds every file a FLUX one does, so only this tells them apart before the
+# model loads (and fails deep inside, e.g. on a text encoder without pooler_output)
+_PIPELINE_CLASSES: dict[str, str] = {"flux": "FluxPipeline", "sd3": "StableDiffusion3Pipeline"}
 # folders whose weights must be there too (*.safetensors, or a sharded index)
 _WEIGHT_FOLDERS = ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3")
 
@@ -135,6 +139,8 @@ def model_dir_problem(name: str, path: str | Path) -> str | None:
         if not path.is_dir():
             return (f"model directory {path} does not exist (a diffusers-format {name!r} "
                     f"directory holds {', '.join(expected)}, with weights in each model folder)")
+        if (problem := _pipeline_problem(name, path)) is not None:
+            return problem
         missing = [f for f in expected if not (path / f).exists()]
         for folder in _WEIGHT_FOLDERS:
             sub = path / folder
@@ -148,6 +154,28 @@ def model_dir_problem(name: str, path: str | Path) -> str | None:
                 f"{', '.join(missing)} (a diffusers-format directory holds "
                 f"{', '.join(expected)}, with weights in each model folder)")
     return None
+
+
+def _pipeline_problem(name: str, path: Path) -> str | None:
+    """Why model directory `path` is another adapter's model, going by model_index.json's
+    `_class_name`, or None. Only another adapter's pipeline class is refused: a variant
+    pipeline of the same model (FluxFillPipeline ...) or an index without the field is let
+    through to the files check and the loader."""
+    index = path / "model_index.json"
+    if not index.is_file():
+        return None  # the files check names it as missing
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        return f"model directory {path}: model_index.json is not JSON ({exc})"
+    found = data.get("_class_name") if isinstance(data, dict) else None
+    others = [other for other, cls in _PIPELINE_CLASSES.items()
+              if other != name and cls == found]
+    if not others:
+        return None
+    return (f"model directory {path} holds a {found} (model_index.json's _class_name), not "
+            f"a {name!r} model ({_PIPELINE_CLASSES.get(name, name)}); use model "
+            f"{others[0]!r} for it, or point model_path at a {name!r} directory")
 
 
 def safetensors_header(path: str | Path) -> dict[str, Any]:

@@ -60,6 +60,12 @@ class WeightsFile(Mapping[str, torch.Tensor]):
         return len(self._keys)
 
 
+class WeightsMismatch(ValueError):
+    """A weights file that does not fit the model it is loaded into (another model's, or a
+    LoRA of another rank); the message names the file and what differs. Its own class so that
+    a job can name the config field that pointed at the file (base_checkpoint)."""
+
+
 @torch.no_grad()
 def copy_weights(module: nn.Module, weights: Mapping[str, torch.Tensor], source: str,
                  place: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
@@ -71,12 +77,18 @@ def copy_weights(module: nn.Module, weights: Mapping[str, torch.Tensor], source:
     one tensor of `weights` is in memory at a time."""
     expected = set(module.state_dict())
     if set(weights) != expected:
-        raise ValueError(f"{source} does not fit this model: missing "
+        raise WeightsMismatch(f"{source} does not fit this model: missing "
                          f"{sorted(expected - set(weights))[:5]}, unexpected "
                          f"{sorted(set(weights) - expected)[:5]}")
     for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
         if name in expected:  # not the non-persistent buffers
             full = weights[name]
+            # (a DTensor's shape is the whole tensor's, as the file's is); copy_ would fail
+            # with a RuntimeError that names neither the file nor the tensor
+            if tuple(full.shape) != tuple(tensor.shape):
+                raise WeightsMismatch(f"{source} does not fit this model: {name} is "
+                                      f"{tuple(full.shape)} there, {tuple(tensor.shape)} here "
+                                      "(the weights of another model)")
             value = place(full, tensor) if place else full
             local = value.to_local() if hasattr(value, "to_local") else value
             target = tensor.to_local() if hasattr(tensor, "to_local") else tensor

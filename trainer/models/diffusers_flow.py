@@ -36,7 +36,13 @@ import torch.utils.checkpoint
 from torch import nn
 
 from trainer.models import FULL_TRANSFORMER, LORA_WEIGHTS, ModelSpec
-from trainer.models.base import Conditioning, FlowModel, WeightsFile, copy_weights
+from trainer.models.base import (
+    Conditioning,
+    FlowModel,
+    WeightsFile,
+    WeightsMismatch,
+    copy_weights,
+)
 
 DEFAULT_RESOLUTION = 512
 
@@ -326,6 +332,11 @@ class DiffusersFlowModel(FlowModel):
 
             state = {k.removeprefix("transformer."): v for k, v in load_file(str(lora)).items()
                      if k.startswith("transformer.")}
+            # checked here: set_peft_model_state_dict's load_state_dict would fail on a shape
+            # with a RuntimeError listing hundreds of tensors, which says neither why nor which
+            # file
+            if (problem := self._lora_problem(state)) is not None:
+                raise WeightsMismatch(f"{lora} {problem}")
             result = set_peft_model_state_dict(self.transformer, state, adapter_name="default")
             if getattr(result, "unexpected_keys", None):
                 raise ValueError(f"{lora} does not fit this model's adapters: unexpected keys "
@@ -339,6 +350,37 @@ class DiffusersFlowModel(FlowModel):
                                     "fine-tune's checkpoint); this run has finetune='full'")
         # a tensor at a time into the fp32 masters: never a second whole copy in memory
         copy_weights(self.transformer, WeightsFile(full), str(full))
+
+    def _lora_problem(self, state: dict[str, torch.Tensor]) -> str | None:
+        """Why the LoRA tensors `state` (keyed as get_peft_model_state_dict keys them) cannot
+        load into this model's adapters, or None: another rank, or another model's layers."""
+        from peft import get_peft_model_state_dict
+
+        expected = get_peft_model_state_dict(self.transformer, adapter_name="default")
+        ranks = {int(v.shape[0]) for k, v in state.items()
+                 if k.endswith("lora_A.weight") and v.ndim == 2}
+        if ranks and ranks != {self.spec.lora_rank} and all(
+                k in expected for k in state):
+            return (f"holds a LoRA of rank {', '.join(map(str, sorted(ranks)))}; this run's "
+                    f"adapters have rank {self.spec.lora_rank} (lora_rank)")
+        foreign = sorted(k for k in state if k not in expected)
+        shapes = [k for k in state if k in expected and expected[k].shape != state[k].shape]
+        if not foreign and not shapes:
+            return None
+        modules = dict(self.transformer.named_modules())
+        untrained = [k for k in foreign if k.rsplit(".lora_", 1)[0] in modules]
+        if untrained and len(untrained) == len(foreign) and not shapes:
+            # this model's layers, which the run's lora_target_modules leave without adapters
+            return (f"holds adapters on layers this run's lora_target_modules do not train "
+                    f"(e.g. {untrained[0].rsplit('.lora_', 1)[0]}); this run targets "
+                    f"{self.spec.lora_target_modules or 'the default modules'}")
+        key = foreign[0] if foreign else shapes[0]
+        detail = (f"layer {key} is not in this model" if foreign else
+                  f"layer {key} is {tuple(state[key].shape)} there, "
+                  f"{tuple(expected[key].shape)} here")
+        return (f"holds the LoRA weights of another model, not of this {self.spec.name!r} "
+                f"model at {self.spec.path} ({detail}; {len(foreign) + len(shapes)} layers "
+                "do not fit)")
 
     def read_weights(self, directory: Path) -> WeightsFile:
         full = Path(directory) / FULL_TRANSFORMER

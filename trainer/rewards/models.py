@@ -183,6 +183,30 @@ def check_reward_models(names: list[str] | dict[str, Any],
                                    "; ".join(problem for _, problem in missing))
 
 
+def load_reward_models(names: list[str] | dict[str, Any]) -> None:
+    """Load (and cache) the model-backed rewards among `names` now, on the configured device:
+    a job calls it before minutes of sampling, so that weights that are there but do not load
+    (an empty or truncated file, another model's) fail at its start. ValueError naming the
+    reward, its directory and the files it read; missing files are RewardWeightsMissing, as
+    check_reward_models raises."""
+    for name in names:
+        if name not in MODEL_REWARDS:
+            continue
+        try:
+            _LazyReward(name).scorer()  # (the cache is shared by directory and device)
+        except RewardWeightsMissing:
+            raise
+        except Exception as exc:  # whatever the loader trips on (torch.load, safetensors,
+            # transformers): the user's file, named in one line rather than a traceback
+            directory, setting = reward_model_dir(name)
+            present = [f for alternatives in MODEL_REWARDS[name].files for f in alternatives
+                       if (directory / f).is_file()]
+            detail = " ".join(str(exc).split())[:300]  # one line, however long the original
+            raise ValueError(f"reward {name!r}: the weights in {str(directory)!r} (from "
+                             f"{setting}: {', '.join(present)}) cannot be loaded: "
+                             f"{type(exc).__name__}: {detail}") from None
+
+
 def _current_device() -> torch.device:
     if _device is not None:
         return _device

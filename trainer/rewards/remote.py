@@ -119,6 +119,8 @@ def _checked_images(images: np.ndarray) -> np.ndarray:
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
         raise ValueError(f"images must be an (N, H, W, 3) uint8 array, got {images.dtype} "
                          f"{tuple(images.shape)}")
+    if images.shape[1] < 1 or images.shape[2] < 1:  # no reward can score an empty image
+        raise ValueError(f"images must be at least 1x1, got {tuple(images.shape)}")
     return images
 
 

@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import logging
+import math
 import queue
 import threading
 import time
@@ -49,6 +50,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from trainer.cli import _device, device_name, positive_int
 from trainer.rewards import get_reward, reward_names
 from trainer.rewards.remote import LOCAL_REWARDS, decode_images, decode_score_request
 
@@ -80,9 +82,10 @@ class Batcher:
 
     def __init__(self, max_batch: int = DEFAULT_MAX_BATCH,
                  max_wait_ms: float = DEFAULT_MAX_WAIT_MS) -> None:
-        if max_batch < 1 or max_wait_ms < 0:
-            raise ValueError(f"max_batch must be >= 1 and max_wait_ms >= 0, got {max_batch}, "
-                             f"{max_wait_ms}")
+        # nan passes a `< 0` test and inf overflows queue.get's timeout in the scoring thread
+        if max_batch < 1 or not (math.isfinite(max_wait_ms) and max_wait_ms >= 0):
+            raise ValueError(f"max_batch must be >= 1 and max_wait_ms a finite number >= 0, "
+                             f"got {max_batch}, {max_wait_ms}")
         self.max_batch, self.max_wait = max_batch, max_wait_ms / 1000.0
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -102,7 +105,10 @@ class Batcher:
 
     def submit(self, rewards: list[str], images: np.ndarray, prompts: list[str]
                ) -> concurrent.futures.Future:
-        """Queue a request; the future's result is {name: (N,) float64}."""
+        """Queue a request; the future's result is {name: (N,) float64}. RuntimeError when the
+        scoring thread is not running: nobody would ever answer the request."""
+        if not self.alive():
+            raise RuntimeError("the reward server's scoring thread is not running")
         pending = _Pending(rewards, images, prompts)
         self._queue.put(pending)
         return pending.future
@@ -115,10 +121,11 @@ class Batcher:
             return dict(self.counters)
 
     # -- the scoring thread ---------------------------------------------------------------
-    def _gather(self, first: _Pending) -> tuple[list[_Pending], bool]:
-        """The first request and those arriving within max_wait, up to max_batch images; and
-        whether the stop sentinel came meanwhile."""
-        batch, count = [first], len(first.prompts)
+    def _gather(self, batch: list[_Pending]) -> bool:
+        """Append to `batch` (holding the first request) those arriving within max_wait, up
+        to max_batch images; whether the stop sentinel came meanwhile. Appends in place so
+        that the loop still holds every request taken off the queue if this raises."""
+        count = sum(len(p.prompts) for p in batch)
         deadline = time.monotonic() + self.max_wait
         while count < self.max_batch:
             remaining = deadline - time.monotonic()
@@ -129,10 +136,10 @@ class Batcher:
             except queue.Empty:
                 break
             if item is None:
-                return batch, True
+                return True
             batch.append(item)
             count += len(item.prompts)
-        return batch, False
+        return False
 
     def _loop(self) -> None:
         stopping = False
@@ -140,19 +147,19 @@ class Batcher:
             first = self._queue.get()
             if first is None:
                 break
-            gathered, stopping = self._gather(first)
-            # a request cancelled while it waited (its client left) is dropped here; the
-            # others are marked running and can no longer be cancelled
-            live = [p for p in gathered if p.future.set_running_or_notify_cancel()]
-            with self._lock:
-                self.counters["cancelled"] += len(gathered) - len(live)
-            if not live:
-                continue
+            gathered = [first]
             try:
-                self._score(live)
-            except Exception as exc:  # (a bug here must not hang every client)
-                log.exception("scoring a batch of %d requests failed", len(live))
-                for p in live:
+                stopping = self._gather(gathered)
+                # a request cancelled while it waited (its client left) is dropped here; the
+                # others are marked running and can no longer be cancelled
+                live = [p for p in gathered if p.future.set_running_or_notify_cancel()]
+                with self._lock:
+                    self.counters["cancelled"] += len(gathered) - len(live)
+                if live:
+                    self._score(live)
+            except Exception as exc:  # (a bug here must neither hang a client nor the thread)
+                log.exception("scoring a batch of %d requests failed", len(gathered))
+                for p in gathered:
                     if not p.future.done():
                         p.future.set_exception(exc)
 
@@ -220,7 +227,12 @@ def load_rewards(names: Iterable[str], paths: dict[str, str] | None = None,
     request waits for no loading. Returns the names, deduplicated."""
     import torch
 
-    from trainer.rewards.models import MODEL_REWARDS, check_reward_models, configure_reward_models
+    from trainer.rewards.models import (
+        MODEL_REWARDS,
+        check_reward_models,
+        configure_reward_models,
+        load_reward_models,
+    )
 
     names = list(dict.fromkeys(names))
     if not names:
@@ -236,9 +248,11 @@ def load_rewards(names: Iterable[str], paths: dict[str, str] | None = None,
         device = "cuda" if torch.cuda.is_available() else "cpu"
     configure_reward_models(paths or {}, device)
     check_reward_models(names)
+    # loads and caches each model; one that does not load is a ValueError naming it (the
+    # command line's one-line refusal)
+    load_reward_models(names)
     for name in names:
         if name in MODEL_REWARDS:
-            get_reward(name).scorer()  # loads and caches the model
             log.info("loaded reward %s on %s", name, device)
     return names
 
@@ -306,8 +320,11 @@ def create_app(rewards: Iterable[str], *, device: str = "auto",
             raise HTTPException(422, f"{len(images)} images but {len(prompts)} prompts")
         if not len(images):
             return {"scores": {name: [] for name in rewards}}
-        future = asyncio.wrap_future(batcher.submit(list(dict.fromkeys(rewards)),
-                                                    images, prompts))
+        try:
+            future = asyncio.wrap_future(batcher.submit(list(dict.fromkeys(rewards)),
+                                                        images, prompts))
+        except RuntimeError as exc:  # the scoring thread is gone: /health says "stopped"
+            raise HTTPException(503, str(exc)) from None
         while True:
             done, _ = await asyncio.wait({future}, timeout=DISCONNECT_POLL_S)
             if done:
@@ -379,6 +396,18 @@ def _parse_paths(text: str) -> dict[str, str]:
     return out
 
 
+def _wait_ms(text: str) -> float:
+    """--max-wait-ms: a finite number >= 0 (nan passes a `< 0` test; inf overflows the
+    timeout of the scoring thread's queue.get and kills it, so every request would hang)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """`python -m trainer.rewards.serve`'s options (docker-compose.yml's reward-server runs it)."""
     parser = argparse.ArgumentParser(
@@ -391,12 +420,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (0.0.0.0 for other hosts; default %(default)s)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="default %(default)s")
-    parser.add_argument("--device", default="auto",
+    parser.add_argument("--device", type=device_name, default="auto",
                         help="torch device of the reward models: auto, cpu, cuda, cuda:1 ...")
-    parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
+    parser.add_argument("--max-batch", type=positive_int, default=DEFAULT_MAX_BATCH,
                         help="most images gathered across requests into one scoring call "
                              "(default %(default)s)")
-    parser.add_argument("--max-wait-ms", type=float, default=DEFAULT_MAX_WAIT_MS,
+    parser.add_argument("--max-wait-ms", type=_wait_ms, default=DEFAULT_MAX_WAIT_MS,
                         help="how long the first waiting request waits for others to join its "
                              "batch (default %(default)s)")
     parser.add_argument("--reward-model-paths", type=_parse_paths, default={},
@@ -416,6 +445,9 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     try:
+        # a device this machine lacks is one line, as the trainer's CLI says it, before any
+        # reward model loads
+        _device(args.device, "--device")
         app = create_app([n.strip() for n in args.rewards.split(",") if n.strip()],
                          device=args.device, reward_model_paths=args.reward_model_paths,
                          max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)
