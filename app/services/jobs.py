@@ -689,7 +689,8 @@ def resume_job(session: Session, job_id: int) -> Job:
     gone since, and the worker would fail on it (Conflict naming every problem)."""
     job = get_job(session, job_id)
     if job.status not in ("failed", "cancelled"):
-        raise Conflict(f"job {job_id} is {job.status}; only failed or cancelled jobs resume")
+        raise Conflict(f"job {job_id} cannot resume: its status is {job.status} (only failed "
+                       "or cancelled jobs resume)")
     check_still_valid(session, job)
     job.status, job.cancel_requested, job.error, job.finished_at = "queued", False, None, None
     session.flush()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import gradio as gr
+from sqlalchemy.orm import Session
 
 from app.errors import BadRequest
 from app.job_kinds import KINDS
@@ -53,6 +54,13 @@ def user_choices() -> list[tuple[str, int]]:
         return [(f"{r['name']} (#{r['user_id']})", r["user_id"]) for r in svc.stats(s)]
 
 
+def _user_name(s: Session, user_id: int) -> str:
+    """The user's name for a message (the pickers show names, so "User #3" named someone the
+    admin never saw as such); "user #<id>" only if they are gone."""
+    return next((r["name"] for r in auth.list_users(s) if r["id"] == user_id),
+                f"user #{user_id}")
+
+
 def set_excluded(user_state: dict | None, user_id: int | None, excluded: bool) -> tuple[str, str]:
     try:
         caller(user_state, "admin")
@@ -60,8 +68,9 @@ def set_excluded(user_state: dict | None, user_id: int | None, excluded: bool) -
             raise BadRequest("pick an annotator")
         with session() as s:
             changed = svc.set_excluded(s, int(user_id), bool(excluded))
+            name = _user_name(s, int(user_id))
         verb = "excluded" if excluded else "included again"
-        msg = notice(f"User #{user_id} {verb}; {changed} vote(s) updated.", "ok")
+        msg = notice(f"{name} {verb}; {changed} vote(s) updated.", "ok")
     except Exception as exc:  # noqa: BLE001
         msg = notice(error_text(exc), "error")
     return msg, stats_html(user_state)
@@ -92,16 +101,30 @@ def account_choices(user_state: dict | None) -> list[tuple[str, int]]:
 
 
 def create_account(user_state: dict | None, name: str, role: str) -> str:
+    """Create a user; the message shows their token once."""
+    return _create_account(user_state, name, role)[0]
+
+
+def _create_account(user_state: dict | None, name: str, role: str) -> tuple[str, bool]:
+    """The message and whether the user was created."""
     try:
         caller(user_state, "admin")
         with session() as s:
             user, token = auth.create_user(s, name or "", role or "annotator")
             uid, uname, urole = user.id, user.name, user.role
     except Exception as exc:  # noqa: BLE001
-        return notice(error_text(exc), "error")
+        return notice(error_text(exc), "error"), False
     return (f'<div class="ngs-notice ngs-ok" id="user-created" data-user="{uid}">Created '
             f"{esc(urole)} <b>{esc(uname)}</b> (#{uid}). Their API token, shown once (copy it "
-            f'now): <code id="new-token">{esc(token)}</code></div>')
+            f'now): <code id="new-token">{esc(token)}</code></div>'), True
+
+
+def create_from_form(user_state: dict | None, name: str, role: str) -> tuple[str, Any]:
+    """The Create user button: the message, and the Name field's new value: empty once the
+    user exists, so that a second click does not try the same name again ("already
+    exists"); as typed after an error, to be corrected."""
+    msg, created = _create_account(user_state, name, role)
+    return msg, "" if created else gr.skip()
 
 
 def revoke_account(user_state: dict | None, user_id: int | None) -> str:
@@ -111,10 +134,11 @@ def revoke_account(user_state: dict | None, user_id: int | None) -> str:
             raise BadRequest("pick a user")
         with session() as s:
             n = auth.revoke_user(s, int(user_id), by=admin)
+            name = _user_name(s, int(user_id))
     except Exception as exc:  # noqa: BLE001
         return notice(error_text(exc), "error")
-    return notice(f"User #{user_id} can no longer log in ({n} token(s) revoked; their votes "
-                  "stay).", "ok")
+    return notice(f"{name} can no longer log in ({n} token(s) revoked; their votes stay).",
+                  "ok")
 
 
 def models_html(user_state: dict | None) -> str:
@@ -230,8 +254,12 @@ def build_annotators(user: gr.State, tab: gr.Tab | None = None,
         def after(msg: str, user_state: dict | None):
             return (msg, *on_login(user_state))
 
-        create.click(lambda u, n, r: after(create_account(u, n, r), u),
-                     [user, new_name, new_role], [created, *shown], api_visibility="private")
+        def create_and_refresh(user_state: dict | None, name: str, role: str):
+            msg, name_field = create_from_form(user_state, name, role)
+            return (*after(msg, user_state), name_field)
+
+        create.click(create_and_refresh, [user, new_name, new_role],
+                     [created, *shown, new_name], api_visibility="private")
         revoke.click(lambda u, w: after(revoke_account(u, w), u), [user, revoke_who],
                      [revoked, *shown], api_visibility="private")
     return page

@@ -41,9 +41,20 @@ STALE_PAIR = ("That pair had been replaced before your vote arrived, so nothing 
               "judge the pair now shown.")
 
 
-def new_arena_state() -> dict[str, Any]:
-    return {"session_id": uuid.uuid4().hex, "current": None, "next": None,
+def new_arena_state(user_id: int | None = None) -> dict[str, Any]:
+    """A fresh arena session for `user_id`: a new session id, no votes, no pair yet."""
+    return {"session_id": uuid.uuid4().hex, "user_id": user_id, "current": None, "next": None,
             "session_votes": 0, "my_total": 0, "all_total": 0, "last": None}
+
+
+def arena_for(user_id: int, arena: dict[str, Any] | None) -> dict[str, Any]:
+    """The arena session of `user_id`: the one held if it is theirs, else a fresh one. A
+    logout and a login as someone else in the same tab keep the page's state: without this
+    the next user took over the counter, the pairs fetched for the one before and the
+    session id their votes were stored under."""
+    if arena and arena.get("session_id") and arena.get("user_id") == user_id:
+        return arena
+    return new_arena_state(user_id)
 
 
 def _fetch_pair(user_id: int, exclude: list[int]) -> dict[str, Any] | None:
@@ -85,7 +96,11 @@ def reveal_html(last: dict[str, Any] | None) -> str:
     a, b = last["sources"].get(str(last["a_id"])), last["sources"].get(str(last["b_id"]))
     prompt = last.get("prompt")
     about = f" (&ldquo;{esc(prompt)}&rdquo;)" if prompt else ""
-    return (f'<div class="ngs-reveal" data-vote="{last["vote_id"]}"><b>Previous pair</b>'
+    # Gradio patches the element in place, so a CSS animation that ran once does not run
+    # again for the next vote's reveal: each reveal takes the other of two identical fades
+    # (a changed animation-name restarts the animation) and shows for its few seconds
+    fade = f"ngs-reveal-{last.get('serial', 0) % 2}"
+    return (f'<div class="ngs-reveal {fade}" data-vote="{last["vote_id"]}"><b>Previous pair</b>'
             f'{about}: you chose <b>{esc(Outcome(last["outcome"]).label)}</b>. '
             f'A: {_side_text(a)} &middot; B: {_side_text(b)}</div>')
 
@@ -105,12 +120,18 @@ def _poll(state: dict[str, Any] | None) -> gr.Timer:
 
 def load(user_state: dict | None, arena: dict | None):
     """Show a pair (on login, when the arena tab opens, and while none is on screen, every
-    POLL_SECONDS) and prefetch the next one. Outputs: pair, reveal, counters, state, timer."""
+    POLL_SECONDS) and prefetch the next one. Outputs: pair, reveal, counters, state, timer.
+
+    A logout (no token) ends the arena session: the page is emptied and the state dropped,
+    so the next login, the same user's or another's, starts a fresh one (`arena_for`)."""
+    if not (user_state or {}).get("token"):
+        return "", "", "", None, gr.Timer(active=False)
     try:
         user = caller(user_state)
     except Exception as exc:  # noqa: BLE001 - shown to the user
-        return notice(error_text(exc), "error"), "", "", arena, gr.Timer(active=False)
-    state = arena if arena and arena.get("session_id") else new_arena_state()
+        # a revoked token: nothing of the session stays for whoever logs in next
+        return notice(error_text(exc), "error"), "", "", None, gr.Timer(active=False)
+    state = arena_for(user.id, arena)
     with session() as s:
         state["my_total"] = votes.count_votes(s, user.id)
         state["all_total"] = votes.count_votes(s)
@@ -152,7 +173,9 @@ def vote(outcome: str, meta: str, user_state: dict | None, arena: dict | None):
     except Exception as exc:  # noqa: BLE001 - shown to the user
         yield gr.skip(), notice(error_text(exc), "error"), gr.skip(), arena, gr.skip()
         return
-    state = arena if arena and arena.get("session_id") else new_arena_state()
+    # a session of someone else (a vote racing a login as another user) holds no pair of
+    # this user's: a fresh one, which looks for a pair below instead of recording a vote
+    state = arena_for(user.id, arena)
     cur = state.get("current")
     if cur is None:
         # nothing on screen to judge ("No pairs left"): look again, new rollouts may be in
@@ -195,9 +218,12 @@ def vote(outcome: str, meta: str, user_state: dict | None, arena: dict | None):
         state["session_votes"] += 1
         state["my_total"] += 1
         state["all_total"] += 1
+    previous = state.get("last") or {}
     state["last"] = {"vote_id": vote_id, "outcome": outcome, "a_id": cur["a_id"],
                      "b_id": cur["b_id"], "prompt": cur["prompt"],
-                     "sources": {str(k): v for k, v in sources.items()}}
+                     "sources": {str(k): v for k, v in sources.items()},
+                     # counts the reveals, whose parity picks the fade (reveal_html)
+                     "serial": previous.get("serial", 0) + 1}
     nxt = state.get("next")
     if nxt is None:
         nxt = _fetch_pair(user.id, [])

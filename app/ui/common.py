@@ -299,11 +299,13 @@ def notice(text: str, kind: str = "info") -> str:
 FAVICON = Path(__file__).resolve().parent / "favicon.svg"
 
 CSS = """
-/* Gradio's bundled Source Sans Pro SemiBold (weight 600: every button) holds a handful of
-   glyphs (space, A, B): the "A" of "A is better" and the "B" of "B is better" / "Both bad"
-   came from it, the other letters from a fallback font, so the first letter looked smaller.
-   Buttons take one font for every letter. */
-.gradio-container button { font-family: ui-sans-serif, system-ui, sans-serif !important; }
+/* Gradio's bundled Source Sans Pro SemiBold holds a handful of glyphs (space, A, B), and the
+   theme declares the family at weights 400 and 600 only, so every bold text (600: buttons,
+   headings; 700: b, strong, th) takes that face: its A and B came from it, the other letters
+   from a fallback font, and "A is better", "B is better", "Accounts" looked as if their
+   first letter were smaller. Bold text takes one font for every letter. */
+.gradio-container :is(button, h1, h2, h3, h4, h5, h6, b, strong, th, .ngs-side-label) {
+  font-family: ui-sans-serif, system-ui, sans-serif !important; }
 .ngs-pair { display: flex; gap: 16px; justify-content: center; }
 .ngs-side { flex: 1 1 0; max-width: 520px; text-align: center; }
 .ngs-side img, .ngs-pixel { image-rendering: pixelated; image-rendering: crisp-edges; }
@@ -312,9 +314,16 @@ CSS = """
 .ngs-side-label { font-weight: 700; font-size: 1.1em; margin: 4px 0; }
 .ngs-prompt { font-size: 1.35em; text-align: center; margin: 6px 0 10px; }
 .ngs-counters { text-align: center; color: #52525b; }
-.ngs-reveal { text-align: center; animation: ngs-fade 3.5s forwards; font-size: 0.92em;
+/* a vote's reveal shows for a few seconds, then fades. Gradio patches the reveal in place,
+   and an animation that has run does not run again for new content: reveals alternate
+   between two identical fades (app.ui.arena.reveal_html), and a changed animation-name
+   starts the animation over */
+.ngs-reveal { text-align: center; animation: ngs-fade-0 3.5s forwards; font-size: 0.92em;
   background: #fefce8; border: 1px solid #fde68a; border-radius: 6px; padding: 4px 8px; }
-@keyframes ngs-fade { 0% { opacity: 1; } 70% { opacity: 1; } 100% { opacity: 0;
+.ngs-reveal.ngs-reveal-1 { animation-name: ngs-fade-1; }
+@keyframes ngs-fade-0 { 0% { opacity: 1; } 70% { opacity: 1; } 100% { opacity: 0;
+  visibility: hidden; } }
+@keyframes ngs-fade-1 { 0% { opacity: 1; } 70% { opacity: 1; } 100% { opacity: 0;
   visibility: hidden; } }
 .ngs-kbd { font-family: monospace; border: 1px solid currentColor; border-radius: 3px;
   padding: 0 4px; margin-left: 4px; opacity: 0.8; }
@@ -348,6 +357,10 @@ CSS = """
 .ngs-info { background: #eff6ff; } .ngs-ok { background: #f0fdf4; }
 .ngs-error { background: #fef2f2; color: #991b1b; }
 .ngs-field-error { color: #b91c1c; font-size: 0.85em; }
+/* a form field whose error shows beside it (app.ui.jobs) takes the red border that Gradio
+   gives a number out of its range: the text fields (prompts, reward_weights) had none */
+.ngs-field:has(.ngs-field-error) :is(input, textarea) {
+  border-color: var(--error-border-color) !important; }
 /* the header (title, who is logged in, Log out) on a phone: the row wraps instead of
    squeezing the title until its words break, and Log out stays a small button */
 #ngs-header { flex-wrap: wrap; align-items: center; row-gap: 4px; }

@@ -405,7 +405,8 @@ def build_jobs(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Blocks:
             with gr.Row():
                 preset = gr.Dropdown([DEFAULTS, *presets()], value=DEFAULTS, label="Preset",
                                      elem_id="jobs-preset")
-                with gr.Column(min_width=200):
+                # ngs-field: the field shows its error's red border (common.CSS)
+                with gr.Column(min_width=200, elem_classes=["ngs-field"]):
                     dataset = gr.Dropdown([], value=None, label="Dataset (optional: prompts "
                                           "come from the config otherwise)",
                                           elem_id="jobs-dataset")
@@ -422,7 +423,7 @@ def build_jobs(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Blocks:
                 for start in range(0, len(ds), 4):
                     with gr.Row(equal_height=False):
                         for d in ds[start:start + 4]:
-                            with gr.Column(min_width=200):
+                            with gr.Column(min_width=200, elem_classes=["ngs-field"]):
                                 comps[d["name"]] = field_component(d, start_values[d["name"]])
                                 errs[d["name"]] = gr.HTML(elem_id=f"err-{d['name']}")
 
