@@ -1,5 +1,7 @@
 """Datasets: upload (the API's formats, checks and error messages: `datasets.import_dataset`),
-the counts (prompts, eval split, duplicates dropped), a preview of the first rows, the list."""
+the counts (prompts, eval split, duplicates dropped), a preview of the first rows, the list,
+and Delete (`datasets.delete_dataset`, as DELETE /api/datasets/{id}: refused while an active
+job uses the dataset), which takes a ticked confirmation so that one click deletes nothing."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from app.services import datasets as svc
 from app.ui.common import (
     admin_or_none,
     caller,
+    dataset_options,
     error_text,
     esc,
     notice,
@@ -26,6 +29,7 @@ from app.ui.common import (
 )
 
 PREVIEW_ROWS = 10
+CONFIRM_DELETE = "Yes, delete it and its prompts (cannot be undone)"
 
 
 def dataset_list() -> str:
@@ -114,6 +118,52 @@ def listing_for(user_state: dict | None) -> tuple[str, int | None]:
         return notice(error_text(exc), "error"), None
 
 
+def delete_choices(user_state: dict | None) -> Any:
+    """The Delete picker's choices (every dataset, by id, name and size), for an admin
+    (re-authenticated: a revoked or unknown token is an error, Gradio's toast). Set at the
+    login and after an upload or a deletion, never while the list is open: Gradio 6.31's
+    dropdown throws (and the page stops applying updates) when an open list's choices
+    shrink, as a focus handler's would after a deletion elsewhere. A dataset deleted
+    elsewhere stays listed until then, and Delete says it is not found."""
+    try:
+        admin = admin_or_none(user_state)
+    except Exception as exc:  # noqa: BLE001 - shown to the user
+        raise gr.Error(error_text(exc)) from None
+    if admin is None:
+        return gr.skip()
+    return gr.Dropdown(choices=dataset_options())
+
+
+def delete(user_state: dict | None, dataset_id: float | None, confirmed: bool,
+           previewed: float | None) -> tuple[str, Any, Any, Any, Any, Any]:
+    """Delete the picked dataset and its prompts with the API's service, once `confirmed`
+    (one click must not delete a dataset); an active job using it is the service's Conflict,
+    which names the jobs. `previewed` is the "Preview dataset #" field: the preview of the
+    deleted dataset goes, and the field moves to the newest one left.
+    Outputs: status, preview, list, preview picker, Delete picker, confirmation box."""
+    unchanged = (gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
+    try:
+        caller(user_state, "admin")
+        if not dataset_id:
+            raise BadRequest("pick the dataset to delete")
+        if not confirmed:
+            raise BadRequest(f"tick “{CONFIRM_DELETE}” first, then Delete")
+        with session() as s:
+            ds = svc.get_dataset(s, int(dataset_id))
+            what = f"dataset {ds.id} ({ds.name}) and its {ds.num_prompts} prompt(s)"
+            svc.delete_dataset(s, ds.id)
+    except Exception as exc:  # noqa: BLE001 - the service's message, as the API returns it
+        return (f'<div class="ngs-notice ngs-error" id="dataset-delete-error">'
+                f"{esc(error_text(exc))}</div>", *unchanged)
+    was_previewed = previewed is not None and previewed == int(dataset_id)
+    # the confirmation is for one deletion: the next one is ticked again
+    return (f'<div class="ngs-notice ngs-ok" id="dataset-deleted" data-dataset="{int(dataset_id)}">'
+            f"Deleted {esc(what)}.</div>",
+            "" if was_previewed else gr.skip(), dataset_list(),
+            newest_dataset_id() if was_previewed else gr.skip(),
+            gr.Dropdown(choices=dataset_options(), value=None), False)
+
+
 def build_datasets(user: gr.State) -> gr.Blocks:
     with gr.Blocks() as page:
         gr.Markdown("Upload prompts as `.txt` (one a line), `.csv` or `.parquet` with a "
@@ -138,8 +188,21 @@ def build_datasets(user: gr.State) -> gr.Blocks:
             pick = number(None, label="Preview dataset #", minimum=1, elem_id="dataset-pick")
             show_btn = gr.Button("Preview", elem_id="dataset-show")
         listing = gr.HTML(elem_id="dataset-list")
+        with gr.Row(equal_height=False):
+            doomed = gr.Dropdown([], value=None, label="Dataset to delete", scale=3,
+                                 elem_id="dataset-delete-pick")
+            confirm = gr.Checkbox(False, label=CONFIRM_DELETE, elem_id="dataset-delete-confirm")
+            delete_btn = gr.Button("Delete dataset", variant="stop", elem_id="dataset-delete")
+        delete_status = gr.HTML(elem_id="dataset-delete-status")
         go.click(upload, [user, file, name, eval_fraction, seed], [status, prev, listing],
-                 api_visibility="private")
+                 api_visibility="private").then(delete_choices, user, doomed,
+                                                api_visibility="private")
         show_btn.click(show, [user, pick], prev, api_visibility="private")
         user.change(listing_for, user, [listing, pick], api_visibility="private")
+        user.change(delete_choices, user, doomed, api_visibility="private")
+        # a confirmation is for the dataset it was given for: another pick takes a new one
+        doomed.change(lambda: False, None, confirm, api_visibility="private")
+        delete_btn.click(delete, [user, doomed, confirm, pick],
+                         [delete_status, prev, listing, pick, doomed, confirm],
+                         api_visibility="private")
     return page

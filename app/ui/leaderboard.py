@@ -1,7 +1,8 @@
 """Leaderboard: Bradley-Terry ratings of checkpoints with 95% bootstrap intervals, the win-rate
 matrix, votes per pair, each checkpoint's automatic-reward means beside its rating, and
 "Evaluate these checkpoints" (an evaluate job: the same prompts and seeds from each checkpoint,
-scored with the rewards named, which the arena then serves as cross-checkpoint pairs)."""
+scored with the rewards named, which the arena then serves as cross-checkpoint pairs; every
+problem with the form at once, each beside its field)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import gradio as gr
 
-from app.errors import BadRequest
+from app.errors import BadRequest, Invalid
 from app.job_kinds import KINDS
 from app.services import checkpoints, leaderboard
 from app.services import jobs as jobs_svc
@@ -119,35 +120,112 @@ def dataset_choices() -> list[tuple[str, int]]:
     return [("the shapes world's 48 prompts", 0), *dataset_options()]
 
 
+# The evaluate form's fields: the config field the service's errors name -> the label the form
+# shows (the service names config fields; the user sees labels). Each has an error box
+# `#leaderboard-err-<field>` beside it: the Jobs page's boxes are `#err-<field>`, in the same
+# document, and both forms have a dataset_id.
+EVALUATE_FIELDS: dict[str, str] = {
+    "checkpoint_ids": "Checkpoints", "seeds": "Seeds per prompt", "reward_names": "Rewards",
+    "dataset_id": "Held-out prompts", "split": "Split"}
+SEEDS_LABEL = EVALUATE_FIELDS["seeds"]
+
+
+def launch_evaluate(enqueuer: Enqueuer | None, user_state: dict | None, ids: list[int] | None,
+                    seeds: float | None, rewards: str | None = None,
+                    dataset_id: float | None = None, split: str | None = None
+                    ) -> tuple[int | None, dict[str, list[str]]]:
+    """Launch an evaluate job from the form's values: the job id, or None and every problem
+    at once by config field (the service's `validate_config` finds them, as for
+    POST /api/jobs). `rewards` is a comma-separated list of reward names (empty: the model's
+    defaults); `dataset_id` (0 or None: the shapes world's prompts) and its `split` are the
+    held-out prompts (a FLUX or SD3 checkpoint is evaluated on a dataset's, as the paper on
+    HPDv2's test set). A caller who may not launch raises, as anything not about the form."""
+    user = caller(user_state, KINDS["evaluate"].launch_role)
+    found: dict[str, list[str]] = {}
+    if not ids:
+        found["checkpoint_ids"] = ["pick one checkpoint to score, or two or more to compare"]
+    names = [n.strip() for n in (rewards or "").split(",") if n.strip()]
+    config: dict[str, Any] = {"checkpoint_ids": [int(i) for i in ids or []],
+                              "reward_names": names}
+    try:
+        # the field's own limits: 0 used to become 4 (`seeds or 4`), and -2 an empty list the
+        # service then named ("seeds: ...") though the user typed a count
+        config["seeds"] = list(range(whole_number(seeds, SEEDS_LABEL, 1, max_seeds())))
+    except BadRequest as exc:
+        found["seeds"] = [exc.message.removeprefix(f"{SEEDS_LABEL}: ")]
+    if dataset_id:
+        config.update(dataset_id=int(dataset_id), split=split or "eval")
+    own = set(found)  # the service would repeat these in its own words
+    try:
+        with session() as s:
+            if not found:
+                return jobs_svc.launch_job(s, enqueuer, "evaluate", config, user=user).id, {}
+            # the values the form could read are still checked, so every problem shows at once
+            # (a seed count it could not read leaves the config's default seeds in its place)
+            jobs_svc.validate_config(s, "evaluate", config)
+    except Invalid as exc:
+        for err in exc.details.get("errors") or [{"field": exc.details.get("field") or "config",
+                                                  "message": exc.message}]:
+            if err["field"] not in own:
+                found.setdefault(err["field"], []).append(err["message"])
+    return None, found
+
+
+def launched_html(job_id: int, n_checkpoints: int) -> str:
+    pairs = ("; its images go to the arena as cross-checkpoint pairs" if n_checkpoints > 1
+             else "")
+    return (f'<div class="ngs-notice ngs-ok" id="evaluate-launched" data-job="{job_id}">'
+            f"Evaluate job {job_id} queued for {n_checkpoints} checkpoint(s){pairs}; the reward "
+            "means appear here when it finishes.</div>")
+
+
+def _label(field: str) -> str:
+    return EVALUATE_FIELDS.get(field, field)
+
+
 def evaluate(enqueuer: Enqueuer | None, user_state: dict | None, ids: list[int] | None,
              seeds: float | None, rewards: str | None = None, dataset_id: float | None = None,
              split: str | None = None) -> str:
-    """Launch an evaluate job on the picked checkpoints; `rewards` is a comma-separated list
-    of reward names (empty: the model's defaults); `dataset_id` (0 or None: the shapes
-    world's prompts) and its `split` are the held-out prompts (a FLUX or SD3 checkpoint is
-    evaluated on a dataset's, as the paper on HPDv2's test set)."""
+    """`launch_evaluate` as one notice: the job launched, or every problem after its field's
+    label (`data-field` holds the config field). The page's form shows each problem beside
+    its field instead (`evaluate_form`)."""
     try:
-        user = caller(user_state, KINDS["evaluate"].launch_role)
-        if not ids:
-            raise BadRequest("pick one checkpoint to score, or two or more to compare")
-        # the field's own limits: 0 used to become 4 (`seeds or 4`), and -2 an empty list the
-        # service then named ("seeds: ...") though the user typed a count
-        n_seeds = whole_number(seeds, "Seeds per prompt", 1, max_seeds())
-        names = [n.strip() for n in (rewards or "").split(",") if n.strip()]
-        config: dict[str, Any] = {"checkpoint_ids": [int(i) for i in ids],
-                                  "seeds": list(range(n_seeds)), "reward_names": names}
-        if dataset_id:
-            config.update(dataset_id=int(dataset_id), split=split or "eval")
-        with session() as s:
-            job = jobs_svc.launch_job(s, enqueuer, "evaluate", config, user=user)
-            pairs = ("; its images go to the arena as cross-checkpoint pairs" if len(ids) > 1
-                     else "")
-            return (f'<div class="ngs-notice ngs-ok" id="evaluate-launched" '
-                    f'data-job="{job.id}">Evaluate job {job.id} queued for '
-                    f"{len(ids)} checkpoint(s){pairs}; the reward means appear here when it "
-                    "finishes.</div>")
+        job_id, found = launch_evaluate(enqueuer, user_state, ids, seeds, rewards, dataset_id,
+                                        split)
     except Exception as exc:  # noqa: BLE001
         return notice(error_text(exc), "error")
+    if job_id is not None:
+        return launched_html(job_id, len(ids or []))
+    problems = "; ".join(f'<span data-field="{esc(f)}">{esc(_label(f))}</span>: {esc(m)}'
+                         for f, messages in found.items() for m in messages)
+    return f'<div class="ngs-notice ngs-error">{problems}</div>'
+
+
+def _field_error(messages: list[str] | None) -> str:
+    return (f'<div class="ngs-field-error">{"<br>".join(esc(m) for m in messages)}</div>'
+            if messages else "")
+
+
+def evaluate_form(enqueuer: Enqueuer | None, user_state: dict | None, ids: list[int] | None,
+                  seeds: float | None, rewards: str | None = None,
+                  dataset_id: float | None = None, split: str | None = None) -> list[str]:
+    """What "Evaluate these checkpoints" shows: the status line, then one error box per
+    EVALUATE_FIELDS entry, in its order. Every problem shows at once beside its field, and
+    the status line names the fields by their labels; a problem with a field the form does
+    not have (a checkpoint's model, say) is spelled out in the status line."""
+    blank = ["" for _ in EVALUATE_FIELDS]
+    try:
+        job_id, found = launch_evaluate(enqueuer, user_state, ids, seeds, rewards, dataset_id,
+                                        split)
+    except Exception as exc:  # noqa: BLE001
+        return [notice(error_text(exc), "error"), *blank]
+    if job_id is not None:
+        return [launched_html(job_id, len(ids or [])), *blank]
+    boxed = [_label(f) for f in EVALUATE_FIELDS if f in found]
+    others = [f"{f}: {m}" for f, messages in found.items() if f not in EVALUATE_FIELDS
+              for m in messages]
+    head = f"{len(found)} field(s) need fixing: {', '.join([*boxed, *others])}"
+    return [notice(head, "error"), *[_field_error(found.get(f)) for f in EVALUATE_FIELDS]]
 
 
 def on_login(user_state: dict | None, bootstrap: float | None) -> tuple[Any, Any]:
@@ -170,19 +248,35 @@ def build_leaderboard(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Bl
             refresh = gr.Button("Refresh", elem_id="leaderboard-refresh")
         board = gr.HTML(elem_id="leaderboard-box")
         gr.Markdown("### Evaluate these checkpoints")
-        with gr.Row():
-            pick = gr.CheckboxGroup([], label="Checkpoints", elem_id="leaderboard-ckpts",
-                                    scale=3)
-            # no precision: 1.5 gets evaluate()'s field error instead of becoming 2
-            seeds = gr.Number(4, label="Seeds per prompt", elem_id="leaderboard-seeds")
-            rewards = gr.Textbox("", label="Rewards", elem_id="leaderboard-rewards",
-                                 placeholder="e.g. hpsv2,pickscore (empty: the model's)")
-        with gr.Row():
-            prompt_set = gr.Dropdown([("the shapes world's 48 prompts", 0)], value=0,
-                                     label="Held-out prompts", elem_id="leaderboard-dataset",
-                                     scale=3)
-            split = gr.Radio(["eval", "train", "all"], value="eval", label="Split",
-                             elem_id="leaderboard-split")
+        errors: dict[str, Any] = {}  # each field's error box, beside it
+
+        def error_box(field: str) -> None:
+            errors[field] = gr.HTML(elem_id=f"leaderboard-err-{field}")
+
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=3):
+                pick = gr.CheckboxGroup([], label=EVALUATE_FIELDS["checkpoint_ids"],
+                                        elem_id="leaderboard-ckpts")
+                error_box("checkpoint_ids")
+            with gr.Column():
+                # no precision: 1.5 gets the field's error instead of becoming 2
+                seeds = gr.Number(4, label=SEEDS_LABEL, elem_id="leaderboard-seeds")
+                error_box("seeds")
+            with gr.Column():
+                rewards = gr.Textbox("", label=EVALUATE_FIELDS["reward_names"],
+                                     elem_id="leaderboard-rewards",
+                                     placeholder="e.g. hpsv2,pickscore (empty: the model's)")
+                error_box("reward_names")
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=3):
+                prompt_set = gr.Dropdown([("the shapes world's 48 prompts", 0)], value=0,
+                                         label=EVALUATE_FIELDS["dataset_id"],
+                                         elem_id="leaderboard-dataset")
+                error_box("dataset_id")
+            with gr.Column():
+                split = gr.Radio(["eval", "train", "all"], value="eval",
+                                 label=EVALUATE_FIELDS["split"], elem_id="leaderboard-split")
+                error_box("split")
             go = gr.Button("Evaluate these checkpoints", variant="primary",
                            elem_id="leaderboard-evaluate")
         status = gr.HTML(elem_id="leaderboard-status")
@@ -191,7 +285,7 @@ def build_leaderboard(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Bl
                     api_visibility="private")
         refresh.click(on_login, [user, bootstrap], [board, pick, prompt_set],
                       api_visibility="private")
-        go.click(lambda u, i, n, r, d, sp: evaluate(enqueuer, u, i, n, r, d, sp),
-                 [user, pick, seeds, rewards, prompt_set, split], status,
-                 api_visibility="private")
+        go.click(lambda u, i, n, r, d, sp: evaluate_form(enqueuer, u, i, n, r, d, sp),
+                 [user, pick, seeds, rewards, prompt_set, split],
+                 [status, *[errors[f] for f in EVALUATE_FIELDS]], api_visibility="private")
     return page

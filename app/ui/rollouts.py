@@ -1,4 +1,5 @@
-"""Rollouts: pick a job and iteration, or a prompt; each group is one row of its G images,
+"""Rollouts: filter by job, iteration and prompt (all of them at once, as GET /api/rollouts
+does; "(all jobs)" lifts the job filter); each group is one row of its G images,
 sorted by reward, with the reward and advantage under each and the anchors outlined; a click
 on an image opens its details (seed, member index, sigma, solver, checkpoint). Large images
 (a real model's) show as their stored thumbnails, with a link to the full image."""
@@ -28,6 +29,9 @@ from app.ui.common import (
 )
 
 PAGE_SIZE = 20
+# the Job picker's "no job filter" choice; no job has id 0 (ids start at 1)
+ALL_JOBS = 0
+ALL_JOBS_CHOICE = ("(all jobs)", ALL_JOBS)
 
 
 def total_reward(rewards: dict[str, Any]) -> float:
@@ -75,9 +79,11 @@ def groups_html(groups: list[Any], session_: Any) -> str:
 
 
 def job_choices() -> list[tuple[str, int]]:
+    """The Job picker's choices: "(all jobs)" first, then the newest jobs. The picker takes
+    no typed value, so clearing its box put the job back: "(all jobs)" is how to lift it."""
     with session() as s:
         rows, _ = jobs_svc.list_jobs(s, limit=200)
-        return [(f"#{j.id} {j.kind} ({j.status})", j.id) for j in rows]
+        return [ALL_JOBS_CHOICE, *[(f"#{j.id} {j.kind} ({j.status})", j.id) for j in rows]]
 
 
 def refresh_jobs(user_state: dict | None) -> Any:
@@ -114,17 +120,26 @@ def show(user_state: dict | None, job_id: int | None, iteration: str | None,
         return notice(error_text(exc), "error")
     where = (f"page {pages} of {pages} (page {page_no} is past the end)" if past
              else f"page {page_no} of {pages}")
+    # the filters combine: say which ones the count is under, so that "0 group(s)" for a
+    # prompt reads as "not in this job" rather than "never sampled"
+    filters = [f"job {query['job_id']}" if query["job_id"] is not None else "",
+               f"iteration {query['iteration']}" if query["iteration"] is not None else "",
+               f"prompt “{query['prompt']}”" if query["prompt"] else ""]
+    under = ", ".join(f for f in filters if f)
     return (f'<div id="rollouts-count" data-total="{total}" data-page="{min(page_no, pages)}">'
-            f"{total} group(s); {where}</div>{body}")
+            f"{total} group(s){esc(f' of {under}' if under else '')}; {where}</div>{body}")
 
 
 def build_rollouts(user: gr.State) -> gr.Blocks:
     with gr.Blocks() as page:
         with gr.Row():
-            job = gr.Dropdown(label="Job", choices=[], value=None, allow_custom_value=False,
-                              elem_id="rollouts-job")
+            job = gr.Dropdown(label="Job", choices=[ALL_JOBS_CHOICE], value=ALL_JOBS,
+                              allow_custom_value=False, elem_id="rollouts-job")
             iteration = gr.Textbox(label="Iteration (empty: all)", elem_id="rollouts-iteration")
-            prompt = gr.Textbox(label="or a prompt (exact text)", elem_id="rollouts-prompt")
+            # the filters combine (a group must match all of them, as in GET /api/rollouts): a
+            # prompt within one job is how it changed over training; "(all jobs)" for every job
+            prompt = gr.Textbox(label="Prompt (exact text; empty: all; combines with Job and "
+                                "Iteration)", elem_id="rollouts-prompt")
             # its minimum guides the browser only: Gradio's own check of it answered 0 with a
             # toast naming no field and left the old results on screen; `show` says what
             # Page allows, as it does for 2.5 (common.number)
