@@ -481,3 +481,11 @@ def page_head(vote_keys: Mapping[str, str], stream_pause_ms: int) -> str:
     return (HEAD.replace("__VOTE_KEYS__", json.dumps(keys))
             .replace("__STREAM_PAUSE_MS__", str(int(stream_pause_ms))))
 
+
+
+def field_error(messages: str | list[str] | None) -> str:
+    """The error box under a form field: its problems, one a line (empty: none)."""
+    if not messages:
+        return ""
+    lines = [messages] if isinstance(messages, str) else messages
+    return f'<div class="ngs-field-error">{"<br>".join(esc(m) for m in lines)}</div>'

@@ -25,6 +25,7 @@ from app.ui.common import (
     dataset_options,
     error_text,
     esc,
+    field_error,
     fmt,
     line_plot,
     notice,
@@ -182,16 +183,12 @@ def parse_form(values: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
     return config, errors
 
 
-def _field_error(msg: str | None) -> str:
-    return f'<div class="ngs-field-error">{esc(msg)}</div>' if msg else ""
-
-
 def _error_outputs(names: list[str], found: dict[str, list[str]]) -> list[Any]:
     """The status line and one error box per field (in `names` order)."""
     shown = {n: "; ".join(found[n]) for n in names if n in found}
     others = [f"{f}: {'; '.join(m)}" for f, m in found.items() if f not in shown]
     head = f"{len(found)} field(s) need fixing" + (f" ({'; '.join(others)})" if others else "")
-    return [notice(head, "error"), *[_field_error(shown.get(n)) for n in names]]
+    return [notice(head, "error"), *[field_error(shown.get(n)) for n in names]]
 
 
 def launch(enqueuer: Enqueuer | None, user_state: dict | None, dataset_id: int | None,
@@ -398,7 +395,8 @@ def on_login(user_state: dict | None) -> tuple[Any, Any, Any]:
     return gr.Timer(active=True), job_choices(user_state), dataset_choices(user_state)
 
 
-def build_jobs(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Blocks:
+def build_jobs(user: gr.State, tab: gr.Tab | None = None,
+               enqueuer: Enqueuer | None = None) -> gr.Blocks:
     fields = describe()
     with gr.Blocks() as page:
         with gr.Accordion("Launch a training job", open=True, elem_id="jobs-launch"):
@@ -462,7 +460,12 @@ def build_jobs(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Blocks:
                       api_visibility="private")
         comps["model"].change(rewards_for_model, [comps["model"], comps["reward_weights"]],
                               comps["reward_weights"], api_visibility="private")
-        dataset.focus(dataset_choices, user, dataset, api_visibility="private")
+        # the dataset list is re-read when the tab is shown (datasets come and go on the
+        # Datasets page), not when the picker opens: Gradio's dropdown throws when its list
+        # shrinks while it is open, and the page then stops applying updates
+        if tab is not None:
+            tab.select(dataset_choices, user, dataset, show_progress="hidden",
+                       api_visibility="private")
 
         boxes = [DATASET_FIELD, *[d["name"] for d in fields]]  # launch's error boxes
 

@@ -22,6 +22,7 @@ from app.ui.common import (
     dataset_options,
     error_text,
     esc,
+    field_error,
     fmt,
     notice,
     session,
@@ -201,11 +202,6 @@ def evaluate(enqueuer: Enqueuer | None, user_state: dict | None, ids: list[int] 
     return f'<div class="ngs-notice ngs-error">{problems}</div>'
 
 
-def _field_error(messages: list[str] | None) -> str:
-    return (f'<div class="ngs-field-error">{"<br>".join(esc(m) for m in messages)}</div>'
-            if messages else "")
-
-
 def evaluate_form(enqueuer: Enqueuer | None, user_state: dict | None, ids: list[int] | None,
                   seeds: float | None, rewards: str | None = None,
                   dataset_id: float | None = None, split: str | None = None) -> list[str]:
@@ -225,7 +221,7 @@ def evaluate_form(enqueuer: Enqueuer | None, user_state: dict | None, ids: list[
     others = [f"{f}: {m}" for f, messages in found.items() if f not in EVALUATE_FIELDS
               for m in messages]
     head = f"{len(found)} field(s) need fixing: {', '.join([*boxed, *others])}"
-    return [notice(head, "error"), *[_field_error(found.get(f)) for f in EVALUATE_FIELDS]]
+    return [notice(head, "error"), *[field_error(found.get(f)) for f in EVALUATE_FIELDS]]
 
 
 def on_login(user_state: dict | None, bootstrap: float | None) -> tuple[Any, Any]:
@@ -241,7 +237,19 @@ def on_login(user_state: dict | None, bootstrap: float | None) -> tuple[Any, Any
             gr.Dropdown(choices=dataset_choices(), value=0))
 
 
-def build_leaderboard(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Blocks:
+def picker_choices(user_state: dict | None) -> tuple[Any, Any]:
+    """The checkpoint and prompt-set pickers' choices, re-read when the tab is shown
+    (checkpoints and datasets come and go elsewhere); what is picked stays picked."""
+    try:
+        if admin_or_none(user_state) is None:
+            return gr.skip(), gr.skip()
+    except Exception:  # noqa: BLE001 - a revoked token: on_login says so on the next login
+        return gr.skip(), gr.skip()
+    return gr.CheckboxGroup(choices=checkpoint_choices()), gr.Dropdown(choices=dataset_choices())
+
+
+def build_leaderboard(user: gr.State, tab: gr.Tab | None = None,
+                      enqueuer: Enqueuer | None = None) -> gr.Blocks:
     with gr.Blocks() as page:
         with gr.Row():
             bootstrap = gr.Slider(0, 1000, value=200, step=50, label="Bootstrap resamples")
@@ -285,6 +293,9 @@ def build_leaderboard(user: gr.State, enqueuer: Enqueuer | None = None) -> gr.Bl
                     api_visibility="private")
         refresh.click(on_login, [user, bootstrap], [board, pick, prompt_set],
                       api_visibility="private")
+        if tab is not None:
+            tab.select(picker_choices, user, [pick, prompt_set], show_progress="hidden",
+                       api_visibility="private")
         go.click(lambda u, i, n, r, d, sp: evaluate_form(enqueuer, u, i, n, r, d, sp),
                  [user, pick, seeds, rewards, prompt_set, split],
                  [status, *[errors[f] for f in EVALUATE_FIELDS]], api_visibility="private")
