@@ -2,7 +2,7 @@
 arena session, each vote's reveal takes the other of two fades (so that its animation runs
 again), bold text and errored form fields have their CSS, and the Annotators page names users
 and empties the Name field after creating one. The browser side is
-tests/e2e/test_ui_fixes_arena.py."""
+tests/e2e/test_ui_reveal_sessions_fonts.py."""
 
 from __future__ import annotations
 
