@@ -70,6 +70,15 @@ def admin_or_none(user_state: dict | None) -> User | None:
     return user if user.role == "admin" else None
 
 
+def admin_or_toast(user_state: dict | None) -> User | None:
+    """`admin_or_none` for a picker's refresh, whose outputs have no place for a message: a
+    revoked or unknown token is Gradio's error toast."""
+    try:
+        return admin_or_none(user_state)
+    except Exception as exc:  # noqa: BLE001 - shown to the user
+        raise gr.Error(error_text(exc)) from None
+
+
 def error_text(exc: Exception) -> str:
     """What the page shows for an exception. A `ServiceError` (the services' typed errors, and
     `BadRequest` for a user's mistake caught in a handler) is the user's to fix: its message

@@ -16,6 +16,7 @@ from app.limits import MAX_ID
 from app.services import datasets as svc
 from app.ui.common import (
     admin_or_none,
+    admin_or_toast,
     caller,
     dataset_options,
     error_text,
@@ -125,11 +126,7 @@ def delete_choices(user_state: dict | None) -> Any:
     dropdown throws (and the page stops applying updates) when an open list's choices
     shrink, as a focus handler's would after a deletion elsewhere. A dataset deleted
     elsewhere stays listed until then, and Delete says it is not found."""
-    try:
-        admin = admin_or_none(user_state)
-    except Exception as exc:  # noqa: BLE001 - shown to the user
-        raise gr.Error(error_text(exc)) from None
-    if admin is None:
+    if admin_or_toast(user_state) is None:
         return gr.skip()
     return gr.Dropdown(choices=dataset_options())
 

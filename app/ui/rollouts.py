@@ -15,7 +15,7 @@ from app.limits import MAX_ID
 from app.services import jobs as jobs_svc
 from app.services import rollouts
 from app.ui.common import (
-    admin_or_none,
+    admin_or_toast,
     caller,
     error_text,
     esc,
@@ -89,11 +89,7 @@ def job_choices() -> list[tuple[str, int]]:
 def refresh_jobs(user_state: dict | None) -> Any:
     """The Job picker's choices, for an admin (re-authenticated, never the role the session
     state claims); a revoked or unknown token is an error (Gradio's toast)."""
-    try:
-        admin = admin_or_none(user_state)
-    except Exception as exc:  # noqa: BLE001 - shown to the user
-        raise gr.Error(error_text(exc)) from None
-    if admin is None:
+    if admin_or_toast(user_state) is None:
         return gr.skip()
     return gr.Dropdown(choices=job_choices())
 
