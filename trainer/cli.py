@@ -81,7 +81,7 @@ DEVICE_CHOICES = "auto, cpu, cuda or cuda:N (N a GPU index)"
 
 
 def device_name(text: str) -> str:
-    """--device spelled as resolve_device takes it; whether CUDA is there is `_device`'s to
+    """--device spelled as resolve_device takes it; whether CUDA is there is `available_device`'s to
     check (torch would reject any other name only when the model loads, listing its own
     device types, none of which the trainer runs on)."""
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", text):
@@ -89,7 +89,7 @@ def device_name(text: str) -> str:
     return text
 
 
-def _device(name: str, field_name: str = "device") -> torch.device:
+def available_device(name: str, field_name: str = "device") -> torch.device:
     """The device `name` (auto, cpu, cuda, cuda:N) resolves to, or a ConfigError naming
     `field_name` when it is not on this machine: resolve_device's RuntimeError for a missing
     CUDA is the user's to fix, not a bug to trace back; a cuda:N it lets through would fail
@@ -167,7 +167,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if uses_model_directory(run_config.model) and (
             problem := model_dir_problem(run_config.model, run_config.model_path)) is not None:
         raise ConfigError("model_path", problem)
-    _device(run_config.device)  # the Trainer resolves it again, once the model is loading
+    available_device(run_config.device)  # the Trainer resolves it again, once the model is loading
     run = RunDirectory(_out_path(args.out, directory=True), config, resume=args.resume)
     run.train(progress=not args.no_progress)
     print(f"metrics:      {run.metrics_path}")
@@ -251,7 +251,7 @@ def cmd_fit_preference(args: argparse.Namespace) -> int:
     from trainer.rewards.preference import PreferenceModel, fit_preference_model
 
     overrides = _parse_overrides(args.set)
-    overrides["device"] = str(_device(args.device))
+    overrides["device"] = str(available_device(args.device))
     config = fit_config_from(overrides)  # every bad field named before any image loads
     out = _out_path(args.out, directory=False)
     votes = Path(args.votes)
@@ -383,7 +383,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     if args.batch_size is not None and args.batch_size < 1:  # before the model loads
         raise ConfigError("batch-size", "must be >= 1")
     out = _out_path(args.out, directory=True)  # before minutes of sampling, not after
-    device = _device(args.device)
+    device = available_device(args.device)
     model = _load_any_model(args, device)  # sets args.model to the model loaded
     batch_size = sampling_batch_size(args, args.model)
     pairs = [(p, s) for p in prompts for s in range(args.seeds)]
@@ -426,7 +426,7 @@ def _reward_list(args: argparse.Namespace) -> list[str]:
         if not sep or not name or not path:
             raise ConfigError("reward-model-path", f"must look like NAME=DIR, got {pair!r}")
         paths[name] = path
-    configure_reward_models(paths, _device(args.device))
+    configure_reward_models(paths, available_device(args.device))
     check_reward_models(names, paths)  # RewardWeightsMissing names the reward and the files
     # loaded now, not after all the sampling: a file that is there but does not load (empty,
     # truncated) is one line naming the reward and its directory before any work
@@ -458,7 +458,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     out = _out_path(args.out, directory=False) if args.out else None
     spec = _model_spec(args)  # headers only: which model, for the default rewards
     batch_size = sampling_batch_size(args, spec.name)
-    device = _device(args.device)
+    device = available_device(args.device)
     rewards = _reward_list(args)  # before the model loads: a bad name costs nothing
     prompts = _prompt_list(args.prompts_file)
     model = load_flow_model(spec, device=device)
@@ -498,7 +498,7 @@ def cmd_train_base(args: argparse.Namespace) -> int:
     if model_config.width % multiple:
         raise ConfigError("width", f"must be a multiple of {multiple}, got {model_config.width}")
     out = _out_path(args.out, directory=True)
-    path = train_base(out, config, model_config, device=str(_device(args.device)))
+    path = train_base(out, config, model_config, device=str(available_device(args.device)))
     print(f"base checkpoint: {path}")
     return 0
 

@@ -50,7 +50,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from trainer.cli import _device, device_name, positive_int
+from trainer.cli import available_device, device_name, positive_int
 from trainer.rewards import get_reward, reward_names
 from trainer.rewards.remote import LOCAL_REWARDS, decode_images, decode_score_request
 
@@ -447,7 +447,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         # a device this machine lacks is one line, as the trainer's CLI says it, before any
         # reward model loads
-        _device(args.device, "--device")
+        available_device(args.device, "--device")
         app = create_app([n.strip() for n in args.rewards.split(",") if n.strip()],
                          device=args.device, reward_model_paths=args.reward_model_paths,
                          max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)
