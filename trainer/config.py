@@ -54,6 +54,11 @@ MAX_TEXT = 4096
 # scales the advantages; far beyond this the weighted sum overflows to inf and the run fails
 # with "rewards contain NaN or inf" after its first rollouts
 MAX_REWARD_WEIGHT = 1e6
+# Rollouts an iteration holds at once (prompts_per_iteration x group_size): every member's
+# latents, decoded image and reward live until the update, so each field's own maximum
+# (1,024 x 256) would ask a worker for a quarter of a million images an iteration. 8,192 is
+# several times Flow-GRPO's largest per-iteration batch (48 groups of 24 on 32 GPUs).
+MAX_ROLLOUTS_PER_ITERATION = 8192
 
 # "preference" is blended in at run time from a fitted model (Trainer.set_preference_model)
 RUN_TIME_REWARDS = ("preference",)
@@ -423,6 +428,13 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
         if not bad & {"num_anchors", "group_size"} and self.num_anchors > self.group_size:
             out.append(ConfigError("num_anchors", f"must be <= group_size ({self.group_size}), "
                                                   f"got {self.num_anchors}"))
+        if (not bad & {"prompts_per_iteration", "group_size"}
+                and self.prompts_per_iteration * self.group_size > MAX_ROLLOUTS_PER_ITERATION):
+            out.append(ConfigError("group_size", f"prompts_per_iteration x group_size "
+                                   f"({self.prompts_per_iteration} x {self.group_size} = "
+                                   f"{self.prompts_per_iteration * self.group_size}) must be "
+                                   f"at most {MAX_ROLLOUTS_PER_ITERATION} rollouts an "
+                                   "iteration"))
         if (not bad & {"num_train_timesteps", "rollout_steps"}
                 and self.num_train_timesteps > self.rollout_steps):
             out.append(ConfigError("num_train_timesteps", f"must be <= rollout_steps "

@@ -28,18 +28,25 @@ def job_out(job: Job, cls: type[JobOut] = JobOut, waiting: dict[int, str] | None
     return out
 
 
+# the request's own fields beside its config, which validate_config checks with it
+REQUEST_FIELDS = ("preset", "dataset_id")
+
+
 def config_problems_beside(token: str | None, body: Any) -> list[tuple[str, str]]:
     """The config's own problems in a POST /api/jobs whose envelope failed validation (an
     unknown top-level field, a bad preset type), so that its 422 lists every problem at once
     instead of the envelope's first. Only for a caller who may launch the kind (the config's
-    checks look at datasets and files), and only when kind and config are usable."""
+    checks look at datasets and files), and only when the kind is usable; when the config is
+    not an object (the envelope's problem), only the request's other fields (preset,
+    dataset_id) are checked."""
     from app.api.deps import authenticated
     from app.errors import Invalid
     from app.limits import MAX_ID
 
-    if not isinstance(body, dict) or body.get("kind") not in KINDS \
-            or not isinstance(body.get("config", {}), dict):
+    if not isinstance(body, dict) or body.get("kind") not in KINDS:
         return []
+    config = body.get("config", {})
+    config_usable = isinstance(config, dict)
     kind = body["kind"]
     user = authenticated(token)
     if user is None or user.role not in svc.launch_roles(kind):
@@ -51,10 +58,11 @@ def config_problems_beside(token: str | None, body: Any) -> list[tuple[str, str]
         dataset_id = None  # the envelope's problem, already reported
     try:
         with db.new_session() as session:
-            svc.validate_config(session, kind, body.get("config") or {}, preset,
+            svc.validate_config(session, kind, config if config_usable else {}, preset,
                                 dataset_id=dataset_id)
     except Invalid as exc:
-        return [(e["field"], e["message"]) for e in exc.details.get("errors", [])]
+        return [(e["field"], e["message"]) for e in exc.details.get("errors", [])
+                if config_usable or e["field"] in REQUEST_FIELDS]
     return []
 
 

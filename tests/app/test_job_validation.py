@@ -602,3 +602,16 @@ def test_sampling_configs_take_numbers_as_train_configs_do(client, admin, sessio
     assert _job_count(session) == before
     # floats take whole numbers, as JSON writes them
     assert _post(client, admin, "rollout", {"dataset_id": ds, "sigma": 1}).status_code == 201
+
+
+@pytest.mark.parametrize("config", [None, [1, 2], "tiny"])
+def test_a_config_that_is_not_an_object_is_reported_with_the_bad_preset(client, admin, session,
+                                                                         config):
+    """The envelope's problem (config not an object) does not hide the request's other one."""
+    r = client.post("/api/jobs", json={"kind": "train", "config": config, "preset": "nope"},
+                    headers=admin)
+    assert r.status_code == 422, r.text
+    fields = _fields(r)
+    assert "config" in fields and "preset" in fields, r.json()
+    assert "unknown preset 'nope'" in r.text
+    assert _job_count(session) == 0

@@ -35,6 +35,8 @@ def test_create_train_job_validates_and_enqueues_after_commit(client, admin, enq
     ({"lerning_rate": 1e-5}, "lerning_rate"),
     ({"method": "ppo"}, "method"),
     ({"num_anchors": 50}, "num_anchors"),
+    # each within its own range, together a quarter of a million rollouts an iteration
+    ({"prompts_per_iteration": 1024, "group_size": 256}, "group_size"),
 ])
 def test_bad_train_config_is_422_naming_field(client, admin, enqueuer, session, config, field):
     from sqlalchemy import func, select
