@@ -73,8 +73,9 @@ class Settings(BaseSettings):
         "JOB_MAX_ATTEMPTS runs) and another worker may claim it. Also the least time an "
         "unseen worker still counts as live.")
     job_max_attempts: int = Field(
-        3, description="JOB_MAX_ATTEMPTS: runs of one job (the first plus resumes after lost "
-        "workers) before the reaper marks it failed.")
+        3, description="JOB_MAX_ATTEMPTS: runs of one job that may lose their worker (the "
+        "reaper requeues the job after each) before the reaper marks it failed. A worker's "
+        "own shutdown (SIGTERM) does not count, and a resume starts the count again.")
     reaper_interval_seconds: float = Field(
         30.0, description="REAPER_INTERVAL_SECONDS: how often each worker looks for stale jobs "
         "and reports itself live; a worker unseen for three intervals (and JOB_STALE_SECONDS) "

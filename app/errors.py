@@ -34,6 +34,12 @@ class Invalid(ServiceError):
     status_code = 422
 
 
+class Unavailable(ServiceError):
+    """A service the request needs is down (the job queue's broker): try again later."""
+
+    status_code = 503
+
+
 class Unauthorized(ServiceError):
     status_code = 401
 

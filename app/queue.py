@@ -85,4 +85,15 @@ def enqueue(job_id: int, kind: str, countdown: float = 0) -> None:
     `countdown` seconds."""
     job_kind = KINDS[kind]
     delay = {"countdown": countdown} if countdown else {}
-    client().send_task(job_kind.task, args=[job_id], queue=job_kind.queue, **delay)
+    # ignore_result: the job's state lives in its row, and nobody reads Celery's result; with
+    # a Redis result backend, asking for one also subscribes the sender to it, which retries
+    # an unreachable Redis for another 20 s before the send can fail
+    client().send_task(job_kind.task, args=[job_id], queue=job_kind.queue,
+                       retry_policy=PUBLISH_RETRY, ignore_result=True, **delay)
+
+
+# how long a send waits for an unreachable broker before it gives up: a few tries over about
+# two seconds, where Celery's default (three tries over up to a minute) held a job submission
+# for 25 s before it answered
+PUBLISH_RETRY = {"max_retries": 3, "interval_start": 0, "interval_step": 0.5,
+                 "interval_max": 1}

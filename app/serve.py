@@ -24,6 +24,7 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
+from app.errors import Unavailable
 from app.services.jobs import SHAPES_DATASET, Enqueuer
 
 log = logging.getLogger(__name__)
@@ -69,9 +70,14 @@ def bootstrap(demo_job: bool = True, enqueuer: Enqueuer | None = None) -> Bootst
         if demo_job and not s.scalar(select(func.count()).select_from(Job)):
             if enqueuer is None:
                 from app.queue import enqueue as enqueuer
-            arena_id = jobs.launch_job(s, enqueuer, "rollout",
-                                       {"dataset_id": ds_id, **DEMO_ARENA_ROLLOUT}).id
-            job_id = jobs.launch_job(s, enqueuer, "train", preset="shapes-quick-demo").id
+            try:
+                arena_id = jobs.launch_job(s, enqueuer, "rollout",
+                                           {"dataset_id": ds_id, **DEMO_ARENA_ROLLOUT}).id
+                job_id = jobs.launch_job(s, enqueuer, "train", preset="shapes-quick-demo").id
+            except Unavailable as exc:
+                # the server still starts (the UI, the API); the next start, with no jobs yet,
+                # queues them again
+                log.warning("the demo jobs were not queued: %s", exc.message)
     return Bootstrap(ds_id, token, job_id, arena_id)
 
 

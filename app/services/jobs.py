@@ -40,7 +40,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from app.config import get_settings
-from app.errors import Conflict, Invalid, NotFound
+from app.errors import Conflict, Invalid, NotFound, Unavailable
 from app.job_kinds import KIND_NAMES, KINDS
 from app.limits import MAX_CONFIG_PROMPTS, MAX_ID, NAME_LENGTH
 from app.models import ROLES, Checkpoint, Dataset, Job, JobMetric, User, utcnow
@@ -476,6 +476,26 @@ def _drawable_problem(model: Any, texts: list[str], source: str = "") -> str | N
     return f"{source}: {problem}" if source else problem
 
 
+def _check_votes_to_fit(session: Session, config: dict[str, Any], problems: Problems) -> None:
+    """A fit_preference job needs the votes its fit would refuse to start without (the
+    worker's check, worker.preference.fit_and_record): at least MIN_FIT_VOTES clean ones (a,
+    b or tie, not excluded) and the config's min_votes."""
+    from app.models import Vote
+    from trainer.rewards.fit_config import MIN_FIT_VOTES
+    from trainer.rewards.outcomes import LABELLED_OUTCOMES
+
+    min_votes = config.get("min_votes")
+    if "min_votes" in {f for f, _ in problems} or not isinstance(min_votes, int):
+        return
+    needed = max(min_votes, MIN_FIT_VOTES)
+    clean = session.scalar(select(func.count()).select_from(Vote).where(
+        Vote.excluded.is_(False), Vote.outcome.in_(LABELLED_OUTCOMES))) or 0
+    if clean < needed:
+        problems.append(("min_votes", f"the studio has {clean} clean vote(s) (a, b or tie, not "
+                                      f"excluded); a fit needs at least {needed}: vote in the "
+                                      "arena first"))
+
+
 def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
                     preset: str | None = None, *, dataset_id: int | None = None
                     ) -> dict[str, Any]:
@@ -518,6 +538,8 @@ def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
         top += _training_dataset_problems(session, dataset_id, out, problems)
     _check_model(session, kind, out, problems)
     _check_paths_and_names(session, kind, out, problems)
+    if kind == "fit_preference":
+        _check_votes_to_fit(session, out, problems)
     if top or problems:
         everything = top + problems
         errors = [{"field": f, "message": m} for f, m in everything]
@@ -544,8 +566,9 @@ def create_job(session: Session, kind: str, config: dict[str, Any] | None = None
 
 
 def enqueue(enqueuer: Enqueuer | None, job: Job) -> None:
-    """Call the enqueuer after commit; a broker failure (or no enqueuer) leaves the job queued
-    and is logged: a worker's reaper or a resume sends it later."""
+    """Call the enqueuer after commit, for the senders no person waits on (the demo's start,
+    a rollout sent to the arena): a broker failure (or no enqueuer) leaves the job queued and
+    is logged; a resume (`relaunch_job`) sends a queued job's message again."""
     if enqueuer is None:
         log.warning("job %s left queued: this application has no enqueuer", job.id)
         return
@@ -576,8 +599,29 @@ def launch_job(session: Session, enqueuer: Enqueuer | None, kind: str,
         auth.require_role(user, *launch_roles(kind))
     job = create_job(session, kind, config, preset=preset, dataset_id=dataset_id, user=user)
     session.commit()
-    enqueue(enqueuer, job)
+    try:
+        _send(enqueuer, job)
+    except Unavailable:
+        # no message, so no worker will ever take it: the job goes, and the caller hears it
+        session.delete(job)
+        session.commit()
+        raise
     return job
+
+
+def _send(enqueuer: Enqueuer | None, job: Job) -> None:
+    """Send the job's message, or Unavailable (503) naming why it could not be sent: a job
+    left queued without one would wait for ever."""
+    if enqueuer is None:
+        raise Unavailable("this application has no job queue (no enqueuer): nothing was sent",
+                          field="broker")
+    try:
+        enqueuer(job.id, job.kind)
+    except Exception as exc:
+        log.exception("could not enqueue job %s", job.id)
+        raise Unavailable(f"the job queue (BROKER_URL) cannot be reached: "
+                          f"{type(exc).__name__}: {exc}; try again when it is back",
+                          field="broker") from exc
 
 
 # how many prompts, and at most how many members a group, "send newest rollouts to the arena"
@@ -689,20 +733,38 @@ def resume_job(session: Session, job_id: int) -> Job:
     gone since, and the worker would fail on it (Conflict naming every problem)."""
     job = get_job(session, job_id)
     if job.status not in ("failed", "cancelled"):
-        raise Conflict(f"job {job_id} cannot resume: its status is {job.status} (only failed "
-                       "or cancelled jobs resume)")
+        raise Conflict(f"job {job_id} cannot resume: its status is {job.status} (only failed, "
+                       "cancelled or queued jobs resume)")
     check_still_valid(session, job)
     job.status, job.cancel_requested, job.error, job.finished_at = "queued", False, None, None
+    # a person's resume starts a new budget of JOB_MAX_ATTEMPTS runs lost to dead workers
+    job.attempts = 0
     session.flush()
     return job
 
 
 def relaunch_job(session: Session, enqueuer: Enqueuer | None, job_id: int) -> Job:
     """The one way a stopped job starts again (the API's resume and the UI's): resume_job's
-    checks, the queued row committed, then the job enqueued, as launch_job does."""
+    checks, the queued row committed, then the job enqueued, as launch_job does. A job still
+    queued gets its message sent again: one a broker lost, or a worker that could not run it
+    took and dropped, leaves it waiting for ever, and a duplicate is harmless (a worker claims
+    a job atomically and skips one that another holds or that has finished). When the broker
+    cannot be reached the job is left as it was and the caller gets a 503."""
+    job = get_job(session, job_id)
+    if job.status == "queued" and not job.cancel_requested:
+        _send(enqueuer, job)
+        return job
+    before = {name: getattr(job, name) for name in
+              ("status", "cancel_requested", "error", "finished_at", "attempts")}
     job = resume_job(session, job_id)
     session.commit()
-    enqueue(enqueuer, job)
+    try:
+        _send(enqueuer, job)
+    except Unavailable:
+        for name, value in before.items():
+            setattr(job, name, value)
+        session.commit()
+        raise
     return job
 
 
@@ -717,6 +779,7 @@ def mark_running(session: Session, job_id: int, worker_name: str) -> Job:
     job.status, job.worker, job.heartbeat_at = "running", worker_name[:NAME_LENGTH], now
     job.started_at = job.started_at or now
     job.attempts += 1
+    job.error = None
     session.flush()
     return job
 
@@ -769,6 +832,7 @@ def _finish(session: Session, job_id: int, status: str, error: str | None = None
 
 def mark_succeeded(session: Session, job_id: int, metrics: dict[str, Any] | None = None) -> Job:
     job = _finish(session, job_id, "succeeded")
+    job.error = None
     if metrics is not None:
         job.metrics = dict(metrics)
     return job
@@ -783,9 +847,12 @@ def mark_cancelled(session: Session, job_id: int) -> Job:
 
 
 def requeue(session: Session, job_id: int, reason: str | None = None) -> Job:
-    """running -> queued (for a reaper resubmitting a job whose worker died)."""
+    """running -> queued, by a worker that shuts down on purpose (SIGTERM: a checkpoint
+    saved, the job handed back). That run did not lose its worker, so it gives back the
+    attempt its claim counted: JOB_MAX_ATTEMPTS budgets runs lost to dead workers only."""
     job = get_job(session, job_id)
     job.status, job.worker = "queued", None
+    job.attempts = max(job.attempts - 1, 0)
     if reason:
         job.error = reason
     session.flush()
@@ -812,8 +879,11 @@ def claim(session: Session, job_id: int, worker_name: str, stale_after: timedelt
         .where((Job.status == "queued") | (
             (Job.status == "running")
             & (Job.heartbeat_at.is_(None) | (Job.heartbeat_at < now - stale_after))))
+        # the reason it was requeued (a lost or stopped worker) was the queued job's; a
+        # running job shows no error
         .values(status="running", worker=worker_name[:NAME_LENGTH], heartbeat_at=now,
-                started_at=func.coalesce(Job.started_at, now), attempts=Job.attempts + 1)
+                started_at=func.coalesce(Job.started_at, now), attempts=Job.attempts + 1,
+                error=None)
         .execution_options(synchronize_session=False)
     )
     if result.rowcount != 1:

@@ -165,6 +165,35 @@ def make_group(settings):
     return seed_group
 
 
+def seed_votes(n: int = 4) -> None:
+    """`n` (<= 10) clean votes on the pairs of one seeded group, by an annotator of their own:
+    what a fit_preference job needs before it is accepted (MIN_FIT_VOTES)."""
+    from itertools import combinations
+
+    from sqlalchemy import select
+
+    from app.db import session_scope
+    from app.models import Sample, User
+    from app.services import votes
+
+    group = seed_group(g=5, prompt="one red circle")
+    _make_user(f"voter-{group}", "annotator")  # one of its own each call (a pair is judged once)
+    with session_scope() as s:
+        voter = s.scalar(select(User).where(User.name == f"voter-{group}"))
+        ids = list(s.scalars(select(Sample.id).where(Sample.group_id == group)
+                             .order_by(Sample.id)))
+    for i, (a, b) in enumerate(list(combinations(ids, 2))[:n]):
+        with session_scope() as s:
+            votes.record_vote(s, s.get(User, voter.id), client_vote_id=f"seed-{group}-{i}",
+                              sample_a_id=a, sample_b_id=b, outcome="a")
+
+
+@pytest.fixture
+def vote_seeder(settings):
+    """seed_votes: clean votes, so that fit_preference jobs are accepted."""
+    return seed_votes
+
+
 def storage_dir(settings) -> Path:
     return settings.resolved_storage_dir
 

@@ -144,7 +144,8 @@ def _post_job(client, headers, kind, config, preset=None):
     return client.post("/api/jobs", json=body, headers=headers)
 
 
-def test_over_long_job_paths_are_422_naming_the_field(client, admin):
+def test_over_long_job_paths_are_422_naming_the_field(client, admin, vote_seeder):
+    vote_seeder(4)  # a fit_preference job is accepted only with votes to fit
     for value in (LONG_PART, DEEP, "/" + DEEP, f"x/{LONG_PART}/y"):
         r = _post_job(client, admin, "train", {"base_checkpoint": value}, "tiny")
         assert r.status_code == 422, r.text

@@ -215,7 +215,8 @@ def test_a_train_job_resumes_only_while_its_dataset_still_has_train_prompts(clie
     assert r.status_code == 409 and "no 'train' prompts" in r.text, r.text
 
 
-def test_clip_path_is_checked_whenever_given(client, admin):
+def test_clip_path_is_checked_whenever_given(client, admin, vote_seeder):
+    vote_seeder(4)  # a fit_preference job is accepted only with votes to fit
     r = _post(client, admin, "fit_preference", {"features": "shapes", "clip_path": "/etc"})
     assert r.status_code == 422 and _fields(r) == ["clip_path"]
 
@@ -287,7 +288,8 @@ def test_cuda_is_checked_against_what_live_workers_report(client, admin, session
     assert all(j["waiting_for"] is None for j in listed)
 
 
-def test_a_queue_without_a_live_worker_is_waited_for(client, admin, settings):
+def test_a_queue_without_a_live_worker_is_waited_for(client, admin, settings, vote_seeder):
+    vote_seeder(4)  # a fit_preference job is accepted only with votes to fit
     from datetime import timedelta
 
     from app.db import session_scope
@@ -367,9 +369,10 @@ def test_reward_weights_that_are_all_zero_are_422(client, admin):
 
 
 def test_a_request_dataset_a_kind_cannot_use_or_that_contradicts_its_config_is_422(
-        client, admin, session):
+        client, admin, session, vote_seeder):
     """Both were accepted silently: the config's dataset was sampled, and a fit job recorded
     a dataset it never reads (which then could not be deleted while the job ran)."""
+    vote_seeder(4)  # a fit_preference job is accepted only with votes to fit
     one = _upload(client, admin, "one", "one red circle\n")
     two = _upload(client, admin, "two", "two red circles\n")
     before = _job_count(session)
@@ -390,7 +393,8 @@ def test_a_request_dataset_a_kind_cannot_use_or_that_contradicts_its_config_is_4
 
 
 def test_clip_path_must_be_a_complete_clip_directory_under_models_dir(client, admin, settings,
-                                                                     tiny_clip_path):
+                                                                     tiny_clip_path, vote_seeder):
+    vote_seeder(4)  # a fit_preference job is accepted only with votes to fit
     import shutil
 
     r = _post(client, admin, "fit_preference", {"features": "clip", "clip_path": "/etc"})

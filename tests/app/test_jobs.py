@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import func, select
 
 
 def test_create_train_job_validates_and_enqueues_after_commit(client, admin, enqueuer, session):
@@ -49,7 +51,7 @@ def test_bad_train_config_is_422_naming_field(client, admin, enqueuer, session, 
     assert enqueuer.calls == [] and session.scalar(select(func.count()).select_from(Job)) == 0
 
 
-def test_other_kinds_validate(client, admin):
+def test_other_kinds_validate(client, admin, vote_seeder):
     from trainer.rewards.preference import FitConfig
 
     r = client.post("/api/jobs", json={"kind": "rollout", "config": {}}, headers=admin)
@@ -68,6 +70,18 @@ def test_other_kinds_validate(client, admin):
                     headers=admin)
     assert r.status_code == 422 and r.json()["field"] == "clip_path", r.json()
     assert "CLIP weights" in r.json()["detail"]
+    # a fit needs votes to fit: refused at submission, not failed by the worker
+    r = client.post("/api/jobs", json={"kind": "fit_preference"}, headers=admin)
+    assert r.status_code == 422 and r.json()["field"] == "min_votes", r.json()
+    assert "0 clean vote(s)" in r.json()["detail"] and "at least 4" in r.json()["detail"]
+    vote_seeder(3)
+    r = client.post("/api/jobs", json={"kind": "fit_preference"}, headers=admin)
+    assert r.status_code == 422 and "3 clean vote(s)" in r.json()["detail"]
+    vote_seeder(1)
+    r = client.post("/api/jobs", json={"kind": "fit_preference",
+                                       "config": {"min_votes": 5}}, headers=admin)
+    assert r.status_code == 422 and "4 clean vote(s)" in r.json()["detail"]
+    assert "at least 5" in r.json()["detail"]
     r = client.post("/api/jobs", json={"kind": "fit_preference"}, headers=admin)
     assert r.status_code == 201 and r.json()["config"]["epochs"] == FitConfig().epochs  # default
     r = client.post("/api/jobs", json={"kind": "bake"}, headers=admin)
@@ -121,7 +135,7 @@ def test_worker_lifecycle_progress_metrics_cancel_resume(client, admin, enqueuer
         jobs.mark_failed(s, job_id, "CUDA out of memory")
     got = client.get(f"/api/jobs/{job_id}", headers=admin).json()
     assert got["status"] == "failed" and got["error"] == "CUDA out of memory"
-    assert got["attempts"] == 2
+    assert got["attempts"] == 1  # the resume started a new budget of JOB_MAX_ATTEMPTS
     assert client.post(f"/api/jobs/{job_id}/resume", headers=admin).status_code == 200
     with session_scope() as s:
         jobs.mark_running(s, job_id, "w")
@@ -143,37 +157,74 @@ def test_cancel_queued_job_is_immediate_and_stale_jobs(client, admin, session):
     from app.db import session_scope
     from app.services import jobs
 
-    a = client.post("/api/jobs", json={"kind": "fit_preference"}, headers=admin).json()["id"]
+    a = client.post("/api/jobs", json={"kind": "train", "preset": "tiny"},
+                    headers=admin).json()["id"]
     r = client.post(f"/api/jobs/{a}/cancel", headers=admin)
     assert r.json()["status"] == "cancelled" and r.json()["finished_at"]
     with session_scope() as s, pytest.raises(Exception, match="cancelled"):
         jobs.mark_running(s, a, "w")
-    b = client.post("/api/jobs", json={"kind": "fit_preference"}, headers=admin).json()["id"]
+    b = client.post("/api/jobs", json={"kind": "train", "preset": "tiny"},
+                    headers=admin).json()["id"]
     with session_scope() as s:
         jobs.mark_running(s, b, "w")
     with session_scope() as s:
         assert jobs.stale_jobs(s, timedelta(minutes=5)) == []
         assert [j.id for j in jobs.stale_jobs(s, timedelta(seconds=-1))] == [b]
-        jobs.requeue(s, b, "worker lost")
-    assert client.get(f"/api/jobs/{b}", headers=admin).json()["status"] == "queued"
+        jobs.requeue(s, b, "worker w shut down at iteration 0")
+    got = client.get(f"/api/jobs/{b}", headers=admin).json()
+    assert got["status"] == "queued" and got["error"] == "worker w shut down at iteration 0"
+    # a worker's own shutdown gives back the attempt: JOB_MAX_ATTEMPTS counts lost workers
+    assert got["attempts"] == 0
+    with session_scope() as s:  # taken again: running, the requeue's reason cleared
+        assert jobs.claim(s, b, "w2", timedelta(minutes=5)) is not None
+    got = client.get(f"/api/jobs/{b}", headers=admin).json()
+    assert got["status"] == "running" and got["error"] is None and got["attempts"] == 1
 
 
-def test_a_broker_failure_leaves_the_job_queued(settings, admin, monkeypatch):
+def test_an_unreachable_broker_is_a_503_and_leaves_no_job_waiting(settings, admin, monkeypatch,
+                                                                   session):
+    """A job whose message cannot be sent would wait queued for ever: the submission is a 503
+    naming the broker and no job is kept; a resume leaves the job as it was. Against a real
+    broker address nothing listens on (port 1), with the app's own enqueuer."""
     from fastapi.testclient import TestClient
 
-    from app import queue
+    from app.config import get_settings
+    from app.db import session_scope
     from app.main import create_app
+    from app.models import Job
+    from app.services import jobs
 
-    def down(job_id: int, kind: str) -> None:
-        raise ConnectionError("broker unreachable")
-
-    monkeypatch.setattr(queue, "enqueue", down)
     with TestClient(create_app(settings, mount_ui=False)) as c:
-        r = c.post("/api/jobs", json={"kind": "fit_preference"}, headers=admin)
-    assert r.status_code == 201 and r.json()["status"] == "queued"
+        stopped = c.post("/api/jobs", json={"kind": "train", "preset": "tiny"}, headers=admin)
+    with session_scope() as s:
+        jobs.request_cancel(s, stopped.json()["id"])
+    monkeypatch.setenv("BROKER_URL", "redis://127.0.0.1:1/0")
+    get_settings.cache_clear()
+    with TestClient(create_app(settings, mount_ui=False)) as c:
+        began = time.monotonic()
+        r = c.post("/api/jobs", json={"kind": "train", "preset": "tiny"}, headers=admin)
+        waited = time.monotonic() - began
+        assert r.status_code == 503, r.text
+        assert r.json()["field"] == "broker" and "BROKER_URL" in r.json()["detail"]
+        assert waited < 15, f"the submission waited {waited:.0f} s for the broker"
+        session.expire_all()
+        assert session.scalar(select(func.count()).select_from(Job)) == 1  # only the first
+        r = c.post(f"/api/jobs/{stopped.json()['id']}/resume", headers=admin)
+        assert r.status_code == 503, r.text
+        got = c.get(f"/api/jobs/{stopped.json()['id']}", headers=admin).json()
+        assert got["status"] == "cancelled" and got["finished_at"] is not None
 
 
-def test_default_enqueuer_sends_celery_task(settings, admin, monkeypatch):
+def test_resuming_a_queued_job_sends_its_message_again(client, admin, enqueuer):
+    """A queued job whose message was lost (a broker restart, a worker that took and dropped
+    it) is sent again by a resume; a worker's atomic claim makes a duplicate harmless."""
+    job = client.post("/api/jobs", json={"kind": "train", "preset": "tiny"}, headers=admin).json()
+    r = client.post(f"/api/jobs/{job['id']}/resume", headers=admin)
+    assert r.status_code == 200 and r.json()["status"] == "queued"
+    assert enqueuer.calls == [(job["id"], "train"), (job["id"], "train")]
+
+
+def test_default_enqueuer_sends_celery_task(settings, admin, monkeypatch, vote_seeder):
     from fastapi.testclient import TestClient
 
     from app import queue
@@ -181,7 +232,8 @@ def test_default_enqueuer_sends_celery_task(settings, admin, monkeypatch):
 
     sent = []  # what would go to the broker: the task of the kind, on the kind's queue
     monkeypatch.setattr(queue.client(settings), "send_task",
-                        lambda name, args, queue: sent.append((name, args, queue)))
+                        lambda name, args, queue, **options: sent.append((name, args, queue)))
+    vote_seeder(4)  # what a fit_preference job needs
     with TestClient(create_app(settings, mount_ui=False)) as c:
         j = c.post("/api/jobs", json={"kind": "train", "preset": "tiny"}, headers=admin).json()
         k = c.post("/api/jobs", json={"kind": "fit_preference"}, headers=admin).json()

@@ -212,10 +212,11 @@ def test_annotators_page_creates_lists_and_revokes(settings, admin, annotator):
 
 
 def test_annotators_page_lists_preference_models_and_launches_a_fit(settings, admin, annotator,
-                                                                    enqueuer):
+                                                                    enqueuer, vote_seeder):
     """An admin fits the preference model from the page (a fit_preference job with the
     defaults, enqueued) and sees every version with its held-out numbers and where it started;
     an annotator can do neither."""
+    vote_seeder(4)  # a fit_preference job is accepted only with votes to fit
     from app.db import session_scope
     from app.services import jobs
     from app.services import preference as pref_svc

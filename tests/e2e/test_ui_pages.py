@@ -251,6 +251,17 @@ def test_favicon(server, page):
 
 
 def test_admin_fits_the_preference_model_from_the_annotators_page(server, page):
+    # a fit is accepted only with votes to fit (at least 4 clean ones): four of a fresh voter
+    from app.services.auth import create_user
+
+    group = seed_groups(1, g=4, seed=11)[0]
+    with session_scope() as s:
+        voter, _ = create_user(s, f"fit-voter-{uuid.uuid4().hex[:8]}", "annotator")
+        ids = list(s.scalars(select(Sample.id).where(Sample.group_id == group)
+                             .order_by(Sample.id)))
+        for n, (a, b) in enumerate([(0, 1), (0, 2), (1, 3), (2, 3)]):
+            votes.record_vote(s, voter, client_vote_id=f"fit-{group}-{n}", sample_a_id=ids[a],
+                              sample_b_id=ids[b], outcome="a")
     login(page, server, server.admin_token)
     _tab(page, "Annotators")
     page.locator("#preference-models").wait_for()  # the list, or "No preference model yet"

@@ -48,7 +48,7 @@ def test_kill9_then_the_reaper_resumes_and_each_iteration_is_recorded_once(stack
                    "the resumed job", stack)
     assert job.status == "succeeded", job.error
     assert job.attempts == 2
-    assert "stopped heartbeating" in (job.error or "")  # the requeue reason is kept
+    assert job.error is None  # the requeue's reason went when the second worker took it
     assert metric_iterations(job_id) == list(range(1, total + 1))
     assert checkpoint_iterations(job_id) == list(range(4, total + 1, 4))
     # iterations redone after the checkpoint drew the same prompts and seeds: no duplicates
@@ -71,6 +71,34 @@ def test_a_job_that_keeps_losing_its_worker_ends_failed_with_the_reason(stack):
     job = wait_for(lambda: _status(job_id, "failed"), 60, "the job to fail", stack)
     assert "stopped heartbeating" in job.error and "gave up after 2 attempt" in job.error
     assert job.finished_at is not None
+
+
+@pytest.mark.parametrize("stack", ["sqlite-fs"], indirect=True)
+def test_a_workers_own_shutdown_does_not_count_against_max_attempts(stack):
+    """JOB_MAX_ATTEMPTS=2: a SIGTERM'd worker hands the job back without spending an attempt,
+    so the kill -9 of the next run is the first lost worker: the reaper requeues the job
+    instead of failing it, and a third worker takes it."""
+    env = {"JOB_MAX_ATTEMPTS": "2"}
+    job_id = create_train_job(iterations=400, sample_every=1000, checkpoint_every=2)
+    polite = stack.start_worker("polite", extra_env=env)
+    stack.send(job_id)
+    wait_for(lambda: (j := job_row(job_id)).status == "running" and j.iteration >= 1, 90,
+             "the first run", stack)
+    os.kill(polite.pid, signal.SIGTERM)
+    requeued = wait_for(lambda: (j := job_row(job_id)).status == "queued" and j, 60,
+                        "the requeue", stack)
+    assert requeued.attempts == 0 and "shut down at iteration" in requeued.error
+    assert polite.wait(timeout=60) == 0
+    doomed = stack.start_worker("doomed", extra_env=env)
+    wait_for(lambda: (j := job_row(job_id)).status == "running" and j.attempts == 1
+             and j.error is None and j.iteration > requeued.iteration, 90, "the second run",
+             stack)
+    _kill9(doomed)
+    stack.start_worker("third", extra_env=env)
+    job = wait_for(lambda: j if (j := job_row(job_id)).status in ("failed", "succeeded")
+                   or (j.status == "running" and j.attempts == 2) else None, 90,
+                   "the third run", stack)
+    assert job.status == "running" and job.attempts == 2, job.error
 
 
 @pytest.mark.parametrize("stack", ["postgres-redis", "sqlite-fs"], indirect=True)

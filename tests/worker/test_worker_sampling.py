@@ -117,12 +117,23 @@ def test_evaluate_with_a_model_reward_merges_scores_and_checks_weights_at_start(
 
 
 def test_fit_preference_without_votes_fails_saying_why(stack):
+    """Refused at submission (422); a job whose votes went after it was accepted (excluded
+    by an admin meanwhile: written here as the row a submission made) fails saying why."""
     from app.db import session_scope
+    from app.errors import Invalid
+    from app.job_kinds import KINDS
+    from app.models import Job
     from app.services import jobs
 
+    with session_scope() as s, pytest.raises(Invalid, match="0 clean vote"):
+        jobs.create_job(s, "fit_preference", {})
     stack.start_worker(queues="cpu")
     with session_scope() as s:
-        job_id = jobs.create_job(s, "fit_preference", {}).id
+        job = Job(kind="fit_preference", status="queued",
+                  config=KINDS["fit_preference"].config().model_dump())
+        s.add(job)
+        s.flush()
+        job_id = job.id
     stack.send(job_id, "fit_preference")
     job = wait_for(lambda: _done(job_id), 60, "the fit job", stack)
     assert job.status == "failed" and "0 clean votes" in job.error
