@@ -122,3 +122,28 @@ def test_two_workers_on_one_queue_never_run_the_same_job_twice(stack):
         assert metric_iterations(job_id) == [1, 2, 3]
         assert checkpoint_iterations(job_id) == [3]
     assert all("worker.tasks.train" in text for text in ran.values()), "both workers worked"
+
+
+def test_a_worker_that_could_run_no_job_refuses_to_start(stack, tmp_path):
+    """No database, a storage directory it cannot write, a queue no job is sent to: the
+    worker exits at start naming each setting, before it takes (and loses) a message; a
+    queued job stays for a worker that can run it, which then does."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    missing_db = "postgresql+psycopg://postgres@127.0.0.1:5432/ngrpo_no_such_database"
+    job_id = create_train_job(iterations=2, sample_every=2, checkpoint_every=2)
+    stack.send(job_id)
+    for name, queues, env, expected in [
+        ("bad-queue", "gpu,gpux", {}, "-Q: no job is sent to queue(s) ['gpux']"),
+        ("bad-storage", "gpu", {"STORAGE_DIR": str(blocked)}, f"STORAGE_DIR: {blocked}"),
+        ("bad-db", "gpu", {"DATABASE_URL": missing_db}, "DATABASE_URL: the database cannot"),
+    ]:
+        proc = stack.start_worker(name, queues=queues, extra_env=env, wait=False)
+        assert proc.wait(timeout=90) == 1, stack.log_text()
+        text = stack.logs[-1].read_text(errors="replace")
+        assert f"worker not started: {expected}" in text, text
+        assert "ready." not in text
+    assert job_row(job_id).status == "queued"  # its message is still in the queue
+    stack.start_worker("good", queues="gpu")
+    job = wait_for(lambda: _status(job_id, "succeeded", "failed"), 90, "the job", stack)
+    assert job.status == "succeeded", job.error
