@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv = sub.choices["serve"]
     sv.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"),
                     help="address to listen on (default $HOST or 127.0.0.1)")
-    sv.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")),
+    # the default is read when `serve` runs (`_port`), so that a bad $PORT stops only serve
+    sv.add_argument("--port", type=int, default=None,
                     help="port to listen on (default $PORT or 8000)")
     sv.add_argument("--no-worker", action="store_true", help="do not start a worker process")
     sv.add_argument("--no-demo-job", action="store_true",
@@ -34,13 +35,55 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _port(parser: argparse.ArgumentParser, given: int | None) -> int:
+    raw = os.environ.get("PORT", "8000") if given is None else str(given)
+    if not raw.strip().isdigit() or not 1 <= int(raw) <= 65535:
+        parser.error(f"{'PORT' if given is None else '--port'} must be a port number "
+                     f"(1-65535), got {raw!r}")
+    return int(raw)
 
+
+def setup_problem(exc: Exception) -> str | None:
+    """One line for what stops a command before it does anything, naming the setting to fix
+    (a traceback of the database driver says the same in a hundred lines); None for others."""
+    from pydantic import ValidationError
+    from sqlalchemy.exc import ArgumentError, OperationalError, ProgrammingError
+
+    if isinstance(exc, ValidationError):  # a setting from the environment (app/config.py)
+        return "; ".join(f"{'.'.join(str(p) for p in e['loc']).upper()}: {e['msg']}"
+                         for e in exc.errors())
+    if isinstance(exc, ArgumentError):
+        return f"DATABASE_URL is not a database URL ({exc})"
+    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    first = text[0] if text else type(exc).__name__
+    if isinstance(exc, OperationalError | ProgrammingError) and (
+            "no such table" in first or "does not exist" in first and "relation" in first):
+        return f"the database has no tables yet ({first}): run `python -m app migrate` first"
+    if isinstance(exc, OperationalError):
+        return f"the database (DATABASE_URL) cannot be reached: {first}"
+    if isinstance(exc, OSError):
+        return f"{exc} (check DATA_DIR and STORAGE_DIR)"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _run(parser, args)
+    except Exception as exc:
+        problem = setup_problem(exc)
+        if problem is None:
+            raise
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "serve":
         from app.serve import serve
 
-        return serve(args.host, args.port, worker=not args.no_worker,
+        return serve(args.host, _port(parser, args.port), worker=not args.no_worker,
                      demo_job=not args.no_demo_job)
 
     if args.command == "migrate":

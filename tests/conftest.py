@@ -72,6 +72,7 @@ SUBPROCESS = {
     "tests/app/test_auth.py::test_cli_create_user_prints_token_once_and_stores_hash",
     "tests/app/test_jobs.py::test_the_app_imports_no_worker_code",
     "tests/app/test_migrations.py::test_cli_migrate_creates_default_sqlite",
+    "tests/app/test_migrations.py::test_cli_names_the_setting_to_fix_instead_of_a_traceback",
     "tests/trainer/test_cli.py::*",
     "tests/trainer/test_library.py::test_the_app_starts_without_torch",
     "tests/trainer/test_hitl_benchmarks.py::test_overoptimisation_probe_runs_and_reports_the_kl",

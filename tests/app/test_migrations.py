@@ -74,6 +74,38 @@ def test_cli_migrate_creates_default_sqlite(tmp_path):
     engine.dispose()
 
 
+def test_cli_names_the_setting_to_fix_instead_of_a_traceback(tmp_path):
+    """A database that cannot be reached or is not migrated, a malformed setting, a bad
+    $PORT: one line naming what to fix, exit 1 (or argparse's 2), no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("DATABASE_URL", "STORAGE_DIR", "PORT", "JOB_MAX_ATTEMPTS")}
+    base["DATA_DIR"] = str(tmp_path / "d")
+    cases = [
+        ({"DATABASE_URL": "notaurl"}, ["migrate"], "DATABASE_URL is not a database URL"),
+        ({"DATABASE_URL": "postgresql+psycopg://postgres@127.0.0.1:5432/ngrpo_no_such_db"},
+         ["create-user", "zed"], "the database (DATABASE_URL) cannot be reached"),
+        ({}, ["create-user", "zed"], "run `python -m app migrate` first"),
+        ({"JOB_MAX_ATTEMPTS": "abc"}, ["create-user", "zed"], "JOB_MAX_ATTEMPTS: "),
+    ]
+    for env, argv, expected in cases:
+        out = subprocess.run([sys.executable, "-m", "app", *argv], env={**base, **env},
+                             capture_output=True, text=True)
+        assert out.returncode == 1, (env, out.stderr)
+        assert expected in out.stderr and "Traceback" not in out.stderr, (env, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    # a bad $PORT stops serve (before anything starts), not the other commands
+    out = subprocess.run([sys.executable, "-m", "app", "serve"], env={**base, "PORT": "abc"},
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "PORT must be a port number (1-65535), got 'abc'" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "app", "migrate"], env={**base, "PORT": "abc"},
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
 def _url(backend: str, tmp_path, request) -> str:
     return (f"sqlite:///{tmp_path / 'm.db'}" if backend == "sqlite"
             else request.getfixturevalue("fresh_pg_url"))
