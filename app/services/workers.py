@@ -9,7 +9,7 @@ queued job whose queue has no live worker at all is accepted but says what it wa
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
@@ -76,17 +76,36 @@ def able(session: Session, kind: str, config: dict[str, Any],
             if queue in w.queues and (w.cuda_devices > 0 or not cuda)]
 
 
+def _heartbeat_age(job: Job) -> float | None:
+    """Seconds since the job's last heartbeat (None without one)."""
+    beat = job.heartbeat_at
+    if beat is None:
+        return None
+    if beat.tzinfo is None:  # SQLite returns naive datetimes (UTC)
+        beat = beat.replace(tzinfo=UTC)
+    return (datetime.now(UTC) - beat).total_seconds()
+
+
 def waiting_for(session: Session, jobs: list[Job]) -> dict[int, str]:
-    """For queued jobs that no live worker can take, and multi-host train jobs that fewer
-    live workers than their hosts could start: job id -> what it waits for."""
-    waiting = [j for j in jobs if j.status == "queued" or (j.status == "running"
-                                                           and hosts_wanted(j) > 1
-                                                           and j.iteration == 0)]
+    """For queued jobs that no live worker can take, multi-host train jobs that fewer live
+    workers than their hosts could start, and running jobs whose worker stopped heartbeating
+    (it died; a live worker's reaper requeues the job): job id -> what it waits for."""
+    stale_after = get_settings().job_stale_seconds
+    lost = {j.id: age for j in jobs if j.status == "running"
+            and (age := _heartbeat_age(j)) is not None and age > stale_after}
+    waiting = [j for j in jobs if j.status == "queued" or j.id in lost or (
+        j.status == "running" and hosts_wanted(j) > 1 and j.iteration == 0)]
     if not waiting:
         return {}
     workers = live(session)
     out = {}
     for job in waiting:
+        if job.id in lost:
+            out[job.id] = (f"its worker {job.worker or '?'} has not heartbeated for "
+                           f"{lost[job.id]:.0f} s (JOB_STALE_SECONDS {stale_after:.0f}): it "
+                           "is lost; a live worker's reaper requeues the job"
+                           + ("" if workers else ", and no worker is live now: start one"))
+            continue
         queue = KINDS[job.kind].queue
         cuda = wants_cuda(job.config or {})
         can = able(session, job.kind, job.config or {}, workers)

@@ -289,12 +289,12 @@ def test_cuda_is_checked_against_what_live_workers_report(client, admin, session
 
 
 def test_a_queue_without_a_live_worker_is_waited_for(client, admin, settings, vote_seeder):
-    vote_seeder(4)  # a fit_preference job is accepted only with votes to fit
     from datetime import timedelta
 
     from app.db import session_scope
     from app.models import WorkerRow, utcnow
 
+    vote_seeder(4)  # a fit_preference job is accepted only with votes to fit
     _report_worker("old-gpu", ["gpu"], cuda=1)
     with session_scope() as s:  # it stopped reporting long ago
         s.get(WorkerRow, "old-gpu").last_seen_at = utcnow() - timedelta(hours=1)
@@ -302,6 +302,30 @@ def test_a_queue_without_a_live_worker_is_waited_for(client, admin, settings, vo
     assert r.status_code == 201 and "waiting for a worker on queue 'gpu'" in r.json()["waiting_for"]
     r = _post(client, admin, "fit_preference", {"device": "cuda"})
     assert r.status_code == 201 and "'cpu'" in r.json()["waiting_for"]
+
+
+def test_a_running_job_whose_worker_stopped_heartbeating_says_so(client, admin, session,
+                                                                  settings):
+    """kill -9 of the only worker: until a worker's reaper requeues the job, its page says
+    the worker is lost, and that none is live to requeue it."""
+    from datetime import timedelta
+
+    from app.models import Job, utcnow
+
+    r = _post(client, admin, "train", {}, "tiny")
+    job = session.get(Job, r.json()["id"])
+    job.status, job.worker = "running", "gone-gpu"
+    job.heartbeat_at = utcnow() - timedelta(seconds=settings.job_stale_seconds / 2)
+    session.commit()
+    assert client.get(f"/api/jobs/{job.id}", headers=admin).json()["waiting_for"] is None
+    job.heartbeat_at = utcnow() - timedelta(seconds=settings.job_stale_seconds + 30)
+    session.commit()
+    waiting = client.get(f"/api/jobs/{job.id}", headers=admin).json()["waiting_for"]
+    assert "its worker gone-gpu has not heartbeated for" in waiting, waiting
+    assert "no worker is live now: start one" in waiting
+    _report_worker("fresh-gpu", ["gpu"], cuda=1)
+    waiting = client.get("/api/jobs", headers=admin).json()["items"][0]["waiting_for"]
+    assert "reaper requeues the job" in waiting and "start one" not in waiting
 
 
 def test_a_job_for_more_hosts_than_live_workers_says_it_waits_for_them(client, admin, session):
