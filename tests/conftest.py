@@ -95,6 +95,13 @@ SLOW = {
     "tests/app/test_route_access.py::test_every_route",
     "tests/app/test_route_access.py::test_stored_files_with_a_token",
     "tests/app/test_route_access.py::test_session_cookie_login_and_logout",
+    # preference fits (2026-12-03, the idle 2-core box: 149 s for `make check` before these
+    # three, the slowest left in it)
+    "tests/trainer/test_preference.py::"
+    "test_a_refit_starts_from_a_compatible_model_and_otherwise_from_scratch",  # 9 fits: 25
+    "tests/trainer/test_cli_fit_preference.py::test_fit_preference_from_an_exported_votes_file",
+    "tests/trainer/test_hitl_benchmarks.py::"
+    "test_a_tiny_fit_reports_log_loss_and_calibration_on_the_held_out_pairs",  # 13
 }
 
 
