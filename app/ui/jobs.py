@@ -347,7 +347,11 @@ def act(enqueuer: Enqueuer | None, action: str, user_state: dict | None,
                 s.commit()
                 return notice(f"Cancel requested for job {job.id} ({job.status}).", "ok")
             if action == "resume":
+                was_queued = svc.get_job(s, int(job_id)).status == "queued"
                 job = svc.relaunch_job(s, enqueuer, int(job_id))
+                if was_queued:
+                    return notice(f"Job {job.id} was still queued: its message was sent to "
+                                  "the queue again (a worker takes it once).", "ok")
                 return notice(resumed_text(s, job), "ok")
             # send newest rollouts to the arena: sample fresh groups from the newest checkpoint
             job, ckpt = svc.send_to_arena(s, enqueuer, int(job_id), user=user)

@@ -412,6 +412,9 @@ def test_resume_says_a_job_without_a_checkpoint_restarts(settings, admin, enqueu
     from app.ui import jobs
 
     job_id, _ = jobs.launch(enqueuer, _token(admin), None, *jobs.form_values("tiny"))
+    # still queued: Resume sends its message again (one a broker lost), and says so
+    text = jobs.act(enqueuer, "resume", _token(admin), job_id)
+    assert f"Job {job_id} was still queued: its message was sent to the queue again" in text
     svc.request_cancel(session, job_id)
     session.commit()
     text = jobs.act(enqueuer, "resume", _token(admin), job_id)
@@ -425,7 +428,7 @@ def test_resume_says_a_job_without_a_checkpoint_restarts(settings, admin, enqueu
     text = jobs.act(enqueuer, "resume", _token(admin), job_id)
     assert (f"Job {job_id} queued to resume from its newest checkpoint, job-{job_id}-it4 "
             "(iteration 4)") in text, text
-    assert enqueuer.calls == [(job_id, "train")] * 3
+    assert enqueuer.calls == [(job_id, "train")] * 4
 
 
 def test_a_dataset_error_shows_beside_the_dataset_picker(settings, admin, enqueuer, session):
