@@ -38,7 +38,7 @@ from trainer.rewards.preference import (
     fit_preference_model,
     warm_start_problem,
 )
-from worker.lease import LeaseLost
+from worker.lease import JobError, LeaseLost
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +95,10 @@ def fit_and_record(fit_config: FitConfig, *, job_id: int | None = None, min_vote
     clean = sum(r["outcome"] in LABELLED_OUTCOMES for r in rows)
     needed = max(min_votes, MIN_FIT_VOTES)
     if clean < needed:
-        raise ValueError(f"fit_preference: {clean} clean votes (a, b or tie); need at least "
-                         f"{needed}")
+        # said in full (JobError: no traceback on the job); submission refuses this too, so
+        # it happens only when votes were excluded after the job was accepted
+        raise JobError(f"fit_preference: {clean} clean votes (a, b or tie); need at least "
+                       f"{needed}")
     pairs = [PreferencePair(images.get(r["a_path"]), images.get(r["b_path"]), r["prompt"],
                             r["outcome"], key=str(r["vote_id"])) for r in rows]
     model = fit_preference_model(pairs, fit_config, version=version, warm_start=warm_start)
