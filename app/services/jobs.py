@@ -1,7 +1,7 @@
 """Jobs: validate and launch (API side), and the state transitions workers record.
 
 Lifecycle: queued -> running -> succeeded | failed | cancelled; resume puts a failed or
-cancelled job back to queued. Cancel is cooperative: `request_cancel` sets a flag that the
+cancelled job back to queued (and sends a queued job's message again). Cancel is cooperative: `request_cancel` sets a flag that the
 worker reads (`is_cancel_requested`, or the return value of `heartbeat`/`update_progress`)
 between iterations, then calls `mark_cancelled`. A queued job is cancelled at once.
 
@@ -24,7 +24,7 @@ whose heartbeat is stale goes back to the queue (or to failed/cancelled).
 `launch_job` is the one way a job starts (the API, the UI and the demo call it): validate,
 write, commit, then enqueue through the enqueuer the application was built with
 (`create_app(enqueuer=...)`, default `app.queue.enqueue`: a Celery message named after the
-kind, to its queue). The kinds themselves are declared once, in `app.job_kinds`.
+kind, to its queue); a message that cannot be sent removes the job and is Unavailable (503). The kinds themselves are declared once, in `app.job_kinds`.
 """
 
 from __future__ import annotations
@@ -563,19 +563,6 @@ def create_job(session: Session, kind: str, config: dict[str, Any] | None = None
     session.add(job)
     session.flush()
     return job
-
-
-def enqueue(enqueuer: Enqueuer | None, job: Job) -> None:
-    """Call the enqueuer after commit, for the senders no person waits on (the demo's start,
-    a rollout sent to the arena): a broker failure (or no enqueuer) leaves the job queued and
-    is logged; a resume (`relaunch_job`) sends a queued job's message again."""
-    if enqueuer is None:
-        log.warning("job %s left queued: this application has no enqueuer", job.id)
-        return
-    try:
-        enqueuer(job.id, job.kind)
-    except Exception:
-        log.exception("could not enqueue job %s; it stays queued", job.id)
 
 
 def launch_roles(kind: str) -> tuple[str, ...]:
