@@ -57,7 +57,7 @@ def setup_problem(exc: Exception) -> str | None:
     text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
     first = text[0] if text else type(exc).__name__
     if isinstance(exc, OperationalError | ProgrammingError) and (
-            "no such table" in first or "does not exist" in first and "relation" in first):
+            "no such table" in first or ("relation" in first and "does not exist" in first)):
         return f"the database has no tables yet ({first}): run `python -m app migrate` first"
     if isinstance(exc, OperationalError):
         return f"the database (DATABASE_URL) cannot be reached: {first}"

@@ -31,7 +31,6 @@ from trainer.config import TrainConfig
 from trainer.loop import resolve_device
 from trainer.rewards.preference import (
     LABELLED_OUTCOMES,
-    MIN_FIT_VOTES,
     FitConfig,
     PreferenceModel,
     PreferencePair,
@@ -93,8 +92,7 @@ def fit_and_record(fit_config: FitConfig, *, job_id: int | None = None, min_vote
         rows = pref_svc.fit_votes(s)
         version = pref_svc.next_version(s)
     clean = sum(r["outcome"] in LABELLED_OUTCOMES for r in rows)
-    needed = max(min_votes, MIN_FIT_VOTES)
-    if clean < needed:
+    if needed := pref_svc.votes_short_of_a_fit(clean, min_votes):
         # said in full (JobError: no traceback on the job); submission refuses this too, so
         # it happens only when votes were excluded after the job was accepted
         raise JobError(f"fit_preference: {clean} clean votes (a, b or tie); need at least "

@@ -32,9 +32,9 @@ from app.db import session_scope
 from app.job_kinds import KINDS
 from app.queue import enqueue
 from app.services import jobs, workers
+from worker import preflight  # noqa: F401 - imported for its start check (a Celery signal)
 from worker.celery_app import JOIN_TRAIN_TASK, celery_app, send_join
 from worker.lease import JobError, JobLease, LeaseLost
-from worker.preflight import preflight_problems  # noqa: F401 - connects the start check
 from worker.reaper import ReaperThread, reap_once
 
 log = logging.getLogger(__name__)

@@ -1,9 +1,10 @@
 """Jobs: validate and launch (API side), and the state transitions workers record.
 
 Lifecycle: queued -> running -> succeeded | failed | cancelled; resume puts a failed or
-cancelled job back to queued (and sends a queued job's message again). Cancel is cooperative: `request_cancel` sets a flag that the
-worker reads (`is_cancel_requested`, or the return value of `heartbeat`/`update_progress`)
-between iterations, then calls `mark_cancelled`. A queued job is cancelled at once.
+cancelled job back to queued (and sends a queued job's message again). Cancel is
+cooperative: `request_cancel` sets a flag that the worker reads (`is_cancel_requested`, or
+the return value of `heartbeat`/`update_progress`) between iterations, then calls
+`mark_cancelled`. A queued job is cancelled at once.
 
 Worker usage (each call in its own short transaction; worker/lease.py wraps it):
 
@@ -24,7 +25,8 @@ whose heartbeat is stale goes back to the queue (or to failed/cancelled).
 `launch_job` is the one way a job starts (the API, the UI and the demo call it): validate,
 write, commit, then enqueue through the enqueuer the application was built with
 (`create_app(enqueuer=...)`, default `app.queue.enqueue`: a Celery message named after the
-kind, to its queue); a message that cannot be sent removes the job and is Unavailable (503). The kinds themselves are declared once, in `app.job_kinds`.
+kind, to its queue); a message that cannot be sent removes the job and is Unavailable
+(503). The kinds themselves are declared once, in `app.job_kinds`.
 """
 
 from __future__ import annotations
@@ -478,19 +480,14 @@ def _drawable_problem(model: Any, texts: list[str], source: str = "") -> str | N
 
 def _check_votes_to_fit(session: Session, config: dict[str, Any], problems: Problems) -> None:
     """A fit_preference job needs the votes its fit would refuse to start without (the
-    worker's check, worker.preference.fit_and_record): at least MIN_FIT_VOTES clean ones (a,
-    b or tie, not excluded) and the config's min_votes."""
-    from app.models import Vote
-    from trainer.rewards.fit_config import MIN_FIT_VOTES
-    from trainer.rewards.outcomes import LABELLED_OUTCOMES
+    worker checks the same rule, `preference.votes_short_of_a_fit`, when the job runs)."""
+    from app.services import preference
 
     min_votes = config.get("min_votes")
     if "min_votes" in {f for f, _ in problems} or not isinstance(min_votes, int):
         return
-    needed = max(min_votes, MIN_FIT_VOTES)
-    clean = session.scalar(select(func.count()).select_from(Vote).where(
-        Vote.excluded.is_(False), Vote.outcome.in_(LABELLED_OUTCOMES))) or 0
-    if clean < needed:
+    clean = preference.clean_vote_count(session)
+    if needed := preference.votes_short_of_a_fit(clean, min_votes):
         problems.append(("min_votes", f"the studio has {clean} clean vote(s) (a, b or tie, not "
                                       f"excluded); a fit needs at least {needed}: vote in the "
                                       "arena first"))
@@ -905,10 +902,8 @@ def reap_stale(session: Session, older_than: timedelta, max_attempts: int
     out = []
     now = utcnow()
     for job in stale_jobs(session, older_than):
-        beat = job.heartbeat_at
-        if beat is not None and beat.tzinfo is None:  # SQLite returns naive datetimes
-            beat = beat.replace(tzinfo=UTC)
-        age = f"{(now - beat).total_seconds():.0f}s" if beat else "ever"
+        seconds = workers.heartbeat_age(job, now)
+        age = f"{seconds:.0f}s" if seconds is not None else "ever"
         lost = f"worker {job.worker or '?'} stopped heartbeating (none for {age})"
         if job.cancel_requested:
             values: dict[str, Any] = {"status": "cancelled", "finished_at": now}

@@ -109,6 +109,24 @@ def fit_votes(session: Session, *, include_excluded: bool = False) -> list[dict[
             for vid, outcome, pa, pb, prompt, ca, cb in session.execute(stmt)]
 
 
+def clean_vote_count(session: Session) -> int:
+    """Votes a fit learns from: not excluded, with a preference (a, b or tie)."""
+    from trainer.rewards.outcomes import LABELLED_OUTCOMES
+
+    return session.scalar(select(func.count()).select_from(Vote).where(
+        Vote.excluded.is_(False), Vote.outcome.in_(LABELLED_OUTCOMES))) or 0
+
+
+def votes_short_of_a_fit(clean: int, min_votes: int = 0) -> int | None:
+    """The votes a fit needs when `clean` clean votes are too few to start one (fewer than
+    MIN_FIT_VOTES or the job's `min_votes`), else None: the rule of submission and of the
+    fit job alike."""
+    from trainer.rewards.fit_config import MIN_FIT_VOTES
+
+    needed = max(min_votes, MIN_FIT_VOTES)
+    return needed if clean < needed else None
+
+
 def votes_since(session: Session, vote_id: int) -> int:
     """Clean (not excluded) votes newer than `vote_id`: what an online refit would add."""
     return session.scalar(select(func.count()).select_from(Vote)

@@ -76,14 +76,14 @@ def able(session: Session, kind: str, config: dict[str, Any],
             if queue in w.queues and (w.cuda_devices > 0 or not cuda)]
 
 
-def _heartbeat_age(job: Job) -> float | None:
+def heartbeat_age(job: Job, now: datetime | None = None) -> float | None:
     """Seconds since the job's last heartbeat (None without one)."""
     beat = job.heartbeat_at
     if beat is None:
         return None
     if beat.tzinfo is None:  # SQLite returns naive datetimes (UTC)
         beat = beat.replace(tzinfo=UTC)
-    return (datetime.now(UTC) - beat).total_seconds()
+    return ((now or datetime.now(UTC)) - beat).total_seconds()
 
 
 def waiting_for(session: Session, jobs: list[Job]) -> dict[int, str]:
@@ -92,7 +92,7 @@ def waiting_for(session: Session, jobs: list[Job]) -> dict[int, str]:
     (it died; a live worker's reaper requeues the job): job id -> what it waits for."""
     stale_after = get_settings().job_stale_seconds
     lost = {j.id: age for j in jobs if j.status == "running"
-            and (age := _heartbeat_age(j)) is not None and age > stale_after}
+            and (age := heartbeat_age(j)) is not None and age > stale_after}
     waiting = [j for j in jobs if j.status == "queued" or j.id in lost or (
         j.status == "running" and hosts_wanted(j) > 1 and j.iteration == 0)]
     if not waiting:
