@@ -91,6 +91,52 @@ def test_a_flux_base_checkpoint_must_be_a_checkpoint_directory(client, admin, mo
         assert why in _errors(r)["base_checkpoint"]
 
 
+def test_a_base_checkpoint_that_does_not_fit_the_run_is_422_not_a_worker_failure(
+        client, admin, models):
+    """The worker's loader refuses a LoRA of another rank, a checkpoint of the other finetune
+    mode, adapters on layers the run does not target, and another model's checkpoint: so
+    does submission, from the files' headers, naming base_checkpoint."""
+    from safetensors.torch import load_file, save_file
+
+    from trainer.config import PRESETS, TrainConfig
+    from trainer.loop import Trainer
+    from trainer.models import safetensors_metadata
+
+    def run_config(**overrides):
+        return TrainConfig.from_dict({**PRESETS["tiny"], **FLUX, "prompts": ["a red apple"],
+                                      "model_path": str(models / "tiny-flux"), **overrides})
+
+    ours = str(Trainer(run_config()).save_checkpoint(models / "run-r4").relative_to(models))
+    # another model's run: its recorded config names sd3 (the check reads the trainer state)
+    theirs = Trainer(run_config()).save_checkpoint(models / "run-sd3")
+    state = theirs / "trainer_state.safetensors"
+    meta = safetensors_metadata(state)
+    meta["train_config"] = meta["train_config"].replace('"model": "flux"', '"model": "sd3"')
+    assert '"model": "sd3"' in meta["train_config"]
+    save_file(load_file(str(state)), str(state), metadata=meta)
+
+    r = _post(client, admin, "train", {**FLUX, "base_checkpoint": ours}, "tiny")
+    assert r.status_code == 201, r.text
+    lora = models / ours / "pytorch_lora_weights.safetensors"
+    for change, field, why in (
+            ({"lora_rank": 8}, "base_checkpoint",
+             f"{lora} holds a LoRA of rank 4; this run's adapters have rank 8 (lora_rank)"),
+            ({"finetune": "full"}, "base_checkpoint",
+             "holds no transformer/diffusion_pytorch_model.safetensors (a full fine-tune's"),
+            ({"lora_target_modules": ["to_q", "to_k"]}, "base_checkpoint",
+             "holds adapters on layers this run's lora_target_modules do not train"),
+            ({"base_checkpoint": str(theirs)}, "base_checkpoint",
+             "is a checkpoint of model 'sd3'; this run trains 'flux'")):
+        r = _post(client, admin, "train", {**FLUX, "base_checkpoint": ours, **change},
+                  "tiny")
+        assert r.status_code == 422 and list(_errors(r)) == [field], (change, r.text)
+        assert why in _errors(r)[field], (change, r.text)
+    # a malformed lora_rank is reported alone, not again as a mismatch
+    r = _post(client, admin, "train", {**FLUX, "base_checkpoint": ours, "lora_rank": 0},
+              "tiny")
+    assert r.status_code == 422 and list(_errors(r)) == ["lora_rank"], r.text
+
+
 def _dataset(client, admin) -> int:
     r = client.post("/api/datasets", headers=admin,
                     files={"file": ("p.txt", b"a red apple\na blue car\n", "text/plain")})

@@ -326,6 +326,52 @@ def bare_lora_spec(directory: str | Path) -> ModelSpec:
     return spec
 
 
+def _targeted(module: str, targets: list[str]) -> bool:
+    """Whether peft's list form of `target_modules` gives `module` an adapter: the whole
+    name, or its last dotted parts."""
+    return any(module == t or module.endswith("." + t) for t in targets)
+
+
+def starting_weights_problem(spec: ModelSpec, directory: str | Path) -> str | None:
+    """Why the checkpoint directory `directory` (a run's base_checkpoint) cannot start the
+    run `spec` describes, read from its headers alone so that submission can say it: another
+    model's checkpoint, a full fine-tune's weights for a LoRA run or the reverse, a LoRA of
+    another rank, or adapters on layers the run's lora_target_modules leave alone. The
+    loader checks the tensors against the built model again (`load_weights`)."""
+    directory = Path(directory)
+    trained = checkpoint_spec(directory)
+    if trained.name and trained.name != spec.name:
+        return f"{directory} is a checkpoint of model {trained.name!r}; this run trains {spec.name!r}"
+    if spec.finetune != "lora":
+        if not (directory / FULL_TRANSFORMER).is_file():
+            return (f"{directory} holds no {FULL_TRANSFORMER} (a full fine-tune's checkpoint); "
+                    "this run has finetune='full' (a LoRA checkpoint starts a finetune='lora' run)")
+        return None
+    if not (directory / LORA_WEIGHTS).is_file():
+        return (f"{directory} holds no {LORA_WEIGHTS} (a LoRA run's checkpoint); this run has "
+                "finetune='lora' (a full fine-tune's checkpoint starts a finetune='full' run)")
+    try:
+        lora = bare_lora_spec(directory)
+    except ValueError as exc:
+        return str(exc)
+    if lora.lora_rank != spec.lora_rank:
+        return (f"{directory / LORA_WEIGHTS} holds a LoRA of rank {lora.lora_rank}; this run's "
+                f"adapters have rank {spec.lora_rank} (lora_rank)")
+    header = safetensors_header(directory / LORA_WEIGHTS)
+    modules = sorted({k.removeprefix("transformer.").removesuffix(".lora_A.weight")
+                      for k in header if k.startswith("transformer.")
+                      and k.endswith(".lora_A.weight")})
+    from trainer.config import DEFAULT_LORA_TARGETS
+
+    targets = list(spec.lora_target_modules) or list(DEFAULT_LORA_TARGETS)
+    untargeted = [m for m in modules if not _targeted(m, targets)]
+    if untargeted:
+        return (f"{directory / LORA_WEIGHTS} holds adapters on layers this run's "
+                f"lora_target_modules do not train (e.g. {untargeted[0]}); this run targets "
+                f"{targets}")
+    return None
+
+
 def load_checkpoint_model(path: str | Path, device: torch.device | str = "cpu") -> FlowModel:
     """The model of a checkpoint directory or weights file, ready to sample."""
     return load_flow_model(checkpoint_spec(path), device=device)
