@@ -341,7 +341,8 @@ def starting_weights_problem(spec: ModelSpec, directory: str | Path) -> str | No
     directory = Path(directory)
     trained = checkpoint_spec(directory)
     if trained.name and trained.name != spec.name:
-        return f"{directory} is a checkpoint of model {trained.name!r}; this run trains {spec.name!r}"
+        return (f"{directory} is a checkpoint of model {trained.name!r}; this run trains "
+                f"{spec.name!r}")
     if spec.finetune != "lora":
         if not (directory / FULL_TRANSFORMER).is_file():
             return (f"{directory} holds no {FULL_TRANSFORMER} (a full fine-tune's checkpoint); "
