@@ -52,6 +52,25 @@ def test_weights_under_reward_models_dir_are_accepted(client, admin, reward_root
     assert r.status_code == 422 and "model.safetensors" in _errors(r)["reward_weights"]
 
 
+def test_damaged_reward_weights_are_422_at_submission(client, admin, reward_root,
+                                                     tiny_clip_path):
+    """A truncated copy (the usual way a large download goes wrong) or a config that is not
+    JSON: refused at the door, naming the reward and the file, not at the job's start."""
+    shutil.copytree(tiny_clip_path, reward_root / "pickscore")
+    weights = reward_root / "pickscore" / "model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[: len(whole) // 2])
+    r = _post(client, admin, TRAIN)
+    assert r.status_code == 422 and list(_errors(r)) == ["reward_weights"], r.text
+    message = _errors(r)["reward_weights"]
+    assert "'pickscore'" in message and "damaged" in message and str(weights) in message
+    assert "is truncated" in message
+    weights.write_bytes(whole)
+    (reward_root / "pickscore" / "config.json").write_text("{not json")
+    r = _post(client, admin, TRAIN)
+    assert r.status_code == 422 and "config.json" in _errors(r)["reward_weights"], r.text
+
+
 def test_reward_model_paths_under_models_dir_or_reward_models_dir(client, admin, settings,
                                                                   reward_root, tiny_clip_path):
     models = settings.resolved_models_dir

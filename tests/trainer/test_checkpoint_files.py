@@ -17,6 +17,7 @@ from trainer.models import (
     checkpoint_weights_file,
     load_checkpoint_model,
     model_dir_problem,
+    weights_file_problem,
 )
 
 
@@ -46,6 +47,37 @@ def test_a_missing_model_directory_names_what_it_should_hold(tmp_path):
     problem = model_dir_problem("flux", tmp_path / "nowhere")
     assert str(tmp_path / "nowhere") in problem and "does not exist" in problem
     assert "model_index.json" in problem and "tokenizer_2" in problem
+
+
+def test_damaged_weights_files_are_found_from_their_headers(tmp_path):
+    """`weights_file_problem` finds what a truncated copy or download leaves (the tensors run
+    past the file's end, a torch zip without its closing directory, an empty file, JSON cut
+    short) without loading anything; whole files pass. A model directory holding one is
+    named incomplete in the same words, before a job would load it."""
+    from safetensors.torch import save_file
+
+    tensors = tmp_path / "w.safetensors"
+    save_file({"a": torch.zeros(64, 64), "b": torch.ones(8)}, str(tensors))
+    torch.save({"a": torch.zeros(64, 64)}, tmp_path / "w.pt")
+    (tmp_path / "c.json").write_text('{"hidden_size": 8}')
+    for name in ("w.safetensors", "w.pt", "c.json"):
+        assert weights_file_problem(tmp_path / name) is None, name
+    whole = {name: (tmp_path / name).read_bytes() for name in ("w.safetensors", "w.pt", "c.json")}
+    for name, data in whole.items():
+        (tmp_path / name).write_bytes(data[: len(data) - 100 if len(data) > 200 else 5])
+    problem = weights_file_problem(tensors)
+    assert problem.startswith(f"{tensors} is truncated: its header describes "), problem
+    assert "is truncated: a torch checkpoint" in weights_file_problem(tmp_path / "w.pt")
+    assert str(tmp_path / "c.json") in weights_file_problem(tmp_path / "c.json")
+    (tmp_path / "empty.bin").write_bytes(b"")
+    assert weights_file_problem(tmp_path / "empty.bin") == f"{tmp_path / 'empty.bin'} is empty"
+
+    flux = write_tiny_flux(tmp_path / "flux")
+    assert model_dir_problem("flux", flux) is None
+    shard = sorted((flux / "transformer").glob("*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:-10])
+    problem = model_dir_problem("flux", flux)
+    assert problem.startswith(f"model directory {flux} has damaged files: {shard} is truncated")
 
 
 def test_a_weights_file_is_read_a_tensor_at_a_time(tmp_path):

@@ -142,17 +142,24 @@ def model_dir_problem(name: str, path: str | Path) -> str | None:
         if (problem := _pipeline_problem(name, path)) is not None:
             return problem
         missing = [f for f in expected if not (path / f).exists()]
+        weights = []
         for folder in _WEIGHT_FOLDERS:
             sub = path / folder
-            if (sub.is_dir() and not any(sub.glob("*.safetensors"))
-                    and not any(sub.glob("*.bin"))):
+            found = [*sub.glob("*.safetensors"), *sub.glob("*.bin")] if sub.is_dir() else []
+            if sub.is_dir() and not found:
                 missing.append(f"{folder}/*.safetensors")
+            weights += found
     except OSError as exc:  # a name too long (ENAMETOOLONG), no permission: not a model here
         return f"model directory {path} cannot be read ({exc.strerror or exc})"
     if missing:
         return (f"model directory {path} is incomplete for {name!r}: missing "
                 f"{', '.join(missing)} (a diffusers-format directory holds "
                 f"{', '.join(expected)}, with weights in each model folder)")
+    damaged = [problem for f in [*(path / f for f in expected if f.endswith(".json")),
+                                 *sorted(weights)]
+               if (problem := weights_file_problem(f)) is not None]
+    if damaged:
+        return f"model directory {path} has damaged files: {'; '.join(damaged)}"
     return None
 
 
@@ -197,6 +204,44 @@ def safetensors_header(path: str | Path) -> dict[str, Any]:
     return header
 
 
+def weights_file_problem(path: str | Path) -> str | None:
+    """Why the weights or config file `path` is damaged, or None, judged without loading it:
+    an empty file; a safetensors file whose header does not parse or whose tensors run past
+    its end; a torch zip checkpoint that lost its closing directory; JSON that does not parse.
+    A truncated copy or download is what this catches before a job takes a worker; a file
+    that is whole but wrong is the loader's to find."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size == 0:
+            return f"{path} is empty"
+        if path.suffix == ".safetensors":
+            header = safetensors_header(path)
+            with open(path, "rb") as fh:
+                (header_size,) = struct.unpack("<Q", fh.read(8))
+            ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"
+                    and isinstance(t, dict) and isinstance(t.get("data_offsets"), list)
+                    and len(t["data_offsets"]) == 2 and isinstance(t["data_offsets"][1], int)]
+            needed = 8 + header_size + max(ends, default=0)
+            if size < needed:
+                return (f"{path} is truncated: its header describes {needed:,} bytes, the file "
+                        f"has {size:,}")
+        elif path.suffix == ".json":
+            json.loads(path.read_bytes())
+        elif path.suffix in (".pt", ".pth", ".bin", ".ckpt"):
+            import zipfile
+
+            with open(path, "rb") as fh:
+                zipped = fh.read(4) == b"PK\x03\x04"  # torch.save's format since 1.6
+            if zipped and not zipfile.is_zipfile(path):
+                return f"{path} is truncated: a torch checkpoint without its closing directory"
+    except OSError as exc:
+        return f"{path} cannot be read ({exc.strerror or exc})"
+    except ValueError as exc:  # json's errors and safetensors_header's
+        return f"{path}: {' '.join(str(exc).split())[:200]}"
+    return None
+
+
 def safetensors_metadata(path: str | Path) -> dict[str, str]:
     """The `__metadata__` of a safetensors file, read from its header alone."""
     meta = safetensors_header(path).get("__metadata__") or {}
@@ -233,10 +278,10 @@ def weights_problem(name: str, path: str | Path, weight_format: str | None = Non
     if weight_format is None and name not in _MODELS:
         return f"unknown model {name!r}; known: {model_names()}"
     if weight_format is None and uses_model_directory(name):
-        if not Path(path).is_dir() or checkpoint_weights_file(path) is None:
+        if not Path(path).is_dir() or (weights := checkpoint_weights_file(path)) is None:
             return (f"{path} is not a checkpoint directory (one holding {LORA_WEIGHTS} or "
                     f"{FULL_TRANSFORMER})")
-        return None
+        return weights_file_problem(weights)
     try:
         meta = safetensors_metadata(path)
     except (OSError, ValueError) as exc:
@@ -244,7 +289,7 @@ def weights_problem(name: str, path: str | Path, weight_format: str | None = Non
     want = weight_format or _WEIGHT_FORMATS.get(name)
     if want and meta.get("format") != want:
         return f"{path} is not a {want!r} weights file (its format is {meta.get('format')!r})"
-    return None
+    return weights_file_problem(path)
 
 
 def model_names() -> list[str]:
@@ -262,8 +307,8 @@ def load_flow_model(spec: ModelSpec | str, path: str | Path | None = None,
     in the dtype they were loaded in, for FSDP to move to `device` one unit at a time as it
     shards them: no card ever holds the whole model, and the sharded run makes full
     fine-tuning's fp32 master weights from each rank's shard on its card
-    (`trainer.distributed.DistributedFlowModel`), so no host holds a whole fp32 copy. Loaders without a `stage_on_cpu` keyword (shapes: it is small) load on
-    `device`."""
+    (`trainer.distributed.DistributedFlowModel`), so no host holds a whole fp32 copy. Loaders
+    without a `stage_on_cpu` keyword (shapes: it is small) load on `device`."""
     if isinstance(spec, str):
         spec = ModelSpec(name=spec, weights=str(path) if path else "")
     if spec.name not in _MODELS:

@@ -167,6 +167,13 @@ def weights_problem(name: str, paths: dict[str, str] | None = None,
                      if not any((directory / f).is_file() for f in alts)]:
         problems.append(f"reward {name!r}: weights directory {str(directory)!r} (from {setting}) "
                         f"lacks {'; '.join(missing)} (it must hold: {expected})")
+    else:
+        from trainer.models import weights_file_problem
+
+        present = [directory / f for alts in spec.files for f in alts if (directory / f).is_file()]
+        if damaged := [p for f in present if (p := weights_file_problem(f)) is not None]:
+            problems.append(f"reward {name!r}: weights directory {str(directory)!r} (from "
+                            f"{setting}) has damaged files: {'; '.join(damaged)}")
     return "; ".join(problems) or None
 
 
