@@ -36,7 +36,7 @@ from trainer.grpo import blended_group_rewards, group_advantages, group_noises
 from trainer.loop import resolve_device
 from trainer.models import ModelSpec, checkpoint_spec, load_flow_model, uses_model_directory
 from trainer.models.base import FlowModel, micro_batches, repeat_cond, to_uint8
-from trainer.rewards.models import MODEL_REWARDS, RewardWeightsMissing
+from trainer.rewards.models import MODEL_REWARDS, RewardWeightsMissing, RewardWeightsUnloadable
 from trainer.rewards.remote import RewardServerError, Scorer, prepare_scorer
 from trainer.shapes.world import all_prompts
 from trainer.solvers import rollout
@@ -112,7 +112,7 @@ def prepare_rewards(names: list[str], given: dict[str, str] | None = None,
             paths[name] = str(root / name)
     try:
         return prepare_scorer(names, "", paths, resolve_device("auto"))
-    except RewardWeightsMissing as exc:
+    except (RewardWeightsMissing, RewardWeightsUnloadable) as exc:
         raise JobError(str(exc)) from None
 
 

@@ -33,7 +33,7 @@ from trainer.config import TrainConfig
 from trainer.grpo import IterationResult
 from trainer.loop import Trainer
 from trainer.models import checkpoint_directory, checkpoint_weights_file, uses_model_directory
-from trainer.rewards.models import RewardWeightsMissing
+from trainer.rewards.models import RewardWeightsMissing, RewardWeightsUnloadable
 from trainer.rewards.remote import RewardServerError
 from worker.lease import JobError, LeaseLost
 from worker.preference import ImageCache, fit_and_record, resolve_preference
@@ -291,9 +291,9 @@ def prepare_trainer(job_id: int, model=None) -> tuple[Trainer, TrainConfig, int 
         ckpt_id, ckpt_path = (ckpt.id, ckpt.path) if ckpt is not None else (None, None)
     try:
         trainer = Trainer(config, model=model)
-    except (RewardServerError, RewardWeightsMissing) as exc:
+    except (RewardServerError, RewardWeightsMissing, RewardWeightsUnloadable) as exc:
         # down or lacking a reward; or weights that passed the submission check but are gone
-        # now: the message names the reward, its setting and the files expected, in full
+        # now, or do not load: the message names the reward, its setting and its files
         raise JobError(str(exc)) from None
     trainer.track(tracking_root(), f"job-{job_id}")  # prepared on rank 0 alone when distributed
     last_vote = attach_preference(trainer, config)

@@ -377,23 +377,57 @@ def test_evaluate_refuses_shapes_only_rewards_for_real_models(model, tmp_path, c
     assert f"for model {model!r} use image rewards" in line
 
 
+def test_train_names_reward_weights_that_do_not_load_before_any_rollout(tmp_path,
+                                                                        tiny_clip_path, capsys):
+    """As evaluate: a train run whose clip_score weights are whole files of the wrong shapes
+    stops at its start with one line naming the reward and its directory, and writes no run
+    directory (before, the first scoring raised the loader's traceback after a rollout)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    broken = shutil.copytree(tiny_clip_path, tmp_path / "clip")
+    for weights in broken.glob("*.safetensors"):
+        save_file({k: torch.zeros(1) for k in load_file(str(weights))}, str(weights))
+    out = tmp_path / "run"
+    line = cli_error(["train", "--config", "tiny", "--set", "device=cpu", "--set",
+                      'reward_weights={"count": 1, "clip_score": 1}', "--set",
+                      f'reward_model_paths={{"clip_score": "{broken}"}}', "--out", str(out),
+                      "--no-progress"], capsys)
+    assert line.startswith(f"error: reward 'clip_score': the weights in {str(broken)!r} (from "
+                           "reward_model_paths['clip_score']: "), line
+    assert "cannot be loaded: " in line and not out.exists()
+
+
 def test_evaluate_names_reward_weights_that_do_not_load_before_sampling(tmp_path,
                                                                          tiny_clip_path, capsys,
                                                                          monkeypatch):
-    """Files that are there but do not load (a garbage model.safetensors): one line naming the
-    reward and its directory, before the model samples anything."""
+    """Files that are there but do not load: one line naming the reward and its directory,
+    before the model samples anything. A whole safetensors file of the wrong shapes fails in
+    the loader; garbage bytes are found damaged from the header, before loading."""
     import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
 
     from trainer import evaluation
 
     broken = shutil.copytree(tiny_clip_path, tmp_path / "clip")
     for weights in broken.glob("*.safetensors"):
-        weights.write_bytes(b"not safetensors at all")
+        save_file({k: torch.zeros(1) for k in load_file(str(weights))}, str(weights))
     sampled = []
     monkeypatch.setattr(evaluation, "sample_images", lambda *a, **k: sampled.append(1))
-    line = cli_error(["evaluate", "--rewards", "clip_score", "--reward-model-path",
-                      f"clip_score={broken}", "--device", "cpu", "--seeds", "1", "--steps", "1"],
-                     capsys)
+    args = ["evaluate", "--rewards", "clip_score", "--reward-model-path", f"clip_score={broken}",
+            "--device", "cpu", "--seeds", "1", "--steps", "1"]
+    line = cli_error(args, capsys)
     assert line.startswith(f"error: reward 'clip_score': the weights in {str(broken)!r} (from "
                            "reward_model_paths['clip_score']: "), line
     assert "model.safetensors" in line and "cannot be loaded: " in line and not sampled
+
+    for weights in broken.glob("*.safetensors"):
+        weights.write_bytes(b"not safetensors at all")
+    line = cli_error(args, capsys)
+    assert line.startswith(f"error: reward 'clip_score': weights directory {str(broken)!r} "
+                           "(from reward_model_paths['clip_score']) has damaged files: "), line
+    assert "model.safetensors: not a safetensors file" in line and not sampled

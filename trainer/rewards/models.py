@@ -69,6 +69,11 @@ HF_CLIP_FILES = (("config.json",), ("model.safetensors", "pytorch_model.bin"),
 DEFAULT_BATCH_SIZE = 32
 
 
+class RewardWeightsUnloadable(ValueError):
+    """A model-backed reward's weights are there but do not load (an empty or truncated file,
+    another model's); the message names the reward, its directory and its files."""
+
+
 class RewardWeightsMissing(FileNotFoundError):
     """A model-backed reward's weights directory is missing or incomplete. `reward` names it,
     `setting` says where its directory comes from (REWARD_MODELS_DIR or
@@ -194,8 +199,8 @@ def load_reward_models(names: list[str] | dict[str, Any]) -> None:
     """Load (and cache) the model-backed rewards among `names` now, on the configured device:
     a job calls it before minutes of sampling, so that weights that are there but do not load
     (an empty or truncated file, another model's) fail at its start. ValueError naming the
-    reward, its directory and the files it read; missing files are RewardWeightsMissing, as
-    check_reward_models raises."""
+    reward, its directory and the files it read (RewardWeightsUnloadable); missing files are
+    RewardWeightsMissing, as check_reward_models raises."""
     for name in names:
         if name not in MODEL_REWARDS:
             continue
@@ -209,9 +214,10 @@ def load_reward_models(names: list[str] | dict[str, Any]) -> None:
             present = [f for alternatives in MODEL_REWARDS[name].files for f in alternatives
                        if (directory / f).is_file()]
             detail = " ".join(str(exc).split())[:300]  # one line, however long the original
-            raise ValueError(f"reward {name!r}: the weights in {str(directory)!r} (from "
-                             f"{setting}: {', '.join(present)}) cannot be loaded: "
-                             f"{type(exc).__name__}: {detail}") from None
+            raise RewardWeightsUnloadable(
+                f"reward {name!r}: the weights in {str(directory)!r} (from {setting}: "
+                f"{', '.join(present)}) cannot be loaded: {type(exc).__name__}: {detail}"
+            ) from None
 
 
 def _current_device() -> torch.device:

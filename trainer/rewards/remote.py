@@ -253,16 +253,23 @@ def prepare_scorer(names: list[str] | dict[str, Any], server_url: str = "",
     `reward_scorer(server_url)`. With a server: it must be up and serve every name but the
     run-time ones (RewardServerError names the URL and what is missing). In process: the
     model-backed rewards among `names` point at `model_paths` (the rest at REWARD_MODELS_DIR)
-    on `device`, and weights that cannot load raise RewardWeightsMissing. Train, rollout and
-    evaluate jobs all start through here, so a job that scores checks its rewards one way."""
+    on `device`: weights that are missing raise RewardWeightsMissing, weights that are there
+    but do not load a ValueError naming the reward and its files (they are loaded here, not
+    at the first scoring after minutes of sampling). Train, rollout and evaluate jobs all
+    start through here, so a job that scores checks its rewards one way."""
     if server_url:
         client = reward_client(server_url)
         client.check(names)
         return client
     # imported here: torch and the model adapters, which a process scoring on a server never
     # needs to load
-    from trainer.rewards.models import check_reward_models, configure_reward_models
+    from trainer.rewards.models import (
+        check_reward_models,
+        configure_reward_models,
+        load_reward_models,
+    )
 
     configure_reward_models(model_paths, device)
     check_reward_models(names)
+    load_reward_models(names)
     return compute_rewards
