@@ -153,6 +153,8 @@ MAX_SEED = 2**31 - 1
 # them. FLUX's single-stream blocks get adapters on their attention (to_q/k/v) only: their
 # fused MLP (proj_mlp, proj_out) is left out, as in those scripts, and a suffix "proj_out"
 # would also catch the transformer's final projection.
+# the fields only a LoRA run reads (finetune='lora')
+LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_target_modules")
 DEFAULT_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj",
                         "add_v_proj", "to_add_out", "ff.net.0.proj", "ff.net.2",
                         "ff_context.net.0.proj", "ff_context.net.2"]
@@ -586,6 +588,31 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
         return config
 
     @classmethod
+    def from_layers(cls, base: dict[str, Any], given: dict[str, Any]) -> TrainConfig:
+        """`given` (the user's own fields: the API's config, the CLI's --set or JSON file) over
+        `base` (a preset's fields, or none), validated as from_dict does, with one more rule
+        that needs to know which is which: a LoRA field the user set, to a value `base` does
+        not already hold, on a run that trains in full is refused, since the run would ignore
+        it (a FLUX run meant for LoRA would train all 12B weights instead)."""
+        problems: list[ConfigError] = []
+        try:
+            config = cls.from_dict({**base, **given})
+        except ConfigErrors as exc:
+            problems = list(exc.errors)
+        defaults = cls()
+        finetune = given.get("finetune", base.get("finetune", defaults.finetune))
+        if finetune == "full":
+            for name in LORA_FIELDS:
+                if name in given and given[name] != base.get(name, getattr(defaults, name)):
+                    problems.append(ConfigError(name, "applies only to finetune='lora'; this "
+                                                "run has finetune='full', which ignores it: "
+                                                "set finetune to 'lora' (as the flux-lora and "
+                                                f"sd3-lora presets do) or leave {name} out"))
+        if problems:
+            raise ConfigErrors(problems)
+        return config
+
+    @classmethod
     def from_stored(cls, data: dict[str, Any]) -> TrainConfig:
         """The typed form the studio's submission validated and stored (a job's config, every
         field given), as the worker reads it: rebuilt, not checked again. A field this version
@@ -693,10 +720,11 @@ def default_preset(model: str) -> str:
 
 def load_config(spec: str | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """A preset name or a JSON file path, then overrides; validated."""
-    data: dict[str, Any] = {}
+    base: dict[str, Any] = {}  # the preset's fields
+    data: dict[str, Any] = {}  # the user's own: a JSON file's, then the overrides
     if spec:
         if spec in PRESETS:
-            data.update(PRESETS[spec])
+            base.update(PRESETS[spec])
         else:
             path = Path(spec)
             if not path.is_file():
@@ -717,4 +745,4 @@ def load_config(spec: str | None, overrides: dict[str, Any] | None = None) -> Tr
                                   f"got a JSON {kind}")
             data.update(loaded)
     data.update(overrides or {})
-    return TrainConfig.from_dict(data)
+    return TrainConfig.from_layers(base, data)

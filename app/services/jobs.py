@@ -65,21 +65,25 @@ Problems = list[tuple[str, str]]  # (field, message), every one found
 def _train_config(config: dict[str, Any], preset: str | None, top: Problems,
                   problems: Problems) -> dict[str, Any]:
     """The train config `preset` and `config` make; a bad preset goes to `top` (a field of
-    the request), the config's own problems to `problems`."""
-    from trainer.config import PRESETS, ConfigErrors, TrainConfig
+    the request), the config's own problems to `problems`. Without a preset, a config that
+    names flux or sd3 starts from that model's preset (`default_preset`: LoRA, its batch
+    sizes), as the CLI's train does; shapes from the defaults."""
+    from trainer.config import PRESETS, ConfigErrors, TrainConfig, default_preset
 
-    data: dict[str, Any] = {}
+    base: dict[str, Any] = {}
+    model = config.get("model")
+    if not preset and isinstance(model, str) and default_preset(model) == f"{model}-lora":
+        preset = default_preset(model)
     if preset:
         if preset not in PRESETS:
             top.append(("preset", f"unknown preset {preset!r}; one of {list(PRESETS)}"))
         else:
-            data.update(PRESETS[preset])
-    data.update(config)
+            base.update(PRESETS[preset])
     try:
-        return TrainConfig.from_dict(data).to_dict()
+        return TrainConfig.from_layers(base, config).to_dict()
     except ConfigErrors as exc:
         problems.extend((e.field, e.message) for e in exc.errors)
-    return {**TrainConfig().to_dict(), **data}  # the server's own checks still run on it
+    return {**TrainConfig().to_dict(), **base, **config}  # the server's own checks still run
 
 
 def _kind_config(kind: str, config: dict[str, Any], problems: Problems) -> dict[str, Any]:

@@ -72,6 +72,42 @@ def test_a_missing_or_incomplete_model_directory_is_422_naming_what_is_missing(
     assert r.status_code == 422 and list(_errors(r)) == ["model_path"]
 
 
+def test_a_flux_job_without_a_preset_starts_from_flux_lora_as_the_cli_does(client, admin,
+                                                                          models):
+    """No preset: the model's preset (LoRA, its batch sizes), not the shapes defaults, which
+    would fine-tune every weight of a 12B model; given fields still win over it."""
+    from trainer.config import PRESETS
+
+    r = _post(client, admin, "train", {"model": "flux", "model_path": "tiny-flux",
+                                       "resolution": 32, "device": "cpu"})
+    assert r.status_code == 201, r.text
+    config = r.json()["config"]
+    for name in ("finetune", "lora_rank", "lora_alpha", "group_size", "rollout_batch_size"):
+        assert config[name] == PRESETS["flux-lora"][name], name
+    assert config["finetune"] == "lora" and config["resolution"] == 32
+    r = _post(client, admin, "train", {"model": "flux", "model_path": "tiny-flux",
+                                       "resolution": 32, "device": "cpu", "lora_rank": 8})
+    assert r.status_code == 201 and r.json()["config"]["lora_rank"] == 8, r.text
+
+
+def test_lora_fields_on_a_full_fine_tune_are_422_not_ignored(client, admin, models):
+    """A LoRA field the user sets on a run that trains in full would be ignored: refused,
+    each field named; the preset's own LoRA fields (or a value equal to them) are not."""
+    full = {**FLUX, "finetune": "full"}
+    r = _post(client, admin, "train", {**full, "lora_alpha": 3.0,
+                                       "lora_target_modules": ["to_q"]}, "tiny")
+    assert r.status_code == 422, r.text
+    assert set(_errors(r)) == {"lora_rank", "lora_alpha", "lora_target_modules"}
+    assert "applies only to finetune='lora'" in _errors(r)["lora_rank"]
+    r = _post(client, admin, "train", {k: v for k, v in full.items() if k != "lora_rank"},
+              "tiny")
+    assert r.status_code == 201, r.text
+    r = _post(client, admin, "train", {"model": "flux", "model_path": "tiny-flux",
+                                       "resolution": 32, "device": "cpu",
+                                       "finetune": "full"}, "flux-lora")
+    assert r.status_code == 201, r.text  # flux-lora's own rank is not the user's
+
+
 def test_lora_rank_0_and_every_other_problem_at_once(client, admin, models):
     r = _post(client, admin, "train", {**FLUX, "lora_rank": 0}, "tiny")
     assert r.status_code == 422 and list(_errors(r)) == ["lora_rank"]
@@ -121,7 +157,7 @@ def test_a_base_checkpoint_that_does_not_fit_the_run_is_422_not_a_worker_failure
     for change, field, why in (
             ({"lora_rank": 8}, "base_checkpoint",
              f"{lora} holds a LoRA of rank 4; this run's adapters have rank 8 (lora_rank)"),
-            ({"finetune": "full"}, "base_checkpoint",
+            ({"finetune": "full", "lora_rank": 32}, "base_checkpoint",
              "holds no transformer/diffusion_pytorch_model.safetensors (a full fine-tune's"),
             ({"lora_target_modules": ["to_q", "to_k"]}, "base_checkpoint",
              "holds adapters on layers this run's lora_target_modules do not train"),

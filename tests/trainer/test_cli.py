@@ -377,6 +377,18 @@ def test_evaluate_refuses_shapes_only_rewards_for_real_models(model, tmp_path, c
     assert f"for model {model!r} use image rewards" in line
 
 
+def test_train_refuses_lora_fields_a_full_fine_tune_would_ignore(tmp_path, capsys):
+    """`--config tiny --set model=flux --set lora_rank=4` would train every weight and drop
+    the rank: a config error naming the field, before anything is written."""
+    out = tmp_path / "run"
+    line = cli_error(["train", "--config", "tiny", "--set", "model=flux", "--set",
+                      f"model_path={tmp_path}", "--set", "lora_rank=4", "--set", "device=cpu",
+                      "--set", "resolution=32", "--out", str(out)], capsys)
+    assert line.startswith("error: config field 'lora_rank': applies only to "
+                           "finetune='lora'; this run has finetune='full'"), line
+    assert not out.exists()
+
+
 def test_train_names_reward_weights_that_do_not_load_before_any_rollout(tmp_path,
                                                                         tiny_clip_path, capsys):
     """As evaluate: a train run whose clip_score weights are whole files of the wrong shapes

@@ -208,7 +208,7 @@ def weights_file_problem(path: str | Path) -> str | None:
     """Why the weights or config file `path` is damaged, or None, judged without loading it:
     an empty file; a safetensors file whose header does not parse or whose tensors run past
     its end; a torch zip checkpoint that lost its closing directory; JSON that does not parse.
-    A truncated copy or download is what this catches before a job takes a worker; a file
+    A truncated copy or download is what this catches before a job starts; a file
     that is whole but wrong is the loader's to find."""
     path = Path(path)
     try:
