@@ -40,6 +40,8 @@ def end_session(request: Request, response: Response, session: SessionDep) -> Re
     cleared. Needs no other token: only the cookie's holder can name its session."""
     if auth.end_session(session, session_cookie(request.cookies)):
         session.commit()
-    response.delete_cookie(SESSION_COOKIE, path="/")
+    # with the attributes it was set with (a browser matches a cookie by them)
+    response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict",
+                           secure=request.url.scheme == "https")
     response.status_code = 204
     return response

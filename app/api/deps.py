@@ -26,14 +26,12 @@ def session_cookie(cookies: Mapping[str, str]) -> str | None:
 
 
 def authenticated(token: str | None) -> User | None:
-    """The owner of `token` (cached, as for every API call), or None."""
+    """The owner of `token`, an API token or a UI session's (cached, as for every API call),
+    or None: for the routes a browser's cookie reaches (stored files)."""
     if not token:
         return None
-    cached = auth.token_cache.get(auth.hash_token(token))
-    if cached is not None:
-        return cached
     try:
-        return _authenticate(token)
+        return _authenticate(token, session_ok=True)
     except Unauthorized:
         return None
 
@@ -52,21 +50,30 @@ def get_session() -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def _authenticate(token: str | None) -> User:
+def _authenticate(token: str | None, *, session_ok: bool) -> User:
+    if token:
+        cached = auth.token_cache.get(auth.hash_token(token))
+        if cached is not None and (session_ok or not cached[1]):
+            return cached[0]
     with db.new_session() as session:
-        return auth.authenticate(session, token)
+        return auth.authenticate(session, token, session_ok=session_ok)
+
+
+async def _caller(token: str | None, *, session_ok: bool) -> User:
+    """Async: a cached token costs no thread hop and no query."""
+    if token:
+        cached = auth.token_cache.get(auth.hash_token(token))
+        if cached is not None and (session_ok or not cached[1]):
+            return cached[0]
+    return await run_in_threadpool(lambda: _authenticate(token, session_ok=session_ok))
 
 
 async def current_user(
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> User:
-    """The caller. Async: a cached token costs no thread hop and no query."""
-    token = creds.credentials if creds else None
-    if token:
-        cached = auth.token_cache.get(auth.hash_token(token))
-        if cached is not None:
-            return cached
-    return await run_in_threadpool(_authenticate, token)
+    """The caller of an API route: the bearer token, an API token (a UI session's is refused:
+    it is the browser's cookie, not a credential for scripts)."""
+    return await _caller(creds.credentials if creds else None, session_ok=False)
 
 
 async def file_reader(
@@ -75,9 +82,9 @@ async def file_reader(
     """The caller of a route that returns stored bytes (images, checkpoints): the bearer token,
     or else the session cookie the UI sets at login, because a browser's `<img src>` cannot
     send a header. Only read-only routes take the cookie, so it can never trigger an action."""
-    token = creds.credentials if creds else session_cookie(request.cookies)
-    return await current_user(
-        HTTPAuthorizationCredentials(scheme="Bearer", credentials=token) if token else None)
+    if creds:
+        return await _caller(creds.credentials, session_ok=False)
+    return await _caller(session_cookie(request.cookies), session_ok=True)
 
 
 def admin_user(user: Annotated[User, Depends(current_user)]) -> User:

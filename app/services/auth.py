@@ -113,25 +113,26 @@ def revoke_user(session: Session, user_id: int, *, by: User | None = None) -> in
 
 
 class _TokenCache:
-    """token hash -> (detached User, expiry): saves a query on every request. A revoked token
-    or a role change takes effect within `ttl` seconds (or at once after `clear()`)."""
+    """token hash -> (detached User, whether the token is a UI session's, expiry): saves a
+    query on every request. A revoked token or a role change takes effect within `ttl`
+    seconds (or at once after `clear()`)."""
 
     def __init__(self, ttl: float = 10.0, max_size: int = 10_000) -> None:
         self.ttl, self.max_size = ttl, max_size
-        self._items: dict[str, tuple[User, float]] = {}
+        self._items: dict[str, tuple[User, bool, float]] = {}
         self._lock = threading.Lock()
 
-    def get(self, key: str) -> User | None:
+    def get(self, key: str) -> tuple[User, bool] | None:
         item = self._items.get(key)
-        if item is None or item[1] < time.monotonic():
+        if item is None or item[2] < time.monotonic():
             return None
-        return item[0]
+        return item[0], item[1]
 
-    def put(self, key: str, user: User) -> None:
+    def put(self, key: str, user: User, is_session: bool) -> None:
         with self._lock:
             if len(self._items) >= self.max_size:
                 self._items.clear()
-            self._items[key] = (user, time.monotonic() + self.ttl)
+            self._items[key] = (user, is_session, time.monotonic() + self.ttl)
 
     def clear(self) -> None:
         with self._lock:
@@ -140,24 +141,34 @@ class _TokenCache:
 
 token_cache = _TokenCache()
 
+SESSION_TOKEN_REFUSED = ("a UI session's token works only where the browser sends its cookie "
+                         "(the UI and its stored files); the API takes an API token "
+                         "(`python -m app create-user`, or an admin's POST /api/users)")
 
-def authenticate(session: Session, token: str | None) -> User:
-    """The user owning `token`; Unauthorized if missing, unknown or revoked."""
+
+def authenticate(session: Session, token: str | None, *, session_ok: bool = True) -> User:
+    """The user owning `token`; Unauthorized if missing, unknown, revoked or expired, and if
+    it is a UI session's token where `session_ok` is False (the API's bearer routes: a session
+    is the browser's, so that a copied cookie cannot mint new sessions or act through the API,
+    and logging out ends all it can do)."""
     if not token:
         raise Unauthorized("missing bearer token")
     key = hash_token(token)
-    user = token_cache.get(key)
-    if user is not None:
-        return user
-    row = session.scalar(
-        select(ApiToken).where(ApiToken.token_hash == key, ApiToken.revoked_at.is_(None),
-                               or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > utcnow()))
-    )
-    if row is None:
-        raise Unauthorized("invalid or revoked token (or an expired session)")
-    user = row.user
-    session.expunge(user)
-    token_cache.put(key, user)
+    cached = token_cache.get(key)
+    if cached is not None:
+        user, is_session = cached
+    else:
+        row = session.scalar(
+            select(ApiToken).where(ApiToken.token_hash == key, ApiToken.revoked_at.is_(None),
+                                   or_(ApiToken.expires_at.is_(None),
+                                       ApiToken.expires_at > utcnow())))
+        if row is None:
+            raise Unauthorized("invalid or revoked token (or an expired session)")
+        user, is_session = row.user, bool(row.is_session)
+        session.expunge(user)
+        token_cache.put(key, user, is_session)
+    if is_session and not session_ok:
+        raise Unauthorized(SESSION_TOKEN_REFUSED)
     return user
 
 

@@ -421,6 +421,13 @@ def test_session_cookie_login_and_logout(world):
     assert "max-age=604800" in set_cookie.lower()
     cookie = {"Cookie": f"ngs_session={session_token}"}
     assert call("GET", f"/api/media/{image}", cookie).status == 200
+    # the session's token is the browser's cookie, not a credential: as a bearer token it
+    # mints no new session (which logging out would not end) and reaches no API route
+    as_bearer = {"Authorization": f"Bearer {session_token}"}
+    for method, path in (("POST", "/api/auth/session"), ("GET", "/api/auth/me"),
+                         ("GET", "/api/jobs"), ("GET", f"/api/media/{image}")):
+        r = call(method, path, as_bearer)
+        assert r.status == 401 and b"session" in r.body, (method, path, r.body)
     assert call("POST", "/api/auth/session").status == 401
     assert call("POST", "/api/auth/session", {"Authorization": "Bearer nope"}).status == 401
     # a cookie holding an API token (set by hand) is not a session: logout does not revoke it
