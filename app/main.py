@@ -178,8 +178,11 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
 
     if mount_ui:  # the Gradio UI at /ui (gradio is a server dependency: a missing one is an error)
         from app.ui import mount
+        from app.ui.sessions import UiSessionGuard
 
         app = mount(app)
+        # a logged-in UI session acts only for its own browser (app/ui/sessions.py)
+        app.add_middleware(UiSessionGuard, ui_path=UI_PATH)
     # stored files need a token on the UI's routes too (app/api/media.py says the rule)
     app.add_middleware(media.StoredFilesGuard, ui_path=UI_PATH)
     # outermost: no body passes its limit on its way to either of the above (app/api/body_limit.py)

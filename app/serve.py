@@ -119,14 +119,16 @@ class _QuietCancelledStreams(logging.Filter):
 
 
 class _RedactSessionIds(logging.Filter):
-    """Write Gradio's session ids in the access log as `session_hash=...`: a UI session's
-    event stream is named by it alone, so a log reader must not learn it."""
+    """Write Gradio's session ids in the access log as `...` (`session_hash=...`,
+    `/heartbeat/...`, `/stream/.../`): a UI session's events are named by it, so a log
+    reader must not learn it (app/ui/sessions.py also binds a logged-in session to its
+    browser's cookie, so that the id alone acts for no one)."""
 
-    PATTERN = re.compile(r"(session_hash=)[^&\s]+")
+    PATTERN = re.compile(r"(session_hash=|/heartbeat/|/stream/)[^&\s/?]+")
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple) and len(record.args) >= 3 and \
-                isinstance(record.args[2], str) and "session_hash=" in record.args[2]:
+                isinstance(record.args[2], str):
             args = list(record.args)
             args[2] = self.PATTERN.sub(r"\1...", args[2])
             record.args = tuple(args)

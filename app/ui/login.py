@@ -1,4 +1,6 @@
-"""Login by API token. The token stays in the per-session state, never in a global."""
+"""Login by API token. The token stays in the per-session state, never in a global; the
+session is bound to its browser's session cookie (app/ui/sessions.py), so that its id alone
+acts for no one."""
 
 from __future__ import annotations
 
@@ -7,7 +9,9 @@ from dataclasses import dataclass
 import gradio as gr
 
 from app.api.deps import session_cookie
-from app.ui.common import caller, error_text, esc, notice
+from app.services import auth
+from app.ui.common import caller, error_text, esc, notice, session
+from app.ui.sessions import forget_login, remember_login
 
 ANNOTATOR_TABS = ("arena", "annotators")  # annotators see their own stats on the last one
 ADMIN_TABS = ("arena", "rollouts", "jobs", "leaderboard", "datasets", "annotators")
@@ -26,11 +30,6 @@ START_SESSION_JS = """async (token, state) => {
   }
   return [token, state];
 }"""
-END_SESSION_JS = """async () => {
-  try { await fetch("/api/auth/session", {method: "DELETE", credentials: "same-origin"}); }
-  catch (e) { /* nothing to forget */ }
-  return [];
-}"""
 
 
 @dataclass
@@ -45,7 +44,7 @@ class Login:
     def wire(self, pages: dict[str, gr.Tab], tabs: gr.Tabs, ui: gr.Blocks | None = None) -> None:
         keys = list(pages)
 
-        def login(token: str, _state: dict | None, quiet: bool = False):
+        def login(token: str, _state: dict | None, request: gr.Request, quiet: bool = False):
             token = (token or "").strip()
             try:
                 user = caller({"token": token})
@@ -53,6 +52,9 @@ class Login:
                 return (None, "" if quiet else notice(error_text(exc), "error"),
                         gr.update(visible=True), gr.update(visible=False), gr.skip(),
                         *[gr.update(visible=False) for _ in keys], gr.skip())
+            # from now on this session acts only for requests carrying the user's session
+            # cookie, not for whoever learns its id (app/ui/sessions.py)
+            remember_login(getattr(request, "session_hash", None), token)
             allowed = ADMIN_TABS if user.role == "admin" else ANNOTATOR_TABS
             state = {"token": token, "name": user.name, "role": user.role}
             status = (f'<div id="whoami" data-role="{esc(user.role)}">Logged in as '
@@ -61,7 +63,17 @@ class Login:
                     gr.Tabs(selected="arena"), *[gr.update(visible=k in allowed) for k in keys],
                     "")  # the box forgets the token: it lives in `state` only
 
-        def logout():
+        def logout(request: gr.Request):
+            """The server ends the login: this session's binding and the browser's session
+            token (revoked here, from the cookie this request carries; the cookie left
+            behind names nothing, and the next login replaces it). A script deleting the
+            cookie first would leave this request without the cookie its session is bound
+            to; one deleting it after could delete a new login's cookie."""
+            forget_login(getattr(request, "session_hash", None))
+            token = session_cookie(dict(request.cookies)) if request is not None else None
+            if token:
+                with session() as s:
+                    auth.end_session(s, token)
             return (None, "", gr.update(visible=True), gr.update(visible=False), gr.skip(),
                     *[gr.update(visible=False) for _ in keys], "")
 
@@ -70,8 +82,7 @@ class Login:
         for trigger in (self.button.click, self.token.submit):
             trigger(login, [self.token, self.user], outputs, api_visibility="private",
                     js=START_SESSION_JS)
-        self.logout.click(logout, None, outputs, api_visibility="private",
-                          js=END_SESSION_JS)
+        self.logout.click(logout, None, outputs, api_visibility="private")
 
         def restore(state: dict | None, request: gr.Request):
             """A reload keeps the login: the session cookie set at login (HttpOnly, so only
@@ -80,12 +91,16 @@ class Login:
             token = session_cookie(dict(request.cookies)) if request is not None else None
             if state or not token:
                 return tuple(gr.skip() for _ in outputs)
-            out = login(token, None, quiet=True)
+            out = login(token, None, request, quiet=True)
             return out if out[0] else tuple(gr.skip() for _ in outputs)
+
+        def closed(request: gr.Request) -> None:
+            forget_login(getattr(request, "session_hash", None))
 
         if ui is not None:
             ui.load(restore, self.user, outputs, api_visibility="private",
                     show_progress="hidden")
+            ui.unload(closed)  # the page closed: its session id binds nothing any more
 
 
 def build_login(user: gr.State) -> Login:

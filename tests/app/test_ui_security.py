@@ -206,6 +206,84 @@ def test_every_gradio_route_taking_a_file_needs_a_token(served, admin):
     assert r.status_code != 401
 
 
+def _join(client, fn_index: int, data: list, session_hash: str, headers=None):
+    return client.post("/ui/gradio_api/queue/join", headers=headers or {}, json={
+        "data": data, "fn_index": fn_index, "session_hash": session_hash,
+        "event_data": None, "trigger_id": None})
+
+
+def _completed(client, session_hash: str, headers=None) -> dict:
+    """The next finished event of the session, read from its queue/data stream."""
+    import json
+
+    with client.stream("GET", f"/ui/gradio_api/queue/data?session_hash={session_hash}",
+                       headers=headers or {}) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data:"):
+                message = json.loads(line[5:])
+                if message.get("msg") == "process_completed":
+                    return message
+    raise AssertionError("the stream ended before the event finished")
+
+
+def test_a_logged_in_ui_session_acts_only_for_its_own_browser(served, admin, annotator):
+    """Gradio runs an event with the state of the session its request names, and the login
+    keeps its token there: once logged in, the session id (which a log or a proxy may show)
+    must not let another client join the queue, read the session's event stream or keep it
+    alive. Its own browser (the session cookie set at login) goes on; so does anyone once the
+    login is over (logged out, or its token revoked)."""
+    client, blocks = served
+    from app.ui.sessions import login_of
+
+    fns = list(blocks.fns.values())
+    login_fn = next(fn._id for fn in fns if fn.name == "login")
+    logout_fn = next(fn._id for fn in fns if fn.name == "logout")
+    token = admin["Authorization"].split(" ", 1)[1]
+    r = client.post("/api/auth/session", headers=admin)  # what the login button's script does
+    cookie = {"Cookie": f"ngs_session={r.cookies['ngs_session']}"}
+    client.cookies.clear()  # each request below says what it carries
+    assert _join(client, login_fn, [token, None], "victim", cookie).status_code == 200
+    assert _completed(client, "victim", cookie)["success"] is True
+    assert login_of("victim") == token
+
+    other = client.post("/api/auth/session", headers=annotator).cookies["ngs_session"]
+    client.cookies.clear()
+    for headers in ({}, {"Cookie": f"ngs_session={other}"}, annotator,
+                    {"Cookie": "ngs_session=forged"}):
+        r = _join(client, login_fn, [token, None], "victim", headers)
+        assert r.status_code == 401 and "another browser" in r.text, headers
+        r = client.get("/ui/gradio_api/queue/data?session_hash=victim", headers=headers)
+        assert r.status_code == 401, headers
+        r = client.get("/ui/gradio_api/heartbeat/victim", headers=headers)
+        assert r.status_code == 401, headers
+    # a session no one logged into is the login box's: open to all, as before
+    assert _join(client, login_fn, ["", None], "stranger").status_code == 200
+
+    # its own browser logs out: the binding goes, and the cookie's session token is revoked
+    assert _join(client, logout_fn, [], "victim", cookie).status_code == 200
+    assert _completed(client, "victim", cookie)["success"] is True
+    assert login_of("victim") is None
+    assert client.get("/api/media/x.png", headers=cookie).status_code == 401
+    assert _join(client, logout_fn, [], "victim").status_code == 200
+
+
+def test_the_access_log_hides_ui_session_ids_in_paths_and_queries():
+    import logging
+
+    from app.serve import _RedactSessionIds
+
+    for line, shown in (
+            ("/ui/gradio_api/heartbeat/s3cr3t", "/heartbeat/... HTTP"),
+            ("/ui/gradio_api/queue/data?session_hash=s3cr3t&x=1", "session_hash=...&x=1"),
+            ("/ui/gradio_api/stream/s3cr3t/playlist.m3u8", "/stream/.../playlist")):
+        # uvicorn's access record: (client, method, path with query, HTTP version, status)
+        record = logging.LogRecord("uvicorn.access", logging.INFO, "", 0,
+                                   '%s - "%s %s HTTP/%s" %d',
+                                   ("127.0.0.1:5000", "GET", line, "1.1", 200), None)
+        _RedactSessionIds().filter(record)
+        assert "s3cr3t" not in record.getMessage() and shown in record.getMessage(), line
+
+
 def test_gradio_deep_links_are_refused(served, admin):
     """Gradio saved a session's component values (the login box's token, the pages' tables)
     for anyone who named the session id, and loaded them for anyone holding the link."""

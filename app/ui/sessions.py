@@ -1,0 +1,147 @@
+"""Which browser a logged-in UI session belongs to.
+
+Gradio names a page's session by a random id (`session_hash`) that the page sends with every
+event (`queue/join`), stream (`queue/data`) and heartbeat, and it runs each event with that
+session's state, where the login keeps its token (app/ui/login.py). The id alone would
+therefore act as the logged-in user: anyone who learnt it (from a proxy's or the server's
+log, a shared screen) could join the queue under it and run any handler as them. So a logged
+in session is bound to the credential its browser holds, the HttpOnly session cookie set at
+login: `UiSessionGuard` refuses a request naming a logged-in session unless it carries a
+token (that cookie, or an Authorization header) of the same user. Sessions no one is logged
+into (the login box's own events) pass, as do sessions whose login no longer authenticates
+(revoked or expired: their handlers answer with that, and there is nothing to take over).
+
+The table lives in this process's memory, as Gradio's session states do.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from urllib.parse import parse_qs
+
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.config import UI_PATH
+
+_lock = threading.Lock()
+_logins: dict[str, str] = {}  # session_hash -> the token its login holds
+MAX_SESSIONS = 100_000  # logins not logged out; the oldest go first past this many
+
+# the session id where Gradio's client puts it outside a JSON body: /heartbeat/<id>,
+# /stream/<id>/..., or ?session_hash=<id>
+_PATH_SESSION = re.compile(r"^/(?:gradio_api/)?(?:heartbeat|stream)/([^/?]+)")
+# a JSON body is read for its session id only up to this size (component values are small;
+# the request body limit outside caps every body anyway)
+MAX_JSON_BODY = 8 * 1024 * 1024
+
+
+def remember_login(session_hash: str | None, token: str) -> None:
+    """Bind the UI session `session_hash` to the login `token` (a login, a reload's restore)."""
+    if not session_hash:
+        return
+    with _lock:
+        _logins.pop(session_hash, None)
+        if len(_logins) >= MAX_SESSIONS:
+            del _logins[next(iter(_logins))]
+        _logins[session_hash] = token
+
+
+def forget_login(session_hash: str | None) -> None:
+    """The UI session `session_hash` logged out (or its page closed)."""
+    if session_hash:
+        with _lock:
+            _logins.pop(session_hash, None)
+
+
+def login_of(session_hash: str | None) -> str | None:
+    return _logins.get(session_hash) if session_hash else None
+
+
+def _query_session(scope: Scope) -> str | None:
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    values = query.get("session_hash") or []
+    return values[0] if values else None
+
+
+def _body_session(body: bytes) -> str | None:
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    value = data.get("session_hash") if isinstance(data, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _may_act(session_hash: str | None, scope: Scope) -> bool:
+    """Whether this request may act for the UI session `session_hash` (blocking: queries)."""
+    from app.api.deps import authenticated
+    from app.api.media import request_token
+
+    login = login_of(session_hash)
+    if login is None:
+        return True
+    owner = authenticated(login)
+    if owner is None:  # revoked or expired: the handlers say so, nothing to take over
+        return True
+    caller = authenticated(request_token(scope))
+    return caller is not None and caller.id == owner.id
+
+
+class UiSessionGuard:
+    """ASGI middleware: a request under `ui_path` that names a logged-in UI session needs a
+    token of that session's user (its browser's session cookie); see the module doc."""
+
+    def __init__(self, app: ASGIApp, ui_path: str = UI_PATH) -> None:
+        self.app, self.ui_path = app, ui_path.rstrip("/")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = re.sub(r"/{2,}", "/", scope.get("path", "")) if scope["type"] == "http" else ""
+        if not path.startswith(self.ui_path + "/") or not _logins:
+            await self.app(scope, receive, send)
+            return
+        sub = path[len(self.ui_path):]
+        found = _PATH_SESSION.match(sub)
+        session_hash = found.group(1) if found else _query_session(scope)
+        content_type = next((v.decode("latin-1") for k, v in scope.get("headers", [])
+                             if k == b"content-type"), "")
+        if session_hash is None and scope.get("method") == "POST" \
+                and content_type.split(";", 1)[0].strip().lower() == "application/json":
+            body, receive = await _buffered(receive)
+            if len(body) <= MAX_JSON_BODY:
+                session_hash = _body_session(body)
+        if session_hash is not None and not await run_in_threadpool(_may_act, session_hash,
+                                                                    scope):
+            response = JSONResponse(
+                {"detail": "this UI session is logged in from another browser: log in here "
+                           "(a logged-in session needs its browser's session cookie)"},
+                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+async def _buffered(receive: Receive) -> tuple[bytes, Receive]:
+    """The request's whole body, and a `receive` that hands it to the app again."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # the client went away
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return body, replay
