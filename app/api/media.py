@@ -10,8 +10,8 @@ The rule: a stored file leaves the server only to a caller with a valid token, g
 - the Gradio UI never serves the storage directory (`blocked_paths` in `app.ui.mount`), and
   `StoredFilesGuard` answers 401 on every Gradio route that serves or accepts files (uploaded
   prompt files are users' data too), and on every Gradio request whose body is not JSON (a
-  file coming in, whatever the route), unless the request carries a valid token; a file
-  coming in needs an admin's (403 for an annotator: only the Datasets page uploads).
+  file coming in, whatever the route), unless the request carries a valid token; and 403
+  unless it is an admin's (only the Datasets page uploads, and reads its upload back).
   Gradio's deep links, which hand a session's component values to whoever knows its id, are
   refused outright (404): the UI offers none.
 
@@ -114,11 +114,14 @@ class StoredFilesGuard:
                             status_code=401, headers={"WWW-Authenticate": "Bearer"})
                         await response(scope, receive, send)
                         return
-                    if incoming and user.role != "admin":
-                        # only the Datasets page (admins) sends files; an annotator's upload
-                        # would only take the server's disk
+                    if user.role != "admin":
+                        # only the Datasets page (admins) sends files, or gets one back (the
+                        # picker's file, which is another admin's upload): an annotator's
+                        # upload would only take the server's disk, and their images come
+                        # through /api/media
                         response = JSONResponse(
-                            {"detail": "only admins upload files (the Datasets page)"},
+                            {"detail": "only admins upload files or read uploads back (the "
+                                       "Datasets page)"},
                             status_code=403)
                         await response(scope, receive, send)
                         return

@@ -5,7 +5,9 @@ job uses the dataset), which takes a ticked confirmation so that one click delet
 
 from __future__ import annotations
 
+import contextlib
 import json
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -60,16 +62,28 @@ def preview(dataset_id: int) -> str:
                 f"line(s) skipped. First rows:{body}</div>")
 
 
+def _discard_upload(path: Path) -> None:
+    """Gradio's copy of an uploaded file, gone once read: the dataset (or the refusal) is
+    what stays, and the upload folder lies outside DATA_DIR, where nothing deletes it."""
+    path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # Gradio's per-file folder, when nothing else is in it
+        path.parent.rmdir()
+
+
 def upload(user_state: dict | None, file: str | None, name: str, eval_fraction: float | None,
-           seed: float | None) -> tuple[str, str, Any]:
-    """Outputs: status, preview, list."""
+           seed: float | None) -> tuple[str, str, Any, Any]:
+    """Outputs: status, preview, list, the file picker (emptied: the server read the file and
+    deleted its copy, so an Upload again needs the file chosen again)."""
     try:
         caller(user_state, "admin")
         # only a file the user uploaded: the value is the client's, and can name any path
         path = uploaded_file(file)
         limit = get_settings().max_upload_bytes
-        with path.open("rb") as fh:
-            data = fh.read(limit + 1)
+        try:
+            with path.open("rb") as fh:
+                data = fh.read(limit + 1)
+        finally:
+            _discard_upload(path)
         with session() as s:
             result = svc.import_dataset(
                 s, filename=path.name, data=data, name=name or None,
@@ -81,12 +95,12 @@ def upload(user_state: dict | None, file: str | None, name: str, eval_fraction: 
             count = result.dataset.num_prompts
     except Exception as exc:  # noqa: BLE001 - the service's message, as the API returns it
         return (f'<div class="ngs-notice ngs-error" id="dataset-error">{esc(error_text(exc))}'
-                f"</div>", "", gr.skip())
+                f"</div>", "", gr.skip(), None if file else gr.skip())
     status = (f'<div class="ngs-notice ngs-ok" id="dataset-ok" data-dataset="{ds_id}">'
               f"Imported dataset {ds_id}: {count} prompts, {dropped} duplicate(s) dropped, "
               f"{blank} blank line(s) skipped."
               f"</div>")
-    return status, preview(ds_id), dataset_list()
+    return status, preview(ds_id), dataset_list(), None
 
 
 def show(user_state: dict | None, dataset_id: float | None) -> str:
@@ -191,7 +205,7 @@ def build_datasets(user: gr.State) -> gr.Blocks:
             confirm = gr.Checkbox(False, label=CONFIRM_DELETE, elem_id="dataset-delete-confirm")
             delete_btn = gr.Button("Delete dataset", variant="stop", elem_id="dataset-delete")
         delete_status = gr.HTML(elem_id="dataset-delete-status")
-        go.click(upload, [user, file, name, eval_fraction, seed], [status, prev, listing],
+        go.click(upload, [user, file, name, eval_fraction, seed], [status, prev, listing, file],
                  api_visibility="private").then(delete_choices, user, doomed,
                                                 api_visibility="private")
         show_btn.click(show, [user, pick], prev, api_visibility="private")

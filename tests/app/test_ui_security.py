@@ -60,7 +60,7 @@ def test_upload_reads_only_files_in_the_upload_folder(settings, admin, upload_di
     link = inside / "prompts.txt"
     link.symlink_to(secret)  # inside the folder by name, outside it once resolved
     for path in (str(secret), str(link), f"{upload_dir}/../server-only/secret.txt"):
-        status, _, _ = datasets.upload(user, path, "", 0.0, 0)
+        status, *_ = datasets.upload(user, path, "", 0.0, 0)
         text = _error(status)
         assert 'id="dataset-error"' in status
         assert "not uploaded through this page" in text, text
@@ -73,9 +73,18 @@ def test_upload_reads_only_files_in_the_upload_folder(settings, admin, upload_di
 
     good = inside / "animals.txt"
     good.write_text("a red fox\nan owl at night\n")
-    status, _, _ = datasets.upload(user, str(good), "", 0.0, 0)
+    status, *_, picker = datasets.upload(user, str(good), "", 0.0, 0)
     assert 'id="dataset-ok"' in status and "2 prompts" in status
     assert _dataset_count() == 1
+    # the server's copy of the upload is gone once read (the dataset holds the prompts),
+    # a refused one's too, and the picker is emptied; the symlink's target is untouched
+    assert not good.exists() and picker is None
+    bad = upload_dir / "4567cdef" / "broken.csv"
+    bad.parent.mkdir()
+    bad.write_text('prompt\n"an unclosed quote\n')
+    status, *_, picker = datasets.upload(user, str(bad), "", 0.0, 0)
+    assert 'id="dataset-error"' in status and picker is None
+    assert not bad.exists() and not bad.parent.exists() and secret.exists()
 
 
 def _mounted_blocks(settings):
@@ -295,6 +304,20 @@ def test_gradio_deep_links_are_refused(served, admin):
             assert r.status_code == 404 and "deep links" in r.text, (path, r.status_code)
     assert client.get("/ui/").status_code == 200  # the shell itself stays public
     assert client.get("/ui/config").status_code == 200
+
+
+def test_an_upload_is_read_back_by_admins_only(served, admin, annotator, upload_dir):
+    """Gradio serves an uploaded file back (the picker's link) through file=: the Datasets
+    page's, so an annotator's token gets a 403, not another admin's prompt file."""
+    client, _ = served
+    r = client.post("/ui/gradio_api/upload", headers=admin,
+                    files={"files": ("private.txt", b"an unreleased prompt\n", "text/plain")})
+    assert r.status_code == 200, r.text
+    path = r.json()[0]
+    r = client.get(f"/ui/gradio_api/file={path}", headers=annotator)
+    assert r.status_code == 403 and b"unreleased" not in r.content
+    r = client.get(f"/ui/gradio_api/file={path}", headers=admin)
+    assert r.status_code == 200 and r.content == b"an unreleased prompt\n"
 
 
 def test_gradio_uploads_are_capped_at_max_upload_bytes(served, admin):
