@@ -125,6 +125,49 @@ def test_both_routes_score_alike_and_a_bad_body_is_422(server):
             ["count"], PROMPTS[:2], images), headers={"Content-Type": NPY_MEDIA_TYPE})
 
 
+def test_a_body_that_is_not_what_its_header_says_is_422_before_any_allocation(server):
+    """A .npy header claiming terabytes (the body has a hundred bytes) is answered from the
+    header, not by trying to allocate it (a 500 from numpy's MemoryError); image files sent
+    instead of .npy bytes are named as such."""
+    import base64
+    import io
+
+    client = RewardClient(server.url, timeout=30)
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, {"descr": "|u1", "fortran_order": False,
+                                                "shape": (1, 1_000_000, 1_000_000, 3)})
+    body = b'{"rewards":["count"],"prompts":["one red circle"]}\n' + head.getvalue() + bytes(100)
+    with pytest.raises(RewardServerError, match=r"422.*describes a uint8 array of shape "
+                                                r"\(1, 1000000, 1000000, 3\) \(3,000,000,000,000 "
+                                                r"bytes\), the request holds 100"):
+        client._request("POST", "/score_npy", content=body,
+                        headers={"Content-Type": NPY_MEDIA_TYPE})
+    png = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(64)).decode()
+    with pytest.raises(RewardServerError, match="422.*not a PNG file"):
+        client._request("POST", "/score", json={"rewards": ["count"],
+                                                "prompts": ["one red circle"], "images": png})
+
+
+def test_a_body_over_the_limit_is_413_chunked_or_not():
+    import httpx
+
+    app = create_app(["count"], device="cpu", max_request_bytes=1000)
+    with ServerThread(app) as running:
+        body = encode_score_request(["count"], ["one red circle"], _images(1, seed=1))
+        assert len(body) > 1000
+        r = httpx.post(f"{running.url}/score_npy", content=body,
+                       headers={"Content-Type": NPY_MEDIA_TYPE})
+        assert r.status_code == 413 and "--max-request-mb" in r.json()["detail"]
+        r = httpx.post(f"{running.url}/score_npy", content=iter([body[:600], body[600:]]),
+                       headers={"Content-Type": NPY_MEDIA_TYPE})  # no Content-Length
+        assert r.status_code == 413, r.text
+        small = encode_score_request(["count"], ["one red circle"],
+                                     np.zeros((1, 8, 8, 3), np.uint8))
+        r = httpx.post(f"{running.url}/score_npy", content=iter([small[:50], small[50:]]),
+                       headers={"Content-Type": NPY_MEDIA_TYPE})
+        assert r.status_code == 200 and len(r.json()["scores"]["count"]) == 1, r.text
+
+
 def test_health_names_the_rewards_and_device(server):
     health = _health(server)
     assert health["status"] == "ok" and health["rewards"] == SERVED
@@ -330,6 +373,9 @@ def test_zero_size_images_are_422_not_500(server):
     (["--max-batch", "0"], "argument --max-batch: must be an integer >= 1"),
     (["--device", "gpu"], "argument --device: must be one of auto, cpu, cuda or cuda:N"),
     (["--device", "cuda"], "--device: device 'cuda' requested but CUDA is not available"),
+    (["--port", "99999"], "argument --port: must be a port number 0-65535, got '99999'"),
+    (["--port", "-1"], "argument --port: must be a port number 0-65535, got '-1'"),
+    (["--max-request-mb", "0"], "argument --max-request-mb: must be an integer >= 1"),
 ])
 def test_the_servers_bad_options_are_one_line_and_exit_2(argv, message, capsys, monkeypatch):
     """Refused before any reward model loads (hpsv2 has no weights here: not reached)."""

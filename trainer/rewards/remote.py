@@ -20,6 +20,7 @@ import base64
 import functools
 import io
 import json
+import math
 import os
 from collections.abc import Callable
 from typing import Any
@@ -66,14 +67,49 @@ def encode_images(images: np.ndarray) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+# what a client might send instead of .npy bytes: named, rather than numpy's message
+_IMAGE_FILES = {b"\x89PNG": "a PNG file", b"\xff\xd8\xff": "a JPEG file",
+                b"RIFF": "a WebP file", b"GIF8": "a GIF file"}
+
+
+def _load_npy(raw: bytes, what: str) -> np.ndarray:
+    """The array in the .npy bytes `raw`, its header checked against the bytes there before
+    anything is allocated (a header may claim terabytes); ValueError names `what` was sent."""
+    from numpy.lib import format as npy
+
+    kind = next((name for magic, name in _IMAGE_FILES.items() if raw.startswith(magic)), None)
+    if kind is not None:
+        raise ValueError(f"{what} must be the .npy bytes of an (N, H, W, 3) uint8 array, not "
+                         f"{kind} (encode_images / encode_score_request in "
+                         "trainer.rewards.remote write them)")
+    buf = io.BytesIO(raw)
+    try:
+        version = npy.read_magic(buf)
+        read_header = (npy.read_array_header_1_0 if version == (1, 0)
+                       else npy.read_array_header_2_0)
+        shape, _, dtype = read_header(buf, max_header_size=10_000)
+    except (ValueError, OSError, EOFError, SyntaxError) as exc:
+        raise ValueError(f"{what} must be a .npy file: {exc}") from None
+    if dtype.hasobject:
+        raise ValueError(f"{what} must be a .npy file of numbers, not of objects")
+    needed = math.prod(shape) * dtype.itemsize
+    if needed > len(raw) - buf.tell():
+        raise ValueError(f"{what}: the .npy header describes a {dtype} array of shape "
+                         f"{tuple(shape)} ({needed:,} bytes), the request holds "
+                         f"{len(raw) - buf.tell():,}")
+    try:
+        return np.load(io.BytesIO(raw), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise ValueError(f"{what} must be a .npy file: {exc}") from None
+
+
 def decode_images(data: str) -> np.ndarray:
     """The inverse of encode_images; ValueError says what is wrong with `data`."""
     try:
         raw = base64.b64decode(data, validate=True)
-        images = np.load(io.BytesIO(raw), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
+    except ValueError as exc:
         raise ValueError(f"images must be base64 of a .npy file: {exc}") from None
-    return _checked_images(images)
+    return _checked_images(_load_npy(raw, "images (after base64)"))
 
 
 # POST /score_npy's body: one line of JSON {"rewards": [...], "prompts": [...]} (compact JSON
@@ -108,11 +144,7 @@ def decode_score_request(body: bytes) -> tuple[list[str], list[str], np.ndarray]
     for name, value in (("rewards", rewards), ("prompts", prompts)):
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ValueError(f"'{name}' in the first line must be a list of strings")
-    try:
-        images = np.load(io.BytesIO(rest), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise ValueError(f"the images after the first line must be a .npy file: {exc}") from None
-    return rewards, prompts, _checked_images(images)
+    return rewards, prompts, _checked_images(_load_npy(rest, "the images after the first line"))
 
 
 def _checked_images(images: np.ndarray) -> np.ndarray:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import json
 import logging
 import math
 import queue
@@ -59,6 +60,7 @@ log = logging.getLogger(__name__)
 DEFAULT_PORT = 8100
 DEFAULT_MAX_BATCH = 64
 DEFAULT_MAX_WAIT_MS = 20.0
+DEFAULT_MAX_REQUEST_MB = 1024
 # how often a waiting request looks whether its client is still there
 DISCONNECT_POLL_S = 0.1
 
@@ -257,12 +259,66 @@ def load_rewards(names: Iterable[str], paths: dict[str, str] | None = None,
     return names
 
 
+class BodyLimit:
+    """ASGI middleware: a request body over `max_bytes` is a 413 naming the limit, by its
+    Content-Length before anything is read, else (chunked) once the bytes read pass it: the
+    server holds a whole body in memory to decode it."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def _refuse(self, send: Any) -> None:
+        body = json.dumps({"detail": f"the request body is over the server's limit of "
+                                     f"{self.max_bytes:,} bytes (--max-request-mb): send "
+                                     "fewer images per request"}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = next((v for k, v in scope.get("headers", []) if k == b"content-length"), None)
+        if length is not None:
+            if length.isdigit() and int(length) > self.max_bytes:
+                await self._refuse(send)
+                return
+            await self.app(scope, receive, send)  # the server reads no more than it says
+            return
+        # chunked: read here, up to the limit, and hand the app the body read
+        chunks, received = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunks.append(message.get("body", b""))
+            received += len(chunks[-1])
+            if received > self.max_bytes:
+                await self._refuse(send)
+                return
+            if not message.get("more_body", False):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
 def create_app(rewards: Iterable[str], *, device: str = "auto",
                reward_model_paths: dict[str, str] | None = None,
                max_batch: int = DEFAULT_MAX_BATCH,
-               max_wait_ms: float = DEFAULT_MAX_WAIT_MS) -> FastAPI:
+               max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_MB * 2**20) -> FastAPI:
     """The server's app with `rewards` loaded (see load_rewards); the batcher runs while the
-    app does (its lifespan)."""
+    app does (its lifespan); request bodies over `max_request_bytes` are 413s."""
     import torch
 
     resolved_device = device if device != "auto" else (
@@ -279,12 +335,14 @@ def create_app(rewards: Iterable[str], *, device: str = "auto",
             batcher.stop()
 
     app = FastAPI(title="Neighbor GRPO reward server", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
     app.state.batcher = batcher
     app.state.rewards = served
 
     @app.get("/health")
     def health() -> dict[str, Any]:
-        return {"status": "ok" if batcher.alive() else "stopped", "rewards": served, "device": resolved_device,
+        return {"status": "ok" if batcher.alive() else "stopped", "rewards": served,
+                "device": resolved_device,
                 "max_batch": batcher.max_batch, "max_wait_ms": batcher.max_wait * 1000.0,
                 **batcher.stats()}
 
@@ -408,6 +466,18 @@ def _wait_ms(text: str) -> float:
     return value
 
 
+def _port(text: str) -> int:
+    """--port: 0-65535 (a larger number would be taken modulo 65536 by the socket layer, and
+    the server would listen on a port nobody asked for)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number 0-65535, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """`python -m trainer.rewards.serve`'s options (docker-compose.yml's reward-server runs it)."""
     parser = argparse.ArgumentParser(
@@ -419,7 +489,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "hpsv2,pickscore,imagereward")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (0.0.0.0 for other hosts; default %(default)s)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="default %(default)s")
+    parser.add_argument("--port", type=_port, default=DEFAULT_PORT,
+                        help="TCP port, 0-65535 (0: any free one; default %(default)s)")
+    parser.add_argument("--max-request-mb", type=positive_int, default=DEFAULT_MAX_REQUEST_MB,
+                        help="largest request body taken, in MiB: a bigger one is a 413 before "
+                             "it is read (default %(default)s; 64 images of 1024x1024 are "
+                             "192 MiB as .npy)")
     parser.add_argument("--device", type=device_name, default="auto",
                         help="torch device of the reward models: auto, cpu, cuda, cuda:1 ...")
     parser.add_argument("--max-batch", type=positive_int, default=DEFAULT_MAX_BATCH,
@@ -450,7 +525,8 @@ def main(argv: list[str] | None = None) -> None:
         available_device(args.device, "--device")
         app = create_app([n.strip() for n in args.rewards.split(",") if n.strip()],
                          device=args.device, reward_model_paths=args.reward_model_paths,
-                         max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)
+                         max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                         max_request_bytes=args.max_request_mb * 2**20)
     except (ValueError, FileNotFoundError) as exc:  # RewardWeightsMissing is one
         parser.exit(2, f"reward server: {exc}\n")
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
