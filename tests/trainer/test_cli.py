@@ -375,6 +375,8 @@ def test_evaluate_refuses_shapes_only_rewards_for_real_models(model, tmp_path, c
     assert line.startswith("error: config field 'rewards': ['count'] score only the shapes "
                            "model's 32x32 images"), line
     assert f"for model {model!r} use image rewards" in line
+    # 'preference' is a train job's blend, not a reward evaluate can score: not offered here
+    assert "or 'preference'" not in line and "train job's reward_weights" in line
 
 
 def test_train_refuses_lora_fields_a_full_fine_tune_would_ignore(tmp_path, capsys):

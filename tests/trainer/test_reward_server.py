@@ -390,6 +390,18 @@ def test_the_servers_bad_options_are_one_line_and_exit_2(argv, message, capsys, 
     assert message in err.strip().splitlines()[-1], err
 
 
+def test_serving_preference_is_refused_with_one_reason_and_the_servable_names():
+    from trainer.rewards.serve import load_rewards
+
+    with pytest.raises(ValueError) as info:
+        load_rewards(["preference", "beauty"], {}, "cpu")
+    message = str(info.value)
+    assert message.startswith("'preference' is the training job's own model from votes; it "
+                              "is scored in the job; unknown reward 'beauty'; a server "
+                              "serves: ["), message
+    assert "unknown reward 'preference'" not in message and "'count'" in message
+
+
 def test_the_batcher_refuses_a_wait_that_is_not_finite():
     from trainer.rewards.serve import Batcher
 

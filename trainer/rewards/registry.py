@@ -70,8 +70,8 @@ def shapes_only_problem(names: list[str], model: str) -> str | None:
         return None
     image_rewards = sorted(n for n in _REWARDS if n not in _SHAPES_ONLY)
     return (f"{bad} score only the shapes model's 32x32 images (they count exact-colour "
-            f"shapes); for model {model!r} use image rewards: {image_rewards} or "
-            "'preference'")
+            f"shapes); for model {model!r} use image rewards: {image_rewards} (a train "
+            "job's reward_weights may also blend 'preference', the model fitted on votes)")
 
 
 def get_reward(name: str) -> RewardFn:

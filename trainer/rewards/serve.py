@@ -240,11 +240,11 @@ def load_rewards(names: Iterable[str], paths: dict[str, str] | None = None,
     if not names:
         raise ValueError("name at least one reward to serve")
     known = reward_names()
-    problems = [f"unknown reward {n!r}" for n in names if n not in known]
-    problems += [f"{n!r} is the training job's own model from votes; it is scored in the job"
-                 for n in names if n in LOCAL_REWARDS]
+    problems = [f"{n!r} is the training job's own model from votes; it is scored in the job"
+                if n in LOCAL_REWARDS else f"unknown reward {n!r}"
+                for n in names if n not in known or n in LOCAL_REWARDS]
     if problems:
-        raise ValueError(f"{'; '.join(problems)}; known: "
+        raise ValueError(f"{'; '.join(problems)}; a server serves: "
                          f"{[n for n in known if n not in LOCAL_REWARDS]}")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
