@@ -86,13 +86,25 @@ def job_path(value: str, *, want: str = "file") -> Path:
     allowed = f"a {want} under STORAGE_DIR ({roots[0]}) or MODELS_DIR ({roots[1]})"
     _refuse_unnamable(value, allowed)
     given = Path(value)
+    inside: list[Path] = []  # candidates inside the roots, but missing or of the other kind
     for candidate in [given] if given.is_absolute() else [root / given for root in roots]:
         try:
             full = candidate.resolve()  # symlinks followed: one that leaves the roots is out
         except (OSError, RuntimeError):
             continue
-        if any(full.is_relative_to(root) for root in roots) and _is(full, want):
-            return full
+        if any(full.is_relative_to(root) for root in roots):
+            if _is(full, want):
+                return full
+            inside.append(full)
+    if inside:  # allowed places: say what is wrong there (outside them, nothing is said)
+        # the one that exists, of the other kind, says more than one that does not
+        there = next((p for p in inside if _is(p, "file") or _is(p, "dir")), inside[0])
+        try:
+            what = ("does not exist" if not there.exists() else
+                    f"is a {'directory' if there.is_dir() else 'file'}, not a {want}")
+        except OSError as exc:  # a name grown too long after symlinks, no permission
+            what = f"cannot be read ({exc.strerror or exc})"
+        raise ValueError(f"{value!r} {what} ({there}); it must name {allowed}")
     raise ValueError(f"{value!r} is not {allowed}")
 
 

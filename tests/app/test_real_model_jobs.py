@@ -121,7 +121,9 @@ def test_a_flux_base_checkpoint_must_be_a_checkpoint_directory(client, admin, mo
     (models / "empty-run").mkdir()
     (models / "weights.safetensors").write_bytes(b"\0" * 16)
     for bad, why in (("empty-run", "not a checkpoint directory"),
-                     ("weights.safetensors", "is not a dir")):
+                     ("weights.safetensors", "is a file, not a dir"),
+                     ("run-9/iter-000001", "does not exist"),  # a checkpoint deleted since
+                     ("/etc", "is not a dir under STORAGE_DIR")):  # outside: nothing said
         r = _post(client, admin, "train", {**FLUX, "base_checkpoint": bad}, "tiny")
         assert r.status_code == 422 and list(_errors(r)) == ["base_checkpoint"], r.text
         assert why in _errors(r)["base_checkpoint"]
