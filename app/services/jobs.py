@@ -326,6 +326,16 @@ def _check_model(session: Session, kind: str, config: dict[str, Any], problems: 
                    and uses_model_directory(model) else None)
         if problem is not None:
             problems.append(("model_path", problem))
+        elif (model_path and uses_model_directory(model) and config.get("finetune") == "lora"
+              and not malformed & {"finetune", "lora_target_modules"}):
+            from trainer.models import lora_targets_problem
+
+            # peft would refuse targets that name no layer once the model had loaded (the
+            # directory is complete here: model_path_problem said so)
+            targets = lora_targets_problem(storage.model_dir(model_path),
+                                           list(config.get("lora_target_modules") or []))
+            if targets is not None:
+                problems.append(("lora_target_modules", targets))
         return
     if kind not in ("rollout", "evaluate") or "model" in malformed:
         return

@@ -108,6 +108,21 @@ def test_lora_fields_on_a_full_fine_tune_are_422_not_ignored(client, admin, mode
     assert r.status_code == 201, r.text  # flux-lora's own rank is not the user's
 
 
+def test_lora_targets_that_name_no_layer_are_422(client, admin, models):
+    """peft refuses a run whose targets name no layer (after the model loaded, in the
+    worker); a target outside the default list that names none is a typo whose adapters
+    would be missing. Both are read from the transformer's weight names at submission."""
+    for targets, why in ((["nonexistent_module"], "none of ['nonexistent_module'] names a "
+                                                  "layer of the transformer"),
+                         (["to_q", "to_qq"], "['to_qq'] name no layer of the transformer")):
+        r = _post(client, admin, "train", {**FLUX, "lora_target_modules": targets}, "tiny")
+        assert r.status_code == 422 and list(_errors(r)) == ["lora_target_modules"], r.text
+        assert why in _errors(r)["lora_target_modules"], r.text
+    for targets in (["to_q", "attn.to_k", "proj_mlp"], ["to_q", "add_q_proj"]):
+        r = _post(client, admin, "train", {**FLUX, "lora_target_modules": targets}, "tiny")
+        assert r.status_code == 201, (targets, r.text)
+
+
 def test_lora_rank_0_and_every_other_problem_at_once(client, admin, models):
     r = _post(client, admin, "train", {**FLUX, "lora_rank": 0}, "tiny")
     assert r.status_code == 422 and list(_errors(r)) == ["lora_rank"]

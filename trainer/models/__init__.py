@@ -377,6 +377,44 @@ def _targeted(module: str, targets: list[str]) -> bool:
     return any(module == t or module.endswith("." + t) for t in targets)
 
 
+def transformer_layer_names(model_dir: str | Path) -> set[str] | None:
+    """The names of the layers that hold weights in a diffusers model directory's
+    transformer, read from its safetensors headers (or the shard index) alone; None when
+    they cannot be read that way (.bin weights, a damaged file: the loader's to say)."""
+    folder = Path(model_dir) / "transformer"
+    try:
+        index = folder / "diffusion_pytorch_model.safetensors.index.json"
+        if index.is_file():
+            keys = list(json.loads(index.read_text(encoding="utf-8"))["weight_map"])
+        else:
+            keys = [k for f in sorted(folder.glob("*.safetensors"))
+                    for k in safetensors_header(f) if k != "__metadata__"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return {k.rsplit(".", 1)[0] for k in keys if "." in k} or None
+
+
+def lora_targets_problem(model_dir: str | Path, targets: list[str]) -> str | None:
+    """Why LoRA adapters on `targets` (lora_target_modules; peft's list form: a layer's whole
+    name or its last dotted parts) cannot be placed in the model at `model_dir`, or None:
+    peft refuses a run when no target names a layer, and a target the default list does not
+    hold that names none is a typo whose adapters would be silently missing."""
+    from trainer.config import DEFAULT_LORA_TARGETS
+
+    layers = transformer_layer_names(model_dir)
+    if layers is None or not targets:
+        return None
+    unmatched = [t for t in targets if not any(_targeted(m, [t]) for m in layers)]
+    if len(unmatched) == len(targets):
+        return (f"none of {targets} names a layer of the transformer at {model_dir} (a target "
+                "is a layer's name or its last dotted parts, e.g. 'to_q', 'attn.to_q')")
+    typos = [t for t in unmatched if t not in DEFAULT_LORA_TARGETS]
+    if typos:
+        return (f"{typos} name no layer of the transformer at {model_dir}; the others do (a "
+                "target is a layer's name or its last dotted parts, e.g. 'to_q')")
+    return None
+
+
 def starting_weights_problem(spec: ModelSpec, directory: str | Path) -> str | None:
     """Why the checkpoint directory `directory` (a run's base_checkpoint) cannot start the
     run `spec` describes, read from its headers alone so that submission can say it: another
