@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import unicodedata
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
@@ -35,6 +35,47 @@ UTCDateTime = Annotated[datetime, AfterValidator(_as_utc)]
 """Every datetime the API returns: timezone-aware UTC, whatever the database gave."""
 
 NUL_MESSAGE = "must not contain NUL characters"
+
+# --- a vote's selection and shown_at: checked by VoteIn (every problem of a request at once)
+# and by the votes service (the UI records votes without the API) -----------------------------
+SKIPPED_SUFFIX = "_skipped_near_identical"
+SKIPPED_NEAR_IDENTICAL = "within_group" + SKIPPED_SUFFIX
+# every reason GET /api/votes/next gives for a pair: what a vote may say it was chosen by, so
+# that the selection-bias checks the export is for count only what the server did
+SELECTIONS = ("within_group", SKIPPED_NEAR_IDENTICAL, "cross_checkpoint", "active_uncertain",
+              "active_uncertain" + SKIPPED_SUFFIX, "active_disagree",
+              "active_disagree" + SKIPPED_SUFFIX)
+# how far ahead of the server's clock a client's shown_at may be (clocks drift) before it is
+# a time the pair cannot have been shown at; and a time before any studio existed
+SHOWN_AT_CLOCK_SKEW = timedelta(minutes=5)
+SHOWN_AT_EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+def selection_problem(value: str | None) -> str | None:
+    if value is not None and value not in SELECTIONS:
+        return (f"must be one of {list(SELECTIONS)} (the pair's selection from "
+                "GET /api/votes/next), or left out")
+    return None
+
+
+def shown_at_problem(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    shown = value if value.tzinfo else value.replace(tzinfo=UTC)
+    if shown > datetime.now(UTC) + SHOWN_AT_CLOCK_SKEW:
+        return "must not be in the future (the time the pair was shown)"
+    if shown < SHOWN_AT_EARLIEST:
+        return "must not be before 2000 (the time the pair was shown)"
+    return None
+
+
+def _checked(rule: Any, kind: str) -> AfterValidator:
+    """A pydantic validator from a `*_problem` rule: its message, as the service says it."""
+    def check(value: Any) -> Any:
+        if (problem := rule(value)) is not None:
+            raise PydanticCustomError(kind, problem)
+        return value
+    return AfterValidator(check)
 
 
 def refuse_nul(field: str, value: str | None) -> None:
@@ -233,9 +274,11 @@ class VoteIn(BaseModel):
                              description="The sample shown on the right.")
     outcome: Literal[OUTCOMES]  # the same enum in OpenAPI as the values spelt out
     session_id: Annotated[str | None, NoNul] = Field(None, max_length=64)
-    shown_at: UTCDateTime | None = None  # naive: taken as UTC; stored as UTC on either database
+    # naive: taken as UTC; stored as UTC on either database
+    shown_at: Annotated[UTCDateTime | None, _checked(shown_at_problem, "shown_at")] = None
     latency_ms: int | None = Field(None, ge=0, le=MAX_ID, strict=True)
-    selection: Annotated[str | None, NoNul] = Field(None, max_length=50)
+    selection: Annotated[str | None, NoNul, _checked(selection_problem, "selection")] = Field(
+        None, max_length=50)
 
 
 class VoteOut(ORM):

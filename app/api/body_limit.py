@@ -42,8 +42,9 @@ def body_limit(scope: Scope, settings: Settings, ui_path: str = UI_PATH) -> tupl
 
 def _too_large(limit: int, setting: str, size: int | None = None) -> JSONResponse:
     sent = f" ({size} bytes)" if size is not None else ""
-    return JSONResponse({"detail": f"body: the request body{sent} is larger than the limit of "
-                                   f"{limit} bytes ({setting})", "field": "body"},
+    message = f"the request body{sent} is larger than the limit of {limit} bytes ({setting})"
+    return JSONResponse({"detail": f"body: {message}", "field": "body",
+                         "errors": [{"field": "body", "message": message}]},
                         status_code=413, headers={"Connection": "close"})
 
 

@@ -32,7 +32,7 @@ def create_user(session: Session, name: str, role: str) -> tuple[User, str]:
     if role not in ROLES:
         raise Invalid(f"role must be one of {list(ROLES)}, got {role!r}", field="role")
     if session.scalar(select(User.id).where(User.name == name)) is not None:
-        raise Conflict(f"user {name!r} already exists")
+        raise Conflict(f"user {name!r} already exists", field="name")
     user = User(name=name, role=role)
     session.add(user)
     session.flush()

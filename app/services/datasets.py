@@ -121,10 +121,9 @@ def normalise(text: str) -> str:
 def detect_format(filename: str) -> str:
     suffix = PurePath(filename or "").suffix.lower().lstrip(".")
     if suffix not in FORMATS:
-        raise BadRequest(
-            f"{filename or '(no name)'}: unsupported file type {('.' + suffix) if suffix else '(none)'}; "
-            f"use one of {', '.join('.' + f for f in FORMATS)}"
-        )
+        given = f".{suffix}" if suffix else "(none)"
+        raise BadRequest(f"{filename or '(no name)'}: unsupported file type {given}; use one of "
+                         f"{', '.join('.' + f for f in FORMATS)}", field="file")
     return suffix
 
 

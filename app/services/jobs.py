@@ -710,7 +710,8 @@ def request_cancel(session: Session, job_id: int) -> Job:
     """Ask a job to stop. Queued: cancelled now. Running: flag for the worker. Else Conflict."""
     job = get_job(session, job_id)
     if job.status in TERMINAL:
-        raise Conflict(f"job {job_id} has already finished ({job.status}): nothing to cancel")
+        raise Conflict(f"job {job_id} has already finished ({job.status}): nothing to cancel",
+                       field="job_id")
     job.cancel_requested = True
     if job.status == "queued":
         job.status = "cancelled"
@@ -744,7 +745,7 @@ def resume_job(session: Session, job_id: int) -> Job:
     job = get_job(session, job_id)
     if job.status not in ("failed", "cancelled"):
         raise Conflict(f"job {job_id} cannot resume: its status is {job.status} (only failed, "
-                       "cancelled or queued jobs resume)")
+                       "cancelled or queued jobs resume)", field="job_id")
     check_still_valid(session, job)
     job.status, job.cancel_requested, job.error, job.finished_at = "queued", False, None, None
     # a person's resume starts a new budget of JOB_MAX_ATTEMPTS runs lost to dead workers

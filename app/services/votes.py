@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -39,7 +39,13 @@ from sqlalchemy.orm import Session, aliased
 from app.errors import Conflict, Invalid
 from app.limits import CLIENT_VOTE_ID_PATTERN, SELECTION_LENGTH
 from app.models import OUTCOMES, RolloutGroup, Sample, User, Vote
-from app.schemas import refuse_nul
+from app.schemas import (
+    SKIPPED_NEAR_IDENTICAL,
+    SKIPPED_SUFFIX,
+    refuse_nul,
+    selection_problem,
+    shown_at_problem,
+)
 from trainer.rewards.outcomes import TARGET_A
 
 log = logging.getLogger(__name__)
@@ -119,16 +125,6 @@ PIXEL_TOLERANCE = 24
 # pixels for a circle), so any added, removed, moved or recoloured object clears it while
 # neighbours of one noise that drew the same picture (a few edge pixels apart) do not.
 NEAR_IDENTICAL_FRACTION = 0.01
-SKIPPED_SUFFIX = "_skipped_near_identical"
-SKIPPED_NEAR_IDENTICAL = "within_group" + SKIPPED_SUFFIX
-# every reason GET /api/votes/next gives for a pair: what a vote may say it was chosen by, so
-# that the selection-bias checks the export is for count only what the server did
-SELECTIONS = ("within_group", SKIPPED_NEAR_IDENTICAL, "cross_checkpoint", "active_uncertain",
-              "active_uncertain" + SKIPPED_SUFFIX, "active_disagree",
-              "active_disagree" + SKIPPED_SUFFIX)
-# how far ahead of the server's clock a client's shown_at may be (clocks drift) before it is
-# a time the pair cannot have been shown at
-SHOWN_AT_CLOCK_SKEW = timedelta(minutes=5)
 
 
 class _ImageCache:
@@ -519,14 +515,12 @@ def record_vote(session: Session, annotator: User, *, client_vote_id: str, sampl
                       field="client_vote_id")
     for name, text in (("session_id", session_id), ("selection", selection)):
         refuse_nul(name, text)
-    if selection is not None and selection not in SELECTIONS:
-        raise Invalid(f"selection must be one of {list(SELECTIONS)} (the pair's selection from "
-                      "GET /api/votes/next), or left out", field="selection")
-    if shown_at is not None:
-        shown = shown_at if shown_at.tzinfo else shown_at.replace(tzinfo=UTC)
-        if shown > datetime.now(UTC) + SHOWN_AT_CLOCK_SKEW:
-            raise Invalid("shown_at must not be in the future (the time the pair was shown)",
-                          field="shown_at")
+    problems = [{"field": field, "message": problem} for field, problem in (
+        ("selection", selection_problem(selection)), ("shown_at", shown_at_problem(shown_at)))
+        if problem is not None]
+    if problems:
+        raise Invalid("; ".join(f"{p['field']}: {p['message']}" for p in problems),
+                      field=problems[0]["field"], errors=problems)
 
     def existing() -> Vote | None:
         found = session.scalar(select(Vote).where(Vote.annotator_id == annotator.id,
@@ -562,7 +556,8 @@ def record_vote(session: Session, annotator: User, *, client_vote_id: str, sampl
         found = existing()
         if found is not None:
             return found, False
-        raise Conflict(f"you already judged the pair ({lo}, {hi})") from None
+        raise Conflict(f"you already judged the pair ({lo}, {hi})",
+                       field="sample_b_id") from None
     return vote, True
 
 

@@ -56,6 +56,10 @@ def test_admin_lists_and_revokes_users(client, admin, annotator):
     """GET /api/users and POST /api/users/{id}/revoke (admins only): a revoked user's token
     stops working at once, their votes stay, an admin cannot revoke themself."""
     r = client.post("/api/users", json={"name": "carol", "role": "annotator"}, headers=admin)
+    again = client.post("/api/users", json={"name": "carol", "role": "admin"}, headers=admin)
+    assert again.status_code == 409 and again.json()["field"] == "name", again.text
+    assert again.json()["errors"] == [{"field": "name",
+                                       "message": "user 'carol' already exists"}]
     assert r.status_code == 201
     carol = {"Authorization": f"Bearer {r.json()['token']}"}
     assert client.get("/api/auth/me", headers=carol).status_code == 200

@@ -154,6 +154,8 @@ def test_bad_uploads_name_the_place_and_store_nothing(client, admin, session, na
     r = upload(client, admin, name, data)
     assert r.status_code == status, r.text
     assert r.json()["detail"].startswith(message), r.json()
+    # one shape for every answer about the request's content, a 400 included
+    assert r.json()["field"] == "file" and r.json()["errors"][0]["field"] == "file", r.json()
     assert counts(session) == (0, 0)
 
 

@@ -234,7 +234,8 @@ def test_reused_client_vote_id_for_a_different_vote_is_a_conflict(client, annota
         r = vote(client, annotator, p, outcome, vid="vote-1")
         assert r.status_code == 409, r.text
         assert r.json() == {"detail": expected, "field": "client_vote_id",
-                            "vote_id": first.json()["id"]}
+                            "vote_id": first.json()["id"],
+                            "errors": [{"field": "client_vote_id", "message": expected}]}
     # the same vote again is a retry, even if its timing fields differ
     r = vote(client, annotator, pair, "a", vid="vote-1", latency_ms=99, session_id="s2")
     assert r.status_code == 200 and r.json()["id"] == first.json()["id"]
@@ -410,7 +411,7 @@ def test_a_vote_names_only_a_selection_the_server_makes_and_a_past_shown_at(
     from datetime import UTC, datetime, timedelta
 
     from app.models import Vote
-    from app.services.votes import SELECTIONS
+    from app.schemas import SELECTIONS
 
     make_group(g=3)
     pair = client.get("/api/votes/next", headers=annotator).json()
@@ -420,6 +421,12 @@ def test_a_vote_names_only_a_selection_the_server_makes_and_a_past_shown_at(
     future = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     r = vote(client, annotator, pair, shown_at=future)
     assert r.status_code == 422 and r.json()["field"] == "shown_at", r.text
+    r = vote(client, annotator, pair, shown_at="0001-01-01T00:00:00Z")
+    assert r.status_code == 422 and "before 2000" in r.json()["errors"][0]["message"], r.text
+    # every problem at once: the outcome's, the selection's and the time's in one 422
+    r = vote(client, annotator, pair, outcome="zz", selection="made_up", shown_at=future)
+    assert r.status_code == 422, r.text
+    assert {e["field"] for e in r.json()["errors"]} == {"outcome", "selection", "shown_at"}
     assert session.scalar(select(func.count()).select_from(Vote)) == 0
     # a clock a minute ahead is drift, not a future; the server's own selection is taken
     ahead = (datetime.now(UTC) + timedelta(minutes=1)).isoformat()
