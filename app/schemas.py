@@ -301,7 +301,9 @@ class VoteOut(ORM):
 class JobIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: KindName
-    config: dict[str, Any] = Field(default_factory=dict)
+    # null is a config left out (the defaults, or the preset's), as JSON clients write it
+    config: Annotated[dict[str, Any], BeforeValidator(lambda v: {} if v is None else v)] = \
+        Field(default_factory=dict)
     preset: str | None = Field(None, max_length=100)
     dataset_id: int | None = Field(None, ge=1, le=MAX_ID)
 

@@ -112,7 +112,7 @@ def upload_dataset(
     limit = settings.max_upload_bytes
     data = file.file.read(limit + 1)
     result = svc.import_dataset(session, filename=filename, data=data, name=name,
-                                eval_fraction=eval_fraction, seed=seed,
+                                eval_fraction=eval_fraction + 0.0, seed=seed,  # -0 is 0
                                 max_prompt_length=settings.max_prompt_length, max_bytes=limit)
     session.commit()
     return DatasetCreated.model_validate(result.dataset)

@@ -45,7 +45,7 @@ def config_problems_beside(token: str | None, body: Any) -> list[tuple[str, str]
 
     if not isinstance(body, dict) or body.get("kind") not in KINDS:
         return []
-    config = body.get("config", {})
+    config = body.get("config") if body.get("config") is not None else {}
     config_usable = isinstance(config, dict)
     kind = body["kind"]
     user = authenticated(token)

@@ -31,8 +31,13 @@ def create_user(session: Session, name: str, role: str) -> tuple[User, str]:
     refuse_hidden("name", name)  # the API's UserIn says the same; the UI and the CLI come here
     if role not in ROLES:
         raise Invalid(f"role must be one of {list(ROLES)}, got {role!r}", field="role")
-    if session.scalar(select(User.id).where(User.name == name)) is not None:
-        raise Conflict(f"user {name!r} already exists", field="name")
+    # names tell annotators apart on the leaderboard and in exports: 'ann1' and 'ANN1' would
+    # be two people no one can tell apart
+    taken = session.scalar(select(User.name).where(func.lower(User.name) == name.lower()))
+    if taken is not None:
+        raise Conflict(f"user {taken!r} already exists" if taken == name else
+                       f"user {taken!r} already exists (names differ in case only)",
+                       field="name")
     user = User(name=name, role=role)
     session.add(user)
     session.flush()

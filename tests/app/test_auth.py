@@ -56,6 +56,8 @@ def test_admin_lists_and_revokes_users(client, admin, annotator):
     """GET /api/users and POST /api/users/{id}/revoke (admins only): a revoked user's token
     stops working at once, their votes stay, an admin cannot revoke themself."""
     r = client.post("/api/users", json={"name": "carol", "role": "annotator"}, headers=admin)
+    shouted = client.post("/api/users", json={"name": "CAROL", "role": "admin"}, headers=admin)
+    assert shouted.status_code == 409 and "differ in case only" in shouted.json()["detail"]
     again = client.post("/api/users", json={"name": "carol", "role": "admin"}, headers=admin)
     assert again.status_code == 409 and again.json()["field"] == "name", again.text
     assert again.json()["errors"] == [{"field": "name",

@@ -72,6 +72,8 @@ def test_eval_split_and_get_list_export(client, admin):
     assert ev["total"] == 20
     assert client.get(f"/api/datasets/{ds['id']}", headers=admin).json()["id"] == ds["id"]
     assert client.get("/api/datasets", headers=admin).json()["total"] == 1
+    r = upload(client, admin, "zero.txt", b"a cat\n", eval_fraction="-0", name="zero")
+    assert r.status_code == 201 and str(r.json()["eval_fraction"]) == "0.0", r.text
     exp = client.get(f"/api/datasets/{ds['id']}/export", headers=admin)
     rows = [json.loads(line) for line in exp.text.splitlines()]
     assert len(rows) == 100 and sum(r["split"] == "eval" for r in rows) == 20

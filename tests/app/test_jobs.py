@@ -30,6 +30,10 @@ def test_create_train_job_validates_and_enqueues_after_commit(client, admin, enq
     assert job["config"]["method"] == "neighbor"  # the full config is stored
     assert job["total_iterations"] == 3 and job["progress"] == 0.0
     assert enqueuer.calls == [(job["id"], "train")] and seen_status == ["queued"]
+    # a null config is one left out: the preset's
+    r = client.post("/api/jobs", json={"kind": "train", "preset": "tiny", "config": None},
+                    headers=admin)
+    assert r.status_code == 201 and r.json()["config"]["iterations"] == 3, r.text
 
 
 @pytest.mark.parametrize("config,field", [
