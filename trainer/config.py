@@ -591,9 +591,10 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
     def from_layers(cls, base: dict[str, Any], given: dict[str, Any]) -> TrainConfig:
         """`given` (the user's own fields: the API's config, the CLI's --set or JSON file) over
         `base` (a preset's fields, or none), validated as from_dict does, with one more rule
-        that needs to know which is which: a LoRA field the user set, to a value `base` does
-        not already hold, on a run that trains in full is refused, since the run would ignore
-        it (a FLUX run meant for LoRA would train all 12B weights instead)."""
+        that needs to know which is which: a LoRA field the user set, to a value neither
+        `base` nor the defaults hold, on a run that trains in full is refused, since the run
+        would ignore it (a FLUX run meant for LoRA would train all 12B weights instead). A
+        default value says nothing: forms and stored configs carry every field."""
         problems: list[ConfigError] = []
         try:
             config = cls.from_dict({**base, **given})
@@ -603,7 +604,8 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
         finetune = given.get("finetune", base.get("finetune", defaults.finetune))
         if finetune == "full":
             for name in LORA_FIELDS:
-                if name in given and given[name] != base.get(name, getattr(defaults, name)):
+                if name in given and given[name] not in (base.get(name, getattr(defaults, name)),
+                                                         getattr(defaults, name)):
                     problems.append(ConfigError(name, "applies only to finetune='lora'; this "
                                                 "run has finetune='full', which ignores it: "
                                                 "set finetune to 'lora' (as the flux-lora and "

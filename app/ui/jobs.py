@@ -142,6 +142,21 @@ def rewards_for_model(model: str | None, weights: str | None) -> str | Any:
     return gr.skip()
 
 
+def finetune_for_model(model: str | None, finetune: str | None) -> str | Any:
+    """The finetune field when the model changes: a real model with a LoRA preset (flux,
+    sd3) takes 'lora' where the field holds the default 'full' (a full fine-tune of FLUX.1
+    is 12B trained weights, for several cards with `parallelism` 'fsdp'), and shapes, which
+    trains in full only, takes 'full' back."""
+    from trainer.config import PRESETS, default_preset
+
+    lora = PRESETS.get(default_preset(model or "shapes"), {}).get("finetune") == "lora"
+    if lora and finetune == "full":
+        return "lora"
+    if not lora and finetune == "lora":
+        return "full"
+    return gr.skip()
+
+
 def _number(v: Any) -> float | None:
     """A number field's value as a finite float, else None (empty, text, inf, NaN)."""
     try:
@@ -464,6 +479,8 @@ def build_jobs(user: gr.State, tab: gr.Tab | None = None,
                       api_visibility="private")
         comps["model"].change(rewards_for_model, [comps["model"], comps["reward_weights"]],
                               comps["reward_weights"], api_visibility="private")
+        comps["model"].change(finetune_for_model, [comps["model"], comps["finetune"]],
+                              comps["finetune"], api_visibility="private")
         # the dataset list is re-read when the tab is shown (datasets come and go on the
         # Datasets page), not when the picker opens: Gradio's dropdown throws when its list
         # shrinks while it is open, and the page then stops applying updates

@@ -65,9 +65,11 @@ def test_weights_gone_after_submission_fail_the_job_naming_them(client, admin, s
 
     weights = settings.resolved_reward_models_dir / "pickscore"
     weights.mkdir(parents=True)
-    for name in ("config.json", "model.safetensors", "preprocessor_config.json",
-                 "tokenizer.json"):
+    from safetensors.torch import save_file
+
+    for name in ("config.json", "preprocessor_config.json", "tokenizer.json"):
         (weights / name).write_text("{}")
+    save_file({}, str(weights / "model.safetensors"))  # whole, if empty: submission reads headers
     local = {k: v for k, v in TRAIN.items() if k != "reward_server_url"}
     r = _post(client, admin, local)
     assert r.status_code == 201, r.text

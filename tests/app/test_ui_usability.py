@@ -124,6 +124,12 @@ def test_choosing_a_real_model_in_the_form_gives_it_a_reward_it_can_train_on(set
     assert json.loads(jobs.rewards_for_model("shapes", weights)) == {"count": 1.0}
     typed = '{"count": 1, "color": 0.5}'
     assert jobs.rewards_for_model("sd3", typed) == gr.skip()  # left as typed
+    # finetune follows too: LoRA for a real model (not a 12B full fine-tune by default), and
+    # shapes, which trains in full only, back to full
+    assert values[names.index("finetune")] == "full"
+    assert jobs.finetune_for_model("flux", "full") == "lora"
+    assert jobs.finetune_for_model("sd3", "lora") == gr.skip()
+    assert jobs.finetune_for_model("shapes", "lora") == "full"
     # launched so, the only complaint is the missing model directory, not the reward
     values[names.index("model")] = "flux"
     values[names.index("reward_weights")] = weights
