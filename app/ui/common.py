@@ -84,6 +84,9 @@ def error_text(exc: Exception) -> str:
     `BadRequest` for a user's mistake caught in a handler) is the user's to fix: its message
     as it is. Anything else is a bug or the server's trouble: its text can name server paths
     (an OSError's does), so it goes to the log and the page gets only its kind."""
+    if isinstance(exc, Unauthorized) and exc.message != "log in first":
+        # a login that ended under the page (revoked, expired): what to do about it
+        return f"{exc.message}: reload the page to log in again"
     if isinstance(exc, ServiceError):
         return exc.message
     log.error("unexpected error in a UI handler", exc_info=exc)

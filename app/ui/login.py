@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from app.api.deps import session_cookie
+from app.errors import Unauthorized
 from app.services import auth
 from app.ui.common import caller, error_text, esc, notice, session
 from app.ui.sessions import forget_login, remember_login
@@ -49,7 +50,9 @@ class Login:
             try:
                 user = caller({"token": token})
             except Exception as exc:  # noqa: BLE001 - shown to the user
-                return (None, "" if quiet else notice(error_text(exc), "error"),
+                # the login box's own answer (a wrong token): no "reload to log in again"
+                message = exc.message if isinstance(exc, Unauthorized) else error_text(exc)
+                return (None, "" if quiet else notice(message, "error"),
                         gr.update(visible=True), gr.update(visible=False), gr.skip(),
                         *[gr.update(visible=False) for _ in keys], gr.skip())
             # from now on this session acts only for requests carrying the user's session

@@ -273,6 +273,8 @@ def test_bad_token_is_refused(server, page):
     page.locator("#login-button").click()
     page.get_by_text("invalid or revoked token").wait_for()
     assert page.get_by_role("tab", name="Arena").count() == 0
+    # the login box's own answer: no "reload the page" (that is for a login that ended)
+    assert "reload the page" not in page.locator("#login-status").inner_text()
 
 
 def test_own_vote_count_updates_without_refresh(server, page):
