@@ -148,13 +148,14 @@ def _field(default: Any, help: str, *, min: float | None = None, max: float | No
 # the largest seed: int32, what the studio's INTEGER columns hold
 MAX_SEED = 2**31 - 1
 
+# the fields only a LoRA run reads (finetune='lora')
+LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_target_modules")
+
 # The usual attention and MLP projections of FLUX's and SD3's transformer blocks (diffusers
 # module names; peft matches them as suffixes), as diffusers' DreamBooth LoRA scripts target
 # them. FLUX's single-stream blocks get adapters on their attention (to_q/k/v) only: their
 # fused MLP (proj_mlp, proj_out) is left out, as in those scripts, and a suffix "proj_out"
 # would also catch the transformer's final projection.
-# the fields only a LoRA run reads (finetune='lora')
-LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_target_modules")
 DEFAULT_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj",
                         "add_v_proj", "to_add_out", "ff.net.0.proj", "ff.net.2",
                         "ff_context.net.0.proj", "ff_context.net.2"]
