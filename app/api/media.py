@@ -57,13 +57,24 @@ JSON_TYPES = ("application/json",)
 BODY_METHODS = ("POST", "PUT", "PATCH")
 
 
+def content_type(scope: Scope) -> str:
+    """An ASGI request's media type, lower case, without parameters ("" when none)."""
+    value = next((v.decode("latin-1") for k, v in scope.get("headers", [])
+                  if k == b"content-type"), "")
+    return value.split(";", 1)[0].strip().lower()
+
+
 def takes_files(scope: Scope) -> bool:
     """Whether a Gradio request carries a body that is not JSON (files, a form, bytes)."""
     if scope.get("method", "GET") not in BODY_METHODS:
         return False
-    content_type = next((v.decode("latin-1") for k, v in scope.get("headers", [])
-                         if k == b"content-type"), "")
-    return content_type.split(";", 1)[0].strip().lower() not in JSON_TYPES
+    return content_type(scope) not in JSON_TYPES
+
+
+def unauthorized(detail: str) -> JSONResponse:
+    """The 401 of the UI's guards (what the API's answer says too: a bearer token is due)."""
+    return JSONResponse({"detail": detail}, status_code=401,
+                        headers={"WWW-Authenticate": "Bearer"})
 
 
 def asks_for_deep_link(scope: Scope) -> bool:
@@ -108,10 +119,9 @@ class StoredFilesGuard:
 
                     user = await run_in_threadpool(authenticated, request_token(scope))
                     if user is None:
-                        response = JSONResponse(
-                            {"detail": "stored files need a valid token: log in to the UI, or "
-                                       "send Authorization: Bearer <token>"},
-                            status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                        response = unauthorized("stored files need a valid token: log in "
+                                                "to the UI, or send Authorization: Bearer "
+                                                "<token>")
                         await response(scope, receive, send)
                         return
                     if user.role != "admin":

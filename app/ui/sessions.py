@@ -21,10 +21,11 @@ import re
 import threading
 from urllib.parse import parse_qs
 
-from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.api.deps import authenticated
+from app.api.media import content_type, request_token, unauthorized
 from app.config import UI_PATH
 
 _lock = threading.Lock()
@@ -78,9 +79,6 @@ def _body_session(body: bytes) -> str | None:
 
 def _may_act(session_hash: str | None, scope: Scope) -> bool:
     """Whether this request may act for the UI session `session_hash` (blocking: queries)."""
-    from app.api.deps import authenticated
-    from app.api.media import request_token
-
     login = login_of(session_hash)
     if login is None:
         return True
@@ -106,19 +104,16 @@ class UiSessionGuard:
         sub = path[len(self.ui_path):]
         found = _PATH_SESSION.match(sub)
         session_hash = found.group(1) if found else _query_session(scope)
-        content_type = next((v.decode("latin-1") for k, v in scope.get("headers", [])
-                             if k == b"content-type"), "")
         if session_hash is None and scope.get("method") == "POST" \
-                and content_type.split(";", 1)[0].strip().lower() == "application/json":
+                and content_type(scope) == "application/json":
             body, receive = await _buffered(receive)
             if len(body) <= MAX_JSON_BODY:
                 session_hash = _body_session(body)
         if session_hash is not None and not await run_in_threadpool(_may_act, session_hash,
                                                                     scope):
-            response = JSONResponse(
-                {"detail": "this UI session is logged in from another browser: log in here "
-                           "(a logged-in session needs its browser's session cookie)"},
-                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            response = unauthorized("this UI session is logged in from another browser: "
+                                    "log in here (a logged-in session needs its browser's "
+                                    "session cookie)")
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)

@@ -188,6 +188,11 @@ def _pipeline_problem(name: str, path: Path) -> str | None:
 def safetensors_header(path: str | Path) -> dict[str, Any]:
     """The JSON header of a safetensors file (every tensor's dtype and shape, and
     `__metadata__`), read alone (no torch, no tensors): ValueError when it is not safetensors."""
+    return _safetensors_header_and_size(path)[0]
+
+
+def _safetensors_header_and_size(path: str | Path) -> tuple[dict[str, Any], int]:
+    """The header, and its length in bytes (the tensors' data starts 8 bytes after it)."""
     with open(path, "rb") as fh:
         head = fh.read(8)
         if len(head) != 8:
@@ -201,7 +206,7 @@ def safetensors_header(path: str | Path) -> dict[str, Any]:
             raise ValueError("not a safetensors file (unreadable header)") from None
     if not isinstance(header, dict):
         raise ValueError("not a safetensors file (header is not a JSON object)")
-    return header
+    return header, size
 
 
 def weights_file_problem(path: str | Path) -> str | None:
@@ -216,9 +221,7 @@ def weights_file_problem(path: str | Path) -> str | None:
         if size == 0:
             return f"{path} is empty"
         if path.suffix == ".safetensors":
-            header = safetensors_header(path)
-            with open(path, "rb") as fh:
-                (header_size,) = struct.unpack("<Q", fh.read(8))
+            header, header_size = _safetensors_header_and_size(path)
             ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"
                     and isinstance(t, dict) and isinstance(t.get("data_offsets"), list)
                     and len(t["data_offsets"]) == 2 and isinstance(t["data_offsets"][1], int)]
