@@ -144,6 +144,11 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
             problems += await run_in_threadpool(
                 config_problems_beside, token.strip() if scheme.lower() == "bearer" else None,
                 exc.body)
+        if request.method == "POST" and request.url.path == "/api/datasets":
+            from app.api.datasets import upload_problems
+
+            # the form's own problems (an unknown field, a .pdf) in the same answer
+            problems += [(p["field"], p["message"]) for p in upload_problems(request)]
         problems = list(dict.fromkeys(problems)) or [("body", "invalid request")]
         body = Problems(detail="; ".join(f"{f}: {m}" for f, m in problems),
                         field=problems[0][0],

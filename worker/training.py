@@ -257,14 +257,27 @@ def job_train_config(config: dict[str, Any], prompts: list[str] | None = None) -
     if directory_model:
         data["model_path"] = str(model_directory(data["model"], data.get("model_path", "")))
     if data.get("base_checkpoint"):
-        data["base_checkpoint"] = str(storage.job_path(
-            data["base_checkpoint"], want="dir" if directory_model else "file"))
+        try:
+            data["base_checkpoint"] = str(storage.job_path(
+                data["base_checkpoint"], want="dir" if directory_model else "file"))
+        except ValueError as exc:  # moved or deleted since submission
+            raise JobError(f"base_checkpoint: {exc}") from None
     # model-backed rewards: every one the job uses gets its directory from the studio's
     # settings (REWARD_MODELS_DIR may be set in .env, which the trainer does not read); with a
     # reward server the server holds the weights and the job names none
     if not data.get("reward_server_url"):
         data["reward_model_paths"] = reward_model_paths(data)
-    return TrainConfig.from_stored(data)
+    config = TrainConfig.from_stored(data)
+    if config.base_checkpoint:
+        from trainer.models import ModelSpec, base_checkpoint_problem
+
+        # submission's check again: the weights may have been replaced since (damaged, or
+        # another run's), and the loader's own error would not name the field
+        if (problem := base_checkpoint_problem(ModelSpec.from_config(config),
+                                               config.base_checkpoint)) is not None:
+            raise JobError(f"base_checkpoint: {problem} (it changed after the job was "
+                           "submitted)")
+    return config
 
 
 def reward_model_paths(config: dict[str, Any]) -> dict[str, str]:

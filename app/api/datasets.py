@@ -24,7 +24,7 @@ from app.api.deps import (
     current_user,
     settings_dep,
 )
-from app.errors import Invalid, PayloadTooLarge
+from app.errors import BadRequest, Invalid, PayloadTooLarge
 from app.limits import MAX_ID, NAME_LENGTH
 from app.schemas import DatasetCreated, DatasetOut, Page, PromptOut
 from app.services import datasets as svc
@@ -60,10 +60,17 @@ async def _admin_within_limit(request: Request) -> None:
 UPLOAD_FIELDS = ("file", "name", "eval_fraction", "seed")
 
 
+FILE_REQUIRED = "a file with a name is required (.txt, .csv, .jsonl, .json or .parquet)"
+
+
 async def _known_form_fields(request: Request) -> None:
-    """A 422 naming any form field the upload does not take (a misspelt `eval_fracton` was
-    dropped without a word, as JSON bodies' unknown keys are not) or takes more than once. The parsed form is kept on
-    the request, so the route's own parameters read it without parsing it again."""
+    """Every problem with the upload's form that FastAPI's validation of the declared fields
+    does not see: a form field the upload does not take (a misspelt `eval_fracton` was dropped
+    without a word, as JSON bodies' unknown keys are not), one given twice, a file without a
+    name or of a type no importer reads. They are kept on the request's state (shared with the
+    422 handler, app.main), so a bad `eval_fraction` and a `.pdf` are answered in one 422
+    rather than in turn. The parsed form is kept on the request, so the route's own
+    parameters read it without parsing it again."""
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         return
     form = await request.form()
@@ -73,7 +80,30 @@ async def _known_form_fields(request: Request) -> None:
     # a second file (or name) was dropped without a word: the route reads the last one
     problems += [{"field": key, "message": f"given {n} times; the upload takes one"}
                  for key in UPLOAD_FIELDS if (n := len(form.getlist(key))) > 1]
-    if problems:
+    file = form.get("file")  # left out: FastAPI's validation says "Field required"
+    if isinstance(file, str) or (file is not None and not file.filename):
+        problems.append({"field": "file", "message": FILE_REQUIRED})
+    elif file is not None:
+        try:
+            svc.detect_format(file.filename or "")
+        except BadRequest as e:
+            problems.append({"field": "file", "message": e.message, "file_type": True})
+    request.state.upload_problems = problems
+
+
+def upload_problems(request: Request) -> list[dict[str, str]]:
+    """The form's own problems found before the body was validated (see _known_form_fields)."""
+    return [{"field": p["field"], "message": p["message"]}
+            for p in getattr(request.state, "upload_problems", [])]
+
+
+def _raise_upload_problems(request: Request) -> None:
+    """The form's own problems, when its declared fields were valid. A wrong file type alone
+    stays the service's 400 (what the upload has always answered); with anything else wrong
+    it is one more line of the 422."""
+    found = getattr(request.state, "upload_problems", [])
+    if found and not (len(found) == 1 and found[0].get("file_type")):
+        problems = upload_problems(request)
         raise Invalid("; ".join(f"{p['field']}: {p['message']}" for p in problems),
                       field=problems[0]["field"], errors=problems)
 
@@ -97,6 +127,7 @@ class _CheckedBeforeBody(APIRoute):
 
 
 def upload_dataset(
+    request: Request,
     session: SessionDep,
     settings: SettingsDep,
     _admin: AdminDep,
@@ -105,9 +136,9 @@ def upload_dataset(
     eval_fraction: Annotated[float, Form(ge=0.0, lt=1.0, allow_inf_nan=False)] = 0.0,
     seed: Annotated[int, Form(ge=0, le=MAX_ID)] = 0,
 ) -> DatasetCreated:
-    if isinstance(file, str) or not file.filename:
-        raise Invalid("file: a file with a name is required (.txt, .csv, .jsonl, .json or .parquet)",
-                      field="file")
+    _raise_upload_problems(request)
+    if isinstance(file, str) or not file.filename:  # a body that was not multipart
+        raise Invalid(f"file: {FILE_REQUIRED}", field="file")
     filename = file.filename
     limit = settings.max_upload_bytes
     data = file.file.read(limit + 1)

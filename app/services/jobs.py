@@ -155,12 +155,7 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
                         for field, message in reward_model_problems(
                             dict.fromkeys(out.get("reward_names") or []), paths))
     if out.get("base_checkpoint"):
-        from trainer.models import (
-            ModelSpec,
-            starting_weights_problem,
-            uses_model_directory,
-            weights_problem,
-        )
+        from trainer.models import ModelSpec, base_checkpoint_problem, uses_model_directory
 
         model = config.get("model") if isinstance(config.get("model"), str) else "shapes"
         # flux / sd3 start from a checkpoint directory of an earlier run, shapes from a file
@@ -170,14 +165,12 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
         except ValueError as exc:
             problems.append(("base_checkpoint", str(exc)))
         else:
-            problem = weights_problem(model, path)
-            if problem is None and kind == "train" and uses_model_directory(model) \
-                    and not malformed & {"model", "finetune", "lora_rank",
-                                         "lora_target_modules"}:
-                # the LoRA (or full) weights must fit this run's adapters: the loader
-                # would refuse them after the job had taken a worker
-                problem = starting_weights_problem(ModelSpec.from_config(config), path)
-            if problem is not None:
+            # the LoRA (or full) weights must fit a train run's adapters: the loader would
+            # refuse them after the job had taken a worker
+            fits_run = kind == "train" and not malformed & {
+                "model", "finetune", "lora_rank", "lora_target_modules"}
+            spec = ModelSpec.from_config(config) if fits_run else ModelSpec(name=model)
+            if (problem := base_checkpoint_problem(spec, path, fits_run=fits_run)) is not None:
                 problems.append(("base_checkpoint", problem))
     if out.get("features") == "clip" and not out.get("clip_path", "").strip():
         problems.append(("clip_path", "features 'clip' needs the local path of CLIP weights "

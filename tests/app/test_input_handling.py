@@ -502,6 +502,28 @@ def test_an_upload_takes_one_file_and_names_the_file_for_its_content(client, adm
     assert _counts(session) == (0, 0)
 
 
+def test_an_upload_answers_every_problem_of_its_form_at_once(client, admin, session):
+    """A bad eval_fraction hid an unsupported file type (and a misspelt field hid a bad
+    value): the user fixed one, sent again and met the next. All of them come in one 422."""
+    pdf = "p.pdf: unsupported file type .pdf; use one of .txt, .csv, .jsonl, .json, .parquet"
+    r = _upload(client, admin, "p.pdf", b"%PDF", eval_fraction=2)
+    assert r.status_code == 422, r.text
+    assert _errors(r) == {"eval_fraction": "Input should be less than 1", "file": pdf}, r.text
+    r = _upload(client, admin, "p.pdf", b"%PDF", eval_fracton=0.1, seed=-1)
+    assert r.status_code == 422, r.text
+    assert _errors(r) == {"seed": "Input should be greater than or equal to 0", "file": pdf,
+                          "eval_fracton": "unknown field; the upload takes file, name, "
+                          "eval_fraction, seed"}, r.text
+    # its form valid, a file without a name and an unknown field come together too
+    r = client.post("/api/datasets", files={"file": ("", b"one\n", "text/plain")},
+                    data={"nmae": "x"}, headers=admin)
+    assert r.status_code == 422 and set(_errors(r)) == {"file", "nmae"}, r.text
+    # a wrong file type alone stays the 400 it always was
+    r = _upload(client, admin, "p.pdf", b"%PDF")
+    assert r.status_code == 400 and r.json()["detail"] == pdf, r.text
+    assert _counts(session) == (0, 0)
+
+
 def test_users_refuse_unknown_fields_and_answer_utc(client, admin):
     r = client.post("/api/users", json={"name": "eve", "rolle": "admin"}, headers=admin)
     assert r.status_code == 422 and set(_errors(r)) == {"rolle"}

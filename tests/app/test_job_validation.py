@@ -95,6 +95,39 @@ def test_base_checkpoint_under_models_dir_is_accepted_and_the_worker_loads_it(
         assert load_model(config) is not None  # what the worker builds the trainer from
 
 
+def test_a_base_checkpoint_replaced_after_submission_fails_the_job_naming_the_field(
+        client, admin, settings):
+    """Submission checked the base's headers; a file replaced before the job starts (another
+    kind of weights, a truncated copy, a deleted one) failed later in the loader with an
+    error that named no field. The worker asks submission's question again."""
+    from app.db import session_scope
+    from app.models import Job
+    from trainer.models import SHAPES_BASE
+    from trainer.rewards.preference import FitConfig, PreferenceModel
+    from worker.lease import JobError
+    from worker.training import job_train_config
+
+    base = settings.resolved_models_dir / "shapes" / "base.safetensors"
+    base.parent.mkdir(parents=True)
+    base.write_bytes(SHAPES_BASE.read_bytes())
+    r = _post(client, admin, "train", {"base_checkpoint": "shapes/base.safetensors",
+                                       "device": "cpu"}, "tiny")
+    assert r.status_code == 201, r.text
+    with session_scope() as s:
+        stored = s.get(Job, r.json()["id"]).config
+    assert job_train_config(stored).base_checkpoint == str(base)
+    PreferenceModel(FitConfig(width=8, ensemble=1)).save(base)
+    with pytest.raises(JobError, match="^base_checkpoint: .*not a 'shapes-dit' weights file.*"
+                                       "changed after the job was submitted"):
+        job_train_config(stored)
+    base.write_bytes(SHAPES_BASE.read_bytes()[:SHAPES_BASE.stat().st_size // 2])
+    with pytest.raises(JobError, match="^base_checkpoint: .*truncated"):
+        job_train_config(stored)
+    base.unlink()
+    with pytest.raises(JobError, match="^base_checkpoint: .*does not exist"):
+        job_train_config(stored)
+
+
 def test_a_jobs_config_is_checked_once_from_submission_to_the_trainer(client, admin,
                                                                       monkeypatch):
     """One config path (issue 15): submission validates the config into its typed form and
