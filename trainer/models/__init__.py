@@ -300,8 +300,8 @@ def base_checkpoint_problem(spec: ModelSpec, path: str | Path, *, fits_run: bool
     """Why `path` cannot be the base_checkpoint of the run `spec` describes, or None, from
     the files' headers alone: weights that are not the model's or are damaged
     (weights_problem) and, with `fits_run` for a model with a directory, weights that do not
-    fit the run's adapters (starting_weights_problem). Submission asks it, and the worker
-    again when the job starts: the file may have changed in between."""
+    fit the run's adapters (starting_weights_problem). Asked before a run is accepted and
+    again when it starts: the file may have changed in between."""
     problem = weights_problem(spec.name, path)
     if problem is None and fits_run and uses_model_directory(spec.name):
         problem = starting_weights_problem(spec, path)
