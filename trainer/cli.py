@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import re
+import signal
 import sys
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -151,7 +155,33 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
     return load_config(spec, overrides)
 
 
+@contextlib.contextmanager
+def _first_interrupt_stops() -> Iterator[Callable[[], bool]]:
+    """A first Ctrl-C asks the run to stop at the end of its iteration (it saves a
+    checkpoint there); a second one interrupts at once (main: one line, exit 130). Yields
+    whether a stop was asked."""
+    asked: list[int] = []
+
+    def on_interrupt(signum: int, frame: object) -> None:
+        if asked:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a third press must not cut the exit
+            raise KeyboardInterrupt
+        asked.append(signum)
+        print("\nstopping at the end of this iteration (a checkpoint is saved); Ctrl-C again "
+              "stops at once", file=sys.stderr)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False  # signals reach the main thread only
+        return
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield lambda: bool(asked)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    from trainer.loop import latest_checkpoint
     from trainer.models import model_dir_problem, uses_model_directory
     from trainer.run_dir import RunDirectory
 
@@ -163,13 +193,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     # the model directory a resumed run loads is its saved config's; checked here so that a
     # wrong path is a config error naming model_path and the files expected (as the API's
     # 422), before the model loads and before the run directory is touched
-    run_config = RunDirectory.run_config(Path(args.out), config, args.resume)
+    out = _out_path(args.out, directory=True)
+    # the fields the command line set: a resume takes its budget and device from them, and
+    # refuses other changes to the saved run (all of a --config's fields are compared)
+    given = set(_parse_overrides(args.set)) | ({"method"} if args.method else set())
+    RunDirectory.check(out, config, args.resume, given,
+                       compared=set(config.to_dict()) if args.config else None)
+    run_config = RunDirectory.run_config(out, config, args.resume, given)
     if uses_model_directory(run_config.model) and (
             problem := model_dir_problem(run_config.model, run_config.model_path)) is not None:
         raise ConfigError("model_path", problem)
     available_device(run_config.device)  # the Trainer resolves it again, once the model is loading
-    run = RunDirectory(_out_path(args.out, directory=True), config, resume=args.resume)
-    run.train(progress=not args.no_progress)
+    run = RunDirectory(out, config, resume=args.resume, given=given)
+    with _first_interrupt_stops() as stop_requested:
+        finished = run.train(progress=not args.no_progress, stop_requested=stop_requested)
+    if not finished:
+        newest = latest_checkpoint(run.checkpoints_dir)
+        print(f"interrupted at iteration {run.trainer.iteration}: checkpoint "
+              f"{newest}; continue with --resume --out {out}", file=sys.stderr)
+        return 130
     print(f"metrics:      {run.metrics_path}")
     print(f"reward curve: {run.curve_path}")
     print(f"samples:      {run.samples_dir}")
@@ -503,9 +545,22 @@ def cmd_train_base(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fresh_run_directory(base: str) -> str:
+    """`base`, or `base-2`, `base-3` ... : the first that holds no run, so that a second
+    demo starts a new run instead of being refused for the first one's directory."""
+    from trainer.run_dir import RUN_FILES
+
+    for n in range(1, 10_000):
+        out = base if n == 1 else f"{base}-{n}"
+        if not any((Path(out) / name).exists() for name in RUN_FILES):
+            return out
+    return base  # refused with the usual message
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     args.config, args.method, args.set = "shapes-quick-demo", None, []
-    args.out, args.resume, args.no_progress = args.out or "runs/demo", False, False
+    args.out = args.out or _fresh_run_directory("runs/demo")
+    args.resume, args.no_progress = False, False
     return cmd_train(args)
 
 
@@ -621,11 +676,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="cpu, cuda, cuda:N or auto")
     base.set_defaults(func=cmd_train_base)
 
-    demo_help = "a short Neighbor GRPO run on the CPU"
+    demo_help = "a short Neighbor GRPO run of the shapes model (on a GPU where there is one)"
     demo = sub.add_parser("demo", help=demo_help, description=demo_help + " (the "
                           "shapes-quick-demo preset; the same as `train --config "
                           "shapes-quick-demo`)")
-    demo.add_argument("--out", default=None, help="run directory (default runs/demo)")
+    demo.add_argument("--out", default=None, help="run directory (default runs/demo, or "
+                      "runs/demo-2, -3 ... when it holds a run)")
     demo.set_defaults(func=cmd_demo)
     fit_help = "fit a human-preference reward model to pairwise votes (Bradley-Terry)"
     fit = sub.add_parser("fit-preference", help=fit_help, description=fit_help + ": from a "
@@ -657,6 +713,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     except ConfigError as exc:
         for err in getattr(exc, "errors", [exc]):  # ConfigErrors lists every bad field
             print(f"error: config field '{err.field}': {err.message}", file=sys.stderr)

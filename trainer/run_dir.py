@@ -4,18 +4,25 @@ report_to trackers' logs (tracking/)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import numpy as np
 
-from trainer.config import TrainConfig
+from trainer.config import ConfigError, ConfigErrors, TrainConfig
 from trainer.grpo import IterationResult
-from trainer.loop import Trainer, latest_checkpoint
+from trainer.loop import CHECKPOINT_DIR_RE, Trainer, latest_checkpoint
 
 # Sample grids blow small images up so a 32 px shapes canvas is legible in a viewer; images
 # larger than this side (FLUX / SD3 at 512 px) are shown at their own size, since doubling
 # them would only make the flux-lora preset's 1 x 12 grid 12.6 megapixels for no detail gained.
 GRID_UPSCALE_MAX_SIDE = 64
+# what a run writes into its directory: a directory holding any of them holds a run
+RUN_FILES = ("config.json", "metrics.jsonl", "reward_curve.png", "samples", "checkpoints",
+             "tracking")
+# the fields a resumed run takes from the command line; the rest are its saved config's (a
+# new learning rate or seed under an old optimizer state would be neither run)
+RESUME_FIELDS = ("iterations", "device")
 
 
 def image_grid(images: np.ndarray, scale: int | None = None) -> np.ndarray:
@@ -56,14 +63,19 @@ def plot_reward_curve(records: list[dict], path: Path) -> None:
 
 
 class RunDirectory:
-    def __init__(self, out: Path, config: TrainConfig, resume: bool = False) -> None:
+    """A run's directory: a new run (`resume` False) writes into a directory that holds no
+    run (`run_problems`); a resumed one continues from its newest checkpoint with its saved
+    config.json, taking only RESUME_FIELDS from `config`."""
+
+    def __init__(self, out: Path, config: TrainConfig, resume: bool = False,
+                 given: Collection[str] = RESUME_FIELDS) -> None:
         self.out = out
         self.metrics_path = out / "metrics.jsonl"
         self.curve_path = out / "reward_curve.png"
         self.samples_dir = out / "samples"
         self.checkpoints_dir = out / "checkpoints"
         saved_config = out / "config.json"
-        config = self.run_config(out, config, resume)
+        config = self.run_config(out, config, resume, given)
         self.trainer = Trainer(config)
         # report_to's logs live with the run: <out>/tracking, the run named as its directory
         self.tracking_dir = out / "tracking"
@@ -80,14 +92,62 @@ class RunDirectory:
         saved_config.write_text(json.dumps(config.to_dict(), indent=2))
 
     @staticmethod
-    def run_config(out: Path, config: TrainConfig, resume: bool) -> TrainConfig:
+    def run_config(out: Path, config: TrainConfig, resume: bool,
+                   given: Collection[str] = RESUME_FIELDS) -> TrainConfig:
         """The config a run in `out` trains with: a resumed run keeps the one it started
-        with (its config.json), taking only the new iteration budget from `config`."""
+        with (its config.json), taking from `config` only the RESUME_FIELDS the caller
+        `given` (a budget left out stays the saved one)."""
         saved_config = out / "config.json"
         if resume and saved_config.exists():
-            return TrainConfig.from_dict({**json.loads(saved_config.read_text()),
-                                          "iterations": config.iterations})
+            taken = {k: getattr(config, k) for k in RESUME_FIELDS if k in given}
+            return TrainConfig.from_dict({**json.loads(saved_config.read_text()), **taken})
         return config
+
+    @staticmethod
+    def run_problems(out: Path, config: TrainConfig, resume: bool,
+                     given: Collection[str] = (), compared: Collection[str] | None = None
+                     ) -> list[ConfigError]:
+        """Why a run cannot start in `out`, every reason at once, before anything is
+        written: a new run into a directory that holds an earlier one (its checkpoints would
+        be kept and a later --resume would load them); a resume that changes fields of the
+        saved config other than RESUME_FIELDS (`given`: the fields the caller set; `compared`:
+        those held against the saved config, default `given`), or whose budget its newest
+        checkpoint has reached already."""
+        problems = []
+        if not resume:
+            if found := [name for name in RUN_FILES if (out / name).exists()]:
+                problems.append(ConfigError("out", f"{out} holds an earlier run "
+                                            f"({', '.join(found)}); --resume continues it, or "
+                                            "give a new --out"))
+            return problems
+        saved_config = out / "config.json"
+        if not saved_config.is_file():
+            return problems  # nothing to resume yet: the run starts
+        saved = TrainConfig.from_dict(json.loads(saved_config.read_text())).to_dict()
+        new = config.to_dict()
+        for key in sorted(set(given if compared is None else compared) - set(RESUME_FIELDS)):
+            if key in new and new[key] != saved.get(key):
+                problems.append(ConfigError(key, f"is {saved.get(key)!r} in the run being "
+                                            f"resumed ({saved_config}), given {new[key]!r}: a "
+                                            "resumed run keeps its config; only "
+                                            f"{', '.join(RESUME_FIELDS)} can change (or start a "
+                                            "new run in a new --out)"))
+        newest = latest_checkpoint(out / "checkpoints")
+        budget = config.iterations if "iterations" in given else saved["iterations"]
+        if newest is not None and (m := CHECKPOINT_DIR_RE.match(newest.name)) \
+                and int(m.group(1)) >= budget:
+            problems.append(ConfigError("iterations", f"the run in {out} is at iteration "
+                                        f"{int(m.group(1))} already ({newest.name}); --set "
+                                        f"iterations=N with N > {int(m.group(1))} trains it "
+                                        "further"))
+        return problems
+
+    @classmethod
+    def check(cls, out: Path, config: TrainConfig, resume: bool,
+              given: Collection[str] = (), compared: Collection[str] | None = None) -> None:
+        """ConfigErrors listing run_problems, if any."""
+        if problems := cls.run_problems(out, config, resume, given, compared):
+            raise ConfigErrors(problems)
 
     def _read_records(self) -> list[dict]:
         if not self.metrics_path.exists():
@@ -112,7 +172,11 @@ class RunDirectory:
             trainer.save_checkpoint(self.checkpoints_dir)
         return False
 
-    def train(self, progress: bool = True) -> None:
+    def train(self, progress: bool = True,
+              stop_requested: Callable[[], bool] | None = None) -> bool:
+        """Train to the config's budget; True when it got there. `stop_requested` (e.g. a
+        first Ctrl-C) ends the run at the end of the iteration it is in, with a checkpoint of
+        that iteration (as a cancelled studio job keeps one), so --resume continues it."""
         from tqdm import tqdm
 
         bar = tqdm(total=self.config.iterations, initial=self.trainer.iteration, disable=not progress,
@@ -123,9 +187,16 @@ class RunDirectory:
             m = result.metrics
             bar.set_postfix(reward=f"{m['reward_mean']:.3f}", s_it=f"{m['seconds']:.2f}")
             bar.update(1)
+            if stop_requested is not None and stop_requested() \
+                    and trainer.iteration < self.config.iterations:
+                if latest_checkpoint(self.checkpoints_dir) != \
+                        self.checkpoints_dir / f"iter-{trainer.iteration:06d}":
+                    trainer.save_checkpoint(self.checkpoints_dir)
+                return True
             return stop
 
         self.trainer.run(callback)
         bar.close()
         if self.records:
             plot_reward_curve(self.records, self.curve_path)
+        return self.trainer.iteration >= self.config.iterations

@@ -47,6 +47,55 @@ def test_train_writes_metrics_curve_samples_checkpoints_and_resumes(tmp_path):
     assert [r["iteration"] for r in records] == [1, 2, 3, 4, 5]
 
 
+def test_a_first_ctrl_c_ends_the_iteration_with_a_checkpoint_and_a_second_stops_at_once(
+        tmp_path):
+    """Ctrl-C printed a 30-line KeyboardInterrupt traceback and lost the iterations since the
+    last checkpoint. A first one now ends the run at the end of its iteration with a
+    checkpoint there (exit 130, saying how to continue); a second stops at once."""
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer", "train", "--config", "tiny", "--set", "iterations=500",
+         "--set", "checkpoint_every=1000", "--set", 'device="cpu"', "--out", str(out),
+         "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "stopping at the end of this iteration" in err
+    done = [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()]
+    assert f"interrupted at iteration {done[-1]}: checkpoint " in err and "--resume" in err
+    assert [p.name for p in (out / "checkpoints").iterdir()] == [f"iter-{done[-1]:06d}"]
+    # the run continues from there
+    proc = run_cli("train", "--set", f"iterations={done[-1] + 1}", "--out", str(out),
+                   "--resume", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()] == \
+        list(range(1, done[-1] + 2))
+
+    # two presses: the second interrupts the iteration, one line, no traceback
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer", "train", "--config", "tiny", "--set", "iterations=500",
+         "--set", 'device="cpu"', "--out", str(tmp_path / "two"), "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while not ((tmp_path / "two" / "metrics.jsonl").exists()
+               and (tmp_path / "two" / "metrics.jsonl").read_text().count("\n") >= 1):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert err.rstrip().endswith("interrupted"), err
+
+
 def test_sample_is_deterministic_and_writes_a_manifest(tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("one red circle\nthree blue squares\n")

@@ -1,0 +1,81 @@
+"""`python -m trainer train --out` against a directory that already holds a run: a new run is
+refused there (the old checkpoints would stay, and a later --resume would load them), and a
+resume keeps the saved config, refusing changes it would drop and budgets already reached."""
+
+import json
+
+from trainer.cli import _fresh_run_directory, main
+from trainer.config import TrainConfig, load_config
+from trainer.run_dir import RunDirectory
+
+
+def _saved_run(out, iterations=3, **fields):
+    """A run directory as `train` leaves it (config.json, metrics, the newest checkpoint),
+    without training: only the files the checks read."""
+    config = load_config("tiny", {"iterations": iterations, **fields})
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(config.to_dict()))
+    (out / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i}) + "\n"
+                                               for i in range(1, iterations + 1)))
+    newest = out / "checkpoints" / f"iter-{iterations:06d}"
+    newest.mkdir(parents=True)
+    (newest / "trainer_state.safetensors").write_bytes(b"")
+    return config
+
+
+def _tree(path):
+    return sorted((p.relative_to(path).as_posix(), p.stat().st_size) for p in path.rglob("*"))
+
+
+def test_a_new_run_is_refused_in_a_directory_that_holds_one(tmp_path, capsys):
+    out = tmp_path / "run"
+    _saved_run(out, seed=0)
+    before = _tree(out)
+    assert main(["train", "--config", "tiny", "--set", "seed=5", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"config field 'out': {out} holds an earlier run (config.json, metrics.jsonl, " \
+           "checkpoints); --resume continues it, or give a new --out" in err
+    assert _tree(out) == before  # nothing written, nothing emptied
+    # an empty directory (or one of other files) takes a run
+    (tmp_path / "empty").mkdir()
+    assert RunDirectory.run_problems(tmp_path / "empty", TrainConfig(), resume=False) == []
+
+
+def test_a_resume_refuses_what_it_would_drop_and_budgets_it_has_reached(tmp_path, capsys):
+    out = tmp_path / "run"
+    saved = _saved_run(out, iterations=3, seed=0)
+    before = _tree(out)
+    # every problem at once: a changed seed and a budget the run has reached
+    assert main(["train", "--config", "tiny", "--set", "seed=5", "--set", "iterations=3",
+                 "--out", str(out), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "config field 'seed': is 0 in the run being resumed" in err and "given 5" in err
+    assert "config field 'iterations': the run in" in err
+    assert "is at iteration 3 already (iter-000003); --set iterations=N with N > 3" in err
+    assert _tree(out) == before
+    # a --config is held against the saved run field by field (the preset's seed is 0)
+    other = saved.to_dict() | {"learning_rate": saved.learning_rate * 2, "iterations": 9}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    assert main(["train", "--config", str(tmp_path / "other.json"), "--out", str(out),
+                 "--resume"]) == 2
+    assert "config field 'learning_rate': is " in capsys.readouterr().err
+    # the budget and the device may change; a field set to its saved value is no change
+    given = {"iterations", "device", "seed"}
+    config = load_config("tiny", {"iterations": 9, "device": "cpu", "seed": 0})
+    assert RunDirectory.run_problems(out, config, resume=True, given=given) == []
+    resumed = RunDirectory.run_config(out, config, resume=True, given=given)
+    assert (resumed.iterations, resumed.device) == (9, "cpu")
+    # a budget left out is the saved one (reached here), not the preset's
+    assert RunDirectory.run_config(out, load_config("tiny", {"iterations": 50}), True,
+                                   given=()).iterations == 3
+    assert [e.field for e in RunDirectory.run_problems(
+        out, load_config("tiny", {"iterations": 50}), resume=True, given=())] == ["iterations"]
+
+
+def test_the_demo_takes_the_next_free_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert _fresh_run_directory("runs/demo") == "runs/demo"
+    (tmp_path / "runs" / "demo").mkdir(parents=True)
+    assert _fresh_run_directory("runs/demo") == "runs/demo"  # empty: free
+    (tmp_path / "runs" / "demo" / "metrics.jsonl").write_text("")
+    assert _fresh_run_directory("runs/demo") == "runs/demo-2"
