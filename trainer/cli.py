@@ -14,7 +14,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainer.config import PRESETS, ConfigError, TrainConfig, default_preset, load_config
+from trainer.config import (
+    PRESETS,
+    ConfigError,
+    ConfigErrors,
+    TrainConfig,
+    default_preset,
+    load_config,
+)
 
 if TYPE_CHECKING:  # torch stays unimported until a command runs
     import torch
@@ -150,6 +157,13 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
     overrides = _parse_overrides(args.set)
     if args.method:
         overrides["method"] = args.method
+    if getattr(args, "prompts_file", None):
+        overrides["prompts"] = _prompt_list(args.prompts_file)
+    for key in ("model_path", "base_checkpoint"):
+        # kept absolute in config.json and the checkpoints' run config: `evaluate
+        # --checkpoint` alone then finds them from any working directory
+        if isinstance(overrides.get(key), str) and overrides[key].strip():
+            overrides[key] = str(Path(overrides[key]).expanduser().absolute())
     model = overrides.get("model", "shapes")
     spec = args.config or default_preset(model if isinstance(model, str) else "shapes")
     return load_config(spec, overrides)
@@ -186,23 +200,30 @@ def cmd_train(args: argparse.Namespace) -> int:
     from trainer.run_dir import RunDirectory
 
     config = train_config_of(args)  # validated before anything is written
-    if "preference" in config.reward_weights and not Path(config.preference_model).is_file():
-        raise ConfigError("preference_model", "reward 'preference' needs the path of a fitted "
-                          f"preference model (safetensors); {config.preference_model!r} is not "
-                          "a file")
-    # the model directory a resumed run loads is its saved config's; checked here so that a
-    # wrong path is a config error naming model_path and the files expected (as the API's
-    # 422), before the model loads and before the run directory is touched
     out = _out_path(args.out, directory=True)
     # the fields the command line set: a resume takes its budget and device from them, and
     # refuses other changes to the saved run (all of a --config's fields are compared)
-    given = set(_parse_overrides(args.set)) | ({"method"} if args.method else set())
+    given = set(_parse_overrides(args.set)) | ({"method"} if args.method else set()) \
+        | ({"prompts"} if getattr(args, "prompts_file", None) else set())
     RunDirectory.check(out, config, args.resume, given,
                        compared=set(config.to_dict()) if args.config else None)
     run_config = RunDirectory.run_config(out, config, args.resume, given)
+    # what the Trainer would refuse once the model loads, said now, together, before the run
+    # directory is touched: a missing preference model, prompts, and the model directory (a
+    # resumed run's is its saved config's), naming the files expected as the API's 422 does
+    problems = []
+    if "preference" in run_config.reward_weights and \
+            not Path(run_config.preference_model).is_file():
+        problems.append(ConfigError("preference_model", "reward 'preference' needs the path of "
+                                    "a fitted preference model (safetensors); "
+                                    f"{run_config.preference_model!r} is not a file"))
+    if (problem := run_config.prompts_problem()) is not None:
+        problems.append(problem)
     if uses_model_directory(run_config.model) and (
             problem := model_dir_problem(run_config.model, run_config.model_path)) is not None:
-        raise ConfigError("model_path", problem)
+        problems.append(ConfigError("model_path", problem))
+    if problems:
+        raise ConfigErrors(problems)
     available_device(run_config.device)  # the Trainer resolves it again, once the model is loading
     run = RunDirectory(out, config, resume=args.resume, given=given)
     with _first_interrupt_stops() as stop_requested:
@@ -316,14 +337,14 @@ def _checkpoint_of(args: argparse.Namespace) -> Path | None:
     if checkpoint is None:
         return None
     if not checkpoint.exists():
-        raise ConfigError("checkpoint", f"{checkpoint} does not exist")
+        raise ConfigError("--checkpoint", f"{checkpoint} does not exist")
     weights = checkpoint_weights_file(checkpoint) if checkpoint.is_dir() else checkpoint
     if weights is None:
-        raise ConfigError("checkpoint", f"{checkpoint} holds no model weights")
+        raise ConfigError("--checkpoint", f"{checkpoint} holds no model weights")
     try:
         safetensors_header(weights)
     except (OSError, ValueError) as exc:
-        raise ConfigError("checkpoint", f"{weights} is not a readable checkpoint: {exc}") from None
+        raise ConfigError("--checkpoint", f"{weights} is not a readable checkpoint: {exc}") from None
     return checkpoint
 
 
@@ -340,10 +361,10 @@ def _model_spec(args: argparse.Namespace):
     try:
         spec = checkpoint_spec(checkpoint) if checkpoint is not None else None
     except ValueError as exc:  # a LoRA file whose layers cannot be read
-        raise ConfigError("checkpoint", str(exc)) from None
+        raise ConfigError("--checkpoint", str(exc)) from None
     bare_lora = spec is not None and not spec.name  # its base is the user's to name
     if bare_lora and not (args.model and uses_model_directory(args.model)):
-        raise ConfigError("model", f"{checkpoint} is a diffusers LoRA without its run's "
+        raise ConfigError("--model", f"{checkpoint} is a diffusers LoRA without its run's "
                               "state: name its base with --model (flux or sd3) and --model-path")
     spec = spec or ModelSpec(args.model or "shapes")
     # the command line names the model and where it lives on this machine; the rest of the
@@ -351,7 +372,7 @@ def _model_spec(args: argparse.Namespace):
     spec.name = args.model or spec.name
     spec.path = args.model_path or (spec.path if uses_model_directory(spec.name) else "")
     if uses_model_directory(spec.name) and not spec.path:
-        raise ConfigError("model-path", f"--model {spec.name} needs --model-path, its "
+        raise ConfigError("--model-path", f"--model {spec.name} needs --model-path, its "
                           "diffusers-format directory")
     for option in ("resolution", "guidance_scale"):
         if getattr(args, option, None) is not None:
@@ -359,7 +380,7 @@ def _model_spec(args: argparse.Namespace):
     if spec.name == "shapes" and spec.resolution not in (0, IMAGE_SIZE):
         # its images are its latents, drawn at the world's one size whatever is asked (the
         # rule TrainConfig and the studio's jobs apply to resolution)
-        raise ConfigError("resolution", f"the shapes model draws {IMAGE_SIZE}x{IMAGE_SIZE} "
+        raise ConfigError("--resolution", f"the shapes model draws {IMAGE_SIZE}x{IMAGE_SIZE} "
                           f"images; use {IMAGE_SIZE} or leave it out, got {spec.resolution}")
     args.model = spec.name
     return spec
@@ -395,7 +416,7 @@ def sampling_batch_size(args: argparse.Namespace, model: str) -> int:
 
     if args.batch_size is not None:
         if args.batch_size < 1:
-            raise ConfigError("batch-size", "must be >= 1")
+            raise ConfigError("--batch-size", "must be >= 1")
         return args.batch_size
     if not uses_model_directory(model):
         return SHAPES_SAMPLE_BATCH
@@ -418,12 +439,12 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
     prompts_path = Path(args.prompts)
     if not prompts_path.is_file():
-        raise ConfigError("prompts", f"{args.prompts} does not exist")
+        raise ConfigError("--prompts", f"{args.prompts} does not exist")
     prompts = [line.strip() for line in prompts_path.read_text().splitlines() if line.strip()]
     if not prompts:
-        raise ConfigError("prompts", f"{args.prompts} holds no prompts")
+        raise ConfigError("--prompts", f"{args.prompts} holds no prompts")
     if args.batch_size is not None and args.batch_size < 1:  # before the model loads
-        raise ConfigError("batch-size", "must be >= 1")
+        raise ConfigError("--batch-size", "must be >= 1")
     out = _out_path(args.out, directory=True)  # before minutes of sampling, not after
     device = available_device(args.device)
     model = _load_any_model(args, device)  # sets args.model to the model loaded
@@ -458,15 +479,15 @@ def _reward_list(args: argparse.Namespace) -> list[str]:
         names = list(SHAPES_EVAL_REWARDS) if args.model == "shapes" else ["jpeg_compressibility"]
     unknown = [n for n in names if n not in reward_names()]
     if unknown:
-        raise ConfigError("rewards", f"unknown reward(s) {unknown}; known: {reward_names()}")
+        raise ConfigError("--rewards", f"unknown reward(s) {unknown}; known: {reward_names()}")
     # the rule train's config applies: the shapes rewards mean nothing on FLUX's or SD3's images
     if (problem := shapes_only_problem(names, args.model or "shapes")) is not None:
-        raise ConfigError("rewards", problem)
+        raise ConfigError("--rewards", problem)
     paths = {}
     for pair in args.reward_model_path:
         name, sep, path = pair.partition("=")
         if not sep or not name or not path:
-            raise ConfigError("reward-model-path", f"must look like NAME=DIR, got {pair!r}")
+            raise ConfigError("--reward-model-path", f"must look like NAME=DIR, got {pair!r}")
         paths[name] = path
     configure_reward_models(paths, available_device(args.device))
     check_reward_models(names, paths)  # RewardWeightsMissing names the reward and the files
@@ -482,13 +503,13 @@ def _prompt_list(path: str | None) -> list[str] | None:
     if path is None:
         return None
     if not Path(path).is_file():
-        raise ConfigError("prompts-file", f"{path} does not exist")
+        raise ConfigError("--prompts-file", f"{path} does not exist")
     try:
         prompts = read_prompts(path)
     except ValueError as exc:
-        raise ConfigError("prompts-file", str(exc)) from None
+        raise ConfigError("--prompts-file", str(exc)) from None
     if not prompts:
-        raise ConfigError("prompts-file", f"{path} holds no prompts")
+        raise ConfigError("--prompts-file", f"{path} holds no prompts")
     return prompts
 
 
@@ -538,7 +559,7 @@ def cmd_train_base(args: argparse.Namespace) -> int:
     # the attention heads split the width, and the 2D sine-cosine positions quarter it
     multiple = math.lcm(model_config.heads, 4)
     if model_config.width % multiple:
-        raise ConfigError("width", f"must be a multiple of {multiple}, got {model_config.width}")
+        raise ConfigError("--width", f"must be a multiple of {multiple}, got {model_config.width}")
     out = _out_path(args.out, directory=True)
     path = train_base(out, config, model_config, device=str(available_device(args.device)))
     print(f"base checkpoint: {path}")
@@ -606,6 +627,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "model=flux or sd3, else shapes-quick-demo)")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override one config field (repeatable)")
+    train.add_argument("--prompts-file", help="training prompts: .txt (one per line), .jsonl "
+                       "with a \"prompt\" field, or .json (an array of strings or of such "
+                       "objects, as HPDv2's files); needed for flux and sd3 (default for "
+                       "shapes: its 48 prompts)")
     train.add_argument("--out", required=True, help="run directory")
     train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -718,7 +743,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except ConfigError as exc:
         for err in getattr(exc, "errors", [exc]):  # ConfigErrors lists every bad field
-            print(f"error: config field '{err.field}': {err.message}", file=sys.stderr)
+            # a command-line option is named as it was typed, a config field as a field
+            where = err.field if err.field.startswith("--") else f"config field '{err.field}'"
+            print(f"error: {where}: {err.message}", file=sys.stderr)
         return 2
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

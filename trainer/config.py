@@ -240,9 +240,10 @@ class AlgorithmArguments:
     method: str = _field("neighbor", "Training algorithm: Neighbor GRPO ('neighbor') or the "
                          "SDE-based baseline ('sde', DanceGRPO / Flow-GRPO style).",
                          choices=("neighbor", "sde"), group="algorithm")
-    prompts: list = _field([], "Training prompts. Empty means the train split of the job's "
-                           "dataset when it names one (the studio), else the 48 shapes "
-                           "prompts.", group="algorithm")
+    prompts: list = _field([], "Training prompts (the CLI's --prompts-file). Empty means the "
+                           "train split of the job's dataset when it names one (the studio), "
+                           "else, for the shapes model only, its 48 prompts; flux and sd3 "
+                           "need prompts or a dataset.", group="algorithm")
     # --- budget --------------------------------------------------------------------------
     iterations: int = _field(200, "Number of GRPO iterations.", min=1, max=1_000_000,
                              group="algorithm")
@@ -388,6 +389,15 @@ class StudioArguments:
                                "alone.", min=1, max=1024, group="studio")
 
 
+def no_prompts_message(model: str, studio: bool = False) -> str:
+    """What a run of a real model without prompts is told: by the library and the CLI, or
+    (`studio`) by the job API and form."""
+    given = ("a dataset (dataset_id: its train split) or config.prompts" if studio else
+             "prompts (the CLI's --prompts-file)")
+    return (f"model {model!r} trains on prompts you give: {given}; the 48 shapes prompts are "
+            "the shapes model's")
+
+
 @dataclass
 class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArguments):
     """The one description of a training run (fields in the order of the groups: model,
@@ -401,6 +411,17 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
             self.report_to = ",".join(self.report_to)
 
     # ------------------------------------------------------------------------------------
+    def prompts_problem(self, dataset: bool = False) -> ConfigError | None:
+        """A real model's run (flux, sd3) without prompts, or None: the shapes world's 48
+        prompts stand in for a shapes run's, but a FLUX run on "three blue triangles" is a
+        mistake, not a default. `dataset`: a dataset gives the prompts (the studio reads them
+        at the job's start)."""
+        from trainer.models import uses_model_directory
+
+        if self.prompts or dataset or not uses_model_directory(self.model):
+            return None
+        return ConfigError("prompts", no_prompts_message(self.model))
+
     def problems(self) -> list[ConfigError]:
         """Every bad field, each naming the field and what is allowed (empty when valid)."""
         from trainer.rewards import reward_names, shapes_only_problem

@@ -66,7 +66,12 @@ class Trainer:
     """
 
     def __init__(self, config: TrainConfig, model: FlowModel | None = None) -> None:
+        if not isinstance(config, TrainConfig):
+            raise TypeError(f"Trainer takes a TrainConfig, not {type(config).__name__}: build "
+                            "one with load_config(preset, overrides) or TrainConfig.from_dict")
         self.config = config.validate()
+        if (problem := config.prompts_problem()) is not None:
+            raise problem
         self.device = resolve_device(config.device)
         # model-backed rewards (issue 17): their weights directories and device; missing
         # weights fail here, at the job's start, before the model loads. With a reward server

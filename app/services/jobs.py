@@ -552,6 +552,13 @@ def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
         top.append(("dataset_id", f"dataset {dataset_id} not found"))
     elif dataset_id is not None and kind == "train":
         top += _training_dataset_problems(session, dataset_id, out, problems)
+    if kind == "train" and dataset_id is None and not out.get("prompts") \
+            and isinstance(out.get("model"), str):
+        from trainer.config import no_prompts_message
+        from trainer.models import uses_model_directory
+
+        if uses_model_directory(out["model"]):  # flux, sd3: shapes' 48 prompts are not theirs
+            problems.append(("prompts", no_prompts_message(out["model"], studio=True)))
     _check_model(session, kind, out, problems)
     _check_paths_and_names(session, kind, out, problems)
     if kind == "fit_preference":

@@ -13,7 +13,9 @@ import shutil
 
 import pytest
 
-FLUX = {"model": "flux", "model_path": "tiny-flux", "finetune": "lora", "lora_rank": 4,
+# a real model trains on prompts it is given (the shapes prompts are the shapes model's)
+FLUX = {"model": "flux", "model_path": "tiny-flux", "prompts": ["a red apple", "a blue car"],
+        "finetune": "lora", "lora_rank": 4,
         "resolution": 32, "reward_weights": {"jpeg_compressibility": 1.0}, "device": "cpu"}
 
 
@@ -79,15 +81,33 @@ def test_a_flux_job_without_a_preset_starts_from_flux_lora_as_the_cli_does(clien
     from trainer.config import PRESETS
 
     r = _post(client, admin, "train", {"model": "flux", "model_path": "tiny-flux",
-                                       "resolution": 32, "device": "cpu"})
+                                       "resolution": 32, "device": "cpu",
+                                       "prompts": ["a red apple"]})
     assert r.status_code == 201, r.text
     config = r.json()["config"]
     for name in ("finetune", "lora_rank", "lora_alpha", "group_size", "rollout_batch_size"):
         assert config[name] == PRESETS["flux-lora"][name], name
     assert config["finetune"] == "lora" and config["resolution"] == 32
     r = _post(client, admin, "train", {"model": "flux", "model_path": "tiny-flux",
-                                       "resolution": 32, "device": "cpu", "lora_rank": 8})
+                                       "resolution": 32, "device": "cpu", "lora_rank": 8,
+                                       "prompts": ["a red apple"]})
     assert r.status_code == 201 and r.json()["config"]["lora_rank"] == 8, r.text
+
+
+def test_a_flux_train_job_needs_a_dataset_or_prompts(client, admin, models):
+    """Left out, FLUX trained on the shapes world's 48 prompts without a word."""
+    trained = {k: v for k, v in FLUX.items() if k != "prompts"}
+    r = _post(client, admin, "train", trained, "tiny")
+    assert r.status_code == 422, r.text
+    assert _errors(r) == {"prompts": "model 'flux' trains on prompts you give: a dataset "
+                          "(dataset_id: its train split) or config.prompts; the 48 shapes "
+                          "prompts are the shapes model's"}
+    upload = client.post("/api/datasets", files={"file": ("p.txt", b"a red apple\n")},
+                         headers=admin)
+    assert upload.status_code == 201, upload.text
+    r = client.post("/api/jobs", json={"kind": "train", "preset": "tiny", "config": trained,
+                                       "dataset_id": upload.json()["id"]}, headers=admin)
+    assert r.status_code == 201, r.text
 
 
 def test_lora_fields_on_a_full_fine_tune_are_422_not_ignored(client, admin, models):
@@ -103,8 +123,8 @@ def test_lora_fields_on_a_full_fine_tune_are_422_not_ignored(client, admin, mode
               "tiny")
     assert r.status_code == 201, r.text
     r = _post(client, admin, "train", {"model": "flux", "model_path": "tiny-flux",
-                                       "resolution": 32, "device": "cpu",
-                                       "finetune": "full"}, "flux-lora")
+                                       "resolution": 32, "device": "cpu", "finetune": "full",
+                                       "prompts": ["a red apple"]}, "flux-lora")
     assert r.status_code == 201, r.text  # flux-lora's own rank is not the user's
 
 
@@ -290,10 +310,12 @@ def test_send_to_arena_from_a_real_model_job_before_its_first_checkpoint(
         settings, session, enqueuer, models):
     from app.services import datasets, jobs
 
-    datasets.import_dataset(session, filename="shapes.txt", data=b"a red apple\n",
-                            name=jobs.SHAPES_DATASET)
-    src = jobs.launch_job(session, enqueuer, "train", {**FLUX, "rollout_batch_size": 2},
-                          preset="tiny")
+    shapes = datasets.import_dataset(session, filename="shapes.txt", data=b"a red apple\n",
+                                     name=jobs.SHAPES_DATASET).dataset
+    # trained on a dataset (its prompts), which the arena's rollouts then sample
+    trained = {k: v for k, v in FLUX.items() if k != "prompts"}
+    src = jobs.launch_job(session, enqueuer, "train", {**trained, "rollout_batch_size": 2},
+                          preset="tiny", dataset_id=shapes.id)
     job, ckpt = jobs.send_to_arena(session, enqueuer, src.id)
     assert ckpt is None
     assert {k: job.config[k] for k in ("model", "model_path", "resolution", "batch_size",
@@ -328,12 +350,14 @@ def test_the_launch_form_renders_and_submits_the_real_model_fields(settings, adm
     job_id, out = jobs.launch(enqueuer, token, None, *values)  # no model_path yet
     errors = dict(zip(names, out[1:], strict=True))
     assert job_id is None and "diffusers-format directory" in errors["model_path"]
-    assert sum(bool(v) for v in errors.values()) == 1
+    # nor prompts: FLUX does not train on the shapes world's
+    assert "trains on prompts you give: a dataset" in errors["prompts"]
+    assert sum(bool(v) for v in errors.values()) == 2
 
     # as the browser sends them back: numbers as floats, the list as JSON text, a checkbox
     form.update(model_path="tiny-flux", resolution=32.0, lora_rank=4.0, iterations=2.0,
                 group_size=4.0, num_anchors=2.0, device="cpu", gradient_checkpointing=True,
-                lora_target_modules='["to_q", "to_v"]')
+                lora_target_modules='["to_q", "to_v"]', prompts='["a red apple"]')
     job_id, out = jobs.launch(enqueuer, token, None, *form.values())
     assert job_id is not None, out
     from app.db import session_scope

@@ -8,7 +8,9 @@ ran. Checkpoints are real tiny-FLUX LoRAs saved by the trainer (tests/tiny_diffu
 
 from __future__ import annotations
 
-FLUX = {"model": "flux", "model_path": "tiny-flux", "finetune": "lora", "lora_rank": 4,
+# a real model trains on prompts it is given (the shapes prompts are the shapes model's)
+FLUX = {"model": "flux", "model_path": "tiny-flux", "prompts": ["a red apple", "a blue car"],
+        "finetune": "lora", "lora_rank": 4,
         "resolution": 32, "reward_weights": {"jpeg_compressibility": 1.0}, "device": "cpu"}
 
 

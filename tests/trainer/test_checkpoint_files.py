@@ -25,7 +25,7 @@ from trainer.models import (
 def test_a_checkpoint_rebuilds_from_its_weights_file(tmp_path, finetune):
     flux = write_tiny_flux(tmp_path / "flux")
     config = TrainConfig.from_dict({
-        **PRESETS["tiny"], "device": "cpu", "model": "flux", "model_path": str(flux),
+        **PRESETS["tiny"], "device": "cpu", "model": "flux", "model_path": str(flux), "prompts": ["a red apple"],
         "finetune": finetune, "lora_rank": 4, "resolution": 32, "iterations": 1,
         "learning_rate": 1e-3, "reward_weights": {"jpeg_compressibility": 1.0}})
     trainer = Trainer(config)

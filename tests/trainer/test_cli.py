@@ -373,7 +373,7 @@ def test_train_base_width_must_split_into_its_heads(tmp_path, capsys):
     line = cli_error(["train-base", "--out", str(out), "--steps", "1", "--batch-size", "2",
                       "--pool-size", "0", "--width", "6", "--depth", "1", "--device", "cpu"],
                      capsys)
-    assert line == "error: config field 'width': must be a multiple of 4, got 6"
+    assert line == "error: --width: must be a multiple of 4, got 6"
     assert not out.exists()
 
 
@@ -421,7 +421,7 @@ def test_evaluate_refuses_shapes_only_rewards_for_real_models(model, tmp_path, c
     """The rule train's config applies (shapes_only_problem), before any model loads."""
     line = cli_error(["evaluate", "--model", model, "--model-path", str(tmp_path), "--rewards",
                       "jpeg_compressibility,count", "--device", "cpu", "--seeds", "1"], capsys)
-    assert line.startswith("error: config field 'rewards': ['count'] score only the shapes "
+    assert line.startswith("error: --rewards: ['count'] score only the shapes "
                            "model's 32x32 images"), line
     assert f"for model {model!r} use image rewards" in line
     # 'preference' is a train job's blend, not a reward evaluate can score: not offered here

@@ -205,6 +205,42 @@ def test_a_real_model_trains_from_its_own_preset_and_reward_when_none_is_named(t
         TrainConfig.from_dict({"model": "flux", "reward_weights": {"count": 1.0}})
 
 
+def test_a_real_model_trains_only_on_prompts_it_is_given(tmp_path, capsys, monkeypatch):
+    """A FLUX run without prompts trained on the shapes world's "three blue triangles"
+    without a word. The library, the CLI (with every other problem at once, before anything
+    is written) and --prompts-file; a relative model_path is kept absolute."""
+    from trainer.cli import build_parser, main, train_config_of
+    from trainer.config import ConfigError, TrainConfig
+    from trainer.loop import Trainer
+
+    message = "model 'flux' trains on prompts you give: prompts (the CLI's --prompts-file)"
+    config = TrainConfig.from_dict({"model": "flux", "model_path": str(tmp_path / "nope")})
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Trainer(config)  # before any weights load (there are none here)
+    assert config.prompts_problem(dataset=True) is None
+    assert TrainConfig.from_dict({}).prompts_problem() is None  # shapes: its 48 prompts
+    with pytest.raises(TypeError, match="Trainer takes a TrainConfig, not dict"):
+        Trainer({"model": "flux"})
+
+    out = tmp_path / "run"
+    assert main(["train", "--set", "model=flux", "--set", f"model_path={tmp_path / 'nope'}",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split("'")[1] for line in err] == ["prompts", "model_path"], err
+    assert message in err[0] and not out.exists()
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red fox\n\na blue boat\n")
+    monkeypatch.chdir(tmp_path)
+    config = train_config_of(build_parser().parse_args(
+        ["train", "--set", "model=flux", "--set", "model_path=models/flux", "--prompts-file",
+         str(prompts), "--out", "run"]))
+    assert config.prompts == ["a red fox", "a blue boat"] and config.prompts_problem() is None
+    assert config.model_path == str(tmp_path / "models" / "flux")
+    assert main(["train", "--prompts-file", str(tmp_path / "none.txt"), "--out", "x"]) == 2
+    assert capsys.readouterr().err.startswith("error: --prompts-file: ")
+
+
 def test_the_app_starts_without_torch():
     """The API's schemas read the vote outcomes from trainer.rewards; importing the app must
     not load torch (1.4 s of the start-up, and every tool that imports the app) until a
