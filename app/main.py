@@ -94,9 +94,11 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
     async def service_error(_request: Request, exc: ServiceError) -> JSONResponse:
         body: dict[str, object] = {"detail": exc.message}
         body.update({k: v for k, v in exc.details.items() if v is not None})
-        if exc.status_code in (400, 409, 413, 422) and "errors" not in body:
+        if exc.status_code in (400, 409, 413, 422) and body.get("errors"):
             # every answer about the request's content has the shape of a validation error's
-            # (README): one problem, named
+            # (README): `field` is the first problem's
+            body.setdefault("field", body["errors"][0].get("field", "body"))  # type: ignore[index]
+        elif exc.status_code in (400, 409, 413, 422):  # one problem, named
             field = str(body.setdefault("field", "body"))
             message = exc.message.removeprefix(f"{field}: ")
             body["errors"] = [{"field": field, "message": message}]

@@ -91,13 +91,21 @@ def worker_command(name: str = "local") -> list[str]:
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 60.0) -> None:
-    """SIGTERM (Celery's warm shutdown), then SIGKILL if it does not leave in time."""
+    """SIGTERM (Celery's warm shutdown: the job ends its iteration at a checkpoint), then
+    SIGKILL if it does not leave in time, or at once on a second Ctrl-C (the job goes back to
+    the queue at its newest checkpoint at the next start, as after a crash)."""
     if proc.poll() is not None:
         return
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a third press must not cut this short
+        print("stopping the worker at once (its job continues from its newest checkpoint at "
+              "the next start) ...", flush=True)
         proc.kill()
         proc.wait()
 

@@ -28,6 +28,7 @@ import torch
 
 from app.config import get_settings
 from app.db import session_scope
+from app.errors import NotFound
 from app.job_kinds import EvaluateConfig, RolloutConfig, SamplingConfig, default_reward_names
 from app.json_values import json_safe
 from app.services import checkpoints, datasets, jobs, rollouts, storage
@@ -65,8 +66,11 @@ def sampling_spec(cfg: SamplingConfig, checkpoint_id: int | None) -> ModelSpec:
         spec = ModelSpec(name=model, finetune="lora" if uses_model_directory(model) else "full",
                          lora_rank=1, lora_alpha=1.0)
     else:
-        with session_scope() as s:
-            path = checkpoints.checkpoint_file(s, checkpoint_id)
+        try:
+            with session_scope() as s:
+                path = checkpoints.checkpoint_file(s, checkpoint_id)
+        except NotFound as exc:  # its files went after submission checked them
+            raise JobError(exc.message) from None
         spec = checkpoint_spec(path)
     if uses_model_directory(spec.name):
         spec.path = str(model_directory(spec.name, cfg.model_path or spec.path))

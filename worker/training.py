@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from app.config import get_settings
 from app.db import session_scope
+from app.errors import NotFound
 from app.json_values import json_safe
 from app.models import Job
 from app.services import checkpoints, datasets, jobs, rollouts, storage
@@ -311,7 +312,12 @@ def prepare_trainer(job_id: int, model=None) -> tuple[Trainer, TrainConfig, int 
     trainer.track(tracking_root(), f"job-{job_id}")  # prepared on rank 0 alone when distributed
     last_vote = attach_preference(trainer, config)
     if ckpt_path is not None:
-        directory = checkpoint_directory(storage.resolve(ckpt_path))
+        try:
+            with session_scope() as s:
+                weights = checkpoints.checkpoint_file(s, ckpt_id)
+        except NotFound as exc:  # the resume's check passed; the files went since
+            raise JobError(exc.message) from None
+        directory = checkpoint_directory(weights)
         trainer.load_checkpoint(directory)
         log.info("job %s resumes from %s (iteration %d)", job_id, directory, trainer.iteration)
     with session_scope() as s:  # iterations after the checkpoint are redone and re-recorded

@@ -70,8 +70,33 @@ def list_checkpoints(session: Session, *, job_id: int | None = None, limit: int 
 
 
 def checkpoint_file(session: Session, checkpoint_id: int) -> Path:
-    """The checkpoint's file, only if it lies inside the storage directory."""
-    return storage.resolve(get_checkpoint(session, checkpoint_id).path)
+    """The checkpoint's file, only if it lies inside the storage directory; NotFound saying
+    that its files are gone when the row outlived them (moved or deleted on disk)."""
+    return stored_file(get_checkpoint(session, checkpoint_id))
+
+
+def stored_file(ckpt: Checkpoint) -> Path:
+    """`ckpt`'s weights file inside the storage directory (checkpoint_file's NotFound)."""
+    try:
+        return storage.resolve(ckpt.path)
+    except NotFound:
+        raise NotFound(files_missing(ckpt), field="checkpoint_id") from None
+
+
+def files_missing(ckpt: Checkpoint) -> str:
+    """What is said of a checkpoint whose row outlived its files."""
+    return (f"checkpoint {ckpt.id} ({ckpt.name}) has lost its files: {ckpt.path} is not in "
+            "the storage directory (moved or deleted); put it back, or use another checkpoint")
+
+
+def files_problem(ckpt: Checkpoint) -> str | None:
+    """files_missing's message when the checkpoint's weights file is gone, else None:
+    submission and resume say it rather than a worker failing on it."""
+    try:
+        storage.resolve(ckpt.path)
+    except NotFound:
+        return files_missing(ckpt)
+    return None
 
 
 # what a checkpoint directory holds for resuming this trainer only (the optimizer's moments, the
@@ -108,7 +133,7 @@ def checkpoint_archive(session: Session, checkpoint_id: int) -> tuple[str, Itera
 
     ckpt = get_checkpoint(session, checkpoint_id)
     root = storage.storage_root()
-    directory = checkpoint_directory(storage.resolve(ckpt.path)).resolve()
+    directory = checkpoint_directory(stored_file(ckpt)).resolve()
     if directory == root or root not in directory.parents:
         raise NotFound(f"checkpoint {checkpoint_id} has no directory of its own")
     files = sorted(p for p in directory.rglob("*")

@@ -481,7 +481,7 @@ def delete_dataset(session: Session, dataset_id: int) -> None:
         raise Conflict(
             f"dataset {dataset_id} is used by active job(s) {', '.join(map(str, busy))}; "
             "cancel them first",
-            jobs=list(busy),
+            field="dataset_id", jobs=list(busy),
         )
     session.execute(delete(Prompt).where(Prompt.dataset_id == dataset_id))
     session.execute(delete(Dataset).where(Dataset.id == dataset_id))

@@ -47,7 +47,7 @@ from app.job_kinds import KIND_NAMES, KINDS
 from app.limits import MAX_CONFIG_PROMPTS, MAX_ID, NAME_LENGTH
 from app.models import ROLES, Checkpoint, Dataset, Job, JobMetric, User, utcnow
 from app.schemas import validation_message
-from app.services import auth, storage, workers
+from app.services import auth, checkpoints, storage, workers
 from app.services.datasets import prompt_texts
 from trainer.shapes.world import shapes_prompt_problem
 
@@ -212,14 +212,19 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
     # a train job's own prompts are TrainConfig's to check
     if kind != "train" and (problem := _drawable_problem(model, out.get("prompts") or [])):
         problems.append(("prompts", problem))
-    if out.get("checkpoint_id") is not None and session.get(Checkpoint, out["checkpoint_id"]) is None:
-        problems.append(("checkpoint_id", f"checkpoint {out['checkpoint_id']} not found"))
+    if out.get("checkpoint_id") is not None:
+        if (ckpt := session.get(Checkpoint, out["checkpoint_id"])) is None:
+            problems.append(("checkpoint_id", f"checkpoint {out['checkpoint_id']} not found"))
+        elif (problem := checkpoints.files_problem(ckpt)) is not None:
+            problems.append(("checkpoint_id", problem))
     ids = out.get("checkpoint_ids") or []
     if len(set(ids)) < len(ids):
         problems.append(("checkpoint_ids", "must not repeat a checkpoint"))
-    missing = [cid for cid in dict.fromkeys(ids) if session.get(Checkpoint, cid) is None]
-    if missing:
+    found = {cid: session.get(Checkpoint, cid) for cid in dict.fromkeys(ids)}
+    if missing := [cid for cid, ckpt in found.items() if ckpt is None]:
         problems.append(("checkpoint_ids", f"checkpoint(s) {missing} not found"))
+    problems.extend(("checkpoint_ids", problem) for ckpt in found.values()
+                    if ckpt is not None and (problem := checkpoints.files_problem(ckpt)))
     device = workers.device_problem(session, kind, out)
     if device:
         problems.append(("device", device))
@@ -647,7 +652,6 @@ def send_to_arena(session: Session, enqueuer: Enqueuer | None, source_job_id: in
     first), on the job's dataset or else the built-in shapes prompts, with the job's group
     size, sigma and rollout batch size (and, for the base model, its model fields); its groups
     become pairs in the arena. Returns the job and the checkpoint."""
-    from app.services import checkpoints
 
     src = get_job(session, source_job_id)
     ckpt = checkpoints.latest_checkpoint(session, src.id)
@@ -726,7 +730,7 @@ def check_still_valid(session: Session, job: Job) -> None:
     if job.dataset_id is None and job.submitted_dataset_id is not None:
         # the dataset's deletion set dataset_id null: the job would run on other prompts
         raise Conflict(f"job {job.id} can no longer run: its dataset {job.submitted_dataset_id} "
-                       "was deleted; launch a new job on another dataset",
+                       "was deleted; launch a new job on another dataset", field="dataset_id",
                        errors=[{"field": "dataset_id", "message": f"dataset "
                                 f"{job.submitted_dataset_id} was deleted"}])
     try:
@@ -734,7 +738,13 @@ def check_still_valid(session: Session, job: Job) -> None:
                         dataset_id=job.dataset_id if job.kind == "train" else None)
     except Invalid as exc:
         raise Conflict(f"job {job.id} can no longer run: {exc.message}",
+                       field=exc.details.get("field", "config"),
                        errors=exc.details.get("errors", [])) from exc
+    # a train job resumes from its newest recorded checkpoint: its files must still be there
+    if job.kind == "train" and (newest := checkpoints.latest_checkpoint(session, job.id)) \
+            is not None and (problem := checkpoints.files_problem(newest)) is not None:
+        raise Conflict(f"job {job.id} cannot resume: {problem}", field="checkpoint_id",
+                       errors=[{"field": "checkpoint_id", "message": problem}])
 
 
 def resume_job(session: Session, job_id: int) -> Job:

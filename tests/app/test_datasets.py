@@ -191,6 +191,7 @@ def test_delete_refuses_dataset_of_running_job(client, admin, session):
     session.commit()
     r = client.delete(f"/api/datasets/{ds}", headers=admin)
     assert r.status_code == 409 and str(job["id"]) in r.json()["detail"]
+    assert r.json()["field"] == "dataset_id" and r.json()["jobs"] == [job["id"]]  # not "body"
     assert counts(session) == (1, 2)
     jobs.mark_succeeded(session, job["id"])
     session.commit()

@@ -18,6 +18,10 @@ def _fields(response) -> list[str]:
     return [e["field"] for e in response.json()["errors"]]
 
 
+def _errors(response) -> dict[str, str]:
+    return {e["field"]: e["message"] for e in response.json()["errors"]}
+
+
 def _job_count(session) -> int:
     from app.models import Job
 
@@ -208,6 +212,7 @@ def test_a_job_whose_dataset_was_deleted_does_not_resume(client, admin):
     r = client.post(f"/api/jobs/{job}/resume", headers=admin)
     assert r.status_code == 409, r.text
     assert f"dataset {ds} was deleted" in r.text and _fields(r) == ["dataset_id"]
+    assert r.json()["field"] == "dataset_id"  # the documented shape: field, detail, errors
     assert client.get(f"/api/jobs/{job}", headers=admin).json()["status"] == "cancelled"
 
 
@@ -280,11 +285,65 @@ def test_a_config_lists_at_most_max_config_prompts(client, admin, session):
     assert _job_count(session) == before
 
 
+def test_a_checkpoint_whose_files_are_gone_is_named_at_submission_resume_and_download(
+        client, admin, session, enqueuer):
+    """A checkpoint directory moved aside: an evaluate or rollout job on it was accepted and
+    failed in the worker with "NotFound: no such file" and a traceback; a train job resuming
+    from it the same; its download said "no such file". Each now names the checkpoint, its
+    path and what to do, and a worker that finds the files gone says so in one line."""
+    import shutil
+
+    from app.models import Checkpoint, Job
+    from app.services import checkpoints, storage
+    from app.services.checkpoints import record_checkpoint
+    from trainer.models import SHAPES_BASE
+    from worker.lease import JobError
+    from worker.sampling import sampling_spec
+
+    directory = storage.storage_root() / "checkpoints" / "job-1" / "iter-000002"
+    directory.mkdir(parents=True)
+    (directory / "model.safetensors").write_bytes(SHAPES_BASE.read_bytes())
+    train = _post(client, admin, "train", {"device": "cpu"}, "tiny").json()["id"]
+    ckpt = session.get(Checkpoint, record_checkpoint(
+        session, train, 2, "checkpoints/job-1/iter-000002/model.safetensors"))
+    session.get(Job, train).status = "cancelled"
+    session.commit()
+    assert _post(client, admin, "evaluate", {"checkpoint_ids": [ckpt.id]}).status_code == 201
+    shutil.move(directory, directory.with_name("aside"))
+
+    gone = (f"checkpoint {ckpt.id} ({ckpt.name}) has lost its files: "
+            "checkpoints/job-1/iter-000002/model.safetensors is not in the storage directory "
+            "(moved or deleted); put it back, or use another checkpoint")
+    r = _post(client, admin, "evaluate", {"checkpoint_ids": [ckpt.id]})
+    assert r.status_code == 422 and _errors(r) == {"checkpoint_ids": gone}, r.text
+    r = _post(client, admin, "rollout", {"checkpoint_id": ckpt.id})
+    assert r.status_code == 422 and _errors(r)["checkpoint_id"] == gone, r.text
+    r = client.post(f"/api/jobs/{train}/resume", headers=admin)
+    assert r.status_code == 409 and r.json()["field"] == "checkpoint_id", r.text
+    assert r.json()["errors"] == [{"field": "checkpoint_id", "message": gone}]
+    for suffix in ("", "?format=zip"):
+        r = client.get(f"/api/checkpoints/{ckpt.id}/download{suffix}", headers=admin)
+        assert r.status_code == 404 and r.json()["detail"] == gone, r.text
+    # what a worker meets when the files go after the check
+    from app.job_kinds import RolloutConfig
+
+    with pytest.raises(JobError, match="has lost its files"):
+        sampling_spec(RolloutConfig(dataset_id=1, checkpoint_id=ckpt.id), ckpt.id)
+    shutil.move(directory.with_name("aside"), directory)
+    assert checkpoints.files_problem(ckpt) is None
+    assert client.post(f"/api/jobs/{train}/resume", headers=admin).status_code == 200
+
+
 def test_evaluate_needs_distinct_existing_checkpoints(client, admin, session):
     """One checkpoint may be evaluated alone (its reward scores; issue 17), two or more also
     give cross-checkpoint pairs; none, a repeat or a missing one is refused."""
+    from app.services import storage
     from app.services.checkpoints import record_checkpoint
+    from trainer.models import SHAPES_BASE
 
+    (storage.storage_root() / "ck").mkdir(parents=True)
+    for i in range(2):
+        (storage.storage_root() / f"ck/{i}.safetensors").write_bytes(SHAPES_BASE.read_bytes())
     ck = [record_checkpoint(session, None, 0, f"ck/{i}.safetensors", name=f"c{i}")
           for i in range(2)]
     session.commit()
