@@ -287,7 +287,7 @@ def test_an_unreadable_checkpoint_is_named(tmp_path, prompts_file, capsys):
     readme.write_text("# not weights\n" * 100)
     line = cli_error(["evaluate", "--checkpoint", str(readme), "--seeds", "1", "--device", "cpu"],
                      capsys)
-    assert f"'checkpoint': {readme} is not a readable checkpoint" in line
+    assert f"--checkpoint: {readme} is not a readable checkpoint" in line
     # a checkpoint directory whose weights file is not safetensors: that file is named
     directory = tmp_path / "iter-000001"
     directory.mkdir()
@@ -385,7 +385,7 @@ def test_the_shapes_model_samples_at_its_one_resolution(tmp_path, prompts_file, 
     for spec in ([], ["--checkpoint", BASE]):
         out = tmp_path / "64"
         line = cli_error([*sample, *spec, "--resolution", "64", "--out", str(out)], capsys)
-        assert "'resolution': the shapes model draws 32x32 images; use 32" in line
+        assert "--resolution: the shapes model draws 32x32 images; use 32" in line
         assert "got 64" in line and not out.exists()
     out = tmp_path / "32"
     assert main([*sample, "--resolution", "32", "--out", str(out)]) == 0

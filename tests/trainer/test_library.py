@@ -166,9 +166,11 @@ def test_read_prompts_takes_txt_jsonl_and_json_and_refuses_other_files(tmp_path)
         read_prompts(tmp_path / "p.csv")
 
 
-def test_the_readmes_train_commands_make_valid_configs():
+def test_the_readmes_train_commands_make_valid_configs(tmp_path, monkeypatch):
     """Every `python -m trainer train` command in README.md's shell blocks parses and gives a
-    config TrainConfig accepts (the model directories they name are the user's)."""
+    config TrainConfig accepts (the model directories they name are the user's; the prompt
+    files they name are made here, one prompt each)."""
+    import json
     import shlex
 
     from trainer.cli import build_parser, train_config_of
@@ -180,8 +182,13 @@ def test_the_readmes_train_commands_make_valid_configs():
             if "-m trainer train " in line:
                 commands.append(shlex.split(line.split("-m trainer ", 1)[1], comments=True))
     assert len(commands) >= 3, commands
+    monkeypatch.chdir(tmp_path)
     for argv in commands:
-        train_config_of(build_parser().parse_args(argv))  # ConfigErrors name every bad field
+        if "--prompts-file" in argv:
+            path = tmp_path / argv[argv.index("--prompts-file") + 1]
+            path.write_text(json.dumps(["a cat"]) if path.suffix == ".json" else "a cat\n")
+        config = train_config_of(build_parser().parse_args(argv))  # ConfigErrors: every field
+        assert config.prompts_problem() is None, argv  # a real model is given prompts
 
 
 def test_a_real_model_trains_from_its_own_preset_and_reward_when_none_is_named(tmp_path):
