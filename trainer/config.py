@@ -743,9 +743,15 @@ def default_preset(model: str) -> str:
 
 
 def load_config(spec: str | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """A preset name or a JSON file path, then overrides; validated."""
+    """A preset name or a JSON file path, then overrides; validated. No spec: the field
+    defaults, except that overrides naming flux or sd3 start from that model's preset
+    (`default_preset`: LoRA and its batch sizes, not a full fine-tune of 12B weights), as
+    the CLI and the job API do."""
     base: dict[str, Any] = {}  # the preset's fields
     data: dict[str, Any] = {}  # the user's own: a JSON file's, then the overrides
+    model = (overrides or {}).get("model")
+    if not spec and isinstance(model, str) and default_preset(model) == f"{model}-lora":
+        spec = default_preset(model)
     if spec:
         if spec in PRESETS:
             base.update(PRESETS[spec])

@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from sqlalchemy import select
+from stored_checkpoints import stored_checkpoint
 
 
 def test_fit_bt_recovers_order():
@@ -17,10 +18,9 @@ def test_fit_bt_recovers_order():
 def test_leaderboard_ratings_cis_and_win_rates(client, admin, annotator, make_user, make_group,
                                                session):
     from app.models import RolloutGroup, Sample, User
-    from app.services.checkpoints import record_checkpoint
     from app.services.votes import record_vote
 
-    ck = [record_checkpoint(session, None, 0, f"ck/{i}.safetensors", name=f"ckpt{i}")
+    ck = [stored_checkpoint(session, None, 0, f"ck/{i}.safetensors", name=f"ckpt{i}")
           for i in range(3)]
     session.commit()
     for c in ck:
@@ -71,11 +71,11 @@ def test_reward_scores_stand_beside_ratings(client, admin, annotator, make_group
     kept, the same reward replaced) come back from the checkpoints API and on the leaderboard
     beside the Bradley-Terry rating; a checkpoint scored but never voted on is listed below
     the rated ones with a null rating."""
-    from app.services.checkpoints import record_checkpoint, record_scores
+    from app.services.checkpoints import record_scores
     from app.services.votes import record_vote
     from app.ui.leaderboard import ratings_html
 
-    ck = [record_checkpoint(session, None, 0, f"ck/{i}.safetensors", name=f"ckpt{i}")
+    ck = [stored_checkpoint(session, None, 0, f"ck/{i}.safetensors", name=f"ckpt{i}")
           for i in range(4)]
     record_scores(session, ck[0], {"count": {"mean": 0.2, "std": 0.1, "n": 8},
                                    "clip_score": {"mean": 21.0, "std": 2.0, "n": 8}},
@@ -136,10 +136,9 @@ def test_leaderboard_launches_an_evaluate_job_with_the_named_rewards(admin, enqu
     """One checkpoint may be scored alone; the rewards typed on the page go into the job's
     config, and a model-backed reward without weights is refused, naming it."""
     from app.models import Job
-    from app.services.checkpoints import record_checkpoint
     from app.ui.leaderboard import evaluate
 
-    ck = record_checkpoint(session, None, 0, "ck/a.safetensors", name="a")
+    ck = stored_checkpoint(session, None, 0, "ck/a.safetensors", name="a")
     session.commit()
     user = {"token": admin["Authorization"].split(" ", 1)[1]}
     out = evaluate(enqueuer, user, [ck], 2, " count, jpeg_compressibility ")
@@ -158,11 +157,10 @@ def test_leaderboard_evaluates_on_a_datasets_held_out_split(admin, enqueuer, ses
     evaluates on HPDv2's test set); 0 is the shapes world's prompts; a dataset gone since the
     page loaded is refused naming the field."""
     from app.models import Job
-    from app.services.checkpoints import record_checkpoint
     from app.services.datasets import import_dataset
     from app.ui.leaderboard import dataset_choices, evaluate
 
-    ck = record_checkpoint(session, None, 0, "ck/a.safetensors", name="a")
+    ck = stored_checkpoint(session, None, 0, "ck/a.safetensors", name="a")
     ds = import_dataset(session, filename="test.txt", data=b"one red circle\ntwo blue squares\n",
                         name="held-out").dataset
     session.commit()

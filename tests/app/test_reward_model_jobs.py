@@ -134,9 +134,9 @@ def test_evaluate_takes_any_registered_reward_and_checks_model_weights(
     """An evaluate job names any registry reward; a model-backed one is refused while its
     weights are missing (naming the reward and the files), accepted once they are under
     REWARD_MODELS_DIR or where its reward_model_paths entry points."""
-    from app.services.checkpoints import record_checkpoint
+    from stored_checkpoints import stored_checkpoint
 
-    ids = [record_checkpoint(session, None, i, f"ck/{i}.safetensors") for i in (1, 2)]
+    ids = [stored_checkpoint(session, None, i, f"ck/{i}.safetensors") for i in (1, 2)]
     session.commit()
 
     def post(config):

@@ -36,11 +36,12 @@ def test_evaluate_form_shows_every_error_at_once_beside_its_field(admin, enqueue
     split: the page showed the first problem only, in the status line, by the config's
     names ("config.reward_names: ..."). Each now shows beside its field at once, and the
     status line names the fields by their labels."""
-    from app.services.checkpoints import record_checkpoint
+    from stored_checkpoints import stored_checkpoint
+
     from app.services.datasets import import_dataset
     from app.ui.leaderboard import EVALUATE_FIELDS
 
-    ck = record_checkpoint(session, None, 0, "ck/a.safetensors", name="a")
+    ck = stored_checkpoint(session, None, 0, "ck/a.safetensors", name="a")
     ds = import_dataset(session, filename="all-train.txt", data=b"one red circle\n").dataset.id
     session.commit()
     button = _evaluate_button(enqueuer)
@@ -72,10 +73,11 @@ def test_evaluate_form_shows_every_error_at_once_beside_its_field(admin, enqueue
 def test_evaluate_notice_names_fields_by_their_labels(admin, enqueuer, session):
     """`evaluate` (one notice, for callers without the boxes) lists every problem too, each
     after its field's label; the config field stays in `data-field`."""
-    from app.services.checkpoints import record_checkpoint
+    from stored_checkpoints import stored_checkpoint
+
     from app.ui.leaderboard import evaluate
 
-    ck = record_checkpoint(session, None, 0, "ck/a.safetensors", name="a")
+    ck = stored_checkpoint(session, None, 0, "ck/a.safetensors", name="a")
     session.commit()
     out = evaluate(enqueuer, _token(admin), [ck], 0, "nope", 999_999, "eval")
     text = _text(out)

@@ -407,8 +407,9 @@ def test_resume_says_a_job_without_a_checkpoint_restarts(settings, admin, enqueu
     """Resume on a job that never saved a checkpoint said it would "resume from its newest
     checkpoint": it starts over, and says so; with one, it names the checkpoint the worker
     loads (checkpoints.latest_checkpoint)."""
+    from stored_checkpoints import stored_checkpoint
+
     from app.services import jobs as svc
-    from app.services.checkpoints import record_checkpoint
     from app.ui import jobs
 
     job_id, _ = jobs.launch(enqueuer, _token(admin), None, *jobs.form_values("tiny"))
@@ -421,7 +422,7 @@ def test_resume_says_a_job_without_a_checkpoint_restarts(settings, admin, enqueu
     assert f"Job {job_id} queued to restart from the beginning" in text, text
     assert "checkpoint to resume from" in text and "newest checkpoint" not in text
     for it in (2, 4):
-        record_checkpoint(session, job_id, it, f"ck/job-{job_id}-{it}.safetensors",
+        stored_checkpoint(session, job_id, it, f"ck/job-{job_id}-{it}.safetensors",
                           name=f"job-{job_id}-it{it}")
     svc.request_cancel(session, job_id)
     session.commit()

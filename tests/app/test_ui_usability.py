@@ -151,10 +151,11 @@ def test_rollouts_iteration_says_what_is_allowed(settings, admin, typed):
 # --- 6: seeds per prompt ------------------------------------------------------------------------
 @pytest.mark.parametrize("seeds", [0, -2, 1.5, None, 1001])
 def test_evaluate_seeds_per_prompt_is_a_field_error(admin, enqueuer, session, seeds):
-    from app.services.checkpoints import record_checkpoint
+    from stored_checkpoints import stored_checkpoint
+
     from app.ui.leaderboard import evaluate, max_seeds
 
-    ck = record_checkpoint(session, None, 0, "ck/a.safetensors", name="a")
+    ck = stored_checkpoint(session, None, 0, "ck/a.safetensors", name="a")
     session.commit()
     text = _text(evaluate(enqueuer, _token(admin), [ck], seeds, ""))
     assert text.startswith(f"Seeds per prompt: a whole number from 1 to {max_seeds()}"), text
@@ -163,12 +164,12 @@ def test_evaluate_seeds_per_prompt_is_a_field_error(admin, enqueuer, session, se
 
 def test_evaluate_takes_a_whole_number_of_seeds(admin, enqueuer, session):
     from sqlalchemy import select
+    from stored_checkpoints import stored_checkpoint
 
     from app.models import Job
-    from app.services.checkpoints import record_checkpoint
     from app.ui.leaderboard import evaluate
 
-    ck = record_checkpoint(session, None, 0, "ck/a.safetensors", name="a")
+    ck = stored_checkpoint(session, None, 0, "ck/a.safetensors", name="a")
     session.commit()
     assert 'id="evaluate-launched"' in evaluate(enqueuer, _token(admin), [ck], 3.0, "")
     assert session.scalars(select(Job)).one().config["seeds"] == [0, 1, 2]

@@ -95,13 +95,14 @@ def test_vote_validation(client, annotator, make_group):
 
 
 def _eval_setup(client, admin, make_group, session):
-    from app.services.checkpoints import record_checkpoint
+    from stored_checkpoints import stored_checkpoint
+
     from app.services.storage import write_bytes
 
     ck = []
     for i in range(3):
         write_bytes(f"ck/{i}.safetensors", b"w")
-        ck.append(record_checkpoint(session, None, 0, f"ck/{i}.safetensors", name=f"ckpt{i}"))
+        ck.append(stored_checkpoint(session, None, 0, f"ck/{i}.safetensors", name=f"ckpt{i}"))
     session.commit()
     job = client.post("/api/jobs", json={"kind": "evaluate", "config": {"checkpoint_ids": ck}},
                       headers=admin).json()

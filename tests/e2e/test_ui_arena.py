@@ -322,11 +322,11 @@ def test_reveal_names_training_rollouts_and_checkpoints(server, page):
     from itertools import combinations
 
     from sqlalchemy import delete
+    from stored_checkpoints import stored_checkpoint
     from ui_helpers import seed_groups
 
     from app.models import Checkpoint, Job, RolloutGroup, Sample
     from app.services.auth import create_user
-    from app.services.checkpoints import record_checkpoint
 
     with session_scope() as s:
         user, token = create_user(s, "carol-reveal", "annotator")
@@ -337,7 +337,7 @@ def test_reveal_names_training_rollouts_and_checkpoints(server, page):
         s.add_all([train, evaluate])
         s.flush()
         train_id, eval_id = train.id, evaluate.id
-        ckpts = [record_checkpoint(s, train_id, it, f"c{it}.safetensors", name=f"iter-{it:06d}")
+        ckpts = [stored_checkpoint(s, train_id, it, f"c{it}.safetensors", name=f"iter-{it:06d}")
                  for it in (10, 20)]
         # every pair already there counts as judged: only the new groups are left to offer
         rows = s.execute(select(Sample.id, Sample.group_id, RolloutGroup.purpose,

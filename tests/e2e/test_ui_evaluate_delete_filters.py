@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import uuid
 
+from stored_checkpoints import stored_checkpoint
 from ui_helpers import login, screenshot, seed_groups
 
 from app.db import session_scope
-from app.services import checkpoints, datasets, jobs, rollouts
+from app.services import datasets, jobs, rollouts
 
 
 def _tab(page, name: str) -> None:
@@ -36,7 +37,7 @@ def test_evaluate_form_shows_every_error_under_its_field(server, page):
     field, and the status line names the fields by their labels."""
     name = f"no-eval-{uuid.uuid4().hex[:6]}"
     with session_scope() as s:
-        checkpoints.record_checkpoint(s, None, 0, f"lb/{name}.safetensors",
+        stored_checkpoint(s, None, 0, f"lb/{name}.safetensors",
                                              name=f"ck-{name}")
         ds = datasets.import_dataset(s, filename=f"{name}.txt", data=b"one red circle\n",
                                      name=name).dataset

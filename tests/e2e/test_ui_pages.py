@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 
 from sqlalchemy import select
+from stored_checkpoints import stored_checkpoint
 from ui_helpers import login, screenshot, seed_groups
 
 from app.db import session_scope
@@ -149,7 +150,7 @@ def _seed_leaderboard() -> None:
     rng = random.Random(3)
     pngs, _ = base_samples(["two red circles"] * 18, list(range(18)))
     with session_scope() as s:
-        ids = [checkpoints.record_checkpoint(s, None, it, f"lb/c{it}.safetensors",
+        ids = [stored_checkpoint(s, None, it, f"lb/c{it}.safetensors",
                                              name=f"demo-it{it}") for it in (0, 20, 60)]
         groups = {}
         for c in ids:

@@ -207,6 +207,12 @@ def test_a_real_model_trains_from_its_own_preset_and_reward_when_none_is_named(t
          "--out", "x"]))
     assert sd3.reward_weights == {"jpeg_compressibility": 1.0} and sd3.iterations == 3
     assert TrainConfig.from_dict({}).reward_weights == {"count": 1.0}  # shapes as before
+    # the library's load_config without a preset starts a real model where the CLI does
+    from trainer.config import load_config
+
+    lib = load_config(None, {"model": "flux", "model_path": str(tmp_path)})
+    assert (lib.finetune, lib.lora_rank) == ("lora", PRESETS["flux-lora"]["lora_rank"])
+    assert load_config(None, {}).to_dict() == TrainConfig().to_dict()  # shapes: the defaults
     # a reward named by the user is the user's: the shapes count on FLUX is still refused
     with pytest.raises(ConfigErrors, match="reward_weights"):
         TrainConfig.from_dict({"model": "flux", "reward_weights": {"count": 1.0}})
