@@ -264,3 +264,17 @@ def test_the_app_starts_without_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_directory_setting_that_names_a_file_says_so(tmp_path):
+    """`model_path=README.md` said "model directory README.md does not exist"; a reward's
+    weights directory the same: the file is there, it is just not a directory."""
+    from trainer.models import model_dir_problem
+    from trainer.rewards.models import weights_problem
+
+    afile = tmp_path / "README.md"
+    afile.write_text("hello")
+    assert f"model directory {afile} is a file, not a directory" in model_dir_problem("flux", afile)
+    assert "does not exist" in model_dir_problem("flux", tmp_path / "nope")
+    problem = weights_problem("hpsv2", {"hpsv2": str(afile)})
+    assert problem is not None and "is a file, not a directory" in problem, problem

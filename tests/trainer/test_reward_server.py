@@ -125,6 +125,41 @@ def test_both_routes_score_alike_and_a_bad_body_is_422(server):
             ["count"], PROMPTS[:2], images), headers={"Content-Type": NPY_MEDIA_TYPE})
 
 
+def test_every_error_has_one_shape_and_nothing_extra_is_taken(server):
+    """The routes' own checks answered {"detail": "..."} and the body schema's FastAPI's list
+    of dicts, so a client handled two shapes; unknown keys and bytes after the images were
+    ignored. Now: {detail, field, errors} always, and both refused."""
+    import httpx
+
+    images = _images(2, seed=1)
+    npy = encode_score_request(["count"], PROMPTS[:2], images)
+    cases = [
+        ("/score", {"json": {"rewards": "count", "prompts": [1], "images": "x"}},
+         {"rewards", "prompts.0"}),
+        ("/score", {"json": {"rewards": ["count"], "prompts": PROMPTS[:2],
+                             "images": encode_images(images), "extra": 1}}, {"extra"}),
+        ("/score", {"content": b"not json", "headers": {"Content-Type": "application/json"}},
+         None),
+        ("/score_npy", {"content": npy + b"trailing", "headers": {
+            "Content-Type": NPY_MEDIA_TYPE}}, {"body"}),
+        ("/score_npy", {"content": b'{"rewards":["count"],"prompts":["a","b"],"x":1}\n'
+                        + npy.partition(b"\n")[2]}, {"body"}),
+        ("/score_npy", {"content": encode_score_request(["count"], PROMPTS[:1], images)},
+         {"prompts"}),
+        ("/score_npy", {"content": encode_score_request(["nope"], PROMPTS[:2], images)},
+         {"rewards"}),
+    ]
+    for path, kwargs, fields in cases:
+        r = httpx.post(server.url + path, timeout=30, **kwargs)
+        body = r.json()
+        assert r.status_code == 422 and isinstance(body["detail"], str), (path, r.text)
+        assert body["field"] == body["errors"][0]["field"], r.text
+        if fields is not None:
+            assert {e["field"] for e in body["errors"]} == fields, r.text
+    assert "the request holds" in httpx.post(server.url + "/score_npy", timeout=30,
+                                             content=npy + b"trailing").json()["detail"]
+
+
 def test_a_body_that_is_not_what_its_header_says_is_422_before_any_allocation(server):
     """A .npy header claiming terabytes (the body has a hundred bytes) is answered from the
     header, not by trying to allocate it (a 500 from numpy's MemoryError); image files sent

@@ -137,7 +137,8 @@ def model_dir_problem(name: str, path: str | Path) -> str | None:
     path = Path(path)
     try:
         if not path.is_dir():
-            return (f"model directory {path} does not exist (a diffusers-format {name!r} "
+            what = "is a file, not a directory" if path.exists() else "does not exist"
+            return (f"model directory {path} {what} (a diffusers-format {name!r} "
                     f"directory holds {', '.join(expected)}, with weights in each model folder)")
         if (problem := _pipeline_problem(name, path)) is not None:
             return problem

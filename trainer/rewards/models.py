@@ -165,8 +165,9 @@ def weights_problem(name: str, paths: dict[str, str] | None = None,
             and (reason := spec.unavailable()) is not None):
         problems.append(f"reward {name!r} cannot load here: {reason}")
     if not directory.is_dir():
+        what = "is a file, not a directory" if directory.exists() else "does not exist"
         problems.append(f"reward {name!r}: weights directory {str(directory)!r} (from {setting}) "
-                        f"does not exist; it must hold: {expected}. Nothing is downloaded: "
+                        f"{what}; it must hold: {expected}. Nothing is downloaded: "
                         f"put the published weights there")
     elif missing := [" or ".join(alts) for alts in spec.files
                      if not any((directory / f).is_file() for f in alts)]:

@@ -93,7 +93,8 @@ def _load_npy(raw: bytes, what: str) -> np.ndarray:
     if dtype.hasobject:
         raise ValueError(f"{what} must be a .npy file of numbers, not of objects")
     needed = math.prod(shape) * dtype.itemsize
-    if needed > len(raw) - buf.tell():
+    if needed != len(raw) - buf.tell():
+        # fewer bytes: a cut-off request; more: something else appended, never scored
         raise ValueError(f"{what}: the .npy header describes a {dtype} array of shape "
                          f"{tuple(shape)} ({needed:,} bytes), the request holds "
                          f"{len(raw) - buf.tell():,}")
@@ -139,6 +140,9 @@ def decode_score_request(body: bytes) -> tuple[list[str], list[str], np.ndarray]
         meta = json.loads(head)
     except ValueError as exc:
         raise ValueError(f"the first line of the body is not JSON: {exc}") from None
+    if isinstance(meta, dict) and (unknown := sorted(set(meta) - {"rewards", "prompts"})):
+        raise ValueError(f"unknown key(s) {unknown} in the first line; it takes 'rewards' and "
+                         "'prompts'")
     rewards, prompts = (meta.get(k) if isinstance(meta, dict) else None
                         for k in ("rewards", "prompts"))
     for name, value in (("rewards", rewards), ("prompts", prompts)):

@@ -47,9 +47,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from trainer.cli import available_device, device_name, positive_int
 from trainer.rewards import get_reward, reward_names
@@ -66,6 +67,8 @@ DISCONNECT_POLL_S = 0.1
 
 
 class ScoreRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt key is an error, not ignored
+
     rewards: list[str]
     prompts: list[str]
     images: str  # base64 of an (N, H, W, 3) uint8 .npy (trainer.rewards.remote.encode_images)
@@ -268,9 +271,10 @@ class BodyLimit:
         self.app, self.max_bytes = app, max_bytes
 
     async def _refuse(self, send: Any) -> None:
-        body = json.dumps({"detail": f"the request body is over the server's limit of "
-                                     f"{self.max_bytes:,} bytes (--max-request-mb): send "
-                                     "fewer images per request"}).encode()
+        message = (f"the request body is over the server's limit of {self.max_bytes:,} bytes "
+                   "(--max-request-mb): send fewer images per request")
+        body = json.dumps({"detail": message, "field": "body",
+                           "errors": [{"field": "body", "message": message}]}).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode())]})
@@ -312,6 +316,23 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
+class ScoreError(Exception):
+    """A request the server answers with `status`, naming the `field` at fault."""
+
+    def __init__(self, status: int, field: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.field, self.message = status, field, message
+
+
+def _problem_response(status: int, problems: list[dict[str, str]],
+                      headers: dict[str, str] | None = None) -> JSONResponse:
+    """{detail, field, errors} for `problems` (field and message each)."""
+    detail = "; ".join(p["message"] if p["field"] == "body" else f"{p['field']}: {p['message']}"
+                       for p in problems)
+    return JSONResponse({"detail": detail, "field": problems[0]["field"], "errors": problems},
+                        status_code=status, headers=headers)
+
+
 def create_app(rewards: Iterable[str], *, device: str = "auto",
                reward_model_paths: dict[str, str] | None = None,
                max_batch: int = DEFAULT_MAX_BATCH,
@@ -336,6 +357,23 @@ def create_app(rewards: Iterable[str], *, device: str = "auto",
 
     app = FastAPI(title="Neighbor GRPO reward server", lifespan=lifespan)
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
+
+    # one shape for every error, the route's own checks' and the body schema's alike (the
+    # studio's API answers so): `detail` a sentence, `field` the first problem's, `errors`
+    # every problem; never the rejected input (it may be megabytes of base64)
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for err in exc.errors():
+            loc = [str(part) for part in err.get("loc", ()) if part != "body"]
+            message = ("unknown field" if err.get("type") == "extra_forbidden"
+                       else str(err.get("msg", "invalid value")))
+            problems.append({"field": ".".join(loc) or "body", "message": message})
+        return _problem_response(422, problems or [{"field": "body", "message": "invalid"}])
+
+    @app.exception_handler(ScoreError)
+    async def score_error(_request: Request, exc: ScoreError) -> JSONResponse:
+        return _problem_response(exc.status, [{"field": exc.field, "message": exc.message}])
     app.state.batcher = batcher
     app.state.rewards = served
 
@@ -351,7 +389,7 @@ def create_app(rewards: Iterable[str], *, device: str = "auto",
         try:
             images = decode_images(body.images)
         except ValueError as exc:
-            raise HTTPException(422, str(exc)) from None
+            raise ScoreError(422, "images", str(exc)) from None
         return await scored(body.rewards, body.prompts, images, request)
 
     @app.post("/score_npy")
@@ -359,30 +397,30 @@ def create_app(rewards: Iterable[str], *, device: str = "auto",
         try:
             rewards, prompts, images = decode_score_request(await request.body())
         except ValueError as exc:
-            raise HTTPException(422, str(exc)) from None
+            raise ScoreError(422, "body", str(exc)) from None
         return await scored(rewards, prompts, images, request)
 
     async def scored(rewards: list[str], prompts: list[str], images: np.ndarray,
                      request: Request) -> Any:
         """Both routes' work once their images are decoded: check, queue, wait, answer."""
         if not rewards:
-            raise HTTPException(422, "name at least one reward in 'rewards'")
+            raise ScoreError(422, "rewards", "name at least one reward")
         not_served = [n for n in rewards if n not in served]
         if not_served:
             known = set(reward_names())
             unknown = [n for n in not_served if n not in known]
             what = (f"unknown reward(s) {unknown}" if unknown
                     else f"reward(s) {not_served} not loaded by this server")
-            raise HTTPException(422, f"{what}; this server serves {served}")
+            raise ScoreError(422, "rewards", f"{what}; this server serves {served}")
         if len(images) != len(prompts):
-            raise HTTPException(422, f"{len(images)} images but {len(prompts)} prompts")
+            raise ScoreError(422, "prompts", f"{len(images)} images but {len(prompts)} prompts")
         if not len(images):
             return {"scores": {name: [] for name in rewards}}
         try:
             future = asyncio.wrap_future(batcher.submit(list(dict.fromkeys(rewards)),
                                                         images, prompts))
         except RuntimeError as exc:  # the scoring thread is gone: /health says "stopped"
-            raise HTTPException(503, str(exc)) from None
+            raise ScoreError(503, "server", str(exc)) from None
         while True:
             done, _ = await asyncio.wait({future}, timeout=DISCONNECT_POLL_S)
             if done:
@@ -394,7 +432,7 @@ def create_app(rewards: Iterable[str], *, device: str = "auto",
         try:
             scores = future.result()
         except Exception as exc:  # (a reward failing is the server's 500)
-            raise HTTPException(500, f"scoring failed: {type(exc).__name__}: {exc}") from None
+            raise ScoreError(500, "server", f"scoring failed: {type(exc).__name__}: {exc}") from None
         # JSON has no NaN: a non-finite score travels as null
         return {"scores": {name: [float(v) if np.isfinite(v) else None for v in scores[name]]
                            for name in rewards}}
