@@ -515,7 +515,7 @@ def _prompt_list(path: str | None) -> list[str] | None:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from trainer.evaluation import EVAL_SEEDS, evaluate
-    from trainer.models import load_flow_model
+    from trainer.models import load_flow_model, uses_model_directory
 
     # the JSON is written after the whole evaluation: its path is checked before it
     out = _out_path(args.out, directory=False) if args.out else None
@@ -531,6 +531,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     result["checkpoint"] = str(args.checkpoint or "base")
     result["batch_size"] = batch_size
     result["prompts"] = args.prompts_file or "the shapes prompts"
+    # what the numbers were measured with, so two result files can be told apart
+    real = uses_model_directory(spec.name)
+    result["setting"] = {"model": spec.name, "model_path": spec.path or None,
+                         "resolution": spec.resolution or "the model's default",
+                         "guidance_scale": spec.guidance_scale if real else None,
+                         "solver": args.solver, "steps": args.steps}
     text = json.dumps(result, indent=2)
     print(text)
     for name, entry in result["rewards"].items():  # one line each, for a terminal or a grep

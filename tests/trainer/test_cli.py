@@ -158,6 +158,10 @@ def test_evaluate_scores_held_out_prompts_with_any_rewards(tmp_path, tiny_clip_p
     assert 0.0 <= result["rewards"]["count"]["mean"] <= 1.0
     assert result["clip_score_reward"] == result["rewards"]["clip_score"]["mean"]
     assert "exact_count_accuracy" not in result  # not asked for
+    # what it was measured with travels with the numbers
+    assert result["setting"] == {"model": "shapes", "model_path": None,
+                                 "resolution": "the model's default", "guidance_scale": None,
+                                 "solver": "dpm++", "steps": 2}
     for name in ("count", "clip_score"):
         assert f"mean {name}: " in proc.stderr
 

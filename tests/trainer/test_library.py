@@ -266,7 +266,7 @@ def test_the_app_starts_without_torch():
     assert proc.returncode == 0, proc.stderr
 
 
-def test_a_directory_setting_that_names_a_file_says_so(tmp_path):
+def test_a_directory_setting_that_names_a_file_says_so(tmp_path, monkeypatch):
     """`model_path=README.md` said "model directory README.md does not exist"; a reward's
     weights directory the same: the file is there, it is just not a directory."""
     from trainer.models import model_dir_problem
@@ -278,3 +278,10 @@ def test_a_directory_setting_that_names_a_file_says_so(tmp_path):
     assert "does not exist" in model_dir_problem("flux", tmp_path / "nope")
     problem = weights_problem("hpsv2", {"hpsv2": str(afile)})
     assert problem is not None and "is a file, not a directory" in problem, problem
+    # nothing set: the message says the directory is a default, and relative to what
+    monkeypatch.delenv("REWARD_MODELS_DIR", raising=False)
+    monkeypatch.delenv("DATA_DIR", raising=False)
+    assert "(from REWARD_MODELS_DIR unset, so its default ./data/reward_models, relative to " \
+           "the working directory)" in weights_problem("hpsv2", {})
+    monkeypatch.setenv("REWARD_MODELS_DIR", str(tmp_path))
+    assert f"'{tmp_path / 'hpsv2'}' (from REWARD_MODELS_DIR)" in weights_problem("hpsv2", {})

@@ -76,8 +76,8 @@ class RewardWeightsUnloadable(ValueError):
 
 class RewardWeightsMissing(FileNotFoundError):
     """A model-backed reward's weights directory is missing or incomplete. `reward` names it,
-    `setting` says where its directory comes from (REWARD_MODELS_DIR or
-    reward_model_paths[name])."""
+    `setting` says where its directory comes from (REWARD_MODELS_DIR, its default when
+    unset, or reward_model_paths[name])."""
 
     def __init__(self, reward: str, setting: str, message: str) -> None:
         super().__init__(message)
@@ -143,6 +143,11 @@ def reward_model_dir(name: str, paths: dict[str, str] | None = None,
     paths = _paths if paths is None else paths
     if paths.get(name):
         return Path(paths[name]), f"reward_model_paths[{name!r}]"
+    if default_dir is None and not os.environ.get(ENV_DIR):
+        # said as it is: nothing was set, and a relative default hangs on where one stands
+        where = ("DATA_DIR/reward_models" if os.environ.get("DATA_DIR") else
+                 "./data/reward_models, relative to the working directory")
+        return default_models_dir() / name, f"{ENV_DIR} unset, so its default {where}"
     return (default_dir or default_models_dir()) / name, ENV_DIR
 
 
