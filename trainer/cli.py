@@ -446,6 +446,10 @@ def cmd_sample(args: argparse.Namespace) -> int:
     if args.batch_size is not None and args.batch_size < 1:  # before the model loads
         raise ConfigError("--batch-size", "must be >= 1")
     out = _out_path(args.out, directory=True)  # before minutes of sampling, not after
+    if (out / "manifest.jsonl").exists():
+        # its images would stay beside the new ones, listed nowhere
+        raise ConfigError("--out", f"{out} holds an earlier sample (manifest.jsonl); give a "
+                          "new --out, or empty it first")
     device = available_device(args.device)
     model = _load_any_model(args, device)  # sets args.model to the model loaded
     batch_size = sampling_batch_size(args, args.model)

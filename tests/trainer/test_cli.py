@@ -113,10 +113,21 @@ def test_sample_is_deterministic_and_writes_a_manifest(tmp_path):
         assert a.size == (32, 32) and a.tobytes() == b.tobytes()
 
 
-def test_sample_errors_name_the_problem(tmp_path):
+def test_sample_errors_name_the_problem(tmp_path, capsys):
     proc = run_cli("sample", "--checkpoint", str(tmp_path / "missing.safetensors"), "--prompts",
                    str(tmp_path / "p.txt"), "--out", str(tmp_path / "o"))
     assert proc.returncode == 2 and "prompts" in proc.stderr
+    # a second sample into the same directory would leave the first's images unlisted
+    from trainer.cli import main
+
+    (tmp_path / "p.txt").write_text("one red circle\n")
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "manifest.jsonl").write_text("")
+    assert main(["sample", "--prompts", str(tmp_path / "p.txt"), "--out",
+                 str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (f"error: --out: {tmp_path / 'o'} holds an earlier "
+                                       "sample (manifest.jsonl); give a new --out, or empty "
+                                       "it first\n")
 
 
 @pytest.mark.slow
