@@ -30,7 +30,7 @@ from app.json_values import json_safe
 from app.models import Job
 from app.services import checkpoints, datasets, jobs, rollouts, storage
 from app.services import preference as pref_svc
-from trainer.config import TrainConfig
+from trainer.config import ConfigError, TrainConfig
 from trainer.grpo import IterationResult
 from trainer.loop import Trainer
 from trainer.models import checkpoint_directory, checkpoint_weights_file, uses_model_directory
@@ -308,6 +308,10 @@ def prepare_trainer(job_id: int, model=None) -> tuple[Trainer, TrainConfig, int 
     except (RewardServerError, RewardWeightsMissing, RewardWeightsUnloadable) as exc:
         # down or lacking a reward; or weights that passed the submission check but are gone
         # now, or do not load: the message names the reward, its setting and its files
+        raise JobError(str(exc)) from None
+    except ConfigError as exc:
+        # a job stored before a rule it breaks (a FLUX job without prompts), or weights
+        # that no longer fit: the field and the reason, without a traceback
         raise JobError(str(exc)) from None
     trainer.track(tracking_root(), f"job-{job_id}")  # prepared on rank 0 alone when distributed
     last_vote = attach_preference(trainer, config)

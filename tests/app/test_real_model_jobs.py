@@ -110,6 +110,26 @@ def test_a_flux_train_job_needs_a_dataset_or_prompts(client, admin, models):
     assert r.status_code == 201, r.text
 
 
+def test_a_stored_flux_job_without_prompts_fails_in_one_line(client, admin, models):
+    """A job stored before the rule above (no prompts, no dataset) fails at its start
+    naming the field, not with the trainer's traceback."""
+    from sqlalchemy.orm.attributes import flag_modified
+
+    from app.db import session_scope
+    from app.models import Job
+    from worker.lease import JobError
+    from worker.training import prepare_trainer
+
+    r = _post(client, admin, "train", FLUX, "tiny")
+    assert r.status_code == 201, r.text
+    with session_scope() as s:
+        job = s.get(Job, r.json()["id"])
+        job.config["prompts"] = []
+        flag_modified(job, "config")
+    with pytest.raises(JobError, match="^prompts: model 'flux' trains on prompts you give"):
+        prepare_trainer(r.json()["id"])
+
+
 def test_lora_fields_on_a_full_fine_tune_are_422_not_ignored(client, admin, models):
     """A LoRA field the user sets on a run that trains in full would be ignored: refused,
     each field named; the preset's own LoRA fields (or a value equal to them) are not."""
