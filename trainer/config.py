@@ -389,9 +389,17 @@ class StudioArguments:
                                "alone.", min=1, max=1024, group="studio")
 
 
-def no_prompts_message(model: str, studio: bool = False) -> str:
-    """What a run of a real model without prompts is told: by the library and the CLI, or
-    (`studio`) by the job API and form."""
+def missing_prompts_problem(model: str, prompts: list, dataset: bool = False,
+                            studio: bool = False) -> str | None:
+    """Why a run of `model` cannot train on `prompts`, or None: a real model's (flux, sd3)
+    without any. The shapes world's 48 prompts stand in for a shapes run's, but a FLUX run on
+    "three blue triangles" is a mistake, not a default. `dataset`: a dataset gives the prompts
+    (the studio reads them at the job's start). The message speaks to the library and CLI, or
+    (`studio`) to the job API and form."""
+    from trainer.models import uses_model_directory
+
+    if prompts or dataset or not uses_model_directory(model):
+        return None
     given = ("a dataset (dataset_id: its train split) or config.prompts" if studio else
              "prompts (the CLI's --prompts-file)")
     return (f"model {model!r} trains on prompts you give: {given}; the 48 shapes prompts are "
@@ -412,15 +420,9 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
 
     # ------------------------------------------------------------------------------------
     def prompts_problem(self, dataset: bool = False) -> ConfigError | None:
-        """A real model's run (flux, sd3) without prompts, or None: the shapes world's 48
-        prompts stand in for a shapes run's, but a FLUX run on "three blue triangles" is a
-        mistake, not a default. `dataset`: a dataset gives the prompts (the studio reads them
-        at the job's start)."""
-        from trainer.models import uses_model_directory
-
-        if self.prompts or dataset or not uses_model_directory(self.model):
-            return None
-        return ConfigError("prompts", no_prompts_message(self.model))
+        """missing_prompts_problem of this run, as a ConfigError naming `prompts`."""
+        problem = missing_prompts_problem(self.model, self.prompts, dataset)
+        return None if problem is None else ConfigError("prompts", problem)
 
     def problems(self) -> list[ConfigError]:
         """Every bad field, each naming the field and what is allowed (empty when valid)."""

@@ -93,9 +93,9 @@ def files_problem(ckpt: Checkpoint) -> str | None:
     """files_missing's message when the checkpoint's weights file is gone, else None:
     submission and resume say it rather than a worker failing on it."""
     try:
-        storage.resolve(ckpt.path)
-    except NotFound:
-        return files_missing(ckpt)
+        stored_file(ckpt)
+    except NotFound as exc:
+        return exc.message
     return None
 
 

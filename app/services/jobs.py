@@ -557,13 +557,13 @@ def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
         top.append(("dataset_id", f"dataset {dataset_id} not found"))
     elif dataset_id is not None and kind == "train":
         top += _training_dataset_problems(session, dataset_id, out, problems)
-    if kind == "train" and dataset_id is None and not out.get("prompts") \
-            and isinstance(out.get("model"), str):
-        from trainer.config import no_prompts_message
-        from trainer.models import uses_model_directory
+    if kind == "train" and isinstance(out.get("model"), str):
+        from trainer.config import missing_prompts_problem
 
-        if uses_model_directory(out["model"]):  # flux, sd3: shapes' 48 prompts are not theirs
-            problems.append(("prompts", no_prompts_message(out["model"], studio=True)))
+        # flux, sd3: the shapes world's 48 prompts are not theirs
+        if problem := missing_prompts_problem(out["model"], out.get("prompts") or [],
+                                              dataset=dataset_id is not None, studio=True):
+            problems.append(("prompts", problem))
     _check_model(session, kind, out, problems)
     _check_paths_and_names(session, kind, out, problems)
     if kind == "fit_preference":
@@ -652,7 +652,6 @@ def send_to_arena(session: Session, enqueuer: Enqueuer | None, source_job_id: in
     first), on the job's dataset or else the built-in shapes prompts, with the job's group
     size, sigma and rollout batch size (and, for the base model, its model fields); its groups
     become pairs in the arena. Returns the job and the checkpoint."""
-
     src = get_job(session, source_job_id)
     ckpt = checkpoints.latest_checkpoint(session, src.id)
     ds_id, cfg = src.dataset_id, src.config or {}
