@@ -156,6 +156,7 @@ class Campaign:
         self.rng = np.random.default_rng(seed)
         self.annotator = SimulatedAnnotator(pref, flip=FLIP, tie_band=tie_band, seed=seed)
         self.votes: list[PreferencePair] = []
+        self.tie_pairs: list[tuple[int, int, int]] = []  # pool pairs the annotator called a tie
 
     def set_pool(self, pool: np.ndarray, prompts: list[str], scores: np.ndarray | None) -> None:
         """pool: (groups, G, H, W, 3); scores: the current model's (groups, G) or None."""
@@ -166,6 +167,7 @@ class Campaign:
         self.count = self.count.reshape(n_groups, g)
         self.pairs = [(gi, i, j) for gi in range(n_groups) for i in range(g) for j in range(i + 1, g)]
         self.used: set[tuple[int, int, int]] = set()
+        self.tie_pairs = []  # indices into the previous pool mean nothing in this one
         if self.skip_near_identical:  # never offered: as good as used
             same = [near_identical_pairs(group) for group in pool]
             self.used = {(gi, i, j) for gi, i, j in self.pairs if same[gi][i, j]}
@@ -181,6 +183,8 @@ class Campaign:
             self.used.add(choice)
             gi, i, j = choice
             self._vote(self.pool[gi, i], self.pool[gi, j], self.prompts[gi])
+            if self.votes[-1].outcome == "tie":
+                self.tie_pairs.append(choice)
 
     def collect_cross(self, n: int, reference: np.ndarray, reference_prompts: list[str]) -> None:
         """`n` votes of a current-pool sample against a reference sample (e.g. the base
@@ -218,7 +222,29 @@ class Campaign:
             members = self.members
             return max(cands, key=lambda c: float(np.std(members[:, c[0], c[1]]
                                                           - members[:, c[0], c[2]])))
+        if self.acquisition == "decisive":
+            return decisive_pick(cands, scores, self.tie_pairs)
         return min(cands, key=lambda c: abs(scores[c[0], c[1]] - scores[c[0], c[2]]))
+
+
+def decisive_pick(cands, scores: np.ndarray, tie_pairs) -> tuple[int, int, int]:
+    """The least-sure pair among those the model does not expect a tie for: pairs whose
+    |margin| is at most the median |margin| of the pairs voted a tie so far (under the
+    current model) are passed over, so the pick is near the decision boundary but outside
+    the band where the annotator says "same" (a tie vote teaches least). Fewer than
+    MIN_TIES_FOR_BAND tie votes, or nothing outside the band: the plain margin pick."""
+    def margin(c):
+        return abs(float(scores[c[0], c[1]] - scores[c[0], c[2]]))
+    if len(tie_pairs) >= MIN_TIES_FOR_BAND:
+        band = float(np.quantile([margin(t) for t in tie_pairs], TIE_BAND_QUANTILE))
+        outside = [c for c in cands if margin(c) > band]
+        if outside:
+            cands = outside
+    return min(cands, key=margin)
+
+
+MIN_TIES_FOR_BAND = 20  # tie votes before the model's tie band is estimated from them
+TIE_BAND_QUANTILE = 0.5  # of the tie votes' |margins|: the predicted tie band's edge
 
 
 def pool_scores(model, pool: np.ndarray, prompts: list[str]) -> np.ndarray:
@@ -238,7 +264,10 @@ def pool_member_scores(model, pool: np.ndarray, prompts: list[str]) -> np.ndarra
 # mean margin (`active`, what GET /api/votes/next does) or by the members' disagreement on
 # the margin (`active-disagreement`: the standard deviation of the members' score
 # differences, largest first; it avoids pairs every member calls equal, which are ties)
-ACQUISITIONS = {"active": "margin", "active-disagreement": "disagreement"}
+# or the least-sure pair outside the tie band the model predicts (`active-decisive`, see
+# decisive_pick)
+ACQUISITIONS = {"active": "margin", "active-disagreement": "disagreement",
+                "active-decisive": "decisive"}
 
 
 def run_selection(kind: str, pref: str, pool, pool_prompts, test, budgets, fit_cfg, seed,
@@ -394,6 +423,9 @@ def main() -> None:
                     help="FitConfig.mirror_augment: fit on random left-right mirrors of the votes")
     ap.add_argument("--selections", nargs="+", default=["random", "active"],
                     choices=["random", *ACQUISITIONS])
+    ap.add_argument("--tie-band-quantile", type=float, default=TIE_BAND_QUANTILE,
+                    help="active-decisive: the quantile of the tie votes' |margins| below "
+                    "which a pair is expected to be a tie and passed over")
     ap.add_argument("--skip-near-identical", action=argparse.BooleanOptionalAction,
                     default=True,
                     help="never pair nearly identical images, random or active, as the server "
@@ -429,6 +461,7 @@ def main() -> None:
     ap.add_argument("--train-budget", type=int, default=1000,
                     help="votes behind the preference model used for training")
     args = ap.parse_args()
+    globals()["TIE_BAND_QUANTILE"] = args.tie_band_quantile  # read by decisive_pick
     dev = args.device
     torch.manual_seed(0)
     base = load_model(TrainConfig()).to(dev)

@@ -19,6 +19,7 @@ from trainer.config import (
     ConfigError,
     ConfigErrors,
     TrainConfig,
+    absolute_paths,
     default_preset,
     load_config,
 )
@@ -159,11 +160,9 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
         overrides["method"] = args.method
     if getattr(args, "prompts_file", None):
         overrides["prompts"] = _prompt_list(args.prompts_file)
-    for key in ("model_path", "base_checkpoint"):
-        # kept absolute in config.json and the checkpoints' run config: `evaluate
-        # --checkpoint` alone then finds them from any working directory
-        if isinstance(overrides.get(key), str) and overrides[key].strip():
-            overrides[key] = str(Path(overrides[key]).expanduser().absolute())
+    # paths kept absolute in config.json and the checkpoints' run config: `evaluate
+    # --checkpoint` alone then finds them from any working directory
+    overrides = absolute_paths(overrides)
     model = overrides.get("model", "shapes")
     spec = args.config or default_preset(model if isinstance(model, str) else "shapes")
     return load_config(spec, overrides)

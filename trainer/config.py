@@ -778,3 +778,18 @@ def load_config(spec: str | None, overrides: dict[str, Any] | None = None) -> Tr
             data.update(loaded)
     data.update(overrides or {})
     return TrainConfig.from_layers(base, data)
+
+
+PATH_FIELDS = ("model_path", "base_checkpoint")
+
+
+def absolute_paths(config: dict) -> dict:
+    """`config` (a dict of fields) with its path fields absolute, as the CLI stores them (so
+    `evaluate --checkpoint` finds them from any directory); a run saved with a
+    relative path (before paths were stored absolute) and resumed by retyping that path from
+    the same directory is the same run, not a changed one."""
+    out = dict(config)
+    for key in PATH_FIELDS:
+        if isinstance(out.get(key), str) and out[key].strip():
+            out[key] = str(Path(out[key]).expanduser().absolute())
+    return out

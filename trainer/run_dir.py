@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.config import ConfigError, ConfigErrors, TrainConfig
+from trainer.config import ConfigError, ConfigErrors, TrainConfig, absolute_paths
 from trainer.grpo import IterationResult
 from trainer.loop import CHECKPOINT_DIR_RE, Trainer, latest_checkpoint
 
@@ -123,8 +123,9 @@ class RunDirectory:
         saved_config = out / "config.json"
         if not saved_config.is_file():
             return problems  # nothing to resume yet: the run starts
-        saved = TrainConfig.from_dict(json.loads(saved_config.read_text())).to_dict()
-        new = config.to_dict()
+        saved = absolute_paths(TrainConfig.from_dict(json.loads(saved_config.read_text()))
+                                .to_dict())
+        new = absolute_paths(config.to_dict())
         for key in sorted(set(given if compared is None else compared) - set(RESUME_FIELDS)):
             if key in new and new[key] != saved.get(key):
                 problems.append(ConfigError(key, f"is {saved.get(key)!r} in the run being "

@@ -74,8 +74,9 @@ def test_test_size_probe_passes_a_paired_rise_and_fails_a_count_drop(monkeypatch
 
 
 def test_active_picks_rank_pairs_by_the_margin_or_by_the_members_disagreement():
-    """The two acquisitions of hitl_simulated: `active` takes the pair of the smallest mean
-    margin, `active-disagreement` the pair whose margin the ensemble's members dispute most."""
+    """The acquisitions of hitl_simulated: `active` takes the pair of the smallest mean
+    margin, `active-disagreement` the pair whose margin the ensemble's members dispute most,
+    `active-decisive` the smallest margin outside the band of the margins voted a tie."""
     hitl = _load("hitl_simulated")
     pool = np.zeros((1, 3, 32, 32, 3), np.uint8)
     pool[..., :] = BACKGROUND
@@ -92,7 +93,15 @@ def test_active_picks_rank_pairs_by_the_margin_or_by_the_members_disagreement():
         campaign.scores = campaign.members.mean(0)
         campaign.count[:] = 1.0  # no pair where the count reward and the model disagree
         picks[kind] = campaign._active_pick()
-    assert picks == {"active": (0, 0, 1), "active-disagreement": (0, 0, 2)}
+    # the tie-aware pick is the margin's until enough ties were voted ...
+    assert picks == {"active": (0, 0, 1), "active-disagreement": (0, 0, 2),
+                     "active-decisive": (0, 0, 1)}
+    # ... then it passes over the pairs whose margin is inside the voted ties' band
+    campaign.acquisition = "decisive"
+    campaign.tie_pairs = [(0, 0, 1)] * hitl.MIN_TIES_FOR_BAND  # margin 0: the band is 0
+    assert campaign._active_pick() == (0, 0, 2)
+    campaign.tie_pairs = campaign.tie_pairs[1:]  # one tie too few: no band yet
+    assert campaign._active_pick() == (0, 0, 1)
 
 
 def test_campaigns_never_pair_nearly_identical_images_as_the_server_does():

@@ -72,6 +72,24 @@ def test_a_resume_refuses_what_it_would_drop_and_budgets_it_has_reached(tmp_path
         out, load_config("tiny", {"iterations": 50}), resume=True, given=())] == ["iterations"]
 
 
+def test_a_relative_path_saved_before_paths_were_absolute_is_the_same_path(tmp_path,
+                                                                           monkeypatch):
+    # runs saved before the CLI stored paths absolute hold them as typed; retyping the same
+    # relative path from the same directory (the CLI makes it absolute) is no change
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "base.safetensors").write_bytes(b"")
+    out = tmp_path / "run"
+    _saved_run(out, iterations=3, base_checkpoint="base.safetensors")
+    same = load_config("tiny", {"iterations": 9,
+                                "base_checkpoint": str(tmp_path / "base.safetensors")})
+    given = {"iterations", "base_checkpoint"}
+    assert RunDirectory.run_problems(out, same, resume=True, given=given) == []
+    other = load_config("tiny", {"iterations": 9,
+                                 "base_checkpoint": str(tmp_path / "other.safetensors")})
+    assert [e.field for e in RunDirectory.run_problems(out, other, resume=True,
+                                                       given=given)] == ["base_checkpoint"]
+
+
 def test_the_demo_takes_the_next_free_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert _fresh_run_directory("runs/demo") == "runs/demo"
