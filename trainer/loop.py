@@ -12,7 +12,7 @@ import re
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
@@ -26,6 +26,9 @@ from trainer.neighbor_grpo import neighbor_grpo_iteration
 from trainer.sde_grpo import sde_grpo_iteration
 from trainer.shapes.world import all_prompts
 from trainer.tracking import RunTracking
+
+if TYPE_CHECKING:  # imported where used: it pulls in the preference network
+    from trainer.rewards.preference import PreferenceModel
 
 CHECKPOINT_DIR_RE = re.compile(r"^iter-(\d+)$")
 
@@ -104,7 +107,7 @@ class Trainer:
 
             self.set_preference_model(PreferenceModel.load(path, str(self.device)))
 
-    def set_preference_model(self, model, version: int | None = None) -> None:
+    def set_preference_model(self, model: PreferenceModel, version: int | None = None) -> None:
         """Blend `model` (a `PreferenceModel`) in as the reward named "preference"; its version
         goes on every iteration's metrics. Replaces any earlier one (online refits)."""
         from trainer.rewards import register_reward

@@ -58,7 +58,7 @@ def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) ->
 
 
 @torch.no_grad()
-def sde_rollout(model: FlowModel, noise: torch.Tensor, cond, steps: int, eta: float,
+def sde_rollout(model: FlowModel, noise: torch.Tensor, cond: Any, steps: int, eta: float,
                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Latents (T+1, N, *D), timesteps (T+1,) on the model's shifted schedule, old log-probs
     (T, N) of each step taken."""

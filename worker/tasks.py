@@ -24,6 +24,7 @@ import socket
 import threading
 import traceback
 from collections.abc import Callable
+from typing import Any
 
 from celery import signals
 
@@ -185,7 +186,7 @@ def reap() -> list:
 
 
 # --- worker lifecycle -------------------------------------------------------------------------
-def consumed_queues(consumer) -> list[str]:
+def consumed_queues(consumer: Any) -> list[str]:
     """The queues this worker takes tasks from (`-Q`); all of them when it cannot tell."""
     from worker.celery_app import QUEUES
 

@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -139,7 +140,8 @@ def cancel_requested(job_id: int) -> bool:
 
 
 def supervise(cmd: list[str], job_id: int, holder: str, shutdown: threading.Event,
-              on_started=None, cancel_while_waiting: bool = False) -> tuple[int, str]:
+              on_started: Callable[[], None] | None = None,
+              cancel_while_waiting: bool = False) -> tuple[int, str]:
     """Run one node's torchrun to its end; (exit code, its output). A warm shutdown of this
     worker is passed on to the ranks as SIGTERM (rank 0 saves and requeues, all of them
     leave); once the job is no longer running under `holder` for LOST_GRACE_SECONDS, torchrun

@@ -34,6 +34,7 @@ from trainer.config import ConfigError, TrainConfig
 from trainer.grpo import IterationResult
 from trainer.loop import Trainer
 from trainer.models import checkpoint_directory, checkpoint_weights_file, uses_model_directory
+from trainer.models.base import FlowModel
 from trainer.rewards.models import RewardWeightsMissing, RewardWeightsUnloadable
 from trainer.rewards.remote import RewardServerError
 from worker.lease import JobError, LeaseLost
@@ -296,7 +297,8 @@ def reward_model_paths(config: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def prepare_trainer(job_id: int, model=None) -> tuple[Trainer, TrainConfig, int | None, int]:
+def prepare_trainer(job_id: int, model: FlowModel | None = None
+                    ) -> tuple[Trainer, TrainConfig, int | None, int]:
     """The job's trainer, resumed from its newest recorded checkpoint (if any); also the
     checkpoint's id and the newest vote its preference model saw (0 without one)."""
     with session_scope() as s:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -59,7 +60,7 @@ def render_pool(size: int, rng: np.random.Generator, device: str | torch.device
 
 
 def train_base(out: str | Path, config: BaseTrainingConfig, model_config: ShapesDiTConfig | None = None,
-               device: str = "cpu", log=print) -> Path:
+               device: str = "cpu", log: Callable[[dict], None] = print) -> Path:
     """Train from scratch; writes out/base.safetensors and out/train_base_log.jsonl."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
