@@ -132,10 +132,11 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
         problems = [validation_problem(err) for err in exc.errors()]
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if (problems and problems[0][0] == "body" and request.method in ("POST", "PUT", "PATCH")
-                and content_type not in ("application/json", "multipart/form-data",
-                                         "application/x-www-form-urlencoded")):
-            # FastAPI reads a body it was not told is JSON as text ("Input should be a valid
-            # dictionary"): the fix is the header, so say that
+                and content_type != "application/json"):
+            # FastAPI reads a body it was not told is JSON as text or a form ("Input should be
+            # a valid dictionary"): the fix is the header, so say that. `curl -d` sends
+            # application/x-www-form-urlencoded; the upload's form never gets here (its
+            # problems name its fields, not the body)
             problems[0] = ("body", "send the body as JSON (Content-Type: application/json), "
                                    f"not {content_type or 'without a Content-Type'}")
         if request.method == "POST" and request.url.path == "/api/jobs":

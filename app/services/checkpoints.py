@@ -63,6 +63,9 @@ def list_checkpoints(session: Session, *, job_id: int | None = None, limit: int 
                      offset: int = 0) -> tuple[list[Checkpoint], int]:
     stmt = select(Checkpoint)
     if job_id is not None:
+        # a 404, as GET /api/rollouts?job_id= answers: an empty page reads as "none yet"
+        if session.get(Job, job_id) is None:
+            raise NotFound(f"job {job_id} not found")
         stmt = stmt.where(Checkpoint.job_id == job_id)
     total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
     rows = session.scalars(stmt.order_by(Checkpoint.id.desc()).limit(limit).offset(offset))

@@ -204,6 +204,17 @@ def _parse_csv(filename: str, text: str, counts: _Counts) -> Records:
             file=filename,
             line=1,
         )
+    # a repeated name ("prompt,x,x") would keep one column's values and drop the other's
+    # without a word (the metadata is a dict by column name), or pick one of two prompts
+    repeated = [name for name in dict.fromkeys(header) if header.count(name) > 1]
+    if repeated:
+        raise Invalid(
+            f"{filename}: line 1: repeated column name(s) "
+            f"{', '.join(repr(name) for name in repeated)}: every column needs a name of its "
+            "own (a repeated one's values would be lost)",
+            file=filename,
+            line=1,
+        )
     col = header.index("prompt")
     row_no = 0
     while True:

@@ -478,25 +478,49 @@ def next_pair(session: Session, annotator_id: int, *, rng: random.Random | None 
 
 
 # --- recording -----------------------------------------------------------------------------
-def _valid_pair(session: Session, a_id: int, b_id: int) -> tuple[str, str]:
-    """Raise Invalid unless a and b may be compared; return their image paths."""
+def _valid_pair(session: Session, a_id: int, b_id: int) -> tuple[str, str, bool]:
+    """Raise Invalid unless a and b may be compared; return their image paths and whether
+    they are a cross-checkpoint pair (else two members of one group)."""
     if a_id == b_id:
         raise Invalid("sample_a_id and sample_b_id must differ", field="sample_b_id")
     rows = {r[0]: r for r in session.execute(
         select(Sample.id, RolloutGroup.id, RolloutGroup.purpose, RolloutGroup.prompt_text,
-               RolloutGroup.checkpoint_id, Sample.image_path)
+               RolloutGroup.checkpoint_id, Sample.image_path, RolloutGroup.seed,
+               Sample.member_index)
         .join(RolloutGroup, RolloutGroup.id == Sample.group_id)
         .where(Sample.id.in_([a_id, b_id]))
     )}
-    for field, sid in (("sample_a_id", a_id), ("sample_b_id", b_id)):
-        if sid not in rows:
-            raise Invalid(f"{field}: sample {sid} not found", field=field)
+    # both named when both are missing: every problem of the request at once
+    missing = [{"field": field, "message": f"sample {sid} not found"}
+               for field, sid in (("sample_a_id", a_id), ("sample_b_id", b_id))
+               if sid not in rows]
+    if missing:
+        raise Invalid("; ".join(f"{m['field']}: {m['message']}" for m in missing),
+                      field=missing[0]["field"], errors=missing)
     a, b = rows[a_id], rows[b_id]
-    if a[1] == b[1] or (a[2] == b[2] == "evaluate" and a[3] == b[3] and a[4] is not None
-                        and b[4] is not None and a[4] != b[4]):
-        return a[5], b[5]
-    raise Invalid("the samples are neither from one rollout group nor the same prompt from two "
-                  "checkpoints", field="sample_b_id")
+    if a[1] == b[1]:
+        return a[5], b[5], False
+    # the pair cross_checkpoint offers: one starting noise (prompt, seed and member) from two
+    # checkpoints, so the vote judges the checkpoints and not two draws of the noise
+    if (a[2] == b[2] == "evaluate" and a[3] == b[3] and a[4] is not None
+            and b[4] is not None and a[4] != b[4] and a[6:] == b[6:]):
+        return a[5], b[5], True
+    raise Invalid("the samples are neither from one rollout group nor the same prompt, seed "
+                  "and member from two checkpoints", field="sample_b_id")
+
+
+def _selection_mismatch(selection: str | None, cross: bool) -> str | None:
+    """Why `selection` cannot be how this pair was chosen: GET /api/votes/next gives
+    `cross_checkpoint` for two checkpoints' samples and the within-group or active reasons
+    for two members of one group. A wrong one would count the vote under a strategy that
+    did not pick it (the selection-bias checks the export is for)."""
+    if selection is None or (selection == "cross_checkpoint") == cross:
+        return None
+    if cross:
+        return (f"{selection!r} is not how a pair from two checkpoints is chosen; "
+                "'cross_checkpoint' is, or leave it out")
+    return ("'cross_checkpoint' is not how two members of one rollout group are chosen; "
+            "give the selection GET /api/votes/next gave, or leave it out")
 
 
 def record_vote(session: Session, annotator: User, *, client_vote_id: str, sample_a_id: int,
@@ -536,12 +560,14 @@ def record_vote(session: Session, annotator: User, *, client_vote_id: str, sampl
         return found
 
     try:
-        a_path, b_path = _valid_pair(session, sample_a_id, sample_b_id)
+        a_path, b_path, cross = _valid_pair(session, sample_a_id, sample_b_id)
     except Invalid:
         found = existing()  # a retry of a vote whose samples were since deleted
         if found is not None:
             return found, False
         raise
+    if (mismatch := _selection_mismatch(selection, cross)) is not None:
+        raise Invalid(f"selection: {mismatch}", field="selection")
     lo, hi = min(sample_a_id, sample_b_id), max(sample_a_id, sample_b_id)
     vote = Vote(client_vote_id=client_vote_id, annotator_id=annotator.id, session_id=session_id,
                 sample_a_id=sample_a_id, sample_b_id=sample_b_id, pair_lo_id=lo, pair_hi_id=hi,

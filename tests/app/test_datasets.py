@@ -122,6 +122,11 @@ BAD = [
     ("long.txt", b"ok\n" + b"x" * 2001 + b"\n", 422, "long.txt: line 2: prompt too long"),
     ("nocol.csv", b"text,other\nhello,1\n", 422, "nocol.csv: line 1: missing column 'prompt'"),
     ("rag.csv", b"prompt,a\nhello,1\nbad,1,2\n", 422, "rag.csv: line 3 (row 2): malformed row"),
+    # a repeated column's values were dropped (metadata by name), a repeated prompt picked one
+    ("dup.csv", b"prompt,x, x\nhello,1,2\n", 422, "dup.csv: line 1: repeated column name(s) 'x'"),
+    ("dup2.csv", b"prompt,prompt\na,b\n", 422,
+     "dup2.csv: line 1: repeated column name(s) 'prompt'"),
+    ("dup3.csv", b"prompt,,\nhello,1,2\n", 422, "dup3.csv: line 1: repeated column name(s) ''"),
     ("q.csv", b'prompt\n"unterminated\n', 422, "q.csv: line"),
     ("enc.txt", b"fine\nbad \xff\xfe byte\n", 422, "enc.txt: line 2: bad encoding"),
     ("m.jsonl", b'{"prompt": "ok"}\n{"prompt": oops}\n', 422, "m.jsonl: line 2: malformed JSON"),
@@ -323,6 +328,8 @@ def test_listing_by_a_dataset_or_job_that_does_not_exist_is_404_and_paths_are_no
     assert r.status_code == 404 and "dataset 999" in r.text
     r = client.get("/api/rollouts", params={"job_id": 999}, headers=admin)
     assert r.status_code == 404 and "job 999" in r.text
+    r = client.get("/api/checkpoints", params={"job_id": 999}, headers=admin)
+    assert r.status_code == 404 and "job 999" in r.text, r.text
     for sent, kept in (("../../evil.txt", "evil.txt"), ("C:\\data\\win.txt", "win.txt")):
         r = client.post("/api/datasets", files={"file": (sent, b"one red circle\n",
                                                          "text/plain")}, headers=admin)

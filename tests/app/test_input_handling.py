@@ -49,8 +49,10 @@ def test_a_request_validation_error_has_the_projects_shape(client, admin):
     assert r.json()["errors"][0]["message"].startswith("malformed JSON")
     r = client.get("/api/jobs", params={"limit": "x"}, headers=admin)
     assert r.status_code == 422 and r.json()["field"] == "limit"
-    # JSON sent as text/plain (curl -d without -H): the header is what to fix
-    for content_type in ("text/plain", None):
+    # JSON sent as a form (curl -d without -H), as text/plain or without a type: the header
+    # is what to fix (a form was answered "Input should be a valid dictionary")
+    for content_type in ("application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
+                         "text/plain", None):
         headers = {**admin, **({"Content-Type": content_type} if content_type else {})}
         r = client.post("/api/jobs", content=b'{"kind": "train", "config": {}}', headers=headers)
         assert r.status_code == 422 and "Content-Type: application/json" in r.text, r.text

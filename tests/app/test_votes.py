@@ -433,3 +433,41 @@ def test_a_vote_names_only_a_selection_the_server_makes_and_a_past_shown_at(
     ahead = (datetime.now(UTC) + timedelta(minutes=1)).isoformat()
     r = vote(client, annotator, pair, shown_at=ahead)
     assert r.status_code == 201 and r.json()["selection"] in SELECTIONS, r.text
+
+
+def test_a_vote_names_both_missing_samples_and_a_selection_that_fits_its_pair(
+        client, admin, annotator, make_group, session):
+    """Two unknown samples were answered one at a time (sample_a_id's, then after a fix
+    sample_b_id's); a within-group pair said to be `cross_checkpoint` (or the reverse) was
+    recorded, counting the vote under a strategy that never picked it; two checkpoints'
+    images of different seeds were taken as a cross-checkpoint pair."""
+    from app.models import RolloutGroup, Sample, Vote
+
+    r = vote(client, annotator, {"a": {"sample_id": 99998}, "b": {"sample_id": 99999}})
+    assert r.status_code == 422, r.text
+    assert [e["field"] for e in r.json()["errors"]] == ["sample_a_id", "sample_b_id"], r.text
+    assert "99998" in r.json()["detail"] and "99999" in r.json()["detail"]
+
+    ck = _eval_setup(client, admin, make_group, session)
+    rows = session.execute(select(Sample.id, RolloutGroup.checkpoint_id, RolloutGroup.seed,
+                                  Sample.member_index).join(RolloutGroup)).all()
+    mine = [r for r in rows if r[1] == ck[0] and r[2] == 0]
+    theirs = next(r for r in rows if r[1] == ck[1] and r[2] == 0 and r[3] == mine[0][3])
+    within = {"a": {"sample_id": mine[0][0]}, "b": {"sample_id": mine[1][0]}}
+    cross = {"a": {"sample_id": mine[0][0]}, "b": {"sample_id": theirs[0]}}
+    for pair, wrong in ((within, "cross_checkpoint"), (cross, "within_group"),
+                        (cross, "active_uncertain")):
+        r = vote(client, annotator, {**pair, "selection": wrong})
+        assert r.status_code == 422 and r.json()["field"] == "selection", r.text
+    # two checkpoints' images of another seed or member are no pair the server offers: the
+    # vote would judge two draws of the noise as much as the checkpoints
+    other_seed = next(r for r in rows if r[1] == ck[1] and r[2] == 1 and r[3] == mine[0][3])
+    other_member = next(r for r in rows if r[1] == ck[1] and r[2] == 0 and r[3] != mine[0][3])
+    for sid in (other_seed[0], other_member[0]):
+        r = vote(client, annotator, {"a": {"sample_id": mine[0][0]}, "b": {"sample_id": sid},
+                                     "selection": "cross_checkpoint"})
+        assert r.status_code == 422 and "seed and member" in r.json()["detail"], r.text
+    assert session.scalar(select(func.count()).select_from(Vote)) == 0
+    for pair, right in ((within, "within_group"), (cross, "cross_checkpoint")):
+        r = vote(client, annotator, {**pair, "selection": right})
+        assert r.status_code == 201 and r.json()["selection"] == right, r.text
