@@ -462,4 +462,5 @@ class UserCreated(BaseModel):
     id: int
     name: str
     role: str
+    created_at: UTCDateTime  # as GET /api/users gives it
     token: str = Field(description="shown once")

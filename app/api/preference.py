@@ -68,7 +68,8 @@ def create_user(body: UserIn, session: SessionDep, _admin: AdminDep) -> UserCrea
     """A new user and its API token (shown once)."""
     user, token = auth.create_user(session, body.name, body.role)
     session.commit()
-    return UserCreated(id=user.id, name=user.name, role=user.role, token=token)
+    return UserCreated(id=user.id, name=user.name, role=user.role,
+                       created_at=user.created_at, token=token)
 
 
 @router.get("/users", response_model=list[UserOut])

@@ -70,6 +70,7 @@ def test_admin_lists_and_revokes_users(client, admin, annotator):
     users = {u["name"]: u for u in client.get("/api/users", headers=admin).json()}
     assert set(users) == {"alice", "bob", "carol"}
     assert users["carol"]["active_tokens"] == 1 and not users["carol"]["revoked"]
+    assert r.json()["created_at"] == users["carol"]["created_at"]  # one format everywhere
     assert "token" not in users["carol"] and "token_hash" not in users["carol"]
     done = client.post(f"/api/users/{users['carol']['id']}/revoke", headers=admin)
     assert done.status_code == 200 and done.json()["tokens_revoked"] == 1
