@@ -57,7 +57,7 @@ demo: $(STAMP)
 
 # one more worker on this machine's DATA_DIR / BROKER_URL / DATABASE_URL (see README: Workers)
 worker: setup
-	$(BIN)/celery -A worker.celery_app worker -Q gpu,cpu --pool solo -l INFO
+	$(BIN)/celery -A worker.celery_app worker -Q gpu,cpu --pool solo -l INFO --without-gossip --without-mingle --without-heartbeat
 
 # the whole suite, as CI runs it (.ci/run); needs PostgreSQL, Redis and chromium
 # REQUIRE_OPEN_CLIP: the open_clip rewards' tests fail, rather than skip, if it does not import

@@ -11,7 +11,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psycopg
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.config import Settings, get_settings
@@ -38,6 +40,22 @@ def make_engine(url: str) -> Engine:
         return engine
     # no pre-ping (a round trip per checkout); stale connections are recycled instead
     return create_engine(url, pool_recycle=1800, pool_size=10, max_overflow=20)
+
+
+def database_unreachable(exc: BaseException) -> str | None:
+    """One line naming the cause when `exc` says the database cannot be reached (refused,
+    gone mid-query, a dropped connection), else None. Such an outage is the network's or the
+    server's, not a bug nor a job's fault: a worker logs this line and carries on (the reaper
+    requeues what it interrupted), never a traceback every round. Only PostgreSQL's plain
+    OperationalError counts (its subclasses, such as a cancelled statement, are a statement's
+    own error), and any error SQLAlchemy saw invalidate the connection."""
+    if not isinstance(exc, DBAPIError):
+        return None
+    if not (exc.connection_invalidated or type(exc.orig) is psycopg.OperationalError):
+        return None
+    lines = str(exc.orig).strip().splitlines()
+    return (f"the database (DATABASE_URL) cannot be reached: {type(exc.orig).__name__}: "
+            f"{lines[0] if lines else ''}")
 
 
 def configure(settings: Settings | None = None) -> Engine:

@@ -23,6 +23,7 @@ import threading
 from pathlib import Path
 
 from celery import Celery
+from kombu.exceptions import OperationalError as BrokerOperationalError
 
 from app.config import Settings, get_settings
 from app.job_kinds import KINDS
@@ -90,6 +91,17 @@ def enqueue(job_id: int, kind: str, countdown: float = 0) -> None:
     # an unreachable Redis for another 20 s before the send can fail
     client().send_task(job_kind.task, args=[job_id], queue=job_kind.queue,
                        retry_policy=PUBLISH_RETRY, ignore_result=True, **delay)
+
+
+def broker_unreachable(exc: BaseException) -> str | None:
+    """One line naming the cause when `exc` says the broker cannot be reached (kombu's
+    connection error after its retries, or the socket's own), else None: the caller reports
+    that line (a 503, a worker's warning), not a traceback, since it is an outage, not a bug."""
+    if not isinstance(exc, BrokerOperationalError | ConnectionError | TimeoutError):
+        return None
+    lines = str(exc).strip().splitlines()
+    return (f"the job queue (BROKER_URL) cannot be reached: {type(exc).__name__}: "
+            f"{lines[0] if lines else ''}")
 
 
 # how long a send waits for an unreachable broker before it gives up: a few tries over about

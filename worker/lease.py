@@ -18,6 +18,7 @@ from datetime import timedelta
 from app.config import get_settings
 from app.db import session_scope
 from app.services import jobs
+from worker.outage import OutageLog
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +56,17 @@ class JobLease:
         self._thread.start()
 
     def _beat(self) -> None:
+        failures = OutageLog(log, f"heartbeat of job {self.job_id}")
         while not self._stop.wait(self.settings.job_heartbeat_seconds):
             try:
                 with session_scope() as s:
                     if not jobs.holds(s, self.job_id, self.worker_name):
                         return
                     jobs.heartbeat(s, self.job_id)
-            except Exception:  # a database hiccup must not kill the job; the next beat retries
-                log.exception("heartbeat of job %s failed", self.job_id)
+            except Exception as exc:  # a database hiccup must not kill the job; the next beat retries
+                failures.failed(exc, "the next beat tries again")
+            else:
+                failures.succeeded()
 
     def stop(self) -> None:
         self._stop.set()

@@ -21,20 +21,34 @@ from app.config import get_settings
 from app.db import session_scope
 from app.queue import enqueue
 from app.services import jobs
+from worker.outage import OutageLog
 
 log = logging.getLogger(__name__)
 
 
+# requeued jobs whose message is not sent yet. The requeue is committed before the send, and
+# a send that fails (the broker away) would leave the job queued with no message, waiting for
+# ever: each round sends these again until the broker takes them (a duplicate is harmless)
+_unsent: dict[int, str] = {}
+_unsent_lock = threading.Lock()
+
+
 def reap_once() -> list[tuple[int, str, str]]:
-    """Settle stale jobs and re-send the requeued ones. Returns [(job_id, kind, status)]."""
+    """Settle stale jobs and re-send the requeued ones (and those an earlier round could not
+    send; an unreachable broker raises, the rest wait for the next round). Returns
+    [(job_id, kind, status)]."""
     settings = get_settings()
     with session_scope() as s:
         acted = jobs.reap_stale(s, timedelta(seconds=settings.job_stale_seconds),
                                 settings.job_max_attempts)
-    for job_id, kind, status in acted:
-        log.warning("reaper: job %s (%s) had a stale heartbeat -> %s", job_id, kind, status)
-        if status == "queued":
+    with _unsent_lock:
+        for job_id, kind, status in acted:
+            log.warning("reaper: job %s (%s) had a stale heartbeat -> %s", job_id, kind, status)
+            if status == "queued":
+                _unsent[job_id] = kind
+        for job_id, kind in list(_unsent.items()):
             enqueue(job_id, kind)
+            del _unsent[job_id]
     return acted
 
 
@@ -48,13 +62,16 @@ class ReaperThread(threading.Thread):
         self.stopped = threading.Event()
 
     def run(self) -> None:
+        failures = OutageLog(log, "reaper round")
         while True:
             try:
                 if self.on_round is not None:
                     self.on_round()
                 reap_once()
-            except Exception:  # the database may be briefly away; try again next round
-                log.exception("reaper round failed")
+            except Exception as exc:  # the database may be briefly away; try again next round
+                failures.failed(exc, f"trying again every {self.interval:g} s")
+            else:
+                failures.succeeded()
             if self.stopped.wait(self.interval):
                 return
 

@@ -13,7 +13,9 @@ or a redelivery finds it taken or finished and does nothing.
 
 A job's error (the exception and the end of its traceback; a `worker.lease.JobError`'s message
 alone) lands on the row as `failed`; the task itself returns normally so the message is acknowledged and never retried by Celery: the
-retry policy is the reaper's.
+retry policy is the reaper's. The database or the broker out of reach is an outage, not a job's
+failure (worker/outage.py): one line, the interrupted job left for the reaper, and a message
+that arrives meanwhile sent back to the queue rather than dropped.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from app.services import jobs, workers
 from worker import preflight  # noqa: F401 - imported for its start check (a Celery signal)
 from worker.celery_app import JOIN_TRAIN_TASK, celery_app, send_join
 from worker.lease import JobError, JobLease, LeaseLost
+from worker.outage import outage
 from worker.reaper import ReaperThread, reap_once
 
 log = logging.getLogger(__name__)
@@ -72,30 +75,33 @@ def missing_device(config: dict) -> str | None:
             "once a worker with a GPU serves its queue, or relaunch it with device 'auto'")
 
 
-def run_job(job_id: int, body: Callable[[int, str], str]) -> str:
-    """Claim the job, keep its heartbeat, run `body(job_id, worker_name)`, record failure."""
+# how long a job's message waits before it is tried again when the database could not be
+# reached to claim the job: no busy loop between the workers while the database is down
+DATABASE_RETRY_SECONDS = 10.0
+
+
+def run_job(job_id: int, body: Callable[[int, str], str], kind: str | None = None) -> str:
+    """Claim the job, keep its heartbeat, run `body(job_id, worker_name)`, record failure.
+    `kind`, the task's job kind, lets a message that arrives while the database cannot be
+    reached go back to the queue rather than be lost."""
     lease = JobLease(int(job_id))
-    if SHUTDOWN.is_set():  # leaving: hand the message on to the next worker, untouched
-        with session_scope() as s:
-            kind = jobs.get_job(s, lease.job_id).kind
-        enqueue(lease.job_id, kind)
+    try:
+        taken = _claim(lease)
+    except Exception as exc:
+        reason = outage(exc)
+        if reason is None:
+            raise
+        # the message is acknowledged when the task returns: dropped here, the job would stay
+        # queued with no message for ever. Sent again, it waits for the database
+        if kind is None:
+            log.warning("job %s not started: %s", job_id, reason)
+            return "not started"
+        log.warning("job %s not started: %s; its message goes back to the queue for %g s",
+                    job_id, reason, DATABASE_RETRY_SECONDS)
+        enqueue(lease.job_id, kind, countdown=DATABASE_RETRY_SECONDS)
         return "deferred"
-    with session_scope() as s:
-        job = jobs.get_job(s, lease.job_id)
-        config, kind, queued = dict(job.config or {}), job.kind, job.status == "queued"
-        problem = missing_device(config)
-        if problem and queued and workers.able(s, kind, config):
-            # a worker that can run it serves the same queue: leave the job untouched for it
-            log.info("job %s: %s; passed on to the queue's able workers", job_id, problem)
-            enqueue(lease.job_id, kind, countdown=PASS_ON_SECONDS)
-            return "passed on"
-    if not lease.claim():
-        log.info("job %s is finished, cancelled or held by another worker: skipped", job_id)
-        return "skipped"
-    with session_scope() as s:
-        if problem:
-            jobs.mark_failed(s, lease.job_id, f"{lease.worker_name}: {problem}")
-            return "failed"
+    if taken is not None:
+        return taken
     lease.start_heartbeat()
     try:
         return body(lease.job_id, lease.worker_name)
@@ -104,18 +110,63 @@ def run_job(job_id: int, body: Callable[[int, str], str]) -> str:
         return "lost"
     except JobError as exc:  # a reason said in full: the message alone, no traceback
         log.warning("job %s cannot run: %s", job_id, exc)
-        with session_scope() as s:
-            if jobs.holds(s, lease.job_id, lease.worker_name):
-                jobs.mark_failed(s, lease.job_id, str(exc))
-        return "failed"
+        return record_failure(lease, str(exc))
     except Exception as exc:
+        reason = outage(exc)
+        if reason is not None:
+            # the database (or broker) went away mid-job: not the job's fault, and its row
+            # cannot be written now. Its heartbeat stops with this task, so a live worker's
+            # reaper requeues it to resume from its newest checkpoint once the database is back
+            log.warning("job %s interrupted: %s; a reaper requeues it once its heartbeat is "
+                        "%g s old", job_id, reason, get_settings().job_stale_seconds)
+            return "interrupted"
         log.exception("job %s failed", job_id)
-        with session_scope() as s:
-            if jobs.holds(s, lease.job_id, lease.worker_name):
-                jobs.mark_failed(s, lease.job_id, describe_error(exc))
-        return "failed"
+        return record_failure(lease, describe_error(exc))
     finally:
         lease.stop()
+
+
+def record_failure(lease: JobLease, message: str) -> str:
+    """Mark the held job failed with `message`. When the database cannot be reached to say
+    so, one line instead of a traceback: the job stays running under this worker, its
+    heartbeat stopped, and a reaper requeues it (the run fails again, and is recorded, then)."""
+    try:
+        with session_scope() as s:
+            if jobs.holds(s, lease.job_id, lease.worker_name):
+                jobs.mark_failed(s, lease.job_id, message)
+    except Exception as exc:
+        reason = outage(exc)
+        if reason is None:
+            raise
+        log.warning("job %s failed and could not be marked so: %s; a reaper requeues it",
+                    lease.job_id, reason)
+    return "failed"
+
+
+def _claim(lease: JobLease) -> str | None:
+    """Claim the lease's job to run it (None), or the task's result when this worker does not
+    run it (deferred, passed on, skipped, failed)."""
+    job_id = lease.job_id
+    if SHUTDOWN.is_set():  # leaving: hand the message on to the next worker, untouched
+        with session_scope() as s:
+            kind = jobs.get_job(s, job_id).kind
+        enqueue(job_id, kind)
+        return "deferred"
+    with session_scope() as s:
+        job = jobs.get_job(s, job_id)
+        config, kind, queued = dict(job.config or {}), job.kind, job.status == "queued"
+        problem = missing_device(config)
+        if problem and queued and workers.able(s, kind, config):
+            # a worker that can run it serves the same queue: leave the job untouched for it
+            log.info("job %s: %s; passed on to the queue's able workers", job_id, problem)
+            enqueue(job_id, kind, countdown=PASS_ON_SECONDS)
+            return "passed on"
+    if not lease.claim():
+        log.info("job %s is finished, cancelled or held by another worker: skipped", job_id)
+        return "skipped"
+    if problem:
+        return record_failure(lease, f"{lease.worker_name}: {problem}")
+    return None
 
 
 # --- the tasks ------------------------------------------------------------------------------
@@ -134,7 +185,7 @@ def _train(job_id: int, worker_name: str) -> str:
 
 @celery_app.task(name=KINDS["train"].task)
 def train(job_id: int) -> str:
-    return run_job(job_id, _train)
+    return run_job(job_id, _train, kind="train")
 
 
 @celery_app.task(name=JOIN_TRAIN_TASK)
@@ -159,14 +210,14 @@ def join_train(**rendezvous) -> str:
 def rollout(job_id: int) -> str:
     from worker.sampling import run_rollout
 
-    return run_job(job_id, run_rollout)
+    return run_job(job_id, run_rollout, kind="rollout")
 
 
 @celery_app.task(name=KINDS["evaluate"].task)
 def evaluate(job_id: int) -> str:
     from worker.sampling import run_evaluate
 
-    return run_job(job_id, run_evaluate)
+    return run_job(job_id, run_evaluate, kind="evaluate")
 
 
 def _fit_preference(job_id: int, worker_name: str) -> str:
@@ -177,7 +228,7 @@ def _fit_preference(job_id: int, worker_name: str) -> str:
 
 @celery_app.task(name=KINDS["fit_preference"].task)
 def fit_preference(job_id: int) -> str:
-    return run_job(job_id, _fit_preference)
+    return run_job(job_id, _fit_preference, kind="fit_preference")
 
 
 @celery_app.task(name="worker.tasks.reap")

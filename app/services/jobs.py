@@ -46,6 +46,7 @@ from app.errors import Conflict, Invalid, NotFound, Unavailable
 from app.job_kinds import KIND_NAMES, KINDS
 from app.limits import MAX_CONFIG_PROMPTS, MAX_ID, NAME_LENGTH
 from app.models import ROLES, Checkpoint, Dataset, Job, JobMetric, User, utcnow
+from app.queue import broker_unreachable
 from app.schemas import validation_message
 from app.services import auth, checkpoints, storage, workers
 from app.services.datasets import prompt_texts
@@ -633,7 +634,11 @@ def _send(enqueuer: Enqueuer | None, job: Job) -> None:
     try:
         enqueuer(job.id, job.kind)
     except Exception as exc:
-        log.exception("could not enqueue job %s", job.id)
+        reason = broker_unreachable(exc)
+        if reason is not None:  # an outage the 503 reports: one line, not a traceback a request
+            log.warning("could not enqueue job %s: %s", job.id, reason)
+        else:  # an enqueuer's own bug: its traceback is what finds it
+            log.exception("could not enqueue job %s", job.id)
         raise Unavailable(f"the job queue (BROKER_URL) cannot be reached: "
                           f"{type(exc).__name__}: {exc}; try again when it is back",
                           field="broker") from exc

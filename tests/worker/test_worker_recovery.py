@@ -5,6 +5,7 @@ same job twice, even with duplicate messages."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -147,3 +148,153 @@ def test_a_worker_that_could_run_no_job_refuses_to_start(stack, tmp_path):
     stack.start_worker("good", queues="gpu")
     job = wait_for(lambda: _status(job_id, "succeeded", "failed"), 90, "the job", stack)
     assert job.status == "succeeded", job.error
+
+
+class _TcpProxy:
+    """A TCP relay to PostgreSQL that can be cut (the listener and every open connection
+    closed, as when the database host goes away) and restored on the same port."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        import socket
+
+        self.target = target
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port = probe.getsockname()[1]
+        probe.close()
+        self._sockets: list = []
+        self._listener = None
+
+    def start(self) -> None:
+        import socket
+        import threading
+
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _accept(self, listener) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # cut
+            server = socket.create_connection(self.target)
+            self._sockets += [client, server]
+            for src, dst in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+    def cut(self) -> None:
+        import socket
+
+        with contextlib.suppress(OSError):  # wakes the accept() blocked on it (Linux)
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+        self._sockets.clear()
+
+
+@pytest.mark.parametrize("stack", ["postgres-fs"], indirect=True)
+def test_a_database_outage_loses_no_job_and_logs_one_line_not_tracebacks(stack):
+    """The database goes away under a worker mid-job, and a job's message arrives meanwhile.
+    The running job is interrupted and requeued by the reaper once the database is back; the
+    message that came during the outage is not dropped (it went back to the queue); and the
+    worker logs the outage in single lines naming DATABASE_URL, not a traceback each
+    heartbeat, reaper round and job (before: the new job stayed queued for ever, and every
+    round logged a traceback)."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(stack.env["DATABASE_URL"])
+    proxy = _TcpProxy((url.host, url.port or 5432))
+    proxy.start()
+    try:
+        worker = stack.start_worker("outage", extra_env={
+            "DATABASE_URL": url.set(host="127.0.0.1", port=proxy.port)
+                               .render_as_string(hide_password=False)})
+        first = create_train_job(iterations=40, sample_every=1000, checkpoint_every=2)
+        stack.send(first)
+        wait_for(lambda: job_row(first).iteration >= 3, 90, "the first job to run", stack)
+        proxy.cut()
+        second = create_train_job(iterations=2, sample_every=1000, checkpoint_every=2)
+        stack.send(second)  # taken by the worker while it cannot reach the database
+        stack.wait_log(stack.logs[0], f"job {second} not started", worker, timeout=60)
+        time.sleep(4)  # several heartbeats and reaper rounds into the outage
+        proxy.start()
+        for job_id in (first, second):
+            job = wait_for(lambda j=job_id: _status(j, "succeeded", "failed", "cancelled"), 180,
+                           f"job {job_id} after the outage", stack)
+            assert job.status == "succeeded", job.error
+        assert job_row(first).attempts == 2  # the interrupted run, then the resumed one
+        assert metric_iterations(first) == list(range(1, 41))
+    finally:
+        proxy.cut()
+    text = stack.logs[0].read_text(errors="replace")
+    assert "Traceback" not in text, text[-6000:]
+    assert "raised unexpected" not in text, text[-6000:]
+    assert "the database (DATABASE_URL) cannot be reached" in text
+    # the reaper says it once for the outage, however many rounds it lasts
+    assert text.count("reaper round: the database (DATABASE_URL) cannot be reached") == 1, text
+    assert "reaper round: working again" in text
+
+
+@pytest.mark.parametrize("stack", ["sqlite-redis"], indirect=True)
+def test_a_requeue_the_broker_could_not_take_is_sent_once_it_is_back(stack):
+    """The reaper requeues a lost job while the worker cannot reach Redis: the requeue is
+    committed but its message cannot be sent. The reaper sends it again every round until
+    the broker is back, and the job runs (before: it stayed queued, with no message, for
+    ever, and the round logged a traceback)."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+    from sqlalchemy.engine import make_url
+
+    from app.db import session_scope
+    from app.models import Job, utcnow
+    from app.services import jobs
+
+    url = make_url(stack.env["BROKER_URL"])
+    proxy = _TcpProxy((url.host, url.port or 6379))
+    proxy.start()
+    try:
+        worker = stack.start_worker("reaper", extra_env={
+            "BROKER_URL": f"redis://127.0.0.1:{proxy.port}/{url.database or 0}"})
+        job_id = create_train_job(iterations=2, sample_every=2, checkpoint_every=2)
+        proxy.cut()
+        with session_scope() as s:  # a worker that died holding it, long ago
+            jobs.mark_running(s, job_id, "ghost:1:dead")
+            s.execute(update(Job).where(Job.id == job_id).values(
+                heartbeat_at=utcnow() - timedelta(hours=1)))
+        stack.wait_log(stack.logs[0], f"reaper: job {job_id} (train) had a stale heartbeat",
+                       worker)
+        stack.wait_log(stack.logs[0], "reaper round: the job queue (BROKER_URL) cannot be "
+                       "reached", worker)
+        assert job_row(job_id).status == "queued"
+        proxy.start()
+        job = wait_for(lambda: _status(job_id, "succeeded", "failed"), 120, "the requeued job",
+                       stack)
+        assert job.status == "succeeded", job.error
+    finally:
+        proxy.cut()
+    text = stack.logs[0].read_text(errors="replace")
+    assert "reaper round failed" not in text, text[-6000:]
