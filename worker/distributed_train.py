@@ -114,9 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     if error is not None:
         raise error
     if recorder.requeued:
-        from app.queue import enqueue
+        from worker.reaper import send_requeued
 
-        enqueue(job_id, "train")
+        send_requeued(job_id, "train", worker_name)
     elif not recorder.cancelled:
         with session_scope() as s:
             if jobs.holds(s, job_id, worker_name):

@@ -19,7 +19,7 @@ from datetime import timedelta
 
 from app.config import get_settings
 from app.db import session_scope
-from app.queue import enqueue
+from app.queue import broker_unreachable, enqueue
 from app.services import jobs
 from worker.outage import OutageLog
 
@@ -31,6 +31,24 @@ log = logging.getLogger(__name__)
 # ever: each round sends these again until the broker takes them (a duplicate is harmless)
 _unsent: dict[int, str] = {}
 _unsent_lock = threading.Lock()
+
+
+def send_requeued(job_id: int, kind: str, worker_name: str) -> None:
+    """Send the message of a job this worker has just requeued (a warm shutdown). When the
+    broker cannot take it, the job must not stay queued with no message: it goes back to
+    running with no heartbeat (jobs.leave_for_reaper), which a live worker's reaper requeues
+    and sends, once the broker is back, and this says so in one line."""
+    try:
+        enqueue(job_id, kind)
+    except Exception as exc:
+        reason = broker_unreachable(exc)
+        if reason is None:
+            raise
+        with session_scope() as s:
+            left = jobs.leave_for_reaper(s, job_id, worker_name)
+        log.warning("job %s: its requeue could not be sent (%s); %s", job_id, reason,
+                    "left for a reaper, which requeues it once the broker is back" if left
+                    else "it is no longer queued, nothing to do")
 
 
 def reap_once() -> list[tuple[int, str, str]]:

@@ -39,6 +39,7 @@ from trainer.rewards.models import RewardWeightsMissing, RewardWeightsUnloadable
 from trainer.rewards.remote import RewardServerError
 from worker.lease import JobError, LeaseLost
 from worker.preference import ImageCache, fit_and_record, resolve_preference
+from worker.reaper import send_requeued
 
 log = logging.getLogger(__name__)
 
@@ -344,9 +345,7 @@ def run_training(job_id: int, worker_name: str, shutdown: threading.Event | None
     if recorder.cancelled:
         return "cancelled"
     if recorder.requeued:
-        from app.queue import enqueue
-
-        enqueue(job_id, "train")
+        send_requeued(job_id, "train", worker_name)
         return "queued"
     with session_scope() as s:
         if not jobs.holds(s, job_id, worker_name):

@@ -884,6 +884,21 @@ def requeue(session: Session, job_id: int, reason: str | None = None) -> Job:
     return job
 
 
+def leave_for_reaper(session: Session, job_id: int, worker_name: str) -> bool:
+    """queued -> running under `worker_name` with no heartbeat, for a requeue whose message the
+    broker could not take (a warm shutdown while Redis is away): a queued job with no message
+    would wait for ever, while a running one without a heartbeat is stale at once, so a live
+    worker's reaper requeues it and sends the message (again each round until the broker is
+    back). A compare-and-set: False, and nothing changed, when the job is no longer queued
+    (cancelled meanwhile, or a message did arrive and a worker took it)."""
+    result = session.execute(
+        update(Job).where(Job.id == job_id, Job.status == "queued")
+        .values(status="running", worker=worker_name[:NAME_LENGTH], heartbeat_at=None)
+        .execution_options(synchronize_session=False))
+    session.flush()
+    return result.rowcount == 1
+
+
 def stale_jobs(session: Session, older_than: timedelta) -> list[Job]:
     """Running jobs whose heartbeat is older than `older_than` (or missing)."""
     cutoff = datetime.now(UTC) - older_than

@@ -224,6 +224,43 @@ def test_an_unreachable_broker_is_a_503_and_leaves_no_job_waiting(settings, admi
     assert all("the job queue (BROKER_URL) cannot be reached" in r.getMessage() for r in logged)
 
 
+def test_a_shutdown_requeue_the_broker_cannot_take_is_left_for_the_reaper(settings, admin,
+                                                                          client, monkeypatch,
+                                                                          caplog):
+    """A worker's warm shutdown requeues its job, then sends the message. With the broker
+    away (Redis stopped first, say) a queued job with no message would wait for ever: the job
+    goes back to running with no heartbeat, which the next reaper round requeues (and sends),
+    and the worker says so in one line. A job no longer queued (cancelled meanwhile) is left
+    as it is. Against a real broker address nothing listens on (port 1)."""
+    from app.config import get_settings
+    from app.db import session_scope
+    from app.services import jobs
+    from worker.reaper import send_requeued
+
+    ids = [client.post("/api/jobs", json={"kind": "train", "preset": "tiny"},
+                       headers=admin).json()["id"] for _ in range(2)]
+    for job_id in ids:
+        with session_scope() as s:
+            jobs.mark_running(s, job_id, "polite:1:w")
+        with session_scope() as s:
+            jobs.requeue(s, job_id, "worker polite:1:w shut down at iteration 3")
+    with session_scope() as s:
+        jobs.request_cancel(s, ids[1])  # a queued job's cancel is immediate
+    monkeypatch.setenv("BROKER_URL", "redis://127.0.0.1:1/0")
+    get_settings.cache_clear()
+    for job_id in ids:
+        send_requeued(job_id, "train", "polite:1:w")
+    left = client.get(f"/api/jobs/{ids[0]}", headers=admin).json()
+    assert left["status"] == "running" and left["heartbeat_at"] is None, left
+    assert client.get(f"/api/jobs/{ids[1]}", headers=admin).json()["status"] == "cancelled"
+    logged = [r for r in caplog.records if r.name == "worker.reaper"]
+    assert [bool(r.exc_info) for r in logged] == [False, False], logged
+    assert "left for a reaper" in logged[0].getMessage()
+    assert "no longer queued" in logged[1].getMessage()
+    with session_scope() as s:  # stale at once: the next round requeues it
+        assert jobs.reap_stale(s, timedelta(seconds=60), 3) == [(ids[0], "train", "queued")]
+
+
 def test_resuming_a_queued_job_sends_its_message_again(client, admin, enqueuer):
     """A queued job whose message was lost (a broker restart, a worker that took and dropped
     it) is sent again by a resume; a worker's atomic claim makes a duplicate harmless."""
