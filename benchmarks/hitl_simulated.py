@@ -147,10 +147,13 @@ class Campaign:
     uniformly at random or actively (see the module doc); the votes accumulate across pools."""
 
     def __init__(self, pref: str, seed: int, tie_band: float,
-                 acquisition: str = "margin", skip_near_identical: bool = True) -> None:
+                 acquisition: str = "margin", skip_near_identical: bool = True,
+                 tie_band_quantile: float = 0.5) -> None:
         """`acquisition`: how an active pick ranks the candidate pairs (ACQUISITIONS);
-        `skip_near_identical`: never pair two nearly identical images, as the server does."""
+        `skip_near_identical`: never pair two nearly identical images, as the server does;
+        `tie_band_quantile`: decisive_pick's edge of the predicted tie band."""
         self.acquisition = acquisition
+        self.tie_band_quantile = tie_band_quantile
         self.skip_near_identical = skip_near_identical
         self.members: np.ndarray | None = None  # (ensemble, groups, G) scores, if known
         self.rng = np.random.default_rng(seed)
@@ -223,20 +226,21 @@ class Campaign:
             return max(cands, key=lambda c: float(np.std(members[:, c[0], c[1]]
                                                           - members[:, c[0], c[2]])))
         if self.acquisition == "decisive":
-            return decisive_pick(cands, scores, self.tie_pairs)
+            return decisive_pick(cands, scores, self.tie_pairs, self.tie_band_quantile)
         return min(cands, key=lambda c: abs(scores[c[0], c[1]] - scores[c[0], c[2]]))
 
 
-def decisive_pick(cands, scores: np.ndarray, tie_pairs) -> tuple[int, int, int]:
+def decisive_pick(cands, scores: np.ndarray, tie_pairs, quantile: float = 0.5
+                  ) -> tuple[int, int, int]:
     """The least-sure pair among those the model does not expect a tie for: pairs whose
-    |margin| is at most the median |margin| of the pairs voted a tie so far (under the
+    |margin| is at most the `quantile` of the |margins| of the pairs voted a tie so far (under the
     current model) are passed over, so the pick is near the decision boundary but outside
     the band where the annotator says "same" (a tie vote teaches least). Fewer than
     MIN_TIES_FOR_BAND tie votes, or nothing outside the band: the plain margin pick."""
     def margin(c):
         return abs(float(scores[c[0], c[1]] - scores[c[0], c[2]]))
     if len(tie_pairs) >= MIN_TIES_FOR_BAND:
-        band = float(np.quantile([margin(t) for t in tie_pairs], TIE_BAND_QUANTILE))
+        band = float(np.quantile([margin(t) for t in tie_pairs], quantile))
         outside = [c for c in cands if margin(c) > band]
         if outside:
             cands = outside
@@ -244,7 +248,6 @@ def decisive_pick(cands, scores: np.ndarray, tie_pairs) -> tuple[int, int, int]:
 
 
 MIN_TIES_FOR_BAND = 20  # tie votes before the model's tie band is estimated from them
-TIE_BAND_QUANTILE = 0.5  # of the tie votes' |margins|: the predicted tie band's edge
 
 
 def pool_scores(model, pool: np.ndarray, prompts: list[str]) -> np.ndarray:
@@ -271,10 +274,10 @@ ACQUISITIONS = {"active": "margin", "active-disagreement": "disagreement",
 
 
 def run_selection(kind: str, pref: str, pool, pool_prompts, test, budgets, fit_cfg, seed,
-                  tie_band, skip_near_identical: bool = True):
+                  tie_band, skip_near_identical: bool = True, tie_band_quantile: float = 0.5):
     """Accuracy per budget; returns ({budget: row}, {budget: model}, the campaign)."""
     campaign = Campaign(pref, seed, tie_band, ACQUISITIONS.get(kind, "margin"),
-                        skip_near_identical)
+                        skip_near_identical, tie_band_quantile)
     campaign.set_pool(pool, pool_prompts, None)
     rows, models = {}, {}
     for budget in budgets:
@@ -423,7 +426,7 @@ def main() -> None:
                     help="FitConfig.mirror_augment: fit on random left-right mirrors of the votes")
     ap.add_argument("--selections", nargs="+", default=["random", "active"],
                     choices=["random", *ACQUISITIONS])
-    ap.add_argument("--tie-band-quantile", type=float, default=TIE_BAND_QUANTILE,
+    ap.add_argument("--tie-band-quantile", type=float, default=0.5,
                     help="active-decisive: the quantile of the tie votes' |margins| below "
                     "which a pair is expected to be a tie and passed over")
     ap.add_argument("--skip-near-identical", action=argparse.BooleanOptionalAction,
@@ -461,7 +464,6 @@ def main() -> None:
     ap.add_argument("--train-budget", type=int, default=1000,
                     help="votes behind the preference model used for training")
     args = ap.parse_args()
-    globals()["TIE_BAND_QUANTILE"] = args.tie_band_quantile  # read by decisive_pick
     dev = args.device
     torch.manual_seed(0)
     base = load_model(TrainConfig()).to(dev)
@@ -498,7 +500,8 @@ def main() -> None:
                                     label_smoothing=args.label_smoothing)
                 rows, fitted, campaign = run_selection(kind, pref, pool, pool_prompts, test,
                                                        args.budgets, fit_cfg, seed, args.tie_band,
-                                                       args.skip_near_identical)
+                                                       args.skip_near_identical,
+                                                       args.tie_band_quantile)
                 per_seed[seed] = {"rows": rows, "votes_to_target": votes_to_target(rows)}
                 if seed == args.seeds[0] and args.train_budget in fitted:
                     campaign.votes = campaign.votes[:args.train_budget]

@@ -639,9 +639,9 @@ def _send(enqueuer: Enqueuer | None, job: Job) -> None:
             log.warning("could not enqueue job %s: %s", job.id, reason)
         else:  # an enqueuer's own bug: its traceback is what finds it
             log.exception("could not enqueue job %s", job.id)
-        raise Unavailable(f"the job queue (BROKER_URL) cannot be reached: "
-                          f"{type(exc).__name__}: {exc}; try again when it is back",
-                          field="broker") from exc
+        reason = reason or (f"the job queue (BROKER_URL) cannot be reached: "
+                            f"{type(exc).__name__}: {exc}")
+        raise Unavailable(f"{reason}; try again when it is back", field="broker") from exc
 
 
 # how many prompts, and at most how many members a group, "send newest rollouts to the arena"
