@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import json
 import math
+import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -389,6 +390,29 @@ class StudioArguments:
                                "alone.", min=1, max=1024, group="studio")
 
 
+# Explicit text-direction controls (embeddings, overrides, isolates): in a prompt they
+# reorder how the text after them is shown, so what a reviewer reads in the UI is not what
+# the text encoder gets ("Trojan Source", Unicode TR36). The marks LRM/RLM and the joiners
+# emoji need stay allowed.
+DIRECTION_CONTROLS = frozenset(chr(c) for c in [*range(0x202A, 0x202F), *range(0x2066, 0x206A)])
+
+
+def prompt_text_problem(text: str) -> str | None:
+    """Why `text` cannot be a prompt, or None: blank, or holding a control character that is
+    not whitespace (NUL, which PostgreSQL refuses; ESC, which rewrites a terminal that prints
+    the log; DEL) or a text-direction control. One rule for uploads, job configs and the
+    CLI's prompt files."""
+    if not text.strip():
+        return "empty prompt"
+    bad = sorted({c for c in text if (unicodedata.category(c) == "Cc" and not c.isspace())
+                  or c in DIRECTION_CONTROLS})
+    if bad:
+        found = ", ".join(f"U+{ord(c):04X}" for c in bad[:5])
+        kind = "NUL" if bad == ["\x00"] else "control or text-direction characters"
+        return f"prompt contains {kind} ({found})"
+    return None
+
+
 def missing_prompts_problem(model: str, prompts: list, dataset: bool = False,
                             studio: bool = False) -> str | None:
     """Why a run of `model` cannot train on `prompts`, or None: a real model's (flux, sd3)
@@ -488,10 +512,14 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
 
             out += [ConfigError("report_to", m) for m in report_to_problems(self.report_to)]
         out += self._model_problems(bad)
-        if "prompts" not in bad and not all(isinstance(p, str) and p.strip() and "\x00" not in p
-                                            for p in self.prompts):
-            out.append(ConfigError("prompts", "must be a list of non-empty strings without NUL "
-                                              "characters"))
+        if "prompts" not in bad and not all(isinstance(p, str) for p in self.prompts):
+            out.append(ConfigError("prompts", "must be a list of strings"))
+        elif "prompts" not in bad and (problems := [
+                f"prompt {i}: {problem}" for i, p in enumerate(self.prompts)
+                if (problem := prompt_text_problem(p)) is not None]):
+            out.append(ConfigError("prompts", "; ".join(problems[:5])
+                                   + (f"; and {len(problems) - 5} more" if len(problems) > 5
+                                      else "")))
         elif "prompts" not in bad and self.model == "shapes":
             from trainer.shapes.world import shapes_prompt_problem
 

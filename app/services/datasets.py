@@ -32,6 +32,7 @@ from app.json_values import json_safe
 from app.limits import FILENAME_LENGTH, NAME_LENGTH
 from app.models import Dataset, Job, Prompt
 from app.schemas import refuse_hidden, refuse_nul
+from trainer.config import prompt_text_problem
 
 FORMATS = ("txt", "csv", "jsonl", "json", "parquet")
 ACTIVE_JOB_STATUSES = ("queued", "running")
@@ -349,10 +350,8 @@ _PARSERS: dict[str, Callable[[str, str, _Counts], Records]] = {
 
 
 def _prompt_problem(norm: str, max_prompt_length: int) -> str | None:
-    if not norm:
-        return "empty prompt"
-    if "\x00" in norm:
-        return "prompt contains a NUL character"
+    if (problem := prompt_text_problem(norm)) is not None:
+        return problem
     if len(norm) > max_prompt_length:
         return (f"prompt too long ({len(norm)} characters, the limit is "
                 f"{max_prompt_length})")

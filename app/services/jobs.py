@@ -50,6 +50,7 @@ from app.queue import broker_unreachable
 from app.schemas import validation_message
 from app.services import auth, checkpoints, storage, workers
 from app.services.datasets import prompt_texts
+from trainer.config import prompt_text_problem
 from trainer.shapes.world import shapes_prompt_problem
 
 log = logging.getLogger(__name__)
@@ -135,8 +136,8 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
             problems.append(("prompts", f"prompt {i} has {len(prompt)} characters; the limit "
                                         f"is {limit} (MAX_PROMPT_LENGTH)"))
     for i, prompt in enumerate(out.get("prompts") or []):
-        if isinstance(prompt, str) and ("\x00" in prompt or not prompt.strip()):
-            problems.append(("prompts", f"prompt {i} is empty or contains a NUL character"))
+        if isinstance(prompt, str) and (problem := prompt_text_problem(prompt)) is not None:
+            problems.append(("prompts", f"prompt {i}: {problem}"))
     known = reward_names()
     for name in out.get("reward_names") or []:
         if name not in known:

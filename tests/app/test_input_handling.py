@@ -636,3 +636,41 @@ def test_the_refit_image_cache_decodes_once_and_keeps_to_its_byte_budget(setting
     cache.get(paths[0])
     cache.get(paths[1])
     assert reads == [*paths[:3], paths[1]]
+
+
+def test_prompts_with_controls_or_direction_overrides_are_refused_everywhere(client, admin,
+                                                                              session):
+    """An escape sequence in a prompt rewrites the terminal of whoever reads the worker's log,
+    and a right-to-left override shows the UI's reviewer other text than the encoder gets:
+    refused in uploads, job configs and the trainer's config alike (one rule), while an
+    emoji's joiner and a Hebrew prompt's direction mark are ordinary text."""
+    from app.models import Dataset
+    from trainer.config import TrainConfig
+
+    before = session.scalar(select(func.count()).select_from(Dataset))
+    data = "one red circle\nred \x1b[2Jcircle\nsafe \u202etxt.exe\n".encode()
+    r = client.post("/api/datasets", files={"file": ("p.txt", data, "text/plain")},
+                    headers=admin)
+    assert r.status_code == 422, r.text
+    messages = [(e["where"], e["message"]) for e in r.json()["errors"]]
+    assert messages == [("line 2", "prompt contains control or text-direction characters "
+                                   "(U+001B)"),
+                        ("line 3", "prompt contains control or text-direction characters "
+                                   "(U+202E)")]
+    session.expire_all()
+    assert session.scalar(select(func.count()).select_from(Dataset)) == before  # nothing kept
+
+    r = client.post("/api/jobs", json={"kind": "train", "config": {
+        "prompts": ["two blue squares", "x\x07y", "\u2066three\u2069"]}}, headers=admin)
+    assert r.status_code == 422, r.text
+    message = _errors(r)["prompts"]
+    assert "prompt 1: prompt contains control" in message and "U+0007" in message
+    assert "prompt 2:" in message and "U+2066" in message and "prompt 0" not in message
+
+    problems = TrainConfig(prompts=["a\x1bb"]).problems()
+    assert [p.field for p in problems] == ["prompts"] and "U+001B" in problems[0].message
+
+    ok = "👨\u200d👩 family\nשלום\u200f עולם\n".encode()
+    r = client.post("/api/datasets", files={"file": ("ok.txt", ok, "text/plain")},
+                    headers=admin)
+    assert r.status_code == 201, r.text
