@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
 from pydantic_core import PydanticCustomError
 
 from app.errors import Invalid
@@ -31,8 +31,17 @@ def _as_utc(value: datetime) -> datetime:
                          "UTC") from None
 
 
-UTCDateTime = Annotated[datetime, AfterValidator(_as_utc)]
-"""Every datetime the API returns: timezone-aware UTC, whatever the database gave."""
+def utc_text(value: datetime) -> str:
+    """`value` as every timestamp the API and its exports write: UTC, six fraction digits, Z."""
+    # always six fraction digits: pydantic leaves them out when they are zero, so one list
+    # held "…:05Z" beside "…:05.120000Z", which a client's fixed-format parser rejects
+    return _as_utc(value).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+
+
+UTCDateTime = Annotated[datetime, AfterValidator(_as_utc),
+                        PlainSerializer(utc_text, return_type=str, when_used="json")]
+"""Every datetime the API returns: timezone-aware UTC, whatever the database gave, written
+as YYYY-MM-DDTHH:MM:SS.ffffffZ."""
 
 NUL_MESSAGE = "must not contain NUL characters"
 

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from app.errors import Invalid, NotFound
 from app.limits import NAME_LENGTH
 from app.models import Checkpoint, Job, utcnow
+from app.schemas import utc_text
 from app.services import storage
 
 
@@ -167,7 +168,7 @@ def record_scores(session: Session, checkpoint_id: int, scores: dict[str, dict[s
     ckpt = session.get(Checkpoint, checkpoint_id, with_for_update=True, populate_existing=True)
     if ckpt is None:
         raise NotFound(f"checkpoint {checkpoint_id} not found")
-    at = utcnow().isoformat().replace("+00:00", "Z")  # as every timestamp the API gives
+    at = utc_text(utcnow())
     merged = dict(ckpt.scores or {})
     merged.update({name: {**entry, **about, "at": at} for name, entry in scores.items()})
     ckpt.scores = merged  # a new dict: SQLAlchemy does not see in-place JSON changes

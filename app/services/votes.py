@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -45,6 +45,7 @@ from app.schemas import (
     refuse_nul,
     selection_problem,
     shown_at_problem,
+    utc_text,
 )
 from trainer.rewards.outcomes import TARGET_A
 
@@ -605,11 +606,7 @@ EXPORT_COLUMNS: tuple[tuple[str, str], ...] = (
 
 
 def _utc_iso(value: datetime | None) -> str | None:
-    # as the API writes datetimes (app.schemas.UTCDateTime): UTC with "Z"; SQLite gives naive
-    if value is None:
-        return None
-    value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-    return value.isoformat().replace("+00:00", "Z")
+    return None if value is None else utc_text(value)
 
 
 def export_votes(session: Session, batch: int = 5000, *, annotator_id: int | None = None

@@ -254,11 +254,11 @@ def test_vote_datetimes_carry_utc(client, admin, annotator, make_group):
     again = vote(client, annotator, pair, "a", vid="t-1")  # read back from the database
     assert (created.status_code, again.status_code) == (201, 200)
     for body in (created.json(), again.json()):
-        assert body["shown_at"] == "2026-01-01T12:00:00Z"
+        assert body["shown_at"] == "2026-01-01T12:00:00.000000Z"
         assert body["created_at"].endswith("Z")
     assert created.json()["created_at"] == again.json()["created_at"]
     row = json.loads(client.get("/api/votes/export", headers=admin).text.splitlines()[0])
-    assert row["shown_at"] == "2026-01-01T12:00:00Z"
+    assert row["shown_at"] == "2026-01-01T12:00:00.000000Z"
     assert row["created_at"] == created.json()["created_at"]
 
 
