@@ -405,10 +405,15 @@ def check_name_free(session: Session, name: str) -> None:
     """Conflict if a dataset already has this name (names pick datasets in the UI and the
     demo). Checked before parsing, for the clear message; the unique constraint catches two
     uploads racing with one name (import_dataset)."""
-    taken = session.scalar(select(Dataset.id).where(Dataset.name == name)
-                           .order_by(Dataset.id).limit(1))
-    if taken is not None:
-        raise Conflict(f"name: a dataset named '{name}' already exists (dataset {taken}); "
+    # case-insensitive, as user names are: "HPDv2" and "hpdv2" side by side in the job form's
+    # dataset list are one set to the eye
+    row = session.execute(select(Dataset.id, Dataset.name)
+                          .where(func.lower(Dataset.name) == name.lower())
+                          .order_by(Dataset.id).limit(1)).first()
+    if row is not None:
+        taken, existing = row
+        also = "" if existing == name else f" ('{existing}': names differ in case only)"
+        raise Conflict(f"name: a dataset named '{name}' already exists (dataset {taken}){also}; "
                        "choose another name or delete that dataset", field="name",
                        dataset_id=taken)
 
