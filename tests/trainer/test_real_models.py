@@ -287,6 +287,50 @@ def test_text_encoders_run_once_per_prompt(variant, request):
     torch.testing.assert_close(cond["prompt_embeds"], expected, rtol=0, atol=1e-6)
 
 
+def test_prompt_cache_keeps_the_most_recent_prompts_within_its_bytes(flux_dev):
+    """A 100k-prompt set at 4 MB a FLUX prompt does not fit in host memory: the cache keeps
+    the most recently used prompts up to prompt_cache_bytes and encodes the others again."""
+    model = Trainer(_config(flux_dev, "flux")).model
+    model.encode_prompts(PROMPTS)
+    rows = model._prompt_cache[PROMPTS[0]]
+    one = sum(t.numel() * t.element_size() for t in rows.values())
+    model.prompt_cache_bytes = 2 * one
+    batches = model.encoder_batches
+    model.encode_prompts(["three green triangles"])  # the oldest (PROMPTS[0]) makes room
+    assert list(model._prompt_cache) == [PROMPTS[1], "three green triangles"]
+    model.encode_prompts([PROMPTS[1]])  # still cached: no encoder pass, and now the newest
+    assert model.encoder_batches == batches + 1
+    cond = model.encode_prompts([PROMPTS[0], "four red squares", PROMPTS[0]])
+    assert model.encoder_batches == batches + 2  # one pass for both new prompts
+    # this call's prompts are never dropped, even past the bound; the older ones are
+    assert set(model._prompt_cache) == {PROMPTS[0], "four red squares"}
+    assert cond["prompt_embeds"].shape[0] == 3
+    torch.testing.assert_close(cond["prompt_embeds"][0], cond["prompt_embeds"][2])
+
+
+def test_text_encoders_visit_a_device_and_come_back_to_their_host_copy():
+    """The trip back from the GPU points the encoder at its host copy (no copy: the weights
+    are frozen); the meta device stands in for a GPU on this CPU-only machine."""
+    from trainer.models.host_resident import HostResident
+
+    encoder = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    encoder.register_buffer("position_ids", torch.arange(4))
+    before = {n: t.clone() for n, t in encoder.state_dict().items()}
+    pointers = {n: t.data_ptr() for n, t in encoder.state_dict().items()}
+    resident = HostResident(encoder, pin=False)
+    with resident.visit(torch.device("meta")) as on_device:
+        assert all(t.device.type == "meta" for t in on_device.state_dict().values())
+    after = encoder.state_dict()
+    assert {n: t.data_ptr() for n, t in after.items()} == pointers  # the same host memory
+    for name, tensor in after.items():
+        assert tensor.device.type == "cpu"
+        torch.testing.assert_close(tensor, before[name], rtol=0, atol=0)
+    assert resident.visits == 1
+    with resident.visit(torch.device("cpu")):  # on a CPU run there is no trip
+        pass
+    assert resident.visits == 1
+
+
 # ---------------------------------------------------------------------------------------
 # 4. Checkpoints restore: full fine-tune, LoRA resume
 # ---------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -43,8 +44,13 @@ from trainer.models.base import (
     WeightsMismatch,
     copy_weights,
 )
+from trainer.models.host_resident import HostResident
 
 DEFAULT_RESOLUTION = 512
+# Host memory the prompt-embedding cache may hold, per process: about 1,000 FLUX prompts
+# (512 T5 tokens x 4,096 x bf16 = 4 MB each), so a run that keeps to a set of that size
+# encodes each prompt once, and one on a 100k-prompt set (HPDv2's train split) stays bounded.
+PROMPT_CACHE_BYTES = 4 * 2**30
 
 
 def _weight_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
@@ -84,11 +90,17 @@ class DiffusersFlowModel(FlowModel):
         if self.resolution % multiple:
             raise ValueError(f"resolution {self.resolution} must be a multiple of {multiple} "
                              f"for this {spec.name} model")
-        self._prompt_cache: dict[str, dict[str, torch.Tensor]] = {}
+        # least recently used first; at most `prompt_cache_bytes` of embeddings (a FLUX
+        # prompt's T5 rows are 4 MB: a 100k-prompt set would not fit in host memory)
+        self._prompt_cache: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
+        self.prompt_cache_bytes = PROMPT_CACHE_BYTES
         self._shared: dict[str, torch.Tensor] = {}
         self.encoder_batches = 0  # text-encoder passes so far (each over the new prompts only)
         for module in self._frozen_modules():
             module.requires_grad_(False).eval()
+        # the text encoders live in (pinned) host memory and visit the GPU for new prompts
+        self.text_encoders = [HostResident(m, pin=device.type == "cuda")
+                              for m in self._frozen_modules() if m is not pipeline.vae]
         pipeline.vae.to(device)
         if device.type == "cuda":
             # PyTorch's cuDNN attention backend fails in FLUX's backward pass with "an illegal
@@ -214,29 +226,39 @@ class DiffusersFlowModel(FlowModel):
     # -- prompts -------------------------------------------------------------------------------
     def encode_prompts(self, prompts: list[str]) -> Conditioning:
         """Each prompt's embeddings, computed once (new prompts in one text-encoder batch, the
-        encoders moved to the GPU for it and back), then served from the CPU cache."""
+        encoders visiting the GPU for it: HostResident), then served from the CPU cache, which
+        keeps the most recently used prompts up to `prompt_cache_bytes`."""
         new = [p for p in dict.fromkeys(prompts) if p not in self._prompt_cache]
+        device = self.device
         if new:
-            encoders = [m for m in self._frozen_modules() if m is not self.pipeline.vae]
-            device = self.device
-            for encoder in encoders:
-                encoder.to(device)
-            try:
+            with contextlib.ExitStack() as stack:
+                for encoder in self.text_encoders:
+                    stack.enter_context(encoder.visit(device))
                 with torch.no_grad():
                     rows, shared = self._encode(new, device)
-            finally:
-                for encoder in encoders:  # off the GPU: the transformer needs the room
-                    encoder.to("cpu")
             self.encoder_batches += 1
             for i, prompt in enumerate(new):
                 self._prompt_cache[prompt] = {k: v[i].cpu() for k, v in rows.items()}
             self._shared.update({k: v.cpu() for k, v in shared.items()})
-        device = self.device
+        for prompt in prompts:
+            self._prompt_cache.move_to_end(prompt)
         batched = {k: torch.stack([self._prompt_cache[p][k] for p in prompts]).to(device)
                    for k in self.embedding_keys}
+        self._trim_prompt_cache(keep=len(set(prompts)))
         shared = {k: v.to(device) for k, v in self._shared.items()}
         shared.update(self._geometry_conditioning(device))
         return Conditioning(batched, shared)
+
+    def _trim_prompt_cache(self, keep: int) -> None:
+        """Drop the least recently used prompts beyond `prompt_cache_bytes`, never the `keep`
+        most recent (this call's)."""
+        def size(rows: dict[str, torch.Tensor]) -> int:
+            return sum(t.numel() * t.element_size() for t in rows.values())
+
+        total = sum(size(rows) for rows in self._prompt_cache.values())
+        while total > self.prompt_cache_bytes and len(self._prompt_cache) > keep:
+            _, rows = self._prompt_cache.popitem(last=False)
+            total -= size(rows)
 
     def _encode(self, prompts: list[str], device: torch.device
                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
