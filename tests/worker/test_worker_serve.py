@@ -87,6 +87,9 @@ def _first_page_after_login_shows_a_pair(base: str, token: str) -> None:
 def _check_first_page(base: str, token: str) -> None:
     from playwright.sync_api import sync_playwright
 
+    if not os.path.exists(CHROMIUM):  # as tests/e2e do: `make setup` installs it
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
+
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
                                     args=["--no-sandbox", "--disable-gpu"])
@@ -102,8 +105,6 @@ def _check_first_page(base: str, token: str) -> None:
             browser.close()
 
 
-@pytest.mark.slow
-@pytest.mark.browser
 def _open_stream(url: str, token: str):
     """An event stream held open, as an open UI tab holds one: its first bytes read."""
     import urllib.request
@@ -114,6 +115,8 @@ def _open_stream(url: str, token: str):
     return response
 
 
+@pytest.mark.slow
+@pytest.mark.browser
 def test_serve_starts_everything_and_ctrl_c_stops_it(tmp_path):
     port, log = _free_port(), tmp_path / "serve.log"
     proc = _start(tmp_path, port, log)
