@@ -394,6 +394,9 @@ class Rating(BaseModel):
     win_rate: float | None
     scores: dict[str, float] = Field(default_factory=dict,
                                      description="Mean of each evaluated reward.")
+    score_sources: dict[str, str] = Field(
+        default_factory=dict, description="What each reward's mean was computed on (prompt "
+        "set, seeds, images): two checkpoints' means compare only where these agree.")
 
 
 class PairStat(BaseModel):

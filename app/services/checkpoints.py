@@ -180,3 +180,18 @@ def score_means(ckpt: Checkpoint) -> dict[str, float]:
     """{reward: mean} of a checkpoint's evaluation scores (empty before its first)."""
     return {name: float(entry["mean"]) for name, entry in (ckpt.scores or {}).items()
             if isinstance(entry, dict) and entry.get("mean") is not None}
+
+
+def score_sources(ckpt: Checkpoint) -> dict[str, str]:
+    """{reward: what its mean was computed on} ("4 of dataset 1 (eval split), 2 seeds,
+    n=8"): two checkpoints' means compare only when these agree."""
+    out = {}
+    for name, entry in (ckpt.scores or {}).items():
+        if not isinstance(entry, dict) or entry.get("mean") is None:
+            continue
+        seeds = entry.get("seeds")
+        parts = [str(entry["prompts"]) if entry.get("prompts") else "prompts not recorded",
+                 *([f"{seeds} seed{'s' if seeds != 1 else ''}"] if seeds else []),
+                 *([f"n={entry['n']}"] if entry.get("n") is not None else [])]
+        out[name] = ", ".join(parts)
+    return out

@@ -21,7 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
 from app.models import Checkpoint, RolloutGroup, Sample, Vote
-from app.services.checkpoints import score_means
+from app.services.checkpoints import score_means, score_sources
 from trainer.rewards.outcomes import LABELLED_OUTCOMES, TARGET_A
 
 PSEUDO = 0.1
@@ -65,10 +65,11 @@ def elo(p: np.ndarray) -> np.ndarray:
     return 1000.0 + 400.0 * np.log10(p)
 
 
-def _scored(session: Session) -> dict[int, tuple[str, dict[str, float]]]:
-    """{checkpoint id: (name, {reward: mean})} of every checkpoint an evaluate job scored."""
+def _scored(session: Session) -> dict[int, tuple[str, dict[str, float], dict[str, str]]]:
+    """{checkpoint id: (name, {reward: mean}, {reward: prompt set it was scored on})} of
+    every checkpoint an evaluate job scored."""
     rows = session.scalars(select(Checkpoint).where(Checkpoint.scores.is_not(None)))
-    return {c.id: (c.name, means) for c in rows if (means := score_means(c))}
+    return {c.id: (c.name, means, score_sources(c)) for c in rows if (means := score_means(c))}
 
 
 def compute(session: Session, *, bootstrap: int = 200, seed: int = 0) -> dict[str, Any]:
@@ -78,9 +79,11 @@ def compute(session: Session, *, bootstrap: int = 200, seed: int = 0) -> dict[st
     names = dict(session.execute(select(Checkpoint.id, Checkpoint.name)
                                  .where(Checkpoint.id.in_(ids))).all()) if ids else {}
     unrated = [{"checkpoint_id": c, "name": name, "rating": None, "ci_low": None,
-                "ci_high": None, "num_votes": 0, "win_rate": None, "scores": means}
-               for c, (name, means) in sorted(scored.items(), reverse=True) if c not in names]
-    rewards = sorted({r for _, means in scored.values() for r in means})
+                "ci_high": None, "num_votes": 0, "win_rate": None, "scores": means,
+                "score_sources": sources}
+               for c, (name, means, sources) in sorted(scored.items(), reverse=True)
+               if c not in names]
+    rewards = sorted({r for _, means, _ in scored.values() for r in means})
     if not ids:
         return {"checkpoints": unrated, "rewards": rewards, "pairs": [], "num_votes": 0,
                 "bootstrap": bootstrap}
@@ -115,7 +118,8 @@ def compute(session: Session, *, bootstrap: int = 200, seed: int = 0) -> dict[st
             "checkpoint_id": c, "name": names.get(c, str(c)), "rating": float(rating[i]),
             "ci_low": float(lo[i]), "ci_high": float(hi[i]), "num_votes": int(round(g)),
             "win_rate": float(wins[i].sum() / g) if g else None,
-            "scores": scored.get(c, ("", {}))[1],
+            "scores": scored.get(c, ("", {}, {}))[1],
+            "score_sources": scored.get(c, ("", {}, {}))[2],
         })
     out.sort(key=lambda r: r["rating"], reverse=True)
     out += unrated  # newest first, after every rated one

@@ -55,10 +55,21 @@ def ratings_html(board: dict[str, Any]) -> str:
                    f'position:absolute;left:calc({dot:.1f}% - 3px);width:6px;height:100%;'
                    f'background:#1d4ed8"></div></div>')
 
+    # a reward column whose means come from different prompt sets (or seeds) says so: a
+    # checkpoint scored on the eval split and one on 8 shapes prompts are not ranked by it
+    sources = {w: {r.get("score_sources", {}).get(w) for r in rows if w in r.get("scores", {})}
+               for w in rewards}
+    mixed = [w for w in rewards if len({s.split(", n=")[0] for s in sources[w] if s}) > 1]
+
     def score(r: dict[str, Any], reward: str) -> Raw:
         value = r.get("scores", {}).get(reward)
-        return Raw(f'<span data-reward="{esc(reward)}">{esc(fmt(value, 3))}</span>'
-                   if value is not None else "–")
+        if value is None:
+            return Raw("–")
+        source = r.get("score_sources", {}).get(reward, "")
+        return Raw(f'<span data-reward="{esc(reward)}" title="{esc(source)}">'
+                   f'{esc(fmt(value, 3))}</span>'
+                   + (f'<br><small class="ngs-score-source">{esc(source)}</small>'
+                      if reward in mixed else ""))
 
     # the automatic-reward means stand beside the human rating: where they disagree, the
     # policy may be gaming a reward (or the raters see what no reward measures)
@@ -83,7 +94,11 @@ def ratings_html(board: dict[str, Any]) -> str:
           fmt(p["win_rate"], 2)] for p in board["pairs"]
          if ids.index(p["checkpoint_id"]) < ids.index(p["opponent_id"])], "ngs-pairs")
     scores_note = (f" Reward columns: the mean of each automatic reward from the newest "
-                   f"evaluate job that scored it ({', '.join(rewards)})." if rewards else "")
+                   f"evaluate job that scored it ({', '.join(rewards)}); hover a value for "
+                   f"the prompts it was scored on." if rewards else "")
+    if mixed:
+        scores_note += (f" Scored on different prompt sets, so not comparable down the "
+                        f"column: {', '.join(mixed)} (each value says on what).")
     return (f'<div id="leaderboard" data-n="{len(rows)}" data-rated="{len(rated)}">'
             f'{board["num_votes"]} clean cross-checkpoint votes; intervals from '
             f"{board['bootstrap']} bootstrap resamples.{esc(scores_note)}{ranking}"

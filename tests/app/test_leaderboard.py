@@ -129,7 +129,19 @@ def test_reward_scores_stand_beside_ratings(client, admin, annotator, make_group
     page = ratings_html(board)
     assert 'data-n="3" data-rated="2"' in page
     assert all(f"<th>{r}</th>" in page for r in ("aesthetic", "clip_score", "count"))
-    assert '<span data-reward="clip_score">21.000</span>' in page and "no votes" in page
+    assert "no votes" in page
+    # each mean says what it was computed on; count's two means come from different prompt
+    # sets, so its column says they do not compare (clip_score's one mean does not)
+    assert rows[ck[0]]["score_sources"] == {
+        "count": "4 of dataset 1 (eval split), 1 seed, n=4",
+        "aesthetic": "4 of dataset 1 (eval split), 1 seed, n=4",
+        "clip_score": "8 of the shapes prompts, 2 seeds, n=8"}
+    assert rows[ck[2]]["score_sources"] == {"count": "prompts not recorded, n=4"}
+    assert ('<span data-reward="clip_score" title="8 of the shapes prompts, 2 seeds, n=8">'
+            '21.000</span>') in page
+    assert "not comparable down the column: count (" in page
+    assert '<small class="ngs-score-source">4 of dataset 1 (eval split), 1 seed, n=4' in page
+    assert '<small class="ngs-score-source">8 of the shapes' not in page
 
 
 def test_leaderboard_launches_an_evaluate_job_with_the_named_rewards(admin, enqueuer, session):
