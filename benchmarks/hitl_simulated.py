@@ -49,7 +49,12 @@ from trainer.loop import Trainer, load_model
 from trainer.models.base import repeat_cond, to_uint8
 from trainer.rewards import compute_rewards, get_reward
 from trainer.rewards.attributes import PREFERENCES, SimulatedAnnotator, attribute_values
-from trainer.rewards.preference import FitConfig, PreferencePair, fit_preference_model
+from trainer.rewards.preference import (
+    FitConfig,
+    PreferencePair,
+    expected_calibration_error,
+    fit_preference_model,
+)
 from trainer.rewards.shapes import foreground_mask
 from trainer.shapes.world import all_prompts
 from trainer.solvers import rollout
@@ -80,22 +85,6 @@ def log_loss(p: np.ndarray, target: np.ndarray) -> float:
     pc = np.clip(np.asarray(p, float), LOG_LOSS_CLIP, 1 - LOG_LOSS_CLIP)
     t = np.asarray(target, float)
     return float(-(t * np.log(pc) + (1 - t) * np.log(1 - pc)).mean())
-
-
-def expected_calibration_error(p: np.ndarray, truth: np.ndarray, bins: int = 10) -> float:
-    """ECE of the side the model picks: its confidence max(p, 1 - p) in `bins` equal-width
-    bins of [0, 1], |accuracy - mean confidence| per bin, weighted by the bin's share of the
-    pairs. The pick is a where p > 0.5, else b, as the accuracy counts it."""
-    p, truth = np.asarray(p, float), np.asarray(truth, bool)
-    picks_a = p > 0.5
-    confidence = np.where(picks_a, p, 1 - p)
-    right = picks_a == truth
-    index = np.minimum((confidence * bins).astype(int), bins - 1)
-    ece = 0.0
-    for b in np.unique(index):
-        in_bin = index == b
-        ece += in_bin.mean() * abs(right[in_bin].mean() - confidence[in_bin].mean())
-    return float(ece)
 
 
 def pair_metrics(p: np.ndarray, truth: np.ndarray, decisive: np.ndarray,

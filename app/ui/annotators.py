@@ -162,10 +162,11 @@ def models_html(user_state: dict | None) -> str:
             return f"v{extra.get('warm_start_version')}"
         return "scratch"
 
-    body = table(["version", "votes", "held-out accuracy", "held-out log-loss", "started from",
-                  "job", "fitted"],
+    body = table(["version", "votes", "held-out accuracy", "held-out log-loss",
+                  "held-out calibration error", "started from", "job", "fitted"],
                  [[Raw(f'<span class="ngs-pref-version">v{r["version"]}</span>'), r["votes_used"],
-                   r["heldout_accuracy"], r["heldout_log_loss"], started(r["report"]),
+                   r["heldout_accuracy"], r["heldout_log_loss"],
+                   (r["report"] or {}).get("heldout_calibration_error"), started(r["report"]),
                    r["job_id"] or "–",
                    r["created_at"].strftime("%Y-%m-%d %H:%M") if r["created_at"] else ""]
                   for r in rows], "ngs-pref-models")

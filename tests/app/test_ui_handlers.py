@@ -237,10 +237,12 @@ def test_annotators_page_lists_preference_models_and_launches_a_fit(settings, ad
                                                        "extra": {"warm_start": False}})
         pref_svc.record_model(s, version=2, path="preference/v2.safetensors", votes_used=1150,
                               report={"heldout_accuracy": 0.905, "heldout_log_loss": 0.32,
+                                      "heldout_calibration_error": 0.0417,
                                       "extra": {"warm_start": True, "warm_start_version": 1}})
     page = annotators.models_html(_token(admin))
     rows = page.split("<tbody>")[1].split("</tr>")
     assert "v2" in rows[0] and "1150" in rows[0] and "0.905" in rows[0] and ">v1<" in rows[0]
+    assert "held-out calibration error" in page and "<td>0.042</td>" in rows[0]
     assert "v1" in rows[1] and "0.910" in rows[1] and "scratch" in rows[1]
 
 

@@ -128,6 +128,8 @@ def test_fit_learns_an_unknown_preference_and_round_trips(tmp_path):
     report = model.report
     assert report.votes_ignored == {"skip": 3} and report.votes_fitted == 400
     assert report.heldout_pairs == 80 and report.heldout_accuracy > 0.8, report
+    # reported beside accuracy: a model right 80%+ of the time is not 50% confident
+    assert 0.0 <= report.heldout_calibration_error < 0.3, report
     fresh = _pairs(200, "upper", flip=0.0, seed=1)
     assert _pair_accuracy(model, fresh) > 0.8
     path = tmp_path / "pref.safetensors"
@@ -137,6 +139,7 @@ def test_fit_learns_an_unknown_preference_and_round_trips(tmp_path):
     np.testing.assert_allclose(loaded(images, [q.prompt for q in fresh[:5]]),
                                model(images, [q.prompt for q in fresh[:5]]), rtol=1e-5)
     assert loaded.report.heldout_accuracy == report.heldout_accuracy
+    assert loaded.report.heldout_calibration_error == report.heldout_calibration_error
 
 
 @pytest.mark.slow

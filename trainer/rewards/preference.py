@@ -67,7 +67,26 @@ class FitReport:
     heldout_log_loss: float | None
     train_accuracy: float
     seconds: float
+    # on the decisive held-out pairs, against the votes: how far the model's confidence is
+    # from how often it is right (0: calibrated); None in files fitted before it was reported
+    heldout_calibration_error: float | None = None
     extra: dict = field(default_factory=dict)
+
+
+def expected_calibration_error(p: np.ndarray, truth: np.ndarray, bins: int = 10) -> float:
+    """ECE of the side the model picks: its confidence max(p, 1 - p) in `bins` equal-width
+    bins of [0, 1], |accuracy - mean confidence| per bin, weighted by the bin's share of the
+    pairs. The pick is a where p > 0.5, else b, as the accuracy counts it; `truth`: a won."""
+    p, truth = np.asarray(p, float), np.asarray(truth, bool)
+    picks_a = p > 0.5
+    confidence = np.where(picks_a, p, 1 - p)
+    right = picks_a == truth
+    index = np.minimum((confidence * bins).astype(int), bins - 1)
+    ece = 0.0
+    for b in np.unique(index):
+        in_bin = index == b
+        ece += in_bin.mean() * abs(right[in_bin].mean() - confidence[in_bin].mean())
+    return float(ece)
 
 
 class ShapesPreferenceNet(nn.Module):
@@ -457,25 +476,28 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
             _train_member(member, inputs_a, inputs_b, labels, config, seed=config.seed + index)
     model.net.eval()
 
-    def evaluate(subset: list[PreferencePair]) -> tuple[float | None, float | None]:
+    def evaluate(subset: list[PreferencePair]
+                 ) -> tuple[float | None, float | None, float | None]:
         if not subset:
-            return None, None
+            return None, None, None
         p = model.prob_a_beats_b(np.stack([q.image_a for q in subset]),
                                  np.stack([q.image_b for q in subset]), [q.prompt for q in subset])
         y = np.array([TARGET_A[q.outcome] for q in subset])
         decisive = np.array([Outcome(q.outcome).decisive for q in subset])
         accuracy = float(((p > 0.5) == (y > 0.5))[decisive].mean()) if decisive.any() else None
+        calibration = (expected_calibration_error(p[decisive], y[decisive] > 0.5)
+                       if decisive.any() else None)
         pc = np.clip(p, 1e-6, 1 - 1e-6)
         log_loss = float(-(y * np.log(pc) + (1 - y) * np.log(1 - pc)).mean())
-        return accuracy, log_loss
+        return accuracy, log_loss, calibration
 
-    held_acc, held_loss = evaluate(held)
-    train_acc, _ = evaluate(train)
+    held_acc, held_loss, held_calibration = evaluate(held)
+    train_acc, _, _ = evaluate(train)
     model.report = FitReport(
         version=version, votes_total=len(pairs), votes_fitted=len(usable), votes_ignored=ignored,
         train_pairs=len(train), heldout_pairs=len(held), heldout_accuracy=held_acc,
         heldout_log_loss=held_loss, train_accuracy=train_acc or 0.0,
-        seconds=time.perf_counter() - start,
+        seconds=time.perf_counter() - start, heldout_calibration_error=held_calibration,
         extra={"split": split, "epochs": config.epochs, "warm_start": warm_from is not None,
                "warm_start_version": warm_from})
     return model
