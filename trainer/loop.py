@@ -235,9 +235,16 @@ def model_card(trainer: Trainer) -> str:
     if config.finetune == "lora":
         pipeline = {"flux": "FluxPipeline", "sd3": "StableDiffusion3Pipeline"}.get(
             config.model, "DiffusionPipeline")
+        # sampled as it was trained: a pipeline's own defaults differ (SD3's CFG 7.0 against
+        # the 4.5 a run may have trained with), and the LoRA learned at this scale and size
+        side = config.resolution or 512
+        guidance = f", guidance_scale={config.guidance_scale}" if config.model != "shapes" else ""
         usage = (f"```python\nfrom diffusers import {pipeline}\n\npipe = {pipeline}."
                  f"from_pretrained({config.model_path!r})\npipe.load_lora_weights(\"this "
-                 f"directory\")\n```")
+                 f"directory\")\nimage = pipe(\"a prompt\", height={side}, width={side}"
+                 f"{guidance}).images[0]\n```\n\nTrained with rollouts of "
+                 f"{config.rollout_steps} steps; the pipeline's own step count gives sharper "
+                 "images at more cost.")
     elif config.model == "shapes":
         usage = "`python -m trainer sample --checkpoint THIS_DIRECTORY --prompts FILE --out DIR`"
     else:

@@ -700,6 +700,10 @@ def test_cli_trains_a_flux_lora_the_stock_pipeline_loads_and_resumes_it(cli_flux
         assert (directory / LORA_WEIGHTS).is_file()
         card = (directory / "README.md").read_text()
         assert "FluxPipeline" in card and str(flux_dev) in card
+        # sampled as trained: the run's guidance and size, not the pipeline's defaults
+        assert (f'image = pipe("a prompt", height={saved["resolution"] or 512}, '
+                f'width={saved["resolution"] or 512}, guidance_scale={saved["guidance_scale"]})'
+                in card), card
         assert f"{int(name.split('-')[1])} of 2 iterations" in card
     metrics = [json.loads(line) for line in
                (cli_flux_run / "metrics.jsonl").read_text().splitlines()]
