@@ -353,6 +353,13 @@ def table_row(row: dict[str, Any]) -> str:
             f"{'-' if mfu is None else f'{mfu:.1%}'} |")
 
 
+PEAK_AND_SCALING_NOTE = (
+    "peak_memory_gb is the largest case's peak (the SDE baseline's at its setting), "
+    "neighbor_peak_memory_gb Neighbor GRPO's own; scaling maps a GPU count to one-prompt "
+    "iterations per second (prompts per second: each GPU runs one prompt's group a step; "
+    "scaling_runs has the seconds), so its ratios are the data-parallel speed-up")
+
+
 def summary(report: dict[str, Any]) -> None:
     """The headline keys, from the cases that finished (None where one did not)."""
     rows = {r["case"]: r for r in report["cases"] if "error" not in r}
@@ -475,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
                  "iterations (CPU: the process's max RSS; peak_reserved_gb: "
                  "max_memory_reserved, the allocator's hold); update_mfu = update model FLOPs / "
                  "update seconds / matmul_peak_tflops (see flops_counted); speedup = "
-                 f"{HEADLINE_SDE} / {HEADLINE_NEIGHBOR} seconds per iteration",
+                 f"{HEADLINE_SDE} / {HEADLINE_NEIGHBOR} seconds per iteration; "
+                 + PEAK_AND_SCALING_NOTE,
         "cases": []}
     print(f"device: {card}; torch {report['torch']}, diffusers {report['diffusers']}, peft "
           f"{report['peft']}, Python {report['python']}; {args.resolution}px, G="
