@@ -70,7 +70,7 @@ class ImageCache:
         return image
 
 
-def fit_config_from(cfg: FitPreferenceConfig) -> FitConfig:
+def fit_config_for_job(cfg: FitPreferenceConfig) -> FitConfig:
     """The trainer's FitConfig of a fit_preference job: its fields, the device resolved on
     this worker and clip_path inside STORAGE_DIR or MODELS_DIR (as submission checked)."""
     fields = cfg.model_dump(include=set(FIT_FIELDS))
@@ -168,7 +168,7 @@ def run_fit_preference(job_id: int, worker_name: str) -> str:
     with session_scope() as s:
         cfg = FitPreferenceConfig.model_validate(jobs.get_job(s, job_id).config)
         jobs.update_progress(s, job_id, 0, 2)
-    fit_config = fit_config_from(cfg)
+    fit_config = fit_config_for_job(cfg)
     _model, row = fit_and_record(fit_config, job_id=job_id, min_votes=cfg.min_votes,
                                  score_samples=cfg.score_samples,
                                  warm_start=newest_model(fit_config))

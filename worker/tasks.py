@@ -189,7 +189,7 @@ def train(job_id: int) -> str:
 
 
 @celery_app.task(name=JOIN_TRAIN_TASK)
-def join_train(**rendezvous) -> str:
+def join_train(**rendezvous: Any) -> str:
     """This worker's host as one more node of a multi-host train job (worker/torchrun.py):
     sent by the worker holding the job; nothing is claimed here."""
     from worker.torchrun import Rendezvous, run_join

@@ -192,11 +192,11 @@ def worker_rejects(job) -> list[str]:
         drawable(parsed.model, prompts)
         rewards(reward_names("evaluate", parsed))
     elif job.kind == "fit_preference":
-        from worker.preference import fit_config_from
+        from worker.preference import fit_config_for_job
 
         # the device resolved (cuda needs torch.cuda), clip_path inside STORAGE/MODELS_DIR
         parsed = attempt("FitPreferenceConfig", _kind_config(job.kind).model_validate, cfg)
-        fit = attempt("fit_config_from", fit_config_from, parsed) if parsed else None
+        fit = attempt("fit_config_for_job", fit_config_for_job, parsed) if parsed else None
         if fit is not None and fit.features == "clip" and not fit.clip_path:
             problems.append("features 'clip' without clip_path")
         # (min_votes is checked when the job runs: votes may still arrive while it waits)

@@ -15,8 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-# the largest seed: int32, what the studio's INTEGER columns hold (as trainer.config.MAX_SEED)
-MAX_SEED = 2**31 - 1
+from trainer.config import MAX_SEED  # one bound for every seed (trainer.config imports no torch)
 
 FEATURES = ("shapes", "clip")
 
