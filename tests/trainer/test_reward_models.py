@@ -40,9 +40,11 @@ from trainer.rewards.models import (
 )
 
 MODEL_REWARDS = ["aesthetic", "clip_score", "hpsv2", "imagereward", "pickscore"]
-OPEN_CLIP_REASON = reward_models._open_clip_unavailable()
 # a plain environment variable, not a pytest option: the Makefile sets it for both test targets
 OPEN_CLIP_REQUIRED = os.environ.get("REQUIRE_OPEN_CLIP") == "1"
+# asked only where it may skip: the question imports open_clip (and torchvision, torch._dynamo:
+# 8 s), which every test process would pay while collecting, whether it runs these or not
+OPEN_CLIP_REASON = None if OPEN_CLIP_REQUIRED else reward_models._open_clip_unavailable()
 needs_open_clip = pytest.mark.skipif(OPEN_CLIP_REASON is not None and not OPEN_CLIP_REQUIRED,
                                      reason=f"open_clip unavailable: {OPEN_CLIP_REASON}")
 
