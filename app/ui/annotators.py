@@ -100,13 +100,8 @@ def account_choices(user_state: dict | None) -> list[tuple[str, int]]:
                 if not r["revoked"]]
 
 
-def create_account(user_state: dict | None, name: str, role: str) -> str:
-    """Create a user; the message shows their token once."""
-    return _create_account(user_state, name, role)[0]
-
-
 def _create_account(user_state: dict | None, name: str, role: str) -> tuple[str, bool]:
-    """The message and whether the user was created."""
+    """Create a user: the message (their token, shown once) and whether they were created."""
     try:
         caller(user_state, "admin")
         with session() as s:

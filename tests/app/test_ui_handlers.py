@@ -197,14 +197,15 @@ def test_annotators_page_creates_lists_and_revokes(settings, admin, annotator):
 
     from app.ui import annotators
 
-    assert "needs role admin" in annotators.create_account(_token(annotator), "eve", "annotator")
-    msg = annotators.create_account(_token(admin), "eve", "annotator")
+    assert "needs role admin" in annotators.create_from_form(_token(annotator), "eve", "annotator")[0]
+    msg, name_field = annotators.create_from_form(_token(admin), "eve", "annotator")
+    assert name_field == ""  # cleared once the user exists
     token = re.search(r'<code id="new-token">([^<]+)</code>', msg).group(1)
     eve = {"token": token}
     assert 'data-user="eve">active' in annotators.users_html(_token(admin))
     assert "eve" in annotators.stats_html(eve)
     eve_id = next(i for label, i in annotators.account_choices(_token(admin)) if "eve" in label)
-    assert "already exists" in annotators.create_account(_token(admin), "eve", "annotator")
+    assert "already exists" in annotators.create_from_form(_token(admin), "eve", "annotator")[0]
     assert "can no longer log in" in annotators.revoke_account(_token(admin), eve_id)
     assert 'data-user="eve">revoked' in annotators.users_html(_token(admin))
     assert "invalid or revoked" in annotators.stats_html(eve)
