@@ -118,8 +118,8 @@ def compute(session: Session, *, bootstrap: int = 200, seed: int = 0) -> dict[st
             "checkpoint_id": c, "name": names.get(c, str(c)), "rating": float(rating[i]),
             "ci_low": float(lo[i]), "ci_high": float(hi[i]), "num_votes": int(round(g)),
             "win_rate": float(wins[i].sum() / g) if g else None,
-            "scores": scored.get(c, ("", {}, {}))[1],
-            "score_sources": scored.get(c, ("", {}, {}))[2],
+            "scores": scored[c][1] if c in scored else {},
+            "score_sources": scored[c][2] if c in scored else {},
         })
     out.sort(key=lambda r: r["rating"], reverse=True)
     out += unrated  # newest first, after every rated one

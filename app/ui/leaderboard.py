@@ -57,9 +57,10 @@ def ratings_html(board: dict[str, Any]) -> str:
 
     # a reward column whose means come from different prompt sets (or seeds) says so: a
     # checkpoint scored on the eval split and one on 8 shapes prompts are not ranked by it
-    sources = {w: {r.get("score_sources", {}).get(w) for r in rows if w in r.get("scores", {})}
-               for w in rewards}
-    mixed = [w for w in rewards if len({s.split(", n=")[0] for s in sources[w] if s}) > 1]
+    # (n is prompts x seeds, so the whole description compares as the prompt set and seeds do)
+    mixed = [w for w in rewards
+             if len({r.get("score_sources", {}).get(w) for r in rows
+                     if w in r.get("scores", {})}) > 1]
 
     def score(r: dict[str, Any], reward: str) -> Raw:
         value = r.get("scores", {}).get(reward)
