@@ -6,6 +6,7 @@ Image files live under the storage directory; rows keep paths relative to it.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
@@ -110,11 +111,30 @@ class Prompt(Base):
                       {"sqlite_autoincrement": True})
 
 
+class JobStatus(StrEnum):
+    """Where a job is in its life: queued -> running -> succeeded, failed or cancelled. A
+    running job goes back to queued when its worker stops (warm shutdown) or is lost (the
+    reaper), and a failed or cancelled one when it is retried. Stored as its plain value."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+FINISHED_JOB_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+"""A job in one of these has stopped for good (unless retried)."""
+ACTIVE_JOB_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING)
+"""A job in one of these is waiting for a worker or on one."""
+
+
 class Job(Base):
     __tablename__ = "jobs"
     id: Mapped[int] = mapped_column(primary_key=True)
     kind: Mapped[str] = mapped_column(String(20))
-    status: Mapped[str] = mapped_column(String(20), default="queued", index=True)
+    status: Mapped[str] = mapped_column(String(20), default=JobStatus.QUEUED.value,
+                                        index=True)
     config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     dataset_id: Mapped[int | None] = mapped_column(
         ForeignKey("datasets.id", ondelete="SET NULL"), index=True

@@ -14,6 +14,7 @@ from pydantic_core import PydanticCustomError
 from app.errors import Invalid
 from app.job_kinds import KindName
 from app.limits import CLIENT_VOTE_ID_PATTERN, MAX_ID
+from app.models import JobStatus
 from trainer.rewards.outcomes import OUTCOMES
 
 T = TypeVar("T")
@@ -325,7 +326,7 @@ class MetricPoint(ORM):
 class JobOut(ORM):
     id: int
     kind: str
-    status: str
+    status: JobStatus
     config: dict[str, Any]
     dataset_id: int | None
     iteration: int

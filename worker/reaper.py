@@ -19,6 +19,7 @@ from datetime import timedelta
 
 from app.config import get_settings
 from app.db import session_scope
+from app.models import JobStatus
 from app.queue import broker_unreachable, enqueue
 from app.services import jobs
 from worker.outage import OutageLog
@@ -62,7 +63,7 @@ def reap_once() -> list[tuple[int, str, str]]:
     with _unsent_lock:
         for job_id, kind, status in acted:
             log.warning("reaper: job %s (%s) had a stale heartbeat -> %s", job_id, kind, status)
-            if status == "queued":
+            if status == JobStatus.QUEUED:
                 _unsent[job_id] = kind
         for job_id, kind in list(_unsent.items()):
             enqueue(job_id, kind)

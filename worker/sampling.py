@@ -31,6 +31,7 @@ from app.db import session_scope
 from app.errors import NotFound
 from app.job_kinds import EvaluateConfig, RolloutConfig, SamplingConfig, default_reward_names
 from app.json_values import json_safe
+from app.models import JobStatus
 from app.services import checkpoints, datasets, jobs, rollouts, storage
 from trainer.evaluation import sample_images
 from trainer.grpo import blended_group_rewards, group_advantages, group_noises
@@ -207,7 +208,7 @@ def run_rollout(job_id: int, worker_name: str) -> str:
             _progress(job_id, worker_name, done, len(prompts),
                       {"groups": done, "reward_mean": float(np.mean(sum(raw.values()) / len(raw)))})
     except Cancelled:
-        return "cancelled"
+        return JobStatus.CANCELLED
     with session_scope() as s:
         return jobs.mark_succeeded(s, job_id).status
 
@@ -270,6 +271,6 @@ def run_evaluate(job_id: int, worker_name: str) -> str:
             _progress(job_id, worker_name, index, len(ckpts),
                       json_safe({"checkpoint_id": ckpt_id, **row}))
     except Cancelled:
-        return "cancelled"
+        return JobStatus.CANCELLED
     with session_scope() as s:
         return jobs.mark_succeeded(s, job_id, metrics=json_safe(summary)).status

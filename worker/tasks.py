@@ -33,6 +33,7 @@ from celery import signals
 from app.config import get_settings
 from app.db import session_scope
 from app.job_kinds import KINDS
+from app.models import JobStatus
 from app.queue import enqueue
 from app.services import jobs, workers
 from worker import preflight  # noqa: F401 - imported for its start check (a Celery signal)
@@ -140,7 +141,7 @@ def record_failure(lease: JobLease, message: str) -> str:
             raise
         log.warning("job %s failed and could not be marked so: %s; a reaper requeues it",
                     lease.job_id, reason)
-    return "failed"
+    return JobStatus.FAILED
 
 
 def _claim(lease: JobLease) -> str | None:
@@ -154,7 +155,7 @@ def _claim(lease: JobLease) -> str | None:
         return "deferred"
     with session_scope() as s:
         job = jobs.get_job(s, job_id)
-        config, kind, queued = dict(job.config or {}), job.kind, job.status == "queued"
+        config, kind, queued = dict(job.config or {}), job.kind, job.status == JobStatus.QUEUED
         problem = missing_device(config)
         if problem and queued and workers.able(s, kind, config):
             # a worker that can run it serves the same queue: leave the job untouched for it

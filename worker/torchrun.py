@@ -43,6 +43,7 @@ from pathlib import Path
 
 from app.config import get_settings
 from app.db import session_scope
+from app.models import JobStatus
 from app.services import jobs
 from trainer.config import TrainConfig
 from worker.lease import JobError
@@ -268,7 +269,7 @@ def run_torchrun(job_id: int, worker_name: str, config: TrainConfig, nproc: int,
                            cancel_while_waiting=rdzv is not None)
     with session_scope() as s:
         job = jobs.get_job(s, job_id)
-        if job.status != "running" or job.worker != worker_name:
+        if job.status != JobStatus.RUNNING or job.worker != worker_name:
             return job.status  # finished, cancelled, or requeued by rank 0 on shutdown
         if job.cancel_requested and NODE_LINE.search(text) is None:
             # stopped while the rendezvous waited: no rank ran, so none recorded the cancel

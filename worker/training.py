@@ -27,7 +27,7 @@ from app.config import get_settings
 from app.db import session_scope
 from app.errors import NotFound
 from app.json_values import json_safe
-from app.models import Job
+from app.models import Job, JobStatus
 from app.services import checkpoints, datasets, jobs, rollouts, storage
 from app.services import preference as pref_svc
 from trainer.config import ConfigError, TrainConfig
@@ -343,10 +343,10 @@ def run_training(job_id: int, worker_name: str, shutdown: threading.Event | None
             raise JobError(f"{exc} (at iteration {trainer.iteration + 1}; resume the job "
                            "to go on from its last checkpoint)") from None
     if recorder.cancelled:
-        return "cancelled"
+        return JobStatus.CANCELLED
     if recorder.requeued:
         send_requeued(job_id, "train", worker_name)
-        return "queued"
+        return JobStatus.QUEUED
     with session_scope() as s:
         if not jobs.holds(s, job_id, worker_name):
             raise LeaseLost(f"job {job_id} is no longer held by {worker_name}")

@@ -1,13 +1,13 @@
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
 from app import db
 from app.api.deps import MAX_ID, AdminDep, EnqueuerDep, PathId, SessionDep, UserDep
 from app.job_kinds import KINDS, KindName
-from app.models import Job
+from app.models import Job, JobStatus
 from app.schemas import JobDetail, JobIn, JobOut, MetricPoint, Page
 from app.services import jobs as svc
 from app.services import workers
@@ -21,7 +21,7 @@ def job_out(job: Job, cls: type[JobOut] = JobOut, waiting: dict[int, str] | None
     out.waiting_for = (waiting or {}).get(job.id)
     if job.total_iterations:
         out.progress = min(1.0, job.iteration / job.total_iterations)
-    elif job.status == "succeeded":
+    elif job.status == JobStatus.SUCCEEDED:
         out.progress = 1.0
     for k, v in extra.items():
         setattr(out, k, v)
@@ -78,7 +78,7 @@ def create_job(body: JobIn, session: SessionDep, user: UserDep,
 
 @router.get("", response_model=Page[JobOut])
 def list_jobs(session: SessionDep, _user: UserDep,
-              status: Literal["queued", "running", "succeeded", "failed", "cancelled"] | None = None,
+              status: JobStatus | None = None,
               kind: KindName | None = None,
               limit: Annotated[int, Query(ge=1, le=500)] = 50,
               offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> Page[JobOut]:

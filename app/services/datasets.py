@@ -30,12 +30,11 @@ from sqlalchemy.orm import Session
 from app.errors import BadRequest, Conflict, Invalid, NotFound, PayloadTooLarge
 from app.json_values import json_safe
 from app.limits import FILENAME_LENGTH, NAME_LENGTH
-from app.models import Dataset, Job, Prompt
+from app.models import ACTIVE_JOB_STATUSES, Dataset, Job, Prompt
 from app.schemas import refuse_hidden, refuse_nul
 from trainer.config import prompt_text_problem
 
 FORMATS = ("txt", "csv", "jsonl", "json", "parquet")
-ACTIVE_JOB_STATUSES = ("queued", "running")
 # bad records reported in full; the rest are counted (an answer of 100,000 problems helps
 # nobody, and costs memory to build)
 MAX_REPORTED = 20

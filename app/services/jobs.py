@@ -45,7 +45,17 @@ from app.config import get_settings
 from app.errors import Conflict, Invalid, NotFound, Unavailable
 from app.job_kinds import KIND_NAMES, KINDS
 from app.limits import MAX_CONFIG_PROMPTS, MAX_ID, NAME_LENGTH
-from app.models import ROLES, Checkpoint, Dataset, Job, JobMetric, User, utcnow
+from app.models import (
+    FINISHED_JOB_STATUSES,
+    ROLES,
+    Checkpoint,
+    Dataset,
+    Job,
+    JobMetric,
+    JobStatus,
+    User,
+    utcnow,
+)
 from app.queue import broker_unreachable
 from app.schemas import validation_message
 from app.services import auth, checkpoints, storage, workers
@@ -54,8 +64,6 @@ from trainer.config import prompt_text_problem
 from trainer.shapes.world import shapes_prompt_problem
 
 log = logging.getLogger(__name__)
-
-TERMINAL = ("succeeded", "failed", "cancelled")
 
 # (job id, kind) -> sends the job to a worker; called after the commit
 Enqueuer = Callable[[int, str], None]
@@ -588,7 +596,7 @@ def create_job(session: Session, kind: str, config: dict[str, Any] | None = None
     ds = full.get("dataset_id") if kind != "train" else None
     ds = ds if ds is not None else dataset_id  # validate_config found it
     total = full.get("iterations") if kind == "train" else None
-    job = Job(kind=kind, status="queued", config=full, dataset_id=ds, submitted_dataset_id=ds,
+    job = Job(kind=kind, status=JobStatus.QUEUED, config=full, dataset_id=ds, submitted_dataset_id=ds,
               created_by_id=user.id if user else None, total_iterations=total)
     session.add(job)
     session.flush()
@@ -718,12 +726,12 @@ def metric_history(session: Session, job_id: int) -> list[JobMetric]:
 def request_cancel(session: Session, job_id: int) -> Job:
     """Ask a job to stop. Queued: cancelled now. Running: flag for the worker. Else Conflict."""
     job = get_job(session, job_id)
-    if job.status in TERMINAL:
+    if job.status in FINISHED_JOB_STATUSES:
         raise Conflict(f"job {job_id} has already finished ({job.status}): nothing to cancel",
                        field="job_id")
     job.cancel_requested = True
-    if job.status == "queued":
-        job.status = "cancelled"
+    if job.status == JobStatus.QUEUED:
+        job.status = JobStatus.CANCELLED
         job.finished_at = utcnow()
     session.flush()
     return job
@@ -758,11 +766,12 @@ def resume_job(session: Session, job_id: int) -> Job:
     checked again as at submission: what it names (a dataset, a checkpoint, a file) may have
     gone since, and the worker would fail on it (Conflict naming every problem)."""
     job = get_job(session, job_id)
-    if job.status not in ("failed", "cancelled"):
+    if job.status not in (JobStatus.FAILED, JobStatus.CANCELLED):
         raise Conflict(f"job {job_id} cannot resume: its status is {job.status} (only failed, "
                        "cancelled or queued jobs resume)", field="job_id")
     check_still_valid(session, job)
-    job.status, job.cancel_requested, job.error, job.finished_at = "queued", False, None, None
+    job.status, job.cancel_requested, job.error, job.finished_at = (JobStatus.QUEUED, False,
+                                                                     None, None)
     # a person's resume starts a new budget of JOB_MAX_ATTEMPTS runs lost to dead workers
     job.attempts = 0
     session.flush()
@@ -777,7 +786,7 @@ def relaunch_job(session: Session, enqueuer: Enqueuer | None, job_id: int) -> Jo
     a job atomically and skips one that another holds or that has finished). When the broker
     cannot be reached the job is left as it was and the caller gets a 503."""
     job = get_job(session, job_id)
-    if job.status == "queued" and not job.cancel_requested:
+    if job.status == JobStatus.QUEUED and not job.cancel_requested:
         _send(enqueuer, job)
         return job
     before = {name: getattr(job, name) for name in
@@ -799,10 +808,10 @@ def mark_running(session: Session, job_id: int, worker_name: str) -> Job:
     """queued (or running, after a crash/requeue) -> running. Conflict if the job is finished
     or was cancelled: the worker should then do nothing."""
     job = get_job(session, job_id)
-    if job.status in TERMINAL:
+    if job.status in FINISHED_JOB_STATUSES:
         raise Conflict(f"job {job_id} is {job.status}; not starting it")
     now = utcnow()
-    job.status, job.worker, job.heartbeat_at = "running", worker_name[:NAME_LENGTH], now
+    job.status, job.worker, job.heartbeat_at = JobStatus.RUNNING, worker_name[:NAME_LENGTH], now
     job.started_at = job.started_at or now
     job.attempts += 1
     job.error = None
@@ -857,7 +866,7 @@ def _finish(session: Session, job_id: int, status: str, error: str | None = None
 
 
 def mark_succeeded(session: Session, job_id: int, metrics: dict[str, Any] | None = None) -> Job:
-    job = _finish(session, job_id, "succeeded")
+    job = _finish(session, job_id, JobStatus.SUCCEEDED)
     job.error = None
     if metrics is not None:
         job.metrics = dict(metrics)
@@ -865,11 +874,11 @@ def mark_succeeded(session: Session, job_id: int, metrics: dict[str, Any] | None
 
 
 def mark_failed(session: Session, job_id: int, error: str) -> Job:
-    return _finish(session, job_id, "failed", error=error or "failed")
+    return _finish(session, job_id, JobStatus.FAILED, error=error or "failed")
 
 
 def mark_cancelled(session: Session, job_id: int) -> Job:
-    return _finish(session, job_id, "cancelled")
+    return _finish(session, job_id, JobStatus.CANCELLED)
 
 
 def requeue(session: Session, job_id: int, reason: str | None = None) -> Job:
@@ -877,7 +886,7 @@ def requeue(session: Session, job_id: int, reason: str | None = None) -> Job:
     saved, the job handed back). That run did not lose its worker, so it gives back the
     attempt its claim counted: JOB_MAX_ATTEMPTS budgets runs lost to dead workers only."""
     job = get_job(session, job_id)
-    job.status, job.worker = "queued", None
+    job.status, job.worker = JobStatus.QUEUED, None
     job.attempts = max(job.attempts - 1, 0)
     if reason:
         job.error = reason
@@ -893,8 +902,8 @@ def leave_for_reaper(session: Session, job_id: int, worker_name: str) -> bool:
     back). A compare-and-set: False, and nothing changed, when the job is no longer queued
     (cancelled meanwhile, or a message did arrive and a worker took it)."""
     result = session.execute(
-        update(Job).where(Job.id == job_id, Job.status == "queued")
-        .values(status="running", worker=worker_name[:NAME_LENGTH], heartbeat_at=None)
+        update(Job).where(Job.id == job_id, Job.status == JobStatus.QUEUED)
+        .values(status=JobStatus.RUNNING, worker=worker_name[:NAME_LENGTH], heartbeat_at=None)
         .execution_options(synchronize_session=False))
     session.flush()
     return result.rowcount == 1
@@ -904,7 +913,7 @@ def stale_jobs(session: Session, older_than: timedelta) -> list[Job]:
     """Running jobs whose heartbeat is older than `older_than` (or missing)."""
     cutoff = datetime.now(UTC) - older_than
     return list(session.scalars(
-        select(Job).where(Job.status == "running")
+        select(Job).where(Job.status == JobStatus.RUNNING)
         .where((Job.heartbeat_at.is_(None)) | (Job.heartbeat_at < cutoff))
     ))
 
@@ -917,12 +926,12 @@ def claim(session: Session, job_id: int, worker_name: str, stale_after: timedelt
     result = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.cancel_requested.is_(False))
-        .where((Job.status == "queued") | (
-            (Job.status == "running")
+        .where((Job.status == JobStatus.QUEUED) | (
+            (Job.status == JobStatus.RUNNING)
             & (Job.heartbeat_at.is_(None) | (Job.heartbeat_at < now - stale_after))))
         # the reason it was requeued (a lost or stopped worker) was the queued job's; a
         # running job shows no error
-        .values(status="running", worker=worker_name[:NAME_LENGTH], heartbeat_at=now,
+        .values(status=JobStatus.RUNNING, worker=worker_name[:NAME_LENGTH], heartbeat_at=now,
                 started_at=func.coalesce(Job.started_at, now), attempts=Job.attempts + 1,
                 error=None)
         .execution_options(synchronize_session=False)
@@ -935,7 +944,7 @@ def claim(session: Session, job_id: int, worker_name: str, stale_after: timedelt
 def holds(session: Session, job_id: int, worker_name: str) -> bool:
     """Whether `worker_name` still runs this job (a reaper may have handed it to another)."""
     row = session.execute(select(Job.status, Job.worker).where(Job.id == job_id)).one_or_none()
-    return row is not None and row[0] == "running" and row[1] == worker_name[:NAME_LENGTH]
+    return row is not None and row[0] == JobStatus.RUNNING and row[1] == worker_name[:NAME_LENGTH]
 
 
 def truncate_history(session: Session, job_id: int, iteration: int) -> None:
@@ -963,15 +972,15 @@ def reap_stale(session: Session, older_than: timedelta, max_attempts: int
         age = f"{seconds:.0f}s" if seconds is not None else "ever"
         lost = f"worker {job.worker or '?'} stopped heartbeating (none for {age})"
         if job.cancel_requested:
-            values: dict[str, Any] = {"status": "cancelled", "finished_at": now}
+            values: dict[str, Any] = {"status": JobStatus.CANCELLED, "finished_at": now}
         elif job.attempts >= max_attempts:
-            values = {"status": "failed", "finished_at": now,
+            values = {"status": JobStatus.FAILED, "finished_at": now,
                       "error": f"{lost}; gave up after {job.attempts} attempt(s)"}
         else:
-            values = {"status": "queued", "worker": None,
+            values = {"status": JobStatus.QUEUED, "worker": None,
                       "error": f"{lost}; requeued to resume from the newest checkpoint "
                                f"(attempt {job.attempts + 1} of {max_attempts})"}
-        stmt = update(Job).where(Job.id == job.id, Job.status == "running")
+        stmt = update(Job).where(Job.id == job.id, Job.status == JobStatus.RUNNING)
         stmt = stmt.where(Job.heartbeat_at.is_(None) if job.heartbeat_at is None
                           else Job.heartbeat_at == job.heartbeat_at)
         result = session.execute(stmt.values(**values).execution_options(

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from app.config import get_settings
 from app.job_kinds import KINDS
 from app.limits import NAME_LENGTH
-from app.models import Job, WorkerRow, utcnow
+from app.models import Job, JobStatus, WorkerRow, utcnow
 
 
 def live_seconds() -> float:
@@ -91,10 +91,10 @@ def waiting_for(session: Session, jobs: list[Job]) -> dict[int, str]:
     workers than their hosts could start, and running jobs whose worker stopped heartbeating
     (it died; a live worker's reaper requeues the job): job id -> what it waits for."""
     stale_after = get_settings().job_stale_seconds
-    lost = {j.id: age for j in jobs if j.status == "running"
+    lost = {j.id: age for j in jobs if j.status == JobStatus.RUNNING
             and (age := heartbeat_age(j)) is not None and age > stale_after}
-    waiting = [j for j in jobs if j.status == "queued" or j.id in lost or (
-        j.status == "running" and hosts_wanted(j) > 1 and j.iteration == 0)]
+    waiting = [j for j in jobs if j.status == JobStatus.QUEUED or j.id in lost or (
+        j.status == JobStatus.RUNNING and hosts_wanted(j) > 1 and j.iteration == 0)]
     if not waiting:
         return {}
     workers = live(session)
@@ -110,7 +110,7 @@ def waiting_for(session: Session, jobs: list[Job]) -> dict[int, str]:
         cuda = wants_cuda(job.config or {})
         can = able(session, job.kind, job.config or {}, workers)
         need = " with a CUDA device" if cuda else ""
-        if not can and job.status == "queued":
+        if not can and job.status == JobStatus.QUEUED:
             out[job.id] = (f"waiting for a worker{need} on queue {queue!r}: none has reported "
                            f"in the last {live_seconds():.0f} s")
         elif len(can) < (hosts := hosts_wanted(job)):

@@ -15,6 +15,7 @@ import gradio as gr
 
 from app.errors import BadRequest
 from app.job_kinds import KINDS
+from app.models import JobStatus
 from app.services import checkpoints, rollouts, workers
 from app.services import jobs as svc
 from app.services.jobs import Enqueuer
@@ -251,7 +252,7 @@ def jobs_table(rows: list[Any]) -> str:
     out = []
     for j in rows:
         frac = (min(1.0, j.iteration / j.total_iterations) if j.total_iterations
-                else (1.0 if j.status == "succeeded" else 0.0))
+                else (1.0 if j.status == JobStatus.SUCCEEDED else 0.0))
         label = f"{j.iteration}/{j.total_iterations or '?'}"
         out.append([j.id, j.kind, Raw(f'<span class="ngs-status ngs-status-{esc(j.status)}">'
                                       f"{esc(j.status)}</span>"),
@@ -292,11 +293,11 @@ def plots_html(history: list[Any]) -> str:
 
 def job_header(job: Any, waiting: str | None = None) -> str:
     frac = (min(1.0, job.iteration / job.total_iterations) if job.total_iterations
-            else (1.0 if job.status == "succeeded" else 0.0))
+            else (1.0 if job.status == JobStatus.SUCCEEDED else 0.0))
     return (f'<div id="job-detail" data-job="{job.id}" data-status="{esc(job.status)}" '
             f'data-iteration="{job.iteration}"><b>Job {job.id}</b> ({esc(job.kind)}) &middot; '
             f"status <b>{esc(job.status)}</b>"
-            f'{" (cancel requested)" if job.cancel_requested and job.status == "running" else ""}'
+            f'{" (cancel requested)" if job.cancel_requested and job.status == JobStatus.RUNNING else ""}'
             f" &middot; worker {esc(job.worker or '–')} &middot; attempts {job.attempts}"
             f"{progress_bar(frac, f'{job.iteration}/{job.total_iterations or chr(63)}', 'job-detail-progress')}"
             f'{notice(job.error, "error") if job.error else ""}'
@@ -362,7 +363,7 @@ def act(enqueuer: Enqueuer | None, action: str, user_state: dict | None,
                 s.commit()
                 return notice(f"Cancel requested for job {job.id} ({job.status}).", "ok")
             if action == "resume":
-                was_queued = svc.get_job(s, int(job_id)).status == "queued"
+                was_queued = svc.get_job(s, int(job_id)).status == JobStatus.QUEUED
                 job = svc.relaunch_job(s, enqueuer, int(job_id))
                 if was_queued:
                     return notice(f"Job {job.id} was still queued: its message was sent to "

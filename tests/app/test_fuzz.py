@@ -208,9 +208,10 @@ def may_run_again(session, job) -> bool:
     app would resume it (what it names, a dataset say, may have been deleted since; then
     resume answers 409 and the worker never sees it)."""
     from app.errors import Conflict
+    from app.models import FINISHED_JOB_STATUSES
     from app.services import jobs
 
-    if job.status not in jobs.TERMINAL:
+    if job.status not in FINISHED_JOB_STATUSES:
         return True
     try:
         jobs.check_still_valid(session, job)

@@ -371,3 +371,29 @@ def test_a_checkpoint_downloads_whole_as_a_zip_without_its_resume_state(
                       params={"format": "zip"}).status_code == 401
     assert client.get(f"/api/checkpoints/{ckpt_id}/download", params={"format": "tar"},
                       headers=admin).status_code == 422
+
+
+def test_job_statuses_are_one_enum_stored_and_listed_as_plain_values(client, admin, session):
+    """The five statuses are declared once (app.models.JobStatus): the API documents exactly
+    them, a bad filter is a 422 naming them, and the database holds the plain value."""
+    from sqlalchemy import text
+
+    from app.db import session_scope
+    from app.models import JobStatus
+
+    values = [s.value for s in JobStatus]
+    assert values == ["queued", "running", "succeeded", "failed", "cancelled"]
+    schema = client.get("/openapi.json").json()
+    status_schema = schema["components"]["schemas"]["JobStatus"]
+    assert status_schema["enum"] == values
+    r = client.get("/api/jobs", params={"status": "done"}, headers=admin)
+    assert r.status_code == 422 and all(v in r.text for v in values)
+
+    job_id = client.post("/api/jobs", json={"kind": "train", "preset": "tiny"},
+                         headers=admin).json()["id"]
+    client.post(f"/api/jobs/{job_id}/cancel", headers=admin)
+    with session_scope() as s:
+        stored = s.execute(text("SELECT status FROM jobs WHERE id = :i"), {"i": job_id}).scalar()
+    assert type(stored) is str and stored == "cancelled"
+    listed = client.get("/api/jobs", params={"status": "cancelled"}, headers=admin).json()
+    assert [j["id"] for j in listed["items"]] == [job_id]
