@@ -89,9 +89,10 @@ def fit_and_record(fit_config: FitConfig, *, job_id: int | None = None, min_vote
     Returns the model and its row as a dict."""
     images = images or ImageCache()
     with session_scope() as s:
-        rows = pref_svc.fit_votes(s)
+        # skip and both_bad votes carry no label: a fit neither reads nor counts them
+        rows = [r for r in pref_svc.fit_votes(s) if r["outcome"] in LABELLED_OUTCOMES]
         version = pref_svc.next_version(s)
-    clean = sum(r["outcome"] in LABELLED_OUTCOMES for r in rows)
+    clean = len(rows)
     if needed := pref_svc.votes_short_of_a_fit(clean, min_votes):
         # said in full (JobError: no traceback on the job); submission refuses this too, so
         # it happens only when votes were excluded after the job was accepted

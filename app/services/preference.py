@@ -128,9 +128,12 @@ def votes_short_of_a_fit(clean: int, min_votes: int = 0) -> int | None:
 
 
 def votes_since(session: Session, vote_id: int) -> int:
-    """Clean (not excluded) votes newer than `vote_id`: what an online refit would add."""
-    return session.scalar(select(func.count()).select_from(Vote)
-                          .where(Vote.id > vote_id, Vote.excluded.is_(False))) or 0
+    """Clean (not excluded) labelled votes newer than `vote_id`: what an online refit would
+    add (a skip or both_bad vote gives a fit nothing to learn)."""
+    from trainer.rewards.outcomes import LABELLED_OUTCOMES
+
+    return session.scalar(select(func.count()).select_from(Vote).where(
+        Vote.id > vote_id, Vote.excluded.is_(False), Vote.outcome.in_(LABELLED_OUTCOMES))) or 0
 
 
 def iter_samples(session: Session, batch: int = 2000) -> Iterator[list[tuple[int, str, str]]]:

@@ -44,3 +44,55 @@ def test_a_fit_starts_from_the_newest_model_when_it_can(settings):
     assert newest_model(config) is None
     (storage.storage_root() / pref_svc.model_path(2)).unlink()
     assert newest_model(config) is None
+
+
+def test_skip_and_both_bad_votes_neither_start_a_refit_nor_count_as_fitted(settings):
+    """An online refit starts only when labelled votes (a, b or tie) arrived since the model in
+    use; a fit records as votes_used the labelled votes it drew on, not the skipped pairs."""
+    import io
+    from itertools import combinations
+
+    from PIL import Image
+    from sqlalchemy import select
+
+    from app.models import Sample, User
+    from app.services import auth, votes
+    from app.services.rollouts import record_rollout_group
+    from worker.preference import fit_and_record
+
+    rng = np.random.default_rng(0)
+
+    def png() -> bytes:
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(buf, "PNG")
+        return buf.getvalue()
+
+    with session_scope() as s:
+        group = record_rollout_group(
+            s, job_id=None, iteration=0, prompt_text="one red circle", checkpoint_id=None,
+            solver="dpm++", steps=8, sigma=0.3, seed=0, purpose=None,
+            samples=[{"png": png(), "member_index": i, "rewards": {}, "advantage": 0.0,
+                      "is_anchor": i == 0} for i in range(6)])
+        voter, _ = auth.create_user(s, "voter", "annotator")
+        ids = list(s.scalars(select(Sample.id).where(Sample.group_id == group)
+                             .order_by(Sample.id)))
+    pairs = list(combinations(ids, 2))  # 15 pairs
+    outcomes = ["a", "b", "tie", "skip", "both_bad"] * 2 + ["a", "b"]  # 8 labelled of 12
+
+    def vote(n: int, outcome: str) -> None:
+        with session_scope() as s:
+            votes.record_vote(s, s.get(User, voter.id), client_vote_id=f"v{n}",
+                              sample_a_id=pairs[n][0], sample_b_id=pairs[n][1], outcome=outcome)
+
+    for n, outcome in enumerate(outcomes):
+        vote(n, outcome)
+    _model, row = fit_and_record(FitConfig(width=8, epochs=1, ensemble=1), score_samples=False)
+    assert row["votes_used"] == 8
+    last = row["last_vote_id"]
+    vote(12, "skip")
+    vote(13, "both_bad")
+    with session_scope() as s:
+        assert pref_svc.votes_since(s, last) == 0  # nothing a refit could learn from
+    vote(14, "tie")
+    with session_scope() as s:
+        assert pref_svc.votes_since(s, last) == 1
