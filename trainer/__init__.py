@@ -18,9 +18,12 @@ The public API (`__all__`), by what it is for:
   algorithm, trainer/neighbor_grpo.py) and `sde_grpo_iteration` (the SDE baseline), each
   returning an `IterationResult` (images, rewards, advantages, anchors, metrics).
 - Models: `FlowModel`, the interface a model adapter implements (velocity, prompt encoder,
-  decoder), and `ShapesDiT` / `ShapesDiTConfig`, the built-in tiny DiT of the shapes world.
+  decoder), `register_model(name, loader)` (what `TrainConfig.model` may name), and
+  `ShapesDiT` / `ShapesDiTConfig`, the built-in tiny DiT of the shapes world.
 - Rewards: `register_reward(name, fn)` (fn: (images, prompts) -> scores), `get_reward`,
-  `reward_names`, `compute_rewards`; `PreferenceModel`, a reward fitted to human votes.
+  `reward_names`, `compute_rewards`; `PreferenceModel`, a reward fitted to human votes by
+  `fit_preference_model(pairs, FitConfig(...))` from `PreferencePair`s (two images, the
+  prompt, an `Outcome`: a, b, tie, or skip and both_bad, which carry no label).
 - Evaluation: `sample_images` (deterministic ODE sampling), `evaluate` (the fixed 48 x 20
   set, or any prompts scored with any `rewards`), `all_prompts` (the shapes world's 48
   prompts).
@@ -45,6 +48,7 @@ _EXPORTS: dict[str, str] = {
     "neighbor_grpo_iteration": "trainer.neighbor_grpo",
     "sde_grpo_iteration": "trainer.sde_grpo",
     "FlowModel": "trainer.models.base",
+    "register_model": "trainer.models",
     "ShapesDiT": "trainer.models.shapes_dit",
     "ShapesDiTConfig": "trainer.models.shapes_dit",
     "register_reward": "trainer.rewards",
@@ -52,6 +56,10 @@ _EXPORTS: dict[str, str] = {
     "reward_names": "trainer.rewards",
     "compute_rewards": "trainer.rewards",
     "PreferenceModel": "trainer.rewards.preference",
+    "PreferencePair": "trainer.rewards.preference",
+    "FitConfig": "trainer.rewards.preference",
+    "fit_preference_model": "trainer.rewards.preference",
+    "Outcome": "trainer.rewards.outcomes",
     "sample_images": "trainer.evaluation",
     "evaluate": "trainer.evaluation",
     "all_prompts": "trainer.shapes.world",
@@ -61,8 +69,9 @@ __all__ = [
     "TrainConfig", "PRESETS", "ConfigError", "load_config",
     "Trainer", "latest_checkpoint", "load_model",
     "IterationResult", "neighbor_grpo_iteration", "sde_grpo_iteration",
-    "FlowModel", "ShapesDiT", "ShapesDiTConfig",
-    "register_reward", "get_reward", "reward_names", "compute_rewards", "PreferenceModel",
+    "FlowModel", "register_model", "ShapesDiT", "ShapesDiTConfig",
+    "register_reward", "get_reward", "reward_names", "compute_rewards",
+    "PreferenceModel", "PreferencePair", "FitConfig", "fit_preference_model", "Outcome",
     "sample_images", "evaluate", "all_prompts",
 ]  # the keys of _EXPORTS, spelled out for linters and type checkers
 
@@ -71,11 +80,18 @@ if TYPE_CHECKING:
     from trainer.evaluation import evaluate, sample_images
     from trainer.grpo import IterationResult
     from trainer.loop import Trainer, latest_checkpoint, load_model
+    from trainer.models import register_model
     from trainer.models.base import FlowModel
     from trainer.models.shapes_dit import ShapesDiT, ShapesDiTConfig
     from trainer.neighbor_grpo import neighbor_grpo_iteration
     from trainer.rewards import compute_rewards, get_reward, register_reward, reward_names
-    from trainer.rewards.preference import PreferenceModel
+    from trainer.rewards.outcomes import Outcome
+    from trainer.rewards.preference import (
+        FitConfig,
+        PreferenceModel,
+        PreferencePair,
+        fit_preference_model,
+    )
     from trainer.sde_grpo import sde_grpo_iteration
     from trainer.shapes.world import all_prompts
 

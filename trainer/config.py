@@ -146,7 +146,8 @@ def _field(default: Any, help: str, *, min: float | None = None, max: float | No
     return field(default=default, metadata=meta, **kwargs)
 
 
-# the largest seed: int32, what the studio's INTEGER columns hold
+# the largest seed: int32, so that a seed survives any store or tool that holds it as a
+# 32-bit integer (a run's config goes to JSON, databases and trackers)
 MAX_SEED = 2**31 - 1
 
 # the fields only a LoRA run reads (finetune='lora')
@@ -597,8 +598,8 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
         return self
 
     # A config is checked once on its way to training: by from_dict (the CLI, a library
-    # caller) or by the studio's submission, whose stored form the worker rebuilds with
-    # from_stored. The mark is a fingerprint of every field rather than a flag, so that a
+    # caller) or by a job server's submission, whose stored form the job's runner rebuilds
+    # with from_stored. The mark is a fingerprint of every field rather than a flag, so that a
     # field changed afterwards, in place too (a list or dict), is checked again by the Trainer.
     def _fingerprint(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, default=str)
@@ -668,9 +669,9 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
 
     @classmethod
     def from_stored(cls, data: dict[str, Any]) -> TrainConfig:
-        """The typed form the studio's submission validated and stored (a job's config, every
-        field given), as the worker reads it: rebuilt, not checked again. A field this version
-        does not know is still an error (a job stored by another version)."""
+        """The typed form a job server's submission validated and stored (a job's config,
+        every field given), as the job's runner reads it: rebuilt, not checked again. A field
+        this version does not know is still an error (a job stored by another version)."""
         unknown = cls._unknown_fields(data)
         if unknown:
             raise ConfigErrors(unknown)

@@ -221,15 +221,11 @@ def evaluate(job_id: int) -> str:
     return run_job(job_id, run_evaluate, kind="evaluate")
 
 
-def _fit_preference(job_id: int, worker_name: str) -> str:
-    from worker.preference import run_fit_preference
-
-    return run_fit_preference(job_id, worker_name)
-
-
 @celery_app.task(name=KINDS["fit_preference"].task)
 def fit_preference(job_id: int) -> str:
-    return run_job(job_id, _fit_preference, kind="fit_preference")
+    from worker.preference import run_fit_preference
+
+    return run_job(job_id, run_fit_preference, kind="fit_preference")
 
 
 @celery_app.task(name="worker.tasks.reap")

@@ -684,16 +684,19 @@ def send_to_arena(session: Session, enqueuer: Enqueuer | None, source_job_id: in
                           "dataset that holds them was deleted: restart the server (it loads "
                           "them again) or launch a rollout job on another dataset",
                           field="dataset_id")
+    from trainer.config import TrainConfig
+
+    run = TrainConfig.from_stored(cfg)  # a train job's stored config holds every field
     config = {
         "dataset_id": ds_id, "checkpoint_id": ckpt.id if ckpt else None,
         "max_prompts": ARENA_ROLLOUT_PROMPTS,
-        "group_size": max(2, min(int(cfg.get("group_size", 8)), ARENA_ROLLOUT_MAX_GROUP)),
-        "sigma": float(cfg.get("sigma", 0.3)),
-        "batch_size": int(cfg.get("rollout_batch_size", 0)),
+        "group_size": max(2, min(run.group_size, ARENA_ROLLOUT_MAX_GROUP)),
+        "sigma": run.sigma,
+        "batch_size": run.rollout_batch_size,
     }
-    if ckpt is None and cfg.get("model", "shapes") != "shapes":  # a checkpoint knows its own
-        config.update({k: cfg[k] for k in ("model", "model_path", "resolution",
-                                           "guidance_scale") if k in cfg})
+    if ckpt is None and run.model != "shapes":  # a checkpoint knows its own
+        config.update({"model": run.model, "model_path": run.model_path,
+                       "resolution": run.resolution, "guidance_scale": run.guidance_scale})
     job = launch_job(session, enqueuer, "rollout", config, user=user)
     return job, ckpt
 

@@ -285,3 +285,21 @@ def test_a_directory_setting_that_names_a_file_says_so(tmp_path, monkeypatch):
            "the working directory)" in weights_problem("hpsv2", {})
     monkeypatch.setenv("REWARD_MODELS_DIR", str(tmp_path))
     assert f"'{tmp_path / 'hpsv2'}' (from REWARD_MODELS_DIR)" in weights_problem("hpsv2", {})
+
+
+def test_a_preference_reward_fits_from_the_public_api_alone():
+    """Votes -> PreferencePair -> fit_preference_model -> a reward the Trainer can blend, all
+    through `trainer`'s own names (no studio): a skip carries no label and is not fitted."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    outcomes = [trainer.Outcome.A, trainer.Outcome.B, trainer.Outcome.TIE, trainer.Outcome.SKIP]
+    pairs = [trainer.PreferencePair(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8),
+                                    rng.integers(0, 255, (32, 32, 3), dtype=np.uint8),
+                                    "one red circle", outcomes[i % 4], key=str(i))
+             for i in range(16)]
+    model = trainer.fit_preference_model(pairs, trainer.FitConfig(width=8, epochs=1, ensemble=1))
+    assert isinstance(model, trainer.PreferenceModel)
+    assert model.report.votes_fitted == 12 and model.report.votes_ignored == {"skip": 4}
+    scores = model(np.stack([p.image_a for p in pairs[:3]]), ["one red circle"] * 3)
+    assert scores.shape == (3,) and np.isfinite(scores).all()
