@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, get_type_hints
+from typing import Annotated, Any, Literal, Self, get_type_hints
 
 from pydantic import (
     AfterValidator,
@@ -34,6 +34,20 @@ class _Cfg(BaseModel):
     # allow_inf_nan=False: NaN or infinity is refused as "not a finite number" (a range check
     # alone would say NaN is "not less than 1")
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+    @classmethod
+    def from_stored(cls, data: dict[str, Any]) -> Self:
+        """The typed form that submission validated and stored (app.services.jobs stores
+        model_dump(): every field given), as the worker reads it: rebuilt, not checked again,
+        as TrainConfig.from_stored rebuilds a train job's. A key this version does not know is
+        still an error (a job stored by another version), naming the key."""
+        from trainer.config import ConfigError, ConfigErrors, unknown_field_message
+
+        known = list(cls.model_fields)
+        if unknown := [key for key in data if key not in known]:
+            raise ConfigErrors([ConfigError(key, unknown_field_message(key, known))
+                                for key in unknown])
+        return cls.model_construct(**data)
 
 
 def _registered_model(name: str) -> str:

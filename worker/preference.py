@@ -167,7 +167,7 @@ def newest_model(fit_config: FitConfig) -> PreferenceModel | None:
 def run_fit_preference(job_id: int, worker_name: str) -> str:
     """The fit_preference job (already claimed by `worker.tasks.run_job`)."""
     with session_scope() as s:
-        cfg = FitPreferenceConfig.model_validate(jobs.get_job(s, job_id).config)
+        cfg = FitPreferenceConfig.from_stored(jobs.get_job(s, job_id).config)
         jobs.update_progress(s, job_id, 0, 2)
     fit_config = fit_config_for_job(cfg)
     _model, row = fit_and_record(fit_config, job_id=job_id, min_votes=cfg.min_votes,

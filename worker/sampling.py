@@ -156,7 +156,7 @@ def _progress(job_id: int, worker_name: str, done: int, total: int,
 
 def run_rollout(job_id: int, worker_name: str) -> str:
     with session_scope() as s:
-        cfg = RolloutConfig.model_validate(jobs.get_job(s, job_id).config)
+        cfg = RolloutConfig.from_stored(jobs.get_job(s, job_id).config)
         done_ids = rollouts.prompts_done(s, job_id)
         ckpt_iteration = (checkpoints.get_checkpoint(s, cfg.checkpoint_id).iteration
                           if cfg.checkpoint_id else 0)
@@ -216,7 +216,7 @@ def run_rollout(job_id: int, worker_name: str) -> str:
 def run_evaluate(job_id: int, worker_name: str) -> str:
     with session_scope() as s:
         job = jobs.get_job(s, job_id)
-        cfg = EvaluateConfig.model_validate(job.config)
+        cfg = EvaluateConfig.from_stored(job.config)
         history = {m.iteration: m.metrics for m in jobs.metric_history(s, job_id)}
         ckpts = [(c, checkpoints.get_checkpoint(s, c).iteration) for c in cfg.checkpoint_ids]
     if cfg.prompts:

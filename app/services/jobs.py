@@ -593,9 +593,11 @@ def create_job(session: Session, kind: str, config: dict[str, Any] | None = None
                user: User | None = None) -> Job:
     """Validate and write a queued job (flush, no commit). Enqueue after the commit."""
     full = validate_config(session, kind, config, preset, dataset_id=dataset_id)
-    ds = full.get("dataset_id") if kind != "train" else None
+    # a sampling kind's config names its dataset, a train job's request does (TrainConfig has
+    # no dataset_id); only a train config has iterations
+    ds = full.get("dataset_id")
     ds = ds if ds is not None else dataset_id  # validate_config found it
-    total = full.get("iterations") if kind == "train" else None
+    total = full.get("iterations")
     job = Job(kind=kind, status=JobStatus.QUEUED, config=full, dataset_id=ds, submitted_dataset_id=ds,
               created_by_id=user.id if user else None, total_iterations=total)
     session.add(job)

@@ -139,3 +139,29 @@ def test_fit_preference_job_config_is_fitconfig_plus_job_settings():
     assert {e["loc"][0] for e in caught.value.errors()} == {
         "epochs", "holdout_fraction", "features", "width", "learning_rate"}
     assert FitPreferenceConfig(width=64, epochs=3).width == 64
+
+
+def test_the_worker_reads_a_stored_config_as_stored_without_checking_it_again():
+    """Submission validates a kind's config once and stores model_dump(); the worker rebuilds
+    that typed form with from_stored (as TrainConfig.from_stored does for train jobs): the same
+    values, no validator run again, and a key this version does not know named as an error."""
+    from app.job_kinds import EvaluateConfig, FitPreferenceConfig, RolloutConfig
+    from trainer.config import ConfigErrors
+
+    given = {RolloutConfig: {"dataset_id": 3, "group_size": 4, "checkpoint_id": 7},
+             EvaluateConfig: {"checkpoint_ids": [1, 2], "seeds": [5], "prompts": ["one red circle"]},
+             FitPreferenceConfig: {"epochs": 3, "min_votes": 10}}
+    for kind, config in given.items():
+        stored = kind.model_validate(config).model_dump()
+        rebuilt = kind.from_stored(stored)
+        assert type(rebuilt) is kind and rebuilt == kind.model_validate(stored)
+        assert rebuilt.model_dump() == stored
+    # a model registered in the process that accepted the job but not in this one: read as
+    # stored (model_validate would refuse it), the sampling code then says what it lacks
+    stored = RolloutConfig.model_validate({"dataset_id": 3}).model_dump()
+    assert RolloutConfig.from_stored({**stored, "model": "my-model"}).model == "my-model"
+    with pytest.raises(ValueError, match="model"):
+        RolloutConfig.model_validate({**stored, "model": "my-model"})
+    with pytest.raises(ConfigErrors) as err:
+        RolloutConfig.from_stored({**stored, "temperature": 1.0, "cfg": 2})
+    assert [e.field for e in err.value.errors] == ["temperature", "cfg"]
