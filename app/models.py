@@ -27,7 +27,6 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from app.limits import FILENAME_LENGTH, NAME_LENGTH, SELECTION_LENGTH
-from trainer.rewards.outcomes import OUTCOMES  # noqa: F401  (the values votes.outcome holds)
 
 
 def utcnow() -> datetime:
@@ -247,7 +246,7 @@ class Vote(Base):
     sample_b_id: Mapped[int] = mapped_column(ForeignKey("samples.id", ondelete="CASCADE"), index=True)
     pair_lo_id: Mapped[int] = mapped_column(Integer)
     pair_hi_id: Mapped[int] = mapped_column(Integer)
-    outcome: Mapped[str] = mapped_column(String(10))
+    outcome: Mapped[str] = mapped_column(String(10))  # an Outcome's value (trainer.rewards)
     shown_at: Mapped[datetime | None]
     latency_ms: Mapped[int | None] = mapped_column(Integer)
     selection: Mapped[str] = mapped_column(String(SELECTION_LENGTH), default="unknown")

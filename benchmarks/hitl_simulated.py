@@ -49,6 +49,7 @@ from trainer.loop import Trainer, load_model
 from trainer.models.base import repeat_cond, to_uint8
 from trainer.rewards import compute_rewards, get_reward
 from trainer.rewards.attributes import PREFERENCES, SimulatedAnnotator, attribute_values
+from trainer.rewards.outcomes import Outcome
 from trainer.rewards.preference import (
     FitConfig,
     PreferencePair,
@@ -175,7 +176,7 @@ class Campaign:
             self.used.add(choice)
             gi, i, j = choice
             self._vote(self.pool[gi, i], self.pool[gi, j], self.prompts[gi])
-            if self.votes[-1].outcome == "tie":
+            if self.votes[-1].outcome == Outcome.TIE:
                 self.tie_pairs.append(choice)
 
     def collect_cross(self, n: int, reference: np.ndarray, reference_prompts: list[str]) -> None:
@@ -280,7 +281,7 @@ def run_selection(kind: str, pref: str, pool, pool_prompts, test, budgets, fit_c
         p = model.prob_a_beats_b(images_a, images_b, prompts)
         report_loss = model.report.heldout_log_loss
         rows[budget] = {**pair_metrics(p, truth, decisive),
-                        "ties_voted": sum(v.outcome == "tie" for v in campaign.votes),
+                        "ties_voted": sum(v.outcome == Outcome.TIE for v in campaign.votes),
                         "report_heldout": model.report.heldout_accuracy,
                         "report_log_loss": None if report_loss is None else round(report_loss, 4),
                         "fit_s": round(time.perf_counter() - t, 1)}

@@ -38,7 +38,7 @@ from sqlalchemy.orm import Session, aliased
 
 from app.errors import Conflict, Invalid
 from app.limits import CLIENT_VOTE_ID_PATTERN, SELECTION_LENGTH
-from app.models import OUTCOMES, RolloutGroup, Sample, User, Vote
+from app.models import RolloutGroup, Sample, User, Vote
 from app.schemas import (
     SKIPPED_NEAR_IDENTICAL,
     SKIPPED_SUFFIX,
@@ -47,7 +47,7 @@ from app.schemas import (
     shown_at_problem,
     utc_text,
 )
-from trainer.rewards.outcomes import TARGET_A
+from trainer.rewards.outcomes import OUTCOMES, TARGET_A
 
 log = logging.getLogger(__name__)
 

@@ -26,10 +26,9 @@ from typing import Any
 import gradio as gr
 
 from app.errors import BadRequest
-from app.models import OUTCOMES
 from app.services import rollouts, votes
 from app.ui.common import caller, error_text, esc, fmt, image_src, notice, session
-from trainer.rewards.outcomes import Outcome
+from trainer.rewards.outcomes import OUTCOMES, Outcome
 
 # the key shown on each outcome's button (the page script in app.ui.common binds them)
 KEYS = {Outcome.A: "1", Outcome.B: "2", Outcome.TIE: "3", Outcome.BOTH_BAD: "4",

@@ -408,9 +408,8 @@ def test_outcome_table_pins_each_outcomes_meaning():
 
 
 def test_the_api_accepts_exactly_the_outcome_values():
-    from app.models import OUTCOMES as stored
     from app.schemas import VoteIn
     from trainer.rewards.preference import Outcome
 
     accepted = VoteIn.model_json_schema()["properties"]["outcome"]["enum"]
-    assert accepted == [o.value for o in Outcome] == list(stored)
+    assert accepted == [o.value for o in Outcome]
