@@ -42,6 +42,15 @@ def test_reward_names_and_the_url_are_still_checked(client, admin):
     assert r.status_code == 422 and "http" in _errors(r)["reward_server_url"]
     r = _post(client, admin, {**TRAIN, "reward_model_paths": {"pickscore": "pick"}})
     assert r.status_code == 422 and "reward_server_url" in _errors(r)["reward_model_paths"]
+    # the HTTP client would refuse these only when the job first calls the server
+    for url in ("http://127.0.0.1:1/\nx", "http://127.0.0.1:1/ x", "http://reward\tserver:81"):
+        r = _post(client, admin, {**TRAIN, "reward_server_url": url})
+        assert r.status_code == 422, url
+        assert "spaces or control characters" in _errors(r)["reward_server_url"]
+        r = client.post("/api/jobs", json={"kind": "rollout", "config": {
+            "dataset_id": 1, "reward_server_url": url}}, headers=admin)
+        assert r.status_code == 422, url
+        assert "spaces or control characters" in _errors(r)["reward_server_url"]
 
 
 def test_the_worker_passes_no_local_weight_paths_with_a_server(settings):

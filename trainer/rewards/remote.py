@@ -48,6 +48,12 @@ class RewardServerError(RuntimeError):
 
 def url_problem(url: str) -> str | None:
     """Why `url` cannot be a reward server's address (http(s)://host[:port][/prefix]), or None."""
+    # urlsplit keeps a space or a newline inside the path, where the HTTP client refuses it
+    # only when the job first calls the server
+    if bad := [(i, ch) for i, ch in enumerate(url) if ch.isspace() or not ch.isprintable()]:
+        i, ch = bad[0]
+        return (f"must not contain spaces or control characters; found {ch!r} at position {i} "
+                f"of {url!r}")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018  (raises ValueError on a bad port)
