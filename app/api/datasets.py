@@ -54,7 +54,7 @@ async def _admin_within_limit(request: Request) -> None:
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit + FORM_OVERHEAD:
         raise PayloadTooLarge(f"file: the upload ({int(length)} bytes) is larger than the "
-                              f"limit of {limit} bytes", field="file")
+                              f"limit of {limit} bytes (MAX_UPLOAD_BYTES)", field="file")
 
 
 UPLOAD_FIELDS = ("file", "name", "eval_fraction", "seed")

@@ -363,9 +363,9 @@ def parse_upload(filename: str, data: bytes, *, max_prompt_length: int,
     Every bad record is reported at once (Invalid, `errors` listing them)."""
     fmt = detect_format(filename)
     if len(data) > max_bytes:
-        raise PayloadTooLarge(
-            f"{filename}: file is larger than the limit of {max_bytes} bytes", file=filename
-        )
+        # (the route stops reading one byte past the limit: the file's size is not known)
+        raise PayloadTooLarge(f"{filename}: the file is larger than the limit of {max_bytes} "
+                              "bytes (MAX_UPLOAD_BYTES)", field="file")
     counts = _Counts()
     records = (_parse_parquet(filename, data, counts) if fmt == "parquet"
                else _PARSERS[fmt](filename, _decode(filename, data), counts))

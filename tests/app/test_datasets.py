@@ -173,7 +173,9 @@ def test_upload_over_size_limit(client, admin, session, monkeypatch):
     monkeypatch.setattr(get_settings(), "max_upload_bytes", 1000)
     r = upload(client, admin, "big.txt", b"a prompt\n" * 200)
     assert r.status_code == 413
-    assert r.json()["detail"] == "big.txt: file is larger than the limit of 1000 bytes"
+    assert r.json()["detail"] == ("big.txt: the file is larger than the limit of 1000 bytes "
+                                  "(MAX_UPLOAD_BYTES)")
+    assert r.json()["field"] == "file" and r.json()["errors"][0]["field"] == "file"
     assert counts(session) == (0, 0)
 
 
