@@ -411,10 +411,11 @@ def check_name_free(session: Session, name: str) -> None:
                           .order_by(Dataset.id).limit(1)).first()
     if row is not None:
         taken, existing = row
-        also = "" if existing == name else f" ('{existing}': names differ in case only)"
-        raise Conflict(f"name: a dataset named '{name}' already exists (dataset {taken}){also}; "
-                       "choose another name or delete that dataset", field="name",
-                       dataset_id=taken)
+        clash = (f"a dataset named '{name}' already exists (dataset {taken})" if existing == name
+                 else f"dataset {taken} is named '{existing}', which differs from '{name}' in "
+                      "case only")
+        raise Conflict(f"name: {clash}; choose another name or delete that dataset",
+                       field="name", dataset_id=taken)
 
 
 def import_dataset(session: Session, *, filename: str, data: bytes, name: str | None = None,

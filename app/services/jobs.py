@@ -211,7 +211,8 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
     ds_id = out.get("dataset_id")
     if ds_id is not None and session.get(Dataset, ds_id) is None:
         problems.append(("dataset_id", f"dataset {ds_id} not found"))
-    elif ds_id is not None and not out.get("prompts"):  # the worker samples this split
+    elif ds_id is not None and not out.get("prompts") and "split" not in malformed:
+        # the worker samples this split (a malformed one has its own error already)
         split = config.get("split") if isinstance(config.get("split"), str) else "all"
         texts = prompt_texts(session, ds_id, split)
         if not texts:
@@ -227,7 +228,11 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
             problems.append(("checkpoint_id", f"checkpoint {out['checkpoint_id']} not found"))
         elif (problem := checkpoints.files_problem(ckpt)) is not None:
             problems.append(("checkpoint_id", problem))
-    ids = out.get("checkpoint_ids") or []
+    # the well-formed ids of a list with a bad one among them are still looked up: every
+    # problem at once
+    given_ids = config.get("checkpoint_ids")
+    ids = [c for c in given_ids if isinstance(c, int) and not isinstance(c, bool)
+           and 1 <= c <= MAX_ID] if isinstance(given_ids, list) else []
     if len(set(ids)) < len(ids):
         problems.append(("checkpoint_ids", "must not repeat a checkpoint"))
     found = {cid: session.get(Checkpoint, cid) for cid in dict.fromkeys(ids)}

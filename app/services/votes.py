@@ -42,6 +42,7 @@ from app.models import RolloutGroup, Sample, User, Vote
 from app.schemas import (
     SKIPPED_NEAR_IDENTICAL,
     SKIPPED_SUFFIX,
+    refuse_hidden,
     refuse_nul,
     selection_problem,
     shown_at_problem,
@@ -540,6 +541,9 @@ def record_vote(session: Session, annotator: User, *, client_vote_id: str, sampl
                       field="client_vote_id")
     for name, text in (("session_id", session_id), ("selection", selection)):
         refuse_nul(name, text)
+    # an id that looks like another (a zero-width space, a direction mark) would split one
+    # annotator's session in the export without anyone seeing why
+    refuse_hidden("session_id", session_id)
     problems = [{"field": field, "message": problem} for field, problem in (
         ("selection", selection_problem(selection)), ("shown_at", shown_at_problem(shown_at)))
         if problem is not None]

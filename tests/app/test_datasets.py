@@ -273,7 +273,8 @@ def test_duplicate_dataset_name_is_a_conflict(client, admin, session):
     # names differing in case only look like one dataset in the job form's list
     r = upload(client, admin, "b.txt", b"three\n", name="MINE")
     assert r.status_code == 409 and r.json()["dataset_id"] == first, r.text
-    assert "('mine': names differ in case only)" in r.json()["detail"]
+    assert f"dataset {first} is named 'mine', which differs from 'MINE' in case only" \
+        in r.json()["detail"]
     assert counts(session) == (2, 2)
     assert upload(client, admin, "b.txt", b"three\n", name="b2").status_code == 201
     # deleting frees the name

@@ -197,6 +197,9 @@ def test_a_split_without_prompts_is_422(client, admin):
     assert r.status_code == 422 and _fields(r) == ["split"] and "no 'eval' prompts" in r.text
     assert _post(client, admin, "rollout", {"dataset_id": ds}).status_code == 201
     assert _post(client, admin, "rollout", {"dataset_id": ds, "split": "all"}).status_code == 201
+    # a split that is no split: one error, not a second one about its prompts
+    r = _post(client, admin, "rollout", {"dataset_id": ds, "split": "x"})
+    assert r.status_code == 422 and _fields(r) == ["split"] and "'train', 'eval' or 'all'" in r.text
 
 
 def test_a_job_whose_dataset_was_deleted_does_not_resume(client, admin):
@@ -354,6 +357,10 @@ def test_evaluate_needs_distinct_existing_checkpoints(client, admin, session):
     assert r.status_code == 422 and "repeat" in r.text
     r = _post(client, admin, "evaluate", {"checkpoint_ids": [ck[0], 999]})
     assert r.status_code == 422 and "[999] not found" in r.text
+    # beside a malformed id, the well-formed ones are still looked up: every problem at once
+    r = _post(client, admin, "evaluate", {"checkpoint_ids": [ck[0], 999, -3]})
+    assert r.status_code == 422 and "[999] not found" in r.text and "greater than or equal to 1" \
+        in r.text, r.text
     assert _post(client, admin, "evaluate", {"checkpoint_ids": ck}).status_code == 201
 
 

@@ -479,3 +479,17 @@ def test_a_vote_names_both_missing_samples_and_a_selection_that_fits_its_pair(
     for pair, right in ((within, "within_group"), (cross, "cross_checkpoint")):
         r = vote(client, annotator, {**pair, "selection": right})
         assert r.status_code == 201 and r.json()["selection"] == right, r.text
+
+
+def test_a_session_id_with_hidden_characters_is_refused(client, annotator, make_group, session):
+    """A session id that looks like another (a zero-width space, a direction mark, a line
+    break) would split an annotator's session in the export without anyone seeing why."""
+    from app.models import Vote
+
+    make_group(g=3)
+    pair = client.get("/api/votes/next", headers=annotator).json()
+    for hidden in ("a\u200bb", "a\u202eb", "a\nb"):
+        r = vote(client, annotator, pair, session_id=hidden)
+        assert r.status_code == 422 and r.json()["field"] == "session_id", r.text
+    assert session.scalar(select(func.count()).select_from(Vote)) == 0
+    assert vote(client, annotator, pair, session_id="tab-7").status_code == 201
