@@ -21,26 +21,41 @@ Checkpoint and preference-model downloads (`/api/checkpoints/{id}/download`,
 
 from __future__ import annotations
 
+import os
 import re
 from urllib.parse import parse_qs
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.deps import FileReaderDep, SettingsDep, authenticated, session_cookie
 from app.config import UI_PATH
+from app.errors import NotFound
 from app.services import storage
 
 router = APIRouter(tags=["media"])
 
 
-@router.get("/media/{path:path}", response_class=FileResponse, responses={401: {}, 404: {}})
-def media(path: str, _user: FileReaderDep, settings: SettingsDep) -> FileResponse:
-    """A file from the storage directory (never outside it), cacheable: files never change."""
+@router.get("/media/{path:path}", response_class=FileResponse,
+            responses={304: {}, 401: {}, 404: {}})
+def media(path: str, request: Request, _user: FileReaderDep, settings: SettingsDep) -> Response:
+    """A file from the storage directory (never outside it), cacheable: files never change.
+    A client that holds it (If-None-Match with its ETag) gets a 304 without the bytes."""
     full = storage.resolve(path)
-    return FileResponse(full, headers={
+    # stat given: the ETag and Last-Modified are set now, to compare with what the client holds
+    try:
+        stat = os.stat(full)
+    except FileNotFoundError:  # deleted since resolve found it
+        raise NotFound("no such file") from None
+    response = FileResponse(full, stat_result=stat, headers={
         "Cache-Control": f"private, max-age={settings.image_cache_seconds}, immutable"})
+    held = request.headers.get("if-none-match", "")
+    if held and (held.strip() == "*" or response.headers["etag"] in
+                 [tag.strip().removeprefix("W/") for tag in held.split(",")]):
+        return Response(status_code=304, headers={
+            k: response.headers[k] for k in ("etag", "cache-control", "last-modified")})
+    return response
 
 
 # Gradio's routes that serve a file from disk or take one in (relative to the UI's mount);

@@ -28,6 +28,17 @@ def test_record_group_and_browse(client, admin, annotator, make_group, settings)
     assert "etag" in img.headers and "last-modified" in img.headers
     path = settings.resolved_storage_dir / group["samples"][1]["image_url"].removeprefix("/api/media/")
     assert path.read_bytes() == img.content
+    # a browser revalidating what it holds gets a 304 without the bytes; another tag, the file
+    held = client.get(group["samples"][1]["image_url"], headers={
+        **annotator, "If-None-Match": img.headers["etag"]})
+    assert held.status_code == 304 and held.content == b""
+    assert held.headers["etag"] == img.headers["etag"] and "immutable" in held.headers["cache-control"]
+    other = client.get(group["samples"][1]["image_url"], headers={
+        **annotator, "If-None-Match": '"not-this-one"'})
+    assert other.status_code == 200 and other.content == img.content
+    # without a token, a held tag changes nothing: still a 401
+    assert client.get(group["samples"][1]["image_url"],
+                      headers={"If-None-Match": img.headers["etag"]}).status_code == 401
     assert client.get(group["samples"][1]["image_url"]).status_code == 401
     assert client.get("/api/rollouts/99999", headers=annotator).status_code == 404
 
