@@ -150,6 +150,9 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
     for name in out.get("reward_names") or []:
         if name not in known:
             problems.append(("reward_names", f"unknown reward {name!r}; known: {known}"))
+    names = [n for n in out.get("reward_names") or [] if isinstance(n, str)]
+    if repeated := sorted({n for n in names if names.count(n) > 1}):
+        problems.append(("reward_names", f"must not repeat a reward: {repeated}"))
     # with a reward server (any kind that scores) the server holds the weights: the worker
     # asks it at the job's start (it may be down now; submission does not call it)
     if config.get("reward_server_url"):

@@ -362,6 +362,8 @@ def test_evaluate_needs_distinct_existing_checkpoints(client, admin, session):
     assert r.status_code == 422 and "[999] not found" in r.text and "greater than or equal to 1" \
         in r.text, r.text
     assert _post(client, admin, "evaluate", {"checkpoint_ids": ck}).status_code == 201
+    r = _post(client, admin, "evaluate", {"checkpoint_ids": ck, "reward_names": ["count", "count"]})
+    assert r.status_code == 422 and "must not repeat a reward: ['count']" in r.text
 
 
 def test_cuda_is_checked_against_what_live_workers_report(client, admin, session):
