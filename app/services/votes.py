@@ -574,15 +574,6 @@ def record_vote(session: Session, annotator: User, *, client_vote_id: str, sampl
     if (mismatch := _selection_mismatch(selection, cross)) is not None:
         raise Invalid(f"selection: {mismatch}", field="selection")
     difference = differing_fraction(a_path, b_path)
-    if not cross and difference is not None and difference < NEAR_IDENTICAL_FRACTION:
-        # never offered (a coin toss for the person, noise for the fit); a retry of a vote
-        # recorded before the rule still returns it
-        if (found := existing()) is not None:
-            return found, False
-        raise Invalid(f"samples {sample_a_id} and {sample_b_id} are nearly identical "
-                      f"({difference:.2%} of the pixels differ, under "
-                      f"{NEAR_IDENTICAL_FRACTION:.0%}): GET /api/votes/next never offers such "
-                      "a pair", field="sample_b_id")
     lo, hi = min(sample_a_id, sample_b_id), max(sample_a_id, sample_b_id)
     vote = Vote(client_vote_id=client_vote_id, annotator_id=annotator.id, session_id=session_id,
                 sample_a_id=sample_a_id, sample_b_id=sample_b_id, pair_lo_id=lo, pair_hi_id=hi,
