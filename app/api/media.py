@@ -37,8 +37,9 @@ from app.services import storage
 router = APIRouter(tags=["media"])
 
 
-@router.get("/media/{path:path}", response_class=FileResponse,
-            responses={304: {}, 401: {}, 404: {}})
+# HEAD too: a download manager or `curl -I` asks for the size and ETag before the bytes
+@router.api_route("/media/{path:path}", methods=["GET", "HEAD"], response_class=FileResponse,
+                  responses={304: {}, 401: {}, 404: {}})
 def media(path: str, request: Request, _user: FileReaderDep, settings: SettingsDep) -> Response:
     """A file from the storage directory (never outside it), cacheable: files never change.
     A client that holds it (If-None-Match with its ETag) gets a 304 without the bytes."""

@@ -40,6 +40,12 @@ def test_record_group_and_browse(client, admin, annotator, make_group, settings)
     assert client.get(group["samples"][1]["image_url"],
                       headers={"If-None-Match": img.headers["etag"]}).status_code == 401
     assert client.get(group["samples"][1]["image_url"]).status_code == 401
+    # HEAD: the size and tag without the bytes, and still only with a token
+    head = client.head(group["samples"][1]["image_url"], headers=annotator)
+    assert head.status_code == 200 and head.content == b""
+    assert int(head.headers["content-length"]) == len(img.content)
+    assert head.headers["etag"] == img.headers["etag"]
+    assert client.head(group["samples"][1]["image_url"]).status_code == 401
     assert client.get("/api/rollouts/99999", headers=annotator).status_code == 404
 
 
