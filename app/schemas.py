@@ -123,6 +123,17 @@ def refuse_hidden(field: str, value: str | None) -> None:
         raise Invalid(f"{field}: {HIDDEN_MESSAGE}; found {', '.join(hidden[:5])}", field=field)
 
 
+def look_alike_key(name: str) -> str:
+    """What two names that look alike share: case folded and compatibility forms unified
+    (NFKC), so that 'ann1', 'ANN1' and the full-width 'ａｎｎ１' are one name to the eye."""
+    return unicodedata.normalize("NFKC", name).casefold()
+
+
+def look_alike_difference(taken: str, name: str) -> str:
+    """How `name` differs from the look-alike `taken` already in use, for a 409's message."""
+    return "in case only" if taken.lower() == name.lower() else "in case or character width only"
+
+
 def _plain_name(value: str) -> str:
     value = value.strip()
     if not value:

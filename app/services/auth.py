@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from app.errors import Conflict, Forbidden, Invalid, NotFound, Unauthorized
 from app.models import ROLES, ApiToken, User, utcnow
-from app.schemas import refuse_hidden
+from app.schemas import look_alike_difference, look_alike_key, refuse_hidden
 
 TOKEN_PREFIX = "ngs_"
 
@@ -31,13 +31,16 @@ def create_user(session: Session, name: str, role: str) -> tuple[User, str]:
     refuse_hidden("name", name)  # the API's UserIn says the same; the UI and the CLI come here
     if role not in ROLES:
         raise Invalid(f"role must be one of {list(ROLES)}, got {role!r}", field="role")
-    # names tell annotators apart on the leaderboard and in exports: 'ann1' and 'ANN1' would
-    # be two people no one can tell apart
-    taken = session.scalar(select(User.name).where(func.lower(User.name) == name.lower()))
+    # names tell annotators apart on the leaderboard and in exports: 'ann1', 'ANN1' and the
+    # full-width 'ａｎｎ１' would be people no one can tell apart. Compared in Python (NFKC is
+    # beyond the database's lower()); a table of people is short.
+    key = look_alike_key(name)
+    taken = next((n for n in session.scalars(select(User.name).order_by(User.id))
+                  if look_alike_key(n) == key), None)
     if taken is not None:
         raise Conflict(f"user {taken!r} already exists" if taken == name else
-                       f"user {taken!r} already exists (names differ in case only)",
-                       field="name")
+                       f"user {taken!r} already exists (names differ "
+                       f"{look_alike_difference(taken, name)})", field="name")
     user = User(name=name, role=role)
     session.add(user)
     session.flush()

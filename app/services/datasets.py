@@ -31,7 +31,7 @@ from app.errors import BadRequest, Conflict, Invalid, NotFound, PayloadTooLarge
 from app.json_values import json_safe
 from app.limits import FILENAME_LENGTH, NAME_LENGTH
 from app.models import ACTIVE_JOB_STATUSES, Dataset, Job, Prompt
-from app.schemas import refuse_hidden, refuse_nul
+from app.schemas import look_alike_difference, look_alike_key, refuse_hidden, refuse_nul
 from trainer.config import prompt_text_problem
 
 FORMATS = ("txt", "csv", "jsonl", "json", "parquet")
@@ -405,15 +405,16 @@ def check_name_free(session: Session, name: str) -> None:
     demo). Checked before parsing, for the clear message; the unique constraint catches two
     uploads racing with one name (import_dataset)."""
     # case-insensitive, as user names are: "HPDv2" and "hpdv2" side by side in the job form's
-    # dataset list are one set to the eye
-    row = session.execute(select(Dataset.id, Dataset.name)
-                          .where(func.lower(Dataset.name) == name.lower())
-                          .order_by(Dataset.id).limit(1)).first()
+    # dataset list are one set to the eye, as are full-width letters (compared in Python:
+    # NFKC is beyond the database's lower())
+    key = look_alike_key(name)
+    row = next((r for r in session.execute(select(Dataset.id, Dataset.name).order_by(Dataset.id))
+                if look_alike_key(r[1]) == key), None)
     if row is not None:
         taken, existing = row
         clash = (f"a dataset named '{name}' already exists (dataset {taken})" if existing == name
-                 else f"dataset {taken} is named '{existing}', which differs from '{name}' in "
-                      "case only")
+                 else f"dataset {taken} is named '{existing}', which differs from '{name}' "
+                      f"{look_alike_difference(existing, name)}")
         raise Conflict(f"name: {clash}; choose another name or delete that dataset",
                        field="name", dataset_id=taken)
 

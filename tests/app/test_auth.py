@@ -58,6 +58,11 @@ def test_admin_lists_and_revokes_users(client, admin, annotator):
     r = client.post("/api/users", json={"name": "carol", "role": "annotator"}, headers=admin)
     shouted = client.post("/api/users", json={"name": "CAROL", "role": "admin"}, headers=admin)
     assert shouted.status_code == 409 and "differ in case only" in shouted.json()["detail"]
+    # full-width letters look the same too
+    wide = client.post("/api/users", json={"name": "ｃａｒｏｌ", "role": "admin"}, headers=admin)
+    assert wide.status_code == 409 and wide.json()["field"] == "name"
+    assert "user 'carol' already exists (names differ in case or character width only)" \
+        in wide.json()["detail"]
     again = client.post("/api/users", json={"name": "carol", "role": "admin"}, headers=admin)
     assert again.status_code == 409 and again.json()["field"] == "name", again.text
     assert again.json()["errors"] == [{"field": "name",

@@ -275,6 +275,9 @@ def test_duplicate_dataset_name_is_a_conflict(client, admin, session):
     assert r.status_code == 409 and r.json()["dataset_id"] == first, r.text
     assert f"dataset {first} is named 'mine', which differs from 'MINE' in case only" \
         in r.json()["detail"]
+    r = upload(client, admin, "b.txt", b"three\n", name="ｍｉｎｅ")
+    assert r.status_code == 409 and r.json()["dataset_id"] == first, r.text
+    assert "which differs from 'ｍｉｎｅ' in case or character width only" in r.json()["detail"]
     assert counts(session) == (2, 2)
     assert upload(client, admin, "b.txt", b"three\n", name="b2").status_code == 201
     # deleting frees the name

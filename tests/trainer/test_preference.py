@@ -17,6 +17,7 @@ from trainer.rewards.preference import (
     FitConfig,
     PreferenceModel,
     PreferencePair,
+    ShapesPreferenceNet,
     SharedFeatureEnsemble,
     _heldout_split,
     fit_preference_model,
@@ -152,7 +153,8 @@ def test_default_fit_learns_a_left_right_preference():
 
 def test_ensemble_scores_with_the_members_mean_and_loads_single_network_files(tmp_path):
     torch.manual_seed(0)
-    model = PreferenceModel(FitConfig(ensemble=3, shared_features=False))
+    # mean pooling: the single network below stands for a file from before spread pooling too
+    model = PreferenceModel(FitConfig(ensemble=3, shared_features=False, spread_pooling=False))
     pairs = _pairs(6, "upper", flip=0.0, seed=2)
     images, prompts = np.stack([q.image_a for q in pairs]), [q.prompt for q in pairs]
     inputs = model._inputs(images, prompts)
@@ -200,7 +202,8 @@ def test_shared_features_train_one_network_and_bootstrap_heads(tmp_path):
     loaded = PreferenceModel.load(path)
     assert loaded.config.shared_features and isinstance(loaded.net, SharedFeatureEnsemble)
     np.testing.assert_allclose(loaded(images, prompts), model(images, prompts), rtol=1e-5)
-    whole = PreferenceModel(FitConfig(ensemble=2, shared_features=False))
+    # as fitted then: whole networks pooling the mean alone
+    whole = PreferenceModel(FitConfig(ensemble=2, shared_features=False, spread_pooling=False))
     state = {k: v.contiguous() for k, v in whole.net.state_dict().items()}
     config = {"features": "shapes", "width": 32, "ensemble": 2}  # no shared_features key
     save_file(state, str(tmp_path / "old.safetensors"),
@@ -208,7 +211,38 @@ def test_shared_features_train_one_network_and_bootstrap_heads(tmp_path):
                         "fit_config": json.dumps(config)})
     old = PreferenceModel.load(tmp_path / "old.safetensors")
     assert not old.config.shared_features and old.config.label_smoothing == 0.0
+    assert not old.config.spread_pooling
     np.testing.assert_allclose(old(images, prompts), whole(images, prompts), rtol=1e-5)
+
+
+def test_spread_pooling_pools_how_far_each_attended_feature_spreads(tmp_path):
+    """The default network pools, beside each head's attention-weighted mean of the values,
+    their attention-weighted standard deviation (how spread out the attended pixels are);
+    models fitted without it keep loading, and a refit never starts from the other kind."""
+    torch.manual_seed(0)
+    net = ShapesPreferenceNet(width=8, heads=2, spread=True)
+    images = torch.rand(3, 3, 32, 32) * 2 - 1
+    with torch.no_grad():
+        pooled = net.pooled(images).view(3, 2, 16)
+        n, _, h, w = images.shape
+        ys = torch.linspace(-1, 1, h).view(1, 1, h, 1).expand(n, 1, h, w)
+        xs = torch.linspace(-1, 1, w).view(1, 1, 1, w).expand(n, 1, h, w)
+        features = net.convs(torch.cat([images, ys, xs], 1))
+        weights = net.score(features).flatten(2).softmax(-1)  # (3, 2, HW)
+        values = net.value(features).flatten(2)  # (3, 8, HW)
+        for k in range(2):
+            mean = (weights[:, k, None] * values).sum(-1)
+            std = ((weights[:, k, None] * (values - mean[..., None]) ** 2).sum(-1)).sqrt()
+            torch.testing.assert_close(pooled[:, k, :8], mean)
+            torch.testing.assert_close(pooled[:, k, 8:], std, rtol=1e-4, atol=1e-4)
+    assert FitConfig().spread_pooling  # the default
+    pairs = _pairs(24, "upper", flip=0.0, seed=5)
+    spread = fit_preference_model(pairs, FitConfig(epochs=1, ensemble=2))
+    mean_only = fit_preference_model(pairs, FitConfig(epochs=1, ensemble=2, spread_pooling=False))
+    assert spread.net.first.head[0].in_features == 2 * mean_only.net.first.head[0].in_features
+    spread.save(tmp_path / "spread.safetensors")
+    assert PreferenceModel.load(tmp_path / "spread.safetensors").config.spread_pooling
+    assert "spread_pooling differs" in warm_start_problem(mean_only, FitConfig(ensemble=2))
 
 
 def test_label_smoothing_pulls_the_fitted_probabilities_towards_a_half():
