@@ -8,7 +8,6 @@ from fastapi import APIRouter, Path, Query
 from fastapi.responses import FileResponse
 
 from app.api.deps import MAX_ID, AdminDep, FileReaderDep, PathId, SessionDep, UserDep
-from app.errors import NotFound
 from app.models import PreferenceModelRow
 from app.schemas import (
     AnnotatorStats,
@@ -48,10 +47,7 @@ VersionPath = Annotated[str, Path(pattern=r"^v?[0-9]{1,12}$",
 
 @router.get("/preference-models/{version}/download", responses={401: {}, 404: {}})
 def download(version: VersionPath, session: SessionDep, _user: FileReaderDep) -> FileResponse:
-    number = int(version.removeprefix("v"))
-    if not 1 <= number <= MAX_ID:
-        raise NotFound(f"preference model {version} not found")
-    row = svc.get_model(session, number)
+    row = svc.get_model(session, int(version.removeprefix("v")))
     return FileResponse(storage.resolve(row.path), media_type="application/octet-stream",
                         filename=f"preference-v{row.version}.safetensors")
 

@@ -61,9 +61,10 @@ def latest_model(session: Session) -> PreferenceModelRow | None:
 
 
 def get_model(session: Session, version: int) -> PreferenceModelRow:
-    if not 1 <= version <= MAX_ID:  # no such row, and PostgreSQL would refuse the query
-        raise NotFound(f"preference model v{version} not found")
-    row = session.scalar(select(PreferenceModelRow).where(PreferenceModelRow.version == version))
+    # one message however the version was spelled (3, v3, 0003); out of range there is no
+    # such row, and PostgreSQL would refuse the query
+    row = (session.scalar(select(PreferenceModelRow).where(PreferenceModelRow.version == version))
+           if 1 <= version <= MAX_ID else None)
     if row is None:
         raise NotFound(f"preference model v{version} not found")
     return row
