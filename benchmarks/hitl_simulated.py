@@ -410,6 +410,9 @@ def main() -> None:
     ap.add_argument("--label-smoothing", type=float, default=FitConfig.label_smoothing,
                     help="FitConfig.label_smoothing")
     ap.add_argument("--width", type=int, default=32, help="preference network channels")
+    ap.add_argument("--spread-pooling", action=argparse.BooleanOptionalAction,
+                    default=FitConfig.spread_pooling,
+                    help="FitConfig.spread_pooling: pool each feature's spread beside its mean")
     ap.add_argument("--fit-learning-rate", type=float, default=2e-3)
     ap.add_argument("--mirror-augment", action=argparse.BooleanOptionalAction,
                     default=FitConfig.mirror_augment,
@@ -487,7 +490,8 @@ def main() -> None:
                                     learning_rate=args.fit_learning_rate, ensemble=args.ensemble,
                                     mirror_augment=args.mirror_augment,
                                     shared_features=args.shared_features,
-                                    label_smoothing=args.label_smoothing)
+                                    label_smoothing=args.label_smoothing,
+                                    spread_pooling=args.spread_pooling)
                 rows, fitted, campaign = run_selection(kind, pref, pool, pool_prompts, test,
                                                        args.budgets, fit_cfg, seed, args.tie_band,
                                                        args.skip_near_identical,

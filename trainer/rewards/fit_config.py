@@ -57,6 +57,13 @@ class FitConfig:
                                    "(a vote for a becomes 1 - s): people flip some votes, and "
                                    "a fit that believes every vote overfits the flips.",
                                    ge=0.0, lt=1.0)
+    spread_pooling: bool = _help(True, "Pool, beside each attended feature's mean over the "
+                                 "image, how far it spreads (features='shapes'): relations "
+                                 "between objects, such as how far apart they lie, become as "
+                                 "easy to read as where they are (docs/benchmarks.md: better "
+                                 "log-loss on every simulated preference, and accuracy on "
+                                 "`larger` and `apart`). False: the mean alone (models "
+                                 "saved before this field existed load with False).")
     mirror_augment: bool = _help(False, "Train on random left-right mirrors of the shapes "
                                  "images. Off by default: it assumes nobody prefers one side, "
                                  "and a campaign for \"subject on the left\" then learns "

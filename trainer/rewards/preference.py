@@ -97,8 +97,10 @@ class ShapesPreferenceNet(nn.Module):
     per-object properties do not get confused with how many objects there are.
     """
 
-    def __init__(self, width: int = 32, heads: int = 4) -> None:
+    def __init__(self, width: int = 32, heads: int = 4, spread: bool = False) -> None:
         super().__init__()
+        self.spread = spread
+        pooled = heads * width * (2 if spread else 1)
         self.convs = nn.Sequential(
             nn.Conv2d(5, width, 3, padding=1), nn.GELU(),
             nn.Conv2d(width, width, 3, padding=2, dilation=2), nn.GELU(),
@@ -107,8 +109,8 @@ class ShapesPreferenceNet(nn.Module):
         self.heads = heads
         self.score = nn.Conv2d(width, heads, 1)
         self.value = nn.Conv2d(width, width, 1)
-        self.prompt = nn.Embedding(len(VOCAB), heads * width)
-        self.head = nn.Sequential(nn.Linear(heads * width, 64), nn.GELU(), nn.Linear(64, 1))
+        self.prompt = nn.Embedding(len(VOCAB), pooled)
+        self.head = nn.Sequential(nn.Linear(pooled, 64), nn.GELU(), nn.Linear(64, 1))
 
     def pooled(self, images: torch.Tensor) -> torch.Tensor:
         """(N, heads*C): the attention-pooled features a head scores."""
@@ -118,7 +120,15 @@ class ShapesPreferenceNet(nn.Module):
         features = self.convs(torch.cat([images, ys, xs], 1))  # (N, C, H, W)
         weights = self.score(features).flatten(2).softmax(-1)  # (N, heads, HW)
         values = self.value(features).flatten(2)  # (N, C, HW)
-        return torch.einsum("nkp,ncp->nkc", weights, values).flatten(1)  # (N, heads*C)
+        mean = torch.einsum("nkp,ncp->nkc", weights, values)  # (N, heads, C)
+        if not self.spread:
+            return mean.flatten(1)  # (N, heads*C)
+        # and how far the attended pixels' values spread around that mean: with a value that
+        # follows a coordinate channel, how spread out the attended objects lie (centre to
+        # centre), which a mean alone cannot say
+        second = torch.einsum("nkp,ncp->nkc", weights, values.square())
+        spread = (second - mean.square()).clamp_min(1e-6).sqrt()
+        return torch.cat([mean, spread], -1).flatten(1)  # (N, heads*2C)
 
     def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         return _prompted_score(self.prompt, self.head, self.pooled(images), tokens)
@@ -133,10 +143,11 @@ def _prompted_score(prompt: nn.Embedding, head: nn.Module, pooled: torch.Tensor,
 class ShapesHead(nn.Module):
     """A ShapesPreferenceNet's prompt embedding and head alone, on another net's features."""
 
-    def __init__(self, width: int = 32, heads: int = 4) -> None:
+    def __init__(self, width: int = 32, heads: int = 4, spread: bool = False) -> None:
         super().__init__()
-        self.prompt = nn.Embedding(len(VOCAB), heads * width)
-        self.head = nn.Sequential(nn.Linear(heads * width, 64), nn.GELU(), nn.Linear(64, 1))
+        pooled = heads * width * (2 if spread else 1)
+        self.prompt = nn.Embedding(len(VOCAB), pooled)
+        self.head = nn.Sequential(nn.Linear(pooled, 64), nn.GELU(), nn.Linear(64, 1))
 
     def forward(self, pooled: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         return _prompted_score(self.prompt, self.head, pooled, tokens)
@@ -192,15 +203,17 @@ class PreferenceModel:
         if net is None:
             count = max(1, config.ensemble)
             if config.features == "shapes" and config.shared_features:
-                net = SharedFeatureEnsemble(ShapesPreferenceNet(config.width),
-                                            [ShapesHead(config.width) for _ in range(count - 1)])
+                net = SharedFeatureEnsemble(
+                    ShapesPreferenceNet(config.width, spread=config.spread_pooling),
+                    [ShapesHead(config.width, spread=config.spread_pooling)
+                     for _ in range(count - 1)])
             else:
                 net = Ensemble([self._new_member() for _ in range(count)])
         self.net = net.to(config.device)
 
     def _new_member(self) -> nn.Module:
         if self.config.features == "shapes":
-            return ShapesPreferenceNet(self.config.width)
+            return ShapesPreferenceNet(self.config.width, spread=self.config.spread_pooling)
         return ClipPreferenceHead(self._clip_encoder().dim)
 
     # -- features -------------------------------------------------------------------------------
@@ -258,6 +271,7 @@ class PreferenceModel:
         # saved before shared features: whole networks; before ensembles: one network
         fields.setdefault("shared_features", False)
         fields.setdefault("label_smoothing", 0.0)
+        fields.setdefault("spread_pooling", False)
         if not any(k.startswith(("members.", "first.")) for k in state):
             state = {f"members.0.{k}": v for k, v in state.items()}
             fields["ensemble"] = 1
@@ -527,12 +541,12 @@ def _heldout_split(usable: list[PreferencePair], config: FitConfig
 
 def warm_start_problem(previous: PreferenceModel, config: FitConfig) -> str | None:
     """Why a fit with `config` cannot start from `previous`, or None when it can: the same
-    network (features, width, ensemble, shared features, CLIP weights) and the same held-out
-    votes (split by key with the same seed and fraction), so that the new model's held-out
-    accuracy is measured on votes neither model trained on."""
+    network (features, width, spread pooling, ensemble, shared features, CLIP weights) and the
+    same held-out votes (split by key with the same seed and fraction), so that the new
+    model's held-out accuracy is measured on votes neither model trained on."""
     old = previous.config
-    for name in ("features", "width", "ensemble", "shared_features", "clip_path", "seed",
-                 "holdout_fraction"):
+    for name in ("features", "width", "spread_pooling", "ensemble", "shared_features",
+                 "clip_path", "seed", "holdout_fraction"):
         if getattr(old, name) != getattr(config, name):
             return f"{name} differs ({getattr(old, name)!r} -> {getattr(config, name)!r})"
     split = (previous.report.extra or {}).get("split") if previous.report else None
