@@ -140,13 +140,18 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
             problems[0] = ("body", "send the body as JSON (Content-Type: application/json), "
                                    f"not {content_type or 'without a Content-Type'}")
         if request.method == "POST" and request.url.path == "/api/jobs":
-            from app.api.jobs import config_problems_beside
+            from app.api.deps import authenticated
+            from app.services.jobs import config_problems_beside
 
             # the bearer token only, as the route takes it (the session cookie reads files)
             scheme, _, token = request.headers.get("authorization", "").partition(" ")
-            problems += await run_in_threadpool(
-                config_problems_beside, token.strip() if scheme.lower() == "bearer" else None,
-                exc.body)
+
+            def beside() -> list[tuple[str, str]]:
+                caller = authenticated(token.strip() if scheme.lower() == "bearer" else None)
+                with db.new_session() as session:
+                    return config_problems_beside(session, caller, exc.body)
+
+            problems += await run_in_threadpool(beside)
         if request.method == "POST" and request.url.path == "/api/datasets":
             from app.api.datasets import upload_problems
 

@@ -4,7 +4,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from app import db
 from app.api.deps import MAX_ID, AdminDep, EnqueuerDep, PathId, SessionDep, UserDep
 from app.job_kinds import KINDS, KindName
 from app.models import Job, JobStatus
@@ -26,44 +25,6 @@ def job_out(job: Job, cls: type[JobOut] = JobOut, waiting: dict[int, str] | None
     for k, v in extra.items():
         setattr(out, k, v)
     return out
-
-
-# the request's own fields beside its config, which validate_config checks with it
-REQUEST_FIELDS = ("preset", "dataset_id")
-
-
-def config_problems_beside(token: str | None, body: Any) -> list[tuple[str, str]]:
-    """The config's own problems in a POST /api/jobs whose envelope failed validation (an
-    unknown top-level field, a bad preset type), so that its 422 lists every problem at once
-    instead of the envelope's first. Only for a caller who may launch the kind (the config's
-    checks look at datasets and files), and only when the kind is usable; when the config is
-    not an object (the envelope's problem), only the request's other fields (preset,
-    dataset_id) are checked."""
-    from app.api.deps import authenticated
-    from app.errors import Invalid
-    from app.limits import MAX_ID
-
-    if not isinstance(body, dict) or body.get("kind") not in KINDS:
-        return []
-    config = body.get("config") if body.get("config") is not None else {}
-    config_usable = isinstance(config, dict)
-    kind = body["kind"]
-    user = authenticated(token)
-    if user is None or user.role not in svc.launch_roles(kind):
-        return []
-    preset = body.get("preset") if isinstance(body.get("preset"), str) else None
-    dataset_id = body.get("dataset_id")
-    if isinstance(dataset_id, bool) or not isinstance(dataset_id, int) \
-            or not 1 <= dataset_id <= MAX_ID:
-        dataset_id = None  # the envelope's problem, already reported
-    try:
-        with db.new_session() as session:
-            svc.validate_config(session, kind, config if config_usable else {}, preset,
-                                dataset_id=dataset_id)
-    except Invalid as exc:
-        return [(e["field"], e["message"]) for e in exc.details.get("errors", [])
-                if config_usable or e["field"] in REQUEST_FIELDS]
-    return []
 
 
 @router.post("", response_model=JobOut, status_code=201, responses={422: {}})

@@ -595,6 +595,39 @@ def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
     return out
 
 
+# the request's own fields beside its config, which validate_config checks with it
+REQUEST_FIELDS = ("preset", "dataset_id")
+
+
+def config_problems_beside(session: Session, user: User | None, body: Any
+                           ) -> list[tuple[str, str]]:
+    """The config's own problems in a POST /api/jobs whose envelope failed validation (an
+    unknown top-level field, a bad preset type), so that its 422 lists every problem at once
+    instead of the envelope's first. Only for a caller (`user`, None when the token is not
+    valid) who may launch the kind, since the config's checks look at datasets and files, and
+    only when the kind is usable; when the config is not an object (the envelope's problem),
+    only the request's other fields (preset, dataset_id) are checked."""
+    if not isinstance(body, dict) or body.get("kind") not in KINDS:
+        return []
+    kind = body["kind"]
+    if user is None or user.role not in launch_roles(kind):
+        return []
+    config = body.get("config") if body.get("config") is not None else {}
+    config_usable = isinstance(config, dict)
+    preset = body.get("preset") if isinstance(body.get("preset"), str) else None
+    dataset_id = body.get("dataset_id")
+    if isinstance(dataset_id, bool) or not isinstance(dataset_id, int) \
+            or not 1 <= dataset_id <= MAX_ID:
+        dataset_id = None  # the envelope's problem, already reported
+    try:
+        validate_config(session, kind, config if config_usable else {}, preset,
+                        dataset_id=dataset_id)
+    except Invalid as exc:
+        return [(e["field"], e["message"]) for e in exc.details.get("errors", [])
+                if config_usable or e["field"] in REQUEST_FIELDS]
+    return []
+
+
 # --- API side ------------------------------------------------------------------------------
 def create_job(session: Session, kind: str, config: dict[str, Any] | None = None, *,
                preset: str | None = None, dataset_id: int | None = None,
