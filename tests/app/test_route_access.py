@@ -52,7 +52,7 @@ ROUTES: dict[str, str] = {
     "GET /api/prompts": USER,
     "GET /api/rollouts": USER,
     "GET /api/rollouts/{group_id}": USER,
-    "GET /api/media/{path:path}": FILE,
+    "GET /api/media/{path:path}": FILE, "HEAD /api/media/{path:path}": FILE,
     "GET /api/votes/next": USER,
     "POST /api/votes": USER,
     "GET /api/votes/export": USER,
@@ -306,7 +306,7 @@ def probes(key: str, world: World) -> list[str]:
     path = key.split(" ", 1)[1]
     if not any(f"{{{p}" in path for p in PATH_PARAMS):
         return [fill(path, world, "x")]
-    if key == "GET /api/media/{path:path}":  # its own valid spellings are relative paths
+    if key.endswith(" /api/media/{path:path}"):  # its own valid spellings are relative paths
         return [fill(path, world, v) for rel in world.files for v in file_spellings(world, rel)]
     return [fill(path, world, v) for rel in world.files for v in file_spellings(world, rel)[:4]]
 
