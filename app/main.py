@@ -20,25 +20,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app import db, queue
 from app.config import UI_PATH, Settings, get_settings
 from app.errors import ServiceError
+from app.migrate import migrations_current
 from app.schemas import Problems, validation_problem
 from app.services.jobs import Enqueuer
 
 log = logging.getLogger(__name__)
 
 FAVICON = Path(__file__).resolve().parent / "ui" / "favicon.svg"
-
-
-def migrations_current() -> bool:
-    """Whether the database is at the newest Alembic revision."""
-    from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
-
-    from app.migrate import alembic_config
-
-    heads = set(ScriptDirectory.from_config(alembic_config()).get_heads())
-    with db.get_engine().connect() as conn:
-        current = set(MigrationContext.configure(conn).get_current_heads())
-    return current == heads
 
 
 def _document_problems(app: FastAPI) -> None:

@@ -24,3 +24,17 @@ def upgrade(url: str | None = None, revision: str = "head") -> None:
 
 def downgrade(url: str | None = None, revision: str = "base") -> None:
     command.downgrade(alembic_config(url), revision)
+
+
+def migrations_current() -> bool:
+    """Whether the database (the settings' DATABASE_URL) is at the newest Alembic revision:
+    the server and every worker check it before they start."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    from app import db
+
+    heads = set(ScriptDirectory.from_config(alembic_config()).get_heads())
+    with db.get_engine().connect() as conn:
+        current = set(MigrationContext.configure(conn).get_current_heads())
+    return current == heads

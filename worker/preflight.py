@@ -30,7 +30,7 @@ def _first_line(exc: BaseException) -> str:
 
 def preflight_problems(queues: list[str]) -> list[str]:
     """Every reason this worker could not run a job, each naming its setting."""
-    from app.main import migrations_current
+    from app.migrate import migrations_current
 
     problems = []
     unknown = [q for q in queues if q not in QUEUE_NAMES]

@@ -278,3 +278,26 @@ def test_sqlite_never_reuses_ids_that_other_rows_remember(tmp_path):
             assert conn.execute(text("SELECT dataset_id FROM jobs WHERE id = 1")).scalar() == 2
     finally:
         engine.dispose()
+
+
+def test_the_server_and_workers_see_whether_the_database_is_migrated(tmp_path, monkeypatch):
+    """`migrations_current`, which the server and every worker check at start (and warn on):
+    False on an empty database, True once `upgrade` has run."""
+    from app import db
+    from app.config import get_settings
+    from app.migrate import migrations_current
+
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    # the module's engine goes back to what it was afterwards, for the tests after this one
+    monkeypatch.setattr(db, "_engine", db._engine)
+    monkeypatch.setattr(db, "_sessionmaker", db._sessionmaker)
+    monkeypatch.setenv("DATABASE_URL", url)
+    get_settings.cache_clear()
+    try:
+        db.configure(get_settings())
+        assert migrations_current() is False
+        upgrade(url)
+        assert migrations_current() is True
+    finally:
+        db.get_engine().dispose()
+        get_settings.cache_clear()
