@@ -14,6 +14,7 @@ import socket
 import threading
 import uuid
 from datetime import timedelta
+from enum import StrEnum
 
 from app.config import get_settings
 from app.db import session_scope
@@ -26,6 +27,19 @@ log = logging.getLogger(__name__)
 def worker_identity() -> str:
     """host:pid:nonce; the nonce tells apart two claims by one process."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class TaskOutcome(StrEnum):
+    """What a task did with its message when it did not take the job to a status of its own
+    (a job it ran returns its JobStatus): the task's Celery result, and what the log says."""
+
+    NOT_STARTED = "not started"  # the database was down and the message names no kind to resend
+    DEFERRED = "deferred"  # back to the queue: the database was down, or this worker is leaving
+    PASSED_ON = "passed on"  # to the queue's workers that have the device it asks for
+    SKIPPED = "skipped"  # finished, cancelled or held elsewhere; or a join that came too late
+    LOST = "lost"  # another worker took the job over mid-run; nothing written
+    INTERRUPTED = "interrupted"  # the database went away mid-job; a reaper requeues it
+    DONE = "done"  # a joining host's share of a multi-host job ended cleanly
 
 
 class LeaseLost(Exception):

@@ -38,7 +38,7 @@ from app.queue import enqueue
 from app.services import jobs, workers
 from worker import preflight  # noqa: F401 - imported for its start check (a Celery signal)
 from worker.celery_app import JOIN_TRAIN_TASK, celery_app, send_join
-from worker.lease import JobError, JobLease, LeaseLost
+from worker.lease import JobError, JobLease, LeaseLost, TaskOutcome
 from worker.outage import outage
 from worker.reaper import ReaperThread, reap_once
 
@@ -96,11 +96,11 @@ def run_job(job_id: int, body: Callable[[int, str], str], kind: str | None = Non
         # queued with no message for ever. Sent again, it waits for the database
         if kind is None:
             log.warning("job %s not started: %s", job_id, reason)
-            return "not started"
+            return TaskOutcome.NOT_STARTED
         log.warning("job %s not started: %s; its message goes back to the queue for %g s",
                     job_id, reason, DATABASE_RETRY_SECONDS)
         enqueue(lease.job_id, kind, countdown=DATABASE_RETRY_SECONDS)
-        return "deferred"
+        return TaskOutcome.DEFERRED
     if taken is not None:
         return taken
     lease.start_heartbeat()
@@ -108,7 +108,7 @@ def run_job(job_id: int, body: Callable[[int, str], str], kind: str | None = Non
         return body(lease.job_id, lease.worker_name)
     except LeaseLost as exc:
         log.warning("%s; stopping without touching the job", exc)
-        return "lost"
+        return TaskOutcome.LOST
     except JobError as exc:  # a reason said in full: the message alone, no traceback
         log.warning("job %s cannot run: %s", job_id, exc)
         return record_failure(lease, str(exc))
@@ -120,7 +120,7 @@ def run_job(job_id: int, body: Callable[[int, str], str], kind: str | None = Non
             # reaper requeues it to resume from its newest checkpoint once the database is back
             log.warning("job %s interrupted: %s; a reaper requeues it once its heartbeat is "
                         "%g s old", job_id, reason, get_settings().job_stale_seconds)
-            return "interrupted"
+            return TaskOutcome.INTERRUPTED
         log.exception("job %s failed", job_id)
         return record_failure(lease, describe_error(exc))
     finally:
@@ -152,7 +152,7 @@ def _claim(lease: JobLease) -> str | None:
         with session_scope() as s:
             kind = jobs.get_job(s, job_id).kind
         enqueue(job_id, kind)
-        return "deferred"
+        return TaskOutcome.DEFERRED
     with session_scope() as s:
         job = jobs.get_job(s, job_id)
         config, kind, queued = dict(job.config or {}), job.kind, job.status == JobStatus.QUEUED
@@ -161,10 +161,10 @@ def _claim(lease: JobLease) -> str | None:
             # a worker that can run it serves the same queue: leave the job untouched for it
             log.info("job %s: %s; passed on to the queue's able workers", job_id, problem)
             enqueue(job_id, kind, countdown=PASS_ON_SECONDS)
-            return "passed on"
+            return TaskOutcome.PASSED_ON
     if not lease.claim():
         log.info("job %s is finished, cancelled or held by another worker: skipped", job_id)
-        return "skipped"
+        return TaskOutcome.SKIPPED
     if problem:
         return record_failure(lease, f"{lease.worker_name}: {problem}")
     return None
@@ -198,12 +198,12 @@ def join_train(**rendezvous: Any) -> str:
     rdzv = Rendezvous(**rendezvous)
     if SHUTDOWN.is_set():  # leaving: another host may still take it in time
         send_join(rdzv.as_kwargs(), rdzv.deadline)
-        return "deferred"
+        return TaskOutcome.DEFERRED
     with session_scope() as s:
         problem = missing_device(dict(jobs.get_job(s, rdzv.job_id).config or {}))
     if problem:  # the rendezvous times out and says so, unless another host joins
         log.warning("job %s: not joining: %s", rdzv.job_id, problem)
-        return "skipped"
+        return TaskOutcome.SKIPPED
     return run_join(rdzv, SHUTDOWN)
 
 

@@ -46,7 +46,7 @@ from app.db import session_scope
 from app.models import JobStatus
 from app.services import jobs
 from trainer.config import TrainConfig
-from worker.lease import JobError
+from worker.lease import JobError, TaskOutcome
 
 log = logging.getLogger(__name__)
 
@@ -292,13 +292,13 @@ def run_join(rdzv: Rendezvous, shutdown: threading.Event) -> str:
     if time.time() >= rdzv.deadline or not held(rdzv.job_id, rdzv.holder):
         log.info("job %s: join for %s skipped (the rendezvous is over, or the job is no "
                  "longer running under it)", rdzv.job_id, rdzv.endpoint)
-        return "skipped"
+        return TaskOutcome.SKIPPED
     log.info("job %s: joining the rendezvous at %s as one of %d hosts", rdzv.job_id,
              rdzv.endpoint, rdzv.nnodes)
     cmd = torchrun_command(rdzv.job_id, rdzv.holder, rdzv.nproc, rdzv, is_host=False)
     code, text = supervise(cmd, rdzv.job_id, rdzv.holder, shutdown)
     if code == 0:
-        return "done"
+        return TaskOutcome.DONE
     started = NODE_LINE.search(text) is not None
     log.warning("job %s: this node's torchrun exited with code %s:\n%s", rdzv.job_id, code,
                 tail(text))
@@ -307,4 +307,4 @@ def run_join(rdzv: Rendezvous, shutdown: threading.Event) -> str:
             if jobs.holds(s, rdzv.job_id, rdzv.holder):
                 jobs.mark_failed(s, rdzv.job_id, f"the node on {advertised_host()} exited with "
                                  f"code {code}:\n{tail(text)}")
-    return "failed"
+    return JobStatus.FAILED

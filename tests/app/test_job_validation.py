@@ -617,6 +617,35 @@ def test_a_cuda_job_is_passed_on_to_a_gpu_worker_of_its_queue_not_failed(setting
     assert len(sent) == 1 and ran == []
 
 
+def test_a_task_says_what_it_did_with_a_message_it_does_not_run(settings, session, monkeypatch):
+    """The task's result (Celery's, and the log's) for a message it does not run: a finished
+    job's is skipped, and a leaving worker hands the message back untouched; a job it runs
+    returns the body's status."""
+    import worker.tasks
+    from app.models import Job
+    from app.services import jobs
+    from worker.lease import TaskOutcome
+    from worker.tasks import SHUTDOWN, run_job
+
+    job = jobs.create_job(session, "train", {}, preset="tiny")
+    session.commit()
+    sent, ran = [], []
+    monkeypatch.setattr(worker.tasks, "enqueue", lambda *a, **kw: sent.append((a, kw)))
+    body = lambda jid, name: ran.append(jid) or "succeeded"  # noqa: E731
+    SHUTDOWN.set()
+    try:
+        assert run_job(job.id, body) == TaskOutcome.DEFERRED == "deferred"
+    finally:
+        SHUTDOWN.clear()
+    assert sent == [((job.id, "train"), {})] and ran == []
+    assert run_job(job.id, body) == "succeeded" and ran == [job.id]
+    session.expire_all()
+    row = session.get(Job, job.id)
+    row.status = "succeeded"
+    session.commit()
+    assert run_job(job.id, body) == TaskOutcome.SKIPPED == "skipped" and ran == [job.id]
+
+
 def test_train_nnodes_is_at_least_one_and_divides_the_prompts(client, admin, session, enqueuer):
     # several hosts (README "Workers"): each trains an equal share of every iteration's prompts
     for nnodes, prompts in ((0, 4), (3, 4), (1.5, 3)):
