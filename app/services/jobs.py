@@ -44,7 +44,7 @@ from sqlalchemy.orm import Session
 from app.config import get_settings
 from app.errors import Conflict, Invalid, NotFound, Unavailable
 from app.job_kinds import KIND_NAMES, KINDS
-from app.limits import MAX_CONFIG_PROMPTS, MAX_ID, NAME_LENGTH
+from app.limits import MAX_CONFIG_PROMPTS, MAX_ID
 from app.models import (
     FINISHED_JOB_STATUSES,
     ROLES,
@@ -857,7 +857,8 @@ def mark_running(session: Session, job_id: int, worker_name: str) -> Job:
     if job.status in FINISHED_JOB_STATUSES:
         raise Conflict(f"job {job_id} is {job.status}; not starting it")
     now = utcnow()
-    job.status, job.worker, job.heartbeat_at = JobStatus.RUNNING, worker_name[:NAME_LENGTH], now
+    job.status, job.heartbeat_at = JobStatus.RUNNING, now
+    job.worker = workers.stored_name(worker_name)
     job.started_at = job.started_at or now
     job.attempts += 1
     job.error = None
@@ -870,7 +871,7 @@ def heartbeat(session: Session, job_id: int, worker_name: str | None = None) -> 
     job = get_job(session, job_id)
     job.heartbeat_at = utcnow()
     if worker_name:
-        job.worker = worker_name[:NAME_LENGTH]
+        job.worker = workers.stored_name(worker_name)
     session.flush()
     return job.cancel_requested
 
@@ -949,7 +950,8 @@ def leave_for_reaper(session: Session, job_id: int, worker_name: str) -> bool:
     (cancelled meanwhile, or a message did arrive and a worker took it)."""
     result = session.execute(
         update(Job).where(Job.id == job_id, Job.status == JobStatus.QUEUED)
-        .values(status=JobStatus.RUNNING, worker=worker_name[:NAME_LENGTH], heartbeat_at=None)
+        .values(status=JobStatus.RUNNING, worker=workers.stored_name(worker_name),
+                heartbeat_at=None)
         .execution_options(synchronize_session=False))
     session.flush()
     return result.rowcount == 1
@@ -977,9 +979,9 @@ def claim(session: Session, job_id: int, worker_name: str, stale_after: timedelt
             & (Job.heartbeat_at.is_(None) | (Job.heartbeat_at < now - stale_after))))
         # the reason it was requeued (a lost or stopped worker) was the queued job's; a
         # running job shows no error
-        .values(status=JobStatus.RUNNING, worker=worker_name[:NAME_LENGTH], heartbeat_at=now,
-                started_at=func.coalesce(Job.started_at, now), attempts=Job.attempts + 1,
-                error=None)
+        .values(status=JobStatus.RUNNING, worker=workers.stored_name(worker_name),
+                heartbeat_at=now, started_at=func.coalesce(Job.started_at, now),
+                attempts=Job.attempts + 1, error=None)
         .execution_options(synchronize_session=False)
     )
     if result.rowcount != 1:
@@ -990,7 +992,8 @@ def claim(session: Session, job_id: int, worker_name: str, stale_after: timedelt
 def holds(session: Session, job_id: int, worker_name: str) -> bool:
     """Whether `worker_name` still runs this job (a reaper may have handed it to another)."""
     row = session.execute(select(Job.status, Job.worker).where(Job.id == job_id)).one_or_none()
-    return row is not None and row[0] == JobStatus.RUNNING and row[1] == worker_name[:NAME_LENGTH]
+    return (row is not None and row[0] == JobStatus.RUNNING
+            and row[1] == workers.stored_name(worker_name))
 
 
 def truncate_history(session: Session, job_id: int, iteration: int) -> None:

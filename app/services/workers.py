@@ -21,6 +21,12 @@ from app.limits import NAME_LENGTH
 from app.models import Job, JobStatus, WorkerRow, utcnow
 
 
+def stored_name(worker_name: str) -> str:
+    """A worker's name (host:pid:nonce) as the jobs and workers tables hold it: cut to
+    NAME_LENGTH, so that a long host name still compares equal to what was stored."""
+    return worker_name[:NAME_LENGTH]
+
+
 def live_seconds() -> float:
     """A worker unseen for longer than this is not counted: three reaper rounds, and never
     less than the time after which its jobs count as stale."""
@@ -31,10 +37,10 @@ def live_seconds() -> float:
 def report(session: Session, name: str, queues: list[str], cuda_devices: int,
            device_names: list[str]) -> WorkerRow:
     """Insert or refresh this worker's row (flush, no commit)."""
-    row = session.get(WorkerRow, name[:NAME_LENGTH])
+    row = session.get(WorkerRow, stored_name(name))
     now = utcnow()
     if row is None:
-        row = WorkerRow(name=name[:NAME_LENGTH], started_at=now)
+        row = WorkerRow(name=stored_name(name), started_at=now)
         session.add(row)
     row.queues, row.cuda_devices = sorted(set(queues)), int(cuda_devices)
     row.device_names, row.last_seen_at = list(device_names), now

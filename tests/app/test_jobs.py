@@ -397,3 +397,25 @@ def test_job_statuses_are_one_enum_stored_and_listed_as_plain_values(client, adm
     assert type(stored) is str and stored == "cancelled"
     listed = client.get("/api/jobs", params={"status": "cancelled"}, headers=admin).json()
     assert [j["id"] for j in listed["items"]] == [job_id]
+
+
+def test_a_worker_with_a_long_host_name_still_holds_the_job_it_claimed(session):
+    """A worker's name (host:pid:nonce) longer than the column is cut the same way wherever
+    it is stored and compared: the claim, the heartbeat, `holds` and the workers table."""
+    from datetime import timedelta
+
+    from app.limits import NAME_LENGTH
+    from app.services import jobs, workers
+
+    name = "h" * (NAME_LENGTH + 40) + ":123:abcd1234"
+    job = jobs.create_job(session, "train", {}, preset="tiny")
+    session.commit()
+    assert jobs.claim(session, job.id, name, timedelta(seconds=60)) is not None
+    session.commit()
+    assert jobs.holds(session, job.id, name)
+    assert not jobs.holds(session, job.id, "other-host:1:abcd1234")
+    jobs.heartbeat(session, job.id, name)
+    session.commit()
+    assert jobs.holds(session, job.id, name)
+    assert workers.report(session, name, ["gpu"], 0, []).name == name[:NAME_LENGTH]
+    assert len(jobs.get_job(session, job.id).worker) == NAME_LENGTH
