@@ -154,6 +154,14 @@ class Job(Base):
     finished_at: Mapped[datetime | None]
     heartbeat_at: Mapped[datetime | None]
 
+    @property
+    def progress(self) -> float | None:
+        """The share of its iterations done (0-1), for the API and the UI alike: 1 once it
+        succeeded; None while a kind that counts no iterations runs."""
+        if self.total_iterations:
+            return min(1.0, self.iteration / self.total_iterations)
+        return 1.0 if self.status == JobStatus.SUCCEEDED else None
+
 
 class JobMetric(Base):
     """One row per (job, iteration): the metric history. Re-recording an iteration updates it."""

@@ -18,10 +18,7 @@ def job_out(job: Job, cls: type[JobOut] = JobOut, waiting: dict[int, str] | None
             **extra: Any) -> Any:
     out = cls.model_validate(job)
     out.waiting_for = (waiting or {}).get(job.id)
-    if job.total_iterations:
-        out.progress = min(1.0, job.iteration / job.total_iterations)
-    elif job.status == JobStatus.SUCCEEDED:
-        out.progress = 1.0
+    out.progress = job.progress
     for k, v in extra.items():
         setattr(out, k, v)
     return out

@@ -251,8 +251,7 @@ def launch(enqueuer: Enqueuer | None, user_state: dict | None, dataset_id: int |
 def jobs_table(rows: list[Any]) -> str:
     out = []
     for j in rows:
-        frac = (min(1.0, j.iteration / j.total_iterations) if j.total_iterations
-                else (1.0 if j.status == JobStatus.SUCCEEDED else 0.0))
+        frac = j.progress  # None: a bar at zero
         label = f"{j.iteration}/{j.total_iterations or '?'}"
         out.append([j.id, j.kind, Raw(f'<span class="ngs-status ngs-status-{esc(j.status)}">'
                                       f"{esc(j.status)}</span>"),
@@ -292,8 +291,7 @@ def plots_html(history: list[Any]) -> str:
 
 
 def job_header(job: Any, waiting: str | None = None) -> str:
-    frac = (min(1.0, job.iteration / job.total_iterations) if job.total_iterations
-            else (1.0 if job.status == JobStatus.SUCCEEDED else 0.0))
+    frac = job.progress
     return (f'<div id="job-detail" data-job="{job.id}" data-status="{esc(job.status)}" '
             f'data-iteration="{job.iteration}"><b>Job {job.id}</b> ({esc(job.kind)}) &middot; '
             f"status <b>{esc(job.status)}</b>"

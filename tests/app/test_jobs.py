@@ -419,3 +419,22 @@ def test_a_worker_with_a_long_host_name_still_holds_the_job_it_claimed(session):
     assert jobs.holds(session, job.id, name)
     assert workers.report(session, name, ["gpu"], 0, []).name == name[:NAME_LENGTH]
     assert len(jobs.get_job(session, job.id).worker) == NAME_LENGTH
+
+
+def test_a_jobs_progress_is_one_rule_for_the_api_and_the_ui():
+    from datetime import UTC, datetime
+
+    from app.models import Job, JobStatus
+    from app.ui.jobs import jobs_table
+
+    assert Job(iteration=2, total_iterations=3, status=JobStatus.RUNNING).progress == 2 / 3
+    # a resumed job may record an iteration past its total: the bar stops at full
+    assert Job(iteration=5, total_iterations=3, status=JobStatus.RUNNING).progress == 1.0
+    # a rollout counts no iterations: unknown while it runs, full once it succeeded
+    assert Job(iteration=0, total_iterations=None, status=JobStatus.RUNNING).progress is None
+    assert Job(iteration=0, total_iterations=None, status=JobStatus.SUCCEEDED).progress == 1.0
+    row = Job(id=7, kind="rollout", iteration=0, total_iterations=None,
+              status=JobStatus.SUCCEEDED, created_at=datetime.now(UTC), metrics={})
+    assert 'aria-valuenow="100.0"' in jobs_table([row])
+    row.status = JobStatus.RUNNING
+    assert 'aria-valuenow="0.0"' in jobs_table([row])
