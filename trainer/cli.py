@@ -22,6 +22,7 @@ from trainer.config import (
     absolute_paths,
     default_preset,
     load_config,
+    resolution_problem,
 )
 
 if TYPE_CHECKING:  # torch stays unimported until a command runs
@@ -354,7 +355,6 @@ def _model_spec(args: argparse.Namespace):
     zip download, another tool's LoRA) carries its rank and targets but not its base, which
     --model and --model-path name. Sets args.model to the model loaded."""
     from trainer.models import ModelSpec, checkpoint_spec, uses_model_directory
-    from trainer.shapes.world import IMAGE_SIZE
 
     checkpoint = _checkpoint_of(args)
     try:
@@ -376,11 +376,10 @@ def _model_spec(args: argparse.Namespace):
     for option in ("resolution", "guidance_scale"):
         if getattr(args, option, None) is not None:
             setattr(spec, option, getattr(args, option))
-    if spec.name == "shapes" and spec.resolution not in (0, IMAGE_SIZE):
-        # its images are its latents, drawn at the world's one size whatever is asked (the
-        # rule TrainConfig and the studio's jobs apply to resolution)
-        raise ConfigError("--resolution", f"the shapes model draws {IMAGE_SIZE}x{IMAGE_SIZE} "
-                          f"images; use {IMAGE_SIZE} or leave it out, got {spec.resolution}")
+    # the rule TrainConfig and the studio's jobs apply to resolution (the shapes model's
+    # images are its latents, drawn at the world's one size whatever is asked)
+    if (problem := resolution_problem(spec.name, spec.resolution)) is not None:
+        raise ConfigError("--resolution", problem)
     args.model = spec.name
     return spec
 

@@ -121,6 +121,28 @@ def reward_server_problems(url: str, paths: Any) -> list[ConfigError]:
     return out
 
 
+# the diffusers models' image side where a config gives 0 (trainer.models.diffusers_flow
+# takes it too), and the multiple their VAE (8) and 2x2 patches ask of a side
+DIFFUSERS_DEFAULT_RESOLUTION = 512
+DIFFUSERS_RESOLUTION_MULTIPLE = 16
+
+
+def resolution_problem(model: str, resolution: int) -> str | None:
+    """What is wrong with `resolution` (0: the default) for `model`, or None: one rule for a
+    train config, a rollout or evaluate job and the CLI. The shapes model draws its world's
+    32x32 images only; flux and sd3 take multiples of 16; a model added with register_model
+    checks its own."""
+    from trainer.shapes.world import IMAGE_SIZE
+
+    if model == "shapes" and resolution not in (0, IMAGE_SIZE):
+        return (f"the shapes model draws {IMAGE_SIZE}x{IMAGE_SIZE} images; use 0 or "
+                f"{IMAGE_SIZE}, got {resolution}")
+    if model in ("flux", "sd3") and resolution % DIFFUSERS_RESOLUTION_MULTIPLE:
+        return (f"must be a multiple of {DIFFUSERS_RESOLUTION_MULTIPLE} for {model} (0: "
+                f"{DIFFUSERS_DEFAULT_RESOLUTION}, or a checkpoint's own), got {resolution}")
+    return None
+
+
 def model_choices() -> tuple[str, ...]:
     """The models a config may name: the trainer.models registry's, so that one added with
     `register_model` can be configured; the default (shapes) first, the rest by name."""
@@ -536,7 +558,6 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
             return out
         from trainer.models import uses_model_directory
 
-        diffusers_model = self.model in ("flux", "sd3")
         # a registered model loads from a directory when it declares the files one holds
         directory = uses_model_directory(self.model)
         if directory and "model_path" not in bad and not self.model_path.strip():
@@ -558,16 +579,13 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
             if self.mixed_precision == "bf16":
                 out.append(ConfigError("mixed_precision", f"model {self.model!r} trains in "
                                        "fp32; use 'auto' or 'no' ('bf16' is for flux and sd3)"))
-            if "resolution" not in bad and self.resolution not in (0, 32):
-                out.append(ConfigError("resolution", "the shapes model draws 32x32 images; use "
-                                       f"0 or 32, got {self.resolution}"))
         elif "eval_every" not in bad and self.eval_every:
             out.append(ConfigError("eval_every", "the periodic evaluation scores the shapes "
                                    f"world; model {self.model!r} has none (use 0 and an "
                                    "evaluate job)"))
-        if diffusers_model and "resolution" not in bad and self.resolution % 16:
-            out.append(ConfigError("resolution", f"must be a multiple of 16 for {self.model} "
-                                   f"(0: 512), got {self.resolution}"))
+        if "resolution" not in bad and (
+                problem := resolution_problem(self.model, self.resolution)) is not None:
+            out.append(ConfigError("resolution", problem))
         if "gradient_checkpointing_fraction" not in bad and (
                 self.gradient_checkpointing_fraction < 1.0 and not self.gradient_checkpointing
                 or self.gradient_checkpointing_fraction <= 0.0):

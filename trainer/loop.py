@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import DIFFUSERS_DEFAULT_RESOLUTION, ConfigError, TrainConfig
 from trainer.grpo import IterationResult
 from trainer.models import TRAINER_STATE, ModelSpec
 from trainer.models.base import FlowModel, WeightsFile, WeightsMismatch
@@ -237,7 +237,7 @@ def model_card(trainer: Trainer) -> str:
             config.model, "DiffusionPipeline")
         # sampled as it was trained: a pipeline's own defaults differ (SD3's CFG 7.0 against
         # the 4.5 a run may have trained with), and the LoRA learned at this scale and size
-        side = config.resolution or 512
+        side = config.resolution or DIFFUSERS_DEFAULT_RESOLUTION
         guidance = f", guidance_scale={config.guidance_scale}" if config.model != "shapes" else ""
         usage = (f"```python\nfrom diffusers import {pipeline}\n\npipe = {pipeline}."
                  f"from_pretrained({config.model_path!r})\npipe.load_lora_weights(\"this "

@@ -26,24 +26,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.config import get_settings
 from app.db import session_scope
 from app.errors import NotFound
 from app.job_kinds import EvaluateConfig, RolloutConfig, SamplingConfig, default_reward_names
 from app.json_values import json_safe
 from app.models import JobStatus
-from app.services import checkpoints, datasets, jobs, rollouts, storage
+from app.services import checkpoints, datasets, jobs, rollouts
 from trainer.evaluation import sample_images
 from trainer.grpo import blended_group_rewards, group_advantages, group_noises
 from trainer.loop import resolve_device
 from trainer.models import ModelSpec, checkpoint_spec, load_flow_model, uses_model_directory
 from trainer.models.base import FlowModel, micro_batches, repeat_cond, to_uint8
-from trainer.rewards.models import MODEL_REWARDS, RewardWeightsMissing, RewardWeightsUnloadable
+from trainer.rewards.models import RewardWeightsMissing, RewardWeightsUnloadable
 from trainer.rewards.remote import RewardServerError, Scorer, prepare_scorer
 from trainer.shapes.world import all_prompts
 from trainer.solvers import rollout
 from worker.lease import JobError, LeaseLost
-from worker.training import model_directory, png_bytes
+from worker.training import model_directory, png_bytes, reward_model_paths
 
 log = logging.getLogger(__name__)
 
@@ -98,23 +97,13 @@ def prepare_rewards(names: list[str], given: dict[str, str] | None = None,
     """What scores the job's rewards `names` (`prepare_scorer`, as for a train job), checked
     now, before any sampling: a JobError when one cannot be scored. With `server_url`, the
     reward server there must be up and serve them all. Without, the model-backed rewards point
-    at their weights (a `reward_model_paths` entry resolved inside REWARD_MODELS_DIR /
-    MODELS_DIR, else REWARD_MODELS_DIR/<name>: the studio's settings, which the trainer does
-    not read) on this worker's device."""
+    at their weights (worker.training.reward_model_paths) on this worker's device."""
     if server_url:
         try:
             return prepare_scorer(names, server_url)
         except RewardServerError as exc:  # down, or lacks a reward: the message says it in full
             raise JobError(str(exc)) from None
-    root = get_settings().resolved_reward_models_dir
-    try:
-        paths = {name: str(storage.reward_model_dir(path)) for name, path in
-                 (given or {}).items()}
-    except ValueError as exc:
-        raise JobError(f"reward_model_paths: {exc}") from None
-    for name in names:
-        if name in MODEL_REWARDS and name not in paths:
-            paths[name] = str(root / name)
+    paths = reward_model_paths(names, given)
     try:
         return prepare_scorer(names, "", paths, resolve_device("auto"))
     except (RewardWeightsMissing, RewardWeightsUnloadable) as exc:

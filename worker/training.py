@@ -16,6 +16,7 @@ import io
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -269,7 +270,8 @@ def job_train_config(config: dict[str, Any], prompts: list[str] | None = None) -
     # settings (REWARD_MODELS_DIR may be set in .env, which the trainer does not read); with a
     # reward server the server holds the weights and the job names none
     if not data.get("reward_server_url"):
-        data["reward_model_paths"] = reward_model_paths(data)
+        data["reward_model_paths"] = reward_model_paths(data.get("reward_weights") or {},
+                                                        data.get("reward_model_paths"))
     config = TrainConfig.from_stored(data)
     if config.base_checkpoint:
         from trainer.models import ModelSpec, base_checkpoint_problem
@@ -283,16 +285,22 @@ def job_train_config(config: dict[str, Any], prompts: list[str] | None = None) -
     return config
 
 
-def reward_model_paths(config: dict[str, Any]) -> dict[str, str]:
-    """The weights directory of each model-backed reward in a stored config's reward_weights:
-    its reward_model_paths entry resolved inside REWARD_MODELS_DIR / MODELS_DIR, else
-    REWARD_MODELS_DIR/<name>."""
+def reward_model_paths(names: Iterable[str], given: dict[str, str] | None = None
+                       ) -> dict[str, str]:
+    """The weights directory of each model-backed reward among `names`: its `given`
+    (reward_model_paths) entry resolved inside REWARD_MODELS_DIR / MODELS_DIR, else
+    REWARD_MODELS_DIR/<name> (the studio's settings, which the trainer does not read). A
+    JobError naming reward_model_paths when an entry resolves outside those directories
+    (submission checked it, but the settings may have changed since)."""
     from trainer.rewards.models import MODEL_REWARDS
 
     root = get_settings().resolved_reward_models_dir
-    out = {name: str(storage.reward_model_dir(path)) for name, path in
-           (config.get("reward_model_paths") or {}).items()}
-    for name in config.get("reward_weights") or {}:
+    try:
+        out = {name: str(storage.reward_model_dir(path)) for name, path in
+               (given or {}).items()}
+    except ValueError as exc:
+        raise JobError(f"reward_model_paths: {exc}") from None
+    for name in names:
         if name in MODEL_REWARDS and name not in out:
             out[name] = str(root / name)
     return out

@@ -60,7 +60,7 @@ from app.queue import broker_unreachable
 from app.schemas import validation_message
 from app.services import auth, checkpoints, storage, workers
 from app.services.datasets import prompt_texts
-from trainer.config import prompt_text_problem
+from trainer.config import prompt_text_problem, resolution_problem
 from trainer.shapes.world import shapes_prompt_problem
 
 log = logging.getLogger(__name__)
@@ -403,13 +403,9 @@ def _check_model(session: Session, kind: str, config: dict[str, Any], problems: 
             problems.append(("model_path", f"must be empty for model {model!r} (it has no "
                                            "model directory)"))
     resolution = config.get("resolution")
-    if isinstance(resolution, int) and "resolution" not in malformed and resolution:
-        if model == "shapes" and resolution != 32:
-            problems.append(("resolution", f"the shapes model draws 32x32 images; use 0 or 32, "
-                                           f"got {resolution}"))
-        elif model != "shapes" and resolution % 16:
-            problems.append(("resolution", f"must be a multiple of 16 for {model} (0: the "
-                                           f"checkpoint's or 512), got {resolution}"))
+    if isinstance(resolution, int) and "resolution" not in malformed and (
+            problem := resolution_problem(model, resolution)) is not None:
+        problems.append(("resolution", problem))
     if config.get("reward_names") == [] and "reward_names" not in malformed:
         config["reward_names"] = default_reward_names(kind, model)
     if (config.get("batch_size") == 0 and "batch_size" not in malformed

@@ -421,6 +421,47 @@ def test_a_registered_model_is_a_configurable_model(client, admin, monkeypatch):
         "shapes", "custom", "flux", "sd3"]
 
 
+def test_one_resolution_rule_for_a_train_config_a_rollout_and_the_cli(client, admin,
+                                                                      monkeypatch):
+    """trainer.config.resolution_problem is the rule everywhere: a registered model checks
+    its own sides (neither a train config nor a rollout refuses 100 px for it), flux takes
+    multiples of 16 and shapes its 32 px, with the same words at each door."""
+    import argparse
+
+    from trainer.cli import _model_spec
+    from trainer.config import ConfigError, TrainConfig
+
+    def train_problems(model: str, resolution: int) -> dict[str, str]:
+        return {e.field: e.message for e in TrainConfig(
+            model=model, resolution=resolution,
+            reward_weights={"jpeg_compressibility": 1.0}).problems()}
+
+    def rollout_problems(model: str, resolution: int) -> dict[str, str]:
+        r = _post_job(client, admin, "rollout", {"model": model, "resolution": resolution})
+        return _errors(r) if r.status_code == 422 else {}
+
+    def cli_problem(model: str, resolution: int) -> str | None:
+        args = argparse.Namespace(checkpoint=None, model=model, model_path="/m",
+                                  resolution=resolution, guidance_scale=None)
+        try:
+            _model_spec(args)
+        except ConfigError as exc:
+            return exc.message if exc.field == "--resolution" else None
+        return None
+
+    _register_custom(monkeypatch)
+    assert "resolution" not in train_problems("custom", 100)
+    assert "resolution" not in rollout_problems("custom", 100)
+    for model, resolution, words in (("flux", 520, "multiple of 16"), ("shapes", 64, "32x32")):
+        message = train_problems(model, resolution)["resolution"]
+        assert words in message and "got " + str(resolution) in message
+        assert rollout_problems(model, resolution)["resolution"] == message
+        assert cli_problem(model, resolution) == message
+    for model, resolution in (("flux", 512), ("shapes", 32), ("shapes", 0)):
+        assert "resolution" not in train_problems(model, resolution)
+        assert cli_problem(model, resolution) is None
+
+
 def test_a_registered_model_with_a_directory_needs_model_path(monkeypatch):
     from trainer.config import TrainConfig
 

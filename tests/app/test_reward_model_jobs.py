@@ -111,6 +111,30 @@ def test_worker_hands_the_trainer_resolved_reward_directories(settings, reward_r
                                          "pickscore": str(reward_root / "pickscore")}
 
 
+def test_a_reward_path_the_settings_no_longer_allow_fails_the_job_naming_the_field(
+        settings, reward_root, tmp_path, monkeypatch):
+    """Submission accepted the path; if REWARD_MODELS_DIR / MODELS_DIR moved before the job
+    started, the worker's one resolver refuses it as a JobError naming reward_model_paths
+    (a job failure with that message), for a train job and for a sampling job alike."""
+    from worker.lease import JobError
+    from worker.sampling import prepare_rewards
+    from worker.training import job_train_config
+
+    given = {"pickscore": str(reward_root / "pick-v1")}
+    monkeypatch.setenv("REWARD_MODELS_DIR", str(tmp_path / "elsewhere"))
+    monkeypatch.setenv("MODELS_DIR", str(tmp_path / "models-elsewhere"))
+    from app.config import get_settings
+
+    get_settings.cache_clear()
+    try:
+        with pytest.raises(JobError, match=r"^reward_model_paths: .*REWARD_MODELS_DIR"):
+            job_train_config({**TRAIN, "reward_model_paths": given})
+        with pytest.raises(JobError, match=r"^reward_model_paths: .*REWARD_MODELS_DIR"):
+            prepare_rewards(["pickscore"], given)
+    finally:
+        get_settings.cache_clear()
+
+
 def test_submission_checks_files_not_the_api_servers_packages(client, admin, reward_root,
                                                               monkeypatch):
     """hpsv2 needs open_clip on the worker, not in the API's environment: a complete

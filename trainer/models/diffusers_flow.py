@@ -36,6 +36,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
+from trainer.config import DIFFUSERS_DEFAULT_RESOLUTION
 from trainer.models import FULL_TRANSFORMER, LORA_WEIGHTS, ModelSpec
 from trainer.models.base import (
     Conditioning,
@@ -46,7 +47,7 @@ from trainer.models.base import (
 )
 from trainer.models.host_resident import HostResident
 
-DEFAULT_RESOLUTION = 512
+DEFAULT_RESOLUTION = DIFFUSERS_DEFAULT_RESOLUTION  # a config's resolution 0
 # Host memory the prompt-embedding cache may hold, per process: about 1,000 FLUX prompts
 # (512 T5 tokens x 4,096 x bf16 = 4 MB each), so a run that keeps to a set of that size
 # encodes each prompt once, and one on a 100k-prompt set (HPDv2's train split) stays bounded.
