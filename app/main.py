@@ -78,6 +78,8 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
     app.state.settings = settings
     app.state.enqueuer = enqueuer or queue.enqueue
 
+    from app.api.deps import refused_caller
+
     @app.exception_handler(ServiceError)
     async def service_error(_request: Request, exc: ServiceError) -> JSONResponse:
         body: dict[str, object] = {"detail": exc.message}
@@ -96,6 +98,8 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 400 and exc.detail == BODY_PARSE_ERROR:
+            if (refused := await refused_caller(request)) is not None:
+                return await service_error(request, refused)
             # FastAPI's 400 for a body its parser gave up on (JSON nested thousands deep
             # overflows Python's stack): a 422 as for any other malformed JSON, in one shape
             nested = isinstance(exc.__cause__, RecursionError)
@@ -117,6 +121,10 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
         # JSON body may carry them) cannot be written as strict JSON: it became a 500. This
         # one answers as every other 422 does (app.services.jobs' config errors), naming
         # each field and what is allowed, without the inputs.
+        # a body FastAPI could not parse is refused before the route's dependencies ran:
+        # the caller's 401 or 403 comes first, as for a well-formed body
+        if (refused := await refused_caller(request)) is not None:
+            return await service_error(request, refused)
         problems = [validation_problem(err) for err in exc.errors()]
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if (problems and problems[0][0] == "body" and request.method in ("POST", "PUT", "PATCH")

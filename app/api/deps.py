@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from app import db
 from app.config import Settings, get_settings
-from app.errors import Unauthorized
+from app.errors import Forbidden, ServiceError, Unauthorized
 from app.limits import MAX_ID
 from app.models import User
 from app.services import auth
@@ -86,6 +86,33 @@ async def file_reader(
 
 def admin_user(user: Annotated[User, Depends(current_user)]) -> User:
     return auth.require_role(user, "admin")
+
+
+def _dependency_calls(dependant: Any) -> set[Any]:
+    calls = set()
+    for sub in getattr(dependant, "dependencies", []):
+        calls.add(sub.call)
+        calls |= _dependency_calls(sub)
+    return calls
+
+
+async def refused_caller(request: Request) -> ServiceError | None:
+    """The 401 or 403 the matched route's own dependencies would have answered, for a request
+    refused before they ran: FastAPI parses a JSON body before it resolves dependencies, so a
+    malformed body would otherwise tell a caller without a token (or without the role) how
+    the route reads its input. None when the caller may call the route."""
+    calls = _dependency_calls(getattr(request.scope.get("route"), "dependant", None))
+    if not calls & {current_user, file_reader}:
+        return None
+    creds = await bearer(request)
+    try:
+        user = await (file_reader(request, creds) if file_reader in calls
+                      else current_user(creds))
+        if admin_user in calls:
+            admin_user(user)
+    except (Unauthorized, Forbidden) as exc:
+        return exc
+    return None
 
 
 def get_enqueuer(request: Request) -> Enqueuer | None:

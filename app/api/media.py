@@ -12,8 +12,9 @@ The rule: a stored file leaves the server only to a caller with a valid token, g
   prompt files are users' data too), and on every Gradio request whose body is not JSON (a
   file coming in, whatever the route), unless the request carries a valid token; and 403
   unless it is an admin's (only the Datasets page uploads, and reads its upload back).
-  Gradio's deep links, which hand a session's component values to whoever knows its id, are
-  refused outright (404): the UI offers none.
+  Gradio's deep links, which hand a session's component values to whoever knows its id, and
+  its programmatic API (/run, /api, /call: what gradio_client calls) are refused outright
+  (404): the UI offers neither.
 
 Checkpoint and preference-model downloads (`/api/checkpoints/{id}/download`,
 `/api/preference-models/{version}/download`) take the same `file_reader`.
@@ -66,6 +67,11 @@ GRADIO_FILE_ROUTES = re.compile(
     r"^/(gradio_api/)?(file=|file/|proxy=|stream/|upload|run-history/|custom_component/)")
 # Gradio's deep links (a session's component values, saved and reloaded by hash): refused
 GRADIO_DEEP_LINKS = re.compile(r"^/(gradio_api/)?deep_link")
+# Gradio's programmatic API (gradio_client's /run, /api and /call routes): the pages' events
+# go through the queue (queue/join, queue/data) and the studio's API is /api, so the UI offers
+# none. Refused outright (404): GET /call/<api>/<id> streams the events of whichever session
+# an unknown <id> names, around the session guard (app.ui.sessions)
+GRADIO_PROGRAMMATIC_API = re.compile(r"^/(gradio_api/)?(run|api|call)/")
 # What the public shell posts is JSON (queue/join, component_server, reset, cancel). A body
 # of any other kind (multipart, a form, raw bytes) is a file coming in, whatever the route:
 # /upload, /process_recording, or one a later Gradio adds, so it needs a token too.
@@ -127,6 +133,12 @@ class StoredFilesGuard:
                     # ask for, and loads them for anyone holding the link: the UI offers no
                     # deep links, so neither way in exists
                     response = JSONResponse({"detail": "this UI does not offer deep links"},
+                                            status_code=404)
+                    await response(scope, receive, send)
+                    return
+                if GRADIO_PROGRAMMATIC_API.match(sub):
+                    response = JSONResponse({"detail": "this UI offers no programmatic API: "
+                                                       "use the studio's REST API under /api"},
                                             status_code=404)
                     await response(scope, receive, send)
                     return

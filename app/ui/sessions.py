@@ -22,10 +22,11 @@ import threading
 from urllib.parse import parse_qs
 
 from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.deps import authenticated
-from app.api.media import content_type, request_token, unauthorized
+from app.api.media import BODY_METHODS, content_type, request_token, unauthorized
 from app.config import UI_PATH
 
 _lock = threading.Lock()
@@ -62,19 +63,37 @@ def login_of(session_hash: str | None) -> str | None:
     return _logins.get(session_hash) if session_hash else None
 
 
-def _query_session(scope: Scope) -> str | None:
-    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-    values = query.get("session_hash") or []
-    return values[0] if values else None
+def _query_sessions(scope: Scope) -> list[str]:
+    """Every `session_hash` value of the query: a route reads one of them (Starlette hands a
+    handler the last), so all of them are checked."""
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+    return query.get("session_hash") or []
 
 
-def _body_session(body: bytes) -> str | None:
+def _body_sessions(body: bytes) -> list[str]:
+    """Every top-level `session_hash` string of a JSON body (a key given twice: both)."""
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, ValueError):
-        return None
-    value = data.get("session_hash") if isinstance(data, dict) else None
-    return value if isinstance(value, str) else None
+        data = json.loads(body, object_pairs_hook=lambda pairs: pairs)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return []
+    if not isinstance(data, list):
+        return []
+    return [value for pair in data if isinstance(pair, tuple) and len(pair) == 2
+            and pair[0] == "session_hash" and isinstance(value := pair[1], str)]
+
+
+def _json_body(scope: Scope) -> bool:
+    """Whether a request's body is parsed as JSON by the routes under it: FastAPI reads a body
+    without a content type, and any application/json or application/*+json, as JSON."""
+    kind = content_type(scope)
+    return scope.get("method") in BODY_METHODS and (
+        kind in ("", "application/json") or (kind.startswith("application/")
+                                             and kind.endswith("+json")))
+
+
+def _may_act_for_all(sessions: list[str], scope: Scope) -> bool:
+    """Whether this request may act for every UI session it names (blocking: queries)."""
+    return all(_may_act(session_hash, scope) for session_hash in dict.fromkeys(sessions))
 
 
 def _may_act(session_hash: str | None, scope: Scope) -> bool:
@@ -102,15 +121,20 @@ class UiSessionGuard:
             await self.app(scope, receive, send)
             return
         sub = path[len(self.ui_path):]
+        # every place a route may read the session from: the path, each query value, the
+        # JSON body's (Gradio's queue/join reads the body's even when the query names another)
         found = _PATH_SESSION.match(sub)
-        session_hash = found.group(1) if found else _query_session(scope)
-        if session_hash is None and scope.get("method") == "POST" \
-                and content_type(scope) == "application/json":
+        sessions = [found.group(1)] if found else []
+        sessions += _query_sessions(scope)
+        if _json_body(scope):
             body, receive = await _buffered(receive)
-            if len(body) <= MAX_JSON_BODY:
-                session_hash = _body_session(body)
-        if session_hash is not None and not await run_in_threadpool(_may_act, session_hash,
-                                                                    scope):
+            if len(body) > MAX_JSON_BODY:  # too large to read for its session: not passed on
+                response = JSONResponse({"detail": f"a UI request's JSON body may hold at most "
+                                                   f"{MAX_JSON_BODY} bytes"}, status_code=413)
+                await response(scope, receive, send)
+                return
+            sessions += _body_sessions(body)
+        if sessions and not await run_in_threadpool(_may_act_for_all, sessions, scope):
             response = unauthorized("this UI session is logged in from another browser: "
                                     "log in here (a logged-in session needs its browser's "
                                     "session cookie)")

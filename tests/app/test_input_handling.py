@@ -715,3 +715,21 @@ def test_prompts_with_controls_or_direction_overrides_are_refused_everywhere(cli
     r = client.post("/api/datasets", files={"file": ("ok.txt", ok, "text/plain")},
                     headers=admin)
     assert r.status_code == 201, r.text
+
+
+def test_a_malformed_body_without_a_valid_token_is_401_before_422(client, admin, annotator):
+    """FastAPI parses a JSON body before the route's dependencies run: the caller's own
+    refusal (401 without a valid token, 403 without the role) still comes first, so an
+    unauthenticated client learns nothing of how a route reads its body."""
+    bad = {"Content-Type": "application/json"}
+    for body in (b"{bad", b"[" * 100_000):  # unparseable; nested past the parser's stack
+        for path in ("/api/votes", "/api/users"):
+            for headers in ({}, {"Authorization": "Bearer nope"}):
+                r = client.post(path, content=body, headers={**bad, **headers})
+                assert r.status_code == 401, (path, headers, r.text)
+                assert r.headers["www-authenticate"] == "Bearer"
+        r = client.post("/api/users", content=body, headers={**bad, **annotator})
+        assert r.status_code == 403 and "needs role admin" in r.text
+        for path in ("/api/votes", "/api/users"):
+            r = client.post(path, content=body, headers={**bad, **admin})
+            assert r.status_code == 422 and r.json()["field"] == "body", (path, r.text)

@@ -33,6 +33,7 @@ FILE = "file"  # returns stored bytes: a valid token (header, or the UI's sessio
 UI = "ui"  # the Gradio shell: may load without a token, never with a stored byte in it
 UI_FILE = "ui-file"  # Gradio routes that serve or take files: refused without a token
 UI_UPLOAD = "ui-upload"  # Gradio's file upload: refused without a token, 403 for an annotator
+UI_REFUSED = "ui-refused"  # what the UI does not offer (deep links, the programmatic API): 404
 
 ROUTES: dict[str, str] = {
     "GET /openapi.json": PUBLIC, "HEAD /openapi.json": PUBLIC,
@@ -75,7 +76,7 @@ ROUTES: dict[str, str] = {
 }
 _UI_SHELL = """
 GET /ui/openapi.json|HEAD /ui/openapi.json|POST /ui/login/|POST /ui/login|GET /ui/logout
-GET /ui/svelte/{path:path}|GET /ui/|HEAD /ui/|GET /ui/gradio_api/deep_link|GET /ui/config
+GET /ui/svelte/{path:path}|GET /ui/|HEAD /ui/|GET /ui/config
 GET /ui/config/|GET /ui/static/{path:path}|GET /ui/assets/{path:path}|GET /ui/favicon.ico
 GET /ui/theme.css|GET /ui/robots.txt|GET /ui/pwa_icon/{size}|GET /ui/pwa_icon|GET /ui/manifest.json
 GET /ui/monitoring|GET /ui/monitoring/summary|GET /ui/monitoring/{key}|GET /ui/gradio_api/user/
@@ -84,12 +85,8 @@ GET /ui/gradio_api/token/|GET /ui/gradio_api/token|GET /ui/gradio_api/app_id/
 GET /ui/gradio_api/app_id|GET /ui/gradio_api/dev/reload|GET /ui/gradio_api/runs/
 GET /ui/gradio_api/runs|GET /ui/gradio_api/info|GET /ui/gradio_api/info/
 GET /ui/gradio_api/openapi.json|POST /ui/gradio_api/reset|POST /ui/gradio_api/reset/
-GET /ui/gradio_api/heartbeat/{session_hash}|POST /ui/gradio_api/api/{api_name}/
-POST /ui/gradio_api/api/{api_name}|POST /ui/gradio_api/run/{api_name}/
-POST /ui/gradio_api/run/{api_name}|POST /ui/gradio_api/call/v2/{api_name}/
-POST /ui/gradio_api/call/v2/{api_name}|POST /ui/gradio_api/call/{api_name}/
-POST /ui/gradio_api/call/{api_name}|POST /ui/gradio_api/queue/join|POST /ui/gradio_api/cancel
-GET /ui/gradio_api/call/{api_name}/{event_id}|GET /ui/gradio_api/call/v2/{api_name}/{event_id}
+GET /ui/gradio_api/heartbeat/{session_hash}
+POST /ui/gradio_api/queue/join|POST /ui/gradio_api/cancel
 GET /ui/gradio_api/queue/data|POST /ui/gradio_api/component_server/
 POST /ui/gradio_api/component_server|GET /ui/gradio_api/queue/status
 GET /ui/gradio_api/startup-events|GET /ui/gradio_api/theme.css
@@ -111,7 +108,15 @@ GET /ui/gradio_api/stream/{session_hash}/{run}/{component_id}/{segment_id}.{ext}
 GET /ui/gradio_api/stream/{session_hash}/{run}/{component_id}/playlist-file
 GET /ui/gradio_api/file/{path:path}|GET /ui/gradio_api/upload_progress
 """
-for _text, _kind in ((_UI_SHELL, UI), (_UI_FILES, UI_FILE)):
+_UI_REFUSED = """
+GET /ui/gradio_api/deep_link|POST /ui/gradio_api/api/{api_name}/
+POST /ui/gradio_api/api/{api_name}|POST /ui/gradio_api/run/{api_name}/
+POST /ui/gradio_api/run/{api_name}|POST /ui/gradio_api/call/v2/{api_name}/
+POST /ui/gradio_api/call/v2/{api_name}|POST /ui/gradio_api/call/{api_name}/
+POST /ui/gradio_api/call/{api_name}
+GET /ui/gradio_api/call/{api_name}/{event_id}|GET /ui/gradio_api/call/v2/{api_name}/{event_id}
+"""
+for _text, _kind in ((_UI_SHELL, UI), (_UI_FILES, UI_FILE), (_UI_REFUSED, UI_REFUSED)):
     ROUTES.update({key.strip(): _kind for key in _text.replace("\n", "|").split("|")
                    if key.strip()})
 ROUTES["POST /ui/gradio_api/upload"] = UI_UPLOAD
@@ -351,11 +356,15 @@ def test_every_route(world):
                     problems.append(f"{who}: {method} {url} -> {r.status} (want 401)")
                 if kind == UI_UPLOAD and r.status != 401:
                     problems.append(f"{who}: {method} {url} -> {r.status} (want 401)")
+                if kind == UI_REFUSED and r.status != 404:
+                    problems.append(f"{who}: {method} {url} -> {r.status} (want 404)")
                 if kind == UI_FILE and r.status not in (401, 403, 404):
                     problems.append(f"{who}: {method} {url} -> {r.status} (want 401/403/404)")
             tested.add(key)
 
             r = call(method, url, world.annotator, **request_kw(key, world))
+            if kind == UI_REFUSED and r.status != 404:
+                problems.append(f"annotator: {method} {url} -> {r.status} (want 404)")
             if kind in (ADMIN, UI_UPLOAD) and r.status != 403:
                 problems.append(f"annotator: {method} {url} -> {r.status} (want 403)")
             # Gradio's file routes are the Datasets page's (admins): refused to an annotator
@@ -364,7 +373,7 @@ def test_every_route(world):
                 problems.append(f"annotator: {method} {url} -> {r.status} (want 403)")
             if kind in (USER, FILE) and (r.status in (401, 403) or r.status >= 500):
                 problems.append(f"annotator: {method} {url} -> {r.status}")
-            if kind in (UI, UI_FILE, UI_UPLOAD) and stored_bytes_in(world, r.body):
+            if kind in (UI, UI_FILE, UI_UPLOAD, UI_REFUSED) and stored_bytes_in(world, r.body):
                 # stored files reach the page through /api/media only, never through Gradio
                 problems.append(f"annotator: {method} {url} -> {r.status} LEAKS "
                                 f"{stored_bytes_in(world, r.body)}")

@@ -198,15 +198,20 @@ def _ui_post_routes(app) -> list[str]:
 
 
 def test_every_gradio_route_taking_a_file_needs_a_token(served, admin):
+    from app.api.media import GRADIO_PROGRAMMATIC_API
+
     client, blocks = served
     posts = _ui_post_routes(client.app)
     assert "/ui/gradio_api/process_recording" in posts and "/ui/gradio_api/upload" in posts
     files = {"files": ("x.txt", b"a red fox\n", "text/plain")}
     for path in posts:
+        # Gradio's programmatic API is refused to everyone (404), before any token is read
+        refused = 404 if GRADIO_PROGRAMMATIC_API.match(path.removeprefix("/ui")) else 401
         r = client.post(path, files=files)
-        assert r.status_code == 401, (path, r.status_code)
+        assert r.status_code == refused, (path, r.status_code)
         r = client.post(path, content=b"raw bytes", headers={"Content-Type": "text/plain"})
-        assert r.status_code == 401, (path, r.status_code)
+        assert r.status_code == refused, (path, r.status_code)
+    assert sum(bool(GRADIO_PROGRAMMATIC_API.match(p.removeprefix("/ui"))) for p in posts) >= 6
     # the recording route with a token: past the guard (Gradio answers for itself)
     r = client.post("/ui/gradio_api/process_recording", headers=admin,
                     files={"video": ("v.mp4", b"\0" * 10, "video/mp4")})
@@ -237,7 +242,8 @@ def _completed(client, session_hash: str, headers=None) -> dict:
     raise AssertionError("the stream ended before the event finished")
 
 
-def test_a_logged_in_ui_session_acts_only_for_its_own_browser(served, admin, annotator):
+def test_a_logged_in_ui_session_acts_only_for_its_own_browser(served, admin, annotator,
+                                                               monkeypatch):
     """Gradio runs an event with the state of the session its request names, and the login
     keeps its token there: once logged in, the session id (which a log or a proxy may show)
     must not let another client join the queue, read the session's event stream or keep it
@@ -267,8 +273,48 @@ def test_a_logged_in_ui_session_acts_only_for_its_own_browser(served, admin, ann
         assert r.status_code == 401, headers
         r = client.get("/ui/gradio_api/heartbeat/victim", headers=headers)
         assert r.status_code == 401, headers
+        # the session named where the guard once did not look: the body beside another
+        # query value (Gradio runs the body's), a repeated query value (Starlette hands the
+        # route the last), a body naming it twice, a JSON body of another JSON media type
+        r = client.post("/ui/gradio_api/queue/join?session_hash=mine", headers=headers, json={
+            "data": [token, None], "fn_index": login_fn, "session_hash": "victim",
+            "event_data": None, "trigger_id": None})
+        assert r.status_code == 401 and "another browser" in r.text, headers
+        r = client.get("/ui/gradio_api/queue/data?session_hash=mine&session_hash=victim",
+                       headers=headers)
+        assert r.status_code == 401, headers
+        body = (f'{{"data": [], "fn_index": {login_fn}, "session_hash": "victim", '
+                '"session_hash": "mine"}')
+        for kind in ("application/json", "application/vnd.api+json"):
+            r = client.post("/ui/gradio_api/queue/join", content=body,
+                            headers={**headers, "Content-Type": kind})
+            # (the other media type is a body the file guard holds to an admin's token)
+            assert r.status_code in (401, 403), (headers, kind)
+        # Gradio's programmatic API streams the events of the session an unknown event id
+        # names: the UI offers no such API, to anyone
+        r = client.get("/ui/gradio_api/call/anything/victim", headers=headers)
+        assert r.status_code == 404 and "no programmatic API" in r.text, headers
+    for path in ("/ui/gradio_api/call/anything/victim", "/ui/gradio_api/call/v2/x/victim"):
+        assert client.get(path, headers=cookie).status_code == 404
+    for path in ("/ui/gradio_api/run/predict", "/ui/gradio_api/api/predict",
+                 "/ui/gradio_api/call/predict", "/ui/gradio_api/call/v2/predict"):
+        r = client.post(path, headers=admin, json={"data": [], "session_hash": "victim"})
+        assert r.status_code == 404 and "no programmatic API" in r.text, path
+    # a body too large for the guard to read is refused, not passed on unread (the limit
+    # lowered here: at its own size the request body limit outside answers first)
+    from app.ui import sessions
+
+    monkeypatch.setattr(sessions, "MAX_JSON_BODY", 1000)
+    r = client.post("/ui/gradio_api/queue/join", content=b" " * 1001,
+                    headers={**cookie, "Content-Type": "application/json"})
+    assert r.status_code == 413 and "at most 1000 bytes" in r.text
+    monkeypatch.undo()
     # a session no one logged into is the login box's: open to all, as before
     assert _join(client, login_fn, ["", None], "stranger").status_code == 200
+    r = client.post("/ui/gradio_api/queue/join?session_hash=stranger", json={
+        "data": ["", None], "fn_index": login_fn, "session_hash": "stranger",
+        "event_data": None, "trigger_id": None})
+    assert r.status_code == 200
 
     # its own browser logs out: the binding goes, and the cookie's session token is revoked
     assert _join(client, logout_fn, [], "victim", cookie).status_code == 200
