@@ -27,6 +27,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from app.limits import MAX_CONFIG_PROMPTS, MAX_ID
+from trainer.config import MAX_SEED  # one bound for every seed (the trainer's)
 from trainer.rewards.fit_config import FitConfig, fit_fields
 
 
@@ -158,7 +159,7 @@ class RolloutConfig(SamplingConfig):
         "dpm++", description="ODE solver from noise to image: DPM-Solver++(2M) or Euler, on "
         "the model's own (shifted) schedule.")
     steps: int = Field(8, ge=2, le=1000, description="Solver steps per sample (T).")
-    seed: int = Field(0, ge=0, le=MAX_ID, description="Noise seed: each prompt's group "
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Noise seed: each prompt's group "
                       "noises follow from it and the prompt's id (the seed drawn is stored "
                       "with the group), so the same seed samples the same noises again.")
     reward_names: list[str] = Field(default_factory=list, max_length=32,
@@ -187,7 +188,7 @@ class EvaluateConfig(SamplingConfig):
                                     "first N of the prompts chosen (prompts, else the dataset "
                                     "split in upload order, else the 48 shapes prompts); "
                                     "empty: all of them.")
-    seeds: list[Annotated[int, Field(ge=0, le=MAX_ID)]] = Field(
+    seeds: list[Annotated[int, Field(ge=0, le=MAX_SEED)]] = Field(
         default_factory=lambda: [0, 1, 2, 3], min_length=1, max_length=1000,
         description="Noise seeds: each checkpoint samples every prompt once per seed, a seed "
         "giving the same starting noise everywhere, so a (prompt, seed) of two checkpoints is "

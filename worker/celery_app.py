@@ -1,5 +1,5 @@
 """The Celery app: queues `gpu` (sampling, training, evaluation) and `cpu` (preference fitting,
-imports, reward scoring), late acks, one message at a time per process.
+the reaper), late acks, one message at a time per process.
 
 Broker and result backend come from the app settings, read the way the app's sending side
 reads them (`app.queue.broker_settings`: Redis with BROKER_URL, else the filesystem transport
@@ -26,6 +26,7 @@ QUEUES = QUEUE_NAMES
 # not a job kind (no row, nobody launches it): another host's part of a multi-host train job,
 # sent by the worker holding the job to the train kind's queue (worker/torchrun.py)
 JOIN_TRAIN_TASK = "worker.tasks.join_train"
+REAP_TASK = "worker.tasks.reap"  # requeues jobs whose worker went silent (worker/reaper.py)
 
 # Celery warns on every start as root (a container's default user, `make demo` on a root
 # shell). The danger it names is unpickling broker messages as root; this app accepts JSON
@@ -43,7 +44,7 @@ def make_celery(settings: Settings | None = None) -> Celery:
         task_queues=[Queue(name, routing_key=name) for name in QUEUES],
         task_default_queue="gpu",
         task_routes={**{k.task: {"queue": k.queue} for k in KINDS.values()},
-                     "worker.tasks.reap": {"queue": "cpu"},
+                     REAP_TASK: {"queue": "cpu"},
                      JOIN_TRAIN_TASK: {"queue": KINDS["train"].queue}},
         # a job is acknowledged only when it has finished; a worker that dies mid-job leaves
         # it to the broker (Redis: after visibility_timeout) and to the reaper (at once)
@@ -58,7 +59,7 @@ def make_celery(settings: Settings | None = None) -> Celery:
         # `celery beat` (docker-compose's beat service) runs the reaper on a schedule too;
         # every worker also runs it in a thread (worker/reaper.py), so beat is optional
         beat_schedule={"reap-stale-jobs": {
-            "task": "worker.tasks.reap", "schedule": settings.reaper_interval_seconds,
+            "task": REAP_TASK, "schedule": settings.reaper_interval_seconds,
             "options": {"queue": "cpu", "expires": settings.reaper_interval_seconds}}},
         **MESSAGE_SETTINGS,
     )

@@ -2,8 +2,8 @@
 
 `JobLease.claim()` takes the job (False when another worker holds it or it is finished);
 `start_heartbeat()` runs a daemon thread that touches the heartbeat every
-`JOB_HEARTBEAT_SECONDS` (so a long iteration never looks like a dead worker); `stop()` (or
-leaving a `with` block) stops that thread.
+`JOB_HEARTBEAT_SECONDS` (so a long iteration never looks like a dead worker); `stop()` stops
+that thread (worker.tasks.run_job calls it however the job ends).
 """
 
 from __future__ import annotations
@@ -86,9 +86,3 @@ class JobLease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
-
-    def __enter__(self) -> JobLease:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

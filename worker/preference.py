@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import logging
 from collections import OrderedDict
@@ -29,6 +28,7 @@ from app.services import jobs, storage
 from app.services import preference as pref_svc
 from trainer.config import TrainConfig
 from trainer.loop import resolve_device
+from trainer.rewards.fit_config import fit_fields
 from trainer.rewards.preference import (
     LABELLED_OUTCOMES,
     FitConfig,
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 # the fit_preference job's config fields that are FitConfig's (the job adds min_votes and
 # score_samples; the worker chooses the device): one list, FitConfig's own
-FIT_FIELDS = tuple(f.name for f in dataclasses.fields(FitConfig) if f.name != "device")
+FIT_FIELDS = tuple(f.name for f in fit_fields(exclude=("device",)))
 
 
 class ImageCache:

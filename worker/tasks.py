@@ -37,7 +37,7 @@ from app.models import JobStatus
 from app.queue import enqueue
 from app.services import jobs, workers
 from worker import preflight  # noqa: F401 - imported for its start check (a Celery signal)
-from worker.celery_app import JOIN_TRAIN_TASK, celery_app, send_join
+from worker.celery_app import JOIN_TRAIN_TASK, REAP_TASK, celery_app, send_join
 from worker.lease import JobError, JobLease, LeaseLost, TaskOutcome
 from worker.outage import outage
 from worker.reaper import ReaperThread, reap_once
@@ -228,7 +228,7 @@ def fit_preference(job_id: int) -> str:
     return run_job(job_id, run_fit_preference, kind="fit_preference")
 
 
-@celery_app.task(name="worker.tasks.reap")
+@celery_app.task(name=REAP_TASK)
 def reap() -> list:
     return reap_once()
 

@@ -77,6 +77,12 @@ def sections() -> list[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]]:
     return out
 
 
+def _in_sentence(title: str) -> str:
+    """A section title as a sentence writes it: "Optimisation" -> "optimisation", a name in
+    capitals kept ("Neighbor GRPO" -> "neighbor GRPO")."""
+    return " ".join(w if w.isupper() else w.lower() for w in title.split())
+
+
 def _slug(title: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in title.lower())
 
@@ -448,7 +454,7 @@ def build_jobs(user: gr.State, tab: gr.Tab | None = None,
                 with gr.Accordion(title, open=True, elem_id=f"jobs-section-{slug}") as acc:
                     grid(shown)
                     if folded:
-                        with gr.Accordion(f"More {title.lower()} settings", open=False,
+                        with gr.Accordion(f"More {_in_sentence(title)} settings", open=False,
                                           elem_id=f"jobs-more-{slug}") as more:
                             grid(folded)
                         folds.append((more, [d["name"] for d in folded]))
@@ -474,7 +480,11 @@ def build_jobs(user: gr.State, tab: gr.Tab | None = None,
         timer = gr.Timer(POLL_SECONDS, active=False)
 
         user.change(on_login, user, [timer, pick, dataset], api_visibility="private")
-        preset.change(lambda p: form_values(None if p == DEFAULTS else p), preset, inputs,
+        # a preset's values replace the form's, and the errors about the old values go with
+        # them (launch's message and every field's box)
+        preset.change(lambda p: [*form_values(None if p == DEFAULTS else p),
+                                 *[""] * (len(errors) + 2)],
+                      preset, [*inputs, launch_status, dataset_err, *errors],
                       api_visibility="private")
         comps["model"].change(rewards_for_model, [comps["model"], comps["reward_weights"]],
                               comps["reward_weights"], api_visibility="private")

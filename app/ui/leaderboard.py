@@ -253,15 +253,17 @@ def on_login(user_state: dict | None, bootstrap: float | None) -> tuple[Any, Any
             gr.Dropdown(choices=dataset_choices(), value=0))
 
 
-def picker_choices(user_state: dict | None) -> tuple[Any, Any]:
-    """The checkpoint and prompt-set pickers' choices, re-read when the tab is shown
-    (checkpoints and datasets come and go elsewhere); what is picked stays picked."""
+def on_tab_shown(user_state: dict | None, bootstrap: float | None) -> tuple[Any, Any, Any]:
+    """The tab is shown: the board as the votes and evaluations stand now (they come in while
+    another tab is open), and the checkpoint and prompt-set pickers' choices (checkpoints and
+    datasets come and go elsewhere); what is picked stays picked."""
     try:
         if admin_or_none(user_state) is None:
-            return gr.skip(), gr.skip()
+            return gr.skip(), gr.skip(), gr.skip()
     except Exception:  # noqa: BLE001 - a revoked token: on_login says so on the next login
-        return gr.skip(), gr.skip()
-    return gr.CheckboxGroup(choices=checkpoint_choices()), gr.Dropdown(choices=dataset_choices())
+        return gr.skip(), gr.skip(), gr.skip()
+    return (show(user_state, bootstrap), gr.CheckboxGroup(choices=checkpoint_choices()),
+            gr.Dropdown(choices=dataset_choices()))
 
 
 def build_leaderboard(user: gr.State, tab: gr.Tab | None = None,
@@ -310,7 +312,8 @@ def build_leaderboard(user: gr.State, tab: gr.Tab | None = None,
         refresh.click(on_login, [user, bootstrap], [board, pick, prompt_set],
                       api_visibility="private")
         if tab is not None:
-            tab.select(picker_choices, user, [pick, prompt_set], show_progress="hidden",
+            tab.select(on_tab_shown, [user, bootstrap], [board, pick, prompt_set],
+                       show_progress="hidden",
                        api_visibility="private")
         go.click(lambda u, i, n, r, d, sp: evaluate_form(enqueuer, u, i, n, r, d, sp),
                  [user, pick, seeds, rewards, prompt_set, split],

@@ -174,6 +174,9 @@ def test_launch_form_sections_hold_every_field_once(settings):
         if folded:
             assert not by_id[f"jobs-more-{slug}"].open  # rarely changed: folded away
     assert "jobs-more-optimisation" in by_id and "jobs-section-rewards" in by_id
+    # labels read as sentences, names in capitals kept
+    assert by_id["jobs-more-neighbor-grpo"].label == "More neighbor GRPO settings"
+    assert by_id["jobs-more-optimisation"].label == "More optimisation settings"
 
 
 def test_parse_and_server_errors_show_together(settings, admin, enqueuer):

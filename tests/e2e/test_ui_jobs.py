@@ -116,6 +116,13 @@ def test_defaults_launch_and_every_error_shows_at_once(server, page):
     page.locator("#jobs-launch-button").click()
     page.locator("#err-weight_decay .ngs-field-error").wait_for()
     screenshot(page, "jobs-form-errors")
+    # a preset replaces the values: the errors about the old ones go with them
+    page.locator("#jobs-preset input").fill("shapes-quick-demo")
+    page.get_by_role("option", name="shapes-quick-demo").click()
+    page.wait_for_function("() => !document.querySelector('#jobs-launch-status')"
+                           "  .innerText.includes('need fixing')")
+    for name in ("num_anchors", "reward_weights", "weight_decay"):
+        assert page.locator(f"#err-{name} .ngs-field-error").count() == 0, name
     with session_scope() as s:
         before = jobs.list_jobs(s)[1]
     # the defaults, as the page first showed them, launch (the reload keeps the login)
