@@ -246,8 +246,9 @@ def line_plot(title: str, xs: Sequence[float], series: dict[str, Sequence[float 
         return head + (f'<text x="{width / 2}" y="{(pad_t + height) / 2}" text-anchor="middle" '
                        f'class="ngs-plot-empty">no data yet</text></svg>')
     x0, x1 = min(xs), max(xs)
-    if x1 == x0:
-        x1 = x0 + 1
+    one_x = x1 == x0
+    if one_x:  # one iteration so far: it stands in the middle, its label under it
+        x0, x1 = x0 - 1, x0 + 1
 
     def px(x: float) -> float:
         return pad_l + (x - x0) / (x1 - x0) * (width - pad_l - pad_r)
@@ -264,9 +265,11 @@ def line_plot(title: str, xs: Sequence[float], series: dict[str, Sequence[float 
              f'{hi_label}</text>',
              f'<text x="{pad_l - 4}" y="{height - pad_b}" text-anchor="end" class="ngs-tick">'
              f'{lo_label}</text>',
-             f'<text x="{pad_l}" y="{height - 5}" class="ngs-tick">{x0:g}</text>',
-             f'<text x="{width - pad_r}" y="{height - 5}" text-anchor="end" class="ngs-tick">'
-             f'{x1:g}</text>']
+             *([f'<text x="{px(x0 + 1):.1f}" y="{height - 5}" text-anchor="middle" '
+                f'class="ngs-tick">{x0 + 1:g}</text>'] if one_x else
+               [f'<text x="{pad_l}" y="{height - 5}" class="ngs-tick">{x0:g}</text>',
+                f'<text x="{width - pad_r}" y="{height - 5}" text-anchor="end" '
+                f'class="ngs-tick">{x1:g}</text>'])]
     if band:
         lo, hi = band
         top = [(px(x), py(h)) for x, h in zip(xs, hi, strict=False) if h is not None]
@@ -280,6 +283,10 @@ def line_plot(title: str, xs: Sequence[float], series: dict[str, Sequence[float 
         color = colors[k % len(colors)]
         parts.append(f'<polyline points="{pts}" fill="none" stroke="{color}" '
                      f'stroke-width="1.5" class="ngs-line" data-series="{esc(name)}"/>')
+        if len(pts.split()) == 1:  # a line through one point draws nothing: a dot does
+            cx, cy = pts.split(",")
+            parts.append(f'<circle cx="{cx}" cy="{cy}" r="3" fill="{color}" class="ngs-point" '
+                         f'data-series="{esc(name)}"/>')
     parts.append("</svg>")
     return "".join(parts)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import gradio as gr
@@ -268,6 +269,41 @@ def jobs_table(rows: list[Any]) -> str:
                  "ngs-jobs")
 
 
+# a checkpoint's reward mean in an evaluate job's metrics (worker.sampling.run_evaluate)
+_EVALUATED = re.compile(r"^checkpoint/(\d+)/(.+)$")
+
+
+def results_html(job: Any) -> str:
+    """What a rollout, evaluate or fit_preference job reports (its latest metrics), in place
+    of a train job's curves, which these kinds never draw: an evaluate job's reward means as
+    a checkpoint x reward table, anything else as a table of names and values."""
+    metrics = dict(job.metrics or {})
+    if not metrics:
+        waits = job.status in (JobStatus.QUEUED, JobStatus.RUNNING)
+        return notice("Results appear here as the job reports them." if waits
+                      else "This job reported no results.")
+    scored: dict[int, dict[str, Any]] = {}
+    rest = {}
+    for key, value in metrics.items():
+        if found := _EVALUATED.match(key):
+            scored.setdefault(int(found.group(1)), {})[found.group(2)] = value
+        elif key != "checkpoint_id":  # the progress row's, said by the table's rows
+            rest[key] = value
+    html = '<div class="ngs-results" id="job-results">'
+    if scored:
+        rewards = sorted({name for row in scored.values() for name in row})
+        html += ("<h4>Reward means per checkpoint</h4>"
+                 + table(["checkpoint", *rewards],
+                         [[f"#{c}", *[row.get(name) for name in rewards]]
+                          for c, row in sorted(scored.items())], "ngs-evaluated"))
+    if rest:
+        html += ("<h4>Results</h4>"
+                 + table(["", "value"], [[key, value if isinstance(value, int | float | str)
+                                          else json.dumps(value)]
+                                         for key, value in rest.items()], "ngs-job-results"))
+    return html + "</div>"
+
+
 def plots_html(history: list[Any]) -> str:
     xs = [m.iteration for m in history]
 
@@ -322,8 +358,11 @@ def job_view(user_state: dict | None, job_id: int | None, view: dict | None):
             job = svc.get_job(s, int(job_id))
             header = job_header(job, workers.waiting_for(s, [job]).get(job.id))
             history = svc.metric_history(s, job.id)
-            key_plots = (job.id, len(history), history[-1].iteration if history else None)
-            plots = plots_html(history) if view.get("plots") != list(key_plots) else gr.skip()
+            key_plots = (job.id, job.status, len(history),
+                         history[-1].iteration if history else None)
+            # a train job draws its curves; the other kinds report results, not curves
+            plots = ((plots_html(history) if job.kind == "train" else results_html(job))
+                     if view.get("plots") != list(key_plots) else gr.skip())
             newest, _ = rollouts.list_groups(s, job_id=job.id, limit=1)
             samples: Any = gr.skip()
             key_samples = [job.id, newest[0].id if newest else None]
@@ -331,8 +370,11 @@ def job_view(user_state: dict | None, job_id: int | None, view: dict | None):
                 if newest:
                     groups, _ = rollouts.list_groups(s, job_id=job.id,
                                                      iteration=newest[0].iteration, limit=8)
-                    samples = (f"<h4>Newest samples (iteration {newest[0].iteration})</h4>"
-                               + groups_html(groups, s))
+                    # a train job's own iteration; a sampling job's model
+                    ckpt_id = newest[0].checkpoint_id
+                    at = (f"iteration {newest[0].iteration}" if job.kind == "train" else
+                          f"checkpoint #{ckpt_id}" if ckpt_id is not None else "the base model")
+                    samples = f"<h4>Newest samples ({at})</h4>" + groups_html(groups, s)
                 else:
                     samples = notice("No samples yet.")
             view.update(plots=list(key_plots), samples=key_samples)

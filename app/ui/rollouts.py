@@ -1,8 +1,9 @@
 """Rollouts: filter by job, iteration and prompt (all of them at once, as GET /api/rollouts
-does; "(all jobs)" lifts the job filter); each group is one row of its G images,
-sorted by reward, with the reward and advantage under each and the anchors outlined; a click
-on an image opens its details (seed, member index, sigma, solver, checkpoint). Large images
-(a real model's) show as their stored thumbnails, with a link to the full image."""
+does; "(all jobs)" lifts the job filter); each group is one row of its G images, sorted by
+advantage (else reward), with a named reward and the advantage under each and the anchors
+outlined; a click on an image opens its details (seed, member index, sigma, solver,
+checkpoint, every reward). Large images (a real model's) show as their stored thumbnails,
+with a link to the full image."""
 
 from __future__ import annotations
 
@@ -34,16 +35,29 @@ ALL_JOBS = 0
 ALL_JOBS_CHOICE = ("(all jobs)", ALL_JOBS)
 
 
-def total_reward(rewards: dict[str, Any]) -> float:
-    """The reward a member is sorted by: `total` if recorded, else the sum of the rewards."""
-    if "total" in rewards:
-        return float(rewards["total"])
-    return float(sum(v for v in rewards.values() if isinstance(v, int | float)))
+def headline_reward(rewards: dict[str, Any]) -> tuple[str, float]:
+    """The reward shown under a member's image, named: the only one when there is one; the
+    shapes world's `combined` when it was scored (the others are its parts: a sum would count
+    them twice); else the sum of the rewards, called that (every reward is in the details)."""
+    numbers = {k: float(v) for k, v in rewards.items() if isinstance(v, int | float)}
+    if len(numbers) == 1:
+        return next(iter(numbers.items()))
+    if "combined" in numbers:
+        return "combined", numbers["combined"]
+    return "sum", sum(numbers.values())
+
+
+def _rank(member: Any) -> float:
+    # a group's members by advantage (the group-normalised reward the run used), else by the
+    # shown reward (an evaluate job's single samples have no advantage)
+    if member.advantage is not None:
+        return float(member.advantage)
+    return headline_reward(member.rewards or {})[1]
 
 
 def group_html(group: Any, details: dict[int, dict[str, Any]]) -> str:
     """One group as a row; `group` is a RolloutGroup with samples loaded."""
-    members = sorted(group.samples, key=lambda m: total_reward(m.rewards or {}), reverse=True)
+    members = sorted(group.samples, key=_rank, reverse=True)
     head = (f'<div class="ngs-group-head"><b>group {group.id}</b> &middot; '
             f'{esc(group.prompt_text)} &middot; job {fmt(group.job_id)} iteration '
             f"{group.iteration} &middot; {esc(group.purpose)} &middot; G={len(members)}</div>")
@@ -57,11 +71,15 @@ def group_html(group: Any, details: dict[int, dict[str, Any]]) -> str:
                 f'rel="noopener">full image</a>' if thumb else "")
         rewards = ", ".join(f"{esc(k)}={fmt(v, 2)}" for k, v in sorted((m.rewards or {}).items()))
         cls = "ngs-member anchor" if m.is_anchor else "ngs-member"
+        name, value = headline_reward(m.rewards or {})
+        summed = ", ".join(sorted(m.rewards or {})) if name == "sum" else ""
+        label = (f'<span title="the sum of {esc(summed)}">sum</span>' if summed
+                 else esc(name))
         cells.append(
-            f'<details class="{cls}" data-sample="{m.id}" data-reward="'
-            f'{total_reward(m.rewards or {}):.6f}"><summary>'
+            f'<details class="{cls}" data-sample="{m.id}" data-reward="{value:.6f}" '
+            f'data-reward-name="{esc(name)}"><summary>'
             f"{img}<br>"
-            f"r {fmt(total_reward(m.rewards or {}), 2)}<br>adv {fmt(m.advantage, 2)}"
+            f"{label} {fmt(value, 2)}<br>adv {fmt(m.advantage, 2)}"
             f'{"<br><b>anchor</b>" if m.is_anchor else ""}</summary>'
             f'<div class="ngs-details">sample {m.id}<br>member {m.member_index}<br>'
             f"seed {group.seed}<br>sigma {fmt(group.sigma, 2)}<br>solver {esc(group.solver)} "

@@ -97,6 +97,59 @@ def test_job_page_plots_each_rewards_raw_mean(settings, admin, enqueuer):
     assert 'id="plot-reward"' in plots  # the blend stays
 
 
+def test_a_plot_of_one_iteration_shows_its_point_at_its_own_step():
+    """A polyline through one point draws nothing: the first iteration of a job showed an
+    empty plot on a made-up axis (16 to 17)."""
+    import re
+
+    from app.ui.common import line_plot
+
+    plot = line_plot("reward", [16], {"reward mean": [0.5]}, elem_id="p")
+    assert re.search(r'<circle [^>]*class="ngs-point" data-series="reward mean"', plot)
+    ticks = re.findall(r'class="ngs-tick">([^<]*)<', plot)
+    assert "16" in ticks and "17" not in ticks and "15" not in ticks, ticks
+    two = line_plot("reward", [16, 17], {"reward mean": [0.5, 0.6]}, elem_id="p")
+    assert "<circle" not in two and {"16", "17"} <= set(
+        re.findall(r'class="ngs-tick">([^<]*)<', two))
+
+
+def test_other_kinds_show_their_results_not_training_curves(settings, admin, enqueuer):
+    """An evaluate job's page shows its reward means per checkpoint, a fit_preference job's
+    its report; neither draws a train job's loss or clipped-fraction curves, which they never
+    log."""
+    import re
+
+    from app.db import session_scope
+    from app.models import Job, JobStatus
+    from app.ui import jobs
+
+    # rows as the worker leaves them (the checkpoints themselves are not needed to show them)
+    with session_scope() as s:
+        made = [Job(kind="evaluate", config={"checkpoint_ids": [3, 5]}),
+                Job(kind="fit_preference", config={}), Job(kind="train", config={})]
+        s.add_all(made)
+        s.flush()
+        ids = [job.id for job in made]
+    _, _, plots, *_ = jobs.job_view(_token(admin), ids[0], None)
+    assert "Results appear here" in plots and "plot-loss" not in plots
+    with session_scope() as s:
+        for job_id, metrics in ((ids[0], {
+                "checkpoint/3/count": 0.61, "checkpoint/5/count": 0.72,
+                "checkpoint/3/exact_count": 0.4, "checkpoint/5/exact_count": 0.5}),
+                (ids[1], {"preference_model_version": 2, "votes_used": 40,
+                          "holdout_accuracy": 0.81})):
+            job = s.get(Job, job_id)
+            job.status, job.metrics = JobStatus.SUCCEEDED, metrics
+    _, _, plots, *_ = jobs.job_view(_token(admin), ids[0], None)
+    assert "Reward means per checkpoint" in plots and "plot-loss" not in plots
+    rows = re.findall(r"<tr><td>(#\d+)</td><td>([^<]*)</td><td>([^<]*)</td></tr>", plots)
+    assert rows == [("#3", "0.610", "0.400"), ("#5", "0.720", "0.500")], plots
+    _, _, plots, *_ = jobs.job_view(_token(admin), ids[1], None)
+    assert "holdout_accuracy" in plots and "0.810" in plots and "plot-clip" not in plots
+    _, _, plots, *_ = jobs.job_view(_token(admin), ids[2], None)  # a train job: its curves
+    assert 'id="plot-loss"' in plots and 'id="plot-reward"' in plots
+
+
 def test_arena_vote_prefetch_and_dedupe(settings, annotator, make_group):
     import json
 
@@ -471,3 +524,29 @@ def test_a_dataset_error_shows_beside_the_dataset_picker(settings, admin, enqueu
     _, out = jobs.launch(enqueuer, _token(admin), ds, *jobs.form_values("tiny"))
     assert "dataset_id" in out[0] and "train" in out[0] and len(out) == 1 + len(names)
     assert enqueuer.calls == []
+
+
+def test_the_reward_under_an_image_says_which_reward_it_is():
+    """Under each image: the only reward by name, the shapes world's `combined` when scored
+    (not a sum that counts its parts twice), else a sum called that; members by advantage."""
+    from types import SimpleNamespace
+
+    from app.ui.rollouts import group_html, headline_reward
+
+    assert headline_reward({"count": 0.8}) == ("count", 0.8)
+    assert headline_reward({"count": 1.0, "exact_count": 1.0, "color": 0.5, "shape": 0.5,
+                            "combined": 0.75}) == ("combined", 0.75)
+    assert headline_reward({"count": 1.0, "jpeg_compressibility": 0.5}) == ("sum", 1.5)
+
+    def member(i: int, rewards: dict, advantage: float | None) -> SimpleNamespace:
+        return SimpleNamespace(id=i, member_index=i, image_path=f"x/{i}.png", rewards=rewards,
+                               advantage=advantage, is_anchor=False)
+
+    group = SimpleNamespace(id=1, prompt_text="two red circles", job_id=1, iteration=3,
+                            purpose="rollout", seed=0, sigma=0.3, solver="dpm++", steps=8,
+                            samples=[member(1, {"count": 1.0, "jpeg_compressibility": 0.1}, -1.0),
+                                     member(2, {"count": 0.0, "jpeg_compressibility": 0.2}, 1.0)])
+    html = group_html(group, {})
+    assert html.index('data-sample="2"') < html.index('data-sample="1"')  # by advantage
+    assert 'title="the sum of count, jpeg_compressibility">sum</span> 1.10' in html
+    assert "r 1.10" not in html
