@@ -52,7 +52,9 @@ SKIPPED_SUFFIX = "_skipped_near_identical"
 SKIPPED_NEAR_IDENTICAL = "within_group" + SKIPPED_SUFFIX
 # every reason GET /api/votes/next gives for a pair: what a vote may say it was chosen by, so
 # that the selection-bias checks the export is for count only what the server did
-SELECTIONS = ("within_group", SKIPPED_NEAR_IDENTICAL, "cross_checkpoint", "active_uncertain",
+CROSS_CHECKPOINT = "cross_checkpoint"
+CROSS_SELECTIONS = (CROSS_CHECKPOINT, CROSS_CHECKPOINT + SKIPPED_SUFFIX)
+SELECTIONS = ("within_group", SKIPPED_NEAR_IDENTICAL, *CROSS_SELECTIONS, "active_uncertain",
               "active_uncertain" + SKIPPED_SUFFIX, "active_disagree",
               "active_disagree" + SKIPPED_SUFFIX)
 # how far ahead of the server's clock a client's shown_at may be (clocks drift) before it is

@@ -7,12 +7,13 @@ goes first for all but `Settings.vote_random_share` of the requests once a prefe
 has scored the samples; its reason (`active_uncertain`, `active_disagree`) is the selection. Every strategy must return only pairs the annotator
 has not judged; the unique index (annotator, pair_lo_id, pair_hi_id) enforces it on insert.
 
-Within-group pairs whose two stored images are nearly identical (`near_identical`: neighbours
-of one noise often draw the same picture) are never offered: a person's vote on them is a coin
-toss, and active selection, whose least-sure pair is often such a pair (equal images, equal
+Pairs whose two stored images are nearly identical (`near_identical`: neighbours of one noise
+often draw the same picture, and two close checkpoints the same picture from one noise) are
+never offered: a person's vote on them is a coin toss, and active selection, whose least-sure pair is often such a pair (equal images, equal
 scores), passes over them too while keeping its share. A pick that had to pass over such pairs
 says so in its selection: `within_group_skipped_near_identical`,
-`active_uncertain_skipped_near_identical`, `active_disagree_skipped_near_identical`.
+`cross_checkpoint_skipped_near_identical`, `active_uncertain_skipped_near_identical`,
+`active_disagree_skipped_near_identical`.
 Every vote keeps the distance of its pair (`pixel_difference`, measured from the stored images
 when it is recorded) beside its selection, so the rule's threshold can be checked and tuned
 from the votes themselves.
@@ -40,7 +41,8 @@ from app.errors import Conflict, Invalid
 from app.limits import CLIENT_VOTE_ID_PATTERN, SELECTION_LENGTH
 from app.models import RolloutGroup, Sample, User, Vote
 from app.schemas import (
-    SKIPPED_NEAR_IDENTICAL,
+    CROSS_CHECKPOINT,
+    CROSS_SELECTIONS,
     SKIPPED_SUFFIX,
     refuse_hidden,
     refuse_nul,
@@ -208,7 +210,7 @@ def _pick(session: Session, annotator_id: int, rng: random.Random,
             continue
         if rng.random() < 0.5:
             x, y = y, x
-        return PairChoice(x[0], y[0], prompt, SKIPPED_NEAR_IDENTICAL if skipped else selection,
+        return PairChoice(x[0], y[0], prompt, selection + SKIPPED_SUFFIX if skipped else selection,
                           x[1], y[1])
     return None
 
@@ -285,8 +287,9 @@ def _scan(session: Session, annotator_id: int, rng: random.Random, exclude: set[
             if not rows:
                 break
             after = (rows[-1][0], rows[-1][2])
-            # nearly identical images are never offered (a coin toss for the annotator)
-            kept = rows if cross else [r for r in rows if not near_identical(r[1], r[3])]
+            # nearly identical images are never offered (a coin toss for the annotator; for
+            # two checkpoints, a picture both draw alike says nothing about which is better)
+            kept = [r for r in rows if not near_identical(r[1], r[3])]
             skipped += len(rows) - len(kept)
             if kept:
                 return _scanned(rng, kept, cross, skipped)
@@ -299,8 +302,8 @@ def _scanned(rng: random.Random, rows: list, cross: bool, skipped: int) -> PairC
     a_id, a_path, b_id, b_path, prompt = rng.choice(rows)
     if rng.random() < 0.5:
         a_id, a_path, b_id, b_path = b_id, b_path, a_id, a_path
-    selection = ("cross_checkpoint" if cross
-                 else SKIPPED_NEAR_IDENTICAL if skipped else "within_group")
+    selection = (CROSS_CHECKPOINT if cross else "within_group") + (
+        SKIPPED_SUFFIX if skipped else "")
     return PairChoice(a_id, b_id, prompt, selection, a_path, b_path)
 
 
@@ -328,7 +331,7 @@ def cross_checkpoint(session: Session, annotator_id: int, rng: random.Random,
         pairs = [(s, theirs[m]) for theirs in by_ckpt.values() for m, s in mine.items()
                  if m in theirs]
         choice = _pick(session, annotator_id, rng, pairs, exclude, g.prompt_text,
-                       "cross_checkpoint")
+                       CROSS_CHECKPOINT, distinct=True)
         if choice:
             return choice
     return _scan(session, annotator_id, rng, exclude, cross=True)
@@ -516,12 +519,12 @@ def _selection_mismatch(selection: str | None, cross: bool) -> str | None:
     `cross_checkpoint` for two checkpoints' samples and the within-group or active reasons
     for two members of one group. A wrong one would count the vote under a strategy that
     did not pick it (the selection-bias checks the export is for)."""
-    if selection is None or (selection == "cross_checkpoint") == cross:
+    if selection is None or (selection in CROSS_SELECTIONS) == cross:
         return None
     if cross:
         return (f"{selection!r} is not how a pair from two checkpoints is chosen; "
-                "'cross_checkpoint' is, or leave it out")
-    return ("'cross_checkpoint' is not how two members of one rollout group are chosen; "
+                f"{' or '.join(map(repr, CROSS_SELECTIONS))} is, or leave it out")
+    return (f"{selection!r} is not how two members of one rollout group are chosen; "
             "give the selection GET /api/votes/next gave, or leave it out")
 
 

@@ -274,6 +274,49 @@ def _red_squares(corners: list[tuple[int, int]]) -> bytes:
     return buf.getvalue()
 
 
+def test_two_checkpoints_drawing_one_picture_are_not_offered(client, annotator, session):
+    """Two checkpoints' images of one noise that are nearly identical say nothing about which
+    checkpoint is better: the cross-checkpoint pick passes over them, and says so."""
+    import random
+
+    from stored_checkpoints import stored_checkpoint
+
+    from app.db import session_scope
+    from app.models import Sample
+    from app.services import votes as svc
+    from app.services.rollouts import record_rollout_group
+    from app.services.storage import write_bytes
+
+    write_bytes("ck/x.safetensors", b"w")
+    ck = [stored_checkpoint(session, None, it, "ck/x.safetensors", name=f"c{it}")
+          for it in (1, 2)]
+    session.commit()
+    one, two, moved = (_red_squares([(4, 4)]), _red_squares([(4, 4), (20, 20)]),
+                       _red_squares([(12, 12)]))
+    # member 0: both checkpoints draw one picture; member 1: they differ
+    with session_scope() as s:
+        for c, pictures in zip(ck, ((one, two), (one, moved)), strict=True):
+            record_rollout_group(s, job_id=None, iteration=0, prompt_text="one red square",
+                                 solver="dpm++", steps=8, sigma=0.3, seed=5, checkpoint_id=c,
+                                 purpose="evaluate",
+                                 samples=[{"png": p, "member_index": i, "rewards": {}}
+                                          for i, p in enumerate(pictures)])
+    with session_scope() as s:
+        member = {sid: m for sid, m in s.execute(select(Sample.id, Sample.member_index))}
+    cross = []
+    while (r := client.get("/api/votes/next", headers=annotator)).status_code == 200:
+        pair = r.json()
+        if pair["selection"].startswith("cross_checkpoint"):
+            cross.append((member[pair["a"]["sample_id"]], member[pair["b"]["sample_id"]]))
+            assert pair["pixel_difference"] > svc.NEAR_IDENTICAL_FRACTION
+        assert vote(client, annotator, pair, "a").status_code == 201
+    assert cross == [(1, 1)], cross  # member 1's pair only
+    with session_scope() as s:
+        picks = {svc.cross_checkpoint(s, 10**6, random.Random(seed), set()).selection
+                 for seed in range(20)}
+    assert picks == {"cross_checkpoint", "cross_checkpoint_skipped_near_identical"}, picks
+
+
 def test_nearly_identical_pairs_are_skipped(client, admin, annotator, settings):
     """Within-group pairs whose images are nearly identical are never offered; a pick that
     passed over some says so in its selection (stored on the vote)."""
@@ -283,6 +326,7 @@ def test_nearly_identical_pairs_are_skipped(client, admin, annotator, settings):
 
     from app.db import session_scope
     from app.models import Sample, Vote
+    from app.schemas import SKIPPED_NEAR_IDENTICAL
     from app.services import votes as svc
     from app.services.rollouts import record_rollout_group
 
@@ -322,7 +366,7 @@ def test_nearly_identical_pairs_are_skipped(client, admin, annotator, settings):
         distances = list(s.scalars(select(Vote.pixel_difference)))
     assert offered == {frozenset((ids[0], ids[2])), frozenset((ids[1], ids[2]))}
     assert frozenset((ids[0], ids[1])) not in offered
-    assert stored == selections <= {"within_group", svc.SKIPPED_NEAR_IDENTICAL}
+    assert stored == selections <= {"within_group", SKIPPED_NEAR_IDENTICAL}
     assert distances == [49 / 1024] * 2
     exported = [json.loads(line) for line in
                 client.get("/api/votes/export", headers=admin).text.splitlines()]
@@ -331,8 +375,8 @@ def test_nearly_identical_pairs_are_skipped(client, admin, annotator, settings):
     with session_scope() as s:
         choices = {svc.within_group(s, 10**6, random.Random(seed), set()).selection
                    for seed in range(20)}
-    assert svc.SKIPPED_NEAR_IDENTICAL in choices and choices <= {
-        "within_group", svc.SKIPPED_NEAR_IDENTICAL}
+    assert SKIPPED_NEAR_IDENTICAL in choices and choices <= {
+        "within_group", SKIPPED_NEAR_IDENTICAL}
     # posted by hand (a script voting every pair of a group), the pair is kept with how far
     # apart it is, so an export can drop it: refusing it would break such scripts mid-run
     r = client.post("/api/votes", headers=annotator, json={

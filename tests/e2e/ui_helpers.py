@@ -73,8 +73,12 @@ def seed_groups(n: int, g: int = 4, *, seed: int = 0, job_id: int | None = None,
 
     prompts = ["two red circles", "one blue square", "three green circles", "four yellow triangles"]
     group_prompts = [prompts[k % len(prompts)] for k in range(n)]
+    # a checkpoint's images drawn from noises of its own (the stored seed stays `seed`'s):
+    # two checkpoints' pictures of one seed differ, as trained checkpoints' do, and the
+    # arena offers them as a cross-checkpoint pair
+    drawn = seed * 100_000 + 1_000 * (checkpoint_id or 0)
     pngs, rewards = base_samples([p for p in group_prompts for _ in range(g)],
-                                 [seed * 100_000 + k * g + i for k in range(n) for i in range(g)])
+                                 [drawn + k * g + i for k in range(n) for i in range(g)])
     ids = []
     with session_scope() as s:
         for k in range(n):
