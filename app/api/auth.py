@@ -6,10 +6,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from app.api.deps import SESSION_COOKIE, SessionDep, UserDep, session_cookie
+from app.api.strict_json import StrictJSONRoute
 from app.schemas import Me
 from app.services import auth
 
-router = APIRouter(prefix="/auth", tags=["auth"])
+router = APIRouter(prefix="/auth", tags=["auth"], route_class=StrictJSONRoute)
 
 
 @router.get("/me", response_model=Me)

@@ -8,12 +8,13 @@ from fastapi import APIRouter, Query
 from fastapi.responses import FileResponse, Response, StreamingResponse
 
 from app.api.deps import MAX_ID, FileReaderDep, PathId, QueryId, SessionDep, UserDep
+from app.api.strict_json import StrictJSONRoute
 from app.models import Checkpoint
 from app.schemas import CheckpointOut, Leaderboard, Page
 from app.services import checkpoints as svc
 from app.services import leaderboard as lb
 
-router = APIRouter(tags=["checkpoints"])
+router = APIRouter(tags=["checkpoints"], route_class=StrictJSONRoute)
 
 
 def ckpt_out(c: Checkpoint) -> CheckpointOut:

@@ -24,12 +24,13 @@ from app.api.deps import (
     current_user,
     settings_dep,
 )
+from app.api.strict_json import StrictJSONRoute
 from app.errors import BadRequest, Invalid, PayloadTooLarge
 from app.limits import MAX_ID, NAME_LENGTH
 from app.schemas import DatasetCreated, DatasetOut, Page, PromptOut
 from app.services import datasets as svc
 
-router = APIRouter(tags=["datasets"])
+router = APIRouter(tags=["datasets"], route_class=StrictJSONRoute)
 
 # A multipart part with an empty filename arrives as a plain string, not an UploadFile; taking
 # both lets the route say what is wrong instead of pydantic's "Expected UploadFile". The schema

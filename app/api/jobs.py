@@ -5,13 +5,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from app.api.deps import MAX_ID, AdminDep, EnqueuerDep, PathId, SessionDep, UserDep
+from app.api.strict_json import StrictJSONRoute
 from app.job_kinds import KINDS, KindName
 from app.models import Job, JobStatus
 from app.schemas import JobDetail, JobIn, JobOut, MetricPoint, Page
 from app.services import jobs as svc
 from app.services import workers
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"], route_class=StrictJSONRoute)
 
 
 def job_out(job: Job, cls: type[JobOut] = JobOut, waiting: dict[int, str] | None = None,

@@ -31,11 +31,12 @@ from fastapi.responses import FileResponse, JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.deps import FileReaderDep, SettingsDep, authenticated, session_cookie
+from app.api.strict_json import StrictJSONRoute
 from app.config import UI_PATH
 from app.errors import NotFound
 from app.services import storage
 
-router = APIRouter(tags=["media"])
+router = APIRouter(tags=["media"], route_class=StrictJSONRoute)
 
 
 # HEAD too: a download manager or `curl -I` asks for the size and ETag before the bytes

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Path, Query
 from fastapi.responses import FileResponse
 
 from app.api.deps import MAX_ID, AdminDep, FileReaderDep, PathId, SessionDep, UserDep
+from app.api.strict_json import StrictJSONRoute
 from app.models import PreferenceModelRow
 from app.schemas import (
     AnnotatorStats,
@@ -21,7 +22,7 @@ from app.schemas import (
 from app.services import annotators, auth, storage
 from app.services import preference as svc
 
-router = APIRouter(tags=["preference"])
+router = APIRouter(tags=["preference"], route_class=StrictJSONRoute)
 
 
 def _out(row: PreferenceModelRow) -> PreferenceModelOut:

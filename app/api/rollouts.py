@@ -5,11 +5,12 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 
 from app.api.deps import MAX_ID, PathId, QueryId, SessionDep, UserDep, media_url
+from app.api.strict_json import StrictJSONRoute
 from app.models import RolloutGroup
 from app.schemas import GroupOut, Page, SampleOut, refuse_nul
 from app.services import rollouts as svc
 
-router = APIRouter(tags=["rollouts"])
+router = APIRouter(tags=["rollouts"], route_class=StrictJSONRoute)
 
 
 def _thumbnail_url(image_path: str) -> str | None:

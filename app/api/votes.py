@@ -9,11 +9,12 @@ from fastapi.responses import Response
 
 from app import db
 from app.api.deps import MAX_ID, SessionDep, UserDep, media_url
+from app.api.strict_json import StrictJSONRoute
 from app.models import User
 from app.schemas import NextPair, PairSide, VoteIn, VoteOut
 from app.services import votes as svc
 
-router = APIRouter(prefix="/votes", tags=["votes"])
+router = APIRouter(prefix="/votes", tags=["votes"], route_class=StrictJSONRoute)
 
 
 # The two hot endpoints are async and do their database work in one thread-pool hop.

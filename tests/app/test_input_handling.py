@@ -733,3 +733,30 @@ def test_a_malformed_body_without_a_valid_token_is_401_before_422(client, admin,
         for path in ("/api/votes", "/api/users"):
             r = client.post(path, content=body, headers={**bad, **admin})
             assert r.status_code == 422 and r.json()["field"] == "body", (path, r.text)
+
+
+def test_a_key_given_twice_in_a_json_body_is_422_naming_it(client, admin, annotator):
+    """Python's json keeps the last of two equal keys without a word: the job below was judged
+    on "x" alone. Refused, naming the key and where it repeats, and nothing is written."""
+    from app.db import session_scope
+    from app.services import jobs
+
+    with session_scope() as s:
+        before = jobs.list_jobs(s)[1]
+    body = '{"kind": "train", "preset": "tiny", "config": {"iterations": 2, "iterations": 3}}'
+    r = _raw(client, "/api/jobs", body, admin)
+    assert r.status_code == 422, r.text
+    message = _errors(r)["body"]
+    assert "key 'iterations' given twice in one object" in message
+    second = body.index('"iterations": 3')
+    assert f"at character {second}" in message
+    r = _raw(client, "/api/votes", '{"client_vote_id": "v1", "client_vote_id": "v2", '
+             '"sample_a_id": 1, "sample_b_id": 2, "outcome": "a"}', annotator)
+    assert r.status_code == 422 and "'client_vote_id' given twice" in _errors(r)["body"]
+    with session_scope() as s:
+        assert jobs.list_jobs(s)[1] == before
+    # one key in each of two objects is no repeat; without a token it is still a 401 first
+    r = _raw(client, "/api/jobs", '{"kind": "train", "preset": "tiny", "config": '
+             '{"iterations": 1, "reward_weights": {"count": 1}}}', admin)
+    assert r.status_code == 201, r.text
+    assert _raw(client, "/api/jobs", body, {}).status_code == 401
