@@ -27,7 +27,11 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from app.limits import MAX_CONFIG_PROMPTS, MAX_ID
-from trainer.config import MAX_SEED  # one bound for every seed (the trainer's)
+from trainer.config import (  # one bound for every seed, one rule for sampling batches
+    MAX_SEED,
+    REAL_MODEL_SAMPLE_BATCH,
+    SHAPES_SAMPLE_BATCH,
+)
 from trainer.rewards.fit_config import FitConfig, fit_fields
 
 
@@ -74,19 +78,12 @@ ModelName = Annotated[str, AfterValidator(_registered_model),
                       Field(json_schema_extra=_model_enum)]
 """A model of the trainer's registry (trainer.config.TrainConfig.model's choices)."""
 
-# the rewards a rollout or evaluate job scores when it names none: the shapes world's verifiable
-# rewards for the shapes model (they read 32x32 shapes images), an image-only reward for real
-# models
-SHAPES_ROLLOUT_REWARDS = ["count", "color", "shape"]
-SHAPES_EVALUATE_REWARDS = ["count", "exact_count", "color", "shape", "combined"]
-IMAGE_REWARDS = ["jpeg_compressibility"]
-
-
 def default_reward_names(kind: str, model: str) -> list[str]:
-    """The rewards a `kind` job ("rollout" or "evaluate") of `model` scores by default."""
-    if model != "shapes":
-        return list(IMAGE_REWARDS)
-    return list(SHAPES_EVALUATE_REWARDS if kind == "evaluate" else SHAPES_ROLLOUT_REWARDS)
+    """The rewards a `kind` job ("rollout" or "evaluate") of `model` scores by default: the
+    trainer's rule (trainer.config.default_reward_names), which the CLI follows too."""
+    from trainer.config import default_reward_names as trainer_default
+
+    return trainer_default(kind, model)
 
 
 def _reward_server_check(field: str, url: str, paths: dict[str, str]) -> None:
@@ -121,9 +118,11 @@ class SamplingConfig(_Cfg):
         "classifier-free guidance scale. Empty: the checkpoint's (base model: 3.5).")
     batch_size: int = Field(0, ge=0, le=100_000, description="Samples solved and decoded per "
                             "batch; 0: for shapes all at once (a rollout's 16 prompts x G, or "
-                            "256 evaluate images), for flux / sd3 the rollout_batch_size its "
-                            "checkpoints were trained with (set at submission). Lower it when a "
-                            "large model runs out of memory; the images do not change.")
+                            f"{SHAPES_SAMPLE_BATCH} evaluate images), for flux / sd3 the "
+                            "rollout_batch_size its checkpoints were trained with, else the "
+                            f"model's preset's ({REAL_MODEL_SAMPLE_BATCH}), set at submission. "
+                            "Lower it when a large model runs out of memory; the images do not "
+                            "change.")
     # before the kinds' own fields: EvaluateConfig's reward_model_paths check reads it
     reward_server_url: str = Field(
         "", max_length=4096, description="Score the rewards on a reward server (`python -m "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from alembic import command
@@ -18,8 +19,22 @@ def alembic_config(url: str | None = None) -> Config:
     return cfg
 
 
-def upgrade(url: str | None = None, revision: str = "head") -> None:
-    command.upgrade(alembic_config(url), revision)
+def upgrade(url: str | None = None, revision: str = "head", *, quiet: bool = False) -> None:
+    """Migrate to `revision`. `quiet`: Alembic's own INFO lines (each migration's description,
+    its plugins being set up) are not printed: a server's start shows its token and address,
+    not a screenful of schema history; its warnings still show."""
+    cfg = alembic_config(url)
+    if not quiet:
+        command.upgrade(cfg, revision)
+        return
+    cfg.attributes["configure_logger"] = False  # migrations/env.py: leave logging as it is
+    alembic_log = logging.getLogger("alembic")
+    level = alembic_log.level
+    alembic_log.setLevel(logging.WARNING)
+    try:
+        command.upgrade(cfg, revision)
+    finally:
+        alembic_log.setLevel(level)
 
 
 def downgrade(url: str | None = None, revision: str = "base") -> None:

@@ -57,7 +57,7 @@ def bootstrap(demo_job: bool = True, enqueuer: Enqueuer | None = None) -> Bootst
     from app.services import auth, datasets, jobs
     from trainer.shapes.world import all_prompts
 
-    upgrade()
+    upgrade(quiet=True)
     token = job_id = arena_id = None
     with session_scope() as s:
         ds_id = jobs.shapes_dataset_id(s)
@@ -86,7 +86,10 @@ def worker_command(name: str = "local") -> list[str]:
     from app.job_kinds import QUEUE_NAMES
 
     return [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
-            "-Q", ",".join(QUEUE_NAMES), "--pool", "solo", "-n", f"{name}@%h", "--without-gossip",
+            # solo runs one job at a time; --concurrency 1 makes its banner say so (it printed
+            # the CPU count)
+            "-Q", ",".join(QUEUE_NAMES), "--pool", "solo", "--concurrency", "1",
+            "-n", f"{name}@%h", "--without-gossip",
             "--without-mingle", "--without-heartbeat", "-l", "INFO"]
 
 

@@ -16,11 +16,14 @@ from typing import TYPE_CHECKING
 
 from trainer.config import (
     PRESETS,
+    REAL_MODEL_SAMPLE_BATCH,
+    SHAPES_SAMPLE_BATCH,
     ConfigError,
     ConfigErrors,
     TrainConfig,
     absolute_paths,
     default_preset,
+    default_sampling_batch,
     load_config,
     resolution_problem,
 )
@@ -384,44 +387,19 @@ def _model_spec(args: argparse.Namespace):
     return spec
 
 
-# images solved and decoded at once by `sample` / `evaluate` when --batch-size is not given:
-# the shapes model's 32 px canvases all at once as before; a real model at 512 px would hold
-# hundreds of full-size latents and decodes, so it goes by the checkpoint's run's
-# rollout_batch_size, else its preset's (12 for flux-lora and sd3-lora: one 80 GB card)
-SHAPES_SAMPLE_BATCH = 256
-REAL_MODEL_SAMPLE_BATCH = 12
-
-
-def _run_rollout_batch_size(checkpoint: Path | None) -> int:
-    """The rollout_batch_size of the run that wrote `checkpoint` (0: none recorded: no
-    checkpoint, a bare diffusers LoRA, or a run that solved everything at once)."""
-    from trainer.models import TRAINER_STATE, checkpoint_directory, safetensors_metadata
-
-    if checkpoint is None:
-        return 0
-    state = checkpoint_directory(checkpoint) / TRAINER_STATE
-    if not state.is_file():
-        return 0
-    config = json.loads(safetensors_metadata(state).get("train_config") or "{}")
-    size = config.get("rollout_batch_size", 0)
-    return size if isinstance(size, int) and size > 0 else 0
-
-
 def sampling_batch_size(args: argparse.Namespace, model: str) -> int:
-    """--batch-size checked, or its default for `model` and --checkpoint (see
-    SHAPES_SAMPLE_BATCH). Batching never changes the images: each has its own seed's noise."""
-    from trainer.models import uses_model_directory
+    """--batch-size checked, or its default for `model` and --checkpoint
+    (trainer.config.default_sampling_batch, the studio's rule too). Batching never changes the
+    images: each has its own seed's noise."""
+    from trainer.models import run_rollout_batch_size, uses_model_directory
 
     if args.batch_size is not None:
         if args.batch_size < 1:
             raise ConfigError("--batch-size", "must be >= 1")
         return args.batch_size
-    if not uses_model_directory(model):
-        return SHAPES_SAMPLE_BATCH
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
-    preset = PRESETS.get(default_preset(model), {})
-    return (_run_rollout_batch_size(checkpoint) or preset.get("rollout_batch_size")
-            or REAL_MODEL_SAMPLE_BATCH)
+    return default_sampling_batch(model, [run_rollout_batch_size(checkpoint)],
+                                  uses_directory=uses_model_directory(model))
 
 
 def _load_any_model(args: argparse.Namespace, device: torch.device):
@@ -468,7 +446,7 @@ def _reward_list(args: argparse.Namespace) -> list[str]:
     """--rewards as registry names (default: the shapes rewards for the shapes model,
     jpeg_compressibility for flux / sd3, as the studio's evaluate job); the model-backed ones
     pointed at --reward-model-path or REWARD_MODELS_DIR and checked before any sampling."""
-    from trainer.evaluation import SHAPES_EVAL_REWARDS
+    from trainer.config import default_reward_names
     from trainer.rewards import reward_names, shapes_only_problem
     from trainer.rewards.models import (
         check_reward_models,
@@ -478,7 +456,7 @@ def _reward_list(args: argparse.Namespace) -> list[str]:
 
     names = [n.strip() for n in (args.rewards or "").split(",") if n.strip()]
     if not names:
-        names = list(SHAPES_EVAL_REWARDS) if args.model == "shapes" else ["jpeg_compressibility"]
+        names = default_reward_names("evaluate", args.model or "")
     unknown = [n for n in names if n not in reward_names()]
     if unknown:
         raise ConfigError("--rewards", f"unknown reward(s) {unknown}; known: {reward_names()}")

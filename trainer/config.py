@@ -779,11 +779,48 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# what is scored when no rewards are named: the shapes world's verifiable rewards for the
+# shapes model (they read its 32x32 images); for a real model an image-only reward that needs
+# no weights (a first run, a smoke test)
+SHAPES_EVAL_REWARDS = ("count", "exact_count", "color", "shape", "combined")
+SHAPES_ROLLOUT_REWARDS = ("count", "color", "shape")
+IMAGE_REWARD = "jpeg_compressibility"
+
+
 def default_reward_weights(model: str) -> dict[str, float]:
     """The rewards a train config of `model` that names none trains on: the shapes world's
-    count for the shapes model, the weight-free jpeg_compressibility for a real model (no
-    reward weights to configure: a first run, a smoke test)."""
-    return {"count": 1.0} if model == "shapes" else {"jpeg_compressibility": 1.0}
+    count for the shapes model, IMAGE_REWARD for a real model."""
+    return {"count": 1.0} if model == "shapes" else {IMAGE_REWARD: 1.0}
+
+
+def default_reward_names(purpose: str, model: str) -> list[str]:
+    """The rewards sampling for `purpose` ("rollout" or "evaluate") scores when none are
+    named: the studio's rollout and evaluate jobs and the CLI's `sample` / `evaluate`."""
+    if model != "shapes":
+        return [IMAGE_REWARD]
+    return list(SHAPES_EVAL_REWARDS if purpose == "evaluate" else SHAPES_ROLLOUT_REWARDS)
+
+
+# images a sampling command or job (rollout, evaluate) solves and decodes at once when it gives
+# no batch size: the shapes model's 32 px canvases (a whole evaluation's worth); a real model
+# at 512 px holds full-size latents and decodes, so it goes by what its training fitted on its
+# card (a run's rollout_batch_size), else its preset's (12 for flux-lora and sd3-lora: one
+# 80 GB card), else REAL_MODEL_SAMPLE_BATCH
+SHAPES_SAMPLE_BATCH = 256
+REAL_MODEL_SAMPLE_BATCH = 12
+
+
+def default_sampling_batch(model: str, run_batch_sizes: list[int], *,
+                           uses_directory: bool) -> int:
+    """The sampling batch size of `model` when none is given: SHAPES_SAMPLE_BATCH for a model
+    without a directory (the shapes model), else the smallest rollout_batch_size among the
+    runs its checkpoints come from, else its preset's, else REAL_MODEL_SAMPLE_BATCH."""
+    if not uses_directory:
+        return SHAPES_SAMPLE_BATCH
+    if sizes := [size for size in run_batch_sizes if size > 0]:
+        return min(sizes)
+    return int(PRESETS.get(default_preset(model), {}).get("rollout_batch_size")
+               or REAL_MODEL_SAMPLE_BATCH)
 
 
 def default_preset(model: str) -> str:

@@ -11,15 +11,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer.config import SHAPES_EVAL_REWARDS
 from trainer.models.base import FlowModel, to_uint8
 from trainer.rewards import compute_rewards
 from trainer.shapes.world import all_prompts, parse_prompt
 from trainer.solvers import rollout
 
 EVAL_SEEDS = tuple(range(20))
-# what the shapes model is evaluated with when no rewards are named (the studio's evaluate job
-# defaults to the same set)
-SHAPES_EVAL_REWARDS = ("count", "exact_count", "color", "shape", "combined")
 
 
 def seed_noise(seed: int, latent_shape: tuple[int, ...]) -> torch.Tensor:

@@ -32,6 +32,7 @@ from app.job_kinds import EvaluateConfig, RolloutConfig, SamplingConfig, default
 from app.json_values import json_safe
 from app.models import JobStatus
 from app.services import checkpoints, datasets, jobs, rollouts
+from trainer.config import SHAPES_SAMPLE_BATCH  # a real model's 0 is set at submission
 from trainer.evaluation import sample_images
 from trainer.grpo import blended_group_rewards, group_advantages, group_noises
 from trainer.loop import resolve_device
@@ -47,7 +48,6 @@ from worker.training import model_directory, png_bytes, reward_model_paths
 log = logging.getLogger(__name__)
 
 CHUNK = 16  # prompts sampled and recorded per transaction
-EVALUATE_BATCH = 256  # images per batch when an evaluate job's batch_size is 0
 
 
 class Cancelled(Exception):
@@ -237,7 +237,7 @@ def run_evaluate(job_id: int, worker_name: str) -> str:
             model = load_flow_model(specs[ckpt_id], device=resolve_device("auto"))
             images = sample_images(model, [p for p, _ in pairs], [s for _, s in pairs],
                                    cfg.solver, cfg.steps,
-                                   batch_size=cfg.batch_size or EVALUATE_BATCH)
+                                   batch_size=cfg.batch_size or SHAPES_SAMPLE_BATCH)
             texts = [p for p, _ in pairs]
             scores = score(scorer, names, images, texts)
             with session_scope() as s:

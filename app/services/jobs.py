@@ -31,7 +31,6 @@ kind, to its queue); a message that cannot be sent removes the job and is Unavai
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -422,45 +421,33 @@ def _check_model(session: Session, kind: str, config: dict[str, Any], problems: 
             problems.append(("reward_names", problem))
 
 
-# what a flux / sd3 rollout or evaluate job solves and decodes at once when neither its config
-# nor its checkpoints' runs say: the flux-lora / sd3-lora presets' rollout_batch_size, sized
-# for a 512 px rollout on one 80 GB card
-REAL_MODEL_SAMPLE_BATCH = 12
-
-
 def _run_rollout_batch_size(session: Session, checkpoint_id: int) -> int:
     """The rollout_batch_size of the run that wrote a checkpoint: its train job's config (as
     send_to_arena reads it), else the run config the checkpoint's trainer state carries (a
     checkpoint recorded without a job); 0 when neither says."""
-    from trainer.models import TRAINER_STATE, checkpoint_directory, safetensors_metadata
+    from trainer.models import run_rollout_batch_size
 
     ckpt = session.get(Checkpoint, checkpoint_id)
     if ckpt is None:
         return 0
     job = session.get(Job, ckpt.job_id) if ckpt.job_id is not None else None
-    if job is not None:
-        size = (job.config or {}).get("rollout_batch_size")
-    else:
+    if job is None:
         try:
-            state = checkpoint_directory(storage.resolve(ckpt.path)) / TRAINER_STATE
-            run = json.loads(safetensors_metadata(state).get("train_config") or "{}")
-        except (NotFound, OSError, ValueError):  # no state file: a bare LoRA, a shapes file
+            return run_rollout_batch_size(storage.resolve(ckpt.path))
+        except NotFound:  # its files are gone: submission says so beside this
             return 0
-        size = run.get("rollout_batch_size") if isinstance(run, dict) else None
+    size = (job.config or {}).get("rollout_batch_size")
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
 
 
 def real_model_sampling_batch(session: Session, model: str, checkpoint_ids: list[int]) -> int:
     """The batch size of a flux / sd3 rollout or evaluate job whose config gives 0: the
-    smallest rollout_batch_size among its checkpoints' runs (what their training fitted on
-    its card), else the model's preset's (REAL_MODEL_SAMPLE_BATCH)."""
-    from trainer.config import PRESETS, default_preset
+    trainer's rule (trainer.config.default_sampling_batch) over its checkpoints' runs."""
+    from trainer.config import default_sampling_batch
 
-    sizes = [size for cid in checkpoint_ids if (size := _run_rollout_batch_size(session, cid))]
-    if sizes:
-        return min(sizes)
-    return int(PRESETS.get(default_preset(model), {}).get("rollout_batch_size")
-               or REAL_MODEL_SAMPLE_BATCH)
+    return default_sampling_batch(
+        model, [_run_rollout_batch_size(session, cid) for cid in checkpoint_ids],
+        uses_directory=True)
 
 
 def preference_problem(session: Session, spec: str) -> str | None:

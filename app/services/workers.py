@@ -93,9 +93,10 @@ def heartbeat_age(job: Job, now: datetime | None = None) -> float | None:
 
 
 def waiting_for(session: Session, jobs: list[Job]) -> dict[int, str]:
-    """For queued jobs that no live worker can take, multi-host train jobs that fewer live
-    workers than their hosts could start, and running jobs whose worker stopped heartbeating
-    (it died; a live worker's reaper requeues the job): job id -> what it waits for."""
+    """For queued jobs that no live worker can take (or only workers busy with other jobs),
+    multi-host train jobs that fewer live workers than their hosts could start, and running
+    jobs whose worker stopped heartbeating (it died; a live worker's reaper requeues the job):
+    job id -> what it waits for."""
     stale_after = get_settings().job_stale_seconds
     lost = {j.id: age for j in jobs if j.status == JobStatus.RUNNING
             and (age := heartbeat_age(j)) is not None and age > stale_after}
@@ -104,6 +105,12 @@ def waiting_for(session: Session, jobs: list[Job]) -> dict[int, str]:
     if not waiting:
         return {}
     workers = live(session)
+    # what each live worker is running now: a queued job that only busy workers could take
+    # waits behind their jobs (the embedded worker runs one job at a time)
+    running: dict[str, int] = {}
+    for job_id, worker in session.execute(select(Job.id, Job.worker).where(
+            Job.status == JobStatus.RUNNING, Job.worker.in_([w.name for w in workers]))):
+        running.setdefault(worker, job_id)
     out = {}
     for job in waiting:
         if job.id in lost:
@@ -124,6 +131,12 @@ def waiting_for(session: Session, jobs: list[Job]) -> dict[int, str]:
             # RDZV_JOIN_TIMEOUT) once its holder's rendezvous is over
             out[job.id] = (f"waiting for {hosts} hosts (train_nnodes): {len(can)} live worker(s)"
                            f"{need} on queue {queue!r}; start one on each other host")
+        elif job.status == JobStatus.QUEUED and all(w.name in running for w in can):
+            ahead = sorted({running[w.name] for w in can})
+            out[job.id] = (f"queued behind job{'s' if len(ahead) > 1 else ''} "
+                           f"{', '.join(f'#{i}' for i in ahead)}: every live worker{need} on "
+                           f"queue {queue!r} is running one; it starts when one is free (or "
+                           "start another worker)")
     return out
 
 

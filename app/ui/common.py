@@ -86,7 +86,8 @@ def error_text(exc: Exception) -> str:
     (an OSError's does), so it goes to the log and the page gets only its kind."""
     if isinstance(exc, Unauthorized) and exc.message != "log in first":
         # a login that ended under the page (revoked, expired): what to do about it
-        return f"{exc.message}: reload the page to log in again"
+        return (f"{exc.message}: reload the page and log in again (with a new token from an "
+                "admin if yours was revoked)")
     if isinstance(exc, ServiceError):
         return exc.message
     log.error("unexpected error in a UI handler", exc_info=exc)

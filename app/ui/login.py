@@ -47,6 +47,12 @@ class Login:
 
         def login(token: str, _state: dict | None, request: gr.Request, quiet: bool = False):
             token = (token or "").strip()
+            if not token:  # "log in first" would answer a click on Log in itself
+                return (None, "" if quiet else notice(
+                            "enter your token (an admin creates it: the Annotators page, or "
+                            "python -m app create-user)", "error"),
+                        gr.update(visible=True), gr.update(visible=False), gr.skip(),
+                        *[gr.update(visible=False) for _ in keys], gr.skip())
             try:
                 user = caller({"token": token})
             except Exception as exc:  # noqa: BLE001 - shown to the user

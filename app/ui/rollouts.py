@@ -144,7 +144,7 @@ def show(user_state: dict | None, job_id: int | None, iteration: str | None,
             f"{total} group(s){esc(f' of {under}' if under else '')}; {where}</div>{body}")
 
 
-def build_rollouts(user: gr.State) -> gr.Blocks:
+def build_rollouts(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
     with gr.Blocks() as page:
         with gr.Row():
             job = gr.Dropdown(label="Job", choices=[ALL_JOBS_CHOICE], value=ALL_JOBS,
@@ -159,13 +159,16 @@ def build_rollouts(user: gr.State) -> gr.Blocks:
             # Page allows, as it does for 2.5 (common.number)
             page_no = number(1, label="Page", minimum=1, elem_id="rollouts-page")
             go = gr.Button("Show", variant="primary", elem_id="rollouts-show")
-        gr.HTML("<small>Sorted by reward; anchors are outlined in orange; click an image for "
-                "its details.</small>")
+        gr.HTML("<small>Each group's members sorted by advantage (else reward); anchors are "
+                "outlined in orange; click an image for its details.</small>")
         out = gr.HTML(elem_id="rollouts-groups")
 
         user.change(refresh_jobs, user, job, api_visibility="private")
         job.focus(refresh_jobs, user, job, api_visibility="private")
-        for trigger in (go.click, prompt.submit):
+        triggers = [go.click, prompt.submit]
+        if tab is not None:  # shown: the groups under the filters as they stand, no click
+            triggers.append(tab.select)
+        for trigger in triggers:
             trigger(show, [user, job, iteration, prompt, page_no], out,
                     api_visibility="private")
     return page

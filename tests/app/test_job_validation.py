@@ -451,6 +451,27 @@ def test_a_job_for_more_hosts_than_live_workers_says_it_waits_for_them(client, a
     assert single["waiting_for"] is None
 
 
+def test_a_job_only_busy_workers_could_take_says_what_it_waits_behind(client, admin, session,
+                                                                     vote_seeder):
+    """The demo's one embedded worker runs a train job: a fit queued after it waits behind it,
+    and its page says so (it said nothing and looked stuck); a free worker ends the wait."""
+    from app.models import Job
+
+    vote_seeder(4)
+    _report_worker("solo", ["gpu", "cpu"], cuda=0)
+    train = _post(client, admin, "train", {}, "tiny").json()
+    job = session.get(Job, train["id"])
+    job.status, job.worker = "running", "solo"
+    session.commit()
+    fit = _post(client, admin, "fit_preference", {}).json()
+    assert fit["waiting_for"] == (f"queued behind job #{train['id']}: every live worker on "
+                                  "queue 'cpu' is running one; it starts when one is free (or "
+                                  "start another worker)")
+    assert client.get(f"/api/jobs/{train['id']}", headers=admin).json()["waiting_for"] is None
+    _report_worker("spare", ["cpu"], cuda=0)
+    assert client.get(f"/api/jobs/{fit['id']}", headers=admin).json()["waiting_for"] is None
+
+
 def test_worker_reports_its_real_devices_and_queues(settings):
     import torch
 

@@ -301,3 +301,31 @@ def test_the_server_and_workers_see_whether_the_database_is_migrated(tmp_path, m
     finally:
         db.get_engine().dispose()
         get_settings.cache_clear()
+
+
+def test_a_quiet_upgrade_prints_no_schema_history(tmp_path, capfd):
+    """The server's start (app.serve.bootstrap) migrates quietly: a newcomer's first screen
+    showed every migration's description and Alembic's plugin lines around the admin token.
+    The `migrate` command still says what it ran."""
+    import logging
+
+    upgrade(f"sqlite:///{tmp_path / 'loud.db'}")
+    loud = capfd.readouterr()
+    alembic_log = logging.getLogger("alembic")
+    before = alembic_log.level
+    assert "Running upgrade" in loud.out + loud.err
+    upgrade(f"sqlite:///{tmp_path / 'quiet.db'}", quiet=True)
+    quiet = capfd.readouterr()
+    assert "Running upgrade" not in quiet.out + quiet.err
+    assert "setup plugin" not in quiet.out + quiet.err
+    inspector = inspect(create_engine(f"sqlite:///{tmp_path / 'quiet.db'}"))
+    assert "votes" in inspector.get_table_names()  # migrated all the same
+    assert alembic_log.level == before  # the quiet upgrade put the level back
+
+
+def test_the_embedded_worker_runs_one_job_at_a_time_and_says_so():
+    from app.serve import worker_command
+
+    command = worker_command()
+    assert command[command.index("--pool") + 1] == "solo"
+    assert command[command.index("--concurrency") + 1] == "1"  # its banner printed the CPUs

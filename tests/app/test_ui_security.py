@@ -153,7 +153,7 @@ def test_a_revoked_admins_open_session_gets_errors(settings, admin, make_user):
     listing, preview_pick = datasets.listing_for(carol)
     assert "invalid or revoked" in listing and preview_pick is None
     # and the page says what to do: the login ended under it
-    assert "reload the page to log in again" in listing
+    assert "reload the page and log in again" in listing and "new token" in listing
 
 
 def test_an_annotator_claiming_admin_in_the_session_state_gets_nothing(settings, annotator,

@@ -275,6 +275,11 @@ def test_bad_token_is_refused(server, page):
     assert page.get_by_role("tab", name="Arena").count() == 0
     # the login box's own answer: no "reload the page" (that is for a login that ended)
     assert "reload the page" not in page.locator("#login-status").inner_text()
+    # an empty box says what to enter, not "log in first" (the click was the login)
+    page.locator("#login-token input, #login-token textarea").first.fill("")
+    page.locator("#login-button").click()
+    page.get_by_text("enter your token").wait_for()
+    assert "log in first" not in page.locator("#login-status").inner_text()
 
 
 def test_own_vote_count_updates_without_refresh(server, page):

@@ -116,6 +116,9 @@ def test_rollouts_page(server, page):
     seed_groups(3, g=6, seed=7, iteration=5)
     login(page, server, server.admin_token)
     _tab(page, "Rollouts")
+    # shown, the tab lists the groups at once (it was blank until Show was clicked)
+    page.locator("#rollouts-count").wait_for()
+    assert int(page.locator("#rollouts-count").get_attribute("data-total")) >= 3
     page.locator("#rollouts-prompt textarea, #rollouts-prompt input").first.fill(
         "two red circles")
     page.locator("#rollouts-iteration textarea, #rollouts-iteration input").first.fill("5")

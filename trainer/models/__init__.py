@@ -354,6 +354,23 @@ def checkpoint_spec(path: str | Path) -> ModelSpec:
     return ModelSpec(name="shapes", weights=str(path))
 
 
+def run_rollout_batch_size(checkpoint: str | Path | None) -> int:
+    """The rollout_batch_size of the run that wrote `checkpoint` (its directory or weights
+    file), from its trainer state; 0 when none is recorded (no checkpoint, a bare diffusers
+    LoRA, a shapes file, or a run that solved everything at once)."""
+    if checkpoint is None:
+        return 0
+    state = checkpoint_directory(checkpoint) / TRAINER_STATE
+    if not state.is_file():
+        return 0
+    try:
+        run = json.loads(safetensors_metadata(state).get("train_config") or "{}")
+    except (OSError, ValueError):
+        return 0
+    size = run.get("rollout_batch_size") if isinstance(run, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
+
+
 # the safetensors metadata key diffusers' save_lora_weights writes the adapter's config under
 LORA_ADAPTER_METADATA = "lora_adapter_metadata"
 
