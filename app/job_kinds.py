@@ -28,11 +28,13 @@ from pydantic_core import PydanticCustomError
 
 from app.limits import MAX_CONFIG_PROMPTS, MAX_ID
 from trainer.config import (  # one bound for every seed, one rule for sampling batches
+    MAX_RESOLUTION,
     MAX_SEED,
+    MAX_TEXT,
     REAL_MODEL_SAMPLE_BATCH,
     SHAPES_SAMPLE_BATCH,
 )
-from trainer.rewards.fit_config import FitConfig, fit_fields
+from trainer.rewards.fit_config import MIN_FIT_VOTES, FitConfig, fit_fields
 
 
 class _Cfg(BaseModel):
@@ -107,10 +109,10 @@ class SamplingConfig(_Cfg):
         "run's model); a rollout of the base model (no checkpoint) then samples 'shapes'. Given "
         "with checkpoints, it must be theirs.")
     model_path: str = Field(
-        "", max_length=4096, description="flux / sd3: the diffusers-format model directory, "
+        "", max_length=MAX_TEXT, description="flux / sd3: the diffusers-format model directory, "
         "under MODELS_DIR only. Needed to sample the base model; with checkpoints, empty means "
         "the directory they were trained from.")
-    resolution: int = Field(0, ge=0, le=4096, description="Image side in pixels. 0: the "
+    resolution: int = Field(0, ge=0, le=MAX_RESOLUTION, description="Image side in pixels. 0: the "
                             "checkpoint's (base model: shapes 32, flux / sd3 512). flux / sd3: a "
                             "multiple of 16; shapes: 0 or 32.")
     guidance_scale: float | None = Field(
@@ -125,7 +127,7 @@ class SamplingConfig(_Cfg):
                             "change.")
     # before the kinds' own fields: EvaluateConfig's reward_model_paths check reads it
     reward_server_url: str = Field(
-        "", max_length=4096, description="Score the rewards on a reward server (`python -m "
+        "", max_length=MAX_TEXT, description="Score the rewards on a reward server (`python -m "
         "trainer.rewards.serve`) at this http(s) URL instead of loading reward models in the "
         "job: several jobs then share one set of models on one GPU. The job checks at its "
         "start, before sampling, that the server serves every reward it names (the server "
@@ -241,7 +243,8 @@ class FitPreferenceConfig(_FitFields):
 
     min_votes: int = Field(0, ge=0, le=10_000_000,
                            description="Fail unless at least this many clean votes exist "
-                           "(a fit always needs 4, so values below 4 act as 4).")
+                           f"(a fit always needs {MIN_FIT_VOTES}, so values below "
+                           f"{MIN_FIT_VOTES} act as {MIN_FIT_VOTES}).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to fit; 'auto' "
                                                    "takes the GPU when there is one.")
     score_samples: bool = Field(True, description="Cache the new model's score on every "

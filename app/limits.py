@@ -10,6 +10,13 @@ FILENAME_LENGTH = 300
 SELECTION_LENGTH = 50
 # a vote's client_vote_id (the client's retry key): 1-64 URL-safe characters
 CLIENT_VOTE_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
+# rows a service reads or writes per statement (an IN list, a bulk insert): under the bound
+# parameters PostgreSQL (65,535) and SQLite (32,766) take in one statement, whatever the table
+SQL_BATCH = 5000
+# the leaderboard's bootstrap resamples of the Bradley-Terry fit (the 95% intervals): the
+# default, and the most one request may ask for (each is a full fit)
+DEFAULT_BOOTSTRAP = 200
+MAX_BOOTSTRAP = 2000
 # prompts a job's config may list itself (more belong in an uploaded dataset): a config is
 # stored whole on its job and returned in every job listing
 MAX_CONFIG_PROMPTS = 10_000

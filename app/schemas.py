@@ -13,7 +13,7 @@ from pydantic_core import PydanticCustomError
 
 from app.errors import Invalid
 from app.job_kinds import KindName
-from app.limits import CLIENT_VOTE_ID_PATTERN, MAX_ID
+from app.limits import CLIENT_VOTE_ID_PATTERN, MAX_ID, SELECTION_LENGTH
 from app.models import JobStatus
 from trainer.rewards.outcomes import OUTCOMES
 
@@ -301,7 +301,7 @@ class VoteIn(BaseModel):
     shown_at: Annotated[UTCDateTime | None, _checked(shown_at_problem, "shown_at")] = None
     latency_ms: int | None = Field(None, ge=0, le=MAX_ID, strict=True)
     selection: Annotated[str | None, NoNul, _checked(selection_problem, "selection")] = Field(
-        None, max_length=50)
+        None, max_length=SELECTION_LENGTH)
 
 
 class VoteOut(ORM):

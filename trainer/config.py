@@ -50,6 +50,9 @@ def unknown_field_message(name: str, known: list[str]) -> str:
 # the longest text field (a path, a URL, a name), the same cap the studio's other job configs
 # use; longer paths no file system takes, and a config is stored whole on its job
 MAX_TEXT = 4096
+# the largest image side a config may ask for (FLUX.1 is trained up to about 2 MP: 4096 px is
+# far past what any card samples; the cap stops a typo's 40,000 px from reaching the model)
+MAX_RESOLUTION = 4096
 
 # the largest reward weight: rewards are normalised per group (about unit scale), so a weight
 # scales the advantages; far beyond this the weighted sum overflows to inf and the run fails
@@ -222,7 +225,7 @@ class ModelArguments:
                                        "\"proj_mlp\" for their MLP).", group="model")
     resolution: int = _field(0, "Image side in pixels (square). 0: the model's default (shapes "
                              "32, flux / sd3 512). flux / sd3: a multiple of 16.",
-                             min=0, max=4096, group="model")
+                             min=0, max=MAX_RESOLUTION, group="model")
     guidance_scale: float = _field(3.5, "FLUX.1-dev: the value fed to its guidance embedding "
                                    "(schnell has none and ignores it); SD3: the classifier-free "
                                    "guidance scale used in rollouts and training, as Flow-GRPO "

@@ -9,6 +9,7 @@ from fastapi.responses import FileResponse, Response, StreamingResponse
 
 from app.api.deps import MAX_ID, FileReaderDep, PathId, QueryId, SessionDep, UserDep
 from app.api.strict_json import StrictJSONRoute
+from app.limits import DEFAULT_BOOTSTRAP, MAX_BOOTSTRAP
 from app.models import Checkpoint
 from app.schemas import CheckpointOut, Leaderboard, Page
 from app.services import checkpoints as svc
@@ -58,6 +59,6 @@ def download(checkpoint_id: PathId, session: SessionDep, _user: FileReaderDep,
 
 @router.get("/leaderboard", response_model=Leaderboard, tags=["leaderboard"])
 def leaderboard(session: SessionDep, _user: UserDep,
-                bootstrap: Annotated[int, Query(ge=0, le=2000)] = 200,
+                bootstrap: Annotated[int, Query(ge=0, le=MAX_BOOTSTRAP)] = DEFAULT_BOOTSTRAP,
                 seed: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> Leaderboard:
     return Leaderboard.model_validate(lb.compute(session, bootstrap=bootstrap, seed=seed))

@@ -26,6 +26,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from app.errors import NotFound
+from app.limits import SQL_BATCH
 from app.models import Sample, User, Vote
 from app.services import auth
 from app.services.votes import automatic_reward
@@ -74,9 +75,9 @@ def stats(session: Session, *, annotator_id: int | None = None) -> list[dict[str
                 sample_ids.update((a, b))
     rewards: dict[int, float | None] = {}
     ids = sorted(sample_ids)
-    for start in range(0, len(ids), 5000):
+    for start in range(0, len(ids), SQL_BATCH):
         for sid, rw in session.execute(select(Sample.id, Sample.rewards)
-                                       .where(Sample.id.in_(ids[start:start + 5000]))):
+                                       .where(Sample.id.in_(ids[start:start + SQL_BATCH]))):
             rewards[sid] = automatic_reward(rw)
     maj = defaultdict(lambda: [0, 0])  # uid -> [agree, total]
     rew = defaultdict(lambda: [0, 0])

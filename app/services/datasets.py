@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from app.errors import BadRequest, Conflict, Invalid, NotFound, PayloadTooLarge
 from app.json_values import json_safe
-from app.limits import FILENAME_LENGTH, NAME_LENGTH
+from app.limits import FILENAME_LENGTH, NAME_LENGTH, SQL_BATCH
 from app.models import ACTIVE_JOB_STATUSES, Dataset, Job, Prompt
 from app.schemas import look_alike_difference, look_alike_key, refuse_hidden, refuse_nul
 from trainer.config import prompt_text_problem
@@ -457,8 +457,8 @@ def import_dataset(session: Session, *, filename: str, data: bytes, name: str | 
          "split": "eval" if i in eval_idx else "train"}
         for i, p in enumerate(prompts)
     ]
-    for start in range(0, len(rows), 5000):
-        session.execute(insert(Prompt), rows[start:start + 5000])
+    for start in range(0, len(rows), SQL_BATCH):
+        session.execute(insert(Prompt), rows[start:start + SQL_BATCH])
     return ImportResult(ds, dropped, parsed.blank_lines_skipped)
 
 

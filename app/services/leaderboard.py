@@ -20,6 +20,7 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
+from app.limits import DEFAULT_BOOTSTRAP
 from app.models import Checkpoint, RolloutGroup, Sample, Vote
 from app.services.checkpoints import score_means, score_sources
 from trainer.rewards.outcomes import LABELLED_OUTCOMES, TARGET_A
@@ -72,7 +73,8 @@ def _scored(session: Session) -> dict[int, tuple[str, dict[str, float], dict[str
     return {c.id: (c.name, means, score_sources(c)) for c in rows if (means := score_means(c))}
 
 
-def compute(session: Session, *, bootstrap: int = 200, seed: int = 0) -> dict[str, Any]:
+def compute(session: Session, *, bootstrap: int = DEFAULT_BOOTSTRAP, seed: int = 0
+            ) -> dict[str, Any]:
     votes = _cross_votes(session)
     ids = sorted({x for a, b, _ in votes for x in (a, b)})
     scored = _scored(session)

@@ -38,7 +38,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
 
 from app.errors import Conflict, Invalid
-from app.limits import CLIENT_VOTE_ID_PATTERN, SELECTION_LENGTH
+from app.limits import CLIENT_VOTE_ID_PATTERN, SELECTION_LENGTH, SQL_BATCH
 from app.models import RolloutGroup, Sample, User, Vote
 from app.schemas import (
     CROSS_CHECKPOINT,
@@ -617,7 +617,7 @@ def _utc_iso(value: datetime | None) -> str | None:
     return None if value is None else utc_text(value)
 
 
-def export_votes(session: Session, batch: int = 5000, *, annotator_id: int | None = None
+def export_votes(session: Session, batch: int = SQL_BATCH, *, annotator_id: int | None = None
                  ) -> Iterator[dict[str, Any]]:
     """All votes (or one annotator's), Pick-a-Pic style: image_0 is the sample shown on the left (a), image_1 the
     right (b); label_0/label_1 are 1/0, 0/1 or 0.5/0.5 (tie); both_bad and skip have null

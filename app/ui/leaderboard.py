@@ -12,6 +12,7 @@ import gradio as gr
 
 from app.errors import BadRequest, Invalid
 from app.job_kinds import KINDS
+from app.limits import DEFAULT_BOOTSTRAP, MAX_BOOTSTRAP
 from app.services import checkpoints, leaderboard
 from app.services import jobs as jobs_svc
 from app.services.jobs import Enqueuer
@@ -270,7 +271,8 @@ def build_leaderboard(user: gr.State, tab: gr.Tab | None = None,
                       enqueuer: Enqueuer | None = None) -> gr.Blocks:
     with gr.Blocks() as page:
         with gr.Row():
-            bootstrap = gr.Slider(0, 1000, value=200, step=50, label="Bootstrap resamples")
+            bootstrap = gr.Slider(0, MAX_BOOTSTRAP, value=DEFAULT_BOOTSTRAP, step=50,
+                                  label="Bootstrap resamples")
             refresh = gr.Button("Refresh", elem_id="leaderboard-refresh")
         board = gr.HTML(elem_id="leaderboard-box")
         gr.Markdown("### Evaluate these checkpoints")

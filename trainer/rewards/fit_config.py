@@ -15,7 +15,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.config import MAX_SEED  # one bound for every seed (trainer.config imports no torch)
+# one bound for every seed, one for every text (trainer.config imports no torch)
+from trainer.config import MAX_SEED, MAX_TEXT
 
 FEATURES = ("shapes", "clip")
 
@@ -34,7 +35,7 @@ class FitConfig:
                           "and the prompt's tokens; 'clip': a frozen CLIP image-text embedding "
                           "from clip_path with a small head.", choices=FEATURES)
     clip_path: str = _help("", "Local CLIP weights (a transformers save_pretrained directory) "
-                           "for features='clip'; never downloaded.", max_length=4096)
+                           "for features='clip'; never downloaded.", max_length=MAX_TEXT)
     width: int = _help(32, "Channels of the shapes network (features='shapes'): more fit "
                        "subtler preferences from more votes, at a cost per vote.", ge=4, le=512)
     holdout_fraction: float = _help(0.2, "Share of the votes kept out of the fit to report "
