@@ -21,6 +21,7 @@ from app.services import preference as pref_svc
 from app.services.jobs import Enqueuer
 from app.ui.common import Raw, admin_or_none, caller, error_text, esc, notice, session, table
 from trainer.rewards.fit_config import MIN_FIT_VOTES
+from trainer.rewards.outcomes import Outcome
 
 
 def _pct(x: float | None, n: int) -> str:
@@ -46,7 +47,19 @@ def stats_html(user_state: dict | None) -> str:
           Raw(f'<span class="ngs-excluded" data-user="{esc(r["name"])}">'
               f'{"yes" if r["excluded"] else "no"}</span>')] for r in rows],
         "ngs-annotators")
-    return f'<div id="annotators-table">{body}</div>'
+    return f'<div id="annotators-table">{body}{COLUMNS_NOTE}</div>'
+
+
+# what the columns count, in the words the arena's buttons use (trainer.rewards.outcomes)
+COLUMNS_NOTE = (
+    '<small id="annotators-columns">Clean votes: the '
+    + ", ".join(f"“{o.label}”" for o in Outcome if o.counts)
+    + " answers, which fits and the leaderboard use ("
+    + " and ".join(f"“{o.label}”" for o in Outcome if not o.counts)
+    + " say nothing about which image is better). Agrees with majority: how often a clean "
+    "vote matches the most common answer of the other annotators on the same pair. Agrees "
+    "with reward: how often the preferred image is the one the automatic rewards score "
+    "higher. Excluded: the annotator's votes are left out of fits and the leaderboard.</small>")
 
 
 def user_choices() -> list[tuple[str, int]]:

@@ -550,3 +550,17 @@ def test_the_reward_under_an_image_says_which_reward_it_is():
     assert html.index('data-sample="2"') < html.index('data-sample="1"')  # by advantage
     assert 'title="the sum of count, jpeg_compressibility">sum</span> 1.10' in html
     assert "r 1.10" not in html
+
+
+def test_the_annotators_table_says_what_its_columns_count(settings, admin):
+    """"clean votes" was never explained: the table says which answers count, from the one
+    Outcome definition (a label renamed there is renamed here)."""
+    from app.ui.annotators import stats_html
+    from trainer.rewards.outcomes import Outcome
+
+    html = stats_html(_token(admin))
+    note = html[html.index('id="annotators-columns"'):]
+    for outcome in Outcome:
+        assert f"“{outcome.label}”" in note
+    clean, rest = note.split(" answers, which fits")
+    assert "Skip" not in clean and "A is better" in clean and "Skip" in rest
