@@ -402,7 +402,8 @@ class RunArguments:
 @dataclass
 class StudioArguments:
     """Read by the studio's job runner, which holds the votes and the hosts; a Trainer used as
-    a library ignores them."""
+    a library does not act on them (its config is still checked whole: a train_nnodes that
+    does not divide prompts_per_iteration is refused wherever the config is made)."""
 
     preference_refit_every: int = _field(0, "Studio jobs: refit the preference model every N "
                                          "iterations from the votes that arrived meanwhile "
