@@ -393,7 +393,10 @@ CSS = """
 /* the event stream's pause and resume buttons: clicked by the page script, never seen */
 .ngs-offscreen { position: absolute !important; left: -10000px !important; width: 1px !important;
   height: 1px !important; overflow: hidden !important; }
-.ngs-help label > span:first-child::after, .ngs-help .label-wrap span::after {
+/* the "(?)" that says a field has help (its tooltip): the label of every kind of field, a
+   number's, a dropdown's, a radio's (block-info) and a checkbox's (label-text) */
+.ngs-help label > span:first-child::after, .ngs-help .label-wrap span::after,
+.ngs-help [data-testid="block-info"]::after, .ngs-help .checkbox-container .label-text::after {
   content: " (?)"; opacity: .55; cursor: help; }
 """
 

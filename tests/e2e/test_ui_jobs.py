@@ -23,12 +23,22 @@ def _set_number(page, name: str, value: str) -> None:
     box.press("Tab")
 
 
+def _help_marks(page, name: str) -> list[str]:
+    """What the page draws after a field's label (the CSS "(?)" that says it has help)."""
+    return page.locator(f"#cfg-{name} [data-testid=block-info], #cfg-{name} .label-text"
+                        ).evaluate_all("els => els.map(e => getComputedStyle(e, '::after')"
+                                       ".content)")
+
+
 def test_launch_watch_and_cancel_quick_demo(server, page):
     with session_scope() as s:  # other tests of the session's server may have made jobs
         jobs_before = jobs.list_jobs(s)[1]
     _open_jobs(page, server)
-    # help text is a tooltip on each field
+    # help text is a tooltip on each field, and every kind of field says it has one: a
+    # number, a dropdown (it had no "(?)"; a checkbox: the next test)
     page.wait_for_function("() => document.getElementById('cfg-sigma').title.length > 10")
+    for name in ("sigma", "model"):
+        assert '" (?)"' in _help_marks(page, name), name
     page.locator("#jobs-preset input").fill("shapes-quick-demo")
     page.get_by_role("option", name="shapes-quick-demo").click()
     page.wait_for_function(
@@ -98,6 +108,7 @@ def test_defaults_launch_and_every_error_shows_at_once(server, page):
     # while they mount can be replaced by the default (seen on a loaded 2-core box)
     more.click()
     page.locator("#cfg-weight_decay input").first.wait_for()
+    assert '" (?)"' in _help_marks(page, "shuffle_advantages")  # a checkbox had none
     _set_number(page, "num_anchors", "50")
     _field(page, "reward_weights").fill("{not json")
     _set_number(page, "weight_decay", "5")
