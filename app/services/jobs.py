@@ -425,7 +425,7 @@ def _run_rollout_batch_size(session: Session, checkpoint_id: int) -> int:
     """The rollout_batch_size of the run that wrote a checkpoint: its train job's config (as
     send_to_arena reads it), else the run config the checkpoint's trainer state carries (a
     checkpoint recorded without a job); 0 when neither says."""
-    from trainer.models import run_rollout_batch_size
+    from trainer.models import config_rollout_batch_size, run_rollout_batch_size
 
     ckpt = session.get(Checkpoint, checkpoint_id)
     if ckpt is None:
@@ -436,8 +436,7 @@ def _run_rollout_batch_size(session: Session, checkpoint_id: int) -> int:
             return run_rollout_batch_size(storage.resolve(ckpt.path))
         except NotFound:  # its files are gone: submission says so beside this
             return 0
-    size = (job.config or {}).get("rollout_batch_size")
-    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
+    return config_rollout_batch_size(job.config or {})
 
 
 def real_model_sampling_batch(session: Session, model: str, checkpoint_ids: list[int]) -> int:

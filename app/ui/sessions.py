@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from typing import Any
 from urllib.parse import parse_qs
 
 from starlette.concurrency import run_in_threadpool
@@ -92,20 +93,22 @@ def _json_body(scope: Scope) -> bool:
 
 
 def _may_act_for_all(sessions: list[str], scope: Scope) -> bool:
-    """Whether this request may act for every UI session it names (blocking: queries)."""
-    return all(_may_act(session_hash, scope) for session_hash in dict.fromkeys(sessions))
+    """Whether this request may act for every UI session it names (blocking: queries). The
+    caller's token is read once, and only when a named session is logged in."""
+    caller: Any = _UNREAD
+    for session_hash in dict.fromkeys(sessions):
+        login = login_of(session_hash)
+        owner = authenticated(login) if login is not None else None
+        if owner is None:  # no login, or one revoked or expired: nothing to take over
+            continue
+        if caller is _UNREAD:
+            caller = authenticated(request_token(scope))
+        if caller is None or caller.id != owner.id:
+            return False
+    return True
 
 
-def _may_act(session_hash: str | None, scope: Scope) -> bool:
-    """Whether this request may act for the UI session `session_hash` (blocking: queries)."""
-    login = login_of(session_hash)
-    if login is None:
-        return True
-    owner = authenticated(login)
-    if owner is None:  # revoked or expired: the handlers say so, nothing to take over
-        return True
-    caller = authenticated(request_token(scope))
-    return caller is not None and caller.id == owner.id
+_UNREAD = object()  # the caller not authenticated yet
 
 
 class UiSessionGuard:

@@ -354,6 +354,13 @@ def checkpoint_spec(path: str | Path) -> ModelSpec:
     return ModelSpec(name="shapes", weights=str(path))
 
 
+def config_rollout_batch_size(config: Any) -> int:
+    """A run config's rollout_batch_size when it is a positive whole number, else 0 (none
+    recorded, or one that solved everything at once)."""
+    size = config.get("rollout_batch_size") if isinstance(config, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
+
+
 def run_rollout_batch_size(checkpoint: str | Path | None) -> int:
     """The rollout_batch_size of the run that wrote `checkpoint` (its directory or weights
     file), from its trainer state; 0 when none is recorded (no checkpoint, a bare diffusers
@@ -364,11 +371,10 @@ def run_rollout_batch_size(checkpoint: str | Path | None) -> int:
     if not state.is_file():
         return 0
     try:
-        run = json.loads(safetensors_metadata(state).get("train_config") or "{}")
+        return config_rollout_batch_size(json.loads(
+            safetensors_metadata(state).get("train_config") or "{}"))
     except (OSError, ValueError):
         return 0
-    size = run.get("rollout_batch_size") if isinstance(run, dict) else None
-    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
 
 
 # the safetensors metadata key diffusers' save_lora_weights writes the adapter's config under
