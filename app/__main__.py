@@ -49,9 +49,10 @@ def setup_problem(exc: Exception) -> str | None:
     from pydantic import ValidationError
     from sqlalchemy.exc import ArgumentError, OperationalError, ProgrammingError
 
+    from app.config import settings_problem
+
     if isinstance(exc, ValidationError):  # a setting from the environment (app/config.py)
-        return "; ".join(f"{'.'.join(str(p) for p in e['loc']).upper()}: {e['msg']}"
-                         for e in exc.errors())
+        return settings_problem(exc)
     if isinstance(exc, ArgumentError):
         return f"DATABASE_URL is not a database URL ({exc})"
     text = str(getattr(exc, "orig", None) or exc).strip().splitlines()

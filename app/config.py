@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # where the Gradio UI is mounted: the UI, and the stored-files guard and body limit that
@@ -61,27 +61,27 @@ class Settings(BaseSettings):
         "several deployments (or test runs) share one Redis; read only with a BROKER_URL. "
         "Empty: no prefix.")
     broker_visibility_timeout: int = Field(
-        7 * 24 * 3600, description="BROKER_VISIBILITY_TIMEOUT: seconds after which Redis "
+        7 * 24 * 3600, ge=1, description="BROKER_VISIBILITY_TIMEOUT: seconds after which Redis "
         "redelivers an unacknowledged task; keep it longer than the longest job, or a running "
         "job's message reaches a second worker. Read only with a BROKER_URL; default a week.")
     job_heartbeat_seconds: float = Field(
-        10.0, description="JOB_HEARTBEAT_SECONDS: a running job's heartbeat period in seconds "
+        10.0, gt=0, description="JOB_HEARTBEAT_SECONDS: a running job's heartbeat period in seconds "
         "(a thread beats, so a long iteration never looks like a dead worker).")
     job_stale_seconds: float = Field(
-        120.0, description="JOB_STALE_SECONDS: a running job with no heartbeat for this many "
+        120.0, gt=0, description="JOB_STALE_SECONDS: a running job with no heartbeat for this many "
         "seconds has lost its worker: the reaper requeues it (or fails it after "
         "JOB_MAX_ATTEMPTS runs) and another worker may claim it. Also the least time an "
         "unseen worker still counts as live.")
     job_max_attempts: int = Field(
-        3, description="JOB_MAX_ATTEMPTS: runs of one job that may lose their worker (the "
+        3, ge=1, description="JOB_MAX_ATTEMPTS: runs of one job that may lose their worker (the "
         "reaper requeues the job after each) before the reaper marks it failed. A worker's "
         "own shutdown (SIGTERM) does not count, and a resume starts the count again.")
     reaper_interval_seconds: float = Field(
-        30.0, description="REAPER_INTERVAL_SECONDS: how often each worker looks for stale jobs "
+        30.0, gt=0, description="REAPER_INTERVAL_SECONDS: how often each worker looks for stale jobs "
         "and reports itself live; a worker unseen for three intervals (and JOB_STALE_SECONDS) "
         "is no longer counted.")
     train_nproc: int = Field(
-        1, description="TRAIN_NPROC: processes (GPUs) per train job on this worker; above 1 "
+        1, ge=1, description="TRAIN_NPROC: processes (GPUs) per train job on this worker; above 1 "
         "the job runs under torchrun (DDP). A multi-host job runs train_nnodes x TRAIN_NPROC "
         "processes.")
     # --- train jobs on several hosts (train_nnodes > 1; worker/torchrun.py) ---------------
@@ -90,16 +90,16 @@ class Settings(BaseSettings):
         "holds a multi-host train job (torchrun's rendezvous endpoint and --local-addr). "
         "Empty: the host's fully qualified name.")
     rdzv_port: int = Field(
-        0, description="RDZV_PORT: the rendezvous port of the multi-host train jobs this "
+        0, ge=0, le=65535, description="RDZV_PORT: the rendezvous port of the multi-host train jobs this "
         "worker holds. 0: a free one each time; a fixed one lets a firewall open just it, but "
         "then only one GPU worker per host may hold such a job at once.")
     rdzv_join_timeout: int = Field(
-        600, description="RDZV_JOIN_TIMEOUT: seconds a multi-host train job waits for every "
+        600, ge=1, description="RDZV_JOIN_TIMEOUT: seconds a multi-host train job waits for every "
         "host to join before it fails.")
 
     # --- pair selection (app/services/votes.py, issue 6) ----------------------------------
     vote_random_share: float = Field(
-        0.2, description="VOTE_RANDOM_SHARE: once a preference model has scored the samples, "
+        0.2, ge=0, le=1, description="VOTE_RANDOM_SHARE: once a preference model has scored the samples, "
         "this share of GET /api/votes/next pairs stays uniformly random (to check the fit for "
         "selection bias); the rest is chosen actively.")
     vote_active: bool = Field(
@@ -107,18 +107,28 @@ class Settings(BaseSettings):
         "strategies only, as before any preference model exists.")
 
     max_prompt_length: int = Field(
-        2000, description="MAX_PROMPT_LENGTH: the longest prompt, in characters, that a "
+        2000, ge=1, description="MAX_PROMPT_LENGTH: the longest prompt, in characters, that a "
         "dataset upload or a job's prompts may hold; longer ones are refused.")
     max_upload_bytes: int = Field(
-        50 * 1024 * 1024, description="MAX_UPLOAD_BYTES: the largest dataset upload, in bytes, "
+        50 * 1024 * 1024, ge=1, description="MAX_UPLOAD_BYTES: the largest dataset upload, in bytes, "
         "the API and the UI take (default 50 MiB); a larger one is refused.")
     max_request_bytes: int = Field(
         8 * 1024 * 1024, ge=1024, description="MAX_REQUEST_BYTES: the largest request body, in "
         "bytes, other than a dataset upload (votes, job configs, the UI's events; default 8 "
         "MiB); a larger one is answered 413 before it is read whole.")
     image_cache_seconds: int = Field(
-        86400, description="IMAGE_CACHE_SECONDS: how long a browser may cache a stored file "
+        86400, ge=0, description="IMAGE_CACHE_SECONDS: how long a browser may cache a stored file "
         "from /api/media (Cache-Control max-age); they never change once written.")
+
+    @model_validator(mode="after")
+    def _heartbeats_come_before_staleness(self) -> Settings:
+        # a job whose heartbeat comes later than the reaper's patience looks dead while it runs:
+        # every worker would requeue every running job
+        if self.job_stale_seconds <= self.job_heartbeat_seconds:
+            raise ValueError(f"JOB_STALE_SECONDS ({self.job_stale_seconds:g}) must be greater "
+                             f"than JOB_HEARTBEAT_SECONDS ({self.job_heartbeat_seconds:g}), or "
+                             "every running job looks dead to the reaper")
+        return self
 
     @property
     def resolved_database_url(self) -> str:
@@ -137,6 +147,15 @@ class Settings(BaseSettings):
     @property
     def resolved_reward_models_dir(self) -> Path:
         return (self.reward_models_dir or self.data_dir / "reward_models").resolve()
+
+
+def settings_problem(exc: ValidationError) -> str:
+    """One line naming every setting the environment got wrong: a field's error names its
+    variable; a rule over several (a model validator) names them in its own message, pydantic's
+    "Value error, " prefix dropped."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']).upper()}: {e['msg']}"
+                     if e["loc"] else e["msg"].removeprefix("Value error, ")
+                     for e in exc.errors())
 
 
 @lru_cache

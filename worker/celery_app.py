@@ -17,8 +17,9 @@ from datetime import UTC, datetime, timedelta
 from celery import Celery
 from celery.exceptions import SecurityWarning
 from kombu import Queue
+from pydantic import ValidationError
 
-from app.config import Settings, get_settings
+from app.config import Settings, get_settings, settings_problem
 from app.job_kinds import KINDS, QUEUE_NAMES
 from app.queue import MESSAGE_SETTINGS, broker_settings
 
@@ -37,7 +38,13 @@ warnings.filterwarnings("ignore", message="You're running the worker with superu
 
 
 def make_celery(settings: Settings | None = None) -> Celery:
-    settings = settings or get_settings()
+    if settings is None:
+        try:
+            settings = get_settings()
+        except ValidationError as exc:
+            # a worker started with a malformed setting stops with one line naming it, as the
+            # server's commands do, not with Celery's "unable to load" and a traceback
+            raise SystemExit(f"error: {settings_problem(exc)}") from None
     app = Celery("worker", include=["worker.tasks"])
     app.conf.update(broker_settings(settings))
     app.conf.update(

@@ -82,7 +82,9 @@ def test_cli_names_the_setting_to_fix_instead_of_a_traceback(tmp_path):
     import sys
 
     base = {k: v for k, v in os.environ.items()
-            if k not in ("DATABASE_URL", "STORAGE_DIR", "PORT", "JOB_MAX_ATTEMPTS")}
+            if k not in ("DATABASE_URL", "STORAGE_DIR", "PORT", "JOB_MAX_ATTEMPTS",
+                         "TRAIN_NPROC", "VOTE_RANDOM_SHARE", "JOB_STALE_SECONDS",
+                         "JOB_HEARTBEAT_SECONDS")}
     base["DATA_DIR"] = str(tmp_path / "d")
     cases = [
         ({"DATABASE_URL": "notaurl"}, ["migrate"], "DATABASE_URL is not a database URL"),
@@ -90,6 +92,14 @@ def test_cli_names_the_setting_to_fix_instead_of_a_traceback(tmp_path):
          ["create-user", "zed"], "the database (DATABASE_URL) cannot be reached"),
         ({}, ["create-user", "zed"], "run `python -m app migrate` first"),
         ({"JOB_MAX_ATTEMPTS": "abc"}, ["create-user", "zed"], "JOB_MAX_ATTEMPTS: "),
+        # numbers out of their range stop the command too, every one named at once, rather
+        # than a worker that never runs a job (TRAIN_NPROC=0) or reaps every running one
+        ({"JOB_MAX_ATTEMPTS": "0", "TRAIN_NPROC": "-1", "VOTE_RANDOM_SHARE": "1.5"},
+         ["create-user", "zed"], "JOB_MAX_ATTEMPTS: Input should be greater than or equal to 1; "
+         "TRAIN_NPROC: Input should be greater than or equal to 1; VOTE_RANDOM_SHARE: Input "
+         "should be less than or equal to 1"),
+        ({"JOB_STALE_SECONDS": "5", "JOB_HEARTBEAT_SECONDS": "10"}, ["migrate"],
+         "error: JOB_STALE_SECONDS (5) must be greater than JOB_HEARTBEAT_SECONDS (10)"),
     ]
     for env, argv, expected in cases:
         out = subprocess.run([sys.executable, "-m", "app", *argv], env={**base, **env},

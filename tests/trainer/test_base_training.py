@@ -128,3 +128,34 @@ def test_train_base_defaults_to_the_shipped_recipe(tmp_path):
                  "--no-mlp-conv", "--position-embedding", "learned"]) == 0
     made = ShapesDiT.load(tmp_path / "b" / "base.safetensors").config
     assert (made.position_embedding, made.mlp_conv, made.xavier_init) == ("learned", False, True)
+
+
+def test_train_base_help_states_the_dataclasses_defaults():
+    """The parser cannot import the dataclasses (building it must not import torch), so its
+    help repeats their defaults as text: each stated default is the one a run gets."""
+    import re
+
+    from trainer.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices["train-base"]
+    defaults = {**asdict(BaseTrainingConfig()), **asdict(ShapesDiTConfig())}
+    field = {"lr": "learning_rate"}
+    checked = set()
+    for action in sub._actions:
+        stated = re.search(r"default ([^):;]+)", action.help or "")
+        if not stated or action.dest in ("help", "device"):
+            continue
+        text = stated.group(1).strip().replace(",", "")
+        value = defaults[field.get(action.dest, action.dest)]
+        expected = {"on": True, "off": False}.get(text, text)
+        if isinstance(value, bool) or isinstance(expected, bool):
+            assert value is expected, action.dest
+        elif isinstance(value, int | float):
+            assert float(expected) == value, (action.dest, text, value)
+        else:
+            assert expected == value, (action.dest, text, value)
+        checked.add(action.dest)
+    assert {"steps", "batch_size", "lr", "width", "depth", "seed", "patch_size", "ema_decay",
+            "time_sampling", "save_every", "position_embedding", "mlp_conv", "xavier_init",
+            "pool_size"} <= checked

@@ -80,15 +80,20 @@ def test_every_train_config_field_is_read(name):
 
 def _other_config_fields() -> list[str]:
     """Every field of the other configs a user sets: the sampling and fit jobs' configs, the
-    preference fit's FitConfig, the server's Settings."""
+    preference fit's FitConfig, the server's Settings, and the shapes base model's training
+    recipe and architecture (`python -m trainer train-base`)."""
     from app.config import Settings
     from app.job_kinds import EvaluateConfig, FitPreferenceConfig, RolloutConfig
+    from trainer.models.shapes_dit import ShapesDiTConfig
     from trainer.rewards.preference import FitConfig
+    from trainer.shapes.base_training import BaseTrainingConfig
 
     out = [f"{model.__name__}.{name}" for model in (RolloutConfig, EvaluateConfig,
                                                      FitPreferenceConfig, Settings)
            for name in model.model_fields]
-    return out + [f"FitConfig.{f.name}" for f in dataclasses.fields(FitConfig)]
+    return out + [f"{config.__name__}.{f.name}"
+                  for config in (FitConfig, BaseTrainingConfig, ShapesDiTConfig)
+                  for f in dataclasses.fields(config)]
 
 
 @pytest.mark.parametrize("qualified", _other_config_fields())

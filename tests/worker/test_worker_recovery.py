@@ -144,6 +144,14 @@ def test_a_worker_that_could_run_no_job_refuses_to_start(stack, tmp_path):
         text = stack.logs[-1].read_text(errors="replace")
         assert f"worker not started: {expected}" in text, text
         assert "ready." not in text
+    # a setting out of its range stops the worker as it loads, one line and no traceback
+    proc = stack.start_worker("bad-setting", queues="gpu", wait=False,
+                              extra_env={"TRAIN_NPROC": "0", "JOB_MAX_ATTEMPTS": "0"})
+    assert proc.wait(timeout=90) == 1, stack.log_text()
+    text = stack.logs[-1].read_text(errors="replace")
+    assert ("error: JOB_MAX_ATTEMPTS: Input should be greater than or equal to 1; TRAIN_NPROC: "
+            "Input should be greater than or equal to 1") in text, text
+    assert "Traceback" not in text and "ready." not in text
     assert job_row(job_id).status == "queued"  # its message is still in the queue
     stack.start_worker("good", queues="gpu")
     job = wait_for(lambda: _status(job_id, "succeeded", "failed"), 90, "the job", stack)
