@@ -760,3 +760,25 @@ def test_a_key_given_twice_in_a_json_body_is_422_naming_it(client, admin, annota
              '{"iterations": 1, "reward_weights": {"count": 1}}}', admin)
     assert r.status_code == 201, r.text
     assert _raw(client, "/api/jobs", body, {}).status_code == 401
+
+
+def test_every_api_route_reads_its_body_strictly(settings):
+    """Each router names StrictJSONRoute itself: a router added without it would take a
+    repeated key silently again. Every API route the app mounts that could take a JSON body
+    reads through it."""
+    from fastapi import params
+    from fastapi.routing import APIRoute, iter_route_contexts
+
+    from app.api.strict_json import StrictJSONRoute
+    from app.main import create_app
+
+    # FastAPI 0.165 mounts an included router as a whole; its contexts give each route (the
+    # one the router made, with its route class, as `original_route`)
+    api = [(ctx.path, getattr(ctx._effective_route, "original_route", ctx._effective_route))
+           for ctx in iter_route_contexts(create_app(settings).routes)
+           if ctx.path.startswith("/api")]
+    assert len(api) > 20 and all(isinstance(route, APIRoute) for _, route in api)
+    # a multipart upload (the dataset route) has no JSON body to read strictly
+    loose = [path for path, route in api if not isinstance(route, StrictJSONRoute)
+             and not (route.body_field and isinstance(route.body_field.field_info, params.Form))]
+    assert loose == []
