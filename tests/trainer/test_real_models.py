@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from tiny_diffusers import write_tiny_flux, write_tiny_sd3
 
 from trainer import solvers
 from trainer.cli import main as cli_main
@@ -54,26 +53,6 @@ def _pipeline_class(model_name: str):
 # float32, FLUX's timestep through * 1000 / 1000): at most ~1e-6 on final latents of magnitude
 # ~4, where the trained LoRA itself moves them by 0.3 to 0.7. 1e-4 leaves room for other BLAS.
 SAMPLE_ATOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def flux_dev(tmp_path_factory):
-    return write_tiny_flux(tmp_path_factory.mktemp("flux_dev"))
-
-
-@pytest.fixture(scope="module")
-def flux_schnell(tmp_path_factory):
-    return write_tiny_flux(tmp_path_factory.mktemp("flux_schnell"), guidance_embeds=False)
-
-
-@pytest.fixture(scope="module")
-def sd3(tmp_path_factory):
-    return write_tiny_sd3(tmp_path_factory.mktemp("sd3"))
-
-
-@pytest.fixture(scope="module")
-def sd35(tmp_path_factory):
-    return write_tiny_sd3(tmp_path_factory.mktemp("sd35"), sd35=True)
 
 
 def _config(directory: Path, model: str, **overrides) -> TrainConfig:

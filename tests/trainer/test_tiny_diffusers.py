@@ -15,21 +15,6 @@ PROMPTS = ["one red circle", "Two blue squares, left!"]
 SIZE = 32
 
 
-@pytest.fixture(scope="module")
-def flux_dev(tmp_path_factory):
-    return write_tiny_flux(tmp_path_factory.mktemp("flux_dev"))
-
-
-@pytest.fixture(scope="module")
-def flux_schnell(tmp_path_factory):
-    return write_tiny_flux(tmp_path_factory.mktemp("flux_schnell"), guidance_embeds=False)
-
-
-@pytest.fixture(scope="module")
-def sd3(tmp_path_factory):
-    return write_tiny_sd3(tmp_path_factory.mktemp("sd3"))
-
-
 def _flux(path):
     from diffusers import FluxPipeline  # lazily: importing diffusers costs every collection seconds
 
