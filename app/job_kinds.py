@@ -182,18 +182,19 @@ class EvaluateConfig(SamplingConfig):
     split: Literal["train", "eval", "all"] = Field(
         "eval", description="The dataset's split evaluated: 'train', 'eval' or 'all'; read "
         "only with dataset_id and no prompts.")
-    prompts: list[str] = Field(default_factory=list, max_length=MAX_CONFIG_PROMPTS, description="Prompts "
-                               "to evaluate, in order; given, they win over dataset_id (which "
-                               "wins over the shapes world's 48 prompts).")
+    prompts: list[str] = Field(default_factory=list, max_length=MAX_CONFIG_PROMPTS,
+                               description="Distinct prompts to evaluate, in order; given, "
+                               "they win over dataset_id (which wins over the shapes world's "
+                               "48 prompts).")
     max_prompts: int | None = Field(None, ge=1, le=100_000, description="Evaluate only the "
                                     "first N of the prompts chosen (prompts, else the dataset "
                                     "split in upload order, else the 48 shapes prompts); "
                                     "empty: all of them.")
     seeds: list[Annotated[int, Field(ge=0, le=MAX_SEED)]] = Field(
         default_factory=lambda: [0, 1, 2, 3], min_length=1, max_length=1000,
-        description="Noise seeds: each checkpoint samples every prompt once per seed, a seed "
-        "giving the same starting noise everywhere, so a (prompt, seed) of two checkpoints is "
-        "a cross-checkpoint pair.")
+        description="Distinct noise seeds: each checkpoint samples every prompt once per "
+        "seed, a seed giving the same starting noise everywhere, so a (prompt, seed) of two "
+        "checkpoints is a cross-checkpoint pair.")
     solver: Literal["dpm++", "euler"] = Field(
         "dpm++", description="ODE solver from noise to image: DPM-Solver++(2M) or Euler, on "
         "the model's own (shifted) schedule.")
@@ -209,6 +210,17 @@ class EvaluateConfig(SamplingConfig):
         default_factory=dict, max_length=32, description="Weights directory of a model-backed "
         "reward, by name, under REWARD_MODELS_DIR or MODELS_DIR; a reward left out loads from "
         "REWARD_MODELS_DIR/<name>. Empty with reward_server_url.")
+
+    @field_validator("seeds", "prompts")
+    @classmethod
+    def _no_repeats(cls, values: list, info: ValidationInfo) -> list:
+        # a repeated (prompt, seed) is the same image again: it counted twice in the reward
+        # means stored on the checkpoints (the leaderboard's)
+        if repeated := sorted({v for v in values if values.count(v) > 1}):
+            what = "seed" if info.field_name == "seeds" else "prompt"
+            raise PydanticCustomError("repeated", "{message}", {
+                "message": f"must not repeat a {what}: {repeated[:5]}"})
+        return values
 
     @field_validator("reward_model_paths")
     @classmethod

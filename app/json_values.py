@@ -3,8 +3,11 @@ metrics and checkpoint scores alike."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
+
+from starlette.responses import JSONResponse
 
 
 def json_safe(value: Any) -> Any:
@@ -35,3 +38,19 @@ def json_safe(value: Any) -> Any:
             else:
                 target.append(child)
     return root
+
+
+class EscapingJSONResponse(JSONResponse):
+    """Starlette's JSONResponse, except that text UTF-8 cannot hold (a lone surrogate, which a
+    JSON body may carry as "\\ud800" and an error then names) is written as a JSON escape
+    instead of failing the response with a 500. Other text stays as it is."""
+
+    def render(self, content: Any) -> bytes:
+        for ascii_only in (False, True):
+            text = json.dumps(content, ensure_ascii=ascii_only, allow_nan=False, indent=None,
+                              separators=(",", ":"))
+            try:
+                return text.encode("utf-8")
+            except UnicodeEncodeError:
+                continue
+        raise AssertionError("unreachable: ASCII-escaped JSON always encodes")

@@ -13,13 +13,14 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, Response
 from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import db, queue
 from app.config import UI_PATH, Settings, get_settings
 from app.errors import ServiceError
+from app.json_values import EscapingJSONResponse
 from app.migrate import migrations_current
 from app.schemas import Problems, validation_problem
 from app.services.jobs import Enqueuer
@@ -73,7 +74,9 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
             log.warning("could not check migrations: %s", exc)
         yield
 
+    # every JSON answer, an error's or a route's, survives text UTF-8 cannot hold
     app = FastAPI(title="Neighbor GRPO Studio", version="0.1.0", lifespan=lifespan,
+                  default_response_class=EscapingJSONResponse,
                   description="Datasets, rollouts, pairwise votes, jobs and checkpoints.")
     app.state.settings = settings
     app.state.enqueuer = enqueuer or queue.enqueue
@@ -81,7 +84,7 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
     from app.api.deps import refused_caller
 
     @app.exception_handler(ServiceError)
-    async def service_error(_request: Request, exc: ServiceError) -> JSONResponse:
+    async def service_error(_request: Request, exc: ServiceError) -> EscapingJSONResponse:
         body: dict[str, object] = {"detail": exc.message}
         body.update({k: v for k, v in exc.details.items() if v is not None})
         if exc.status_code in (400, 409, 413, 422) and body.get("errors"):
@@ -93,7 +96,7 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
             message = exc.message.removeprefix(f"{field}: ")
             body["errors"] = [{"field": field, "message": message}]
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
-        return JSONResponse(body, status_code=exc.status_code, headers=headers)
+        return EscapingJSONResponse(body, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -107,16 +110,18 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
             message = f"malformed {kind} ({'nested too deeply' if nested else 'unreadable'})"
             body = Problems(detail=f"body: {message}", field="body",
                             errors=[{"field": "body", "message": message}])
-            return JSONResponse(body.model_dump(), status_code=422)
+            return EscapingJSONResponse(body.model_dump(), status_code=422)
         return await http_exception_handler(request, exc)
 
     @app.exception_handler(DataError)
-    async def data_error(_request: Request, exc: DataError) -> JSONResponse:
+    async def data_error(_request: Request, exc: DataError) -> EscapingJSONResponse:
         # a value the database cannot hold (e.g. an integer out of range): the client's fault
-        return JSONResponse({"detail": f"value out of range: {exc.orig}"}, status_code=422)
+        return EscapingJSONResponse({"detail": f"value out of range: {exc.orig}"},
+                                    status_code=422)
 
     @app.exception_handler(RequestValidationError)
-    async def request_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def request_invalid(request: Request,
+                              exc: RequestValidationError) -> EscapingJSONResponse:
         # FastAPI's own answer echoes each rejected input, and a NaN or an infinity there (a
         # JSON body may carry them) cannot be written as strict JSON: it became a 500. This
         # one answers as every other 422 does (app.services.jobs' config errors), naming
@@ -149,15 +154,18 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
 
             problems += await run_in_threadpool(beside)
         if request.method == "POST" and request.url.path == "/api/datasets":
-            from app.api.datasets import upload_problems
+            from app.api.datasets import upload_content_problems, upload_problems
 
-            # the form's own problems (an unknown field, a .pdf) in the same answer
+            # the form's own problems (an unknown field, a .pdf) in the same answer, and the
+            # file's content and the name's (an empty file, a name taken)
             problems += [(p["field"], p["message"]) for p in upload_problems(request)]
+            invalid = {field for field, _ in problems}
+            problems += await run_in_threadpool(upload_content_problems, request, invalid)
         problems = list(dict.fromkeys(problems)) or [("body", "invalid request")]
         body = Problems(detail="; ".join(f"{f}: {m}" for f, m in problems),
                         field=problems[0][0],
                         errors=[{"field": f, "message": m} for f, m in problems])
-        return JSONResponse(body.model_dump(), status_code=422)
+        return EscapingJSONResponse(body.model_dump(), status_code=422)
 
     _document_problems(app)
 

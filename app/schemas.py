@@ -167,8 +167,9 @@ class Error(BaseModel):
 
 
 class FieldProblem(BaseModel):
-    field: str = Field(description="The field, dotted for a nested one (config.sigma); 'body' "
-                       "for the request body as a whole.")
+    field: str = Field(description="The field: the request's own (preset, dataset_id; 'body' "
+                       "for the body as a whole), or a job config's by its name (sigma; "
+                       "`detail` writes it config.sigma).")
     message: str = Field(description="What is wrong and what is allowed.")
 
 
@@ -328,7 +329,8 @@ class JobIn(BaseModel):
     config: Annotated[dict[str, Any], BeforeValidator(lambda v: {} if v is None else v)] = \
         Field(default_factory=dict)
     preset: str | None = Field(None, max_length=100)
-    dataset_id: int | None = Field(None, ge=1, le=MAX_ID)
+    # strict: true, "1" or 1.0 is not a dataset id (a job's config fields are strict alike)
+    dataset_id: int | None = Field(None, ge=1, le=MAX_ID, strict=True)
 
 
 class MetricPoint(ORM):

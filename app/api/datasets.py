@@ -11,6 +11,7 @@ from fastapi.responses import Response, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import WithJsonSchema
 
+from app import db
 from app.api.body_limit import FORM_OVERHEAD
 from app.api.deps import (
     AdminDep,
@@ -90,6 +91,7 @@ async def _known_form_fields(request: Request) -> None:
         except BadRequest as e:
             problems.append({"field": "file", "message": e.message, "file_type": True})
     request.state.upload_problems = problems
+    request.state.upload_form = form
 
 
 def upload_problems(request: Request) -> list[dict[str, str]]:
@@ -98,15 +100,42 @@ def upload_problems(request: Request) -> list[dict[str, str]]:
             for p in getattr(request.state, "upload_problems", [])]
 
 
+def upload_content_problems(request: Request, invalid: set[str]) -> list[tuple[str, str]]:
+    """For a 422 about the form's declared fields (`invalid`: those already refused, such as
+    an eval_fraction out of range): the file's content and the dataset name's problems
+    beside them, so that one answer lists every problem (nothing is written). Only for a file
+    the form took: one with a name, of a type an importer reads. Blocking: run it in a
+    thread."""
+    form = getattr(request.state, "upload_form", None)
+    if form is None or "file" in invalid or any(
+            p["field"] == "file" for p in getattr(request.state, "upload_problems", [])):
+        return []
+    file, name = form.get("file"), form.get("name")
+    if file is None or isinstance(file, str) or not file.filename:  # a form's file: Starlette's
+        return []
+    settings = settings_dep()
+    file.file.seek(0)
+    data = file.file.read(settings.max_upload_bytes + 1)
+    with db.new_session() as session:
+        found = svc.upload_content_problems(
+            session, filename=file.filename, data=data,
+            name=name if isinstance(name, str) else None, check_name="name" not in invalid,
+            max_prompt_length=settings.max_prompt_length, max_bytes=settings.max_upload_bytes)
+    return [(p["field"], f"{p['where']}: {p['message']}" if p.get("where") else p["message"])
+            for p in found]
+
+
 def _raise_upload_problems(request: Request) -> None:
     """The form's own problems, when its declared fields were valid. A wrong file type alone
     stays the service's 400 (what the upload has always answered); with anything else wrong
     it is one more line of the 422."""
     found = getattr(request.state, "upload_problems", [])
     if found and not (len(found) == 1 and found[0].get("file_type")):
-        problems = upload_problems(request)
-        raise Invalid("; ".join(f"{p['field']}: {p['message']}" for p in problems),
-                      field=problems[0]["field"], errors=problems)
+        problems = [(p["field"], p["message"]) for p in upload_problems(request)]
+        problems += upload_content_problems(request, {field for field, _ in problems})
+        raise Invalid("; ".join(f"{field}: {message}" for field, message in problems),
+                      field=problems[0][0],
+                      errors=[{"field": field, "message": message} for field, message in problems])
 
 
 class _CheckedBeforeBody(APIRoute):

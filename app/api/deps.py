@@ -88,6 +88,17 @@ def admin_user(user: Annotated[User, Depends(current_user)]) -> User:
     return auth.require_role(user, "admin")
 
 
+def job_launcher(user: Annotated[User, Depends(current_user)]) -> User:
+    """A caller who may launch some kind of job (the job registry's launch roles); which kinds
+    is launch_job's rule. Here, so that a role that may launch none is refused 403 before a
+    malformed body is judged (refused_caller)."""
+    from app.job_kinds import KINDS
+    from app.services.jobs import launch_roles
+
+    return auth.require_role(user, *dict.fromkeys(r for kind in KINDS
+                                                    for r in launch_roles(kind)))
+
+
 def _dependency_calls(dependant: Any) -> set[Any]:
     calls = set()
     for sub in getattr(dependant, "dependencies", []):
@@ -108,8 +119,8 @@ async def refused_caller(request: Request) -> ServiceError | None:
     try:
         user = await (file_reader(request, creds) if file_reader in calls
                       else current_user(creds))
-        if admin_user in calls:
-            admin_user(user)
+        for role_gate in calls & {admin_user, job_launcher}:
+            role_gate(user)
     except (Unauthorized, Forbidden) as exc:
         return exc
     return None
@@ -126,6 +137,7 @@ def settings_dep() -> Settings:
 UserDep = Annotated[User, Depends(current_user)]
 FileReaderDep = Annotated[User, Depends(file_reader)]
 AdminDep = Annotated[User, Depends(admin_user)]
+LauncherDep = Annotated[User, Depends(job_launcher)]
 EnqueuerDep = Annotated[Enqueuer | None, Depends(get_enqueuer)]
 SettingsDep = Annotated[Settings, Depends(settings_dep)]
 

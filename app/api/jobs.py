@@ -4,7 +4,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from app.api.deps import MAX_ID, AdminDep, EnqueuerDep, PathId, SessionDep, UserDep
+from app.api.deps import (
+    MAX_ID,
+    AdminDep,
+    EnqueuerDep,
+    LauncherDep,
+    PathId,
+    SessionDep,
+    UserDep,
+)
 from app.api.strict_json import StrictJSONRoute
 from app.job_kinds import KINDS, KindName
 from app.models import Job, JobStatus
@@ -26,10 +34,11 @@ def job_out(job: Job, cls: type[JobOut] = JobOut, waiting: dict[int, str] | None
 
 
 @router.post("", response_model=JobOut, status_code=201, responses={422: {}})
-def create_job(body: JobIn, session: SessionDep, user: UserDep,
+def create_job(body: JobIn, session: SessionDep, user: LauncherDep,
                enqueuer: EnqueuerDep) -> JobOut:
     # who may launch which kind is the job registry's rule (JobKind.launch_role), checked
     # in launch_job as for the UI and the demo: a 403 for a role the kind does not allow
+    # (LauncherDep refuses a role that may launch no kind, before the body is judged)
     job = svc.launch_job(session, enqueuer, body.kind, body.config, preset=body.preset,
                          dataset_id=body.dataset_id, user=user)
     return job_out(job, waiting=workers.waiting_for(session, [job]))

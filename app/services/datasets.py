@@ -27,7 +27,7 @@ from sqlalchemy import delete, func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.errors import BadRequest, Conflict, Invalid, NotFound, PayloadTooLarge
+from app.errors import BadRequest, Conflict, Invalid, NotFound, PayloadTooLarge, ServiceError
 from app.json_values import json_safe
 from app.limits import FILENAME_LENGTH, NAME_LENGTH, SQL_BATCH
 from app.models import ACTIVE_JOB_STATUSES, Dataset, Job, Prompt
@@ -419,6 +419,40 @@ def check_name_free(session: Session, name: str) -> None:
                        field="name", dataset_id=taken)
 
 
+def _problems(exc: ServiceError, field: str) -> list[dict[str, Any]]:
+    """An error's problems as the answer lists them ({field, message, ...})."""
+    if errors := exc.details.get("errors"):
+        return [dict(e) for e in errors]  # type: ignore[union-attr]
+    named = str(exc.details.get("field") or field)
+    return [{"field": named, "message": exc.message.removeprefix(f"{named}: ")}]
+
+
+def _own_filename(filename: str) -> str:
+    # the file's own name: a client's path ("../../p.txt", "C:\\x\\p.txt") is not ours to keep
+    return PurePosixPath(filename.replace("\\", "/")).name or filename
+
+
+def upload_content_problems(session: Session, *, filename: str, data: bytes,
+                            name: str | None, max_prompt_length: int, max_bytes: int,
+                            check_name: bool = True) -> list[dict[str, Any]]:
+    """Every problem of an upload's file name, dataset name and content, raised for none and
+    writing nothing: for an answer about the form's own fields (an eval_fraction out of range)
+    that lists these beside them (app.main's 422)."""
+    problems: list[dict[str, Any]] = []
+    filename = _own_filename(filename)
+    try:
+        refuse_hidden("file", filename)
+        if check_name:
+            check_name_free(session, dataset_name(filename, name))
+    except ServiceError as exc:
+        problems += _problems(exc, "name")
+    try:
+        parse_upload(filename, data, max_prompt_length=max_prompt_length, max_bytes=max_bytes)
+    except ServiceError as exc:
+        problems += _problems(exc, "file")
+    return problems
+
+
 def import_dataset(session: Session, *, filename: str, data: bytes, name: str | None = None,
                    eval_fraction: float = 0.0, seed: int = 0, max_prompt_length: int = 2000,
                    max_bytes: int = 50 * 1024 * 1024) -> ImportResult:
@@ -426,11 +460,21 @@ def import_dataset(session: Session, *, filename: str, data: bytes, name: str | 
     file's stem) that another dataset has is a Conflict."""
     if not 0.0 <= eval_fraction < 1.0:
         raise Invalid("eval_fraction must be in [0, 1)", field="eval_fraction")
-    # the file's own name: a client's path ("../../p.txt", "C:\\x\\p.txt") is not ours to keep
-    filename = PurePosixPath(filename.replace("\\", "/")).name or filename
+    filename = _own_filename(filename)
     refuse_hidden("file", filename)  # stored and shown beside the dataset; NUL fails PostgreSQL
     name = dataset_name(filename, name)
-    check_name_free(session, name)
+    try:
+        check_name_free(session, name)
+    except Conflict as conflict:
+        # a taken name alone is the 409; with the content's problems beside it, one 422 that
+        # lists them all, so the second try is not refused for the file
+        try:
+            parse_upload(filename, data, max_prompt_length=max_prompt_length,
+                         max_bytes=max_bytes)
+        except Invalid as exc:
+            raise Invalid(f"{conflict.message}; {exc.message}", field="name",
+                          errors=_problems(conflict, "name") + _problems(exc, "file")) from None
+        raise
     try:
         parsed = parse_upload(filename, data, max_prompt_length=max_prompt_length,
                               max_bytes=max_bytes)

@@ -364,3 +364,29 @@ def test_an_upload_with_a_form_field_it_does_not_take_is_422_and_stores_nothing(
     r = client.post("/api/datasets", files={"file": ("p.txt", b"one\ntwo\n", "text/plain")},
                     data={"eval_fraction": "0.5", "name": "ok", "seed": "3"}, headers=admin)
     assert r.status_code == 201 and r.json()["num_eval"] == 1, r.text
+
+
+def test_an_upload_lists_the_forms_the_names_and_the_contents_problems_at_once(client, admin,
+                                                                               session):
+    """An eval_fraction out of range hid an empty file, an unknown form field did too, and a
+    taken name hid the file's bad lines: each was found only on the next try."""
+    r = upload(client, admin, "e.txt", b"", eval_fraction=2)
+    assert r.status_code == 422, r.text
+    assert [e["field"] for e in r.json()["errors"]] == ["eval_fraction", "file"], r.text
+    assert "e.txt: no prompts found" in r.json()["detail"]
+    r = upload(client, admin, "e.txt", b"", bogus=1)
+    assert [e["field"] for e in r.json()["errors"]] == ["bogus", "file"], r.text
+    taken = upload(client, admin, "a.txt", b"one\n", name="mine").json()["id"]
+    bad = b'{"prompt": 1}\n{bad\n{"x": 2}\n'
+    r = upload(client, admin, "m.jsonl", bad, name="mine")
+    assert r.status_code == 422, r.text
+    assert [e["field"] for e in r.json()["errors"]] == ["name", "file", "file", "file"]
+    assert f"already exists (dataset {taken})" in r.json()["errors"][0]["message"]
+    assert "line 3" in r.json()["detail"]
+    # ... and with a form problem too, in one answer
+    r = upload(client, admin, "m.jsonl", bad, name="mine", eval_fraction=-1)
+    assert [e["field"] for e in r.json()["errors"]] == [
+        "eval_fraction", "name", "file", "file", "file"], r.text
+    assert counts(session) == (1, 1)  # nothing but the first dataset
+    # the taken name alone stays the 409
+    assert upload(client, admin, "b.txt", b"two\n", name="mine").status_code == 409

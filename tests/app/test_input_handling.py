@@ -728,9 +728,11 @@ def test_a_malformed_body_without_a_valid_token_is_401_before_422(client, admin,
                 r = client.post(path, content=body, headers={**bad, **headers})
                 assert r.status_code == 401, (path, headers, r.text)
                 assert r.headers["www-authenticate"] == "Bearer"
-        r = client.post("/api/users", content=body, headers={**bad, **annotator})
-        assert r.status_code == 403 and "needs role admin" in r.text
-        for path in ("/api/votes", "/api/users"):
+        # an annotator may launch no kind of job: 403 on /api/jobs too, whatever the body
+        for path in ("/api/users", "/api/jobs"):
+            r = client.post(path, content=body, headers={**bad, **annotator})
+            assert r.status_code == 403 and "needs role admin" in r.text, (path, r.text)
+        for path in ("/api/votes", "/api/users", "/api/jobs"):
             r = client.post(path, content=body, headers={**bad, **admin})
             assert r.status_code == 422 and r.json()["field"] == "body", (path, r.text)
 
@@ -760,6 +762,9 @@ def test_a_key_given_twice_in_a_json_body_is_422_naming_it(client, admin, annota
              '{"iterations": 1, "reward_weights": {"count": 1}}}', admin)
     assert r.status_code == 201, r.text
     assert _raw(client, "/api/jobs", body, {}).status_code == 401
+    # a well-formed body the schema refuses is still the annotator's 403 first
+    r = client.post("/api/jobs", json={"kind": "train", "extra": 1}, headers=annotator)
+    assert r.status_code == 403 and "needs role admin" in r.text, r.text
 
 
 def test_every_api_route_reads_its_body_strictly(settings):
@@ -782,3 +787,21 @@ def test_every_api_route_reads_its_body_strictly(settings):
     loose = [path for path, route in api if not isinstance(route, StrictJSONRoute)
              and not (route.body_field and isinstance(route.body_field.field_info, params.Form))]
     assert loose == []
+
+
+def test_text_utf8_cannot_hold_is_named_not_a_500(client, admin, annotator):
+    """JSON may escape a lone surrogate ("\\ud800"), which no UTF-8 text holds: an error
+    naming it could not be written and the caller got a 500. Each is a 422 naming the field,
+    the offending text written back as a JSON escape."""
+    for kind in ("train", "rollout", "fit_preference"):
+        body = '{"kind": "KIND", "config": {"\\ud800x": 1}}'.replace("KIND", kind)
+        r = _raw(client, "/api/jobs", body, admin)
+        assert r.status_code == 422, (kind, r.text)
+        assert r.content.decode("utf-8")  # valid UTF-8 throughout
+        assert r.json()["errors"][0] == {"field": "\ud800x", "message": "unknown field"}, kind
+        assert "config.\ud800x: unknown field" in r.json()["detail"]
+    r = _raw(client, "/api/jobs", '{"kind": "train", "preset": "\\ud800"}', admin)
+    assert r.status_code == 422 and r.json()["field"] == "preset", r.text
+    r = _raw(client, "/api/votes", '{"client_vote_id": "\\ud800", "sample_a_id": 1, '
+             '"sample_b_id": 2, "outcome": "a"}', annotator)
+    assert r.status_code == 422 and r.json()["field"] == "client_vote_id", r.text

@@ -364,6 +364,12 @@ def test_evaluate_needs_distinct_existing_checkpoints(client, admin, session):
     assert _post(client, admin, "evaluate", {"checkpoint_ids": ck}).status_code == 201
     r = _post(client, admin, "evaluate", {"checkpoint_ids": ck, "reward_names": ["count", "count"]})
     assert r.status_code == 422 and "must not repeat a reward: ['count']" in r.text
+    # a repeated seed or prompt is the same image again, counted twice in the stored means
+    r = _post(client, admin, "evaluate", {"checkpoint_ids": ck, "seeds": [0, 1, 0],
+                                          "prompts": ["one red circle", "one red circle"]})
+    assert r.status_code == 422 and _errors(r) == {
+        "seeds": "must not repeat a seed: [0]",
+        "prompts": "must not repeat a prompt: ['one red circle']"}, r.text
 
 
 def test_cuda_is_checked_against_what_live_workers_report(client, admin, session):
@@ -536,6 +542,13 @@ def test_a_request_dataset_a_kind_cannot_use_or_that_contradicts_its_config_is_4
     r = client.post("/api/jobs", json={"kind": "rollout", "config": {}, "dataset_id": two},
                     headers=admin)
     assert r.status_code == 201 and r.json()["config"]["dataset_id"] == two
+    # an id is a JSON integer: true, "1" and 1.0 were taken as dataset 1
+    before = _job_count(session)
+    for given in (True, str(one), float(one)):
+        r = client.post("/api/jobs", json={"kind": "train", "preset": "tiny",
+                                           "dataset_id": given}, headers=admin)
+        assert r.status_code == 422 and _fields(r) == ["dataset_id"], (given, r.text)
+    assert _job_count(session) == before
 
 
 def test_clip_path_must_be_a_complete_clip_directory_under_models_dir(client, admin, settings,
