@@ -37,6 +37,17 @@ def make_engine(url: str) -> Engine:
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
 
+        @event.listens_for(engine, "savepoint")
+        def _savepoint_inside_a_transaction(conn, _name):
+            # Python's sqlite3 opens a transaction only before a write, never before a
+            # SAVEPOINT; a SAVEPOINT outside one opens its own, whose RELEASE commits. So a
+            # savepoint taken first (an upload's dataset row) was committed on its own, and a
+            # failure after it left the row without its prompts. BEGIN first: the RELEASE then
+            # ends the savepoint only, and the session's commit or rollback decides.
+            dbapi_conn = conn.connection.dbapi_connection
+            if not dbapi_conn.in_transaction:
+                dbapi_conn.execute("BEGIN")
+
         return engine
     # no pre-ping (a round trip per checkout); stale connections are recycled instead
     return create_engine(url, pool_recycle=1800, pool_size=10, max_overflow=20)

@@ -40,6 +40,24 @@ def json_safe(value: Any) -> Any:
     return root
 
 
+def lone_surrogate(value: Any) -> str | None:
+    """The first half-character (U+D800-U+DFFF) in `value`'s strings, dict keys included, or
+    None. Only a JSON escape ("\\ud800") makes one: no UTF-8 text holds it, so a value holding
+    one can be neither stored (PostgreSQL refuses it, SQLite's driver cannot encode it) nor
+    answered; it is refused at the door instead."""
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, list | tuple):
+            stack += item
+        elif isinstance(item, str) and (
+                half := next((c for c in item if 0xD800 <= ord(c) <= 0xDFFF), None)) is not None:
+            return half
+    return None
+
+
 class EscapingJSONResponse(JSONResponse):
     """Starlette's JSONResponse, except that text UTF-8 cannot hold (a lone surrogate, which a
     JSON body may carry as "\\ud800" and an error then names) is written as a JSON escape

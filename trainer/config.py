@@ -431,6 +431,11 @@ def prompt_text_problem(text: str) -> str | None:
     CLI's prompt files."""
     if not text.strip():
         return "empty prompt"
+    if surrogates := sorted({c for c in text if unicodedata.category(c) == "Cs"}):
+        # only a JSON escape ("\\ud800") makes one: no UTF-8 text holds it, so neither can a
+        # database or a response
+        found = ", ".join(f"U+{ord(c):04X}" for c in surrogates[:5])
+        return f"prompt contains lone surrogate escapes ({found}), which are not text"
     bad = sorted({c for c in text if (unicodedata.category(c) == "Cc" and not c.isspace())
                   or c in DIRECTION_CONTROLS})
     if bad:

@@ -28,7 +28,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.errors import BadRequest, Conflict, Invalid, NotFound, PayloadTooLarge, ServiceError
-from app.json_values import json_safe
+from app.json_values import json_safe, lone_surrogate
 from app.limits import FILENAME_LENGTH, NAME_LENGTH, SQL_BATCH
 from app.models import ACTIVE_JOB_STATUSES, Dataset, Job, Prompt
 from app.schemas import look_alike_difference, look_alike_key, refuse_hidden, refuse_nul
@@ -161,6 +161,8 @@ def _meta_problem(meta: dict[str, Any]) -> str | None:
     # the record's own object is a level: its metadata may nest MAX_META_DEPTH - 1 more
     if nesting_depth(meta) > MAX_META_DEPTH:
         return f"metadata nested deeper than {MAX_META_DEPTH} levels"
+    if (half := lone_surrogate(meta)) is not None:
+        return f"metadata holds a lone surrogate escape (U+{ord(half):04X}), which is not text"
     return None
 
 

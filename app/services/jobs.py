@@ -43,6 +43,7 @@ from sqlalchemy.orm import Session
 from app.config import get_settings
 from app.errors import Conflict, Invalid, NotFound, Unavailable
 from app.job_kinds import KIND_NAMES, KINDS
+from app.json_values import lone_surrogate
 from app.limits import MAX_CONFIG_PROMPTS, MAX_ID
 from app.models import (
     FINISHED_JOB_STATUSES,
@@ -559,6 +560,10 @@ def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
             # the request's dataset is the one the kind samples when its config names none
             config["dataset_id"] = dataset_id
     problems: Problems = []  # the config's
+    # text no database holds, in any field's value (prompts: their own rule says so)
+    problems += [(key, f"holds a lone surrogate escape (U+{ord(half):04X}), which is not text")
+                 for key, value in config.items()
+                 if key != "prompts" and (half := lone_surrogate(value)) is not None]
     if kind_config is None:
         out = _train_config(config, preset, top, problems)
     else:

@@ -805,3 +805,19 @@ def test_text_utf8_cannot_hold_is_named_not_a_500(client, admin, annotator):
     r = _raw(client, "/api/votes", '{"client_vote_id": "\\ud800", "sample_a_id": 1, '
              '"sample_b_id": 2, "outcome": "a"}', annotator)
     assert r.status_code == 422 and r.json()["field"] == "client_vote_id", r.text
+    # in a config's values: refused, not stored for GET /api/jobs to fail on
+    r = _raw(client, "/api/jobs", '{"kind": "train", "preset": "tiny", "config": {"prompts": '
+             '["one red circle\\ud800"], "reward_weights": {"count\\udc00": 1}}}', admin)
+    assert r.status_code == 422, r.text
+    assert "prompt 0: prompt contains lone surrogate escapes (U+D800)" in _errors(r)["prompts"]
+    assert "holds a lone surrogate escape (U+DC00)" in r.text
+    assert client.get("/api/jobs", headers=admin).json()["total"] == 0
+    # in an upload's prompts or metadata: the line named, nothing stored (an upload's
+    # prompts failed to insert after its dataset row, a 500 that left the row behind)
+    for body, expected in ((b'{"prompt": "a\\ud800b"}\n', "prompt contains lone surrogate"),
+                           (b'{"prompt": "ok", "note": ["\\udfff"]}\n',
+                            "metadata holds a lone surrogate escape (U+DFFF)")):
+        r = client.post("/api/datasets", files={"file": ("s.jsonl", body, "text/plain")},
+                        headers=admin)
+        assert r.status_code == 422 and "line 1: " + expected in r.json()["detail"], r.text
+    assert client.get("/api/datasets", headers=admin).json()["total"] == 0

@@ -59,6 +59,40 @@ def test_sqlite_default_uses_wal_and_foreign_keys(tmp_path, monkeypatch):
     assert s.resolved_storage_dir == (tmp_path / "d" / "storage").resolve()
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_savepoint_commits_nothing_on_its_own(backend, tmp_path, request):
+    """A row written inside a savepoint (an upload's dataset) is kept only if the session
+    commits: on SQLite, a savepoint taken before any write was committed by its RELEASE, so
+    a failure after it left the row half-written (a dataset without its prompts)."""
+    from sqlalchemy import func, select
+    from sqlalchemy.orm import Session
+
+    from app.db import make_engine
+    from app.models import Dataset
+
+    url = _url(backend, tmp_path, request)
+    upgrade(url)
+    engine = make_engine(url)
+    try:
+        with Session(engine) as session:
+            session.scalar(select(func.count()).select_from(Dataset))  # a read first, as uploads do
+            with session.begin_nested():
+                session.add(Dataset(name="half", filename="h.txt", format="txt", num_prompts=1,
+                                    num_eval=0, duplicates_dropped=0, eval_fraction=0.0))
+                session.flush()
+            session.rollback()  # what a failure after the savepoint does
+        with Session(engine) as session:
+            assert session.scalar(select(func.count()).select_from(Dataset)) == 0
+            with session.begin_nested():
+                session.add(Dataset(name="whole", filename="w.txt", format="txt", num_prompts=1,
+                                    num_eval=0, duplicates_dropped=0, eval_fraction=0.0))
+            session.commit()
+        with Session(engine) as session:
+            assert session.scalars(select(Dataset.name)).all() == ["whole"]
+    finally:
+        engine.dispose()
+
+
 def test_cli_migrate_creates_default_sqlite(tmp_path):
     import os
     import subprocess
