@@ -434,6 +434,9 @@ HEAD = """
     const b = e.target.closest && e.target.closest(".ngs-vote");
     if (!b) return;
     if (e.detail > 1) { e.stopImmediatePropagation(); e.preventDefault(); return; }
+    // a mouse click leaves the button focused, and Enter would then click it again: the same
+    // vote on the next pair, unseen (a key's click, detail 0, never focused it)
+    if (e.detail === 1) b.blur();
     if (b.id && b.id.startsWith("vote-")) {
       window.ngsClicks.push({outcome: b.id.slice(5), nonce: shownNonce()});
     }

@@ -130,7 +130,16 @@ def test_double_click_records_one_vote(server, page):
     _wait_new_pair(page, nonce)
     page.wait_for_timeout(1500)
     assert len(_votes_of("bob")) == before + 2
-
+    # Enter after a mouse vote votes nothing: the clicked button kept the focus, and Enter
+    # clicked it again, the same vote on a pair nobody had looked at
+    nonce, _, _ = _shown_pair(page)
+    page.locator("#vote-tie").click()
+    _wait_new_pair(page, nonce)
+    _wait_count(page, 3)
+    page.keyboard.press("Enter")
+    page.wait_for_timeout(1500)
+    assert len(_votes_of("bob")) == before + 3
+    assert page.locator("#arena-counter-values").get_attribute("data-session") == "3"
 
 
 def test_a_page_out_of_step_with_its_session_is_brought_back(server, page):
