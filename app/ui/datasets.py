@@ -92,14 +92,18 @@ def upload(user_state: dict | None, file: str | None, name: str, eval_fraction: 
                 max_prompt_length=get_settings().max_prompt_length, max_bytes=limit)
             ds_id, dropped = result.dataset.id, result.duplicates_dropped
             blank = result.blank_lines_skipped
-            count = result.dataset.num_prompts
+            count, n_eval = result.dataset.num_prompts, result.dataset.num_eval
     except Exception as exc:  # noqa: BLE001 - the service's message, as the API returns it
         return (f'<div class="ngs-notice ngs-error" id="dataset-error">{esc(error_text(exc))}'
                 f"</div>", "", gr.skip(), None if file else gr.skip())
     status = (f'<div class="ngs-notice ngs-ok" id="dataset-ok" data-dataset="{ds_id}">'
               f"Imported dataset {ds_id}: {count} prompts, {dropped} duplicate(s) dropped, "
               f"{blank} blank line(s) skipped."
-              f"</div>")
+              # a train job trains on the train split: say now, not at the job's launch
+              + (" Every prompt went to the eval split: a train job cannot train on this "
+                 "dataset (rollout and evaluate jobs can sample its 'eval' split); upload it "
+                 "again with a lower eval fraction to train on it." if n_eval == count else "")
+              + "</div>")
     return status, preview(ds_id), dataset_list(), None
 
 

@@ -298,10 +298,25 @@ def results_html(job: Any) -> str:
                           for c, row in sorted(scored.items())], "ngs-evaluated"))
     if rest:
         html += ("<h4>Results</h4>"
-                 + table(["", "value"], [[key, value if isinstance(value, int | float | str)
-                                          else json.dumps(value)]
-                                         for key, value in rest.items()], "ngs-job-results"))
+                 + table(["", "value"], _result_rows(rest), "ngs-job-results"))
     return html + "</div>"
+
+
+def _result_rows(values: dict[str, Any], prefix: str = "") -> list[list[Any]]:
+    """A report's values as rows a person reads: a nested report spread into one row per
+    value (`extra.epochs`), an empty one as "none", a missing value (a fit without a held-out
+    split) as "–", never JSON's null and {}."""
+    rows: list[list[Any]] = []
+    for key, value in values.items():
+        if isinstance(value, dict) and value:
+            rows += _result_rows(value, f"{prefix}{key}.")
+        elif isinstance(value, dict | list) and not value:
+            rows.append([prefix + key, "none"])
+        elif isinstance(value, list):
+            rows.append([prefix + key, ", ".join(fmt(v) for v in value)])
+        else:  # a number, text, a flag or None: fmt writes None as "–"
+            rows.append([prefix + key, value])
+    return rows
 
 
 def plots_html(history: list[Any]) -> str:

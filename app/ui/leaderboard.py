@@ -75,12 +75,21 @@ def ratings_html(board: dict[str, Any]) -> str:
 
     # the automatic-reward means stand beside the human rating: where they disagree, the
     # policy may be gaming a reward (or the raters see what no reward measures)
+    resampled = board["bootstrap"] > 0  # no resamples: a rating without an interval
+
+    def interval(r: dict[str, Any]) -> Raw | str:
+        if r["rating"] is None:
+            return "no votes"
+        if not resampled:
+            return "–"
+        # the numbers and the bar that draws them on the board's common scale, in one cell
+        return Raw(f"{r['ci_low']:.0f} – {r['ci_high']:.0f}{bar(r).html}")
+
     ranking = table(
-        ["rank", "checkpoint", "rating", "95% interval", "", "votes", "win rate", *rewards],
+        ["rank", "checkpoint", "rating", "95% interval", "votes", "win rate", *rewards],
         [[i + 1 if r["rating"] is not None else "–", f"{r['name']} (#{r['checkpoint_id']})",
-          f"{r['rating']:.0f}" if r["rating"] is not None else "–",
-          f"{r['ci_low']:.0f} – {r['ci_high']:.0f}" if r["rating"] is not None else "no votes",
-          bar(r), r["num_votes"], fmt(r["win_rate"], 2), *[score(r, w) for w in rewards]]
+          f"{r['rating']:.0f}" if r["rating"] is not None else "–", interval(r),
+          r["num_votes"], fmt(r["win_rate"], 2), *[score(r, w) for w in rewards]]
          for i, r in enumerate(rows)], "ngs-ratings")
     ids = [r["checkpoint_id"] for r in rated]
     cell = {(p["checkpoint_id"], p["opponent_id"]): p for p in board["pairs"]}
@@ -101,10 +110,15 @@ def ratings_html(board: dict[str, Any]) -> str:
     if mixed:
         scores_note += (f" Scored on different prompt sets, so not comparable down the "
                         f"column: {', '.join(mixed)} (each value says on what).")
+    intervals = (f"intervals from {board['bootstrap']} bootstrap resamples" if resampled
+                 else "no intervals (0 bootstrap resamples)")
+    # the pair tables only once two checkpoints have met: else a header and nothing under it
+    pairs = (f"<h4>Win rates</h4>{matrix}<h4>Votes per pair</h4>{per_pair}" if board["pairs"]
+             else notice("No checkpoint has met another in a vote yet: the win rates and "
+                         "votes per pair appear with the first cross-checkpoint vote."))
     return (f'<div id="leaderboard" data-n="{len(rows)}" data-rated="{len(rated)}">'
-            f'{board["num_votes"]} clean cross-checkpoint votes; intervals from '
-            f"{board['bootstrap']} bootstrap resamples.{esc(scores_note)}{ranking}"
-            f"<h4>Win rates</h4>{matrix}<h4>Votes per pair</h4>{per_pair}</div>")
+            f'{board["num_votes"]} clean cross-checkpoint votes; {intervals}.'
+            f"{esc(scores_note)}{ranking}{pairs}</div>")
 
 
 def show(user_state: dict | None, bootstrap: float | None) -> str:

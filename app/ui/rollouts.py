@@ -97,11 +97,13 @@ def groups_html(groups: list[Any], session_: Any) -> str:
 
 
 def job_choices() -> list[tuple[str, int]]:
-    """The Job picker's choices: "(all jobs)" first, then the newest jobs. The picker takes
-    no typed value, so clearing its box put the job back: "(all jobs)" is how to lift it."""
+    """The Job picker's choices: "(all jobs)" first, then the newest jobs of the kinds that
+    sample rollout groups (a fit_preference job never does). The picker takes no typed value,
+    so clearing its box put the job back: "(all jobs)" is how to lift it."""
     with session() as s:
         rows, _ = jobs_svc.list_jobs(s, limit=200)
-        return [ALL_JOBS_CHOICE, *[(f"#{j.id} {j.kind} ({j.status})", j.id) for j in rows]]
+        return [ALL_JOBS_CHOICE, *[(f"#{j.id} {j.kind} ({j.status})", j.id) for j in rows
+                                   if j.kind in rollouts.PURPOSES]]
 
 
 def refresh_jobs(user_state: dict | None) -> Any:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from sqlalchemy import select
@@ -107,6 +109,9 @@ def test_reward_scores_stand_beside_ratings(client, admin, annotator, make_group
     assert board["checkpoints"][0]["rating"] is None and board["num_votes"] == 0
     assert [c["checkpoint_id"] for c in board["checkpoints"]] == [ck[2], ck[0]]  # newest first
     assert board["rewards"] == ["aesthetic", "clip_score", "count"]
+    # no checkpoint has met another: a line says so, not a win-rate table with no rows
+    unmet = ratings_html(board)
+    assert "No checkpoint has met another in a vote yet" in unmet and "ngs-matrix" not in unmet
 
     # votes between ckpt0 and ckpt1 (ckpt1 wins): both rated, ckpt2 scored but unrated
     ga = make_group(None, prompt="p", g=1, checkpoint_id=ck[0], seed=0, purpose="evaluate")
@@ -128,6 +133,15 @@ def test_reward_scores_stand_beside_ratings(client, admin, annotator, make_group
 
     page = ratings_html(board)
     assert 'data-n="3" data-rated="2"' in page
+    # no resamples, no interval: said so, and no column without a heading
+    assert "no intervals (0 bootstrap resamples)" in page and "<th></th>" not in page
+    assert "ngs-matrix" in page
+    resampled = ratings_html(client.get("/api/leaderboard", params={"bootstrap": 50},
+                                        headers=annotator).json())
+    assert "intervals from 50 bootstrap resamples" in resampled
+    # each rated row's interval cell holds its numbers and the bar drawing them
+    cells = re.findall(r"<td>(-?\d+ – -?\d+)<div style=", resampled)
+    assert len(cells) == 2, resampled
     assert all(f"<th>{r}</th>" in page for r in ("aesthetic", "clip_score", "count"))
     assert "no votes" in page
     # each mean says what it was computed on; count's two means come from different prompt

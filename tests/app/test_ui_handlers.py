@@ -137,7 +137,8 @@ def test_other_kinds_show_their_results_not_training_curves(settings, admin, enq
                 "checkpoint/3/count": 0.61, "checkpoint/5/count": 0.72,
                 "checkpoint/3/exact_count": 0.4, "checkpoint/5/exact_count": 0.5}),
                 (ids[1], {"preference_model_version": 2, "votes_used": 40,
-                          "holdout_accuracy": 0.81})):
+                          "holdout_accuracy": 0.81, "heldout_log_loss": None,
+                          "votes_ignored": {}, "extra": {"split": "none", "epochs": 10}})):
             job = s.get(Job, job_id)
             job.status, job.metrics = JobStatus.SUCCEEDED, metrics
     _, _, plots, *_ = jobs.job_view(_token(admin), ids[0], None)
@@ -146,6 +147,11 @@ def test_other_kinds_show_their_results_not_training_curves(settings, admin, enq
     assert rows == [("#3", "0.610", "0.400"), ("#5", "0.720", "0.500")], plots
     _, _, plots, *_ = jobs.job_view(_token(admin), ids[1], None)
     assert "holdout_accuracy" in plots and "0.810" in plots and "plot-clip" not in plots
+    # a report read as a person reads it: no JSON null or {}, a nested value one row each
+    rows = dict(re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td></tr>", plots))
+    assert (rows["heldout_log_loss"], rows["votes_ignored"]) == ("–", "none"), rows
+    assert (rows["extra.split"], rows["extra.epochs"]) == ("none", "10"), rows
+    assert "null" not in plots and "{" not in plots
     _, _, plots, *_ = jobs.job_view(_token(admin), ids[2], None)  # a train job: its curves
     assert 'id="plot-loss"' in plots and 'id="plot-reward"' in plots
 
@@ -564,3 +570,36 @@ def test_the_annotators_table_says_what_its_columns_count(settings, admin):
         assert f"“{outcome.label}”" in note
     clean, rest = note.split(" answers, which fits")
     assert "Skip" not in clean and "A is better" in clean and "Skip" in rest
+
+
+def test_an_upload_whose_prompts_all_went_to_eval_says_a_train_job_cannot_use_it(
+        settings, admin, tmp_path, monkeypatch):
+    """Three prompts at eval fraction 0.95 are all eval: the upload said only "imported",
+    and the trouble showed at a train job's launch, beside the Dataset field."""
+    from app.ui import datasets
+
+    folder = tmp_path / "gradio-uploads"  # Gradio's upload folder, as Gradio reads it
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(folder))
+    for name, fraction, warned in (("all-eval", 0.95, True), ("split", 0.5, False)):
+        made = folder / name / f"{name}.txt"
+        made.parent.mkdir(parents=True)
+        made.write_text("a red fox\nan owl at night\na grey whale\n")
+        status, *_ = datasets.upload(_token(admin), str(made), "", fraction, 0)
+        assert 'id="dataset-ok"' in status, status
+        assert ("a train job cannot train on this dataset" in status) is warned, status
+
+
+def test_the_rollouts_job_picker_lists_only_jobs_that_sample(settings, admin):
+    """A fit_preference job has no rollout groups: picking it could only show nothing."""
+    from app.db import session_scope
+    from app.models import Job
+    from app.ui import rollouts
+
+    with session_scope() as s:
+        made = [Job(kind=kind, config={}) for kind in
+                ("train", "fit_preference", "rollout", "evaluate")]
+        s.add_all(made)
+        s.flush()
+        ids = {job.kind: job.id for job in made}
+    listed = [value for _, value in rollouts.job_choices()[1:]]
+    assert sorted(listed) == sorted(ids[k] for k in ("train", "rollout", "evaluate"))
