@@ -183,8 +183,13 @@ def parse_form(values: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
             try:
                 config[name] = json.loads(v) if str(v).strip() else ([] if d["type"] == "list"
                                                                        else {})
-            except ValueError as exc:
-                errors[name] = f"not valid JSON: {exc}"
+            except json.JSONDecodeError as exc:
+                # json's own words ("Expecting value: line 1 column 1 (char 0)") say where,
+                # not what the field wants
+                example = '["one red circle"]' if d["type"] == "list" else '{"count": 1.0}'
+                errors[name] = (f"not valid JSON ({exc.msg} at character {exc.pos}): write a "
+                                f"JSON {'list' if d['type'] == 'list' else 'object'} such as "
+                                f"{example}, or leave it empty")
         elif d["type"] == "int":
             x = _number(v)
             if x is None:
@@ -461,11 +466,14 @@ def job_choices(user_state: dict | None) -> Any:
     return gr.Dropdown(choices=_job_options())
 
 
+NO_DATASET = ("(none)", 0)  # the Dataset picker's choice for a config's own prompts
+
+
 def dataset_choices(user_state: dict | None) -> Any:
     """The Dataset picker's choices (admins; a dropdown's focus refreshes them)."""
     if _admin(user_state) is None:
         return gr.skip()
-    return gr.Dropdown(choices=[("(none)", 0), *dataset_options()])
+    return gr.Dropdown(choices=[NO_DATASET, *dataset_options()])
 
 
 def on_login(user_state: dict | None) -> tuple[Any, Any, Any]:
@@ -486,7 +494,9 @@ def build_jobs(user: gr.State, tab: gr.Tab | None = None,
                                      elem_id="jobs-preset")
                 # ngs-field: the field shows its error's red border (common.CSS)
                 with gr.Column(min_width=200, elem_classes=["ngs-field"]):
-                    dataset = gr.Dropdown([], value=None, label="Dataset (optional: prompts "
+                    # "(none)" shown from the start, as chosen (a blank box read as missing)
+                    dataset = gr.Dropdown([NO_DATASET], value=NO_DATASET[1],
+                                          label="Dataset (optional: prompts "
                                           "come from the config otherwise)",
                                           elem_id="jobs-dataset")
                     # the service's errors about the dataset (no train prompts, ...), as the

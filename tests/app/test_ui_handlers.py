@@ -250,6 +250,7 @@ def test_parse_and_server_errors_show_together(settings, admin, enqueuer):
     errors = dict(zip(names, out[1:], strict=True))
     assert job_id is None and "3 field(s) need fixing" in out[0]
     assert "not valid JSON" in errors["reward_weights"]
+    assert "write a JSON object such as {&quot;count&quot;: 1.0}" in errors["reward_weights"]
     assert "group_size" in errors["num_anchors"] and "[0.0, 1.0]" in errors["sigma"]
     assert enqueuer.calls == []
 

@@ -100,6 +100,8 @@ def test_defaults_launch_and_every_error_shows_at_once(server, page):
     # list and dict fields show their JSON once (they showed "[]" and the launch failed)
     assert _field(page, "prompts").input_value() == "[]"
     assert _field(page, "reward_weights").input_value() == '{"count": 1.0}'
+    # the Dataset picker shows its "(none)" choice, not a blank box
+    assert page.locator("#jobs-dataset input").input_value() == "(none)"
     # rarely changed fields are folded away
     assert not page.locator("#cfg-weight_decay").is_visible()
     # three bad fields, one of them folded away: every error shows beside its field at once
