@@ -300,11 +300,13 @@ def build_leaderboard(user: gr.State, tab: gr.Tab | None = None,
                 pick = gr.CheckboxGroup([], label=EVALUATE_FIELDS["checkpoint_ids"],
                                         elem_id="leaderboard-ckpts")
                 error_box("checkpoint_ids")
-            with gr.Column():
+            # ngs-field: a text or number field with an error beside it takes the red border
+            # (common.CSS), as the job form's do
+            with gr.Column(elem_classes=["ngs-field"]):
                 # no precision: 1.5 gets the field's error instead of becoming 2
                 seeds = gr.Number(4, label=SEEDS_LABEL, elem_id="leaderboard-seeds")
                 error_box("seeds")
-            with gr.Column():
+            with gr.Column(elem_classes=["ngs-field"]):
                 rewards = gr.Textbox("", label=EVALUATE_FIELDS["reward_names"],
                                      elem_id="leaderboard-rewards",
                                      placeholder="e.g. hpsv2,pickscore (empty: the model's)")

@@ -67,6 +67,16 @@ def test_evaluate_form_shows_every_error_under_its_field(server, page):
         assert _under(page, f"leaderboard-err-{box}", field), box
     for box in ("checkpoint_ids", "dataset_id"):
         assert page.locator(f"#leaderboard-err-{box}").inner_text().strip() == ""
+    # the text fields with an error take the red border the job form's do
+    def border(field: str) -> str:
+        return page.locator(f"#{field} input, #{field} textarea").first.evaluate(
+            "e => getComputedStyle(e).borderTopColor")
+
+    error_red = page.evaluate("() => { const e = document.createElement('div');"
+                              " e.style.color = 'var(--error-border-color)';"
+                              " document.body.appendChild(e);"
+                              " const c = getComputedStyle(e).color; e.remove(); return c; }")
+    assert border("leaderboard-rewards") == border("leaderboard-seeds") == error_red
     screenshot(page, "leaderboard-evaluate-errors")
     with session_scope() as s:
         assert jobs.list_jobs(s, limit=1)[1] == jobs_before  # nothing launched
