@@ -723,6 +723,31 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        return _command(args)
+    except Exception as exc:
+        # a second Ctrl-C lands wherever the run is: inside an import (matplotlib loading its
+        # backend) it came back as an ImportError caused by the KeyboardInterrupt, and the
+        # user got a traceback instead of the one line
+        if not _interrupted(exc):
+            raise
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _interrupted(exc: BaseException | None) -> bool:
+    """Whether `exc` is, or was caused by, a KeyboardInterrupt."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _command(args: argparse.Namespace) -> int:
+    """The command's exit status, its expected errors said in one line each."""
+    try:
         return args.func(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

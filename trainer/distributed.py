@@ -25,6 +25,7 @@ Nothing in the trainer's other files knows about this module.
 
 from __future__ import annotations
 
+import atexit
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -45,13 +46,24 @@ if TYPE_CHECKING:
 
 
 def init_from_env() -> tuple[int, int]:
-    """Join the process group torchrun describes (RANK, WORLD_SIZE, ...); (rank, world)."""
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, ...); (rank, world). The
+    group it opens is left at the process's exit when the script has not left it itself."""
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend)
+        # a script that ends without destroy_process_group (the two lines above this
+        # module's docstring) could die at exit, its collectives all done: gloo's threads,
+        # still running as the interpreter tore down, aborted the process ("terminate called
+        # without an active exception", exit -6)
+        atexit.register(_leave_process_group)
     return dist.get_rank(), dist.get_world_size()
+
+
+def _leave_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def local_device() -> str:

@@ -509,3 +509,29 @@ def test_evaluate_names_reward_weights_that_do_not_load_before_sampling(tmp_path
     assert line.startswith(f"error: reward 'clip_score': weights directory {str(broken)!r} "
                            "(from reward_model_paths['clip_score']) has damaged files: "), line
     assert "model.safetensors: not a safetensors file" in line and not sampled
+
+
+def test_an_interrupt_that_comes_back_as_another_error_still_ends_in_one_line(monkeypatch,
+                                                                              capsys):
+    """A second Ctrl-C inside an import (matplotlib loading its backend as the first reward
+    curve is drawn) came back as "ImportError: initialization failed", caused by the
+    KeyboardInterrupt: a traceback and exit 1, not the one line and 130."""
+    from trainer import cli
+
+    def interrupted_import(_args):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise ImportError("initialization failed") from exc
+
+    monkeypatch.setattr(cli, "cmd_sample", interrupted_import)
+    argv = ["sample", "--checkpoint", "c.safetensors", "--prompts", "p.txt", "--out", "o"]
+    assert cli.main(argv) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
+
+    def failing_import(_args):  # an ImportError of its own is not an interruption
+        raise ImportError("no module named x")
+
+    monkeypatch.setattr(cli, "cmd_sample", failing_import)
+    with pytest.raises(ImportError, match="no module named x"):
+        cli.main(argv)
