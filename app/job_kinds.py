@@ -12,6 +12,7 @@ the other kinds take the pydantic models below.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Self, get_type_hints
 
@@ -216,7 +217,7 @@ class EvaluateConfig(SamplingConfig):
     def _no_repeats(cls, values: list, info: ValidationInfo) -> list:
         # a repeated (prompt, seed) is the same image again: it counted twice in the reward
         # means stored on the checkpoints (the leaderboard's)
-        if repeated := sorted({v for v in values if values.count(v) > 1}):
+        if repeated := sorted(v for v, n in Counter(values).items() if n > 1):
             what = "seed" if info.field_name == "seeds" else "prompt"
             raise PydanticCustomError("repeated", "{message}", {
                 "message": f"must not repeat a {what}: {repeated[:5]}"})

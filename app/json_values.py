@@ -64,11 +64,8 @@ class EscapingJSONResponse(JSONResponse):
     instead of failing the response with a 500. Other text stays as it is."""
 
     def render(self, content: Any) -> bytes:
-        for ascii_only in (False, True):
-            text = json.dumps(content, ensure_ascii=ascii_only, allow_nan=False, indent=None,
-                              separators=(",", ":"))
-            try:
-                return text.encode("utf-8")
-            except UnicodeEncodeError:
-                continue
-        raise AssertionError("unreachable: ASCII-escaped JSON always encodes")
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, ensure_ascii=True, allow_nan=False, indent=None,
+                              separators=(",", ":")).encode("ascii")

@@ -158,9 +158,11 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
 
             # the form's own problems (an unknown field, a .pdf) in the same answer, and the
             # file's content and the name's (an empty file, a name taken)
-            problems += [(p["field"], p["message"]) for p in upload_problems(request)]
             invalid = {field for field, _ in problems}
-            problems += await run_in_threadpool(upload_content_problems, request, invalid)
+            found = upload_problems(request)
+            found += await run_in_threadpool(upload_content_problems, request,
+                                             invalid | {p["field"] for p in found})
+            problems += [(p["field"], p["message"]) for p in found]
         problems = list(dict.fromkeys(problems)) or [("body", "invalid request")]
         body = Problems(detail="; ".join(f"{f}: {m}" for f, m in problems),
                         field=problems[0][0],

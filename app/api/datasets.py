@@ -100,7 +100,7 @@ def upload_problems(request: Request) -> list[dict[str, str]]:
             for p in getattr(request.state, "upload_problems", [])]
 
 
-def upload_content_problems(request: Request, invalid: set[str]) -> list[tuple[str, str]]:
+def upload_content_problems(request: Request, invalid: set[str]) -> list[dict[str, str]]:
     """For a 422 about the form's declared fields (`invalid`: those already refused, such as
     an eval_fraction out of range): the file's content and the dataset name's problems
     beside them, so that one answer lists every problem (nothing is written). Only for a file
@@ -121,8 +121,8 @@ def upload_content_problems(request: Request, invalid: set[str]) -> list[tuple[s
             session, filename=file.filename, data=data,
             name=name if isinstance(name, str) else None, check_name="name" not in invalid,
             max_prompt_length=settings.max_prompt_length, max_bytes=settings.max_upload_bytes)
-    return [(p["field"], f"{p['where']}: {p['message']}" if p.get("where") else p["message"])
-            for p in found]
+    return [{"field": p["field"], "message": f"{p['where']}: {p['message']}" if p.get("where")
+             else p["message"]} for p in found]
 
 
 def _raise_upload_problems(request: Request) -> None:
@@ -131,11 +131,10 @@ def _raise_upload_problems(request: Request) -> None:
     it is one more line of the 422."""
     found = getattr(request.state, "upload_problems", [])
     if found and not (len(found) == 1 and found[0].get("file_type")):
-        problems = [(p["field"], p["message"]) for p in upload_problems(request)]
-        problems += upload_content_problems(request, {field for field, _ in problems})
-        raise Invalid("; ".join(f"{field}: {message}" for field, message in problems),
-                      field=problems[0][0],
-                      errors=[{"field": field, "message": message} for field, message in problems])
+        problems = upload_problems(request)
+        problems += upload_content_problems(request, {p["field"] for p in problems})
+        raise Invalid("; ".join(f"{p['field']}: {p['message']}" for p in problems),
+                      field=problems[0]["field"], errors=problems)
 
 
 class _CheckedBeforeBody(APIRoute):

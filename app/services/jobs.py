@@ -96,14 +96,6 @@ def _train_config(config: dict[str, Any], preset: str | None, top: Problems,
     return {**TrainConfig().to_dict(), **base, **config}  # the server's own checks still run
 
 
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _kind_config(kind: str, config: dict[str, Any], problems: Problems) -> dict[str, Any]:
     from trainer.config import unknown_field_message
 
@@ -111,7 +103,7 @@ def _kind_config(kind: str, config: dict[str, Any], problems: Problems) -> dict[
     assert model is not None, kind
     # a key that is not text (a lone surrogate escape, "\ud800") fails pydantic's check of
     # the whole object, naming no key: named here as the unknown field it is
-    unreadable = [key for key in config if not _encodable(key)]
+    unreadable = [key for key in config if lone_surrogate(key) is not None]
     for key in unreadable:
         problems.append((key, unknown_field_message(key, list(model.model_fields))))
     config = {k: v for k, v in config.items() if k not in unreadable}
