@@ -120,7 +120,8 @@ class SamplingConfig(_Cfg):
         None, ge=0.0, le=100.0, description="FLUX.1-dev's guidance embedding / SD3's "
         "classifier-free guidance scale. Empty: the checkpoint's (base model: 3.5).")
     batch_size: int = Field(0, ge=0, le=100_000, description="Samples solved and decoded per "
-                            "batch; 0: for shapes all at once (a rollout's 16 prompts x G, or "
+                            "batch; 0: for shapes all at once (a rollout's chunk of whole groups, "
+                            "~128 samples: 16 prompts at G = 8, one at G >= 128; or "
                             f"{SHAPES_SAMPLE_BATCH} evaluate images), for flux / sd3 the "
                             "rollout_batch_size its checkpoints were trained with, else the "
                             f"model's preset's ({REAL_MODEL_SAMPLE_BATCH}), set at submission. "

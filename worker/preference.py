@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import io
 import logging
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -32,6 +34,7 @@ from trainer.rewards.fit_config import fit_fields
 from trainer.rewards.preference import (
     LABELLED_OUTCOMES,
     FitConfig,
+    FitStopped,
     PreferenceModel,
     PreferencePair,
     fit_preference_model,
@@ -81,11 +84,13 @@ def fit_config_for_job(cfg: FitPreferenceConfig) -> FitConfig:
 
 def fit_and_record(fit_config: FitConfig, *, job_id: int | None = None, min_votes: int = 0,
                    score_samples: bool = True, images: ImageCache | None = None,
-                   warm_start: PreferenceModel | None = None
+                   warm_start: PreferenceModel | None = None,
+                   should_stop: Callable[[], bool] | None = None
                    ) -> tuple[PreferenceModel, dict[str, Any]]:
     """Fit on every clean vote, save vN, record the row (and cache sample scores).
     `warm_start`: the model a refit may start from (fit_config.warm_start_epochs; the votes
     are keyed by their ids, so their held-out split is the same in every fit).
+    `should_stop`: passed to the fit (FitStopped, and nothing saved, when it says stop).
     Returns the model and its row as a dict."""
     images = images or ImageCache()
     with session_scope() as s:
@@ -100,7 +105,8 @@ def fit_and_record(fit_config: FitConfig, *, job_id: int | None = None, min_vote
                        f"{needed}")
     pairs = [PreferencePair(images.get(r["a_path"]), images.get(r["b_path"]), r["prompt"],
                             r["outcome"], key=str(r["vote_id"])) for r in rows]
-    model = fit_preference_model(pairs, fit_config, version=version, warm_start=warm_start)
+    model = fit_preference_model(pairs, fit_config, version=version, warm_start=warm_start,
+                                 should_stop=should_stop)
     rel = pref_svc.model_path(version)
     full = storage.storage_root() / rel
     full.parent.mkdir(parents=True, exist_ok=True)
@@ -164,15 +170,45 @@ def newest_model(fit_config: FitConfig) -> PreferenceModel | None:
     return model
 
 
+# how often a running fit asks the database whether its job was cancelled (an epoch can be
+# milliseconds long: asking each one would load the database for nothing)
+CANCEL_POLL_SECONDS = 1.0
+
+
+def cancel_requested_poll(job_id: int, every: float = CANCEL_POLL_SECONDS
+                          ) -> Callable[[], bool]:
+    """A `should_stop` for a fit: whether the job's cancel was requested, read from the
+    database at most once every `every` seconds."""
+    last = -float("inf")
+
+    def should_stop() -> bool:
+        nonlocal last
+        if time.monotonic() - last < every:
+            return False
+        last = time.monotonic()
+        with session_scope() as s:
+            return jobs.is_cancel_requested(s, job_id)
+
+    return should_stop
+
+
 def run_fit_preference(job_id: int, worker_name: str) -> str:
-    """The fit_preference job (already claimed by `worker.tasks.run_job`)."""
+    """The fit_preference job (already claimed by `worker.tasks.run_job`). A cancel stops the
+    fit between epochs; nothing is saved then."""
     with session_scope() as s:
         cfg = FitPreferenceConfig.from_stored(jobs.get_job(s, job_id).config)
         jobs.update_progress(s, job_id, 0, 2)
     fit_config = fit_config_for_job(cfg)
-    _model, row = fit_and_record(fit_config, job_id=job_id, min_votes=cfg.min_votes,
-                                 score_samples=cfg.score_samples,
-                                 warm_start=newest_model(fit_config))
+    try:
+        _model, row = fit_and_record(fit_config, job_id=job_id, min_votes=cfg.min_votes,
+                                     score_samples=cfg.score_samples,
+                                     warm_start=newest_model(fit_config),
+                                     should_stop=cancel_requested_poll(job_id))
+    except FitStopped:
+        with session_scope() as s:
+            if not jobs.holds(s, job_id, worker_name):
+                raise LeaseLost(f"job {job_id} is no longer held by {worker_name}") from None
+            return jobs.mark_cancelled(s, job_id).status
     metrics = json_safe({"preference_model_version": row["version"],
                              "preference_model_path": row["path"],
                              "votes_used": row["votes_used"], **row["report"]})

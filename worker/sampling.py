@@ -47,7 +47,15 @@ from worker.training import model_directory, png_bytes, reward_model_paths
 
 log = logging.getLogger(__name__)
 
-CHUNK = 16  # prompts sampled and recorded per transaction
+# a rollout job samples, records and reports progress (where a cancel is seen) a chunk of
+# whole groups at a time: 16 prompts of the default G = 8, fewer for larger groups, so that a
+# chunk stays ~128 samples (a cancel waits for one chunk, not 16 x 256 samples)
+CHUNK_SAMPLES = 128
+
+
+def prompts_per_chunk(group_size: int) -> int:
+    """How many prompts' groups one chunk of a rollout job holds (at least one)."""
+    return max(1, CHUNK_SAMPLES // group_size)
 
 
 class Cancelled(Exception):
@@ -138,9 +146,13 @@ def _progress(job_id: int, worker_name: str, done: int, total: int,
     with session_scope() as s:
         if not jobs.holds(s, job_id, worker_name):
             raise LeaseLost(f"job {job_id} is no longer held by {worker_name}")
-        if jobs.update_progress(s, job_id, done, total, metrics):
+        cancelled = jobs.update_progress(s, job_id, done, total, metrics)
+        if cancelled:
             jobs.mark_cancelled(s, job_id)
-            raise Cancelled
+    # raised once the session has committed: inside it, the exception would roll the
+    # cancelled status back and leave the job "running" until a reaper found it stale
+    if cancelled:
+        raise Cancelled
 
 
 def run_rollout(job_id: int, worker_name: str) -> str:
@@ -163,8 +175,9 @@ def run_rollout(job_id: int, worker_name: str) -> str:
     done = len(prompts) - len(todo)
     try:
         _progress(job_id, worker_name, done, len(prompts))
-        for start in range(0, len(todo), CHUNK):
-            chunk = todo[start:start + CHUNK]
+        per_chunk = prompts_per_chunk(g)
+        for start in range(0, len(todo), per_chunk):
+            chunk = todo[start:start + per_chunk]
             seeds = [prompt_seed(cfg.seed, pid) for pid, _ in chunk]
             texts = [text for _, text in chunk]
             p = len(chunk)

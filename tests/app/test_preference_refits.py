@@ -1,4 +1,5 @@
-"""Which stored preference model a fit_preference job starts from (worker.preference
+"""Cancelling a running fit_preference or rollout job; which stored preference model a
+fit_preference job starts from (worker.preference
 newest_model): the newest, loaded, when the fit's settings allow it; otherwise, and when its
 file is gone or unreadable, none (the fit starts from scratch instead of failing)."""
 
@@ -44,6 +45,96 @@ def test_a_fit_starts_from_the_newest_model_when_it_can(settings):
     assert newest_model(config) is None
     (storage.storage_root() / pref_svc.model_path(2)).unlink()
     assert newest_model(config) is None
+
+
+def _voted_group(rng: np.random.Generator, n_votes: int) -> None:
+    """One stored group of six samples and `n_votes` decisive votes on its pairs."""
+    import io
+    from itertools import combinations
+
+    from PIL import Image
+    from sqlalchemy import select
+
+    from app.models import Sample, User
+    from app.services import auth, votes
+    from app.services.rollouts import record_rollout_group
+
+    def png() -> bytes:
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(buf, "PNG")
+        return buf.getvalue()
+
+    with session_scope() as s:
+        group = record_rollout_group(
+            s, job_id=None, iteration=0, prompt_text="one red circle", checkpoint_id=None,
+            solver="dpm++", steps=8, sigma=0.3, seed=0, purpose=None,
+            samples=[{"png": png(), "member_index": i, "rewards": {}, "advantage": 0.0,
+                      "is_anchor": i == 0} for i in range(6)])
+        voter, _ = auth.create_user(s, "voter", "annotator")
+        ids = list(s.scalars(select(Sample.id).where(Sample.group_id == group)
+                             .order_by(Sample.id)))
+    for n, (a, b) in enumerate(list(combinations(ids, 2))[:n_votes]):
+        with session_scope() as s:
+            votes.record_vote(s, s.get(User, voter.id), client_vote_id=f"v{n}",
+                              sample_a_id=a, sample_b_id=b, outcome="ab"[n % 2])
+
+
+def test_a_fit_preference_job_cancelled_mid_fit_stops_and_saves_nothing(settings):
+    """A running fit_preference job obeys its cancel between epochs: the job ends cancelled
+    (at once, not when a reaper finds it), and no model version is written or recorded."""
+    from datetime import timedelta
+
+    from app.services import jobs
+    from worker.preference import run_fit_preference
+
+    _voted_group(np.random.default_rng(1), 12)
+    with session_scope() as s:
+        job_id = jobs.create_job(s, "fit_preference", {"epochs": 400, "ensemble": 2,
+                                                       "score_samples": False}).id
+        assert jobs.claim(s, job_id, "w1", timedelta(seconds=60)) is not None
+        jobs.request_cancel(s, job_id)
+    assert run_fit_preference(job_id, "w1") == "cancelled"
+    with session_scope() as s:
+        job = jobs.get_job(s, job_id)
+        assert job.status == "cancelled" and job.finished_at is not None
+        assert pref_svc.latest_model(s) is None
+    assert not (storage.storage_root() / pref_svc.model_path(1)).exists()
+
+
+def test_a_rollout_job_cancelled_between_chunks_is_stored_as_cancelled(settings):
+    """The progress report that finds a cancel marks the job cancelled in a transaction that
+    commits (raising inside it rolled the status back: 'running' until the reaper came)."""
+    from datetime import timedelta
+
+    import pytest
+
+    from app.services import datasets, jobs
+    from worker.sampling import Cancelled, _progress
+
+    with session_scope() as s:
+        ds = datasets.import_dataset(s, filename="p.txt", data=b"one red circle\n").dataset.id
+        job_id = jobs.create_job(s, "rollout", {"dataset_id": ds}).id
+        assert jobs.claim(s, job_id, "w1", timedelta(seconds=60)) is not None
+    _progress(job_id, "w1", 0, 1)  # no cancel asked: goes on
+    with session_scope() as s:
+        jobs.request_cancel(s, job_id)
+    with pytest.raises(Cancelled):
+        _progress(job_id, "w1", 1, 1)
+    with session_scope() as s:
+        job = jobs.get_job(s, job_id)
+        assert job.status == "cancelled" and job.finished_at is not None and job.iteration == 1
+
+
+def test_a_rollout_chunk_holds_whole_groups_of_about_128_samples():
+    """A cancel waits for one chunk: with large groups a chunk holds fewer prompts (one at
+    G = 256, not 16 x 256 samples), never part of a group."""
+    from worker.sampling import CHUNK_SAMPLES, prompts_per_chunk
+
+    for g in range(2, 257):
+        per_chunk = prompts_per_chunk(g)
+        assert per_chunk >= 1 and per_chunk * g <= max(CHUNK_SAMPLES, g)
+        assert (per_chunk + 1) * g > CHUNK_SAMPLES  # as full as whole groups allow
+    assert prompts_per_chunk(8) == 16  # the default group: 16 prompts a chunk, as before
 
 
 def test_skip_and_both_bad_votes_neither_start_a_refit_nor_count_as_fitted(settings):

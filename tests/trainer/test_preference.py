@@ -328,6 +328,26 @@ def test_a_refit_starts_from_a_compatible_model_and_otherwise_from_scratch():
     assert unkeyed.report.extra["split"] == "random" and not unkeyed.report.extra["warm_start"]
 
 
+def test_a_fit_asks_should_stop_before_each_epoch_and_stops_when_told():
+    from trainer.rewards.preference import FitStopped
+
+    pairs = _pairs(40, "larger", flip=0.0, seed=0)
+    asked = []
+
+    def stop_on_the_third_question() -> bool:
+        asked.append(1)
+        return len(asked) == 3
+
+    with pytest.raises(FitStopped):
+        fit_preference_model(pairs, FitConfig(epochs=5, ensemble=1, shared_features=False),
+                             should_stop=stop_on_the_third_question)
+    assert len(asked) == 3
+    asked.clear()
+    fit_preference_model(pairs, FitConfig(epochs=5, ensemble=2, shared_features=False),
+                         should_stop=lambda: asked.append(1) is not None)
+    assert len(asked) == 10  # every epoch of both networks
+
+
 def test_fit_refuses_too_few_votes():
     pairs = _pairs(3, "larger", flip=0.0, seed=0)
     with pytest.raises(ValueError, match="at least 4 votes"):

@@ -27,6 +27,7 @@ import json
 import math
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -403,10 +404,16 @@ def mirror_augment(images: torch.Tensor, config: FitConfig) -> torch.Tensor:
     return images
 
 
+class FitStopped(Exception):
+    """A fit given up part-way because its `should_stop` said so (a cancelled job)."""
+
+
 def _train_member(net: nn.Module, inputs_a, inputs_b, labels: torch.Tensor, config: FitConfig,
-                  seed: int, rows: torch.Tensor | None = None) -> None:
+                  seed: int, rows: torch.Tensor | None = None,
+                  should_stop: Callable[[], bool] | None = None) -> None:
     """Minimise the Bradley-Terry log-loss of one network (its own batch order) on the votes
-    `rows` (default: all; a bootstrap resample may repeat some), with smoothed targets."""
+    `rows` (default: all; a bootstrap resample may repeat some), with smoothed targets.
+    `should_stop` is asked before each epoch; True raises FitStopped."""
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(net.parameters(), lr=config.learning_rate,
                                   weight_decay=config.weight_decay)
@@ -418,6 +425,8 @@ def _train_member(net: nn.Module, inputs_a, inputs_b, labels: torch.Tensor, conf
                                                    total_steps=config.epochs * steps_per_epoch)
     net.train()
     for _ in range(config.epochs):
+        if should_stop is not None and should_stop():
+            raise FitStopped("the fit was stopped before it finished")
         perm = rows[torch.randperm(n, generator=generator)]
         for i in range(0, n, config.batch_size):
             idx = perm[i:i + config.batch_size].to(config.device)
@@ -432,9 +441,12 @@ def _train_member(net: nn.Module, inputs_a, inputs_b, labels: torch.Tensor, conf
 
 
 def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None = None,
-                         version: int = 1, warm_start: PreferenceModel | None = None
-                         ) -> PreferenceModel:
+                         version: int = 1, warm_start: PreferenceModel | None = None,
+                         should_stop: Callable[[], bool] | None = None) -> PreferenceModel:
     """Bradley-Terry fit with a held-out split; the report says how well it predicts.
+
+    `should_stop`: asked before every epoch of every network; True ends the fit with
+    FitStopped (a job cancelled mid-fit need not wait for all of it).
 
     `warm_start`: the model in use. With `config.warm_start_epochs` and a compatible model
     (`warm_start_problem`; the pairs keyed), the fit starts from its weights and trains
@@ -474,7 +486,8 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
     inputs_a, inputs_b, labels = tensors(train)
     if isinstance(model.net, SharedFeatureEnsemble):
         first = model.net.first
-        _train_member(first, inputs_a, inputs_b, labels, config, seed=config.seed)
+        _train_member(first, inputs_a, inputs_b, labels, config, seed=config.seed,
+                      should_stop=should_stop)
         first.eval()
         with torch.no_grad():  # the features every head scores, computed once
             pooled_a = torch.cat([first.pooled(x) for x in inputs_a[0].split(512)])
@@ -484,10 +497,11 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
                                      generator=torch.Generator().manual_seed(config.seed + index))
             _train_member(head, (pooled_a, inputs_a[1]), (pooled_b, inputs_b[1]), labels,
                           replace(config, mirror_augment=False), seed=config.seed + index,
-                          rows=resample)
+                          rows=resample, should_stop=should_stop)
     else:
         for index, member in enumerate(model.net.members):
-            _train_member(member, inputs_a, inputs_b, labels, config, seed=config.seed + index)
+            _train_member(member, inputs_a, inputs_b, labels, config, seed=config.seed + index,
+                          should_stop=should_stop)
     model.net.eval()
 
     def evaluate(subset: list[PreferencePair]
@@ -555,6 +569,7 @@ def warm_start_problem(previous: PreferenceModel, config: FitConfig) -> str | No
     return None
 
 
-__all__ = ["MIN_FIT_VOTES", "clip_dir_problem", "FitConfig", "warm_start_problem", "FitReport", "PreferenceModel", "PreferencePair", "fit_preference_model",
+__all__ = ["MIN_FIT_VOTES", "clip_dir_problem", "FitConfig", "warm_start_problem", "FitReport", "FitStopped", "PreferenceModel", "PreferencePair",
+           "fit_preference_model",
            "ShapesPreferenceNet", "ShapesHead", "SharedFeatureEnsemble",
            "PROMPT_LENGTH", "Outcome", "OUTCOMES", "LABELLED_OUTCOMES", "TARGET_A"]
