@@ -111,6 +111,15 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
             body = Problems(detail=f"body: {message}", field="body",
                             errors=[{"field": "body", "message": message}])
             return EscapingJSONResponse(body.model_dump(), status_code=422)
+        if exc.status_code == 400 and isinstance(exc.detail, str):
+            # Starlette's own 400s (a multipart body its parser refused: "Invalid multipart
+            # data.", "Missing boundary in multipart.") in the shape of every other answer
+            # about the request's content (README: detail, field, errors)
+            message = exc.detail.rstrip(".")
+            body = Problems(detail=f"body: {message}", field="body",
+                            errors=[{"field": "body", "message": message}])
+            return EscapingJSONResponse(body.model_dump(), status_code=400,
+                                        headers=getattr(exc, "headers", None))
         return await http_exception_handler(request, exc)
 
     @app.exception_handler(DataError)

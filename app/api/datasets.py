@@ -10,6 +10,7 @@ from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi.responses import Response, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import WithJsonSchema
+from sqlalchemy.orm import Session
 
 from app import db
 from app.api.body_limit import FORM_OVERHEAD
@@ -125,16 +126,27 @@ def upload_content_problems(request: Request, invalid: set[str]) -> list[dict[st
              else p["message"]} for p in found]
 
 
-def _raise_upload_problems(request: Request) -> None:
+def _raise_upload_problems(request: Request, session: Session) -> None:
     """The form's own problems, when its declared fields were valid. A wrong file type alone
     stays the service's 400 (what the upload has always answered); with anything else wrong
-    it is one more line of the 422."""
+    (a dataset name another dataset has included) it is one more line of the 422."""
     found = getattr(request.state, "upload_problems", [])
-    if found and not (len(found) == 1 and found[0].get("file_type")):
-        problems = upload_problems(request)
+    if not found:
+        return
+    problems = upload_problems(request)
+    if len(found) == 1 and found[0].get("file_type"):
+        # the file's content cannot be read, but the name it would be stored under can
+        form = request.state.upload_form
+        name = form.get("name")
+        named = svc.name_problems(session, filename=form.get("file").filename,
+                                  name=name if isinstance(name, str) else None)
+        if not named:
+            return
+        problems += named
+    else:
         problems += upload_content_problems(request, {p["field"] for p in problems})
-        raise Invalid("; ".join(f"{p['field']}: {p['message']}" for p in problems),
-                      field=problems[0]["field"], errors=problems)
+    raise Invalid("; ".join(f"{p['field']}: {p['message']}" for p in problems),
+                  field=problems[0]["field"], errors=problems)
 
 
 class _CheckedBeforeBody(APIRoute):
@@ -165,7 +177,7 @@ def upload_dataset(
     eval_fraction: Annotated[float, Form(ge=0.0, lt=1.0, allow_inf_nan=False)] = 0.0,
     seed: Annotated[int, Form(ge=0, le=MAX_ID)] = 0,
 ) -> DatasetCreated:
-    _raise_upload_problems(request)
+    _raise_upload_problems(request, session)
     if isinstance(file, str) or not file.filename:  # a body that was not multipart
         raise Invalid(f"file: {FILE_REQUIRED}", field="file")
     filename = file.filename

@@ -157,10 +157,44 @@ def nesting_depth(value: Any, limit: int = MAX_META_DEPTH) -> int:
     return deepest
 
 
+class _RepeatedKeys(dict):
+    """A JSON object of an upload in which a key was given twice: Python's json keeps the last
+    value without a word (`{"prompt": "a", "prompt": "b"}` stored "b"), so the record is
+    refused naming the key, as a repeated key of a request body or a CSV column name is."""
+
+    repeated: list[str]
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads' object_pairs_hook for uploads: a dict, marked when a key repeats."""
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    keys = [key for key, _ in pairs]
+    marked = _RepeatedKeys(obj)
+    marked.repeated = [key for key in obj if keys.count(key) > 1]
+    return marked
+
+
+def _repeated_key_problem(value: Any) -> str | None:
+    """The first object (in `value`, nested ones included) that repeats a key, said."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _RepeatedKeys):
+            return (f"key(s) {', '.join(repr(k) for k in item.repeated)} given twice in one "
+                    "object (which value is meant?)")
+        stack.extend(item.values() if isinstance(item, dict) else
+                     item if isinstance(item, list) else ())
+    return None
+
+
 def _meta_problem(meta: dict[str, Any]) -> str | None:
     # the record's own object is a level: its metadata may nest MAX_META_DEPTH - 1 more
     if nesting_depth(meta) > MAX_META_DEPTH:
         return f"metadata nested deeper than {MAX_META_DEPTH} levels"
+    if (problem := _repeated_key_problem(meta)) is not None:
+        return f"metadata: {problem}"
     if (half := lone_surrogate(meta)) is not None:
         return f"metadata holds a lone surrogate escape (U+{ord(half):04X}), which is not text"
     return None
@@ -253,6 +287,8 @@ def _record(obj: Any, where: str, loc: dict[str, Any], *, strings: bool = False
                          else "expected a JSON object", loc)
     if "prompt" not in obj:
         return BadRecord(where, "missing key 'prompt'", loc)
+    if isinstance(obj, _RepeatedKeys):
+        return BadRecord(where, _repeated_key_problem(obj) or "", loc)
     prompt = obj.pop("prompt")
     if not isinstance(prompt, str):
         return BadRecord(where, "'prompt' must be a string", loc)
@@ -276,7 +312,7 @@ def _parse_jsonl(filename: str, text: str, counts: _Counts) -> Records:
             counts.blank += 1
             continue
         try:
-            obj = json.loads(line)
+            obj = json.loads(line, object_pairs_hook=_json_object)
         except json.JSONDecodeError as exc:
             yield BadRecord(where, f"malformed JSON ({exc.msg} at column {exc.colno})", loc)
             continue
@@ -292,7 +328,7 @@ def _parse_json(filename: str, text: str, counts: _Counts) -> Records:
     train.json / test.json, whose other keys - image paths, preference ranks - are kept as
     metadata)."""
     try:
-        items = json.loads(text)
+        items = json.loads(text, object_pairs_hook=_json_object)
     except json.JSONDecodeError as exc:
         raise Invalid(f"{filename}: line {exc.lineno}: malformed JSON ({exc.msg} at column "
                       f"{exc.colno})", file=filename, line=exc.lineno) from None
@@ -434,20 +470,27 @@ def _own_filename(filename: str) -> str:
     return PurePosixPath(filename.replace("\\", "/")).name or filename
 
 
-def upload_content_problems(session: Session, *, filename: str, data: bytes,
-                            name: str | None, max_prompt_length: int, max_bytes: int,
-                            check_name: bool = True) -> list[dict[str, Any]]:
-    """Every problem of an upload's file name, dataset name and content, raised for none and
-    writing nothing: for an answer about the form's own fields (an eval_fraction out of range)
-    that lists these beside them (app.main's 422)."""
-    problems: list[dict[str, Any]] = []
+def name_problems(session: Session, *, filename: str, name: str | None,
+                  check_name: bool = True) -> list[dict[str, Any]]:
+    """The problems of an upload's file name and of the dataset name it gives (or its file's
+    stem gives): hidden characters, a name another dataset has. Raised for none."""
     filename = _own_filename(filename)
     try:
         refuse_hidden("file", filename)
         if check_name:
             check_name_free(session, dataset_name(filename, name))
     except ServiceError as exc:
-        problems += _problems(exc, "name")
+        return _problems(exc, "name")
+    return []
+
+
+def upload_content_problems(session: Session, *, filename: str, data: bytes,
+                            name: str | None, max_prompt_length: int, max_bytes: int,
+                            check_name: bool = True) -> list[dict[str, Any]]:
+    """Every problem of an upload's file name, dataset name and content, raised for none and
+    writing nothing: for an answer about the form's own fields (an eval_fraction out of range)
+    that lists these beside them (app.main's 422)."""
+    problems = name_problems(session, filename=filename, name=name, check_name=check_name)
     try:
         parse_upload(filename, data, max_prompt_length=max_prompt_length, max_bytes=max_bytes)
     except ServiceError as exc:

@@ -149,6 +149,13 @@ BAD = [
     ("n.json", b'["ok", 3]', 422, "n.json: item 2: expected a string or an object"),
     ("e.json", b'["ok", "  "]', 422, "e.json: item 2: empty prompt"),
     ("bad.json", b'["ok",\n oops]', 422, "bad.json: line 2: malformed JSON"),
+    # a key given twice: json keeps the last value without a word ("b" was stored)
+    ("twice.jsonl", b'{"prompt": "ok"}\n{"prompt": "a", "prompt": "b"}\n', 422,
+     "twice.jsonl: line 2: key(s) 'prompt' given twice in one object"),
+    ("twice.json", b'["ok", {"prompt": "a", "prompt": "b"}]', 422,
+     "twice.json: item 2: key(s) 'prompt' given twice in one object"),
+    ("twice_meta.jsonl", b'{"prompt": "ok", "m": {"k": 1, "k": 2}}\n', 422,
+     "twice_meta.jsonl: line 1: metadata: key(s) 'k' given twice in one object"),
     ("p.pdf", b"%PDF", 400, "p.pdf: unsupported file type .pdf"),
     ("empty.txt", b"", 422, "empty.txt: no prompts found"),
     ("blank.txt", b"\n  \n\t\n\n", 422, "blank.txt: no prompts found"),

@@ -565,6 +565,32 @@ def test_an_upload_answers_every_problem_of_its_form_at_once(client, admin, sess
     r = _upload(client, admin, "p.pdf", b"%PDF")
     assert r.status_code == 400 and r.json()["detail"] == pdf, r.text
     assert _counts(session) == (0, 0)
+    # ... but with a name another dataset has, both come in one 422 (the name given, or the
+    # file's stem)
+    assert _upload(client, admin, "taken.txt", b"one red circle\n").status_code == 201
+    for form in ({"name": "taken"}, {}):
+        r = _upload(client, admin, "taken.pdf", b"%PDF", **form)
+        assert r.status_code == 422, r.text
+        errors = _errors(r)
+        assert set(errors) == {"file", "name"}, r.text
+        assert "unsupported file type .pdf" in errors["file"], r.text
+        assert "a dataset named 'taken' already exists" in errors["name"], r.text
+    assert _counts(session) == (1, 1)
+
+
+def test_a_multipart_body_its_parser_refuses_answers_in_the_usual_shape(client, admin, session):
+    """Starlette's parser gives up on a file name of 5,000 characters ("Invalid multipart
+    data.") and on a multipart type without a boundary: 400s that said only `detail`, where
+    every other answer about the request names its field and lists its problems."""
+    r = _upload(client, admin, "p" * 5000 + ".txt", b"one red circle\n")
+    assert r.status_code == 400, r.text
+    assert r.json() == {"detail": "body: Invalid multipart data", "field": "body",
+                        "errors": [{"field": "body", "message": "Invalid multipart data"}]}
+    r = client.post("/api/datasets", content=b"x", headers={
+        **admin, "content-type": "multipart/form-data"})
+    assert r.status_code == 400 and r.json()["field"] == "body", r.text
+    assert r.json()["errors"] == [{"field": "body", "message": "Missing boundary in multipart"}]
+    assert _counts(session) == (0, 0)
 
 
 def test_users_refuse_unknown_fields_and_answer_utc(client, admin):
