@@ -217,6 +217,13 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
                          "has no 'preference' weight to blend it with: add one (e.g. "
                          "\"preference\": 1) or leave preference_model empty"
                          + (f"; also: {problem}" if problem else "")))
+    refit_every = config.get("preference_refit_every")
+    if kind == "train" and type(refit_every) is int and refit_every > 0 \
+            and not malformed & {"reward_weights", "preference_refit_every"} and not any(n in RUN_TIME_REWARDS for n in out.get("reward_weights", {})):
+        # a refit of a model the run does not blend in would spend the worker for nothing
+        problems.append(("preference_refit_every", "refits the preference model, but "
+                         "reward_weights has no 'preference' weight to blend it with: add one "
+                         "(e.g. \"preference\": 1) or set it to 0"))
     ds_id = out.get("dataset_id")
     if ds_id is not None and session.get(Dataset, ds_id) is None:
         problems.append(("dataset_id", f"dataset {ds_id} not found"))

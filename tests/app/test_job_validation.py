@@ -509,6 +509,12 @@ def test_preference_reward_needs_a_fitted_model_or_an_allowed_path(client, admin
     assert "not a file under STORAGE_DIR" in _post(client, admin, "train",
                                                   {"preference_model": "/etc/passwd"},
                               "tiny").text
+    # nor would it refit one: preference_refit_every ran the job with no refit, without a word
+    r = _post(client, admin, "train", {"preference_refit_every": 1}, "tiny")
+    assert r.status_code == 422 and _fields(r) == ["preference_refit_every"], r.text
+    assert "no 'preference' weight" in r.text
+    r = _post(client, admin, "train", {"preference_refit_every": 0}, "tiny")
+    assert r.status_code == 201, r.text
 
 
 def test_reward_weights_that_are_all_zero_are_422(client, admin):
