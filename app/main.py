@@ -105,9 +105,17 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
                 return await service_error(request, refused)
             # FastAPI's 400 for a body its parser gave up on (JSON nested thousands deep
             # overflows Python's stack): a 422 as for any other malformed JSON, in one shape
-            nested = isinstance(exc.__cause__, RecursionError)
             kind = "JSON" if "json" in request.headers.get("content-type", "") else "body"
-            message = f"malformed {kind} ({'nested too deeply' if nested else 'unreadable'})"
+            encoding = request.headers.get("content-encoding", "identity").strip().lower()
+            if isinstance(exc.__cause__, RecursionError):
+                why = "nested too deeply"
+            elif encoding not in ("", "identity"):  # the server does not decompress bodies
+                why = f"Content-Encoding {encoding!r} is not accepted: send it uncompressed"
+            elif isinstance(exc.__cause__, UnicodeDecodeError):
+                why = "not UTF-8 text"
+            else:
+                why = "unreadable"
+            message = f"malformed {kind} ({why})"
             body = Problems(detail=f"body: {message}", field="body",
                             errors=[{"field": "body", "message": message}])
             return EscapingJSONResponse(body.model_dump(), status_code=422)

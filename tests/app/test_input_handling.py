@@ -4,6 +4,7 @@ NUL characters; and what it must not take (unknown fields, unbounded weights).""
 
 from __future__ import annotations
 
+import gzip
 import json
 
 from sqlalchemy import func, select
@@ -78,6 +79,15 @@ def test_json_nested_too_deep_to_parse_is_a_422_like_other_malformed_json(client
     assert r.json() == {"detail": "body: malformed JSON (nested too deeply)", "field": "body",
                         "errors": [{"field": "body", "message": "malformed JSON (nested too "
                                                                "deeply)"}]}
+    # a body that is not UTF-8, and one compressed, say which (both were "unreadable")
+    r = client.post("/api/jobs", content=b'{"kind": "\xff"}',
+                    headers={**admin, "content-type": "application/json"})
+    assert r.status_code == 422 and _errors(r) == {"body": "malformed JSON (not UTF-8 text)"}
+    r = client.post("/api/jobs", content=gzip.compress(b'{"kind": "train"}'), headers={
+        **admin, "content-type": "application/json", "content-encoding": "gzip"})
+    assert r.status_code == 422, r.text
+    assert _errors(r) == {"body": "malformed JSON (Content-Encoding 'gzip' is not accepted: "
+                                  "send it uncompressed)"}, r.text
     # other HTTP errors keep FastAPI's answer
     assert client.get("/api/no-such-route", headers=admin).status_code == 404
     assert client.put("/api/jobs", headers=admin).status_code == 405
