@@ -11,9 +11,9 @@ Broker and result backend come from the settings:
   job, so Redis never hands a running job's message to a second worker; `BROKER_KEY_PREFIX`
   prefixes every key (several deployments, or test runs, on one Redis).
 - unset (a fresh machine, `make demo`): kombu's filesystem transport under
-  `DATA_DIR/broker` (tasks, remote control/inspect and revoke all work on it) and a SQLite
-  result backend `DATA_DIR/broker/results.sqlite`. Every process that shares `DATA_DIR`
-  shares the queue.
+  `DATA_DIR/broker`, taking messages in the order they were sent (`app.fs_broker`; tasks,
+  remote control/inspect and revoke all work on it) and a SQLite result backend
+  `DATA_DIR/broker/results.sqlite`. Every process that shares `DATA_DIR` shares the queue.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from celery import Celery
 from kombu.exceptions import OperationalError as BrokerOperationalError
 
 from app.config import Settings, get_settings
+from app.fs_broker import TRANSPORT
 from app.job_kinds import KINDS
 
 # Celery's own settings both ends share: JSON only (no pickled messages), UTC
@@ -54,6 +55,8 @@ def broker_settings(settings: Settings) -> dict:
         # the filesystem transport ignores the host; naming the one kombu would assume keeps
         # it from warning "No hostname was supplied" on every connection
         "broker_url": "filesystem://localhost//",
+        # kombu's filesystem transport, taking messages in the order they were sent
+        "broker_transport": TRANSPORT,
         "broker_transport_options": {
             "data_folder_in": str(folders["queue"]), "data_folder_out": str(folders["queue"]),
             "processed_folder": str(folders["processed"]), "store_processed": False,
