@@ -33,12 +33,15 @@ def stats_html(user_state: dict | None) -> str:
         user = caller(user_state)
         with session() as s:
             rows = svc.stats(s, annotator_id=None if user.role == "admin" else user.id)
+            # a revoked user's votes still count: the row stays, saying so
+            revoked = {r["id"] for r in auth.list_users(s) if r["revoked"]}
     except Exception as exc:  # noqa: BLE001
         return notice(error_text(exc), "error")
     body = table(
         ["user", "role", "votes", "clean votes", "median latency", "agrees with majority",
          "agrees with reward", "excluded"],
-        [[f"{r['name']} (#{r['user_id']})", r["role"],
+        [[f"{r['name']} (#{r['user_id']})",
+          f"{r['role']} (revoked)" if r["user_id"] in revoked else r["role"],
           Raw(f'<span class="ngs-votes" data-user="{esc(r["name"])}">{r["votes"]}</span>'),
           r["clean_votes"],
           "–" if r["median_latency_ms"] is None else f"{r['median_latency_ms'] / 1000:.1f} s",
@@ -212,7 +215,10 @@ def on_login(user_state: dict | None) -> tuple[Any, ...]:
         return (stats_html(user_state), *hidden)
     return (stats_html(user_state), gr.Row(visible=True),
             gr.Dropdown(choices=user_choices()), gr.Column(visible=True),
-            users_html(user_state), gr.Dropdown(choices=account_choices(user_state)))
+            users_html(user_state),
+            # nothing picked: after a revoke the picked user is no longer a choice, and a
+            # value outside the choices made every control of the page show Gradio's error
+            gr.Dropdown(choices=account_choices(user_state), value=None))
 
 
 def build_annotators(user: gr.State, tab: gr.Tab | None = None,

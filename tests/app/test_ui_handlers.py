@@ -273,6 +273,9 @@ def test_annotators_page_creates_lists_and_revokes(settings, admin, annotator):
     assert 'data-user="eve">revoked' in annotators.users_html(_token(admin))
     assert "invalid or revoked" in annotators.stats_html(eve)
     assert all("eve" not in label for label, _ in annotators.account_choices(_token(admin)))
+    # her votes still count, so her row stays in the admin's stats, marked
+    assert "<td>annotator (revoked)</td>" in annotators.stats_html(_token(admin))
+    assert "pick a user" in annotators.revoke_account(_token(admin), None)
 
 
 def test_annotators_page_lists_preference_models_and_launches_a_fit(settings, admin, annotator,

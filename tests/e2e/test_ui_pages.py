@@ -306,6 +306,12 @@ def test_admin_creates_lists_and_revokes_an_annotator(server, page, browser):
     page.locator("#users-revoke").click()
     page.locator("#users-revoked").get_by_text("can no longer log in").wait_for()
     page.locator(f".ngs-access[data-user='{name}']").get_by_text("revoked").wait_for()
+    # the picker is cleared (it kept the revoked user, no longer a choice: a second click
+    # made Gradio refuse the value and mark every control of the page with an error)
+    assert page.locator("#users-revoke-pick input").input_value() == ""
+    page.locator("#users-revoke").click()
+    page.locator("#users-revoked").get_by_text("pick a user").wait_for()
+    assert page.get_by_text("is not in the list of choices").count() == 0
     other = browser.new_context()
     try:
         carol = other.new_page()
