@@ -710,6 +710,13 @@ def send_to_arena(session: Session, enqueuer: Enqueuer | None, source_job_id: in
     size, sigma and rollout batch size (and, for the base model, its model fields); its groups
     become pairs in the arena. Returns the job and the checkpoint."""
     src = get_job(session, source_job_id)
+    if src.kind != "train":
+        already = {"rollout": "its groups are in the arena already",
+                   "evaluate": "its images are the arena's cross-checkpoint pairs already"}
+        raise Invalid(f"job {src.id} is a {src.kind} job"
+                      + (f" ({already[src.kind]})" if src.kind in already else "")
+                      + ": only a train job's newest checkpoint is sampled for the arena",
+                      field="job_id")
     ckpt = checkpoints.latest_checkpoint(session, src.id)
     ds_id, cfg = src.dataset_id, src.config or {}
     if ds_id is None and src.submitted_dataset_id is not None:

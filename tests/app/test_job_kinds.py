@@ -111,6 +111,12 @@ def test_send_to_arena_samples_only_the_prompts_the_job_trained_on(settings, ses
                                dataset_id=other)
     job, _ = jobs.send_to_arena(session, enqueuer, on_other.id)
     assert job.config["dataset_id"] == other
+    # a rollout job's own groups (and any kind but train) have no checkpoint of their own to
+    # sample: it failed with the train config's errors (ConfigErrors) in the UI
+    sent = len(enqueuer.calls)
+    with pytest.raises(Invalid, match=f"job {job.id} is a rollout job .*in the arena already"):
+        jobs.send_to_arena(session, enqueuer, job.id)
+    assert len(enqueuer.calls) == sent
 
 
 def test_fit_preference_job_config_is_fitconfig_plus_job_settings():
