@@ -94,8 +94,11 @@ def upload(user_state: dict | None, file: str | None, name: str, eval_fraction: 
             blank = result.blank_lines_skipped
             count, n_eval = result.dataset.num_prompts, result.dataset.num_eval
     except Exception as exc:  # noqa: BLE001 - the service's message, as the API returns it
+        # the picker is emptied (its copy is deleted once read): say so, or a rename and a
+        # second Upload met "choose a file first"
+        again = " Choose the file again to upload it once this is fixed." if file else ""
         return (f'<div class="ngs-notice ngs-error" id="dataset-error">{esc(error_text(exc))}'
-                f"</div>", "", gr.skip(), None if file else gr.skip())
+                f"{again}</div>", "", gr.skip(), None if file else gr.skip())
     status = (f'<div class="ngs-notice ngs-ok" id="dataset-ok" data-dataset="{ds_id}">'
               f"Imported dataset {ds_id}: {count} prompts, {dropped} duplicate(s) dropped, "
               f"{blank} blank line(s) skipped."

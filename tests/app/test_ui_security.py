@@ -84,6 +84,7 @@ def test_upload_reads_only_files_in_the_upload_folder(settings, admin, upload_di
     bad.write_text('prompt\n"an unclosed quote\n')
     status, *_, picker = datasets.upload(user, str(bad), "", 0.0, 0)
     assert 'id="dataset-error"' in status and picker is None
+    assert "Choose the file again" in status  # the picker is empty: a retry needs it
     assert not bad.exists() and not bad.parent.exists() and secret.exists()
 
 
