@@ -84,7 +84,7 @@ def _reward_weight_problems(weights: dict, known: list[str]) -> list[ConfigError
                                    f"{weight!r}"))
         elif name not in known and name not in RUN_TIME_REWARDS:
             out.append(ConfigError("reward_weights", f"unknown reward {name!r}; known: "
-                                   f"{sorted([*known, *RUN_TIME_REWARDS])}"))
+                                   f"{', '.join(sorted([*known, *RUN_TIME_REWARDS]))}"))
     if not out and all(weight == 0 for weight in weights.values()):
         # every advantage would be 0: the run would spend its compute and change nothing
         out.append(ConfigError("reward_weights", "at least one reward needs a non-zero "
@@ -99,7 +99,7 @@ def _reward_model_path_problems(paths: dict) -> list[ConfigError]:
     for name, path in paths.items():
         if name not in MODEL_REWARDS:
             out.append(ConfigError("reward_model_paths", f"{name!r} is not a model-backed "
-                                   f"reward; known: {sorted(MODEL_REWARDS)}"))
+                                   f"reward; known: {', '.join(sorted(MODEL_REWARDS))}"))
         elif not isinstance(path, str) or not path.strip() or "\x00" in path:
             out.append(ConfigError("reward_model_paths", f"{name!r} must map to a non-empty "
                                    f"path, got {path!r}"))

@@ -155,7 +155,7 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
     known = reward_names()
     for name in out.get("reward_names") or []:
         if name not in known:
-            problems.append(("reward_names", f"unknown reward {name!r}; known: {known}"))
+            problems.append(("reward_names", f"unknown reward {name!r}; known: {', '.join(known)}"))
     names = [n for n in out.get("reward_names") or [] if isinstance(n, str)]
     if repeated := sorted({n for n in names if names.count(n) > 1}):
         problems.append(("reward_names", f"must not repeat a reward: {repeated}"))

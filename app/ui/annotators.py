@@ -12,7 +12,7 @@ from typing import Any
 import gradio as gr
 from sqlalchemy.orm import Session
 
-from app.errors import BadRequest
+from app.errors import BadRequest, Invalid
 from app.job_kinds import KINDS
 from app.services import annotators as svc
 from app.services import auth
@@ -192,11 +192,15 @@ def fit_now(enqueuer: Enqueuer | None, user_state: dict | None) -> str:
         user = caller(user_state, KINDS["fit_preference"].launch_role)
         with session() as s:
             job_id = jobs_svc.launch_job(s, enqueuer, "fit_preference", {}, user=user).id
+    except Invalid as exc:
+        # the button sends no config: its fields' names ("config.min_votes") mean nothing here
+        return notice("; ".join(e["message"] for e in exc.details.get("errors") or [])
+                      or exc.message, "error")
     except Exception as exc:  # noqa: BLE001
         return notice(error_text(exc), "error")
     return (f'<div class="ngs-notice ngs-ok" id="fit-launched" data-job="{job_id}">Launched '
             f"fit job {job_id} on every clean vote; its new version appears here when it "
-            "finishes (Refresh), and the Jobs page follows it.</div>")
+            f"finishes (Refresh), and the Jobs page lists its progress (job {job_id}).</div>")
 
 
 def on_login(user_state: dict | None) -> tuple[Any, ...]:

@@ -105,12 +105,13 @@ def reveal_html(last: dict[str, Any] | None) -> str:
 
 
 def counters_html(state: dict[str, Any]) -> str:
+    pairs = "pair" if state["session_votes"] == 1 else "pairs"
     return (f'<div class="ngs-counters" id="arena-counter-values" '
             f'data-session="{state["session_votes"]}" data-total="{state["my_total"]}" '
             # a skip is an answer too (stored as a vote, outcome skip), so these count pairs
             # answered, not preferences: "votes" read as one too many after a skip
             f'title="skips and both-bad answers count too">This session: '
-            f'<b>{state["session_votes"]}</b> pairs answered &middot; yours in total: '
+            f'<b>{state["session_votes"]}</b> {pairs} answered &middot; yours in total: '
             f'<b>{state["my_total"]}</b> &middot; all annotators: <b>{state["all_total"]}</b>'
             f"</div>")
 

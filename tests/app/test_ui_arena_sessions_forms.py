@@ -187,3 +187,15 @@ def test_revoke_and_exclude_name_the_user(settings, admin, make_user):
     assert "eve included again;" in msg
     msg = annotators.revoke_account(alice, eve_id)
     assert "eve can no longer log in" in msg and f"#{eve_id}" not in msg
+
+
+def test_the_arena_counter_says_pair_for_one_and_pairs_otherwise():
+    from app.ui.arena import counters_html
+
+    def text(n: int) -> str:
+        html = counters_html({"session_votes": n, "my_total": n, "all_total": n})
+        return re.sub(r"<[^>]+>", "", html)
+
+    assert "This session: 1 pair answered" in text(1)
+    assert "This session: 0 pairs answered" in text(0)
+    assert "This session: 2 pairs answered" in text(2)

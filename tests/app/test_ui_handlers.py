@@ -283,12 +283,16 @@ def test_annotators_page_lists_preference_models_and_launches_a_fit(settings, ad
     """An admin fits the preference model from the page (a fit_preference job with the
     defaults, enqueued) and sees every version with its held-out numbers and where it started;
     an annotator can do neither."""
-    vote_seeder(4)  # a fit_preference job is accepted only with votes to fit
     from app.db import session_scope
     from app.services import jobs
     from app.services import preference as pref_svc
     from app.ui import annotators
 
+    # too few votes: said in the page's words, not with the config field's name
+    short = annotators.fit_now(enqueuer, _token(admin))
+    assert "the studio has 0 clean vote(s)" in short and "config." not in short, short
+    assert "min_votes" not in short.split("clean vote(s)")[0], short
+    vote_seeder(4)  # a fit_preference job is accepted only with votes to fit
     assert annotators.models_html(_token(annotator)) == ""
     assert "needs role admin" in annotators.fit_now(enqueuer, _token(annotator))
     assert enqueuer.calls == []
