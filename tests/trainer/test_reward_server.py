@@ -183,6 +183,34 @@ def test_a_body_that_is_not_what_its_header_says_is_422_before_any_allocation(se
                                                 "prompts": ["one red circle"], "images": png})
 
 
+def test_a_garbled_npy_header_and_a_prompt_a_reward_cannot_read_are_422(server):
+    """A header whose dict the tokenizer cannot read (an unclosed bracket: TokenError) was a
+    plain-text 500; a shapes reward given a prompt of no shapes scene failed in the batch, a
+    500 blaming the server for the request."""
+    import base64
+
+    client = RewardClient(server.url, timeout=30)
+    garbled = b"\x93NUMPY\x01\x00\x10\x00{'descr': (((((\n"
+    body = b'{"rewards":["count"],"prompts":["one red circle"]}\n' + garbled
+    with pytest.raises(RewardServerError, match="422.*must be a .npy file"):
+        client._request("POST", "/score_npy", content=body,
+                        headers={"Content-Type": NPY_MEDIA_TYPE})
+    with pytest.raises(RewardServerError, match="422.*must be a .npy file"):
+        client._request("POST", "/score", json={"rewards": ["count"],
+                                                "prompts": ["one red circle"],
+                                                "images": base64.b64encode(garbled).decode()})
+    images = _images(2, seed=0)
+    body = encode_score_request(["count", "jpeg_compressibility"], ["one red circle", "a cat"],
+                                images)
+    with pytest.raises(RewardServerError, match=r"422.*\['count'\] score shapes prompts only: "
+                                                r"prompt 1 'a cat' are not"):
+        client._request("POST", "/score_npy", content=body,
+                        headers={"Content-Type": NPY_MEDIA_TYPE})
+    # an image reward reads any prompt
+    scores = client(["jpeg_compressibility"], images, ["a cat", "a dog"])
+    assert scores["jpeg_compressibility"].shape == (2,)
+
+
 def test_a_body_over_the_limit_is_413_chunked_or_not():
     import httpx
 

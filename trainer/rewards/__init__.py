@@ -8,7 +8,8 @@ from trainer.rewards.registry import (
     register_reward,
     reward_names,
     shapes_only_problem,
+    shapes_only_rewards,
 )
 
 __all__ = ["compute_rewards", "get_reward", "register_reward", "reward_names",
-           "shapes_only_problem"]
+           "shapes_only_problem", "shapes_only_rewards"]

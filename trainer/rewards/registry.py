@@ -62,10 +62,15 @@ def _load_builtins() -> None:
     from trainer.rewards import attributes, compressibility, models, shapes  # noqa: F401
 
 
+def shapes_only_rewards(names: list[str]) -> list[str]:
+    """Those of `names` that score only the shapes world's images and prompts."""
+    _load_builtins()
+    return [name for name in names if name in _SHAPES_ONLY]
+
+
 def shapes_only_problem(names: list[str], model: str) -> str | None:
     """Why `names` cannot score `model`'s images (some read only the shapes world's), or None."""
-    _load_builtins()
-    bad = [name for name in names if name in _SHAPES_ONLY]
+    bad = shapes_only_rewards(names)
     if model == "shapes" or not bad:
         return None
     image_rewards = sorted(n for n in _REWARDS if n not in _SHAPES_ONLY)

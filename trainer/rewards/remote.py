@@ -23,6 +23,7 @@ import json
 import math
 import os
 from collections.abc import Callable
+from tokenize import TokenError
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -94,7 +95,9 @@ def _load_npy(raw: bytes, what: str) -> np.ndarray:
         read_header = (npy.read_array_header_1_0 if version == (1, 0)
                        else npy.read_array_header_2_0)
         shape, _, dtype = read_header(buf, max_header_size=10_000)
-    except (ValueError, OSError, EOFError, SyntaxError) as exc:
+    except (ValueError, OSError, EOFError, SyntaxError, TokenError, RecursionError) as exc:
+        # numpy reads the header's dict with the tokenizer and ast: a garbled one raises any
+        # of these (TokenError for an unclosed bracket), all the sender's fault
         raise ValueError(f"{what} must be a .npy file: {exc}") from None
     if dtype.hasobject:
         raise ValueError(f"{what} must be a .npy file of numbers, not of objects")

@@ -53,7 +53,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
 from trainer.cli import available_device, device_name, positive_int
-from trainer.rewards import get_reward, reward_names
+from trainer.rewards import get_reward, reward_names, shapes_only_rewards
 from trainer.rewards.remote import LOCAL_REWARDS, decode_images, decode_score_request
 
 log = logging.getLogger(__name__)
@@ -316,6 +316,23 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
+def _shapes_prompts_problem(prompts: list[str]) -> str | None:
+    """Which prompts (the first three) are not the shapes world's, or None."""
+    from trainer.shapes.world import parse_prompt
+
+    bad = []
+    for i, prompt in enumerate(prompts):
+        try:
+            parse_prompt(prompt)
+        except ValueError:
+            bad.append(f"prompt {i} {prompt[:80]!r}")
+    if not bad:
+        return None
+    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+    return (f"{', '.join(bad[:3])}{more} are not ('<one..four> <red|green|blue|yellow> "
+            "<circle|square|triangle>')")
+
+
 class ScoreError(Exception):
     """A request the server answers with `status`, naming the `field` at fault."""
 
@@ -414,6 +431,11 @@ def create_app(rewards: Iterable[str], *, device: str = "auto",
             raise ScoreError(422, "rewards", f"{what}; this server serves {served}")
         if len(images) != len(prompts):
             raise ScoreError(422, "prompts", f"{len(images)} images but {len(prompts)} prompts")
+        if (shapes_only := shapes_only_rewards(rewards)) and (
+                problem := _shapes_prompts_problem(prompts)):
+            # the request's fault, said before it is queued (it was the batch's 500)
+            raise ScoreError(422, "prompts", f"{shapes_only} score shapes prompts only: "
+                                             f"{problem}")
         if not len(images):
             return {"scores": {name: [] for name in rewards}}
         try:
