@@ -199,7 +199,7 @@ def _first_interrupt_stops() -> Iterator[Callable[[], bool]]:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from trainer.loop import latest_checkpoint
-    from trainer.models import model_dir_problem, uses_model_directory
+    from trainer.models import lora_targets_problem, model_dir_problem, uses_model_directory
     from trainer.run_dir import RunDirectory
 
     config = train_config_of(args)  # validated before anything is written
@@ -225,6 +225,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if uses_model_directory(run_config.model) and (
             problem := model_dir_problem(run_config.model, run_config.model_path)) is not None:
         problems.append(ConfigError("model_path", problem))
+    elif uses_model_directory(run_config.model) and run_config.finetune == "lora" and (
+            problem := lora_targets_problem(run_config.model_path,
+                                            list(run_config.lora_target_modules))):
+        problems.append(ConfigError("lora_target_modules", problem))
     if problems:
         raise ConfigErrors(problems)
     available_device(run_config.device)  # the Trainer resolves it again, once the model is loading

@@ -825,6 +825,20 @@ def test_cli_train_errors_name_the_config_field(flux_dev, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: config field 'lora_rank': ") and "model_path" not in err
     assert not out.exists()
+    # a target that names no layer: said from the weights' headers before the model loads
+    # (peft's "Target modules {'nope_proj'} not found" came after, naming no field)
+    assert cli_main([*train, "--set", f"model_path={flux_dev}",
+                     "--set", 'lora_target_modules=["nope_proj"]']) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: config field 'lora_target_modules': none of ['nope_proj'] "
+                          "names a layer"), err
+    assert not out.exists()
+    # the library says it too, before loading
+    from trainer.models import ModelSpec, load_flow_model
+
+    with pytest.raises(ValueError, match="lora_target_modules: none of"):
+        load_flow_model(ModelSpec(name="flux", path=str(flux_dev), finetune="lora",
+                                  lora_target_modules=["nope_proj"]))
 
 
 # ---------------------------------------------------------------------------------------

@@ -332,6 +332,11 @@ def load_flow_model(spec: ModelSpec | str, path: str | Path | None = None,
         raise KeyError(f"unknown model {spec.name!r}; known: {model_names()}")
     if spec.path and (problem := model_dir_problem(spec.name, spec.path)):
         raise FileNotFoundError(problem)
+    if spec.path and spec.finetune == "lora" and (
+            problem := lora_targets_problem(spec.path, list(spec.lora_target_modules))):
+        # said from the weights' headers, before the model loads (peft's own error came
+        # after, naming no field)
+        raise ValueError(f"lora_target_modules: {problem}")
     loader = _MODELS[spec.name]
     if stage_on_cpu and "stage_on_cpu" in inspect.signature(loader).parameters:
         return loader(spec, device, stage_on_cpu=True)
