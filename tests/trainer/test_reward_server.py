@@ -40,7 +40,7 @@ from trainer.rewards.serve import create_app
 
 ROOT = Path(__file__).resolve().parents[2]
 SLOW_SECONDS = 2.0  # how long the test reward "test_slow" holds the scoring thread
-SERVED = ["count", "color", "jpeg_compressibility", "test_slow", "pickscore"]
+SERVED = ["count", "color", "jpeg_compressibility", "test_slow", "test_failing", "pickscore"]
 
 
 def _slow_count(images: np.ndarray, prompts: list[str]) -> np.ndarray:
@@ -48,11 +48,16 @@ def _slow_count(images: np.ndarray, prompts: list[str]) -> np.ndarray:
     return get_reward("count")(images, prompts)
 
 
+def _failing(images: np.ndarray, prompts: list[str]) -> np.ndarray:
+    raise RuntimeError("this reward fails on purpose")
+
+
 @pytest.fixture(scope="module")
 def server(tiny_clip_path, tmp_path_factory):
     root = tmp_path_factory.mktemp("reward_models")
     shutil.copytree(tiny_clip_path, root / "pickscore")
     register_reward("test_slow", _slow_count)
+    register_reward("test_failing", _failing)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("REWARD_MODELS_DIR", str(root))
         # a short wait keeps solo requests quick; the concurrency test queues its clients
@@ -63,6 +68,7 @@ def server(tiny_clip_path, tmp_path_factory):
                 yield running
         finally:
             registry._REWARDS.pop("test_slow", None)
+            registry._REWARDS.pop("test_failing", None)
             reward_models.configure_reward_models({}, "cpu")
             reward_models.clear_cache()
 
@@ -268,11 +274,11 @@ def test_eight_concurrent_clients_are_batched_and_get_their_own_scores(server):
     with ThreadPoolExecutor(10) as pool:
         slow = pool.submit(send, (["test_slow"], _images(1, seed=7), PROMPTS[:1]))
         time.sleep(0.3)  # the slow one is being scored now
-        # and one more client whose prompt the count reward cannot read: its error is its own
-        bad = pool.submit(send, (["count"], _images(2, seed=8), ["a dog", "a cat"]))
+        # and one more client whose reward fails in the batch: its error is its own
+        bad = pool.submit(send, (["test_failing"], _images(2, seed=8), PROMPTS[:2]))
         answers = list(pool.map(send, requests))
         slow.result()
-        with pytest.raises(RewardServerError, match="500.*not a shapes prompt: 'a dog'"):
+        with pytest.raises(RewardServerError, match="500.*this reward fails on purpose"):
             bad.result()
     elapsed = time.monotonic() - start
     assert elapsed < SLOW_SECONDS + 15, f"8 clients took {elapsed:.1f} s"
