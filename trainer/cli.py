@@ -147,7 +147,8 @@ def _parse_overrides(pairs: list[str]) -> dict:
     out = {}
     for pair in pairs:
         if "=" not in pair:
-            raise ConfigError(pair, "overrides must look like key=value")
+            raise ConfigError("--set", f"{pair!r}: must look like key=value (a config "
+                              "field's name, then its value as JSON or text)")
         key, value = pair.split("=", 1)
         try:
             out[key] = json.loads(value)
@@ -169,7 +170,14 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
     overrides = absolute_paths(overrides)
     model = overrides.get("model", "shapes")
     spec = args.config or default_preset(model if isinstance(model, str) else "shapes")
-    return load_config(spec, overrides)
+    try:
+        return load_config(spec, overrides)
+    except ConfigErrors:
+        raise
+    except ConfigError as exc:
+        if exc.field != "config":
+            raise
+        raise ConfigError("--config", exc.message) from None  # the option the user gave
 
 
 @contextlib.contextmanager
@@ -321,7 +329,7 @@ def cmd_fit_preference(args: argparse.Namespace) -> int:
     from trainer.rewards.preference import PreferenceModel, fit_preference_model
 
     overrides = _parse_overrides(args.set)
-    overrides["device"] = str(available_device(args.device))
+    overrides["device"] = str(available_device(args.device, "--device"))
     config = fit_config_from(overrides)  # every bad field named before any image loads
     out = _out_path(args.out, directory=False)
     votes = Path(args.votes)
@@ -430,7 +438,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
         # its images would stay beside the new ones, listed nowhere
         raise ConfigError("--out", f"{out} holds an earlier sample (manifest.jsonl); give a "
                           "new --out, or empty it first")
-    device = available_device(args.device)
+    device = available_device(args.device, "--device")
     model = _load_any_model(args, device)  # sets args.model to the model loaded
     batch_size = sampling_batch_size(args, args.model)
     pairs = [(p, s) for p in prompts for s in range(args.seeds)]
@@ -473,7 +481,7 @@ def _reward_list(args: argparse.Namespace) -> list[str]:
         if not sep or not name or not path:
             raise ConfigError("--reward-model-path", f"must look like NAME=DIR, got {pair!r}")
         paths[name] = path
-    configure_reward_models(paths, available_device(args.device))
+    configure_reward_models(paths, available_device(args.device, "--device"))
     check_reward_models(names, paths)  # RewardWeightsMissing names the reward and the files
     # loaded now, not after all the sampling: a file that is there but does not load (empty,
     # truncated) is one line naming the reward and its directory before any work
@@ -505,7 +513,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     out = _out_path(args.out, directory=False) if args.out else None
     spec = _model_spec(args)  # headers only: which model, for the default rewards
     batch_size = sampling_batch_size(args, spec.name)
-    device = available_device(args.device)
+    device = available_device(args.device, "--device")
     rewards = _reward_list(args)  # before the model loads: a bad name costs nothing
     prompts = _prompt_list(args.prompts_file)
     model = load_flow_model(spec, device=device)
@@ -551,7 +559,7 @@ def cmd_train_base(args: argparse.Namespace) -> int:
     if model_config.width % multiple:
         raise ConfigError("--width", f"must be a multiple of {multiple}, got {model_config.width}")
     out = _out_path(args.out, directory=True)
-    path = train_base(out, config, model_config, device=str(available_device(args.device)))
+    path = train_base(out, config, model_config, device=str(available_device(args.device, "--device")))
     print(f"base checkpoint: {path}")
     return 0
 

@@ -321,14 +321,14 @@ def test_cuda_asked_for_without_cuda_is_a_config_error(tmp_path, prompts_file, c
     sample = ["sample", "--prompts", str(prompts_file), "--out", str(tmp_path / "x"),
               "--steps", "1", "--seeds", "1"]
     line = cli_error([*sample, "--device", "cuda"], capsys)
-    assert line == ("error: config field 'device': device 'cuda' requested but CUDA is not "
-                    "available")
+    # the option the user gave is named (a command's --device is not a config field)
+    assert line == "error: --device: device 'cuda' requested but CUDA is not available"
     line = cli_error([*sample, "--device", "cuda:1"], capsys)
-    assert "'device': device 'cuda:1' requested but this machine has 0 CUDA device(s)" in line
+    assert "--device: device 'cuda:1' requested but this machine has 0 CUDA device(s)" in line
     out = tmp_path / "run"
     line = cli_error(["train", "--config", "tiny", "--set", "device=cuda", "--out", str(out),
                       "--no-progress"], capsys)
-    assert "'device': device 'cuda' requested but CUDA is not available" in line
+    assert "config field 'device': device 'cuda' requested but CUDA is not available" in line
     assert not out.exists()
 
 
@@ -426,8 +426,17 @@ def test_a_config_file_that_is_not_a_json_object_is_one_line(text, kind, tmp_pat
     out = tmp_path / "y1"
     line = cli_error(["train", "--config", str(config), "--out", str(out), "--no-progress"],
                      capsys)
-    assert line == (f"error: config field 'config': {config} must be a JSON object of config "
+    assert line == (f"error: --config: {config} must be a JSON object of config "
                     f"fields, got a JSON {kind}")
+    assert not out.exists()
+
+
+def test_a_bad_config_or_set_option_names_the_option(tmp_path, capsys):
+    out = tmp_path / "run"
+    line = cli_error(["train", "--config", "nosuchpreset", "--out", str(out)], capsys)
+    assert line.startswith("error: --config: 'nosuchpreset' is neither a preset ("), line
+    line = cli_error(["train", "--set", "iterations", "--out", str(out)], capsys)
+    assert line.startswith("error: --set: 'iterations': must look like key=value"), line
     assert not out.exists()
 
 
