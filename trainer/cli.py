@@ -163,21 +163,39 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
     overrides = _parse_overrides(args.set)
     if args.method:
         overrides["method"] = args.method
+    problems: list[ConfigError] = []  # every one at once, a bad prompts file's included
     if getattr(args, "prompts_file", None):
-        overrides["prompts"] = _prompt_list(args.prompts_file)
+        try:
+            overrides["prompts"] = _prompt_list(args.prompts_file)
+        except ConfigError as exc:
+            problems.append(exc)
     # paths kept absolute in config.json and the checkpoints' run config: `evaluate
     # --checkpoint` alone then finds them from any working directory
     overrides = absolute_paths(overrides)
     model = overrides.get("model", "shapes")
     spec = args.config or default_preset(model if isinstance(model, str) else "shapes")
+    config = None
     try:
-        return load_config(spec, overrides)
-    except ConfigErrors:
-        raise
+        config = load_config(spec, overrides)
+    except ConfigErrors as exc:
+        # "prompts: required" beside a prompts file that could not be read says it twice
+        problems += [e for e in exc.errors if not (problems and e.field == "prompts")]
     except ConfigError as exc:
-        if exc.field != "config":
-            raise
-        raise ConfigError("--config", exc.message) from None  # the option the user gave
+        # the option the user gave
+        problems.append(ConfigError("--config", exc.message) if exc.field == "config" else exc)
+    if not problems and config is not None:
+        return config
+    from trainer.models import model_dir_problem, uses_model_directory
+
+    if config is not None:  # the preset's model (flux-lora) when the overrides name none
+        model, model_path = config.model, config.model_path
+    else:
+        model_path = overrides.get("model_path")
+    if isinstance(model, str) and isinstance(model_path, str) and model_path \
+            and uses_model_directory(model) \
+            and (problem := model_dir_problem(model, model_path)) is not None:
+        problems.append(ConfigError("model_path", problem))  # cmd_train's check, said now too
+    raise ConfigErrors(problems) if len(problems) > 1 else problems[0]
 
 
 @contextlib.contextmanager

@@ -261,6 +261,18 @@ def test_model_choices_are_the_registrys_and_train_base_help_states_the_real_def
 BASE = "trainer/shapes/assets/base.safetensors"
 
 
+def cli_errors(argv: list[str], capsys) -> list[str]:
+    """main(argv) refuses with exit code 2 and no traceback; its error lines, one a problem."""
+    from trainer.cli import main
+
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert lines and all(line.startswith("error: ") for line in lines), err
+    return lines
+
+
 def cli_error(argv: list[str], capsys) -> str:
     """main(argv) refuses with exit code 2 and no traceback; its error line."""
     from trainer.cli import main
@@ -431,6 +443,20 @@ def test_a_config_file_that_is_not_a_json_object_is_one_line(text, kind, tmp_pat
     assert not out.exists()
 
 
+def test_train_says_a_missing_prompts_file_and_model_directory_together(tmp_path, capsys):
+    """The README's FLUX command with neither file there: both said in one line (the prompts
+    file alone was said, and the directory after it was fixed)."""
+    out = tmp_path / "run"
+    lines = cli_errors(["train", "--config", "flux-lora", "--set",
+                        f"model_path={tmp_path / 'm'}", "--prompts-file",
+                        str(tmp_path / "p.json"), "--out", str(out)], capsys)
+    assert len(lines) == 2, lines  # the prompts field's "required" is not said as well
+    assert lines[0] == f"error: --prompts-file: {tmp_path / 'p.json'} does not exist"
+    assert lines[1].startswith(f"error: config field 'model_path': model directory "
+                               f"{tmp_path / 'm'} does not exist"), lines
+    assert not out.exists()
+
+
 def test_a_bad_config_or_set_option_names_the_option(tmp_path, capsys):
     out = tmp_path / "run"
     line = cli_error(["train", "--config", "nosuchpreset", "--out", str(out)], capsys)
@@ -456,11 +482,14 @@ def test_train_refuses_lora_fields_a_full_fine_tune_would_ignore(tmp_path, capsy
     """`--config tiny --set model=flux --set lora_rank=4` would train every weight and drop
     the rank: a config error naming the field, before anything is written."""
     out = tmp_path / "run"
-    line = cli_error(["train", "--config", "tiny", "--set", "model=flux", "--set",
-                      f"model_path={tmp_path}", "--set", "lora_rank=4", "--set", "device=cpu",
-                      "--set", "resolution=32", "--out", str(out)], capsys)
-    assert line.startswith("error: config field 'lora_rank': applies only to "
-                           "finetune='lora'; this run has finetune='full'"), line
+    lines = cli_errors(["train", "--config", "tiny", "--set", "model=flux", "--set",
+                        f"model_path={tmp_path}", "--set", "lora_rank=4", "--set", "device=cpu",
+                        "--set", "resolution=32", "--out", str(out)], capsys)
+    assert lines[0].startswith("error: config field 'lora_rank': applies only to "
+                               "finetune='lora'; this run has finetune='full'"), lines
+    # and, in the same answer, the empty model directory
+    assert lines[1].startswith(f"error: config field 'model_path': model directory {tmp_path} "
+                               "is incomplete"), lines
     assert not out.exists()
 
 
