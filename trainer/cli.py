@@ -12,7 +12,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainer.config import (
     PRESETS,
@@ -523,17 +523,48 @@ def _prompt_list(path: str | None) -> list[str] | None:
     return prompts
 
 
+def _checked(problems: list[ConfigError], check: Callable[..., Any], *args: Any,
+             **kwargs: Any) -> Any:
+    """check(*args), or None with its problems added to `problems` (a ConfigError's, or the
+    message of a FileNotFoundError or ValueError, which names its own subject): a command
+    runs its independent checks in turn and says every problem at once."""
+    try:
+        return check(*args, **kwargs)
+    except ConfigErrors as exc:
+        problems.extend(exc.errors)
+    except ConfigError as exc:
+        problems.append(exc)
+    except (FileNotFoundError, ValueError) as exc:
+        problems.append(ConfigError("", str(exc)))  # printed as it is (_command)
+    return None
+
+
+def _raise_problems(problems: list[ConfigError]) -> None:
+    if problems:
+        raise ConfigErrors(problems)
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from trainer.evaluation import EVAL_SEEDS, evaluate
-    from trainer.models import load_flow_model, uses_model_directory
+    from trainer.models import load_flow_model, model_dir_problem, uses_model_directory
 
+    problems: list[ConfigError] = []  # every one said at once, before any work
     # the JSON is written after the whole evaluation: its path is checked before it
-    out = _out_path(args.out, directory=False) if args.out else None
-    spec = _model_spec(args)  # headers only: which model, for the default rewards
-    batch_size = sampling_batch_size(args, spec.name)
-    device = available_device(args.device, "--device")
-    rewards = _reward_list(args)  # before the model loads: a bad name costs nothing
-    prompts = _prompt_list(args.prompts_file)
+    out = _checked(problems, _out_path, args.out, directory=False) if args.out else None
+    spec = _checked(problems, _model_spec, args)  # headers only: which model, the rewards
+    batch_size = _checked(problems, sampling_batch_size, args, spec.name) if spec else None
+    # the model named (the checkpoint's, else --model's) and where it lives on this machine
+    name, path = (spec.name, spec.path) if spec is not None else (args.model, args.model_path)
+    if name and path and uses_model_directory(name) and (
+            problem := model_dir_problem(name, path)) is not None:
+        problems.append(ConfigError("--model-path", problem))
+    device = _checked(problems, available_device, args.device, "--device")
+    # before the model loads: a bad name costs nothing (the default rewards follow the model,
+    # unknown while a checkpoint that names it cannot be read and --model is not given)
+    rewards = _checked(problems, _reward_list, args) if spec is not None or args.model \
+        else None
+    prompts = _checked(problems, _prompt_list, args.prompts_file)
+    _raise_problems(problems)
     model = load_flow_model(spec, device=device)
     seeds = tuple(range(args.seeds)) if args.seeds else EVAL_SEEDS
     result = evaluate(model, prompts, seeds=seeds, solver=args.solver, steps=args.steps,
@@ -784,7 +815,11 @@ def _command(args: argparse.Namespace) -> int:
         return 130
     except ConfigError as exc:
         for err in getattr(exc, "errors", [exc]):  # ConfigErrors lists every bad field
-            # a command-line option is named as it was typed, a config field as a field
+            # a command-line option is named as it was typed, a config field as a field, and
+            # a message that names its own subject (a file, a reward's directory) as it is
+            if not err.field:
+                print(f"error: {err.message}", file=sys.stderr)
+                continue
             where = err.field if err.field.startswith("--") else f"config field '{err.field}'"
             print(f"error: {where}: {err.message}", file=sys.stderr)
         return 2

@@ -457,6 +457,20 @@ def test_train_says_a_missing_prompts_file_and_model_directory_together(tmp_path
     assert not out.exists()
 
 
+def test_evaluate_says_every_missing_input_at_once(tmp_path, capsys, monkeypatch):
+    """The README's evaluate command on a machine that has none of it: the checkpoint, the
+    model directory, the reward weights and the prompts file, each said in one answer (only
+    the checkpoint was, then the next after it was fixed)."""
+    monkeypatch.setenv("REWARD_MODELS_DIR", str(tmp_path / "rewards"))
+    lines = cli_errors(["evaluate", "--model", "flux", "--model-path", str(tmp_path / "flux"),
+                        "--checkpoint", str(tmp_path / "iter-000300"), "--prompts-file",
+                        str(tmp_path / "test.jsonl"), "--seeds", "1", "--rewards",
+                        "hpsv2,jpeg_compressibility", "--device", "cpu"], capsys)
+    assert [line.split(":")[1].strip() for line in lines] == [
+        "--checkpoint", "--model-path", "reward 'hpsv2'", "--prompts-file"], lines
+    assert "does not exist" in lines[1] and "HPS_v2.1_compressed.pt" in lines[2], lines
+
+
 def test_a_bad_config_or_set_option_names_the_option(tmp_path, capsys):
     out = tmp_path / "run"
     line = cli_error(["train", "--config", "nosuchpreset", "--out", str(out)], capsys)
