@@ -432,33 +432,55 @@ def sampling_batch_size(args: argparse.Namespace, model: str) -> int:
                                   uses_directory=uses_model_directory(model))
 
 
-def _load_any_model(args: argparse.Namespace, device: torch.device):
-    from trainer.models import load_flow_model
+def _sample_prompts(path: str) -> list[str]:
+    """sample's --prompts: one prompt a line, blank lines skipped."""
+    prompts_path = Path(path)
+    if not prompts_path.is_file():
+        raise ConfigError("--prompts", f"{path} does not exist")
+    prompts = [line.strip() for line in prompts_path.read_text().splitlines() if line.strip()]
+    if not prompts:
+        raise ConfigError("--prompts", f"{path} holds no prompts")
+    return prompts
 
-    return load_flow_model(_model_spec(args), device=device)
+
+def _sample_out(path: str) -> Path:
+    """sample's --out: a directory that holds no earlier sample (its images would stay
+    beside the new ones, listed nowhere)."""
+    out = _out_path(path, directory=True)
+    if (out / "manifest.jsonl").exists():
+        raise ConfigError("--out", f"{out} holds an earlier sample (manifest.jsonl); give a "
+                          "new --out, or empty it first")
+    return out
+
+
+def _check_model_dir(problems: list[ConfigError], spec: Any, args: argparse.Namespace) -> None:
+    """The model directory of the model named (the checkpoint's, else --model's) added to
+    `problems` when it is missing or incomplete, with the files it must hold."""
+    from trainer.models import model_dir_problem, uses_model_directory
+
+    name, path = (spec.name, spec.path) if spec is not None else (args.model, args.model_path)
+    if name and path and uses_model_directory(name) and (
+            problem := model_dir_problem(name, path)) is not None:
+        problems.append(ConfigError("--model-path", problem))
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
     from PIL import Image
 
     from trainer.evaluation import sample_images
+    from trainer.models import load_flow_model
 
-    prompts_path = Path(args.prompts)
-    if not prompts_path.is_file():
-        raise ConfigError("--prompts", f"{args.prompts} does not exist")
-    prompts = [line.strip() for line in prompts_path.read_text().splitlines() if line.strip()]
-    if not prompts:
-        raise ConfigError("--prompts", f"{args.prompts} holds no prompts")
-    if args.batch_size is not None and args.batch_size < 1:  # before the model loads
-        raise ConfigError("--batch-size", "must be >= 1")
-    out = _out_path(args.out, directory=True)  # before minutes of sampling, not after
-    if (out / "manifest.jsonl").exists():
-        # its images would stay beside the new ones, listed nowhere
-        raise ConfigError("--out", f"{out} holds an earlier sample (manifest.jsonl); give a "
-                          "new --out, or empty it first")
-    device = available_device(args.device, "--device")
-    model = _load_any_model(args, device)  # sets args.model to the model loaded
-    batch_size = sampling_batch_size(args, args.model)
+    problems: list[ConfigError] = []  # every one said at once, before the model loads
+    prompts = _checked(problems, _sample_prompts, args.prompts)
+    out = _checked(problems, _sample_out, args.out)  # before minutes of sampling, not after
+    device = _checked(problems, available_device, args.device, "--device")
+    spec = _checked(problems, _model_spec, args)  # sets args.model to the model named
+    batch_size = _checked(problems, sampling_batch_size, args, spec.name) if spec else None
+    if spec is None and args.batch_size is not None and args.batch_size < 1:
+        problems.append(ConfigError("--batch-size", "must be >= 1"))  # said without a model too
+    _check_model_dir(problems, spec, args)
+    _raise_problems(problems)
+    model = load_flow_model(spec, device=device)
     pairs = [(p, s) for p in prompts for s in range(args.seeds)]
     images = sample_images(model, [p for p, _ in pairs], [s for _, s in pairs], args.solver,
                            args.steps, batch_size=batch_size)
@@ -546,18 +568,14 @@ def _raise_problems(problems: list[ConfigError]) -> None:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from trainer.evaluation import EVAL_SEEDS, evaluate
-    from trainer.models import load_flow_model, model_dir_problem, uses_model_directory
+    from trainer.models import load_flow_model, uses_model_directory
 
     problems: list[ConfigError] = []  # every one said at once, before any work
     # the JSON is written after the whole evaluation: its path is checked before it
     out = _checked(problems, _out_path, args.out, directory=False) if args.out else None
     spec = _checked(problems, _model_spec, args)  # headers only: which model, the rewards
     batch_size = _checked(problems, sampling_batch_size, args, spec.name) if spec else None
-    # the model named (the checkpoint's, else --model's) and where it lives on this machine
-    name, path = (spec.name, spec.path) if spec is not None else (args.model, args.model_path)
-    if name and path and uses_model_directory(name) and (
-            problem := model_dir_problem(name, path)) is not None:
-        problems.append(ConfigError("--model-path", problem))
+    _check_model_dir(problems, spec, args)
     device = _checked(problems, available_device, args.device, "--device")
     # before the model loads: a bad name costs nothing (the default rewards follow the model,
     # unknown while a checkpoint that names it cannot be read and --model is not given)

@@ -471,6 +471,15 @@ def test_evaluate_says_every_missing_input_at_once(tmp_path, capsys, monkeypatch
     assert "does not exist" in lines[1] and "HPS_v2.1_compressed.pt" in lines[2], lines
 
 
+def test_sample_says_every_bad_input_at_once(tmp_path, capsys):
+    lines = cli_errors(["sample", "--model", "sd3", "--model-path", str(tmp_path / "sd3"),
+                        "--prompts", str(tmp_path / "p.txt"), "--batch-size", "0",
+                        "--out", str(tmp_path / "out"), "--device", "cpu"], capsys)
+    assert [line.split(":")[1].strip() for line in lines] == [
+        "--prompts", "--batch-size", "--model-path"], lines
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_bad_config_or_set_option_names_the_option(tmp_path, capsys):
     out = tmp_path / "run"
     line = cli_error(["train", "--config", "nosuchpreset", "--out", str(out)], capsys)

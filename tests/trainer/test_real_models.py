@@ -503,7 +503,7 @@ def test_a_directory_of_the_other_model_is_named_before_it_loads(flux_dev, sd3, 
     assert cli_main(["sample", "--model", "flux", "--model-path", str(sd3), "--prompts",
                      str(prompts), "--out", str(out), "--device", "cpu"]) == 2
     err = capsys.readouterr().err
-    assert err.strip().splitlines() == [f"error: {problem}"] and not out.exists()
+    assert err.strip().splitlines() == [f"error: --model-path: {problem}"] and not out.exists()
 
 
 def test_a_base_checkpoint_lora_that_does_not_fit_is_named(flux_dev, sd35, tmp_path, capsys):
