@@ -7,6 +7,7 @@ use binds it to `get_settings()`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -78,6 +79,19 @@ def configure(settings: Settings | None = None) -> Engine:
     _engine = make_engine(settings.resolved_database_url)
     _sessionmaker = sessionmaker(_engine, expire_on_commit=False)
     return _engine
+
+
+def _new_pool_in_forked_child() -> None:
+    """A forked child (Celery's prefork pool, the CPU worker's default) starts with a pool of
+    its own. It inherited the parent's pooled connections: two processes writing to one
+    socket interleave their queries (ResourceClosedError, psycopg's "prepared statement
+    already exists"), which failed jobs and the parent's reaper. close=False leaves those
+    connections to the parent, which still uses them."""
+    if _engine is not None:
+        _engine.dispose(close=False)
+
+
+os.register_at_fork(after_in_child=_new_pool_in_forked_child)
 
 
 def get_engine() -> Engine:
