@@ -153,9 +153,12 @@ class TrainRecorder:
             if cancel and saved is not None:
                 jobs.mark_cancelled(s, self.job_id)
             elif leaving:
-                jobs.requeue(s, self.job_id, reason=f"worker {self.worker_name} shut down at "
-                             f"iteration {it}; requeued to resume from its checkpoint")
-                self.requeued = True
+                job = jobs.requeue(s, self.job_id, reason=f"worker {self.worker_name} shut "
+                                   f"down at iteration {it}; requeued to resume from its "
+                                   "checkpoint")
+                # a cancel that arrived meanwhile ends it instead (the checkpoint is saved)
+                self.requeued = job.status == JobStatus.QUEUED
+                self.cancelled = not self.requeued
                 return True
         if cancel and saved is None:  # the request arrived during this transaction
             saved = trainer.save_checkpoint(self.root)

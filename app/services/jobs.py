@@ -776,9 +776,20 @@ def metric_history(session: Session, job_id: int) -> list[JobMetric]:
     ))
 
 
+def _locked_job(session: Session, job_id: int) -> Job:
+    """The job's row as it is now, locked until the transaction ends (PostgreSQL: FOR
+    UPDATE), so that a cancel and a requeue of one job take turns: each sees what the other
+    wrote. Read unlocked, a cancel that landed while a worker requeued the job (or the reaper
+    did) left it queued with its cancel flag set, which no worker would take, for ever."""
+    job = session.get(Job, job_id, with_for_update=True, populate_existing=True)
+    if job is None:
+        raise NotFound(f"job {job_id} not found")
+    return job
+
+
 def request_cancel(session: Session, job_id: int) -> Job:
     """Ask a job to stop. Queued: cancelled now. Running: flag for the worker. Else Conflict."""
-    job = get_job(session, job_id)
+    job = _locked_job(session, job_id)
     if job.status in FINISHED_JOB_STATUSES:
         raise Conflict(f"job {job_id} has already finished ({job.status}): nothing to cancel",
                        field="job_id")
@@ -939,7 +950,9 @@ def requeue(session: Session, job_id: int, reason: str | None = None) -> Job:
     """running -> queued, by a worker that shuts down on purpose (SIGTERM: a checkpoint
     saved, the job handed back). That run did not lose its worker, so it gives back the
     attempt its claim counted: JOB_MAX_ATTEMPTS budgets runs lost to dead workers only."""
-    job = get_job(session, job_id)
+    job = _locked_job(session, job_id)
+    if job.cancel_requested:  # asked while it was stopping: cancelled, not requeued
+        return _finish(session, job_id, JobStatus.CANCELLED)
     job.status, job.worker = JobStatus.QUEUED, None
     job.attempts = max(job.attempts - 1, 0)
     if reason:
@@ -992,6 +1005,12 @@ def claim(session: Session, job_id: int, worker_name: str, stale_after: timedelt
         .execution_options(synchronize_session=False)
     )
     if result.rowcount != 1:
+        # a queued job whose cancel was asked (one left so by an older version, or a race
+        # this code closes) is cancelled by the message that would have run it
+        session.execute(update(Job).where(
+            Job.id == job_id, Job.status == JobStatus.QUEUED, Job.cancel_requested.is_(True))
+            .values(status=JobStatus.CANCELLED, finished_at=now)
+            .execution_options(synchronize_session=False))
         return None
     return session.get(Job, job_id, populate_existing=True)
 
@@ -1039,6 +1058,10 @@ def reap_stale(session: Session, older_than: timedelta, max_attempts: int
         stmt = update(Job).where(Job.id == job.id, Job.status == JobStatus.RUNNING)
         stmt = stmt.where(Job.heartbeat_at.is_(None) if job.heartbeat_at is None
                           else Job.heartbeat_at == job.heartbeat_at)
+        if values["status"] != JobStatus.CANCELLED:
+            # a cancel that lands after the read above wins: the next round cancels the job
+            # (requeued with the flag set, no worker would ever take it)
+            stmt = stmt.where(Job.cancel_requested.is_(False))
         result = session.execute(stmt.values(**values).execution_options(
             synchronize_session=False))
         if result.rowcount == 1:

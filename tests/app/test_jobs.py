@@ -438,3 +438,61 @@ def test_a_jobs_progress_is_one_rule_for_the_api_and_the_ui():
     assert 'aria-valuenow="100.0"' in jobs_table([row])
     row.status = JobStatus.RUNNING
     assert 'aria-valuenow="0.0"' in jobs_table([row])
+
+
+def test_a_cancel_that_lands_while_a_job_is_requeued_is_never_left_queued(settings, admin,
+                                                                          monkeypatch):
+    """A cancel landing while a worker shut down (its requeue) or while the reaper requeued
+    a stale job left the job queued with its cancel flag set: every message for it was
+    skipped and resume refused it, for ever. The requeue now sees the flag and cancels; the
+    reaper's compare-and-set leaves it to its next round; and a claim of a job left so (by
+    an older version) cancels it."""
+    from sqlalchemy import update
+
+    from app.db import session_scope
+    from app.models import Job
+    from app.services import jobs
+
+    def running_job() -> int:
+        with session_scope() as s:
+            job_id = jobs.create_job(s, "train", {"device": "cpu"}, preset="tiny").id
+            assert jobs.claim(s, job_id, "w1", timedelta(minutes=5)) is not None
+        return job_id
+
+    def status(job_id: int) -> str:
+        with session_scope() as s:
+            return jobs.get_job(s, job_id).status
+
+    # the worker's shutdown: the cancel arrived after the worker last read the flag
+    shutdown = running_job()
+    with session_scope() as s:
+        jobs.request_cancel(s, shutdown)  # running: a flag for the worker
+    with session_scope() as s:
+        assert jobs.requeue(s, shutdown, "worker w1 shut down").status == "cancelled"
+    assert status(shutdown) == "cancelled"
+
+    # the reaper: it read the job (no cancel yet), then the cancel landed, then it wrote
+    stale = running_job()
+    with session_scope() as s:
+        s.execute(update(Job).where(Job.id == stale).values(heartbeat_at=None))
+    with session_scope() as s:
+        seen = jobs.stale_jobs(s, timedelta(seconds=-1))
+        s.expunge_all()  # what the reaper read, before the cancel
+    with session_scope() as s:
+        jobs.request_cancel(s, stale)
+    monkeypatch.setattr(jobs, "stale_jobs", lambda _s, _older: seen)
+    with session_scope() as s:
+        assert jobs.reap_stale(s, timedelta(seconds=-1), 3) == []  # not requeued
+    assert status(stale) == "running"
+    monkeypatch.undo()
+    with session_scope() as s:  # its next round
+        assert jobs.reap_stale(s, timedelta(seconds=-1), 3) == [(stale, "train", "cancelled")]
+
+    # a job an older version left queued with the flag: the message that would run it ends it
+    stuck = running_job()
+    with session_scope() as s:
+        s.execute(update(Job).where(Job.id == stuck).values(status="queued",
+                                                            cancel_requested=True))
+    with session_scope() as s:
+        assert jobs.claim(s, stuck, "w2", timedelta(minutes=5)) is None
+    assert status(stuck) == "cancelled"
