@@ -13,10 +13,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Coroutine
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
+
+from app.errors import Invalid
 
 
 class _RepeatedKey(ValueError):
@@ -60,8 +63,39 @@ class StrictJSONRoute(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        single = _single_valued_query_params(self)
 
         async def strict(request: Request) -> Response:
+            keys = [key for key, _ in request.query_params.multi_items()]
+            if repeated := [k for k in dict.fromkeys(keys) if k in single and keys.count(k) > 1]:
+                from app.api.deps import refused_caller
+
+                if (refused := await refused_caller(request)) is not None:
+                    raise refused  # the caller's 401 or 403 first, as for a bad body
+                # FastAPI keeps the last of `?dataset_id=1&dataset_id=2` without a word
+                problems = [{"field": k, "message": f"given {keys.count(k)} times; this "
+                             "parameter takes one value"} for k in repeated]
+                raise Invalid("; ".join(f"{p['field']}: {p['message']}" for p in problems),
+                              field=repeated[0], errors=problems)
             return await handler(StrictJSONRequest(request.scope, request.receive))
 
         return strict
+
+
+def _single_valued_query_params(route: APIRoute) -> set[str]:
+    """The route's query parameters that take one value (not a list, as votes/next's
+    `exclude` is): a repeated one is refused rather than guessed."""
+    def is_list(annotation: Any) -> bool:
+        origin = get_origin(annotation)
+        if origin in (Union, UnionType):
+            return any(is_list(arg) for arg in get_args(annotation))
+        return origin in (list, tuple, set, frozenset) or annotation in (list, tuple, set)
+
+    names: set[str] = set()
+    stack = [route.dependant]  # the route's own parameters and its dependencies'
+    while stack:
+        dependant = stack.pop()
+        names |= {field.alias for field in dependant.query_params
+                  if not is_list(field.field_info.annotation)}
+        stack.extend(dependant.dependencies)
+    return names

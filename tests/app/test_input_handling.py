@@ -857,3 +857,18 @@ def test_text_utf8_cannot_hold_is_named_not_a_500(client, admin, annotator):
                         headers=admin)
         assert r.status_code == 422 and "line 1: " + expected in r.json()["detail"], r.text
     assert client.get("/api/datasets", headers=admin).json()["total"] == 0
+
+
+def test_a_query_parameter_given_twice_is_refused_unless_it_takes_a_list(client, admin,
+                                                                         annotator):
+    """`?dataset_id=1&dataset_id=2` answered with dataset 2's prompts: FastAPI keeps the last
+    value without a word. Refused as a repeated JSON key or form field is, after the caller's
+    own 401; a list parameter (votes/next's `exclude`) still takes several."""
+    r = client.get("/api/prompts?dataset_id=1&dataset_id=2&limit=5", headers=admin)
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"] == [{"field": "dataset_id", "message": "given 2 times; this "
+                                   "parameter takes one value"}]
+    assert client.get("/api/prompts?dataset_id=1&dataset_id=2").status_code == 401
+    r = client.get("/api/votes/next?exclude=1&exclude=2", headers=annotator)
+    assert r.status_code != 422, r.text
+    assert client.get("/api/prompts?limit=5&offset=0", headers=admin).status_code == 200
