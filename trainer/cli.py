@@ -626,7 +626,8 @@ def cmd_train_base(args: argparse.Namespace) -> int:
     if model_config.width % multiple:
         raise ConfigError("--width", f"must be a multiple of {multiple}, got {model_config.width}")
     out = _out_path(args.out, directory=True)
-    path = train_base(out, config, model_config, device=str(available_device(args.device, "--device")))
+    device = available_device(args.device, "--device")
+    path = train_base(out, config, model_config, device=str(device))
     print(f"base checkpoint: {path}")
     return 0
 

@@ -155,7 +155,8 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
     known = reward_names()
     for name in out.get("reward_names") or []:
         if name not in known:
-            problems.append(("reward_names", f"unknown reward {name!r}; known: {', '.join(known)}"))
+            problems.append(("reward_names",
+                             f"unknown reward {name!r}; known: {', '.join(known)}"))
     names = [n for n in out.get("reward_names") or [] if isinstance(n, str)]
     if repeated := sorted({n for n in names if names.count(n) > 1}):
         problems.append(("reward_names", f"must not repeat a reward: {repeated}"))
@@ -218,8 +219,10 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
                          "\"preference\": 1) or leave preference_model empty"
                          + (f"; also: {problem}" if problem else "")))
     refit_every = config.get("preference_refit_every")
+    blends_preference = any(n in RUN_TIME_REWARDS for n in out.get("reward_weights", {}))
     if kind == "train" and type(refit_every) is int and refit_every > 0 \
-            and not malformed & {"reward_weights", "preference_refit_every"} and not any(n in RUN_TIME_REWARDS for n in out.get("reward_weights", {})):
+            and not malformed & {"reward_weights", "preference_refit_every"} \
+            and not blends_preference:
         # a refit of a model the run does not blend in would spend the worker for nothing
         problems.append(("preference_refit_every", "refits the preference model, but "
                          "reward_weights has no 'preference' weight to blend it with: add one "

@@ -569,7 +569,7 @@ def warm_start_problem(previous: PreferenceModel, config: FitConfig) -> str | No
     return None
 
 
-__all__ = ["MIN_FIT_VOTES", "clip_dir_problem", "FitConfig", "warm_start_problem", "FitReport", "FitStopped", "PreferenceModel", "PreferencePair",
-           "fit_preference_model",
+__all__ = ["MIN_FIT_VOTES", "clip_dir_problem", "FitConfig", "warm_start_problem", "FitReport",
+           "FitStopped", "PreferenceModel", "PreferencePair", "fit_preference_model",
            "ShapesPreferenceNet", "ShapesHead", "SharedFeatureEnsemble",
            "PROMPT_LENGTH", "Outcome", "OUTCOMES", "LABELLED_OUTCOMES", "TARGET_A"]
