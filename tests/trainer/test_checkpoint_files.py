@@ -80,6 +80,28 @@ def test_damaged_weights_files_are_found_from_their_headers(tmp_path):
     assert problem.startswith(f"model directory {flux} has damaged files: {shard} is truncated")
 
 
+def test_a_file_deleted_while_its_directory_is_checked_is_said_missing(tmp_path, monkeypatch):
+    """A model file removed between the presence check and the reading of the files was
+    said "damaged: cannot be read (No such file)" without the files a directory holds; it is
+    missing, said as a missing file is."""
+    import trainer.models as models
+
+    flux = write_tiny_flux(tmp_path / "flux")
+    vae_config = flux / "vae" / "config.json"
+    reads = models.weights_file_problem
+
+    def vanishing(path):
+        if path == vae_config:
+            path.unlink()  # gone just as it is read
+        return reads(path)
+
+    monkeypatch.setattr(models, "weights_file_problem", vanishing)
+    problem = model_dir_problem("flux", flux)
+    assert problem.startswith(f"model directory {flux} is incomplete for 'flux': missing "
+                              "vae/config.json (a diffusers-format directory holds "
+                              "model_index.json"), problem
+
+
 def test_a_weights_file_is_read_a_tensor_at_a_time(tmp_path):
     """`WeightsFile` names a file's tensors (with a prefix) and reads each when asked, cast
     to its dtype; `copy_weights` fills a module from it holding one tensor of the file at a

@@ -84,11 +84,11 @@ def test_a_lora_job_on_a_tiny_flux_through_the_api_worker_and_arena(stack, tiny_
         _, annotator_token = auth.create_user(s, "ann", "annotator")
     admin = {"Authorization": f"Bearer {admin_token}"}
     annotator = {"Authorization": f"Bearer {annotator_token}"}
-    stack.start_worker(wait=False)
     client = _serve(stack)
-    stack.wait_log(stack.logs[0], "ready.", stack.workers[0])
 
     # a model directory that passes submission, then loses a file before the worker runs it
+    # (the worker starts after the loss: started before, it took the job at once and could
+    # check the directory while the file went)
     r = client.post("/api/jobs", headers=admin, json={
         "kind": "train", "preset": "tiny", "config": {**FLUX, "model_path": "breaks-later"}})
     assert r.status_code == 201, r.text
@@ -98,6 +98,7 @@ def test_a_lora_job_on_a_tiny_flux_through_the_api_worker_and_arena(stack, tiny_
                     json={"kind": "train", "preset": "tiny", "config": FLUX})
     assert r.status_code == 201, r.text
     train = r.json()["id"]
+    stack.start_worker()
 
     job = _finished(client, admin, broken, 60, stack)
     assert job["status"] == "failed"

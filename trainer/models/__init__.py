@@ -152,15 +152,17 @@ def model_dir_problem(name: str, path: str | Path) -> str | None:
             weights += found
     except OSError as exc:  # a name too long (ENAMETOOLONG), no permission: not a model here
         return f"model directory {path} cannot be read ({exc.strerror or exc})"
+    checked = [*(path / f for f in expected if f.endswith(".json")), *sorted(weights)]
+    damaged = {} if missing else {f: problem for f in checked
+                                  if (problem := weights_file_problem(f)) is not None}
+    # a file deleted while the directory was being checked is missing, not damaged
+    missing += [str(f.relative_to(path)) for f in damaged if not f.exists()]
     if missing:
         return (f"model directory {path} is incomplete for {name!r}: missing "
                 f"{', '.join(missing)} (a diffusers-format directory holds "
                 f"{', '.join(expected)}, with weights in each model folder)")
-    damaged = [problem for f in [*(path / f for f in expected if f.endswith(".json")),
-                                 *sorted(weights)]
-               if (problem := weights_file_problem(f)) is not None]
     if damaged:
-        return f"model directory {path} has damaged files: {'; '.join(damaged)}"
+        return f"model directory {path} has damaged files: {'; '.join(damaged.values())}"
     return None
 
 
