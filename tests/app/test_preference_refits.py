@@ -47,16 +47,17 @@ def test_a_fit_starts_from_the_newest_model_when_it_can(settings):
     assert newest_model(config) is None
 
 
-def _voted_group(rng: np.random.Generator, n_votes: int) -> None:
-    """One stored group of six samples and `n_votes` decisive votes on its pairs."""
+def _stored_group(rng: np.random.Generator) -> tuple[int, list[tuple[int, int]]]:
+    """One stored group of six random samples and an annotator: (their id, the group's 15
+    pairs of sample ids)."""
     import io
     from itertools import combinations
 
     from PIL import Image
     from sqlalchemy import select
 
-    from app.models import Sample, User
-    from app.services import auth, votes
+    from app.models import Sample
+    from app.services import auth
     from app.services.rollouts import record_rollout_group
 
     def png() -> bytes:
@@ -73,10 +74,17 @@ def _voted_group(rng: np.random.Generator, n_votes: int) -> None:
         voter, _ = auth.create_user(s, "voter", "annotator")
         ids = list(s.scalars(select(Sample.id).where(Sample.group_id == group)
                              .order_by(Sample.id)))
-    for n, (a, b) in enumerate(list(combinations(ids, 2))[:n_votes]):
-        with session_scope() as s:
-            votes.record_vote(s, s.get(User, voter.id), client_vote_id=f"v{n}",
-                              sample_a_id=a, sample_b_id=b, outcome="ab"[n % 2])
+    return voter.id, list(combinations(ids, 2))
+
+
+def _vote(voter_id: int, pairs: list[tuple[int, int]], n: int, outcome: str) -> None:
+    """The annotator's vote `outcome` on the group's pair `n`."""
+    from app.models import User
+    from app.services import votes
+
+    with session_scope() as s:
+        votes.record_vote(s, s.get(User, voter_id), client_vote_id=f"v{n}",
+                          sample_a_id=pairs[n][0], sample_b_id=pairs[n][1], outcome=outcome)
 
 
 def test_a_fit_preference_job_cancelled_mid_fit_stops_and_saves_nothing(settings):
@@ -87,7 +95,9 @@ def test_a_fit_preference_job_cancelled_mid_fit_stops_and_saves_nothing(settings
     from app.services import jobs
     from worker.preference import run_fit_preference
 
-    _voted_group(np.random.default_rng(1), 12)
+    voter_id, pairs = _stored_group(np.random.default_rng(1))
+    for n in range(12):
+        _vote(voter_id, pairs, n, "ab"[n % 2])
     with session_scope() as s:
         job_id = jobs.create_job(s, "fit_preference", {"epochs": 400, "ensemble": 2,
                                                        "score_samples": False}).id
@@ -140,40 +150,13 @@ def test_a_rollout_chunk_holds_whole_groups_of_about_128_samples():
 def test_skip_and_both_bad_votes_neither_start_a_refit_nor_count_as_fitted(settings):
     """An online refit starts only when labelled votes (a, b or tie) arrived since the model in
     use; a fit records as votes_used the labelled votes it drew on, not the skipped pairs."""
-    import io
-    from itertools import combinations
-
-    from PIL import Image
-    from sqlalchemy import select
-
-    from app.models import Sample, User
-    from app.services import auth, votes
-    from app.services.rollouts import record_rollout_group
     from worker.preference import fit_and_record
 
-    rng = np.random.default_rng(0)
-
-    def png() -> bytes:
-        buf = io.BytesIO()
-        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(buf, "PNG")
-        return buf.getvalue()
-
-    with session_scope() as s:
-        group = record_rollout_group(
-            s, job_id=None, iteration=0, prompt_text="one red circle", checkpoint_id=None,
-            solver="dpm++", steps=8, sigma=0.3, seed=0, purpose=None,
-            samples=[{"png": png(), "member_index": i, "rewards": {}, "advantage": 0.0,
-                      "is_anchor": i == 0} for i in range(6)])
-        voter, _ = auth.create_user(s, "voter", "annotator")
-        ids = list(s.scalars(select(Sample.id).where(Sample.group_id == group)
-                             .order_by(Sample.id)))
-    pairs = list(combinations(ids, 2))  # 15 pairs
+    voter_id, pairs = _stored_group(np.random.default_rng(0))  # 15 pairs
     outcomes = ["a", "b", "tie", "skip", "both_bad"] * 2 + ["a", "b"]  # 8 labelled of 12
 
     def vote(n: int, outcome: str) -> None:
-        with session_scope() as s:
-            votes.record_vote(s, s.get(User, voter.id), client_vote_id=f"v{n}",
-                              sample_a_id=pairs[n][0], sample_b_id=pairs[n][1], outcome=outcome)
+        _vote(voter_id, pairs, n, outcome)
 
     for n, outcome in enumerate(outcomes):
         vote(n, outcome)
