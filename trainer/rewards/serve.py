@@ -317,15 +317,12 @@ class BodyLimit:
 
 
 def _shapes_prompts_problem(prompts: list[str]) -> str | None:
-    """Which prompts (the first three) are not the shapes world's, or None."""
-    from trainer.shapes.world import parse_prompt
+    """Which prompts (the first three, by index) are not the shapes world's, or None (the
+    world's own rule, not_shapes_prompts)."""
+    from trainer.shapes.world import not_shapes_prompts
 
-    bad = []
-    for i, prompt in enumerate(prompts):
-        try:
-            parse_prompt(prompt)
-        except ValueError:
-            bad.append(f"prompt {i} {prompt[:80]!r}")
+    refused = set(not_shapes_prompts(prompts))
+    bad = [f"prompt {i} {prompt[:80]!r}" for i, prompt in enumerate(prompts) if prompt in refused]
     if not bad:
         return None
     more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
