@@ -411,7 +411,8 @@ def _model_spec(args: argparse.Namespace):
             setattr(spec, option, getattr(args, option))
     # the rule TrainConfig and the studio's jobs apply to resolution (the shapes model's
     # images are its latents, drawn at the world's one size whatever is asked)
-    if (problem := resolution_problem(spec.name, spec.resolution)) is not None:
+    if (problem := resolution_problem(spec.name, spec.resolution,
+                                      default="--resolution left out")) is not None:
         raise ConfigError("--resolution", problem)
     args.model = spec.name
     return spec

@@ -130,18 +130,19 @@ DIFFUSERS_DEFAULT_RESOLUTION = 512
 DIFFUSERS_RESOLUTION_MULTIPLE = 16
 
 
-def resolution_problem(model: str, resolution: int) -> str | None:
+def resolution_problem(model: str, resolution: int, default: str = "0") -> str | None:
     """What is wrong with `resolution` (0: the default) for `model`, or None: one rule for a
     train config, a rollout or evaluate job and the CLI. The shapes model draws its world's
     32x32 images only; flux and sd3 take multiples of 16; a model added with register_model
-    checks its own."""
+    checks its own. `default`: how the message says "the default" (a config's 0; the CLI,
+    which refuses 0, says to leave the option out)."""
     from trainer.shapes.world import IMAGE_SIZE
 
     if model == "shapes" and resolution not in (0, IMAGE_SIZE):
-        return (f"the shapes model draws {IMAGE_SIZE}x{IMAGE_SIZE} images; use 0 or "
-                f"{IMAGE_SIZE}, got {resolution}")
+        return (f"the shapes model draws {IMAGE_SIZE}x{IMAGE_SIZE} images; use {IMAGE_SIZE} (or "
+                f"{default}, the same), got {resolution}")
     if model in ("flux", "sd3") and resolution % DIFFUSERS_RESOLUTION_MULTIPLE:
-        return (f"must be a multiple of {DIFFUSERS_RESOLUTION_MULTIPLE} for {model} (0: "
+        return (f"must be a multiple of {DIFFUSERS_RESOLUTION_MULTIPLE} for {model} ({default}: "
                 f"{DIFFUSERS_DEFAULT_RESOLUTION}, or a checkpoint's own), got {resolution}")
     return None
 

@@ -412,8 +412,12 @@ def test_the_shapes_model_samples_at_its_one_resolution(tmp_path, prompts_file, 
     for spec in ([], ["--checkpoint", BASE]):
         out = tmp_path / "64"
         line = cli_error([*sample, *spec, "--resolution", "64", "--out", str(out)], capsys)
-        assert "--resolution: the shapes model draws 32x32 images; use 0 or 32" in line
+        # the CLI refuses 0 (positive_int), so the message names leaving the option out
+        assert ("--resolution: the shapes model draws 32x32 images; use 32 (or --resolution "
+                "left out, the same)") in line
         assert "got 64" in line and not out.exists()
+    assert "must be an integer >= 1" in cli_error(
+        [*sample, "--resolution", "0", "--out", str(tmp_path / "0")], capsys)
     out = tmp_path / "32"
     assert main([*sample, "--resolution", "32", "--out", str(out)]) == 0
     assert [Image.open(f).size for f in out.glob("*.png")] == [(32, 32)]
