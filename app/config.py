@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # where the Gradio UI is mounted: the UI, and the stored-files guard and body limit that
@@ -120,15 +122,32 @@ class Settings(BaseSettings):
         86400, ge=0, description="IMAGE_CACHE_SECONDS: how long a browser may cache a stored file "
         "from /api/media (Cache-Control max-age); they never change once written.")
 
-    @model_validator(mode="after")
-    def _heartbeats_come_before_staleness(self) -> Settings:
+    @model_validator(mode="wrap")
+    @classmethod
+    def _heartbeats_come_before_staleness(cls, data: Any, handler: Any) -> Settings:
         # a job whose heartbeat comes later than the reaper's patience looks dead while it runs:
-        # every worker would requeue every running job
-        if self.job_stale_seconds <= self.job_heartbeat_seconds:
-            raise ValueError(f"JOB_STALE_SECONDS ({self.job_stale_seconds:g}) must be greater "
-                             f"than JOB_HEARTBEAT_SECONDS ({self.job_heartbeat_seconds:g}), or "
-                             "every running job looks dead to the reaper")
-        return self
+        # every worker would requeue every running job. Wrapped around the fields' own checks
+        # so that a conflict is said together with another setting's error, not after its fix.
+        try:
+            settings, problems = handler(data), []
+        except ValidationError as exc:
+            settings, problems = None, exc.errors()
+        values = (settings.model_dump() if settings is not None
+                  else {**{k: f.default for k, f in cls.model_fields.items()},
+                        **(data if isinstance(data, dict) else {})})
+        try:
+            stale = float(values["job_stale_seconds"])
+            heartbeat = float(values["job_heartbeat_seconds"])
+        except (TypeError, ValueError):  # a number the field's own error names
+            stale = heartbeat = None
+        if stale is not None and heartbeat is not None and stale <= heartbeat:
+            problems.append(InitErrorDetails(type=PydanticCustomError("value_error", (
+                f"JOB_STALE_SECONDS ({stale:g}) must be greater than JOB_HEARTBEAT_SECONDS "
+                f"({heartbeat:g}), or every running job looks dead to the reaper")),
+                loc=(), input=data))
+        if problems:
+            raise ValidationError.from_exception_data(cls.__name__, problems)
+        return settings
 
     @property
     def resolved_database_url(self) -> str:

@@ -134,6 +134,10 @@ def test_cli_names_the_setting_to_fix_instead_of_a_traceback(tmp_path):
          "should be less than or equal to 1"),
         ({"JOB_STALE_SECONDS": "5", "JOB_HEARTBEAT_SECONDS": "10"}, ["migrate"],
          "error: JOB_STALE_SECONDS (5) must be greater than JOB_HEARTBEAT_SECONDS (10)"),
+        # the rule over two settings is said beside another setting's error, not after its fix
+        ({"TRAIN_NPROC": "0", "JOB_STALE_SECONDS": "5"}, ["migrate"],
+         "error: TRAIN_NPROC: Input should be greater than or equal to 1; JOB_STALE_SECONDS (5) "
+         "must be greater than JOB_HEARTBEAT_SECONDS (10)"),
     ]
     for env, argv, expected in cases:
         out = subprocess.run([sys.executable, "-m", "app", *argv], env={**base, **env},
