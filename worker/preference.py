@@ -15,13 +15,14 @@ from __future__ import annotations
 import io
 import logging
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 from PIL import Image
+from sqlalchemy.exc import IntegrityError
 
 from app.db import session_scope
 from app.job_kinds import FitPreferenceConfig
@@ -94,9 +95,10 @@ def fit_and_record(fit_config: FitConfig, *, job_id: int | None = None, min_vote
     Returns the model and its row as a dict."""
     images = images or ImageCache()
     with session_scope() as s:
-        # skip and both_bad votes carry no label: a fit neither reads nor counts them
-        rows = [r for r in pref_svc.fit_votes(s) if r["outcome"] in LABELLED_OUTCOMES]
-        version = pref_svc.next_version(s)
+        votes = pref_svc.fit_votes(s)
+    # skip and both_bad votes carry no label: their images are not loaded, only counted
+    rows = [r for r in votes if r["outcome"] in LABELLED_OUTCOMES]
+    unlabelled = Counter(r["outcome"] for r in votes if r["outcome"] not in LABELLED_OUTCOMES)
     clean = len(rows)
     if needed := pref_svc.votes_short_of_a_fit(clean, min_votes):
         # said in full (JobError: no traceback on the job); submission refuses this too, so
@@ -105,29 +107,78 @@ def fit_and_record(fit_config: FitConfig, *, job_id: int | None = None, min_vote
                        f"{needed}")
     pairs = [PreferencePair(images.get(r["a_path"]), images.get(r["b_path"]), r["prompt"],
                             r["outcome"], key=str(r["vote_id"])) for r in rows]
+    with session_scope() as s:
+        version = pref_svc.next_version(s)
     model = fit_preference_model(pairs, fit_config, version=version, warm_start=warm_start,
                                  should_stop=should_stop)
-    rel = pref_svc.model_path(version)
-    full = storage.storage_root() / rel
-    full.parent.mkdir(parents=True, exist_ok=True)
-    tmp = full.with_name(f".tmp-{full.name}")
+    if model.report is not None:
+        model.report.votes_total += sum(unlabelled.values())
+        model.report.votes_ignored = {**model.report.votes_ignored, **unlabelled}
     checkpoint_ids = sorted({c for r in rows for c in r["checkpoint_ids"]},
                             key=lambda c: (c is not None, c or 0))
-    model.save(tmp, metadata={"version": str(version), "job_id": str(job_id or ""),
-                              "votes_used": str(len(rows))})
-    tmp.replace(full)
-    report = json_safe(asdict(model.report)) if model.report else {}
-    with session_scope() as s:  # two fits at once: the unique version makes one fail
-        row = pref_svc.record_model(
-            s, version=version, path=rel, report=report, job_id=job_id, votes_used=len(rows),
-            last_vote_id=max((r["vote_id"] for r in rows), default=0),
-            checkpoint_ids=checkpoint_ids)
-        out = pref_svc.to_dict(row)
+    out = _save_new_version(model, version, job_id=job_id, votes_used=len(rows),
+                            last_vote_id=max((r["vote_id"] for r in rows), default=0),
+                            checkpoint_ids=checkpoint_ids)
+    version = out["version"]
     log.info("preference model v%d: %d votes, held-out accuracy %s", version, len(rows),
-             report.get("heldout_accuracy"))
+             out["report"].get("heldout_accuracy"))
     if score_samples:
         score_all_samples(model, version, images)
     return model, out
+
+
+# how many versions a fit tries to take before giving up: each try loses only to another fit
+# that recorded one in between, so more than a few means something else is wrong
+SAVE_VERSION_TRIES = 20
+
+
+def _save_new_version(model: PreferenceModel, version: int, *, job_id: int | None,
+                      votes_used: int, last_vote_id: int, checkpoint_ids: list[int | None]
+                      ) -> dict[str, Any]:
+    """Save `model` as the next free version (`version` or later) and record its row; the
+    row as a dict. Two fits that finish together (a fit job and a train job's refit, or two
+    workers) both start from the same next version: the file name is claimed with an
+    exclusive create before it is written, and the row's unique version decides between
+    fits whose storage directories differ; the loser takes the next version, and never
+    writes over the winner's file."""
+    root = storage.storage_root()
+    for _ in range(SAVE_VERSION_TRIES):
+        rel = pref_svc.model_path(version)
+        full = root / rel
+        full.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            full.open("xb").close()  # the claim: an empty file no row points at yet
+        except FileExistsError:
+            version += 1
+            continue
+        if model.report is not None:
+            model.report.version = version
+        tmp = full.with_name(f".tmp-{full.name}")
+        try:
+            model.save(tmp, metadata={"version": str(version), "job_id": str(job_id or ""),
+                                      "votes_used": str(votes_used)})
+            tmp.replace(full)
+            report = json_safe(asdict(model.report)) if model.report else {}
+            with session_scope() as s:
+                row = pref_svc.record_model(
+                    s, version=version, path=rel, report=report, job_id=job_id,
+                    votes_used=votes_used, last_vote_id=last_vote_id,
+                    checkpoint_ids=checkpoint_ids)
+                return pref_svc.to_dict(row)
+        except IntegrityError:
+            full.unlink(missing_ok=True)
+            with session_scope() as s:
+                if pref_svc.get_model(s, version) is None:
+                    raise  # not the version taken: something else is wrong with the row
+                # the version's row came from a fit writing to another storage directory
+                version = max(version + 1, pref_svc.next_version(s))
+        except BaseException:
+            full.unlink(missing_ok=True)  # no claim left behind by a failed save
+            raise
+        finally:
+            tmp.unlink(missing_ok=True)
+    raise RuntimeError(f"no free preference model version after {SAVE_VERSION_TRIES} tries "
+                       f"(last {version}); another process keeps recording them")
 
 
 def score_all_samples(model: PreferenceModel, version: int, images: ImageCache | None = None,

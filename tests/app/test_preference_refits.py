@@ -162,6 +162,9 @@ def test_skip_and_both_bad_votes_neither_start_a_refit_nor_count_as_fitted(setti
         vote(n, outcome)
     _model, row = fit_and_record(FitConfig(width=8, epochs=1, ensemble=1), score_samples=False)
     assert row["votes_used"] == 8
+    # left out, but counted in the fit's report (their images are never loaded)
+    assert row["report"]["votes_total"] == 12 and row["report"]["votes_fitted"] == 8
+    assert row["report"]["votes_ignored"] == {"skip": 2, "both_bad": 2}
     last = row["last_vote_id"]
     vote(12, "skip")
     vote(13, "both_bad")
@@ -170,3 +173,70 @@ def test_skip_and_both_bad_votes_neither_start_a_refit_nor_count_as_fitted(setti
     vote(14, "tie")
     with session_scope() as s:
         assert pref_svc.votes_since(s, last) == 1
+
+
+def test_fits_that_finish_together_each_record_their_own_version(settings):
+    """Two fits read the same next version before either records (a fit job beside a train
+    job's refit, or two workers): the one that saves second takes the next free version and
+    leaves the first one's file alone. A name claimed on disk without a row (a fit that died
+    while saving) and a row recorded meanwhile by a fit writing to another storage directory
+    are stepped over too."""
+    import threading
+
+    from safetensors import safe_open
+
+    from app.services import jobs
+    from worker.preference import fit_and_record
+
+    voter_id, pairs = _stored_group(np.random.default_rng(1))
+    for n, outcome in enumerate(["a", "b", "tie", "a", "b", "a"]):
+        _vote(voter_id, pairs, n, outcome)
+    root = storage.storage_root()
+    (root / "preference").mkdir(parents=True, exist_ok=True)
+    (root / pref_svc.model_path(1)).write_bytes(b"")  # claimed by a fit that died saving
+    with session_scope() as s:
+        job_ids = [jobs.create_job(s, "fit_preference", {}).id for _ in range(2)]
+
+    def recorded_elsewhere() -> None:  # v2's row, its file in another storage directory
+        with session_scope() as s:
+            pref_svc.record_model(s, version=2, path="elsewhere/v2.safetensors", report={})
+
+    # both fits have read the next version (1) when they first ask should_stop, before their
+    # first epoch; the barrier holds each there until the other has read it too
+    both_fitting = threading.Barrier(2, action=recorded_elsewhere, timeout=60)
+    rows: dict[int, dict] = {}
+    errors: list[BaseException] = []
+
+    def fit(job_id: int) -> None:
+        waited = False
+
+        def should_stop() -> bool:
+            nonlocal waited
+            if not waited:
+                waited = True
+                both_fitting.wait()
+            return False
+
+        try:
+            _model, rows[job_id] = fit_and_record(FitConfig(width=8, epochs=1, ensemble=1),
+                                                  job_id=job_id, score_samples=False,
+                                                  should_stop=should_stop)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assert below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=fit, args=(job_id,)) for job_id in job_ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert sorted(row["version"] for row in rows.values()) == [3, 4]
+    for job_id, row in rows.items():
+        assert row["path"] == pref_svc.model_path(row["version"])
+        assert row["report"]["version"] == row["version"]
+        with safe_open(str(root / row["path"]), "pt") as f:  # the file is the row's own
+            meta = f.metadata()
+        assert (meta["version"], meta["job_id"]) == (str(row["version"]), str(job_id))
+    assert (root / pref_svc.model_path(1)).read_bytes() == b""  # left as it was
+    assert not (root / pref_svc.model_path(2)).exists()  # its claim given back
+    assert not list((root / "preference").glob(".tmp-*"))
