@@ -119,14 +119,17 @@ def stats(session: Session, *, annotator_id: int | None = None) -> list[dict[str
 def set_excluded(session: Session, user_id: int, excluded: bool) -> int:
     """Exclude (or include again) a user's votes from fitting and the leaderboard: the flag on
     the user (future votes) and on every vote they cast. Returns the votes changed. Flushes."""
-    user = session.get(User, user_id)
+    # the user's row locked first: a vote being recorded holds it shared while it copies the
+    # flag (votes.record_vote), so a vote is either in the update below or copies the new flag
+    user = session.get(User, user_id, with_for_update=True)
     if user is None:
         raise NotFound(f"user {user_id} not found")
     user.excluded = bool(excluded)
+    session.flush()
     result = session.execute(update(Vote).where(Vote.annotator_id == user_id,
                                                 Vote.excluded.is_not(bool(excluded)))
                              .values(excluded=bool(excluded))
                              .execution_options(synchronize_session=False))
     session.flush()
-    auth.token_cache.clear()  # cached users carry the flag new votes copy
+    auth.forget_after_commit(session)  # cached users carry the flag (the annotator pages)
     return int(result.rowcount or 0)

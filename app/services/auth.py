@@ -9,7 +9,7 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import delete, func, or_, select
+from sqlalchemy import delete, event, func, or_, select
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, Forbidden, Invalid, NotFound, Unauthorized
@@ -85,7 +85,7 @@ def end_session(session: Session, token: str | None) -> bool:
         return False
     row.revoked_at = utcnow()
     session.flush()
-    token_cache.clear()  # at once, not after the cache's few seconds
+    forget_after_commit(session)  # at once, not after the cache's few seconds
     return True
 
 
@@ -116,19 +116,22 @@ def revoke_user(session: Session, user_id: int, *, by: User | None = None) -> in
     for t in tokens:
         t.revoked_at = now
     session.flush()
-    token_cache.clear()  # takes effect at once, not after the cache's few seconds
+    forget_after_commit(session)  # takes effect at once, not after the cache's few seconds
     return len(tokens)
 
 
 class _TokenCache:
     """token hash -> (detached User, whether the token is a UI session's, expiry): saves a
     query on every request. A revoked token or a role change takes effect within `ttl`
-    seconds (or at once after `clear()`)."""
+    seconds (or at once after `clear()`: see `forget_after_commit`)."""
 
     def __init__(self, ttl: float = 10.0, max_size: int = 10_000) -> None:
         self.ttl, self.max_size = ttl, max_size
         self._items: dict[str, tuple[User, bool, float]] = {}
         self._lock = threading.Lock()
+        # bumped by every clear(): a user read from the database before a clear is not put
+        # back after it (the read may predate the change the clear was for)
+        self.generation = 0
 
     def get(self, key: str) -> tuple[User, bool] | None:
         item = self._items.get(key)
@@ -136,8 +139,13 @@ class _TokenCache:
             return None
         return item[0], item[1]
 
-    def put(self, key: str, user: User, is_session: bool) -> None:
+    def put(self, key: str, user: User, is_session: bool, generation: int | None = None
+            ) -> None:
+        """Cache `user` for `key`; `generation`: the cache's generation when the user was
+        read, so that a read older than the last clear() is not cached."""
         with self._lock:
+            if generation is not None and generation != self.generation:
+                return
             if len(self._items) >= self.max_size:
                 self._items.clear()
             self._items[key] = (user, is_session, time.monotonic() + self.ttl)
@@ -145,9 +153,19 @@ class _TokenCache:
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self.generation += 1
 
 
 token_cache = _TokenCache()
+
+
+def forget_after_commit(session: Session) -> None:
+    """Drop every cached user now and again when `session` commits: a change to a token or a
+    user (a revoke, a logout, excluding an annotator) is not visible to other requests until
+    the commit, and one of them that reads the user in between would otherwise cache the old
+    row for the cache's ttl (a revoked token that still works, votes still counted)."""
+    token_cache.clear()
+    event.listen(session, "after_commit", lambda _session: token_cache.clear(), once=True)
 
 SESSION_TOKEN_REFUSED = ("a UI session's token works only where the browser sends its cookie "
                          "(the UI and its stored files); the API takes an API token "
@@ -166,6 +184,7 @@ def authenticate(session: Session, token: str | None, *, session_ok: bool = True
     if cached is not None:
         user, is_session = cached
     else:
+        generation = token_cache.generation  # before the read: see _TokenCache.put
         row = session.scalar(
             select(ApiToken).where(ApiToken.token_hash == key, ApiToken.revoked_at.is_(None),
                                    or_(ApiToken.expires_at.is_(None),
@@ -174,7 +193,7 @@ def authenticate(session: Session, token: str | None, *, session_ok: bool = True
             raise Unauthorized("invalid or revoked token (or an expired session)")
         user, is_session = row.user, bool(row.is_session)
         session.expunge(user)
-        token_cache.put(key, user, is_session)
+        token_cache.put(key, user, is_session, generation)
     if is_session and not session_ok:
         raise Unauthorized(SESSION_TOKEN_REFUSED)
     return user

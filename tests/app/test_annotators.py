@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import select
 
 from app.db import session_scope
@@ -67,6 +68,104 @@ def test_set_excluded_flags_old_and_new_votes(settings, make_group):
         assert annotators.set_excluded(s, u, False) == 2
         assert not any(v["excluded"] for v in votes.export_votes(s))
 
+
+
+def test_a_vote_from_a_stale_copy_of_an_excluded_annotator_is_excluded(settings, make_group):
+    """The request that records a vote may hold its user from before the admin excluded them
+    (the token cache keeps users a few seconds): the vote takes the flag the database has."""
+    ids = _samples(make_group(g=4))
+    (u,) = _users("ann")
+    with session_scope() as s:
+        stale = s.get(User, u)
+        s.expunge(stale)
+    with session_scope() as s:
+        annotators.set_excluded(s, u, True)
+    assert stale.excluded is False
+    with session_scope() as s:
+        vote, created = votes.record_vote(s, stale, client_vote_id="late", sample_a_id=ids[0],
+                                          sample_b_id=ids[1], outcome="a")
+        assert created and vote.excluded is True
+
+
+# row locks are PostgreSQL's; SQLite runs one writer at a time
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_a_vote_recorded_while_its_annotator_is_being_excluded_is_excluded(settings,
+                                                                           make_group):
+    """Excluding an annotator and one of their votes, at once: the vote waits for the
+    exclusion to commit and takes its flag (PostgreSQL row locks; SQLite has one writer at a
+    time), so no vote of an excluded annotator is left counted."""
+    import threading
+
+    from app import db
+
+    assert db.get_engine().dialect.name == "postgresql"
+    ids = _samples(make_group(g=4))
+    (u,) = _users("ann")
+    result: dict[str, object] = {}
+
+    def vote() -> None:
+        with session_scope() as s:
+            user = s.get(User, u)  # read before the exclusion commits: not excluded
+            result["seen"] = user.excluded
+            started.set()
+            result["vote"] = votes.record_vote(s, user, client_vote_id="racing",
+                                               sample_a_id=ids[0], sample_b_id=ids[1],
+                                               outcome="a")[0].excluded
+
+    started = threading.Event()
+    admin = db.new_session()
+    try:
+        annotators.set_excluded(admin, u, True)  # flushed, row locked, not yet committed
+        thread = threading.Thread(target=vote)
+        thread.start()
+        assert started.wait(30)
+        thread.join(timeout=1.0)
+        assert thread.is_alive()  # the vote waits for the exclusion's transaction
+        admin.commit()
+    finally:
+        admin.close()
+    thread.join(timeout=30)
+    assert result == {"seen": False, "vote": True}
+
+
+def test_a_revoke_reaches_a_token_read_while_it_was_being_committed(settings):
+    """A request that reads a token while its revoke is flushed but not committed sees it
+    still valid; the commit then drops what that request cached, so the next request is
+    refused at once rather than for the token cache's ttl."""
+    from app import db
+    from app.errors import Unauthorized
+
+    with session_scope() as s:
+        user, token = auth.create_user(s, "ann", "annotator")
+        uid = user.id
+    admin = db.new_session()
+    try:
+        assert auth.revoke_user(admin, uid) == 1  # flushed, not committed
+        with db.new_session() as s:
+            assert auth.authenticate(s, token).id == uid  # still valid to everyone else
+        admin.commit()
+    finally:
+        admin.close()
+    with db.new_session() as s:
+        try:
+            auth.authenticate(s, token)
+        except Unauthorized:
+            pass
+        else:
+            raise AssertionError("a revoked token still authenticates from the cache")
+
+
+def test_a_token_read_before_a_cache_clear_is_not_cached_after_it():
+    """The token cache's generation: a user read before a clear() (the change it was for may
+    not be in that read) is not put back after it."""
+    cache = auth._TokenCache()
+    user = User(name="ann", role="annotator")
+    before = cache.generation
+    cache.clear()
+    cache.put("k", user, False, before)
+    assert cache.get("k") is None
+    cache.put("k", user, False, cache.generation)
+    assert cache.get("k") == (user, False)
 
 def test_excluded_votes_leave_the_leaderboard(settings, make_group):
     from app.services.checkpoints import record_checkpoint
