@@ -522,6 +522,16 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
                 and self.num_train_timesteps > self.rollout_steps):
             out.append(ConfigError("num_train_timesteps", f"must be <= rollout_steps "
                                    f"({self.rollout_steps}), got {self.num_train_timesteps}"))
+        if "eta" not in bad and self.method == "sde" and self.eta <= 0:
+            # sigma_t = 0: the SDE step is deterministic and its log-likelihood undefined
+            out.append(ConfigError("eta", "must be above 0 for method 'sde' (0 makes its "
+                                   "sampler deterministic, with no likelihood to train), got "
+                                   f"{self.eta}"))
+        if "sigma" not in bad and self.method == "neighbor" and self.sigma <= 0:
+            # every member the same noise, the same image and reward: no advantage to learn from
+            out.append(ConfigError("sigma", "must be above 0 for method 'neighbor' (0 gives "
+                                   "every group member the same noise, so every advantage is "
+                                   f"0), got {self.sigma}"))
         if "kl_coefficient" not in bad and self.kl_coefficient > 0 and self.method != "neighbor":
             out.append(ConfigError("kl_coefficient", "is implemented for method 'neighbor' only"))
         # each host runs at least one process, and every process trains an equal share

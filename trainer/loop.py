@@ -8,6 +8,7 @@ run). The CLI's run directory (trainer/run_dir.py) is one such caller.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 from collections.abc import Callable, Mapping
@@ -41,6 +42,21 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device 'cuda' requested but CUDA is not available")
     return torch.device(name)
+
+
+class TrainingDiverged(RuntimeError):
+    """An update whose loss or gradient norm is not a finite number: the optimizer step has
+    made the weights NaN or infinite, so the run stops before anything saves them."""
+
+
+def divergence(metrics: Mapping[str, Any]) -> str | None:
+    """What is not finite in an iteration's update (`loss`, `grad_norm`), or None. An
+    iteration with no optimizer step reports NaN statistics by design and is left alone."""
+    if not metrics.get("optimizer_steps"):
+        return None
+    bad = [f"{name} {value}" for name in ("loss", "grad_norm")
+           if isinstance(value := metrics.get(name), float) and not math.isfinite(value)]
+    return ", ".join(bad) or None
 
 
 def load_model(config: TrainConfig, device: torch.device | str = "cpu", *,
@@ -130,6 +146,13 @@ class Trainer:
         extra = {"reference": self.reference} if self.reference is not None else {}
         result = self._iterate(self.model, self.optimizer, self.sample_prompts(), self.config,
                                self.generator, **extra)
+        if (bad := divergence(result.metrics)) is not None:
+            # before the count moves on: a caller's checkpointing never sees this iteration
+            raise TrainingDiverged(
+                f"iteration {self.iteration + 1}: the update is not finite ({bad}), so the "
+                "weights are no longer numbers; the run stops before saving them. Lower "
+                "learning_rate or max_grad_norm, or check the config (e.g. eta above 0 for "
+                "method 'sde'), then resume from the last checkpoint.")
         self.iteration += 1
         result.metrics["iteration"] = self.iteration
         result.metrics["reward_weights"] = dict(self.config.reward_weights)

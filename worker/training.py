@@ -33,7 +33,7 @@ from app.services import checkpoints, datasets, jobs, rollouts, storage
 from app.services import preference as pref_svc
 from trainer.config import ConfigError, TrainConfig
 from trainer.grpo import IterationResult
-from trainer.loop import Trainer
+from trainer.loop import Trainer, TrainingDiverged
 from trainer.models import checkpoint_directory, checkpoint_weights_file, uses_model_directory
 from trainer.models.base import FlowModel
 from trainer.rewards.models import RewardWeightsMissing, RewardWeightsUnloadable
@@ -353,6 +353,8 @@ def run_training(job_id: int, worker_name: str, shutdown: threading.Event | None
         except RewardServerError as exc:  # went away or timed out mid-run; resumable
             raise JobError(f"{exc} (at iteration {trainer.iteration + 1}; resume the job "
                            "to go on from its last checkpoint)") from None
+        except TrainingDiverged as exc:  # the message says what and what to do
+            raise JobError(str(exc)) from None
     if recorder.cancelled:
         return JobStatus.CANCELLED
     if recorder.requeued:

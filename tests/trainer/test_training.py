@@ -125,6 +125,14 @@ def test_config_errors_name_the_field():
         TrainConfig.from_dict({"method": "sde", "kl_coefficient": 0.1})
     with pytest.raises(ConfigError, match="kl_coefficient"):
         TrainConfig.from_dict({"kl_coefficient": -1.0})
+    # the values that leave nothing to train: a deterministic SDE sampler (NaN likelihoods,
+    # NaN weights), a group collapsed onto one noise (every advantage 0)
+    with pytest.raises(ConfigError, match="eta: must be above 0 for method 'sde'"):
+        TrainConfig.from_dict({"method": "sde", "eta": 0.0})
+    with pytest.raises(ConfigError, match="sigma: must be above 0 for method 'neighbor'"):
+        TrainConfig.from_dict({"sigma": 0.0})
+    assert TrainConfig.from_dict({"eta": 0.0}).eta == 0  # Neighbor GRPO does not read it
+    assert TrainConfig.from_dict({"method": "sde", "sigma": 0.0}).sigma == 0  # nor SDE this
     assert load_config("shapes-quick-demo").iterations == PRESETS["shapes-quick-demo"]["iterations"]
     described = {f["name"]: f for f in TrainConfig.describe()}
     assert all(f["help"] for f in described.values())
@@ -177,3 +185,21 @@ def test_the_model_card_says_what_was_trained_on_what_and_how_far():
     assert "## Metrics at iteration 1" in card
     loss = trainer.last_metrics["loss"]
     assert f"| loss | {loss:.4g} |" in card
+
+
+def test_an_update_that_is_not_finite_stops_the_run_before_it_is_counted(tmp_path):
+    """A NaN loss (here: a NaN learning rate slipped past the config) makes the weights NaN;
+    step() raises TrainingDiverged naming what is not finite, the iteration is not counted,
+    and so nothing saves the NaN weights as that iteration's checkpoint."""
+    from trainer.loop import TrainingDiverged
+
+    trainer = Trainer(TrainConfig.from_dict({**PRESETS["tiny"], "device": "cpu"}))
+    trainer.step()
+    for group in trainer.optimizer.param_groups:
+        group["lr"] = float("nan")
+    # its first optimizer step makes the weights NaN; the next anchor's loss is NaN
+    with pytest.raises(TrainingDiverged, match=r"iteration 2: the update is not finite \(loss "
+                       r"nan, grad_norm nan\)") as err:
+        trainer.step()
+    assert "resume from the last checkpoint" in str(err.value)
+    assert trainer.iteration == 1
