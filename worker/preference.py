@@ -38,7 +38,9 @@ from trainer.rewards.preference import (
     FitStopped,
     PreferenceModel,
     PreferencePair,
+    features_problem,
     fit_preference_model,
+    image_batch,
     warm_start_problem,
 )
 from worker.lease import JobError, LeaseLost
@@ -99,12 +101,21 @@ def fit_and_record(fit_config: FitConfig, *, job_id: int | None = None, min_vote
     # skip and both_bad votes carry no label: their images are not loaded, only counted
     rows = [r for r in votes if r["outcome"] in LABELLED_OUTCOMES]
     unlabelled = Counter(r["outcome"] for r in votes if r["outcome"] not in LABELLED_OUTCOMES)
+    # votes on images the features cannot read (a flux or sd3 sample for the shapes
+    # features) are left out and counted: the same vote teaches a CLIP-features fit
+    rows, unreadable = pref_svc.readable_votes(rows, fit_config.features,
+                                               lambda path: images.get(path).shape)
     clean = len(rows)
     if needed := pref_svc.votes_short_of_a_fit(clean, min_votes):
         # said in full (JobError: no traceback on the job); submission refuses this too, so
         # it happens only when votes were excluded after the job was accepted
-        raise JobError(f"fit_preference: {clean} clean votes (a, b or tie); need at least "
-                       f"{needed}")
+        raise JobError(f"fit_preference: {clean} clean votes (a, b or tie)"
+                       + (f" on images its {fit_config.features!r} features read ({unreadable} "
+                          "more are on images they cannot: other models' samples or "
+                          "prompts; features 'clip' reads any)" if unreadable else "")
+                       + f"; need at least {needed}")
+    if unreadable:
+        unlabelled["unreadable_images"] = unreadable
     pairs = [PreferencePair(images.get(r["a_path"]), images.get(r["b_path"]), r["prompt"],
                             r["outcome"], key=str(r["vote_id"])) for r in rows]
     with session_scope() as s:
@@ -189,7 +200,13 @@ def score_all_samples(model: PreferenceModel, version: int, images: ImageCache |
     with session_scope() as s:
         batches = list(pref_svc.iter_samples(s, batch))
     for rows in batches:
-        pixels = np.stack([images.get(path) for _, path, _ in rows])
+        # only the samples its features read (the shapes world's, for the shapes features)
+        rows = [(sid, path, prompt) for sid, path, prompt in rows
+                if features_problem(model.config.features, prompt) is None
+                and model.can_score(images.get(path), prompt)]
+        if not rows:
+            continue
+        pixels = image_batch([images.get(path) for _, path, _ in rows])
         scores = model.scores(pixels, [prompt for _, _, prompt in rows])
         with session_scope() as s:
             pref_svc.set_scores(s, {sid: float(v) for (sid, _, _), v in zip(rows, scores,

@@ -207,7 +207,8 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
             if (problem := clip_dir_problem(clip_dir)) is not None:
                 problems.append(("clip_path", problem))
     if kind == "train" and any(n in RUN_TIME_REWARDS for n in out.get("reward_weights", {})):
-        problem = preference_problem(session, out.get("preference_model", ""))
+        problem = preference_problem(session, out.get("preference_model", ""),
+                                     model if isinstance(model, str) else "shapes")
         if problem:
             problems.append(("preference_model", problem))
     elif kind == "train" and str(out.get("preference_model", "")).strip():
@@ -466,29 +467,40 @@ def real_model_sampling_batch(session: Session, model: str, checkpoint_ids: list
         uses_directory=True)
 
 
-def preference_problem(session: Session, spec: str) -> str | None:
-    """Why the preference model a train config names cannot be loaded, or None."""
+def preference_problem(session: Session, spec: str, model: str = "shapes") -> str | None:
+    """Why the preference model a train config names cannot be loaded, or cannot score the
+    run's `model` (a shapes-features model reads the shapes world alone), or None."""
     from app.services import preference as pref_svc
+    from trainer.models import weights_problem
+    from trainer.rewards.preference import saved_features
 
     parsed = pref_svc.parse_spec(spec)
     if parsed.kind == "latest":
-        if pref_svc.latest_model(session) is None:
+        row = pref_svc.latest_model(session)
+        if row is None:
             return ("reward_weights has 'preference' but no preference model has been fitted "
                     "yet: run a fit_preference job first")
-        return None
-    if parsed.kind == "version":
+        name = f"preference model v{row.version}"
+    elif parsed.kind == "version":
         try:
-            pref_svc.get_model(session, parsed.version)
-            return None
+            row = pref_svc.get_model(session, parsed.version)
         except NotFound:
             return f"preference model version {spec.strip()!r} not found"
-    from trainer.models import weights_problem
-
+        name = f"preference model v{row.version}"
+    else:
+        row, name = None, "the preference model"
     try:
-        path = storage.job_path(parsed.path)
+        path = storage.job_path(row.path if row is not None else parsed.path)
     except ValueError as exc:
-        return f"must be '', 'latest', 'vN' or a path: {exc}"
-    return weights_problem("preference", path, weight_format="preference-model")
+        return (f"{name}'s file is gone: {exc}" if row is not None
+                else f"must be '', 'latest', 'vN' or a path: {exc}")
+    if (problem := weights_problem("preference", path, weight_format="preference-model")):
+        return f"{name}: {problem}"
+    features = saved_features(path)
+    if features == "shapes" and model != "shapes":
+        return (f"{name} reads the shapes world's images and prompts (features 'shapes'): it "
+                f"cannot score model {model!r}; fit one with features 'clip' for it")
+    return None
 
 
 def _training_dataset_problems(session: Session, dataset_id: int, config: dict[str, Any],
@@ -527,11 +539,15 @@ def _check_votes_to_fit(session: Session, config: dict[str, Any], problems: Prob
     min_votes = config.get("min_votes")
     if "min_votes" in {f for f, _ in problems} or not isinstance(min_votes, int):
         return
-    clean = preference.clean_vote_count(session)
+    features = str(config.get("features", "shapes"))
+    clean, unreadable = preference.readable_clean_vote_count(session, features)
     if needed := preference.votes_short_of_a_fit(clean, min_votes):
         problems.append(("min_votes", f"the studio has {clean} clean vote(s) (a, b or tie, not "
-                                      f"excluded); a fit needs at least {needed}: vote in the "
-                                      "arena first"))
+                                      "excluded)"
+                         + (f" on images the {features!r} features read ({unreadable} more are "
+                            "on other models' samples or prompts; features 'clip' reads any)"
+                            if unreadable else "")
+                         + f"; a fit needs at least {needed}: vote in the arena first"))
 
 
 def validate_config(session: Session, kind: str, config: dict[str, Any] | None,

@@ -10,8 +10,9 @@ sample's score with `set_scores`. Functions take a Session first and flush; no c
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Literal
 
 from sqlalchemy import func, select, update
@@ -20,6 +21,7 @@ from sqlalchemy.orm import Session, aliased
 from app.errors import NotFound
 from app.limits import MAX_ID
 from app.models import PreferenceModelRow, RolloutGroup, Sample, Vote
+from app.services import storage
 
 # ASCII digits only: str.isdigit() is also true of "²" and other digits int() refuses
 _VERSION = re.compile(r"v?([0-9]+)")
@@ -109,6 +111,55 @@ def fit_votes(session: Session, *, include_excluded: bool = False) -> list[dict[
              "checkpoint_ids": (ca, cb)}
             for vid, outcome, pa, pb, prompt, ca, cb in session.execute(stmt)]
 
+
+
+def readable_votes(rows: list[dict[str, Any]], features: str,
+                   image_shape: Callable[[str], tuple[int, ...]]
+                   ) -> tuple[list[dict[str, Any]], int]:
+    """The votes (fit_votes rows) whose two images a fit with `features` reads
+    (trainer.rewards.preference.features_problem: the shapes features read the shapes world
+    alone), and how many were left out. `image_shape(path)`: an image's (H, W, ...), asked
+    only once its prompt passed."""
+    from trainer.rewards.preference import features_problem
+
+    readable = [row for row in rows if features_problem(features, row["prompt"]) is None
+                and all(features_problem(features, row["prompt"], image_shape(row[side]))
+                        is None for side in ("a_path", "b_path"))]
+    return readable, len(rows) - len(readable)
+
+
+def stored_image_shape(rel_path: str) -> tuple[int, int]:
+    """(height, width) of a stored image from its header alone; (0, 0) when it cannot be
+    read. Kept by file (path, modification time and size): a fit's submission asks for every
+    voted image, and most were asked for by the one before."""
+    try:
+        path = storage.resolve(rel_path)
+        stat = path.stat()
+    except (OSError, ValueError, NotFound):
+        return 0, 0
+    return _image_shape(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=100_000)
+def _image_shape(path: str, _mtime_ns: int, _size: int) -> tuple[int, int]:
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            return image.height, image.width
+    except (OSError, ValueError):
+        return 0, 0
+
+
+def readable_clean_vote_count(session: Session, features: str) -> tuple[int, int]:
+    """(clean votes a fit with `features` learns from, clean votes it would leave out)."""
+    from trainer.rewards.outcomes import LABELLED_OUTCOMES
+
+    if features != "shapes":
+        return clean_vote_count(session), 0
+    rows = [r for r in fit_votes(session) if r["outcome"] in LABELLED_OUTCOMES]
+    readable, unreadable = readable_votes(rows, features, stored_image_shape)
+    return len(readable), unreadable
 
 def clean_vote_count(session: Session) -> int:
     """Votes a fit learns from: not excluded, with a preference (a, b or tie)."""

@@ -153,7 +153,9 @@ def seed_group(job_id=None, *, iteration=0, prompt="two red circles", g=4, check
 
     # each member its own colour, and each checkpoint its own shade of it: two checkpoints'
     # pictures from one noise differ, as the arena's cross-checkpoint pairs must
-    samples = [{"png": png((40 * i % 256, 50 * (checkpoint_id or 0) % 256, 0)), "member_index": i,
+    # 32 px, the shapes model's size: what a preference fit on the shapes features reads
+    samples = [{"png": png((40 * i % 256, 50 * (checkpoint_id or 0) % 256, 0), size=32),
+                "member_index": i,
                 "rewards": {"count": i / g}, "advantage": i - (g - 1) / 2,
                 "is_anchor": i == 0} for i in range(g)]
     with session_scope() as s:

@@ -188,6 +188,28 @@ def test_base_checkpoint_must_be_weights_of_the_model(client, admin, settings):
     assert r.status_code == 201, r.text
 
 
+
+def test_a_recorded_preference_model_whose_file_is_gone_is_422(client, admin, settings):
+    """The newest (or a named) preference model is checked like one given by path: a row
+    whose file is gone is a 422, not a job that fails at its first scoring."""
+    from app.db import session_scope
+    from app.services import preference as pref_svc
+    from trainer.rewards.preference import FitConfig, PreferenceModel
+
+    path = settings.resolved_storage_dir / pref_svc.model_path(1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    PreferenceModel(FitConfig(width=8, ensemble=1)).save(path)
+    with session_scope() as s:
+        pref_svc.record_model(s, version=1, path=pref_svc.model_path(1), report={})
+    weights = {"count": 1, "preference": 1}
+    assert _post(client, admin, "train", {"reward_weights": weights}, "tiny").status_code == 201
+    path.unlink()
+    for spec in ("", "latest", "v1"):
+        r = _post(client, admin, "train", {"reward_weights": weights,
+                                           "preference_model": spec}, "tiny")
+        assert r.status_code == 422 and _fields(r) == ["preference_model"], (spec, r.text)
+        assert "preference model v1's file is gone" in r.text and "does not exist" in r.text
+
 def test_a_split_without_prompts_is_422(client, admin):
     up = client.post("/api/datasets", files={"file": ("p.txt", b"one red circle\ntwo red circles\n",
                                                 "text/plain")},

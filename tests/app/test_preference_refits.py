@@ -47,9 +47,10 @@ def test_a_fit_starts_from_the_newest_model_when_it_can(settings):
     assert newest_model(config) is None
 
 
-def _stored_group(rng: np.random.Generator) -> tuple[int, list[tuple[int, int]]]:
-    """One stored group of six random samples and an annotator: (their id, the group's 15
-    pairs of sample ids)."""
+def _stored_group(rng: np.random.Generator, prompt: str = "one red circle", size: int = 32,
+                  voter: str = "voter") -> tuple[int, list[tuple[int, int]]]:
+    """One stored group of six random `size` px samples for `prompt` and an annotator named
+    `voter` (made if new): (their id, the group's 15 pairs of sample ids)."""
     import io
     from itertools import combinations
 
@@ -62,16 +63,19 @@ def _stored_group(rng: np.random.Generator) -> tuple[int, list[tuple[int, int]]]
 
     def png() -> bytes:
         buf = io.BytesIO()
-        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(buf, "PNG")
+        Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(buf, "PNG")
         return buf.getvalue()
 
     with session_scope() as s:
         group = record_rollout_group(
-            s, job_id=None, iteration=0, prompt_text="one red circle", checkpoint_id=None,
+            s, job_id=None, iteration=0, prompt_text=prompt, checkpoint_id=None,
             solver="dpm++", steps=8, sigma=0.3, seed=0, purpose=None,
             samples=[{"png": png(), "member_index": i, "rewards": {}, "advantage": 0.0,
                       "is_anchor": i == 0} for i in range(6)])
-        voter, _ = auth.create_user(s, "voter", "annotator")
+        from app.models import User
+
+        voter = (s.scalar(select(User).where(User.name == voter))
+                 or auth.create_user(s, voter, "annotator")[0])
         ids = list(s.scalars(select(Sample.id).where(Sample.group_id == group)
                              .order_by(Sample.id)))
     return voter.id, list(combinations(ids, 2))
@@ -240,3 +244,45 @@ def test_fits_that_finish_together_each_record_their_own_version(settings):
     assert (root / pref_svc.model_path(1)).read_bytes() == b""  # left as it was
     assert not (root / pref_svc.model_path(2)).exists()  # its claim given back
     assert not list((root / "preference").glob(".tmp-*"))
+
+
+def test_a_shapes_features_fit_learns_from_the_shapes_votes_and_counts_the_rest(settings):
+    """Votes on a FLUX-size sample or a prompt the shapes world cannot draw are left out of
+    a fit with the shapes features (it reads 32x32 images and shapes prompts) and counted;
+    the samples it cannot read keep no score; submission counts what such a fit can use."""
+    from sqlalchemy import select
+
+    from app.errors import Invalid
+    from app.models import RolloutGroup, Sample
+    from app.services import jobs
+    from worker.preference import fit_and_record
+
+    rng = np.random.default_rng(3)
+    voter_id, shapes_pairs = _stored_group(rng)
+    _, big_pairs = _stored_group(rng, size=64)  # a shapes prompt drawn by another model
+    _, cat_pairs = _stored_group(rng, prompt="a cat on a sofa")
+    for n in range(3):
+        _vote(voter_id, big_pairs, n, "a")
+    for n in range(3, 5):
+        _vote(voter_id, cat_pairs, n, "b")
+    with session_scope() as s:  # 5 clean votes, none readable: a fit needs 4 readable
+        try:
+            jobs.validate_config(s, "fit_preference", {"score_samples": False})
+        except Invalid as exc:
+            message = exc.message
+        else:
+            raise AssertionError("a fit with no vote it can read was accepted")
+    assert "0 clean vote(s)" in message and "(5 more are on other models' samples" in message
+    for n, outcome in zip(range(5, 10), ["a", "b", "tie", "a", "b"], strict=True):
+        _vote(voter_id, shapes_pairs, n, outcome)
+    with session_scope() as s:
+        jobs.validate_config(s, "fit_preference", {"score_samples": False})  # 5 readable
+    _model, row = fit_and_record(FitConfig(width=8, epochs=1, ensemble=1))
+    assert row["votes_used"] == 5 and row["report"]["votes_fitted"] == 5
+    assert row["report"]["votes_ignored"] == {"unreadable_images": 5}
+    with session_scope() as s:
+        scored = s.execute(select(RolloutGroup.prompt_text, Sample.preference_version)
+                           .join(Sample.group)).all()
+    # the 32 px shapes group alone: not the 64 px one, not the cat
+    assert sum(version is not None for _, version in scored) == 6
+    assert {prompt for prompt, version in scored if version is not None} == {"one red circle"}

@@ -471,3 +471,24 @@ def test_a_base_model_rollout_samples_the_base_model_itself(settings, models):
     (models / "tiny-flux" / "vae" / "config.json").unlink()
     with pytest.raises(JobError, match="missing vae/config.json"):
         sampling_spec(cfg, None)
+
+
+def test_a_shapes_features_preference_model_cannot_blend_into_a_flux_run(client, admin,
+                                                                         models, settings):
+    """A preference model fitted on the shapes features reads the shapes world's 32x32
+    images and prompts: blended into a FLUX run it would fail at the first scoring, so the
+    job is refused naming preference_model; one on CLIP features is the way."""
+    from app.db import session_scope
+    from app.services import preference as pref_svc
+    from trainer.rewards.preference import FitConfig, PreferenceModel
+
+    path = settings.resolved_storage_dir / pref_svc.model_path(1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    PreferenceModel(FitConfig(width=8, ensemble=1)).save(path)
+    with session_scope() as s:
+        pref_svc.record_model(s, version=1, path=pref_svc.model_path(1), report={})
+    blend = {**FLUX, "reward_weights": {"jpeg_compressibility": 1.0, "preference": 1.0}}
+    r = _post(client, admin, "train", blend, "tiny")
+    assert r.status_code == 422 and list(_errors(r)) == ["preference_model"], r.text
+    assert ("preference model v1 reads the shapes world's images and prompts (features "
+            "'shapes'): it cannot score model 'flux'; fit one with features 'clip'") in r.text

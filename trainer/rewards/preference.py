@@ -27,7 +27,7 @@ import json
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from torch import nn
 
 from trainer.rewards.fit_config import MIN_FIT_VOTES, FitConfig
 from trainer.rewards.outcomes import LABELLED_OUTCOMES, OUTCOMES, TARGET_A, Outcome
-from trainer.shapes.world import PROMPT_LENGTH, VOCAB, tokenize
+from trainer.shapes.world import IMAGE_SIZE, PROMPT_LENGTH, VOCAB, not_shapes_prompts, tokenize
 
 
 @dataclass
@@ -192,6 +192,41 @@ class Ensemble(nn.Module):
         return torch.stack([member(*inputs) for member in self.members])
 
 
+def features_problem(features: str, prompt: str, image_shape: tuple[int, ...] | None = None
+                     ) -> str | None:
+    """Why a preference model with `features` cannot score an image made for `prompt` (of
+    `image_shape`, when given: None checks the prompt alone, before any image is loaded), or
+    None. The shapes features tokenize the shapes world's prompts and read its 32x32 images;
+    CLIP's take any text and image (its processor resizes each image)."""
+    if features != "shapes":
+        return None
+    if not_shapes_prompts([prompt]):
+        return f"not a shapes prompt: {prompt[:60]!r}"
+    if image_shape is not None and tuple(image_shape[:2]) != (IMAGE_SIZE, IMAGE_SIZE):
+        return (f"a {image_shape[1]}x{image_shape[0]} image (the shapes features read the "
+                f"shapes world's {IMAGE_SIZE}x{IMAGE_SIZE} ones)")
+    return None
+
+
+def saved_features(path: str | Path) -> str:
+    """The features ('shapes' or 'clip') of the preference model saved at `path`, read from
+    its header alone (ValueError when it is not a preference model)."""
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    if meta.get("format") != "preference-model":
+        raise ValueError(f"{path} is not a preference model")
+    return str(json.loads(meta["fit_config"]).get("features", "shapes"))
+
+
+def image_batch(images: Sequence[np.ndarray]) -> np.ndarray | list[np.ndarray]:
+    """Images as one array where they share a size (what the shapes features need), else as
+    a list (CLIP's processor resizes each; samples of several models or resolutions)."""
+    if len({image.shape for image in images}) <= 1:
+        return np.stack(images) if len(images) else np.zeros((0, IMAGE_SIZE, IMAGE_SIZE, 3),
+                                                              np.uint8)
+    return list(images)
+
+
 class PreferenceModel:
     """A fitted preference reward; callable as a registry reward `(images, prompts) -> (N,)`."""
 
@@ -216,6 +251,10 @@ class PreferenceModel:
         if self.config.features == "shapes":
             return ShapesPreferenceNet(self.config.width, spread=self.config.spread_pooling)
         return ClipPreferenceHead(self._clip_encoder().dim)
+
+    def can_score(self, image: np.ndarray, prompt: str) -> bool:
+        """Whether this model's features read `image` made for `prompt` (features_problem)."""
+        return features_problem(self.config.features, prompt, image.shape) is None
 
     # -- features -------------------------------------------------------------------------------
     def _clip_encoder(self) -> _ClipEncoder:
@@ -477,8 +516,8 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
         config = replace(config, epochs=config.warm_start_epochs)
 
     def tensors(subset: list[PreferencePair]):
-        images_a = np.stack([p.image_a for p in subset])
-        images_b = np.stack([p.image_b for p in subset])
+        images_a = image_batch([p.image_a for p in subset])
+        images_b = image_batch([p.image_b for p in subset])
         prompts = [p.prompt for p in subset]
         labels = torch.tensor([TARGET_A[p.outcome] for p in subset], device=config.device)
         return model._inputs(images_a, prompts), model._inputs(images_b, prompts), labels
@@ -508,8 +547,9 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
                  ) -> tuple[float | None, float | None, float | None]:
         if not subset:
             return None, None, None
-        p = model.prob_a_beats_b(np.stack([q.image_a for q in subset]),
-                                 np.stack([q.image_b for q in subset]), [q.prompt for q in subset])
+        p = model.prob_a_beats_b(image_batch([q.image_a for q in subset]),
+                                 image_batch([q.image_b for q in subset]),
+                                 [q.prompt for q in subset])
         y = np.array([TARGET_A[q.outcome] for q in subset])
         decisive = np.array([Outcome(q.outcome).decisive for q in subset])
         accuracy = float(((p > 0.5) == (y > 0.5))[decisive].mean()) if decisive.any() else None
