@@ -118,6 +118,11 @@ class Settings(BaseSettings):
         8 * 1024 * 1024, ge=1024, description="MAX_REQUEST_BYTES: the largest request body, in "
         "bytes, other than a dataset upload (votes, job configs, the UI's events; default 8 "
         "MiB); a larger one is answered 413 before it is read whole.")
+    allowed_origins: str = Field(
+        "", description="ALLOWED_ORIGINS: other origins (scheme://host[:port], comma-separated) "
+        "whose pages may send requests to the studio, for a studio a proxy serves under another "
+        "name than the Host it forwards. Empty: only the studio's own pages (the request's Host "
+        "or X-Forwarded-Host); a request from any other page is a 403 (app/same_origin.py).")
     image_cache_seconds: int = Field(
         86400, ge=0, description="IMAGE_CACHE_SECONDS: how long a browser may cache a stored file "
         "from /api/media (Cache-Control max-age); they never change once written.")

@@ -22,6 +22,7 @@ from app.config import UI_PATH, Settings, get_settings
 from app.errors import ServiceError
 from app.json_values import EscapingJSONResponse
 from app.migrate import migrations_current
+from app.same_origin import SameOriginGuard, no_cross_origin_sharing, parse_allowed_origins
 from app.schemas import Problems, validation_problem
 from app.services.jobs import Enqueuer
 
@@ -217,11 +218,15 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
         from app.ui import mount
         from app.ui.sessions import UiSessionGuard
 
+        no_cross_origin_sharing(app)  # before mount: Gradio's CORS defers to the parent's
         app = mount(app)
         # a logged-in UI session acts only for its own browser (app/ui/sessions.py)
         app.add_middleware(UiSessionGuard, ui_path=UI_PATH)
     # stored files need a token on the UI's routes too (app/api/media.py says the rule)
     app.add_middleware(media.StoredFilesGuard, ui_path=UI_PATH)
-    # outermost: no body passes its limit on its way to either of the above (app/api/body_limit.py)
+    # no body passes its limit on its way to either of the above (app/api/body_limit.py)
     app.add_middleware(body_limit.RequestBodyLimit, settings=settings, ui_path=UI_PATH)
+    # outermost: another page's request is refused before anything reads it (app/same_origin.py)
+    app.add_middleware(SameOriginGuard,
+                       allowed_origins=parse_allowed_origins(settings.allowed_origins))
     return app

@@ -393,3 +393,49 @@ def test_user_errors_read_clean_and_unexpected_ones_leak_nothing(settings, admin
     assert "needs role admin" in jobs.act(None, "cancel", _token(annotator), 1)
     text = error_text(FileNotFoundError(2, "No such file", "/srv/secret/thing.txt"))
     assert "/srv/secret" not in text and "FileNotFoundError" in text
+
+
+# --- another page on the same site: no request of theirs is answered --------------------------
+def test_a_request_from_another_origin_is_refused_and_gets_no_cors_answer(settings, admin,
+                                                                          monkeypatch):
+    """A page on another port of the studio's host (or a sibling subdomain) is the same site:
+    the browser sends it the UI's SameSite=Strict cookie. Its requests, which carry its
+    Origin, are refused before Gradio sees them, preflights included; Gradio's CORS, which
+    answered such origins with credentials allowed, no longer answers at all. The studio's
+    own pages, proxies that forward the Host, ALLOWED_ORIGINS and scripts (no Origin) pass."""
+    from fastapi.testclient import TestClient
+
+    from app.config import get_settings
+    from app.main import create_app
+
+    monkeypatch.setenv("ALLOWED_ORIGINS", "https://studio.example.com, http://10.0.0.5:8080/")
+    get_settings.cache_clear()
+    app = create_app(get_settings(), enqueuer=lambda job_id, kind: None, mount_ui=True)
+    join = {"data": [None], "fn_index": 0, "trigger_id": None, "session_hash": "abcdefgh12"}
+    evil = {"Origin": "http://127.0.0.1:9999"}
+    with TestClient(app) as client:
+        for method, path, body, headers in (
+                ("POST", "/ui/gradio_api/queue/join", join, {}),
+                ("GET", "/ui/gradio_api/queue/data?session_hash=abcdefgh12", None, {}),
+                ("GET", "/api/auth/me", None, admin),
+                ("GET", "/ui/", None, {})):
+            r = client.request(method, path, json=body, headers={**headers, **evil})
+            assert r.status_code == 403 and r.json()["field"] == "origin", (path, r.text)
+            assert "access-control-allow-origin" not in r.headers, path
+        r = client.options("/ui/gradio_api/queue/join", headers={
+            **evil, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type"})
+        assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
+        assert client.post("/ui/gradio_api/queue/join", json=join,
+                           headers={"Origin": "null"}).status_code == 403
+        # the studio's own pages (Origin = Host), forwarded names, configured names, scripts
+        for headers in ({"Origin": "http://testserver"},
+                        {"Origin": "https://studio.example.com"},
+                        {"Origin": "http://10.0.0.5:8080"},
+                        {"Origin": "https://ui.example.org", "X-Forwarded-Host": "ui.example.org"},
+                        {}):
+            r = client.get("/api/auth/me", headers={**admin, **headers})
+            assert r.status_code == 200, (headers, r.text)
+            assert "access-control-allow-origin" not in r.headers
+            r = client.post("/ui/gradio_api/queue/join", json=join, headers=headers)
+            assert r.status_code != 403 and "access-control-allow-credentials" not in r.headers
