@@ -39,8 +39,9 @@ from trainer.distributed import (
 )
 from trainer.loop import Trainer
 from trainer.models import checkpoint_directory
-from worker.torchrun import advertised_host, node_started_line
+from worker.torchrun import advertised_host, node_started_line, rank_error_line
 from worker.training import (
+    SELF_EXPLAINING_ERRORS,
     TrainRecorder,
     attach_preference,
     attach_preference_version,
@@ -184,8 +185,23 @@ def recorded_checkpoint_dir(job_id: int) -> Path | None:
         return checkpoint_directory(storage.resolve(ckpt.path)) if ckpt is not None else None
 
 
+def report_failure(exc: BaseException) -> None:
+    """Say on one line why this rank failed, for the worker to make the job's error of it
+    (worker.torchrun.failure): torchrun's summary of a failed rank does not say."""
+    from worker.tasks import describe_error
+
+    line = rank_error_line(int(os.environ.get("RANK", 0)), exc,
+                           clean=isinstance(exc, SELF_EXPLAINING_ERRORS),
+                           traceback_tail=describe_error(exc).split("\n\n", 1)[-1])
+    print(line, file=sys.stderr, flush=True)
+
+
 if __name__ == "__main__":
-    code = main()
+    try:
+        code = main()
+    except Exception as exc:
+        report_failure(exc)
+        raise
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

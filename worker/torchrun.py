@@ -27,6 +27,7 @@ holder.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -58,6 +59,46 @@ POLL_SECONDS = 1.0
 # what worker.distributed_train logs when a node's processes have joined the job's process
 # group (local rank 0 of each node); the worker copies these lines into its own log
 NODE_LINE = re.compile(r"job \d+: node \d+ of \d+ started on \S+ \(global ranks [^)]*\)")
+
+
+# A rank that fails says why on one line with this prefix (JSON after it: rank, the error's
+# type and message, whether its message says it all, the traceback's tail): torchrun's own
+# summary of a failed rank holds none of it, and in its output the ranks' tracebacks come
+# before the summary's twenty-odd lines, where a tail of the output never reaches.
+RANK_ERROR_PREFIX = "ngrpo-rank-error "
+
+
+def rank_error_line(rank: int, exc: BaseException, *, clean: bool, traceback_tail: str) -> str:
+    """The line a failed rank writes (RANK_ERROR_PREFIX)."""
+    return RANK_ERROR_PREFIX + json.dumps({
+        "rank": rank, "type": type(exc).__name__, "message": str(exc), "clean": clean,
+        "traceback": traceback_tail})
+
+
+def rank_errors(text: str) -> list[dict]:
+    """The failed ranks' lines in a torchrun's output, lowest rank first."""
+    found = []
+    for line in text.splitlines():
+        _, marker, payload = line.partition(RANK_ERROR_PREFIX)
+        if marker:
+            with contextlib.suppress(ValueError):
+                found.append(json.loads(payload))
+    return sorted(found, key=lambda e: e.get("rank", 0))
+
+
+def failure(code: int | None, text: str) -> Exception:
+    """Why a node's torchrun failed, as the job's error: the first rank whose error says it
+    all (a JobError's message: a reward server down, a run that diverged) alone, else the
+    first failed rank's error and traceback; without any, torchrun's own last lines."""
+    errors = rank_errors(text)
+    if clean := next((e for e in errors if e.get("clean")), None):
+        return JobError(clean["message"])
+    if errors:
+        first = errors[0]
+        return RuntimeError(f"rank {first['rank']} failed: {first['type']}: "
+                            f"{first['message']}\n\n{first['traceback']}")
+    return RuntimeError(f"torchrun exited with code {code} before the job finished:\n"
+                        f"{tail(text)}")
 
 
 def node_started_line(job_id: int, node_rank: int, nnodes: int, host: str, first: int,
@@ -281,8 +322,7 @@ def run_torchrun(job_id: int, worker_name: str, config: TrainConfig, nproc: int,
                        "serving the train queue that is idle and can reach that address "
                        "(README \"Workers\"); relaunch with a smaller train_nnodes, or raise "
                        "RDZV_JOIN_TIMEOUT")
-    raise RuntimeError(f"torchrun exited with code {code} before the job finished:\n"
-                       f"{tail(text)}")
+    raise failure(code, text)
 
 
 def run_join(rdzv: Rendezvous, shutdown: threading.Event) -> str:
@@ -305,6 +345,6 @@ def run_join(rdzv: Rendezvous, shutdown: threading.Event) -> str:
     if started:  # its ranks were in the job: the others would wait for them in vain
         with session_scope() as s:
             if jobs.holds(s, rdzv.job_id, rdzv.holder):
-                jobs.mark_failed(s, rdzv.job_id, f"the node on {advertised_host()} exited with "
-                                 f"code {code}:\n{tail(text)}")
+                jobs.mark_failed(s, rdzv.job_id, f"the node on {advertised_host()} failed: "
+                                 f"{failure(code, text)}")
     return JobStatus.FAILED

@@ -343,6 +343,12 @@ def prepare_trainer(job_id: int, model: FlowModel | None = None
     return trainer, config, ckpt_id, last_vote
 
 
+# errors whose message says it all, named the way the job's error shows them (no traceback):
+# what prepare_trainer and run_training turn into JobErrors, and a rank of a distributed job
+# reports as such (worker.distributed_train)
+SELF_EXPLAINING_ERRORS = (JobError, ConfigError, TrainingDiverged, RewardServerError,
+                          RewardWeightsMissing, RewardWeightsUnloadable)
+
 def run_training(job_id: int, worker_name: str, shutdown: threading.Event | None = None) -> str:
     """Train in this process (the job is already claimed). Returns the final status."""
     trainer, config, ckpt_id, last_vote = prepare_trainer(job_id)

@@ -242,3 +242,45 @@ def test_the_other_ranks_resolve_latest_to_the_version_rank_0_chose(stack):
     newest, pinned = resolve_preference(config), resolve_preference(config, latest=1)
     assert newest[0].endswith("v2.safetensors") and newest[1:] == (2, 8)
     assert pinned[0].endswith("v1.safetensors") and pinned[1:] == (1, 6)
+
+
+def test_a_failed_rank_gives_the_job_its_reason_not_torchruns_summary(stack):
+    """A job on two processes whose reward server cannot be reached fails with the message a
+    one-process job gives (the ranks say why on a line the worker reads), not with torchrun's
+    "worker.distributed_train FAILED" summary."""
+    stack.start_worker(extra_env={"TRAIN_NPROC": "2", "OMP_NUM_THREADS": "1"})
+    job_id = create_train_job(iterations=1, prompts_per_iteration=2,
+                              reward_server_url="http://127.0.0.1:1")
+    stack.send(job_id)
+    job = wait_for(lambda: (j := job_row(job_id)).status in ("succeeded", "failed") and j, 180,
+                   "the distributed job", stack)
+    assert job.status == "failed"
+    assert job.error.startswith("reward server at http://127.0.0.1:1 cannot be reached"), \
+        job.error
+    assert "torchrun" not in job.error and "Traceback" not in job.error
+
+
+def test_a_torchrun_failure_names_the_first_failed_ranks_error():
+    """How the worker reads a failed torchrun's output: a self-explaining error alone (the
+    first such rank's), else the first failed rank's error with its traceback, else
+    torchrun's last lines."""
+    from worker.lease import JobError
+    from worker.torchrun import failure, rank_error_line
+
+    def line(rank: int, exc: Exception, clean: bool) -> str:
+        return f"[rank{rank}]: " + rank_error_line(rank, exc, clean=clean,
+                                                    traceback_tail=f"File x, line {rank}")
+
+    summary = "\n".join(f"torchrun summary line {i}" for i in range(30))
+    text = "\n".join([line(1, KeyError("k"), False), "noise", line(0, ValueError("bad\nvalue"),
+                                                                      False), summary])
+    error = failure(1, text)
+    assert isinstance(error, RuntimeError)
+    assert str(error).startswith("rank 0 failed: ValueError: bad\nvalue\n\nFile x, line 0")
+    text = "\n".join([line(0, ValueError("v"), False), line(1, RuntimeError("down"), True),
+                      summary])
+    error = failure(1, text)
+    assert isinstance(error, JobError) and str(error) == "down"
+    error = failure(-9, summary)
+    assert isinstance(error, RuntimeError) and "torchrun exited with code -9" in str(error)
+    assert "torchrun summary line 29" in str(error)
