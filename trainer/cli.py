@@ -387,7 +387,12 @@ def _model_spec(args: argparse.Namespace):
     --model and --model-path default to its run's; a bare diffusers LoRA (a checkpoint's
     zip download, another tool's LoRA) carries its rank and targets but not its base, which
     --model and --model-path name. Sets args.model to the model loaded."""
-    from trainer.models import ModelSpec, checkpoint_spec, uses_model_directory
+    from trainer.models import (
+        ModelSpec,
+        checkpoint_spec,
+        resolution_limit_problem,
+        uses_model_directory,
+    )
 
     checkpoint = _checkpoint_of(args)
     try:
@@ -413,6 +418,9 @@ def _model_spec(args: argparse.Namespace):
     # images are its latents, drawn at the world's one size whatever is asked)
     if (problem := resolution_problem(spec.name, spec.resolution,
                                       default="--resolution left out")) is not None:
+        raise ConfigError("--resolution", problem)
+    if spec.path and (problem := resolution_limit_problem(spec.name, spec.path,
+                                                          spec.resolution)) is not None:
         raise ConfigError("--resolution", problem)
     args.model = spec.name
     return spec

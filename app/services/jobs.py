@@ -339,6 +339,19 @@ def _checkpoint_specs(session: Session, ids: list[Any]) -> dict[int, Any]:
     return specs
 
 
+def _check_resolution_limit(model: str, model_path: str, config: dict[str, Any],
+                            problems: Problems) -> None:
+    """The resolution a complete model directory can draw (an SD3 transformer's position
+    embedding has a largest size: trainer.models.resolution_limit_problem)."""
+    from trainer.models import resolution_limit_problem
+
+    resolution = config.get("resolution")
+    if not isinstance(resolution, int) or "resolution" in {f for f, _ in problems}:
+        return
+    problem = resolution_limit_problem(model, storage.model_dir(model_path), resolution)
+    if problem is not None:
+        problems.append(("resolution", problem))
+
 def _check_model(session: Session, kind: str, config: dict[str, Any], problems: Problems
                  ) -> None:
     """The model a job loads, checked before a worker tries: a flux / sd3 train job's
@@ -369,6 +382,8 @@ def _check_model(session: Session, kind: str, config: dict[str, Any], problems: 
                                            list(config.get("lora_target_modules") or []))
             if targets is not None:
                 problems.append(("lora_target_modules", targets))
+        if problem is None and model_path and isinstance(model, str):
+            _check_resolution_limit(model, model_path, config, problems)
         return
     if kind not in ("rollout", "evaluate") or "model" in malformed:
         return
@@ -403,6 +418,8 @@ def _check_model(session: Session, kind: str, config: dict[str, Any], problems: 
             if model_path:
                 if (problem := model_path_problem(model, model_path)) is not None:
                     problems.append(("model_path", problem))
+                else:
+                    _check_resolution_limit(model, model_path, config, problems)
             elif not ids:
                 problems.append(("model_path", f"sampling the base {model!r} model needs "
                                                "model_path, its diffusers-format directory "

@@ -492,3 +492,26 @@ def test_a_shapes_features_preference_model_cannot_blend_into_a_flux_run(client,
     assert r.status_code == 422 and list(_errors(r)) == ["preference_model"], r.text
     assert ("preference model v1 reads the shapes world's images and prompts (features "
             "'shapes'): it cannot score model 'flux'; fit one with features 'clip'") in r.text
+
+
+def test_an_sd3_resolution_its_transformer_cannot_draw_is_422(client, admin, settings):
+    """Train and base-model rollout jobs on an SD3 directory whose position embedding stops
+    short of the resolution asked (the tiny model's 128 px, below the default 512) are refused
+    naming resolution, not failed by diffusers on a worker."""
+    from tiny_diffusers import write_tiny_sd3
+
+    root = settings.resolved_models_dir
+    root.mkdir(parents=True, exist_ok=True)
+    write_tiny_sd3(root / "tiny-sd3")
+    sd3 = {**FLUX, "model": "sd3", "model_path": "tiny-sd3"}
+    for resolution in (0, 256):
+        r = _post(client, admin, "train", {**sd3, "resolution": resolution}, "tiny")
+        assert r.status_code == 422 and list(_errors(r)) == ["resolution"], r.text
+        assert "this sd3 model draws at most 128x128 images" in r.text
+    assert _post(client, admin, "train", {**sd3, "resolution": 128}, "tiny").status_code == 201
+    dataset = _dataset(client, admin)
+    rollout = {"dataset_id": dataset, "model": "sd3", "model_path": "tiny-sd3"}
+    r = _post(client, admin, "rollout", rollout)
+    assert r.status_code == 422 and list(_errors(r)) == ["resolution"], r.text
+    r = _post(client, admin, "rollout", {**rollout, "resolution": 96})
+    assert r.status_code == 201, r.text

@@ -478,6 +478,37 @@ def test_missing_or_incomplete_model_directory(flux_dev, tmp_path):
     assert model_dir_problem("flux", incomplete) == message
 
 
+def test_an_sd3_resolution_beyond_its_position_embedding_is_named_before_it_loads(
+        sd3, flux_dev, tmp_path, capsys):
+    """SD3's transformer embeds positions for at most pos_embed_max_size patches a side: a
+    larger resolution (the tiny one's default 512 included) is said from the directory's
+    config files, by the library before the weights load and by the CLI, not by diffusers in
+    the first forward pass."""
+    from trainer.models import resolution_limit_problem
+
+    config = json.loads((sd3 / "transformer" / "config.json").read_text())
+    vae = json.loads((sd3 / "vae" / "config.json").read_text())
+    largest = (config["pos_embed_max_size"] * config["patch_size"]
+               * 2 ** (len(vae["block_out_channels"]) - 1))
+    assert resolution_limit_problem("sd3", sd3, largest) is None
+    too_large = resolution_limit_problem("sd3", sd3, largest + 16)
+    assert too_large == (f"this sd3 model draws at most {largest}x{largest} images (its "
+                         f"transformer's pos_embed_max_size {config['pos_embed_max_size']} x "
+                         f"patch_size {config['patch_size']} x the VAE's "
+                         f"{2 ** (len(vae['block_out_channels']) - 1)}x), got {largest + 16}")
+    assert resolution_limit_problem("sd3", sd3, 0).endswith("got 512 (the default)")
+    assert resolution_limit_problem("flux", flux_dev, 4096) is None  # rotary positions
+    with pytest.raises(ConfigError, match=re.escape(f"resolution: {too_large}")):
+        load_flow_model(ModelSpec(name="sd3", path=str(sd3), resolution=largest + 16))
+    load_flow_model(ModelSpec(name="sd3", path=str(sd3), resolution=largest))
+    out, prompts = tmp_path / "samples", tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    assert cli_main(["sample", "--model", "sd3", "--model-path", str(sd3), "--prompts",
+                     str(prompts), "--seeds", "1", "--steps", "1",
+                     "--resolution", str(largest + 16), "--device", "cpu",
+                     "--out", str(out)]) == 2
+    assert f"--resolution: {too_large}" in capsys.readouterr().err and not out.exists()
+
 def test_a_directory_of_the_other_model_is_named_before_it_loads(flux_dev, sd3, tmp_path,
                                                                    capsys):
     """An SD3 directory holds every file a FLUX one does: model_index.json's _class_name

@@ -128,6 +128,30 @@ def uses_model_directory(name: str) -> bool:
     return name in _DIRECTORY_FILES
 
 
+def resolution_limit_problem(name: str, path: str | Path, resolution: int) -> str | None:
+    """Why the model directory at `path` cannot draw `resolution` px images (0: the default,
+    512), or None; read from its config files alone. SD3's transformer has a learned position
+    embedding for at most `pos_embed_max_size` patches a side (diffusers raises deep inside
+    the first forward pass beyond it); FLUX's rotary positions have no such limit."""
+    if name != "sd3":
+        return None
+    from trainer.config import DIFFUSERS_DEFAULT_RESOLUTION
+
+    try:
+        transformer = json.loads((Path(path) / "transformer" / "config.json").read_text())
+        vae = json.loads((Path(path) / "vae" / "config.json").read_text())
+        patches, patch = int(transformer["pos_embed_max_size"]), int(transformer["patch_size"])
+        vae_scale = 2 ** (len(vae["block_out_channels"]) - 1)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # an incomplete directory: model_dir_problem says what is missing
+    largest = patches * patch * vae_scale
+    wanted = resolution or DIFFUSERS_DEFAULT_RESOLUTION
+    if wanted > largest:
+        return (f"this sd3 model draws at most {largest}x{largest} images (its transformer's "
+                f"pos_embed_max_size {patches} x patch_size {patch} x the VAE's {vae_scale}x), "
+                f"got {wanted}" + (" (the default)" if not resolution else ""))
+    return None
+
 def model_dir_problem(name: str, path: str | Path) -> str | None:
     """Why `path` is not a complete model directory for `name`, or None: every missing file
     named, with what the directory should hold."""

@@ -120,6 +120,12 @@ class DiffusersFlowModel(FlowModel):
         up for `device` but the transformer left in CPU memory, in the dtype it was loaded in
         (FSDP moves it as it shards, and the sharded run upcasts its share of full
         fine-tuning's master weights there: trainer/distributed.py)."""
+        from trainer.config import ConfigError
+        from trainer.models import resolution_limit_problem
+
+        # before the weights load: diffusers would say it in the first forward pass
+        if (problem := resolution_limit_problem(spec.name, spec.path, spec.resolution)):
+            raise ConfigError("resolution", problem)
         device = torch.device(device)
         dtype = _weight_dtype(spec, device)
         pipeline = cls._pipeline().from_pretrained(spec.path, torch_dtype=dtype,
