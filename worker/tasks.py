@@ -172,13 +172,18 @@ def _claim(lease: JobLease) -> str | None:
 
 # --- the tasks ------------------------------------------------------------------------------
 def _train(job_id: int, worker_name: str) -> str:
-    from worker.torchrun import run_torchrun
+    from worker.torchrun import processes_per_node, run_torchrun
     from worker.training import run_training, train_config_of
 
     # a config the worker cannot run (a model directory gone) fails here, before any process
     with session_scope() as s:
         config = train_config_of(s, jobs.get_job(s, job_id))
-    nproc = get_settings().train_nproc
+    nproc = processes_per_node(config, get_settings().train_nproc)
+    if nproc < get_settings().train_nproc:
+        log.warning("job %s runs on %d process(es) a node, not TRAIN_NPROC=%d: its %d prompts "
+                    "an iteration split evenly only so (train_nnodes %d)", job_id, nproc,
+                    get_settings().train_nproc, config.prompts_per_iteration,
+                    config.train_nnodes)
     if nproc > 1 or config.train_nnodes > 1:
         return run_torchrun(job_id, worker_name, config, nproc, SHUTDOWN)
     return run_training(job_id, worker_name, SHUTDOWN)

@@ -161,6 +161,15 @@ def torchrun_command(job_id: int, worker_name: str, nproc: int,
     return [*cmd, "-m", "worker.distributed_train", str(job_id), worker_name]
 
 
+def processes_per_node(config: TrainConfig, train_nproc: int) -> int:
+    """How many processes a node gives the job: this worker's TRAIN_NPROC, or fewer where
+    that many would not split each iteration's prompts evenly (3 prompts on 2 processes: 1,
+    and the job runs rather than fail). Submission makes prompts_per_iteration a multiple of
+    train_nnodes, so one process a node always fits."""
+    nnodes = config.train_nnodes
+    return next(n for n in range(max(1, train_nproc), 0, -1)
+                if config.prompts_per_iteration % (nnodes * n) == 0)
+
 def check_world(config: TrainConfig, nnodes: int, nproc: int) -> None:
     """JobError unless every process gets an equal share of each iteration's prompts
     (submission checked train_nnodes alone; TRAIN_NPROC is this worker's)."""

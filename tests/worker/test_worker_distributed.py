@@ -284,3 +284,17 @@ def test_a_torchrun_failure_names_the_first_failed_ranks_error():
     error = failure(-9, summary)
     assert isinstance(error, RuntimeError) and "torchrun exited with code -9" in str(error)
     assert "torchrun summary line 29" in str(error)
+
+
+def test_a_job_whose_prompts_do_not_split_over_train_nproc_runs_on_fewer_processes(stack):
+    """Submission cannot know a worker's TRAIN_NPROC: a job with 3 prompts an iteration on a
+    worker of 2 processes runs on one (said in the worker's log) instead of failing."""
+    stack.start_worker(extra_env={"TRAIN_NPROC": "2", "OMP_NUM_THREADS": "1"})
+    job_id = create_train_job(iterations=1, prompts_per_iteration=3)
+    stack.send(job_id)
+    job = wait_for(lambda: (j := job_row(job_id)).status in ("succeeded", "failed") and j, 180,
+                   "the job", stack)
+    assert job.status == "succeeded", job.error
+    assert metric_iterations(job_id) == [1]
+    assert "runs on 1 process(es) a node, not TRAIN_NPROC=2" in stack.logs[0].read_text(
+        errors="replace")

@@ -144,7 +144,7 @@ def test_each_host_gets_the_same_command_and_the_world_must_divide_the_prompts(m
     from app.config import get_settings
     from trainer.config import TrainConfig
     from worker.lease import JobError
-    from worker.torchrun import Rendezvous, check_world, torchrun_command
+    from worker.torchrun import Rendezvous, check_world, processes_per_node, torchrun_command
 
     monkeypatch.setenv("WORKER_HOST", "10.0.0.7")
     get_settings.cache_clear()
@@ -162,6 +162,13 @@ def test_each_host_gets_the_same_command_and_the_world_must_divide_the_prompts(m
     check_world(config, 3, 2)
     with pytest.raises(JobError, match=r"train_nnodes \(3\) x this worker's TRAIN_NPROC \(4\)"):
         check_world(config, 3, 4)
+    # so a node gives a job as many processes as split its prompts evenly, one at least
+    assert processes_per_node(config, 4) == 2 and processes_per_node(config, 2) == 2
+    for prompts, nproc, nnodes, expected in ((3, 2, 1, 1), (8, 8, 1, 8), (12, 8, 1, 6),
+                                             (7, 4, 1, 1), (4, 4, 2, 2), (6, 8, 2, 3)):
+        config = TrainConfig.from_dict({"prompts_per_iteration": prompts,
+                                        "train_nnodes": nnodes})
+        assert processes_per_node(config, nproc) == expected, (prompts, nproc, nnodes)
 
 
 @pytest.mark.parametrize("stack", ["postgres-redis"], indirect=True)
