@@ -692,6 +692,12 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
         except ConfigErrors as exc:
             problems = list(exc.errors)
         defaults = cls()
+        model = given.get("model", base.get("model", defaults.model))
+        if model == "shapes" and "guidance_scale" in given and given["guidance_scale"] not in (
+                base.get("guidance_scale", defaults.guidance_scale), defaults.guidance_scale):
+            problems.append(ConfigError("guidance_scale", "applies only to flux and sd3; the "
+                                        "shapes model has no guidance, and the run would "
+                                        "ignore it: leave guidance_scale out"))
         finetune = given.get("finetune", base.get("finetune", defaults.finetune))
         if finetune == "full":
             for name in LORA_FIELDS:

@@ -440,6 +440,11 @@ def _check_model(session: Session, kind: str, config: dict[str, Any], problems: 
     if isinstance(resolution, int) and "resolution" not in malformed and (
             problem := resolution_problem(model, resolution)) is not None:
         problems.append(("resolution", problem))
+    if model == "shapes" and config.get("guidance_scale") is not None \
+            and "guidance_scale" not in malformed:
+        problems.append(("guidance_scale", "applies only to flux and sd3; the shapes model "
+                                           "has no guidance, and sampling would ignore it: "
+                                           "leave it empty"))
     if config.get("reward_names") == [] and "reward_names" not in malformed:
         config["reward_names"] = default_reward_names(kind, model)
     if (config.get("batch_size") == 0 and "batch_size" not in malformed

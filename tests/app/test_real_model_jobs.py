@@ -515,3 +515,19 @@ def test_an_sd3_resolution_its_transformer_cannot_draw_is_422(client, admin, set
     assert r.status_code == 422 and list(_errors(r)) == ["resolution"], r.text
     r = _post(client, admin, "rollout", {**rollout, "resolution": 96})
     assert r.status_code == 201, r.text
+
+
+def test_guidance_on_the_shapes_model_is_422_not_ignored(client, admin):
+    """The shapes model has no guidance: a guidance_scale the user sets on a shapes train,
+    rollout or evaluate job would be ignored, so it is refused naming the field; a flux
+    run takes it, and a shapes config carrying the default (forms send every field) passes."""
+    r = _post(client, admin, "train", {"guidance_scale": 7.0}, "tiny")
+    assert r.status_code == 422 and list(_errors(r)) == ["guidance_scale"], r.text
+    assert "applies only to flux and sd3" in r.text
+    assert _post(client, admin, "train", {"guidance_scale": 3.5}, "tiny").status_code == 201
+    up = client.post("/api/datasets", headers=admin, files={
+        "file": ("shapes.txt", b"one red circle\ntwo blue squares\n", "text/plain")})
+    dataset = up.json()["id"]
+    r = _post(client, admin, "rollout", {"dataset_id": dataset, "guidance_scale": 7.0})
+    assert r.status_code == 422 and list(_errors(r)) == ["guidance_scale"], r.text
+    assert _post(client, admin, "rollout", {"dataset_id": dataset}).status_code == 201
