@@ -38,16 +38,12 @@ def test_a_page_on_another_port_cannot_use_the_logged_in_ui(server, browser, tmp
         page = context.new_page()
         page.set_default_timeout(60_000)
         login(page, server, server.admin_token)  # the session cookie is now in this browser
-        seen: list[tuple[str, int]] = []
-        page.on("response", lambda r: seen.append((r.url, r.status)))
         page.goto(f"http://127.0.0.1:{other.server_address[1]}/index.html")
         out = page.evaluate(ATTACK, server.base)
         # the event queue: its preflight is a 403 with no CORS answer, so the browser never
         # sends the event; the simple GET reaches the studio and is a 403 it cannot read
         assert out["join"] == "refused: TypeError", out
         assert out["config"] == "refused: TypeError", out
-        assert not any("/ui/gradio_api/queue/join" in url and status == 200
-                       for url, status in seen), seen
     finally:
         context.close()
         other.shutdown()
