@@ -527,9 +527,7 @@ def import_dataset(session: Session, *, filename: str, data: bytes, name: str | 
         exc.details.setdefault("field", "file")
         raise
     prompts, dropped = parsed.prompts, parsed.duplicates_dropped
-    # a split below 1 leaves training at least one prompt (3 prompts at 0.9 would round to
-    # an eval-only dataset that no train job can use)
-    n_eval = min(round(len(prompts) * eval_fraction), max(len(prompts) - 1, 0))
+    n_eval = round(len(prompts) * eval_fraction)
     order = list(range(len(prompts)))
     random.Random(seed).shuffle(order)
     eval_idx = set(order[:n_eval])
