@@ -4,7 +4,7 @@ any prompts scored with any registered rewards."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,11 @@ def seed_noise(seed: int, latent_shape: tuple[int, ...]) -> torch.Tensor:
 
 @torch.no_grad()
 def sample_images(model: FlowModel, prompts: list[str], seeds: list[int], solver: str = "dpm++",
-                  steps: int = 8, batch_size: int = 256) -> np.ndarray:
-    """(N, H, W, 3) uint8 for each (prompt, seed) pair, in the order given."""
+                  steps: int = 8, batch_size: int = 256,
+                  before_step: Callable[[], None] | None = None) -> np.ndarray:
+    """(N, H, W, 3) uint8 for each (prompt, seed) pair, in the order given. `before_step`:
+    called before every solver step (a job's runner raises from it to stop, on a cancel:
+    a batch of a large model's images can take minutes)."""
     if len(prompts) != len(seeds):
         raise ValueError("prompts and seeds must have the same length")
     device = next(model.parameters()).device
@@ -38,10 +41,25 @@ def sample_images(model: FlowModel, prompts: list[str], seeds: list[int], solver
     for i in range(0, len(prompts), batch_size):
         chunk_prompts, chunk_seeds = prompts[i:i + batch_size], seeds[i:i + batch_size]
         noise = torch.stack([seed_noise(s, model.latent_shape) for s in chunk_seeds]).to(device)
-        traj = rollout(solver, model, noise, model.encode_prompts(chunk_prompts), steps,
-                       shift=model.flow_shift, timesteps=timesteps)
+        traj = rollout(solver, stepping(model, before_step), noise,
+                       model.encode_prompts(chunk_prompts), steps, shift=model.flow_shift,
+                       timesteps=timesteps)
         images.append(to_uint8(model.decode(traj.final)))
     return np.concatenate(images)
+
+
+def stepping(velocity_fn: Callable[..., torch.Tensor], before_step: Callable[[], None] | None
+             ) -> Callable[..., torch.Tensor]:
+    """`velocity_fn` with `before_step` called before each of its evaluations (itself when
+    there is none)."""
+    if before_step is None:
+        return velocity_fn
+
+    def velocity(x: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
+        before_step()
+        return velocity_fn(x, t, cond)
+
+    return velocity
 
 
 def read_prompts(path: str | Path) -> list[str]:

@@ -21,6 +21,7 @@ finishes the rest. Progress counts prompts (rollout) or checkpoints (evaluate).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,7 @@ from app.json_values import json_safe
 from app.models import JobStatus
 from app.services import checkpoints, datasets, jobs, rollouts
 from trainer.config import SHAPES_SAMPLE_BATCH  # a real model's 0 is set at submission
-from trainer.evaluation import sample_images
+from trainer.evaluation import sample_images, stepping
 from trainer.grpo import blended_group_rewards, group_advantages, group_noises
 from trainer.loop import resolve_device
 from trainer.models import ModelSpec, checkpoint_spec, load_flow_model, uses_model_directory
@@ -155,6 +156,26 @@ def _progress(job_id: int, worker_name: str, done: int, total: int,
         raise Cancelled
 
 
+def cancel_check(job_id: int, worker_name: str) -> Callable[[], None]:
+    """A `before_step` for sampling: marks the job cancelled and raises Cancelled once its
+    cancel was requested (the flag read at most once a second), so that a cancel does not
+    wait for the rest of a chunk (minutes of a large model's images)."""
+    from worker.preference import cancel_requested_poll
+
+    requested = cancel_requested_poll(job_id)
+
+    def check() -> None:
+        if not requested():
+            return
+        with session_scope() as s:
+            if not jobs.holds(s, job_id, worker_name):
+                raise LeaseLost(f"job {job_id} is no longer held by {worker_name}")
+            jobs.mark_cancelled(s, job_id)
+        raise Cancelled  # after the commit, as in _progress
+
+    return check
+
+
 def run_rollout(job_id: int, worker_name: str) -> str:
     with session_scope() as s:
         cfg = RolloutConfig.from_stored(jobs.get_job(s, job_id).config)
@@ -173,6 +194,7 @@ def run_rollout(job_id: int, worker_name: str) -> str:
     timesteps = model.sigmas(steps)  # the model's grid: laid out once, not per chunk
     todo = [(pid, text) for pid, text in prompts if pid not in done_ids]
     done = len(prompts) - len(todo)
+    velocity = stepping(model, cancel_check(job_id, worker_name))
     try:
         _progress(job_id, worker_name, done, len(prompts))
         per_chunk = prompts_per_chunk(g)
@@ -185,7 +207,7 @@ def run_rollout(job_id: int, worker_name: str) -> str:
                 model.eval()
                 noises = group_noises(seeds, g, cfg.sigma, model.latent_shape, device)
                 cond = repeat_cond(model.encode_prompts(texts), g)
-                traj = rollout(cfg.solver, model, noises.flatten(0, 1), cond, steps,
+                traj = rollout(cfg.solver, velocity, noises.flatten(0, 1), cond, steps,
                                shift=model.flow_shift, batch_size=batch,
                                timesteps=timesteps)
                 final = traj.final
@@ -250,7 +272,8 @@ def run_evaluate(job_id: int, worker_name: str) -> str:
             model = load_flow_model(specs[ckpt_id], device=resolve_device("auto"))
             images = sample_images(model, [p for p, _ in pairs], [s for _, s in pairs],
                                    cfg.solver, cfg.steps,
-                                   batch_size=cfg.batch_size or SHAPES_SAMPLE_BATCH)
+                                   batch_size=cfg.batch_size or SHAPES_SAMPLE_BATCH,
+                                   before_step=cancel_check(job_id, worker_name))
             texts = [p for p, _ in pairs]
             scores = score(scorer, names, images, texts)
             with session_scope() as s:

@@ -286,3 +286,43 @@ def test_a_shapes_features_fit_learns_from_the_shapes_votes_and_counts_the_rest(
     # the 32 px shapes group alone: not the 64 px one, not the cat
     assert sum(version is not None for _, version in scored) == 6
     assert {prompt for prompt, version in scored if version is not None} == {"one red circle"}
+
+
+def test_a_sampling_job_obeys_a_cancel_between_solver_steps(settings):
+    """A cancel does not wait for a chunk to be sampled (minutes of a large model's images):
+    the sampler asks before every solver step; the check marks the job cancelled, commits,
+    and raises Cancelled, which ends sample_images mid-batch."""
+    import time
+    from datetime import timedelta
+
+    import pytest
+
+    from app.services import datasets, jobs
+    from trainer.evaluation import sample_images
+    from trainer.models.shapes_dit import ShapesDiT, ShapesDiTConfig
+    from worker.preference import CANCEL_POLL_SECONDS
+    from worker.sampling import Cancelled, cancel_check
+
+    with session_scope() as s:
+        ds = datasets.import_dataset(s, filename="p.txt", data=b"one red circle\n").dataset.id
+        job_id = jobs.create_job(s, "rollout", {"dataset_id": ds}).id
+        assert jobs.claim(s, job_id, "w1", timedelta(seconds=60)) is not None
+    check = cancel_check(job_id, "w1")
+    steps: list[int] = []
+
+    def before_step() -> None:
+        steps.append(1)
+        if len(steps) == 3:  # the cancel arrives mid-batch
+            with session_scope() as s:
+                jobs.request_cancel(s, job_id)
+            time.sleep(CANCEL_POLL_SECONDS)  # the flag is read at most once a poll
+        check()
+
+    model = ShapesDiT(ShapesDiTConfig(width=16, depth=1, heads=2)).eval()
+    with pytest.raises(Cancelled):
+        sample_images(model, ["one red circle"] * 4, [0, 1, 2, 3], "euler", 8,
+                      before_step=before_step)
+    assert len(steps) == 3  # stopped at the step after the cancel, not after 8
+    with session_scope() as s:
+        job = jobs.get_job(s, job_id)
+        assert job.status == "cancelled" and job.finished_at is not None
