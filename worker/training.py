@@ -39,7 +39,12 @@ from trainer.models.base import FlowModel
 from trainer.rewards.models import RewardWeightsMissing, RewardWeightsUnloadable
 from trainer.rewards.remote import RewardServerError
 from worker.lease import JobError, LeaseLost
-from worker.preference import ImageCache, fit_and_record, resolve_preference
+from worker.preference import (
+    ImageCache,
+    cancel_requested_poll,
+    fit_and_record,
+    resolve_preference,
+)
 from worker.reaper import send_requeued
 
 log = logging.getLogger(__name__)
@@ -208,15 +213,22 @@ def maybe_refit_preference(trainer: Trainer, config: TrainConfig, job_id: int,
     if not new:
         return {"preference_refit": 0}, last
     from trainer.rewards import get_reward
-    from trainer.rewards.preference import FitConfig, PreferenceModel
+    from trainer.rewards.preference import FitConfig, FitStopped, PreferenceModel
 
     # the same fit settings as the model in use (a model given by path may have none), and
     # that model to start from where its settings allow (FitConfig.warm_start_epochs)
     in_use = get_reward("preference")
     fit_config = getattr(in_use, "config", None) or FitConfig()
     began = time.perf_counter()
-    model, row = fit_and_record(fit_config, job_id=job_id, images=images,
-                                warm_start=in_use if isinstance(in_use, PreferenceModel) else None)
+    try:
+        # a cancel of the job stops the refit between epochs (nothing recorded); the job
+        # then saves its checkpoint and ends as it would without one
+        model, row = fit_and_record(
+            fit_config, job_id=job_id, images=images,
+            warm_start=in_use if isinstance(in_use, PreferenceModel) else None,
+            should_stop=cancel_requested_poll(job_id))
+    except FitStopped:
+        return {"preference_refit": 0}, last
     trainer.set_preference_model(model, row["version"])
     # the time training stood still for it (the fit and the scores of the stored samples)
     return ({"preference_refit": 1, "preference_refit_votes": new,

@@ -326,3 +326,38 @@ def test_a_sampling_job_obeys_a_cancel_between_solver_steps(settings):
     with session_scope() as s:
         job = jobs.get_job(s, job_id)
         assert job.status == "cancelled" and job.finished_at is not None
+
+
+def test_a_train_jobs_online_refit_obeys_its_cancel(settings):
+    """A cancel that arrives while a train job refits its preference model stops the refit
+    between epochs: no version is recorded, the model in use stays, and the job goes on to
+    its cancel (the checkpoint of the iteration) at once rather than after the whole fit."""
+    from datetime import timedelta
+
+    from app.services import jobs
+    from trainer.config import PRESETS, TrainConfig
+    from trainer.loop import Trainer
+    from trainer.rewards.preference import PreferenceModel
+    from worker.training import maybe_refit_preference
+
+    voter_id, pairs = _stored_group(np.random.default_rng(2))
+    for n in range(8):
+        _vote(voter_id, pairs, n, "ab"[n % 2])
+    config = TrainConfig.from_dict({**PRESETS["tiny"], "device": "cpu",
+                                    "reward_weights": {"count": 1.0, "preference": 1.0},
+                                    "preference_refit_every": 1})
+    with session_scope() as s:
+        # the job row only carries the cancel; the config refitted under is the one above
+        job_id = jobs.create_job(s, "train", {"device": "cpu"}, preset="tiny").id
+        assert jobs.claim(s, job_id, "w1", timedelta(seconds=60)) is not None
+        jobs.request_cancel(s, job_id)
+    in_use = PreferenceModel(FitConfig(width=8, ensemble=1, epochs=2000))
+    trainer = Trainer(config)
+    trainer.set_preference_model(in_use, None)
+    metrics, last = maybe_refit_preference(trainer, config, job_id, 0)
+    assert metrics == {"preference_refit": 0} and last == 0
+    from trainer.rewards import get_reward
+
+    assert get_reward("preference") is in_use
+    with session_scope() as s:
+        assert pref_svc.latest_model(s) is None
