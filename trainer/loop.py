@@ -59,6 +59,16 @@ def divergence(metrics: Mapping[str, Any]) -> str | None:
     return ", ".join(bad) or None
 
 
+def _trainable_finite(model: torch.nn.Module) -> bool:
+    """Whether every trained parameter is finite (one device sync); a sharded parameter is
+    judged by this rank's shard."""
+    params = [p.to_local() if hasattr(p, "to_local") else p
+              for p in model.parameters() if p.requires_grad]
+    if not params:
+        return True
+    return bool(torch.stack([p.detach().isfinite().all() for p in params]).all())
+
+
 def load_model(config: TrainConfig, device: torch.device | str = "cpu", *,
                stage_on_cpu: bool = False) -> FlowModel:
     """The config's model adapter (`model`, `model_path`, the finetune mode, dtype ...) with
@@ -146,7 +156,11 @@ class Trainer:
         extra = {"reference": self.reference} if self.reference is not None else {}
         result = self._iterate(self.model, self.optimizer, self.sample_prompts(), self.config,
                                self.generator, **extra)
-        if (bad := divergence(result.metrics)) is not None:
+        if (bad := divergence(result.metrics)) is None and result.metrics.get(
+                "optimizer_steps") and not _trainable_finite(self.model):
+            # the last step's loss and gradients were finite, the step it took was not
+            bad = "the weights after its last optimizer step"
+        if bad is not None:
             # before the count moves on: a caller's checkpointing never sees this iteration
             raise TrainingDiverged(
                 f"iteration {self.iteration + 1}: the update is not finite ({bad}), so the "

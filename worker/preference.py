@@ -179,7 +179,7 @@ def _save_new_version(model: PreferenceModel, version: int, *, job_id: int | Non
         except IntegrityError:
             full.unlink(missing_ok=True)
             with session_scope() as s:
-                if pref_svc.get_model(s, version) is None:
+                if not pref_svc.version_exists(s, version):
                     raise  # not the version taken: something else is wrong with the row
                 # the version's row came from a fit writing to another storage directory
                 version = max(version + 1, pref_svc.next_version(s))

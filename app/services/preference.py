@@ -76,6 +76,12 @@ def next_version(session: Session) -> int:
     return (session.scalar(select(func.max(PreferenceModelRow.version))) or 0) + 1
 
 
+def version_exists(session: Session, version: int) -> bool:
+    """Whether a preference model row holds `version`."""
+    return session.scalar(select(func.count()).select_from(PreferenceModelRow)
+                          .where(PreferenceModelRow.version == version)) > 0
+
+
 def model_path(version: int) -> str:
     """Where version N's file goes, relative to the storage directory."""
     return f"preference/v{version}.safetensors"

@@ -578,18 +578,21 @@ def record_vote(session: Session, annotator: User, *, client_vote_id: str, sampl
         raise Invalid(f"selection: {mismatch}", field="selection")
     difference = differing_fraction(a_path, b_path)
     lo, hi = min(sample_a_id, sample_b_id), max(sample_a_id, sample_b_id)
-    # the flag as the database has it, the user's row held shared until the commit: `annotator`
-    # may be a cached copy from before an admin excluded them, and annotators.set_excluded
-    # (which locks the row) either waits for this vote or has committed before it is read
-    excluded = session.scalar(select(User.excluded).where(User.id == annotator.id)
-                              .with_for_update(read=True))
     vote = Vote(client_vote_id=client_vote_id, annotator_id=annotator.id, session_id=session_id,
                 sample_a_id=sample_a_id, sample_b_id=sample_b_id, pair_lo_id=lo, pair_hi_id=hi,
                 outcome=outcome, shown_at=shown_at, latency_ms=latency_ms,
                 selection=(selection or "unknown")[:SELECTION_LENGTH],
-                pixel_difference=difference, excluded=bool(excluded))
+                pixel_difference=difference, excluded=annotator.excluded)
     session.add(vote)
     try:
+        session.flush()
+        # the flag as the database has it once the vote is written: `annotator` may be a
+        # cached copy from before an admin excluded them. Read after the insert, so that
+        # annotators.set_excluded either committed before (PostgreSQL: it locks the user's
+        # row, which the vote's foreign key and this read hold shared; SQLite: the insert
+        # holds the one write lock) or waits for this vote and updates it with the rest
+        vote.excluded = bool(session.scalar(
+            select(User.excluded).where(User.id == annotator.id).with_for_update(read=True)))
         session.commit()
     except IntegrityError:
         session.rollback()

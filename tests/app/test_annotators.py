@@ -210,3 +210,35 @@ def test_an_annotator_who_votes_at_random_is_flagged_not_dropped(settings, make_
     assert coin["votes"] == 28 and not coin["excluded"]  # flagged for an admin, nothing dropped
     for name in ("h1", "h2", "h3"):
         assert rows[name]["majority_agreement"] == 1.0 and not rows[name]["flagged"], rows[name]
+
+
+def test_an_exclusion_that_commits_while_a_vote_is_being_recorded_reaches_it(settings,
+                                                                            make_group,
+                                                                            monkeypatch):
+    """The exclusion commits after the vote's request read its user and before the vote is
+    written (here: while its row is built): the vote still ends excluded, on SQLite as on
+    PostgreSQL, since the flag is read once the vote is written."""
+    import threading
+
+    ids = _samples(make_group(g=4))
+    (u,) = _users("ann")
+    build = votes.Vote
+
+    def exclusion_meanwhile(**fields):
+        def exclude() -> None:
+            with session_scope() as s:
+                annotators.set_excluded(s, u, True)
+
+        thread = threading.Thread(target=exclude)
+        thread.start()
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+        return build(**fields)
+
+    monkeypatch.setattr(votes, "Vote", exclusion_meanwhile)
+    with session_scope() as s:
+        user = s.get(User, u)
+        assert user.excluded is False
+        vote, created = votes.record_vote(s, user, client_vote_id="mid", sample_a_id=ids[0],
+                                          sample_b_id=ids[1], outcome="a")
+        assert created and vote.excluded is True

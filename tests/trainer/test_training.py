@@ -203,3 +203,18 @@ def test_an_update_that_is_not_finite_stops_the_run_before_it_is_counted(tmp_pat
         trainer.step()
     assert "resume from the last checkpoint" in str(err.value)
     assert trainer.iteration == 1
+
+
+def test_a_last_step_that_makes_the_weights_nan_stops_the_run_too():
+    """With one anchor an iteration takes one optimizer step: its loss and gradient are
+    finite, the weights it leaves are not. The iteration is not counted either."""
+    from trainer.loop import TrainingDiverged
+
+    trainer = Trainer(TrainConfig.from_dict({**PRESETS["tiny"], "device": "cpu",
+                                             "num_anchors": 1}))
+    trainer.step()
+    for group in trainer.optimizer.param_groups:
+        group["lr"] = float("nan")
+    with pytest.raises(TrainingDiverged, match="the weights after its last optimizer step"):
+        trainer.step()
+    assert trainer.iteration == 1
