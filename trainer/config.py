@@ -411,11 +411,11 @@ class StudioArguments:
                                          "(online); 0 never refits.", min=0, max=1_000_000,
                                          group="studio")
     train_nnodes: int = _field(1, "Studio jobs: hosts the job trains on at once (torchrun's "
-                               "rendezvous; the README says how). Each host runs its "
-                               "TRAIN_NPROC processes, so every iteration's prompts are split "
-                               "over train_nnodes x TRAIN_NPROC processes: "
-                               "prompts_per_iteration must be a multiple of that. 1: one host "
-                               "alone.", min=1, max=1024, group="studio")
+                               "rendezvous; the README says how). prompts_per_iteration "
+                               "must be a multiple of it; each host runs up to its "
+                               "TRAIN_NPROC processes, as many as split its share of the "
+                               "prompts evenly (a 'fsdp' job all of them, or it fails saying "
+                               "so). 1: one host alone.", min=1, max=1024, group="studio")
 
 
 # Explicit text-direction controls (embeddings, overrides, isolates): in a prompt they

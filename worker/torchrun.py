@@ -72,24 +72,25 @@ def rank_error_line(rank: int, exc: BaseException, *, clean: bool, traceback_tai
     """The line a failed rank writes (RANK_ERROR_PREFIX)."""
     return RANK_ERROR_PREFIX + json.dumps({
         "rank": rank, "type": type(exc).__name__, "message": str(exc), "clean": clean,
-        "traceback": traceback_tail})
+        "traceback": traceback_tail, "at": time.time()})
 
 
 def rank_errors(text: str) -> list[dict]:
-    """The failed ranks' lines in a torchrun's output, lowest rank first."""
+    """The failed ranks' lines in a torchrun's output, the earliest failure first: the others
+    often fail because it did (a collective whose peer has gone)."""
     found = []
     for line in text.splitlines():
         _, marker, payload = line.partition(RANK_ERROR_PREFIX)
         if marker:
             with contextlib.suppress(ValueError):
                 found.append(json.loads(payload))
-    return sorted(found, key=lambda e: e.get("rank", 0))
+    return sorted(found, key=lambda e: (e.get("at", 0.0), e.get("rank", 0)))
 
 
 def failure(code: int | None, text: str) -> Exception:
-    """Why a node's torchrun failed, as the job's error: the first rank whose error says it
-    all (a JobError's message: a reward server down, a run that diverged) alone, else the
-    first failed rank's error and traceback; without any, torchrun's own last lines."""
+    """Why a node's torchrun failed, as the job's error: the earliest error that says it all
+    (a JobError's message: a reward server down, a run that diverged) alone, else the
+    earliest failed rank's error and traceback; without any, torchrun's own last lines."""
     errors = rank_errors(text)
     if clean := next((e for e in errors if e.get("clean")), None):
         return JobError(clean["message"])
@@ -165,8 +166,12 @@ def processes_per_node(config: TrainConfig, train_nproc: int) -> int:
     """How many processes a node gives the job: this worker's TRAIN_NPROC, or fewer where
     that many would not split each iteration's prompts evenly (3 prompts on 2 processes: 1,
     and the job runs rather than fail). Submission makes prompts_per_iteration a multiple of
-    train_nnodes, so one process a node always fits."""
+    train_nnodes, so one process a node always fits. Not for parallelism 'fsdp'."""
     nnodes = config.train_nnodes
+    if config.parallelism == "fsdp":
+        # sharding is there for a model one card cannot hold: fewer processes would load it
+        # whole, to fail out of memory minutes later; check_world says why at once instead
+        return max(1, train_nproc)
     return next(n for n in range(max(1, train_nproc), 0, -1)
                 if config.prompts_per_iteration % (nnodes * n) == 0)
 

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -272,11 +273,15 @@ def test_a_torchrun_failure_names_the_first_failed_ranks_error():
                                                     traceback_tail=f"File x, line {rank}")
 
     summary = "\n".join(f"torchrun summary line {i}" for i in range(30))
-    text = "\n".join([line(1, KeyError("k"), False), "noise", line(0, ValueError("bad\nvalue"),
-                                                                      False), summary])
+    # rank 1 failed first; rank 0 then failed in a collective with it: the cause is rank 1's,
+    # whichever order torchrun printed them in
+    first = line(1, ValueError("bad\nvalue"), False)
+    time.sleep(0.01)
+    text = "\n".join([line(0, RuntimeError("Connection closed by peer"), False), "noise",
+                      first, summary])
     error = failure(1, text)
     assert isinstance(error, RuntimeError)
-    assert str(error).startswith("rank 0 failed: ValueError: bad\nvalue\n\nFile x, line 0")
+    assert str(error).startswith("rank 1 failed: ValueError: bad\nvalue\n\nFile x, line 1")
     text = "\n".join([line(0, ValueError("v"), False), line(1, RuntimeError("down"), True),
                       summary])
     error = failure(1, text)

@@ -169,6 +169,11 @@ def test_each_host_gets_the_same_command_and_the_world_must_divide_the_prompts(m
         config = TrainConfig.from_dict({"prompts_per_iteration": prompts,
                                         "train_nnodes": nnodes})
         assert processes_per_node(config, nproc) == expected, (prompts, nproc, nnodes)
+    # but never a sharded job: fewer processes would load the model whole; check_world says it
+    config = TrainConfig.from_dict({"prompts_per_iteration": 3, "parallelism": "fsdp"})
+    assert processes_per_node(config, 2) == 2
+    with pytest.raises(JobError, match=r"prompts_per_iteration \(3\) must be a multiple"):
+        check_world(config, 1, 2)
 
 
 @pytest.mark.parametrize("stack", ["postgres-redis"], indirect=True)
