@@ -129,7 +129,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="wrap")
     @classmethod
-    def _heartbeats_come_before_staleness(cls, data: Any, handler: Any) -> Settings:
+    def _rules_over_the_fields(cls, data: Any, handler: Any) -> Settings:
         # a job whose heartbeat comes later than the reaper's patience looks dead while it runs:
         # every worker would requeue every running job. Wrapped around the fields' own checks
         # so that a conflict is said together with another setting's error, not after its fix.
@@ -150,6 +150,12 @@ class Settings(BaseSettings):
                 f"JOB_STALE_SECONDS ({stale:g}) must be greater than JOB_HEARTBEAT_SECONDS "
                 f"({heartbeat:g}), or every running job looks dead to the reaper")),
                 loc=(), input=data))
+        from app.same_origin import allowed_origins_problem
+
+        if isinstance(allowed := values.get("allowed_origins"), str) and (
+                problem := allowed_origins_problem(allowed)) is not None:
+            problems.append(InitErrorDetails(type=PydanticCustomError(
+                "value_error", f"ALLOWED_ORIGINS: {problem}"), loc=(), input=data))
         if problems:
             raise ValidationError.from_exception_data(cls.__name__, problems)
         return settings

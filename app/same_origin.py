@@ -8,7 +8,8 @@ page could drive a logged-in admin's UI: create an admin and read its token. Two
 
 - `SameOriginGuard` (outermost): a request whose `Origin` header names another origin than the
   studio's own (its Host, or X-Forwarded-Host behind a proxy; or one listed in ALLOWED_ORIGINS)
-  is a 403 before anything reads it. Browsers send Origin on every cross-origin request and on
+  is a 403 before anything reads it (scheme, host and port compared: an http page of the
+  same host is another origin than an https studio). Browsers send Origin on every cross-origin request and on
   every POST; scripts (curl, requests) send none and pass. A link followed to the studio is a
   navigation without Origin and passes too.
 - `no_cross_origin_sharing`: a Starlette CORSMiddleware allowing no origin, which Gradio's
@@ -38,26 +39,48 @@ def _netloc(scheme: str, host: str) -> str:
     return host
 
 
+def normalised_origin(origin: str) -> str | None:
+    """`scheme://host[:port]` lower-cased, the scheme's default port left out; None for what
+    is no http(s) origin ("null", a bare host name, a path)."""
+    parts = urlsplit(origin.strip().rstrip("/").lower())
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.path \
+            or parts.query or parts.fragment or "@" in parts.netloc:
+        return None
+    return f"{parts.scheme}://{_netloc(parts.scheme, parts.netloc)}"
+
+
+def allowed_origins_problem(text: str) -> str | None:
+    """What is wrong with ALLOWED_ORIGINS, or None."""
+    bad = [o.strip() for o in text.split(",") if o.strip() and normalised_origin(o) is None]
+    if bad:
+        return (f"each entry must be an origin, scheme://host[:port] (e.g. "
+                f"https://studio.example.com), got {', '.join(map(repr, bad[:5]))}")
+    return None
+
+
 def parse_allowed_origins(text: str) -> list[str]:
-    """ALLOWED_ORIGINS as a list of `scheme://host[:port]` (comma-separated, blanks dropped)."""
-    return [o.strip().rstrip("/").lower() for o in text.split(",") if o.strip()]
+    """ALLOWED_ORIGINS (comma-separated, blanks dropped) as normalised origins."""
+    return [n for o in text.split(",") if o.strip() and (n := normalised_origin(o))]
 
 
-def origin_allowed(origin: str, headers: Headers, allowed: list[str]) -> bool:
-    """Whether a request with `Origin: origin` comes from the studio's own pages."""
-    origin = origin.strip().rstrip("/").lower()
-    if origin in allowed:
-        return True
-    parts = urlsplit(origin)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+def origin_allowed(origin: str, headers: Headers, allowed: list[str], scheme: str = "http"
+                   ) -> bool:
+    """Whether a request with `Origin: origin` comes from the studio's own pages: the same
+    scheme, host and port as the request itself (its Host or X-Forwarded-Host, its scheme or
+    X-Forwarded-Proto), or one of `allowed`."""
+    theirs = normalised_origin(origin)
+    if theirs is None:
         return False  # "null" (a sandboxed frame, a file), or no origin at all
-    theirs = _netloc(parts.scheme, parts.netloc)
+    if theirs in allowed:
+        return True
+    own_scheme = (headers.get("x-forwarded-proto") or scheme).split(",")[0].strip().lower()
     # the names this server answers to: the Host the browser sent, and the one a proxy
     # forwarded (X-Forwarded-Host, its first value)
-    own = [headers.get("host", "")]
+    hosts = [headers.get("host", "")]
     if forwarded := headers.get("x-forwarded-host"):
-        own.append(forwarded.split(",")[0])
-    return any(theirs == _netloc(parts.scheme, host) for host in own if host)
+        hosts.append(forwarded.split(",")[0])
+    return any(theirs == f"{own_scheme}://{_netloc(own_scheme, host)}" for host in hosts
+               if host.strip())
 
 
 class SameOriginGuard:
@@ -72,7 +95,8 @@ class SameOriginGuard:
             return
         headers = Headers(scope=scope)
         origin = headers.get("origin")
-        if origin is None or origin_allowed(origin, headers, self.allowed):
+        scheme = {"https": "https", "wss": "https"}.get(scope.get("scheme", "http"), "http")
+        if origin is None or origin_allowed(origin, headers, self.allowed, scheme):
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":

@@ -37,7 +37,13 @@ from trainer.config import SHAPES_SAMPLE_BATCH  # a real model's 0 is set at sub
 from trainer.evaluation import sample_images, stepping
 from trainer.grpo import blended_group_rewards, group_advantages, group_noises
 from trainer.loop import resolve_device
-from trainer.models import ModelSpec, checkpoint_spec, load_flow_model, uses_model_directory
+from trainer.models import (
+    ModelSpec,
+    checkpoint_spec,
+    load_flow_model,
+    resolution_limit_problem,
+    uses_model_directory,
+)
 from trainer.models.base import FlowModel, micro_batches, repeat_cond, to_uint8
 from trainer.rewards.models import RewardWeightsMissing, RewardWeightsUnloadable
 from trainer.rewards.remote import RewardServerError, Scorer, prepare_scorer
@@ -87,6 +93,9 @@ def sampling_spec(cfg: SamplingConfig, checkpoint_id: int | None) -> ModelSpec:
         spec.resolution = cfg.resolution
     if cfg.guidance_scale is not None:
         spec.guidance_scale = cfg.guidance_scale
+    if spec.path and (problem := resolution_limit_problem(spec.name, spec.path,
+                                                          spec.resolution)) is not None:
+        raise JobError(f"resolution: {problem}")  # submission checks it too
     return spec
 
 

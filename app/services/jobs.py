@@ -352,6 +352,7 @@ def _check_resolution_limit(model: str, model_path: str, config: dict[str, Any],
     if problem is not None:
         problems.append(("resolution", problem))
 
+
 def _check_model(session: Session, kind: str, config: dict[str, Any], problems: Problems
                  ) -> None:
     """The model a job loads, checked before a worker tries: a flux / sd3 train job's
@@ -433,6 +434,10 @@ def _check_model(session: Session, kind: str, config: dict[str, Any], problems: 
                                          f"model directory no longer usable: {problem}; give "
                                          "model_path, a directory under MODELS_DIR"))
                         break
+                    # the checkpoint's own resolution unless the job names one
+                    asked = config.get("resolution") or spec.resolution
+                    _check_resolution_limit(model, spec.path, {"resolution": asked},
+                                            problems)
         elif model_path:
             problems.append(("model_path", f"must be empty for model {model!r} (it has no "
                                            "model directory)"))
@@ -518,7 +523,10 @@ def preference_problem(session: Session, spec: str, model: str = "shapes") -> st
                 else f"must be '', 'latest', 'vN' or a path: {exc}")
     if (problem := weights_problem("preference", path, weight_format="preference-model")):
         return f"{name}: {problem}"
-    features = saved_features(path)
+    try:
+        features = saved_features(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # a header without fit settings
+        return f"{name}: {path} holds no readable fit settings ({exc!r})"
     if features == "shapes" and model != "shapes":
         return (f"{name} reads the shapes world's images and prompts (features 'shapes'): it "
                 f"cannot score model {model!r}; fit one with features 'clip' for it")

@@ -492,6 +492,15 @@ def test_a_shapes_features_preference_model_cannot_blend_into_a_flux_run(client,
     assert r.status_code == 422 and list(_errors(r)) == ["preference_model"], r.text
     assert ("preference model v1 reads the shapes world's images and prompts (features "
             "'shapes'): it cannot score model 'flux'; fit one with features 'clip'") in r.text
+    # a job accepted before that fit was recorded ("latest" resolves again at its start)
+    from trainer.config import TrainConfig
+    from worker.lease import JobError
+    from worker.training import attach_preference
+
+    stored = TrainConfig.from_dict({**blend, "model_path": str(models / "tiny-flux")})
+    with pytest.raises(JobError, match="preference_model: preference model v1 reads the "
+                                       "shapes world's images"):
+        attach_preference(None, stored)
 
 
 def test_an_sd3_resolution_its_transformer_cannot_draw_is_422(client, admin, settings):
@@ -515,6 +524,15 @@ def test_an_sd3_resolution_its_transformer_cannot_draw_is_422(client, admin, set
     assert r.status_code == 422 and list(_errors(r)) == ["resolution"], r.text
     r = _post(client, admin, "rollout", {**rollout, "resolution": 96})
     assert r.status_code == 201, r.text
+    # a job stored before the rule (or whose directory changed since) fails in one line on
+    # the worker, before anything loads
+    from app.job_kinds import RolloutConfig
+    from worker.lease import JobError
+    from worker.sampling import sampling_spec
+
+    stored = RolloutConfig.from_stored({**r.json()["config"], "resolution": 256})
+    with pytest.raises(JobError, match="resolution: this sd3 model draws at most 128x128"):
+        sampling_spec(stored, None)
 
 
 def test_guidance_on_the_shapes_model_is_422_not_ignored(client, admin):

@@ -408,7 +408,8 @@ def test_a_request_from_another_origin_is_refused_and_gets_no_cors_answer(settin
     from app.config import get_settings
     from app.main import create_app
 
-    monkeypatch.setenv("ALLOWED_ORIGINS", "https://studio.example.com, http://10.0.0.5:8080/")
+    monkeypatch.setenv("ALLOWED_ORIGINS",
+                       "https://studio.example.com:443, http://10.0.0.5:8080/")
     get_settings.cache_clear()
     app = create_app(get_settings(), enqueuer=lambda job_id, kind: None, mount_ui=True)
     join = {"data": [None], "fn_index": 0, "trigger_id": None, "session_hash": "abcdefgh12"}
@@ -428,14 +429,45 @@ def test_a_request_from_another_origin_is_refused_and_gets_no_cors_answer(settin
         assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
         assert client.post("/ui/gradio_api/queue/join", json=join,
                            headers={"Origin": "null"}).status_code == 403
+        # another scheme of the same host is another origin (an http page, an https studio)
+        for headers in ({"Origin": "https://testserver"},
+                        {"Origin": "http://ui.example.org", "X-Forwarded-Host": "ui.example.org",
+                         "X-Forwarded-Proto": "https"}):
+            r = client.get("/api/auth/me", headers={**admin, **headers})
+            assert r.status_code == 403, (headers, r.text)
         # the studio's own pages (Origin = Host), forwarded names, configured names, scripts
         for headers in ({"Origin": "http://testserver"},
                         {"Origin": "https://studio.example.com"},
                         {"Origin": "http://10.0.0.5:8080"},
-                        {"Origin": "https://ui.example.org", "X-Forwarded-Host": "ui.example.org"},
+                        {"Origin": "https://ui.example.org", "X-Forwarded-Host": "ui.example.org",
+                         "X-Forwarded-Proto": "https"},
+                        {"Origin": "http://testserver:80"},
                         {}):
             r = client.get("/api/auth/me", headers={**admin, **headers})
             assert r.status_code == 200, (headers, r.text)
             assert "access-control-allow-origin" not in r.headers
             r = client.post("/ui/gradio_api/queue/join", json=join, headers=headers)
             assert r.status_code != 403 and "access-control-allow-credentials" not in r.headers
+
+
+
+def test_allowed_origins_must_be_origins(monkeypatch):
+    """ALLOWED_ORIGINS with a bare host name or a path would match nothing, silently: the
+    setting is refused naming the entries, beside any other setting's error."""
+    from pydantic import ValidationError
+
+    from app.config import Settings, settings_problem
+
+    monkeypatch.setenv("ALLOWED_ORIGINS", "studio.example.com, https://ok.example.com, "
+                                          "https://a.example.com/ui")
+    monkeypatch.setenv("TRAIN_NPROC", "0")
+    try:
+        Settings()
+    except ValidationError as exc:
+        line = settings_problem(exc)
+    else:
+        raise AssertionError("a malformed ALLOWED_ORIGINS was taken")
+    assert line.startswith("TRAIN_NPROC: ") and ("ALLOWED_ORIGINS: each entry must be an "
+                                                 "origin") in line
+    assert "'studio.example.com', 'https://a.example.com/ui'" in line
+    assert "ok.example.com" not in line
