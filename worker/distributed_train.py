@@ -188,11 +188,11 @@ def recorded_checkpoint_dir(job_id: int) -> Path | None:
 def report_failure(exc: BaseException) -> None:
     """Say on one line why this rank failed, for the worker to make the job's error of it
     (worker.torchrun.failure): torchrun's summary of a failed rank does not say."""
-    from worker.tasks import describe_error
+    from worker.tasks import traceback_tail
 
     line = rank_error_line(int(os.environ.get("RANK", 0)), exc,
                            clean=isinstance(exc, SELF_EXPLAINING_ERRORS),
-                           traceback_tail=describe_error(exc).split("\n\n", 1)[-1])
+                           traceback_tail=traceback_tail(exc))
     print(line, file=sys.stderr, flush=True)
 
 

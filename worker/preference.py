@@ -201,9 +201,10 @@ def score_all_samples(model: PreferenceModel, version: int, images: ImageCache |
         batches = list(pref_svc.iter_samples(s, batch))
     for rows in batches:
         # only the samples its features read (the shapes world's, for the shapes features)
+        features = model.config.features
         rows = [(sid, path, prompt) for sid, path, prompt in rows
-                if features_problem(model.config.features, prompt) is None
-                and model.can_score(images.get(path), prompt)]
+                if features_problem(features, prompt) is None  # before its image loads
+                and features_problem(features, prompt, images.get(path).shape) is None]
         if not rows:
             continue
         pixels = image_batch([images.get(path) for _, path, _ in rows])

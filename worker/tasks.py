@@ -49,10 +49,13 @@ log = logging.getLogger(__name__)
 SHUTDOWN = threading.Event()
 
 
+def traceback_tail(exc: BaseException, lines: int = 12) -> str:
+    """The last `lines` lines of `exc`'s traceback."""
+    return "\n".join("".join(traceback.format_exception(exc)).strip().splitlines()[-lines:])
+
+
 def describe_error(exc: BaseException) -> str:
-    tb = "".join(traceback.format_exception(exc))
-    tail = "\n".join(tb.strip().splitlines()[-12:])
-    return f"{type(exc).__name__}: {exc}\n\n{tail}"[:8000]
+    return f"{type(exc).__name__}: {exc}\n\n{traceback_tail(exc)}"[:8000]
 
 
 # a job this worker cannot run while another live worker of its queue can goes back to the
@@ -178,12 +181,12 @@ def _train(job_id: int, worker_name: str) -> str:
     # a config the worker cannot run (a model directory gone) fails here, before any process
     with session_scope() as s:
         config = train_config_of(s, jobs.get_job(s, job_id))
-    nproc = processes_per_node(config, get_settings().train_nproc)
-    if nproc < get_settings().train_nproc:
+    wanted = get_settings().train_nproc
+    nproc = processes_per_node(config, wanted)
+    if nproc < wanted:
         log.warning("job %s runs on %d process(es) a node, not TRAIN_NPROC=%d: its %d prompts "
                     "an iteration split evenly only so (train_nnodes %d)", job_id, nproc,
-                    get_settings().train_nproc, config.prompts_per_iteration,
-                    config.train_nnodes)
+                    wanted, config.prompts_per_iteration, config.train_nnodes)
     if nproc > 1 or config.train_nnodes > 1:
         return run_torchrun(job_id, worker_name, config, nproc, SHUTDOWN)
     return run_training(job_id, worker_name, SHUTDOWN)

@@ -339,13 +339,12 @@ def _checkpoint_specs(session: Session, ids: list[Any]) -> dict[int, Any]:
     return specs
 
 
-def _check_resolution_limit(model: str, model_path: str, config: dict[str, Any],
+def _check_resolution_limit(model: str, model_path: str, resolution: Any,
                             problems: Problems) -> None:
     """The resolution a complete model directory can draw (an SD3 transformer's position
     embedding has a largest size: trainer.models.resolution_limit_problem)."""
     from trainer.models import resolution_limit_problem
 
-    resolution = config.get("resolution")
     if not isinstance(resolution, int) or "resolution" in {f for f, _ in problems}:
         return
     problem = resolution_limit_problem(model, storage.model_dir(model_path), resolution)
@@ -384,7 +383,7 @@ def _check_model(session: Session, kind: str, config: dict[str, Any], problems: 
             if targets is not None:
                 problems.append(("lora_target_modules", targets))
         if problem is None and model_path and isinstance(model, str):
-            _check_resolution_limit(model, model_path, config, problems)
+            _check_resolution_limit(model, model_path, config.get("resolution"), problems)
         return
     if kind not in ("rollout", "evaluate") or "model" in malformed:
         return
@@ -420,7 +419,7 @@ def _check_model(session: Session, kind: str, config: dict[str, Any], problems: 
                 if (problem := model_path_problem(model, model_path)) is not None:
                     problems.append(("model_path", problem))
                 else:
-                    _check_resolution_limit(model, model_path, config, problems)
+                    _check_resolution_limit(model, model_path, config.get("resolution"), problems)
             elif not ids:
                 problems.append(("model_path", f"sampling the base {model!r} model needs "
                                                "model_path, its diffusers-format directory "
@@ -436,8 +435,7 @@ def _check_model(session: Session, kind: str, config: dict[str, Any], problems: 
                         break
                     # the checkpoint's own resolution unless the job names one
                     asked = config.get("resolution") or spec.resolution
-                    _check_resolution_limit(model, spec.path, {"resolution": asked},
-                                            problems)
+                    _check_resolution_limit(model, spec.path, asked, problems)
         elif model_path:
             problems.append(("model_path", f"must be empty for model {model!r} (it has no "
                                            "model directory)"))

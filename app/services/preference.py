@@ -118,7 +118,6 @@ def fit_votes(session: Session, *, include_excluded: bool = False) -> list[dict[
             for vid, outcome, pa, pb, prompt, ca, cb in session.execute(stmt)]
 
 
-
 def readable_votes(rows: list[dict[str, Any]], features: str,
                    image_shape: Callable[[str], tuple[int, ...]]
                    ) -> tuple[list[dict[str, Any]], int]:
@@ -166,6 +165,7 @@ def readable_clean_vote_count(session: Session, features: str) -> tuple[int, int
     rows = [r for r in fit_votes(session) if r["outcome"] in LABELLED_OUTCOMES]
     readable, unreadable = readable_votes(rows, features, stored_image_shape)
     return len(readable), unreadable
+
 
 def clean_vote_count(session: Session) -> int:
     """Votes a fit learns from: not excluded, with a preference (a, b or tie)."""

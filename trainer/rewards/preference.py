@@ -252,10 +252,6 @@ class PreferenceModel:
             return ShapesPreferenceNet(self.config.width, spread=self.config.spread_pooling)
         return ClipPreferenceHead(self._clip_encoder().dim)
 
-    def can_score(self, image: np.ndarray, prompt: str) -> bool:
-        """Whether this model's features read `image` made for `prompt` (features_problem)."""
-        return features_problem(self.config.features, prompt, image.shape) is None
-
     # -- features -------------------------------------------------------------------------------
     def _clip_encoder(self) -> _ClipEncoder:
         if self._clip is None:
