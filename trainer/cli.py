@@ -27,6 +27,7 @@ from trainer.config import (
     load_config,
     resolution_problem,
 )
+from trainer.strict_json import RepeatedKeyError, loads_strict
 
 if TYPE_CHECKING:  # torch stays unimported until a command runs
     import torch
@@ -151,7 +152,10 @@ def _parse_overrides(pairs: list[str]) -> dict:
                               "field's name, then its value as JSON or text)")
         key, value = pair.split("=", 1)
         try:
-            out[key] = json.loads(value)
+            out[key] = loads_strict(value)
+        except RepeatedKeyError as exc:  # JSON all the same: which value was meant?
+            raise ConfigError("--set", f"{key}=...: {exc.msg} (which value is meant?)") \
+                from None
         except json.JSONDecodeError:
             out[key] = value
     return out
@@ -310,7 +314,7 @@ def read_votes(path: Path, images: Path, include_excluded: bool = False) -> list
             if not text.strip():
                 continue
             try:
-                row = json.loads(text)
+                row = loads_strict(text)
             except json.JSONDecodeError as exc:
                 problems.append(f"line {number}: not JSON ({exc.msg})")
                 continue
@@ -503,19 +507,20 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
-def _reward_list(args: argparse.Namespace) -> list[str]:
+def _reward_list(args: argparse.Namespace) -> tuple[list[str], Any]:
     """--rewards as registry names (default: the shapes rewards for the shapes model,
-    jpeg_compressibility for flux / sd3, as the studio's evaluate job); the model-backed ones
-    pointed at --reward-model-path or REWARD_MODELS_DIR and checked before any sampling."""
-    from trainer.config import default_reward_names
+    jpeg_compressibility for flux / sd3, as the studio's evaluate job) and what scores them:
+    the reward server at --reward-server-url (up and serving them), else this process, the
+    model-backed ones pointed at --reward-model-path or REWARD_MODELS_DIR; checked before any
+    sampling."""
+    from trainer.config import default_reward_names, reward_server_problems
     from trainer.rewards import reward_names, shapes_only_problem
-    from trainer.rewards.models import (
-        check_reward_models,
-        configure_reward_models,
-        load_reward_models,
-    )
+    from trainer.rewards.remote import prepare_scorer
 
     names = [n.strip() for n in (args.rewards or "").split(",") if n.strip()]
+    if args.rewards and not names:  # "--rewards ," is a slip, not a wish for the defaults
+        raise ConfigError("--rewards", f"{args.rewards!r} names no reward; known: "
+                          f"{reward_names()}")
     if not names:
         names = default_reward_names("evaluate", args.model or "")
     unknown = [n for n in names if n not in reward_names()]
@@ -529,13 +534,21 @@ def _reward_list(args: argparse.Namespace) -> list[str]:
         name, sep, path = pair.partition("=")
         if not sep or not name or not path:
             raise ConfigError("--reward-model-path", f"must look like NAME=DIR, got {pair!r}")
+        if name not in names:  # a typo in either list would otherwise go unnoticed
+            raise ConfigError("--reward-model-path", f"{name!r} is not among the rewards "
+                              f"evaluated ({', '.join(names)})")
         paths[name] = path
-    configure_reward_models(paths, available_device(args.device, "--device"))
-    check_reward_models(names, paths)  # RewardWeightsMissing names the reward and the files
-    # loaded now, not after all the sampling: a file that is there but does not load (empty,
-    # truncated) is one line naming the reward and its directory before any work
-    load_reward_models(names)
-    return names
+    if args.reward_server_url:  # the rules of a job's reward_server_url, in the CLI's names
+        flags = {"reward_server_url": "--reward-server-url",
+                 "reward_model_paths": "--reward-model-path"}
+        if problems := reward_server_problems(args.reward_server_url, paths):
+            raise ConfigErrors([ConfigError(flags[p.field], p.message) for p in problems])
+        # RewardServerError (down, or lacking a reward) names the URL: one line (main)
+        return names, prepare_scorer(names, args.reward_server_url)
+    # RewardWeightsMissing names the reward and the files; weights that are there but do not
+    # load (empty, truncated) are one line naming the reward and its directory, before any
+    # sampling rather than after it
+    return names, prepare_scorer(names, "", paths, available_device(args.device, "--device"))
 
 
 def _prompt_list(path: str | None) -> list[str] | None:
@@ -588,14 +601,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     device = _checked(problems, available_device, args.device, "--device")
     # before the model loads: a bad name costs nothing (the default rewards follow the model,
     # unknown while a checkpoint that names it cannot be read and --model is not given)
-    rewards = _checked(problems, _reward_list, args) if spec is not None or args.model \
-        else None
+    rewards, scorer = (_checked(problems, _reward_list, args)
+                       if spec is not None or args.model else None) or (None, None)
     prompts = _checked(problems, _prompt_list, args.prompts_file)
     _raise_problems(problems)
     model = load_flow_model(spec, device=device)
     seeds = tuple(range(args.seeds)) if args.seeds else EVAL_SEEDS
     result = evaluate(model, prompts, seeds=seeds, solver=args.solver, steps=args.steps,
-                      rewards=rewards, batch_size=batch_size)
+                      rewards=rewards, batch_size=batch_size, scorer=scorer)
     result["checkpoint"] = str(args.checkpoint or "base")
     result["batch_size"] = batch_size
     result["prompts"] = args.prompts_file or "the shapes prompts"
@@ -733,6 +746,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--reward-model-path", action="append", default=[],
                           metavar="NAME=DIR", help="weights directory of a model-backed reward "
                           "(repeatable; default: $REWARD_MODELS_DIR/NAME)")
+    evaluate.add_argument("--reward-server-url", default="", metavar="URL",
+                          help="score on this reward server (python -m trainer.rewards.serve) "
+                          "instead of loading the reward models here, as a job's "
+                          "reward_server_url")
     evaluate.add_argument("--prompts-file", help="held-out prompts: .txt (one per line), "
                           ".jsonl with a \"prompt\" field, or .json (an array of strings or of "
                           "such objects, as HPDv2's test.json) (default: the 48 shapes prompts)")

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainer.strict_json import loads_strict
+
 
 class ConfigError(ValueError):
     """A config value is wrong. `field` names it; the message says what is allowed."""
@@ -873,7 +875,7 @@ def load_config(spec: str | None, overrides: dict[str, Any] | None = None) -> Tr
                 raise ConfigError("config", f"{spec!r} is neither a preset "
                                   f"({', '.join(PRESETS)}) nor a file")
             try:
-                loaded = json.loads(path.read_text())
+                loaded = loads_strict(path.read_text())
             except json.JSONDecodeError as exc:
                 raise ConfigError("config", f"{spec} is not valid JSON: {exc}") from exc
             except (OSError, UnicodeDecodeError) as exc:  # unreadable, or not text at all

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -16,6 +16,10 @@ from trainer.models.base import FlowModel, to_uint8
 from trainer.rewards import compute_rewards
 from trainer.shapes.world import all_prompts, parse_prompt
 from trainer.solvers import rollout
+from trainer.strict_json import loads_strict
+
+if TYPE_CHECKING:
+    from trainer.rewards.remote import Scorer
 
 EVAL_SEEDS = tuple(range(20))
 
@@ -85,7 +89,7 @@ def read_prompts(path: str | Path) -> list[str]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = loads_strict(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from None
         prompts.append(_prompt_of(record, f"{path}:{number}"))
@@ -102,7 +106,7 @@ def _prompt_of(record: Any, where: str, *, strings: bool = False) -> str:
 
 def _json_array_prompts(path: Path, text: str) -> list[str]:
     try:
-        items = json.loads(text)
+        items = loads_strict(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}:{exc.lineno}: not JSON ({exc.msg})") from None
     if not isinstance(items, list):
@@ -114,19 +118,22 @@ def _json_array_prompts(path: Path, text: str) -> list[str]:
 
 def evaluate(model: FlowModel, prompts: list[str] | None = None,
              seeds: tuple[int, ...] = EVAL_SEEDS, solver: str = "dpm++", steps: int = 8,
-             rewards: Sequence[str] | None = None, batch_size: int = 256) -> dict[str, Any]:
+             rewards: Sequence[str] | None = None, batch_size: int = 256,
+             scorer: Scorer | None = None) -> dict[str, Any]:
     """Every (prompt, seed) sampled and scored with `rewards` (registry names; default: the
     shapes rewards, SHAPES_EVAL_REWARDS). `rewards` holds {name: {"mean", "std"}}; each
     reward's mean is also `<name>_reward`, except exact_count, which is reported as
     `exact_count_accuracy` with a breakdown by the prompt's count word (shapes prompts); the
-    shape reward is also broken down by the prompt's shape (`shape_reward_by_shape`)."""
+    shape reward is also broken down by the prompt's shape (`shape_reward_by_shape`).
+    `scorer` scores them (trainer.rewards.remote.prepare_scorer: a reward server's client, or
+    by default compute_rewards, in this process)."""
     prompts = prompts or all_prompts()
     names = list(dict.fromkeys(rewards or SHAPES_EVAL_REWARDS))
     pairs = [(p, s) for p in prompts for s in seeds]
     images = sample_images(model, [p for p, _ in pairs], [s for _, s in pairs], solver, steps,
                            batch_size=batch_size)
     texts = [p for p, _ in pairs]
-    scores = compute_rewards(names, images, texts)
+    scores = (scorer or compute_rewards)(names, images, texts)
     out: dict[str, Any] = {"samples": len(pairs), "solver": solver, "steps": steps,
                            "rewards": {n: {"mean": float(scores[n].mean()),
                                            "std": float(scores[n].std())} for n in names}}

@@ -2,7 +2,8 @@
 
 Python's json (which FastAPI reads bodies with) keeps the last of two equal keys without a
 word, so `{"iterations": 2, "iterations": "x"}` was judged on "x" alone, and a client whose
-serializer merged two dicts by accident never learnt which value the server took. Every
+serializer merged two dicts by accident never learnt which value the server took
+(trainer.strict_json, which the CLI and the reward server read JSON with too). Every
 router's routes read their body through `StrictJSONRoute`, so such a body is a 422 naming the
 key (`body: malformed JSON (key 'iterations' given twice in one object at character N)`),
 after the caller's own 401 or 403, as any malformed body is (app.main).
@@ -10,8 +11,6 @@ after the caller's own 401 or 403, as any malformed body is (app.main).
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Callable, Coroutine
 from types import UnionType
 from typing import Any, Union, get_args, get_origin
@@ -20,35 +19,7 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
 from app.errors import Invalid
-
-
-class _RepeatedKey(ValueError):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise _RepeatedKey(key)
-        seen[key] = value
-    return seen
-
-
-def loads_strict(text: str | bytes) -> Any:
-    """json.loads, refusing a key repeated in one object (a json.JSONDecodeError that names
-    it, at the key's second occurrence in the text as near as a search can tell)."""
-    try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
-    except _RepeatedKey as exc:
-        doc = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
-        spelled = re.escape(json.dumps(exc.key))
-        found = list(re.finditer(spelled + r"\s*:", doc))
-        position = found[1].start() if len(found) > 1 else 0
-        raise json.JSONDecodeError(f"key {exc.key!r} given twice in one object", doc,
-                                   position) from None
+from trainer.strict_json import loads_strict
 
 
 class StrictJSONRequest(Request):

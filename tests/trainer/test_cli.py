@@ -600,3 +600,33 @@ def test_an_interrupt_that_comes_back_as_another_error_still_ends_in_one_line(mo
     monkeypatch.setattr(cli, "cmd_sample", failing_import)
     with pytest.raises(ImportError, match="no module named x"):
         cli.main(argv)
+
+
+def test_a_json_key_given_twice_is_refused_not_the_last_one_taken(tmp_path, capsys):
+    """Python's json keeps the last of two equal keys: --set reward_weights={"count": 1,
+    "count": 0} trained on nothing and said "every weight is 0"; the config file alike."""
+    out = tmp_path / "run"
+    line = cli_error(["train", "--config", "tiny", "--set",
+                      'reward_weights={"count": 1, "count": 0}', "--out", str(out)], capsys)
+    assert line == ("error: --set: reward_weights=...: key 'count' given twice in one "
+                    "object (which value is meant?)"), line
+    config = tmp_path / "twice.json"
+    config.write_text('{"iterations": 2, "iterations": 3}')
+    line = cli_error(["train", "--config", str(config), "--out", str(out)], capsys)
+    assert line.startswith(f"error: --config: {config} is not valid JSON: key 'iterations' "
+                           "given twice in one object"), line
+    assert not out.exists()
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "one red circle", "prompt": "two red circles"}\n')
+    line = cli_error(["evaluate", "--prompts-file", str(prompts), "--device", "cpu"], capsys)
+    assert "key 'prompt' given twice" in line, line
+
+
+def test_evaluate_refuses_a_rewards_list_naming_none_and_a_stray_weights_path(tmp_path,
+                                                                                capsys):
+    line = cli_error(["evaluate", "--rewards", ",", "--device", "cpu"], capsys)
+    assert line.startswith("error: --rewards: ',' names no reward; known: ["), line
+    line = cli_error(["evaluate", "--rewards", "count", "--device", "cpu",
+                      "--reward-model-path", f"pickscore={tmp_path}"], capsys)
+    assert line == ("error: --reward-model-path: 'pickscore' is not among the rewards "
+                    "evaluated (count)"), line

@@ -570,3 +570,45 @@ def test_transformers_rewards_preprocess_with_pil_as_the_reference():
         assert name == "CLIPImageProcessorPil"  # 5's plain CLIPImageProcessor is torchvision's
     else:
         assert name == "CLIPImageProcessor"  # 4's slow (PIL) one; "...Fast" is torchvision's
+
+
+@pytest.mark.parametrize("name", [
+    "pickscore", "clip_score", "imagereward",
+    pytest.param("hpsv2", marks=needs_open_clip), pytest.param("aesthetic", marks=needs_open_clip)])
+def test_thin_images_score_finitely(name):
+    """A 1x300 image rounded its short side to 0 pixels in hpsv2's resize (a 500 on the
+    reward server); every reward scores such an image."""
+    thin = _images(2, seed=3, size=(1, 300))
+    assert np.isfinite(get_reward(name)(thin, PROMPTS[:2])).all()
+
+
+def test_hpsv2_resize_keeps_a_pixel_of_a_thin_image():
+    pixels = reward_models._hpsv2_pixels(_images(1, size=(1, 600)), 224)
+    assert pixels.shape == (1, 3, 224, 224)
+    row = (224 - 1) // 2  # the one row the image becomes (padding: half above, rest below)
+    assert not torch.allclose(pixels[0, :, row], pixels[0, :, 0])
+
+
+@pytest.mark.parametrize("size", [(1, 300), (3, 300), (40, 48)])
+def test_transformers_rewards_read_thin_arrays_as_channels_last(size):
+    """transformers guesses the channel axis from an array's shape and took a 1- or 3-pixel
+    high (H, W, 3) image for channels-first; PIL images carry no such doubt, so the scores
+    of the arrays must equal the scores of the same images handed over as PIL."""
+    from PIL import Image
+
+    from trainer.rewards.models import _hf_clip_cosine, _load_hf_clip, reward_model_dir
+
+    model, processor = _load_hf_clip(reward_model_dir("clip_score")[0], torch.device("cpu"))
+
+    class FedAsPil:  # the same processor, given PIL images
+        def __call__(self, images=None, **kwargs):
+            kwargs.pop("input_data_format", None)
+            if images is not None:
+                images = [Image.fromarray(image) for image in images]
+            return processor(images=images, **kwargs) if images is not None \
+                else processor(**kwargs)
+
+    images = _images(2, seed=5, size=size)
+    torch.testing.assert_close(
+        _hf_clip_cosine(model, processor, torch.device("cpu"), images, PROMPTS[:2]),
+        _hf_clip_cosine(model, FedAsPil(), torch.device("cpu"), images, PROMPTS[:2]))

@@ -7,6 +7,7 @@ down are errors naming what and where; a training job scores through the server.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -531,3 +532,73 @@ def test_train_against_a_server_that_is_down_or_lacks_a_reward_is_one_line(serve
                        'reward_weights={"hpsv2": 1.0}'], capsys)
     assert f"reward server at {server.url} does not serve ['hpsv2']" in line
     assert not out.exists()
+
+
+def test_a_key_given_twice_or_a_body_that_is_not_json_is_422_naming_it(server):
+    """Python's json keeps the last of two equal keys: {"rewards": ["nope"], "rewards":
+    ["count"]} was scored with count. Refused on both routes, as the studio's API does; a
+    malformed body names the body (not "0") and a body sent as text names the header."""
+    import httpx
+
+    images = _images(2, seed=2)
+    twice = ('{"rewards": ["nope"], "rewards": ["count"], "prompts": '
+             + json.dumps(PROMPTS[:2]) + f', "images": "{encode_images(images)}"}}')
+    r = httpx.post(server.url + "/score", content=twice, timeout=30,
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and r.json()["field"] == "body", r.text
+    assert "key 'rewards' given twice" in r.json()["detail"], r.text
+    npy = encode_score_request(["count"], PROMPTS[:2], images).partition(b"\n")[2]
+    r = httpx.post(server.url + "/score_npy", timeout=30, headers={
+        "Content-Type": NPY_MEDIA_TYPE}, content=b'{"rewards": ["nope"], "rewards": ["count"], '
+        b'"prompts": ["a", "b"]}\n' + npy)
+    assert r.status_code == 422 and "key 'rewards' given twice" in r.json()["detail"], r.text
+    r = httpx.post(server.url + "/score", content=b"garbage", timeout=30,
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and r.json()["field"] == "body", r.text
+    assert r.json()["detail"].startswith("malformed JSON ("), r.text
+    r = httpx.post(server.url + "/score", content=twice.replace('["nope"], "rewards": ', ""),
+                   timeout=30, headers={"Content-Type": "text/plain"})
+    assert r.status_code == 422 and "Content-Type: application/json" in r.json()["detail"]
+
+
+def test_asking_a_server_for_preference_says_it_is_the_jobs_own(server):
+    client = RewardClient(server.url, timeout=10)
+    with pytest.raises(RewardServerError) as error:
+        client._request("POST", "/score", json={"rewards": ["preference", "beauty"],
+                                                "prompts": PROMPTS[:1],
+                                                "images": encode_images(_images(1, seed=0))})
+    message = str(error.value)
+    assert "unknown reward(s) ['beauty']" in message, message
+    assert "['preference']: the training job's own model from votes" in message, message
+
+
+def test_a_weights_path_for_a_reward_not_served_is_refused():
+    from trainer.rewards.serve import load_rewards
+
+    with pytest.raises(ValueError, match=r"--reward-model-paths names \['pickscore'\], which "
+                                         r"--rewards does not serve \(count\)"):
+        load_rewards(["count"], {"pickscore": "/nowhere"}, "cpu")
+
+
+def test_evaluate_scores_through_a_reward_server_as_in_process(server, tmp_path, capsys):
+    """`python -m trainer evaluate --reward-server-url` scores there what a job's
+    reward_server_url would; the numbers equal the in-process evaluation's."""
+    from trainer.cli import main
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS[:2]) + "\n")
+    common = ["evaluate", "--device", "cpu", "--seeds", "1", "--steps", "2", "--prompts-file",
+              str(prompts), "--rewards", "count,jpeg_compressibility"]
+    assert main([*common, "--reward-server-url", server.url,
+                 "--out", str(tmp_path / "served.json")]) == 0
+    before = _health(server)["requests"]
+    assert main([*common, "--out", str(tmp_path / "local.json")]) == 0
+    assert _health(server)["requests"] == before  # the second ran in process
+    served, local = (json.loads((tmp_path / f"{n}.json").read_text())["rewards"]
+                     for n in ("served", "local"))
+    assert served == local and set(served) == {"count", "jpeg_compressibility"}
+    capsys.readouterr()
+    assert main([*common, "--reward-server-url", "ftp://x"]) == 2
+    assert "--reward-server-url" in capsys.readouterr().err
+    assert main([*common[:-1], "count,hpsv2", "--reward-server-url", server.url]) == 2
+    assert "does not serve ['hpsv2']" in capsys.readouterr().err

@@ -320,7 +320,9 @@ def _hpsv2_pixels(images: np.ndarray, size: int) -> torch.Tensor:
     height, width = x.shape[-2:]
     scale = size / float(max(height, width))
     if scale != 1.0:
-        new_h, new_w = round(height * scale), round(width * scale)
+        # at least one pixel: an image over size:1 in aspect (1x300 at 224) would round its
+        # short side to 0, which the reference's own resize fails on too
+        new_h, new_w = max(1, round(height * scale)), max(1, round(width * scale))
         # torchvision.transforms.functional.resize on a float tensor is exactly this call
         x = torch.nn.functional.interpolate(x, size=(new_h, new_w), mode="bicubic",
                                             align_corners=False, antialias=True)
@@ -490,7 +492,10 @@ def _hf_clip_cosine(model, processor, device: torch.device, images: np.ndarray,
     (the model card's calc_probs) calls the processor exactly so."""
     out = []
     for part in _chunks(len(prompts)):
-        pixels = processor(images=list(images[part]), return_tensors="pt")["pixel_values"]
+        # channels_last said, not guessed: transformers guesses from the array's shape and
+        # takes a 1- or 3-pixel-high image for channels-first
+        pixels = processor(images=list(images[part]), return_tensors="pt",
+                           input_data_format="channels_last")["pixel_values"]
         text = processor(text=prompts[part], padding=True, truncation=True, max_length=77,
                          return_tensors="pt")
         with _autocast(device):

@@ -400,7 +400,9 @@ class _ClipEncoder:
         image_keys = [self._image_key(image) for image in images]
 
         def embed_images(batch: list[np.ndarray]) -> torch.Tensor:
-            pixels = self.processor(images=batch, return_tensors="pt")["pixel_values"]
+            # channels_last said, not guessed from the shape (trainer.rewards.models)
+            pixels = self.processor(images=batch, return_tensors="pt",
+                                    input_data_format="channels_last")["pixel_values"]
             return self._projected(self.model.get_image_features(
                 pixel_values=pixels.to(self.device)))
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from trainer.config import RUN_TIME_REWARDS
 from trainer.rewards.registry import compute_rewards
+from trainer.strict_json import loads_strict
 
 ENV_TIMEOUT = "REWARD_SERVER_TIMEOUT"
 # a GPU server shared by several training processes queues their batches behind each other: generous
@@ -146,7 +147,7 @@ def decode_score_request(body: bytes) -> tuple[list[str], list[str], np.ndarray]
         raise ValueError("the body must start with one line of JSON {\"rewards\": [...], "
                          "\"prompts\": [...]}, then the .npy bytes of the images")
     try:
-        meta = json.loads(head)
+        meta = loads_strict(head)
     except ValueError as exc:
         raise ValueError(f"the first line of the body is not JSON: {exc}") from None
     if isinstance(meta, dict) and (unknown := sorted(set(meta) - {"rewards", "prompts"})):

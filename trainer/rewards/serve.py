@@ -41,20 +41,22 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict
 
 from trainer.cli import available_device, device_name, positive_int
 from trainer.rewards import get_reward, reward_names, shapes_only_rewards
 from trainer.rewards.remote import LOCAL_REWARDS, decode_images, decode_score_request
+from trainer.strict_json import loads_strict
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,26 @@ class ScoreRequest(BaseModel):
     rewards: list[str]
     prompts: list[str]
     images: str  # base64 of an (N, H, W, 3) uint8 .npy (trainer.rewards.remote.encode_images)
+
+
+class _StrictJSONRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = loads_strict(await self.body())
+        return self._json
+
+
+class _StrictJSONRoute(APIRoute):
+    """A route whose JSON body is read by loads_strict (FastAPI turns its RepeatedKeyError,
+    a JSONDecodeError, into a json_invalid 422 naming the key)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strict(request: Request) -> Response:
+            return await handler(_StrictJSONRequest(request.scope, request.receive))
+
+        return strict
 
 
 @dataclass
@@ -249,6 +271,9 @@ def load_rewards(names: Iterable[str], paths: dict[str, str] | None = None,
     if problems:
         raise ValueError(f"{'; '.join(problems)}; a server serves: "
                          f"{[n for n in known if n not in LOCAL_REWARDS]}")
+    if stray := [n for n in (paths or {}) if n not in names]:  # a typo in one of the lists
+        raise ValueError(f"--reward-model-paths names {stray}, which --rewards does not "
+                         f"serve ({', '.join(names)})")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     configure_reward_models(paths or {}, device)
@@ -370,15 +395,29 @@ def create_app(rewards: Iterable[str], *, device: str = "auto",
             batcher.stop()
 
     app = FastAPI(title="Neighbor GRPO reward server", lifespan=lifespan)
+    app.router.route_class = _StrictJSONRoute  # a key given twice is a 422, not the last value
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
 
     # one shape for every error, the route's own checks' and the body schema's alike (the
     # studio's API answers so): `detail` a sentence, `field` the first problem's, `errors`
     # every problem; never the rejected input (it may be megabytes of base64)
     @app.exception_handler(RequestValidationError)
-    async def invalid_body(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type != "application/json":
+            # FastAPI then reads the body as text ("Input should be a valid dictionary"): the
+            # fix is the header, so say that
+            return _problem_response(422, [{"field": "body", "message": (
+                "send the body as JSON (Content-Type: application/json), not "
+                f"{content_type or 'without a Content-Type'}")}])
         problems = []
         for err in exc.errors():
+            if err.get("type") == "json_invalid":  # loc is ("body", character offset)
+                where = err.get("loc", ())[1:]
+                reason = (err.get("ctx") or {}).get("error", "invalid JSON")
+                at = f" at character {where[0]}" if where else ""
+                problems.append({"field": "body", "message": f"malformed JSON ({reason}{at})"})
+                continue
             loc = [str(part) for part in err.get("loc", ()) if part != "body"]
             message = ("unknown field" if err.get("type") == "extra_forbidden"
                        else str(err.get("msg", "invalid value")))
@@ -422,9 +461,15 @@ def create_app(rewards: Iterable[str], *, device: str = "auto",
         not_served = [n for n in rewards if n not in served]
         if not_served:
             known = set(reward_names())
-            unknown = [n for n in not_served if n not in known]
-            what = (f"unknown reward(s) {unknown}" if unknown
-                    else f"reward(s) {not_served} not loaded by this server")
+            parts = []
+            if unknown := [n for n in not_served if n not in known | set(LOCAL_REWARDS)]:
+                parts.append(f"unknown reward(s) {unknown}")
+            if local := [n for n in not_served if n in LOCAL_REWARDS]:
+                parts.append(f"{local}: the training job's own model from votes, scored in "
+                             "the job, never by a server")
+            if unloaded := [n for n in not_served if n in known]:
+                parts.append(f"reward(s) {unloaded} not loaded by this server")
+            what = "; ".join(parts)
             raise ScoreError(422, "rewards", f"{what}; this server serves {served}")
         if len(images) != len(prompts):
             raise ScoreError(422, "prompts", f"{len(images)} images but {len(prompts)} prompts")
