@@ -11,9 +11,10 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, false, text, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -120,3 +121,21 @@ def session_scope() -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def write_lock(session: Session, table: type[Any], row_id: int | None = None) -> None:
+    """Hold until the session's transaction ends a lock that every other `write_lock` on
+    `table` (or on its row `row_id`) waits for, so a check-then-write (a name still free, a
+    dataset no job uses) cannot interleave with another's. PostgreSQL: the row's lock
+    (an UPDATE of it, which also waits for readers holding it FOR SHARE), or an advisory lock
+    named after the table. SQLite has one write lock for the whole database: a write that
+    changes nothing takes it now (Python's sqlite3 begins the transaction before it), and the
+    reads after it see every committed write."""
+    key = getattr(table, "__tablename__", str(table))
+    ident = table.__table__.c.id
+    if row_id is not None:
+        session.execute(update(table).where(ident == row_id).values(id=ident))
+    elif session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": key})
+    else:
+        session.execute(update(table).where(false()).values(id=ident))

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import delete, event, func, or_, select
 from sqlalchemy.orm import Session
 
+from app.db import write_lock
 from app.errors import Conflict, Forbidden, Invalid, NotFound, Unauthorized
 from app.models import ROLES, ApiToken, User, utcnow
 from app.schemas import look_alike_difference, look_alike_key, refuse_hidden
@@ -34,6 +35,10 @@ def create_user(session: Session, name: str, role: str) -> tuple[User, str]:
     # names tell annotators apart on the leaderboard and in exports: 'ann1', 'ANN1' and the
     # full-width 'ａｎｎ１' would be people no one can tell apart. Compared in Python (NFKC is
     # beyond the database's lower()); a table of people is short.
+    # Under a lock every creation takes until its commit: two requests for 'ann1' and 'ANN1'
+    # at once would both find the name free (and two for 'ann1' one a 500 from the unique
+    # constraint).
+    write_lock(session, User)
     key = look_alike_key(name)
     taken = next((n for n in session.scalars(select(User.name).order_by(User.id))
                   if look_alike_key(n) == key), None)

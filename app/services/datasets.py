@@ -27,6 +27,7 @@ from sqlalchemy import delete, func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.db import write_lock
 from app.errors import BadRequest, Conflict, Invalid, NotFound, PayloadTooLarge, ServiceError
 from app.json_values import json_safe, lone_surrogate
 from app.limits import FILENAME_LENGTH, NAME_LENGTH, SQL_BATCH
@@ -534,6 +535,11 @@ def import_dataset(session: Session, *, filename: str, data: bytes, name: str | 
     ds = Dataset(name=name, filename=filename[:FILENAME_LENGTH], format=parsed.format, num_prompts=len(prompts),
                  num_eval=n_eval, duplicates_dropped=dropped,
                  blank_lines_skipped=parsed.blank_lines_skipped, eval_fraction=eval_fraction)
+    # checked again under the lock that every upload takes here, until its commit: two
+    # uploads of look-alike names ('HPDv2', 'hpdv2'), which the unique constraint cannot tell
+    # apart, would both have passed the first check
+    write_lock(session, Dataset)
+    check_name_free(session, name)
     try:
         with session.begin_nested():  # only this insert is undone if the name was taken
             session.add(ds)
@@ -579,6 +585,9 @@ def export_rows(session: Session, dataset_id: int) -> list[dict[str, Any]]:
 def delete_dataset(session: Session, dataset_id: int) -> None:
     """Delete a dataset and its prompts, unless a queued or running job uses it (Conflict)."""
     get_dataset(session, dataset_id)
+    # locked before the check: a job submitted on it meanwhile (jobs.create_job holds the row
+    # FOR SHARE) either committed first and is found busy here, or waits and finds it gone
+    write_lock(session, Dataset, dataset_id)
     busy = session.scalars(
         select(Job.id).where(Job.dataset_id == dataset_id, Job.status.in_(ACTIVE_JOB_STATUSES))
     ).all()

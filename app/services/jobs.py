@@ -38,6 +38,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import delete, func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.config import get_settings
@@ -686,10 +687,23 @@ def create_job(session: Session, kind: str, config: dict[str, Any] | None = None
     ds = full.get("dataset_id")
     ds = ds if ds is not None else dataset_id  # validate_config found it
     total = full.get("iterations")
+    gone = Invalid(f"dataset_id: dataset {ds} not found (deleted while the job was submitted)",
+                   field="dataset_id")
+    # held until the commit (PostgreSQL), so a delete of the dataset (datasets.delete_dataset
+    # locks its row first) waits and then sees this job, or finished first and is seen here
+    if ds is not None and session.scalar(select(Dataset.id).where(Dataset.id == ds)
+                                         .with_for_update(read=True)) is None:
+        raise gone
     job = Job(kind=kind, status=JobStatus.QUEUED, config=full, dataset_id=ds, submitted_dataset_id=ds,
               created_by_id=user.id if user else None, total_iterations=total)
     session.add(job)
-    session.flush()
+    try:
+        session.flush()
+    except IntegrityError:  # SQLite: the dataset's delete committed between the check and here
+        session.rollback()
+        if ds is not None and session.get(Dataset, ds) is None:
+            raise gone from None
+        raise
     return job
 
 
