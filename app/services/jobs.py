@@ -664,15 +664,23 @@ def config_problems_beside(session: Session, user: User | None, body: Any
     config_usable = isinstance(config, dict)
     preset = body.get("preset") if isinstance(body.get("preset"), str) else None
     dataset_id = body.get("dataset_id")
+    # a dataset_id the envelope refused was given all the same: the config's "dataset_id:
+    # Field required" (a sampling kind's, which would take the request's) would name the one
+    # field twice, the second time wrongly
+    refused_dataset = dataset_id is not None and "dataset_id" not in (
+        config if config_usable else {})
     if isinstance(dataset_id, bool) or not isinstance(dataset_id, int) \
             or not 1 <= dataset_id <= MAX_ID:
         dataset_id = None  # the envelope's problem, already reported
+    else:
+        refused_dataset = False
     try:
         validate_config(session, kind, config if config_usable else {}, preset,
                         dataset_id=dataset_id)
     except Invalid as exc:
         return [(e["field"], e["message"]) for e in exc.details.get("errors", [])
-                if config_usable or e["field"] in REQUEST_FIELDS]
+                if (config_usable or e["field"] in REQUEST_FIELDS)
+                and not (refused_dataset and e["field"] == "dataset_id")]
     return []
 
 

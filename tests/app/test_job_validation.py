@@ -835,3 +835,18 @@ def test_a_config_that_is_not_an_object_is_reported_with_the_bad_preset(client, 
     assert "config" in fields and "preset" in fields, r.json()
     assert "unknown preset 'nope'" in r.text
     assert _job_count(session) == 0
+
+
+def test_a_refused_request_dataset_id_is_named_once(client, admin, session):
+    """A rollout's config takes the request's dataset_id when it names none; with the
+    request's refused ("2", a string), the config's own check added "dataset_id: Field
+    required", the one field named twice, the second time wrongly."""
+    r = client.post("/api/jobs", json={"kind": "rollout", "dataset_id": "2"}, headers=admin)
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"] == [{"field": "dataset_id",
+                                   "message": "Input should be a valid integer"}]
+    # the config's own dataset_id, when it names one, is still checked beside the request's
+    r = client.post("/api/jobs", json={"kind": "rollout", "dataset_id": "2",
+                                       "config": {"dataset_id": 999_999}}, headers=admin)
+    assert r.status_code == 422 and "dataset 999999 not found" in r.text, r.text
+    assert _job_count(session) == 0
