@@ -78,6 +78,11 @@ GRADIO_DEEP_LINKS = re.compile(r"^/(gradio_api/)?deep_link")
 # none. Refused outright (404): GET /call/<api>/<id> streams the events of whichever session
 # an unknown <id> names, around the session guard (app.ui.sessions)
 GRADIO_PROGRAMMATIC_API = re.compile(r"^/(gradio_api/)?(run|api|call)/")
+# Gradio's routes for its own development and hosting (the reload stream of `gradio app.py`,
+# an endless event stream that polls 20 times a second per connection; event monitoring; the
+# "vibe" editor), which a mounted UI never uses: refused (404) to everyone, since each would
+# otherwise answer any caller, some at a cost to the server
+GRADIO_UNUSED = re.compile(r"^/(gradio_api/)?(dev/|monitoring|vibe-|undo-vibe-)")
 # What the public shell posts is JSON (queue/join, component_server, reset, cancel). A body
 # of any other kind (multipart, a form, raw bytes) is a file coming in, whatever the route:
 # /upload, /process_recording, or one a later Gradio adds, so it needs a token too.
@@ -139,6 +144,11 @@ class StoredFilesGuard:
                     # ask for, and loads them for anyone holding the link: the UI offers no
                     # deep links, so neither way in exists
                     response = JSONResponse({"detail": "this UI does not offer deep links"},
+                                            status_code=404)
+                    await response(scope, receive, send)
+                    return
+                if GRADIO_UNUSED.match(sub):
+                    response = JSONResponse({"detail": "not a route of this UI"},
                                             status_code=404)
                     await response(scope, receive, send)
                     return

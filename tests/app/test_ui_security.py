@@ -355,6 +355,21 @@ def test_gradio_deep_links_are_refused(served, admin):
     assert client.get("/ui/config").status_code == 200
 
 
+def test_gradios_development_and_monitoring_routes_are_refused(served, admin):
+    """/dev/reload answered anyone with an endless stream polling 20 times a second (200 open
+    streams: 8x the server's idle CPU), /monitoring/summary anyone with the UI's event
+    statistics: routes a mounted UI never uses."""
+    client, _ = served
+    for path in ("/ui/gradio_api/dev/reload", "/ui/dev/reload", "/ui/monitoring/summary",
+                 "/ui/gradio_api/monitoring/summary", "/ui/monitoring",
+                 "/ui/gradio_api/vibe-code"):
+        for headers in ({}, admin):
+            r = client.get(path, headers=headers)
+            assert r.status_code == 404 and "not a route of this UI" in r.text, (path, r.text)
+    r = client.post("/ui/gradio_api/vibe-edit", json={"prompt": "x"})
+    assert r.status_code == 404 and "not a route of this UI" in r.text
+
+
 def test_an_upload_is_read_back_by_admins_only(served, admin, annotator, upload_dir):
     """Gradio serves an uploaded file back (the picker's link) through file=: the Datasets
     page's, so an annotator's token gets a 403, not another admin's prompt file."""
