@@ -397,3 +397,31 @@ def test_an_upload_lists_the_forms_the_names_and_the_contents_problems_at_once(c
     assert counts(session) == (1, 1)  # nothing but the first dataset
     # the taken name alone stays the 409
     assert upload(client, admin, "b.txt", b"two\n", name="mine").status_code == 409
+
+
+def test_txt_with_classic_mac_line_ends_is_one_prompt_a_line(client, admin):
+    """A lone "\\r" ends a line, as it does in .jsonl and .csv uploads: "a\\rb\\rc\\r" was one
+    prompt, "one red circle two red circles three red circles"."""
+    r = upload(client, admin, "mac.txt", b"one red circle\rtwo red circles\r\rthree red circles\r")
+    assert r.status_code == 201, r.text
+    assert (r.json()["num_prompts"], r.json()["blank_lines_skipped"]) == (3, 1)
+    items = client.get("/api/prompts", params={"dataset_id": r.json()["id"]},
+                       headers=admin).json()["items"]
+    assert [p["text"] for p in items] == ["one red circle", "two red circles",
+                                          "three red circles"]
+    assert [p["position"] for p in items] == [0, 1, 2]
+
+
+def test_an_overlong_line_is_refused_by_its_length_before_any_character_scan(client, admin,
+                                                                             monkeypatch):
+    """A 20 MB line took 20 s of server CPU (a category lookup per character) to be refused
+    for its length; the length is now looked at first, and the scan never runs on it."""
+    from trainer import config
+
+    scanned: list[int] = []
+    real = config.prompt_text_problem
+    monkeypatch.setattr("app.services.datasets.prompt_text_problem",
+                        lambda text: scanned.append(len(text)) or real(text))
+    r = upload(client, admin, "long.txt", b"x" * 100_000 + b"\none red circle\n")
+    assert r.status_code == 422 and "prompt too long (100000 characters" in r.text, r.text
+    assert scanned == [len("one red circle")]
