@@ -446,14 +446,12 @@ def sampling_batch_size(args: argparse.Namespace, model: str) -> int:
 
 
 def _sample_prompts(path: str) -> list[str]:
-    """sample's --prompts: one prompt a line, blank lines skipped."""
-    prompts_path = Path(path)
-    if not prompts_path.is_file():
-        raise ConfigError("--prompts", f"{path} does not exist")
-    prompts = [line.strip() for line in prompts_path.read_text().splitlines() if line.strip()]
-    if not prompts:
-        raise ConfigError("--prompts", f"{path} holds no prompts")
-    return prompts
+    """sample's --prompts, read as --prompts-file is (a .jsonl's lines were taken as prompts,
+    JSON text and all)."""
+    try:
+        return _prompt_list(path)
+    except ConfigError as exc:
+        raise ConfigError("--prompts", exc.message) from None
 
 
 def _sample_out(path: str) -> Path:
@@ -728,7 +726,9 @@ def build_parser() -> argparse.ArgumentParser:
     sample = sub.add_parser("sample", help=sample_help, description=sample_help)
     sample.add_argument("--checkpoint", help="a checkpoint directory (checkpoints/iter-N) or a "
                         "shapes model.safetensors; left out: the base model alone")
-    sample.add_argument("--prompts", required=True, help="text file, one prompt per line")
+    sample.add_argument("--prompts", required=True, help="prompts file: .txt (one per line), "
+                        ".jsonl with a \"prompt\" field, or .json (an array of strings or of "
+                        "such objects)")
     sample.add_argument("--seeds", type=positive_int, default=4,
                         help="seeds 0..N-1 per prompt")
     sample.add_argument("--out", required=True, help="directory for the PNGs")

@@ -78,7 +78,9 @@ def read_prompts(path: str | Path) -> list[str]:
         raise ValueError(f"{path}: unsupported prompt file {suffix!r}; use .txt (one prompt "
                          "per line), .jsonl (objects with a \"prompt\" field) or .json (an "
                          "array of strings or such objects)")
-    text = path.read_text(encoding="utf-8")
+    # utf-8-sig: a file saved by Notepad starts with a byte-order mark, which would otherwise
+    # stay in the first prompt ("\ufeffa cat") and be trained and scored on
+    text = path.read_text(encoding="utf-8-sig")
     if suffix == ".json":
         return _json_array_prompts(path, text)
     lines = text.splitlines()

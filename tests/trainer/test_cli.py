@@ -630,3 +630,23 @@ def test_evaluate_refuses_a_rewards_list_naming_none_and_a_stray_weights_path(tm
                       "--reward-model-path", f"pickscore={tmp_path}"], capsys)
     assert line == ("error: --reward-model-path: 'pickscore' is not among the rewards "
                     "evaluated (count)"), line
+
+
+def test_sample_reads_a_jsonl_prompts_file_and_a_byte_order_mark_stays_out(tmp_path):
+    """sample --prompts took a .jsonl's lines as prompts (the model was conditioned on
+    '{"prompt": ...}'), and a .txt saved with a byte-order mark kept it in its first prompt."""
+    import json
+
+    from trainer.cli import main
+    from trainer.evaluation import read_prompts
+
+    bom = tmp_path / "bom.txt"
+    bom.write_bytes(b"\xef\xbb\xbfone red circle\r\ntwo blue squares\r\n")
+    assert read_prompts(bom) == ["one red circle", "two blue squares"]
+    lines = tmp_path / "p.jsonl"
+    lines.write_text('{"prompt": "one red circle", "id": 3}\n\n{"prompt": "two red circles"}\n')
+    out = tmp_path / "o"
+    assert main(["sample", "--prompts", str(lines), "--seeds", "1", "--steps", "2",
+                 "--device", "cpu", "--out", str(out)]) == 0
+    manifest = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    assert [row["prompt"] for row in manifest] == ["one red circle", "two red circles"]
