@@ -549,6 +549,13 @@ def test_a_base_checkpoint_lora_that_does_not_fit_is_named(flux_dev, sd35, tmp_p
         Trainer(_config(flux_dev, "flux", lora_rank=8, base_checkpoint=str(flux_lora)))
     assert str(info.value) == (f"base_checkpoint: {lora_file} holds a LoRA of rank 4; this "
                                "run's adapters have rank 8 (lora_rank)")
+    # the same rank under another alpha would scale the adapter: not the checkpoint's model
+    alpha = _config(flux_dev, "flux").lora_alpha
+    with pytest.raises(ConfigError) as info:
+        Trainer(_config(flux_dev, "flux", lora_alpha=alpha * 8, base_checkpoint=str(flux_lora)))
+    assert str(info.value) == (f"base_checkpoint: {lora_file} holds a LoRA with lora_alpha "
+                               f"{alpha:g}; this run's adapters have lora_alpha {alpha * 8:g} "
+                               f"(set lora_alpha {alpha:g} to continue from it)")
     with pytest.raises(ValueError, match=re.escape(
             f"{sd3_lora / 'pytorch_lora_weights.safetensors'} holds the LoRA weights of "
             f"another model, not of this 'flux' model at {flux_dev}")):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -442,6 +443,16 @@ def bare_lora_spec(directory: str | Path) -> ModelSpec:
     return spec
 
 
+def lora_alpha_problem(saved: float, run: float) -> str | None:
+    """Why a LoRA saved with lora_alpha `saved` cannot start a run whose adapters have `run`:
+    the same tensors under another alpha scale the adapter by alpha / rank, so the run would
+    not start from the model the checkpoint was."""
+    if math.isclose(saved, run):
+        return None
+    return (f"holds a LoRA with lora_alpha {saved:g}; this run's adapters have lora_alpha "
+            f"{run:g} (set lora_alpha {saved:g} to continue from it)")
+
+
 def _targeted(module: str, targets: list[str]) -> bool:
     """Whether peft's list form of `target_modules` gives `module` an adapter: the whole
     name, or its last dotted parts."""
@@ -512,6 +523,8 @@ def starting_weights_problem(spec: ModelSpec, directory: str | Path) -> str | No
     if lora.lora_rank != spec.lora_rank:
         return (f"{directory / LORA_WEIGHTS} holds a LoRA of rank {lora.lora_rank}; this run's "
                 f"adapters have rank {spec.lora_rank} (lora_rank)")
+    if (problem := lora_alpha_problem(lora.lora_alpha, spec.lora_alpha)) is not None:
+        return f"{directory / LORA_WEIGHTS} {problem}"
     header = safetensors_header(directory / LORA_WEIGHTS)
     modules = sorted({k.removeprefix("transformer.").removesuffix(".lora_A.weight")
                       for k in header if k.startswith("transformer.")

@@ -366,6 +366,11 @@ class DiffusersFlowModel(FlowModel):
             # file
             if (problem := self._lora_problem(state)) is not None:
                 raise WeightsMismatch(f"{lora} {problem}")
+            from trainer.models import bare_lora_spec, lora_alpha_problem
+
+            if (problem := lora_alpha_problem(bare_lora_spec(directory).lora_alpha,
+                                              self.spec.lora_alpha)) is not None:
+                raise WeightsMismatch(f"{lora} {problem}")
             result = set_peft_model_state_dict(self.transformer, state, adapter_name="default")
             if getattr(result, "unexpected_keys", None):
                 raise ValueError(f"{lora} does not fit this model's adapters: unexpected keys "
