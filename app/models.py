@@ -151,6 +151,9 @@ class Job(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
+    # when the current run's worker claimed it (every claim; started_at keeps the first): an
+    # iteration recorded since says a multi-host run is past its rendezvous
+    claimed_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     heartbeat_at: Mapped[datetime | None]
 

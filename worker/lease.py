@@ -9,24 +9,38 @@ that thread (worker.tasks.run_job calls it however the job ends).
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import threading
-import uuid
 from datetime import timedelta
 from enum import StrEnum
 
 from app.config import get_settings
 from app.db import session_scope
-from app.services import jobs
+from app.services import jobs, workers
 from worker.outage import OutageLog
 
 log = logging.getLogger(__name__)
 
+# this worker's Celery node name (`-n gpu0@%h`), set as it starts (worker.tasks), before its
+# pool forks: the name it reports in the workers table
+_node_name: str | None = None
+
+
+def set_node_name(name: str) -> None:
+    global _node_name
+    _node_name = name
+
+
+def node_name() -> str:
+    """This worker's node name; the host's name outside a Celery worker."""
+    return _node_name or socket.gethostname()
+
 
 def worker_identity() -> str:
-    """host:pid:nonce; the nonce tells apart two claims by one process."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    """node:pid:nonce (app.services.workers.lease_name): a job's `worker` names the worker
+    that runs it as the workers table does, so a queued job can tell which live worker is
+    busy with which job; the nonce tells apart two claims by one process."""
+    return workers.lease_name(node_name())
 
 
 class TaskOutcome(StrEnum):

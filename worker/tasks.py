@@ -38,7 +38,7 @@ from app.queue import enqueue
 from app.services import jobs, workers
 from worker import preflight  # noqa: F401 - imported for its start check (a Celery signal)
 from worker.celery_app import JOIN_TRAIN_TASK, REAP_TASK, celery_app, send_join
-from worker.lease import JobError, JobLease, LeaseLost, TaskOutcome
+from worker.lease import JobError, JobLease, LeaseLost, TaskOutcome, node_name, set_node_name
 from worker.outage import outage
 from worker.reaper import ReaperThread, reap_once
 
@@ -264,19 +264,27 @@ def local_cuda_devices() -> tuple[str, ...]:
 
 def report_worker(name: str, queues: list[str]) -> None:
     """Record this worker's queues and devices (`app.services.workers`): submission checks a
-    job's `device` against them, and a queued job says when no live worker can take it."""
-    from app.services import workers
-
+    job's `device` against them, and a queued job says when no live worker can take it.
+    Once its warm shutdown has begun, remove its row instead: it takes no more jobs."""
     devices = local_cuda_devices()
     with session_scope() as s:
-        workers.report(s, name, queues, len(devices), list(devices))
+        if SHUTDOWN.is_set():
+            workers.forget(s, name)
+        else:
+            workers.report(s, name, queues, len(devices), list(devices))
+
+
+@signals.worker_init.connect
+def _name_leases(sender=None, **_kwargs) -> None:
+    """The jobs this worker claims name it by its node name, the name it reports under."""
+    set_node_name(getattr(sender, "hostname", None) or socket.gethostname())
 
 
 @signals.worker_ready.connect
 def _start_reaper(sender=None, **_kwargs) -> None:
     """Report this worker, then the reaper's startup check (first round at once) and every
     REAPER_INTERVAL_SECONDS both again (the report keeps the worker counted as live)."""
-    name = getattr(sender, "hostname", None) or socket.gethostname()
+    name = node_name()
     queues = consumed_queues(sender)
     thread = ReaperThread(get_settings().reaper_interval_seconds,
                           on_round=lambda: report_worker(name, queues))
@@ -285,5 +293,22 @@ def _start_reaper(sender=None, **_kwargs) -> None:
 
 @signals.worker_shutting_down.connect
 def _on_shutdown(**_kwargs) -> None:
+    # in a signal handler, perhaps amid the job's own database work: only a flag here; the
+    # next reaper round removes the worker's row, and `_forget_worker` when it has stopped
     SHUTDOWN.set()
+
+
+@signals.worker_shutdown.connect
+def _forget_worker(**_kwargs) -> None:
+    """A worker that stops cleanly removes its row: it would count as live for
+    `workers.live_seconds` more, and queued jobs would say they wait behind it or for nothing."""
+    try:
+        with session_scope() as s:
+            workers.forget(s, node_name())
+    except Exception as exc:
+        reason = outage(exc)
+        if reason is None:
+            raise
+        log.warning("this worker's row was not removed (%s): it stops counting as live once "
+                    "its last report is %.0f s old", reason, workers.live_seconds())
 

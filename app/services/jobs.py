@@ -946,7 +946,7 @@ def mark_running(session: Session, job_id: int, worker_name: str) -> Job:
     now = utcnow()
     job.status, job.heartbeat_at = JobStatus.RUNNING, now
     job.worker = workers.stored_name(worker_name)
-    job.started_at = job.started_at or now
+    job.started_at, job.claimed_at = job.started_at or now, now
     job.attempts += 1
     job.error = None
     session.flush()
@@ -1070,7 +1070,7 @@ def claim(session: Session, job_id: int, worker_name: str, stale_after: timedelt
         # running job shows no error
         .values(status=JobStatus.RUNNING, worker=workers.stored_name(worker_name),
                 heartbeat_at=now, started_at=func.coalesce(Job.started_at, now),
-                attempts=Job.attempts + 1, error=None)
+                claimed_at=now, attempts=Job.attempts + 1, error=None)
         .execution_options(synchronize_session=False)
     )
     if result.rowcount != 1:

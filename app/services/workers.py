@@ -1,30 +1,46 @@
 """Workers as they report themselves: the queues they consume and the devices they have.
 
 Each worker process calls `report` when it starts and every reaper round (worker/tasks.py),
-so `live` is everyone seen within `live_seconds`. Submission uses it to reject a config that no
-live worker could run (`device: "cuda"` where every live worker of the queue is CPU-only), and a
-queued job whose queue has no live worker at all is accepted but says what it waits for
-(`waiting_for`): workers may simply not have started yet.
+so `live` is everyone seen within `live_seconds`; a worker that stops cleanly `forget`s
+itself. A worker is named by its Celery node name (`-n gpu0@host`); a job it claims names it
+too, in the job's `worker` (`lease_name`, read back by `worker_of`). Submission uses the live
+ones to reject a config that no live worker could run (`device: "cuda"` where every live
+worker of the queue is CPU-only), and a queued job whose queue has no live worker at all is
+accepted but says what it waits for (`waiting_for`): workers may simply not have started yet.
 """
 
 from __future__ import annotations
 
+import os
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from app.config import get_settings
 from app.job_kinds import KINDS
 from app.limits import NAME_LENGTH
-from app.models import Job, JobStatus, WorkerRow, utcnow
+from app.models import Job, JobMetric, JobStatus, WorkerRow, utcnow
 
 
 def stored_name(worker_name: str) -> str:
-    """A worker's name (host:pid:nonce) as the jobs and workers tables hold it: cut to
+    """A worker's name, or a job's lease name, as the workers and jobs tables hold it: cut to
     NAME_LENGTH, so that a long host name still compares equal to what was stored."""
     return worker_name[:NAME_LENGTH]
+
+
+def lease_name(worker_name: str) -> str:
+    """What a job's `worker` says while `worker_name` (the worker's node name, its row here)
+    runs it: that name, this process's pid and a nonce that tells apart two claims by one
+    process (a lease is held by one claim: app.services.jobs.holds)."""
+    return f"{worker_name}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def worker_of(lease: str) -> str:
+    """The worker's name in a job's `worker` (a `lease_name`): what its workers row is named."""
+    return lease.rsplit(":", 2)[0]
 
 
 def live_seconds() -> float:
@@ -46,6 +62,13 @@ def report(session: Session, name: str, queues: list[str], cuda_devices: int,
     row.device_names, row.last_seen_at = list(device_names), now
     session.flush()
     return row
+
+
+def forget(session: Session, name: str) -> None:
+    """Remove this worker's row (flush, no commit): it stopped cleanly, so no queued job
+    should count on it, as it would for `live_seconds` after its last report."""
+    session.execute(delete(WorkerRow).where(WorkerRow.name == stored_name(name)))
+    session.flush()
 
 
 def live(session: Session) -> list[WorkerRow]:
@@ -94,23 +117,27 @@ def heartbeat_age(job: Job, now: datetime | None = None) -> float | None:
 
 def waiting_for(session: Session, jobs: list[Job]) -> dict[int, str]:
     """For queued jobs that no live worker can take (or only workers busy with other jobs),
-    multi-host train jobs that fewer live workers than their hosts could start, and running
-    jobs whose worker stopped heartbeating (it died; a live worker's reaper requeues the job):
-    job id -> what it waits for."""
+    multi-host train jobs that fewer live workers than their hosts could start (queued, or
+    (re)starting: `starting_on_hosts`), and running jobs whose worker stopped heartbeating (it
+    died; a live worker's reaper requeues the job): job id -> what it waits for."""
     stale_after = get_settings().job_stale_seconds
     lost = {j.id: age for j in jobs if j.status == JobStatus.RUNNING
             and (age := heartbeat_age(j)) is not None and age > stale_after}
-    waiting = [j for j in jobs if j.status == JobStatus.QUEUED or j.id in lost or (
-        j.status == JobStatus.RUNNING and hosts_wanted(j) > 1 and j.iteration == 0)]
+    starting = starting_on_hosts(session, jobs)
+    waiting = [j for j in jobs if j.status == JobStatus.QUEUED or j.id in lost
+               or j.id in starting]
     if not waiting:
         return {}
     workers = live(session)
     # what each live worker is running now: a queued job that only busy workers could take
-    # waits behind their jobs (the embedded worker runs one job at a time)
+    # waits behind their jobs (the embedded worker runs one job at a time). A job's `worker`
+    # is its lease's name, which begins with its worker's
+    names = {w.name for w in workers}
     running: dict[str, int] = {}
-    for job_id, worker in session.execute(select(Job.id, Job.worker).where(
-            Job.status == JobStatus.RUNNING, Job.worker.in_([w.name for w in workers]))):
-        running.setdefault(worker, job_id)
+    for job_id, lease in session.execute(select(Job.id, Job.worker).where(
+            Job.status == JobStatus.RUNNING, Job.worker.is_not(None)).order_by(Job.id)):
+        if (name := worker_of(lease)) in names:
+            running.setdefault(name, job_id)
     out = {}
     for job in waiting:
         if job.id in lost:
@@ -138,6 +165,23 @@ def waiting_for(session: Session, jobs: list[Job]) -> dict[int, str]:
                            f"queue {queue!r} is running one; it starts when one is free (or "
                            "start another worker)")
     return out
+
+
+def starting_on_hosts(session: Session, jobs: list[Job]) -> set[int]:
+    """The running multi-host train jobs among `jobs` that have recorded no iteration since
+    their claim: the holder's rendezvous may still wait for hosts (worker/torchrun.py), on a
+    fresh start or a resume alike (the job then records nothing until every host has joined
+    and an iteration is done). One claimed before claims were timed (no `claimed_at`): while
+    at iteration 0."""
+    multi = [j for j in jobs if j.status == JobStatus.RUNNING and hosts_wanted(j) > 1]
+    if not multi:
+        return set()
+    progressed = set(session.scalars(
+        select(JobMetric.job_id).join(Job, Job.id == JobMetric.job_id)
+        .where(JobMetric.job_id.in_([j.id for j in multi]),
+               JobMetric.created_at >= Job.claimed_at)))
+    return {j.id for j in multi if j.id not in progressed
+            and (j.claimed_at is not None or j.iteration == 0)}
 
 
 def hosts_wanted(job: Job) -> int:

@@ -479,17 +479,57 @@ def test_a_job_for_more_hosts_than_live_workers_says_it_waits_for_them(client, a
     assert single["waiting_for"] is None
 
 
+def test_a_resumed_multi_host_job_waiting_in_its_rendezvous_says_so(client, admin, session,
+                                                                    settings):
+    """A train_nnodes=2 job requeued at iteration 3 (a host's warm shutdown) and claimed again
+    by its holder waits in a fresh rendezvous for the other host: its page says so, as on a
+    fresh start (it said nothing once the job had iterations), until this run records one."""
+    from datetime import timedelta
+
+    from app.services import jobs, workers
+
+    def waiting_for() -> str | None:
+        return client.get(f"/api/jobs/{job_id}", headers=admin).json()["waiting_for"]
+
+    stale = timedelta(seconds=settings.job_stale_seconds)
+    wait = "waiting for 2 hosts (train_nnodes): 1 live worker(s) on queue 'gpu'; start one "\
+           "on each other host"
+    _report_worker("host-a", ["gpu"], cuda=1)
+    job_id = _post(client, admin, "train", {"train_nnodes": 2, "prompts_per_iteration": 4},
+                   "tiny").json()["id"]
+    assert jobs.claim(session, job_id, workers.lease_name("host-a"), stale)
+    session.commit()
+    assert waiting_for() == wait  # a fresh start's rendezvous
+    for it in (1, 2, 3):  # every host joined (host-b's worker has stopped reporting since)
+        jobs.update_progress(session, job_id, it, 10, {"reward_mean": 0.5})
+    session.commit()
+    assert waiting_for() is None  # past its rendezvous: it trains
+    jobs.requeue(session, job_id, reason="worker host-b shut down at iteration 3")
+    session.commit()
+    assert waiting_for() == wait
+    assert jobs.claim(session, job_id, workers.lease_name("host-a"), stale)
+    session.commit()
+    assert client.get(f"/api/jobs/{job_id}", headers=admin).json()["iteration"] == 3
+    assert waiting_for() == wait  # the resume's rendezvous
+    jobs.update_progress(session, job_id, 4, 10, {"reward_mean": 0.5})
+    session.commit()
+    assert waiting_for() is None
+
+
 def test_a_job_only_busy_workers_could_take_says_what_it_waits_behind(client, admin, session,
                                                                      vote_seeder):
     """The demo's one embedded worker runs a train job: a fit queued after it waits behind it,
-    and its page says so (it said nothing and looked stuck); a free worker ends the wait."""
-    from app.models import Job
+    and its page says so (it said nothing and looked stuck); a free worker ends the wait.
+    (tests/worker/test_worker_waiting.py: the same with a real worker's names.)"""
+    from datetime import timedelta
+
+    from app.services import jobs, workers
 
     vote_seeder(4)
     _report_worker("solo", ["gpu", "cpu"], cuda=0)
     train = _post(client, admin, "train", {}, "tiny").json()
-    job = session.get(Job, train["id"])
-    job.status, job.worker = "running", "solo"
+    # the job names its worker as worker.lease does: node name, pid, nonce
+    assert jobs.claim(session, train["id"], workers.lease_name("solo"), timedelta(seconds=60))
     session.commit()
     fit = _post(client, admin, "fit_preference", {}).json()
     assert fit["waiting_for"] == (f"queued behind job #{train['id']}: every live worker on "

@@ -37,8 +37,8 @@ def _untimed(metrics: dict) -> dict:
 
 
 def _worker_pid(job_id: int) -> int | None:
-    worker = job_row(job_id).worker  # host:pid:nonce (worker.lease.worker_identity)
-    return int(worker.split(":")[1]) if worker else None
+    worker = job_row(job_id).worker  # node:pid:nonce (worker.lease.worker_identity)
+    return int(worker.rsplit(":", 2)[1]) if worker else None
 
 
 @pytest.mark.parametrize("stack", ["postgres-redis"], indirect=True)  # as several hosts share
@@ -180,6 +180,9 @@ def test_each_host_gets_the_same_command_and_the_world_must_divide_the_prompts(m
 def test_a_warm_shutdown_of_the_joining_host_requeues_and_another_host_resumes(stack):
     import signal
 
+    from app.db import session_scope
+    from app.services import jobs, workers
+
     fast = {"RDZV_JOIN_TIMEOUT": "60"}
     holder = stack.start_worker("holder", queues="gpu",
                                 extra_env={**fast, "WORKER_HOST": "127.0.0.2"})
@@ -197,7 +200,14 @@ def test_a_warm_shutdown_of_the_joining_host_requeues_and_another_host_resumes(s
     saved = checkpoint_iterations(job_id)
     assert saved and saved[-1] < 12
     assert leaving.wait(timeout=60) == 0  # the leaving worker finished its node and exited
-    # the holder takes the job again and asks for a host: a fresh one joins, it resumes
+    # the holder takes the job again, at its checkpoint: its fresh rendezvous waits for a host,
+    # and the job says so (the leaving worker's row went with it)
+    wait_for(lambda: job_row(job_id).status == "running", 30, "the holder's new claim", stack)
+    with session_scope() as s:
+        waiting = workers.waiting_for(s, [jobs.get_job(s, job_id)]).get(job_id)
+    assert waiting == ("waiting for 2 hosts (train_nnodes): 1 live worker(s) on queue 'gpu'; "
+                       "start one on each other host"), waiting
+    # a fresh host joins, it resumes
     stack.start_worker("fresh", queues="gpu", extra_env={**fast, "WORKER_HOST": "127.0.0.1"})
     job = wait_for(lambda: (j := job_row(job_id)).status in ("succeeded", "failed") and j, 120,
                    "the resumed job", stack)
