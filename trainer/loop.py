@@ -263,12 +263,16 @@ def model_card(trainer: Trainer) -> str:
     the latest metrics, and how to load it."""
     config = trainer.config
     base = config.model_path or config.base_checkpoint or "the shipped shapes base"
+    continued = (f"\n- continued from the checkpoint `{config.base_checkpoint}`"
+                 if config.model_path and config.base_checkpoint else "")
     prompts = list(config.prompts) or ["(the 48 shapes prompts)"]
     shown = "\n".join(f"- {p}" for p in prompts[:20])
     more = f"\n- ... ({len(prompts) - 20} more)" if len(prompts) > 20 else ""
     metrics = {k: v for k, v in trainer.last_metrics.items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    rows = "\n".join(f"| {k} | {v:.4g} |" for k, v in sorted(metrics.items()))
+    # counts (iteration, passes) exactly: .4g writes 12345 as 1.234e+04
+    rows = "\n".join(f"| {k} | {v if isinstance(v, int) else format(v, '.4g')} |"
+                     for k, v in sorted(metrics.items()))
     if config.finetune == "lora":
         pipeline = {"flux": "FluxPipeline", "sd3": "StableDiffusion3Pipeline"}.get(
             config.model, "DiffusionPipeline")
@@ -290,7 +294,7 @@ def model_card(trainer: Trainer) -> str:
                  "the base pipeline.")
     return f"""# {config.model} {config.finetune} fine-tune, Neighbor GRPO studio
 
-- base model: `{config.model}` from `{base}`
+- base model: `{config.model}` from `{base}`{continued}
 - training: method `{config.method}`, finetune `{config.finetune}`{
         f" (rank {config.lora_rank}, alpha {config.lora_alpha})" if config.finetune == "lora" else ""},
   {trainer.iteration} of {config.iterations} iterations, learning rate {config.learning_rate}

@@ -25,7 +25,7 @@ from trainer import solvers
 from trainer.cli import main as cli_main
 from trainer.config import PRESETS, ConfigError, ConfigErrors, TrainConfig
 from trainer.evaluation import sample_images
-from trainer.loop import Trainer
+from trainer.loop import Trainer, model_card
 from trainer.models import (
     LORA_WEIGHTS,
     ModelSpec,
@@ -327,6 +327,9 @@ def test_full_finetune_checkpoint_restores_the_transformer(flux_dev, tmp_path):
                                 base_checkpoint=str(checkpoint)))
     _assert_same_state(restarted.model.transformer, trainer.model.transformer)
     _assert_same_state(load_checkpoint_model(checkpoint).transformer, trainer.model.transformer)
+    # its model card names the checkpoint it continued from beside the base model
+    card = model_card(restarted)
+    assert f"from `{flux_dev}`\n- continued from the checkpoint `{checkpoint}`" in card
 
 
 @pytest.mark.parametrize("method", ["neighbor", "sde"])

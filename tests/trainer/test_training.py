@@ -185,6 +185,9 @@ def test_the_model_card_says_what_was_trained_on_what_and_how_far():
     assert "## Metrics at iteration 1" in card
     loss = trainer.last_metrics["loss"]
     assert f"| loss | {loss:.4g} |" in card
+    # counts are written exactly (.4g wrote 12345 backward passes as 1.234e+04)
+    trainer.last_metrics["backward_passes"] = 12345
+    assert "| backward_passes | 12345 |" in model_card(trainer)
 
 
 def test_an_update_that_is_not_finite_stops_the_run_before_it_is_counted(tmp_path):
