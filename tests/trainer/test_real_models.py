@@ -1040,3 +1040,24 @@ def test_a_staged_full_fine_tune_keeps_its_weights_in_the_loaded_dtype(flux_dev)
     assert len(staged.trainable_parameters()) == len(list(staged.transformer.parameters()))
     upcast = staged.to(torch.float32).state_dict()
     assert all(torch.equal(upcast[k], v) for k, v in placed.state_dict().items())
+
+
+def test_a_sharded_transformer_missing_a_shard_is_named_before_it_loads(flux_dev, tmp_path):
+    """FLUX.1-dev's transformer is saved in shards with an index: one shard missing passed the
+    directory check and failed inside diffusers after the others had loaded."""
+    from diffusers import FluxTransformer2DModel
+
+    sharded = shutil.copytree(flux_dev, tmp_path / "sharded")
+    folder = sharded / "transformer"
+    for stale in folder.glob("diffusion_pytorch_model*"):
+        stale.unlink()
+    FluxTransformer2DModel.from_pretrained(flux_dev, subfolder="transformer").save_pretrained(
+        folder, max_shard_size="20KB")
+    shards = sorted(folder.glob("diffusion_pytorch_model-*.safetensors"))
+    assert len(shards) >= 3 and (folder / "diffusion_pytorch_model.safetensors.index.json")
+    assert model_dir_problem("flux", sharded) is None
+    shards[1].unlink()
+    problem = model_dir_problem("flux", sharded)
+    assert problem is not None and f"missing transformer/{shards[1].name}" in problem, problem
+    with pytest.raises(FileNotFoundError, match=re.escape(shards[1].name)):
+        load_flow_model(ModelSpec(name="flux", path=str(sharded), finetune="lora"))

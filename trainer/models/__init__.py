@@ -174,6 +174,7 @@ def model_dir_problem(name: str, path: str | Path) -> str | None:
             found = [*sub.glob("*.safetensors"), *sub.glob("*.bin")] if sub.is_dir() else []
             if sub.is_dir() and not found:
                 missing.append(f"{folder}/*.safetensors")
+            missing += _missing_shards(sub, folder) if found else []
             weights += found
     except OSError as exc:  # a name too long (ENAMETOOLONG), no permission: not a model here
         return f"model directory {path} cannot be read ({exc.strerror or exc})"
@@ -189,6 +190,23 @@ def model_dir_problem(name: str, path: str | Path) -> str | None:
     if damaged:
         return f"model directory {path} has damaged files: {'; '.join(damaged.values())}"
     return None
+
+
+def _missing_shards(folder: Path, label: str) -> list[str]:
+    """The shards a model folder's index (`*.safetensors.index.json`, as FLUX.1-dev's
+    transformer is saved) names and the folder lacks: the loader would fail on the first
+    after loading the others, deep inside diffusers."""
+    out = []
+    for index in sorted(folder.glob("*.index.json")):
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
+            shards = sorted(set(weight_map.values()))
+        except (UnicodeDecodeError, ValueError, AttributeError, TypeError):
+            out.append(f"{label}/{index.name} (not a shard index: unreadable JSON)")
+            continue
+        out += [f"{label}/{shard}" for shard in shards
+                if isinstance(shard, str) and not (folder / shard).is_file()]
+    return out
 
 
 def _pipeline_problem(name: str, path: Path) -> str | None:
