@@ -309,15 +309,30 @@ def tensor_local(tensor: torch.Tensor) -> torch.Tensor:
 SUMMED = ("forward_passes", "backward_passes")  # work counts add up over ranks
 
 
+# a spread over all ranks' samples is not the mean of each rank's: (std, the mean it is
+# around), pooled from each rank's second moment
+POOLED_STD = {"reward_std": "reward_mean"}
+
+
 def _average_metrics(metrics: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """Every numeric metric averaged over ranks, except SUMMED, which are totals."""
+    """Every numeric metric averaged over ranks, except SUMMED, which are totals, and
+    POOLED_STD, the population std of every rank's samples together (each rank holds as many:
+    prompts_per_iteration / world prompts x group_size)."""
     keys = sorted(k for k, v in metrics.items()
                   if isinstance(v, (int, float)) and not isinstance(v, bool))
-    values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=device)
+    pooled = [k for k in POOLED_STD if k in keys and POOLED_STD[k] in keys]
+    second_moments = [float(metrics[k]) ** 2 + float(metrics[POOLED_STD[k]]) ** 2
+                      for k in pooled]
+    values = torch.tensor([float(metrics[k]) for k in keys] + second_moments,
+                          dtype=torch.float64, device=device)
     dist.all_reduce(values)
+    world = dist.get_world_size()
+    totals = values.tolist()
     out = dict(metrics)
-    for key, total in zip(keys, values.tolist(), strict=True):
-        out[key] = total if key in SUMMED else total / dist.get_world_size()
+    for key, total in zip(keys, totals[:len(keys)], strict=True):
+        out[key] = total if key in SUMMED else total / world
+    for key, second in zip(pooled, totals[len(keys):], strict=True):
+        out[key] = max(second / world - out[POOLED_STD[key]] ** 2, 0.0) ** 0.5
     return out
 
 
