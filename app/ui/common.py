@@ -327,7 +327,10 @@ CSS = """
 .gradio-container :is(button, h1, h2, h3, h4, h5, h6, b, strong, th, .ngs-side-label) {
   font-family: ui-sans-serif, system-ui, sans-serif !important; }
 .ngs-pair { display: flex; gap: 16px; justify-content: center; }
-.ngs-side { flex: 1 1 0; max-width: 520px; text-align: center; }
+/* the pair, its vote buttons and the reveal under them fit a laptop's screen (1366x768):
+   images as tall as the window leaves room for, never under 220 px nor over 520 px */
+.ngs-side { flex: 1 1 0; max-width: clamp(220px, calc(100vh - 420px), 520px);
+  text-align: center; }
 .ngs-side img, .ngs-pixel { image-rendering: pixelated; image-rendering: crisp-edges; }
 .ngs-side img { width: 100%; aspect-ratio: 1 / 1; object-fit: contain; background: #fff;
   border: 1px solid #d4d4d8; border-radius: 6px; }

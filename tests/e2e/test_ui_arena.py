@@ -445,3 +445,26 @@ def test_tabs_out_of_sight_let_go_of_their_streams_so_a_third_tab_opens(server, 
             _wait_count(tab, 1)
     finally:
         context.close()
+
+
+def test_a_laptop_screen_shows_the_pair_the_buttons_and_the_reveal(server, browser):
+    """At 1366x768 the 520 px images pushed the vote buttons below the fold, and the reveal
+    (which fades after a few seconds) to y=861: a mouse user voted blind and missed it."""
+    context = browser.new_context(viewport={"width": 1366, "height": 768})
+    page = context.new_page()
+    try:
+        login(page, server, server.annotator_token)
+        page.locator("#arena-pair .ngs-pair[data-nonce]").wait_for()
+        for button in ("#vote-a", "#vote-b", "#vote-tie"):
+            box = page.locator(button).bounding_box()
+            assert box is not None and box["y"] + box["height"] <= 768, (button, box)
+        nonce, _, _ = _shown_pair(page)
+        page.locator("#vote-a").click()
+        _wait_new_pair(page, nonce)
+        reveal = page.locator("#arena-reveal .ngs-reveal")
+        reveal.wait_for()
+        box = reveal.bounding_box()
+        assert box is not None and box["y"] + box["height"] <= 768, box
+        screenshot(page, "arena_1366x768")
+    finally:
+        context.close()
