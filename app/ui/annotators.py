@@ -7,6 +7,7 @@ Admins also see the fitted preference models and launch a fit from the votes."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import gradio as gr
@@ -14,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from app.errors import BadRequest, Invalid
 from app.job_kinds import KINDS
+from app.models import JobStatus
 from app.services import annotators as svc
 from app.services import auth
 from app.services import jobs as jobs_svc
@@ -90,6 +92,23 @@ def set_excluded(user_state: dict | None, user_id: int | None, excluded: bool) -
     except Exception as exc:  # noqa: BLE001
         msg = notice(error_text(exc), "error")
     return msg, stats_html(user_state)
+
+
+def excluded_of(user_state: dict | None, user_id: int | None, shown: bool = False) -> Any:
+    """The Exclude box for the annotator just picked: their excluded state as the database has
+    it. The box kept the last value shown, so Apply after picking an excluded annotator
+    silently included them again. Left as it is when it already says so (`shown`: a tick
+    given while this answer was on its way stays), when nothing is picked, or for anyone but
+    an admin (Apply says what is wrong)."""
+    try:
+        caller(user_state, "admin")
+        if not user_id:
+            return gr.skip()
+        with session() as s:
+            found = [r["excluded"] for r in auth.list_users(s) if r["id"] == int(user_id)]
+    except Exception:  # noqa: BLE001 - Apply, the action, shows the error
+        return gr.skip()
+    return bool(found[0]) if found and bool(found[0]) != bool(shown) else gr.skip()
 
 
 def users_html(user_state: dict | None) -> str:
@@ -203,6 +222,39 @@ def fit_now(enqueuer: Enqueuer | None, user_state: dict | None) -> str:
             f"finishes (Refresh), and the Jobs page lists its progress (job {job_id}).</div>")
 
 
+_FIT_LAUNCHED = re.compile(r'id="fit-launched" data-job="(\d+)"')
+
+
+def fit_update(user_state: dict | None, message: str | None) -> Any:
+    """The Fit button's message once its job has finished: "Launched fit job 9 ... appears
+    here when it finishes (Refresh)" stayed above the version it had fitted. Replaced on the
+    Refresh (or the tab's showing) that lists the outcome: the version the job fitted, or that
+    it failed or was cancelled; left as it is while the job runs."""
+    launched = _FIT_LAUNCHED.search(message or "")
+    if launched is None:
+        return gr.skip()
+    job_id = int(launched.group(1))
+    try:
+        caller(user_state, "admin")
+        with session() as s:
+            job = jobs_svc.get_job(s, job_id)
+            status = job.status
+            if status == JobStatus.SUCCEEDED:
+                rows, _ = pref_svc.list_models(s, limit=100)
+                version = next((r.version for r in rows if r.job_id == job_id), None)
+    except Exception:  # noqa: BLE001 - the message stays; Refresh shows the page's own errors
+        return gr.skip()
+    if status == JobStatus.SUCCEEDED:
+        fitted = f"version v{version}, listed below" if version is not None else "no version"
+        return notice(f"Fit job {job_id} finished: {fitted}.", "ok")
+    if status == JobStatus.FAILED:
+        return notice(f"Fit job {job_id} failed: no new version (the Jobs page shows its "
+                      "error).", "error")
+    if status == JobStatus.CANCELLED:
+        return notice(f"Fit job {job_id} was cancelled: no new version.", "info")
+    return gr.skip()
+
+
 def on_login(user_state: dict | None) -> tuple[Any, ...]:
     """The page for whoever is logged in, re-authenticated each time it is shown (the role is
     the server's, never the one the session state claims): an admin's switches and accounts,
@@ -261,12 +313,16 @@ def build_annotators(user: gr.State, tab: gr.Tab | None = None,
         refresh.click(on_login, user, shown, api_visibility="private")
         user.change(models_html, user, models, api_visibility="private")
         refresh.click(models_html, user, models, api_visibility="private")
+        refresh.click(fit_update, [user, fitted], fitted, api_visibility="private")
         if tab is not None:  # shown again (e.g. after voting in the arena): current numbers
             tab.select(on_login, user, shown, show_progress="hidden", api_visibility="private")
             tab.select(models_html, user, models, show_progress="hidden",
                        api_visibility="private")
+            tab.select(fit_update, [user, fitted], fitted, show_progress="hidden",
+                       api_visibility="private")
         fit.click(lambda u: (fit_now(enqueuer, u), models_html(u)), user, [fitted, models],
                   api_visibility="private")
+        who.change(excluded_of, [user, who, excluded], excluded, api_visibility="private")
         apply.click(set_excluded, [user, who, excluded], [status, out],
                     api_visibility="private")
 
