@@ -78,8 +78,10 @@ def build_ui(enqueuer: Enqueuer | None = None) -> gr.Blocks:
                 with gr.Tab(title, id=key, elem_id=f"tab-{key}", visible=False) as tab:
                     # these re-read whenever shown: the annotators' numbers, the arena's pair
                     # (if "No pairs left" was showing), the jobs' and leaderboard's pickers,
-                    # the leaderboard itself, the rollouts under the filters as they stand
-                    if key in ("arena", "annotators", "jobs", "leaderboard", "rollouts"):
+                    # the leaderboard itself, the rollouts under the filters as they stand,
+                    # the datasets' list and Delete picker
+                    if key in ("arena", "annotators", "datasets", "jobs", "leaderboard",
+                               "rollouts"):
                         builder(user, tab)
                     else:
                         builder(user)

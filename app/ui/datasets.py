@@ -71,9 +71,11 @@ def _discard_upload(path: Path) -> None:
 
 
 def upload(user_state: dict | None, file: str | None, name: str, eval_fraction: float | None,
-           seed: float | None) -> tuple[str, str, Any, Any]:
+           seed: float | None) -> tuple[str, str, Any, Any, Any]:
     """Outputs: status, preview, list, the file picker (emptied: the server read the file and
-    deleted its copy, so an Upload again needs the file chosen again)."""
+    deleted its copy, so an Upload again needs the file chosen again), and the "Preview
+    dataset #" field: the new dataset's id, as the preview shows it (the field kept an older
+    id, which Delete then took for the one on screen)."""
     try:
         caller(user_state, "admin")
         # only a file the user uploaded: the value is the client's, and can name any path
@@ -98,7 +100,7 @@ def upload(user_state: dict | None, file: str | None, name: str, eval_fraction: 
         # second Upload met "choose a file first"
         again = " Choose the file again to upload it once this is fixed." if file else ""
         return (f'<div class="ngs-notice ngs-error" id="dataset-error">{esc(error_text(exc))}'
-                f"{again}</div>", "", gr.skip(), None if file else gr.skip())
+                f"{again}</div>", "", gr.skip(), None if file else gr.skip(), gr.skip())
     status = (f'<div class="ngs-notice ngs-ok" id="dataset-ok" data-dataset="{ds_id}">'
               f"Imported dataset {ds_id}: {count} prompts, {dropped} duplicate(s) dropped, "
               f"{blank} blank line(s) skipped."
@@ -107,7 +109,7 @@ def upload(user_state: dict | None, file: str | None, name: str, eval_fraction: 
                  "dataset (rollout and evaluate jobs can sample its 'eval' split); upload it "
                  "again with a lower eval fraction to train on it." if n_eval == count else "")
               + "</div>")
-    return status, preview(ds_id), dataset_list(), None
+    return status, preview(ds_id), dataset_list(), None, ds_id
 
 
 def show(user_state: dict | None, dataset_id: float | None) -> str:
@@ -152,14 +154,40 @@ def delete_choices(user_state: dict | None) -> Any:
     return gr.Dropdown(choices=dataset_options())
 
 
+def _about(html: str | None, dataset_id: int) -> bool:
+    """Whether a message or preview of this page is about `dataset_id` (each carries the
+    dataset's id as data-dataset)."""
+    return f'data-dataset="{dataset_id}"' in (html or "")
+
+
+def on_show(user_state: dict | None, doomed: float | None) -> tuple[str, Any]:
+    """The tab shown again: the list and the Delete picker as the database has them (a dataset
+    uploaded or deleted through the API meanwhile), for an admin; nothing for anyone else.
+    The picked dataset stays picked while it exists (a value outside the choices made every
+    control of the page show Gradio's error). The "Preview dataset #" field is left as typed.
+    Outputs: list, Delete picker."""
+    try:
+        if not admin_or_none(user_state):
+            return gr.skip(), gr.skip()
+        choices = dataset_options()
+    except Exception as exc:  # noqa: BLE001 - shown to the user
+        return notice(error_text(exc), "error"), gr.skip()
+    kept = doomed if doomed in {value for _, value in choices} else None
+    return dataset_list(), gr.Dropdown(choices=choices, value=kept)
+
+
 def delete(user_state: dict | None, dataset_id: float | None, confirmed: bool,
-           previewed: float | None) -> tuple[str, Any, Any, Any, Any, Any]:
+           previewed: float | None, preview_shown: str | None = None,
+           upload_status: str | None = None) -> tuple[str, Any, Any, Any, Any, Any, Any]:
     """Delete the picked dataset and its prompts with the API's service, once `confirmed`
     (one click must not delete a dataset); an active job using it is the service's Conflict,
-    which names the jobs. `previewed` is the "Preview dataset #" field: the preview of the
-    deleted dataset goes, and the field moves to the newest one left.
-    Outputs: status, preview, list, preview picker, Delete picker, confirmation box."""
-    unchanged = (gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
+    which names the jobs. `previewed` is the "Preview dataset #" field, `preview_shown` the
+    preview on screen and `upload_status` the Upload's message: a preview of the deleted
+    dataset goes (whichever id the field holds: a typed id is not previewed until Preview),
+    the field moves to the newest one left, and "Imported dataset N" goes with dataset N.
+    Outputs: status, preview, list, preview picker, Delete picker, confirmation box, Upload's
+    message."""
+    unchanged = (gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
     try:
         caller(user_state, "admin")
         if not dataset_id:
@@ -173,16 +201,18 @@ def delete(user_state: dict | None, dataset_id: float | None, confirmed: bool,
     except Exception as exc:  # noqa: BLE001 - the service's message, as the API returns it
         return (f'<div class="ngs-notice ngs-error" id="dataset-delete-error">'
                 f"{esc(error_text(exc))}</div>", *unchanged)
-    was_previewed = previewed is not None and previewed == int(dataset_id)
+    gone = int(dataset_id)
+    was_previewed = (previewed is not None and previewed == gone) or _about(preview_shown, gone)
     # the confirmation is for one deletion: the next one is ticked again
     return (f'<div class="ngs-notice ngs-ok" id="dataset-deleted" data-dataset="{int(dataset_id)}">'
             f"Deleted {esc(what)}.</div>",
             "" if was_previewed else gr.skip(), dataset_list(),
             newest_dataset_id() if was_previewed else gr.skip(),
-            gr.Dropdown(choices=dataset_options(), value=None), False)
+            gr.Dropdown(choices=dataset_options(), value=None), False,
+            "" if _about(upload_status, gone) else gr.skip())
 
 
-def build_datasets(user: gr.State) -> gr.Blocks:
+def build_datasets(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
     with gr.Blocks() as page:
         gr.Markdown("Upload prompts as `.txt` (one a line), `.csv` or `.parquet` with a "
                     "`prompt` column, `.jsonl` with `{\"prompt\": ...}`, or `.json`, an "
@@ -212,15 +242,19 @@ def build_datasets(user: gr.State) -> gr.Blocks:
             confirm = gr.Checkbox(False, label=CONFIRM_DELETE, elem_id="dataset-delete-confirm")
             delete_btn = gr.Button("Delete dataset", variant="stop", elem_id="dataset-delete")
         delete_status = gr.HTML(elem_id="dataset-delete-status")
-        go.click(upload, [user, file, name, eval_fraction, seed], [status, prev, listing, file],
+        go.click(upload, [user, file, name, eval_fraction, seed],
+                 [status, prev, listing, file, pick],
                  api_visibility="private").then(delete_choices, user, doomed,
                                                 api_visibility="private")
         show_btn.click(show, [user, pick], prev, api_visibility="private")
         user.change(listing_for, user, [listing, pick], api_visibility="private")
         user.change(delete_choices, user, doomed, api_visibility="private")
+        if tab is not None:  # shown again: datasets uploaded or deleted elsewhere meanwhile
+            tab.select(on_show, [user, doomed], [listing, doomed], show_progress="hidden",
+                       api_visibility="private")
         # a confirmation is for the dataset it was given for: another pick takes a new one
         doomed.change(lambda: False, None, confirm, api_visibility="private")
-        delete_btn.click(delete, [user, doomed, confirm, pick],
-                         [delete_status, prev, listing, pick, doomed, confirm],
+        delete_btn.click(delete, [user, doomed, confirm, pick, prev, status],
+                         [delete_status, prev, listing, pick, doomed, confirm, status],
                          api_visibility="private")
     return page

@@ -54,6 +54,78 @@ def test_picking_an_annotator_sets_the_exclude_box_from_the_database(settings, a
     assert [c.elem_id for c in event.outputs] == ["annotators-exclude"]
 
 
+# --- 2: the preview field and the messages follow an upload and a deletion -------------------
+def _upload(folder, user: dict, name: str) -> tuple:
+    from app.ui import datasets
+
+    made = folder / name / f"{name}.txt"
+    made.parent.mkdir(parents=True)
+    made.write_text("a red fox\nan owl at night\n")
+    return datasets.upload(user, str(made), "", 0.0, 0)
+
+
+def test_an_upload_sets_the_preview_field_and_deleting_it_clears_its_messages(
+        settings, admin, tmp_path, monkeypatch):
+    """After an upload the field kept an older id; Delete of the new dataset then left its
+    preview and "Imported dataset N" on screen while the list no longer had it."""
+    import gradio as gr
+
+    from app.ui import datasets
+
+    folder = tmp_path / "gradio-uploads"  # Gradio's upload folder, as Gradio reads it
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(folder))
+    user = _token(admin)
+    older = _upload(folder, user, "older")[-1]
+    status, preview, _, _, field = _upload(folder, user, "newer")
+    assert f'data-dataset="{field}"' in status and f'data-dataset="{field}"' in preview
+    assert field != older
+    # an error leaves the field as it is
+    assert datasets.upload(user, None, "", 0.0, 0)[-1] == gr.skip()
+
+    # the field holds another id (typed, not previewed): the preview on screen still goes
+    out = datasets.delete(user, field, True, older, preview, status)
+    assert 'id="dataset-deleted"' in out[0]
+    assert out[1] == "" and out[3] == older  # the preview, and the field on the newest left
+    assert out[6] == ""  # "Imported dataset N" went with dataset N
+    # messages about another dataset stay
+    again = _upload(folder, user, "again")
+    out = datasets.delete(user, older, True, again[-1], again[1], again[0])
+    assert out[1] == gr.skip() and out[6] == gr.skip()
+
+    with gr.Blocks() as page:
+        datasets.build_datasets(gr.State(None))
+    button = next(f for f in page.fns.values() if f.fn is datasets.upload)
+    assert button.outputs[-1].elem_id == "dataset-pick"
+    button = next(f for f in page.fns.values() if f.fn is datasets.delete)
+    assert [c.elem_id for c in button.inputs[-2:]] == ["dataset-preview-box", "dataset-status"]
+    assert button.outputs[-1].elem_id == "dataset-status"
+
+
+# --- 3: the Datasets tab re-reads its list when shown -----------------------------------------
+def test_the_datasets_tab_lists_a_dataset_uploaded_elsewhere_when_shown(settings, admin,
+                                                                        annotator, session):
+    import gradio as gr
+
+    from app.services.datasets import import_dataset
+    from app.ui import datasets
+
+    keep = import_dataset(session, filename="keep.txt", data=b"one red circle\n").dataset.id
+    picked = import_dataset(session, filename="api.txt", data=b"two blue squares\n").dataset.id
+    session.commit()
+    listing, picker = datasets.on_show(_token(admin), picked)
+    assert "api.txt" in listing and "2 dataset(s)" in listing
+    assert {value for _, value in picker.choices} == {keep, picked} and picker.value == picked
+    # a picked dataset deleted elsewhere is no longer picked (a value outside the choices)
+    _, picker = datasets.on_show(_token(admin), picked + 100)
+    assert picker.value is None
+    assert datasets.on_show(_token(annotator), None) == (gr.skip(), gr.skip())
+
+    with gr.Blocks() as page, gr.Tabs(), gr.Tab("Datasets", elem_id="tab-datasets") as tab:
+        datasets.build_datasets(gr.State(None), tab)
+    event = _wired(page, datasets.on_show, "tab-datasets", "select")
+    assert [c.elem_id for c in event.outputs] == ["dataset-list", "dataset-delete-pick"]
+
+
 # --- 5: a fit's message goes once the page shows its outcome ---------------------------------
 def test_a_fit_message_is_replaced_by_its_outcome_on_refresh(settings, admin, enqueuer,
                                                              vote_seeder):

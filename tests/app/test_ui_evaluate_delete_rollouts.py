@@ -120,10 +120,11 @@ def test_datasets_page_deletes_a_dataset_once_confirmed(settings, admin, annotat
     page = _datasets_page()
     button = next(f for f in page.fns.values() if f.fn is datasets.delete)
     assert [c.elem_id for c in button.inputs[1:]] == [
-        "dataset-delete-pick", "dataset-delete-confirm", "dataset-pick"]
+        "dataset-delete-pick", "dataset-delete-confirm", "dataset-pick", "dataset-preview-box",
+        "dataset-status"]
     assert [c.elem_id for c in button.outputs] == [
         "dataset-delete-status", "dataset-preview-box", "dataset-list", "dataset-pick",
-        "dataset-delete-pick", "dataset-delete-confirm"]
+        "dataset-delete-pick", "dataset-delete-confirm", "dataset-status"]
     # a new pick takes a new confirmation
     untick = next(f for f in page.fns.values()
                   if [o.elem_id for o in f.outputs] == ["dataset-delete-confirm"])
@@ -137,13 +138,13 @@ def test_datasets_page_deletes_a_dataset_once_confirmed(settings, admin, annotat
     assert datasets.delete_choices(_token(annotator)) == gr.skip()
 
     status, *rest = datasets.delete(_token(admin), gone, False, gone)
-    assert "tick" in _text(status) and rest == [gr.skip()] * 5
+    assert "tick" in _text(status) and rest == [gr.skip()] * 6
     assert "needs role admin" in datasets.delete(_token(annotator), gone, True, gone)[0]
     status, *rest = datasets.delete(_token(admin), None, True, gone)
-    assert "pick the dataset to delete" in status and rest == [gr.skip()] * 5
+    assert "pick the dataset to delete" in status and rest == [gr.skip()] * 6
     assert svc.get_dataset(session, gone).num_prompts == 2
 
-    status, preview, listing, preview_pick, picker, confirm = datasets.delete(
+    status, preview, listing, preview_pick, picker, confirm, _ = datasets.delete(
         _token(admin), gone, True, gone)
     assert f'id="dataset-deleted" data-dataset="{gone}"' in status
     assert "Deleted dataset" in status and "2 prompt(s)" in status
@@ -156,8 +157,8 @@ def test_datasets_page_deletes_a_dataset_once_confirmed(settings, admin, annotat
     # a preview of another dataset stays as it is
     other = svc.import_dataset(session, filename="other.txt", data=b"one red circle\n")
     session.commit()
-    _, preview, _, preview_pick, _, _ = datasets.delete(_token(admin), other.dataset.id, True,
-                                                         keep)
+    _, preview, _, preview_pick, _, _, _ = datasets.delete(_token(admin), other.dataset.id,
+                                                            True, keep)
     assert preview == gr.skip() and preview_pick == gr.skip()
 
 

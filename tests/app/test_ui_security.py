@@ -73,7 +73,7 @@ def test_upload_reads_only_files_in_the_upload_folder(settings, admin, upload_di
 
     good = inside / "animals.txt"
     good.write_text("a red fox\nan owl at night\n")
-    status, *_, picker = datasets.upload(user, str(good), "", 0.0, 0)
+    status, *_, picker, _ = datasets.upload(user, str(good), "", 0.0, 0)
     assert 'id="dataset-ok"' in status and "2 prompts" in status
     assert _dataset_count() == 1
     # the server's copy of the upload is gone once read (the dataset holds the prompts),
@@ -82,7 +82,7 @@ def test_upload_reads_only_files_in_the_upload_folder(settings, admin, upload_di
     bad = upload_dir / "4567cdef" / "broken.csv"
     bad.parent.mkdir()
     bad.write_text('prompt\n"an unclosed quote\n')
-    status, *_, picker = datasets.upload(user, str(bad), "", 0.0, 0)
+    status, *_, picker, _ = datasets.upload(user, str(bad), "", 0.0, 0)
     assert 'id="dataset-error"' in status and picker is None
     assert "Choose the file again" in status  # the picker is empty: a retry needs it
     assert not bad.exists() and not bad.parent.exists() and secret.exists()
