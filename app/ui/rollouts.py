@@ -55,12 +55,28 @@ def _rank(member: Any) -> float:
     return headline_reward(member.rewards or {})[1]
 
 
+def group_source(group: Any, details: dict[int, dict[str, Any]]) -> str:
+    """Where a group's images came from, for its header: the arena's reveal words
+    (`rollouts.source_label`, through `sample_details`), after the job that sampled them when
+    that is not a training job sampling its own policy. "job 6 iteration 18 · evaluate" read
+    as job 6's iteration 18, where 18 was the evaluated checkpoint's training iteration; now
+    "job 6 (evaluate) · checkpoint iter-000018 (#3) of job 2"."""
+    d = next((details[m.id] for m in group.samples if m.id in details), None)
+    if d is None:  # no member to describe (none is ever recorded without members)
+        return f"job {fmt(group.job_id)} ({esc(group.purpose)}) iteration {group.iteration}"
+    kind = d["job_kind"] or group.purpose
+    if kind == "train" and group.job_id is not None and d["checkpoint_id"] is None:
+        # "training job N iteration I": the source is the job itself
+        return esc(d["source"])
+    return f"job {fmt(group.job_id)} ({esc(kind)}) &middot; {esc(d['source'])}"
+
+
 def group_html(group: Any, details: dict[int, dict[str, Any]]) -> str:
     """One group as a row; `group` is a RolloutGroup with samples loaded."""
     members = sorted(group.samples, key=_rank, reverse=True)
     head = (f'<div class="ngs-group-head"><b>group {group.id}</b> &middot; '
-            f'{esc(group.prompt_text)} &middot; job {fmt(group.job_id)} iteration '
-            f"{group.iteration} &middot; {esc(group.purpose)} &middot; G={len(members)}</div>")
+            f"{esc(group.prompt_text)} &middot; {group_source(group, details)} &middot; "
+            f"G={len(members)}</div>")
     cells = []
     for m in members:
         d = details.get(m.id, {})

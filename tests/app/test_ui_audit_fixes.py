@@ -126,6 +126,33 @@ def test_the_datasets_tab_lists_a_dataset_uploaded_elsewhere_when_shown(settings
     assert [c.elem_id for c in event.outputs] == ["dataset-list", "dataset-delete-pick"]
 
 
+# --- 4: a sampling job's group header names where its images came from ------------------------
+def test_a_sampling_jobs_group_header_names_the_checkpoint_not_its_iteration(
+        settings, admin, make_group):
+    """"job 6 iteration 18 · evaluate": 18 was the checkpoint's training iteration."""
+    from app.db import session_scope
+    from app.models import Job
+    from app.services.checkpoints import record_checkpoint
+    from app.ui import jobs, rollouts
+
+    with session_scope() as s:
+        train, evaluate = Job(kind="train", config={}), Job(kind="evaluate", config={})
+        s.add_all([train, evaluate])
+        s.flush()
+        train_id, eval_id = train.id, evaluate.id
+        ckpt = record_checkpoint(s, train_id, 18, "c.safetensors", name="iter-000018")
+    make_group(train_id, iteration=10, purpose="train")
+    make_group(eval_id, iteration=18, checkpoint_id=ckpt, purpose="evaluate")
+    page = _text(rollouts.show(_token(admin), None, "", "", 1))
+    assert (f"job {eval_id} (evaluate) · checkpoint iter-000018 (#{ckpt}) of job {train_id} · "
+            "G=4") in page, page
+    assert f"job {eval_id} iteration 18" not in page
+    assert f"training job {train_id} iteration 10 · G=4" in page
+    # the job page's "Newest samples" shows the same header
+    samples = jobs.job_view(_token(admin), eval_id, None)[3]
+    assert f"job {eval_id} (evaluate) · checkpoint iter-000018" in _text(samples)
+
+
 # --- 5: a fit's message goes once the page shows its outcome ---------------------------------
 def test_a_fit_message_is_replaced_by_its_outcome_on_refresh(settings, admin, enqueuer,
                                                              vote_seeder):
