@@ -364,8 +364,31 @@ def job_header(job: Any, waiting: str | None = None) -> str:
             f'{notice(waiting, "info") if waiting else ""}</div>')
 
 
-def job_view(user_state: dict | None, job_id: int | None, view: dict | None):
-    """Outputs: list, header, plots, samples, view state. Unchanged parts are skipped."""
+def job_notice(job: Any, text: str) -> str:
+    """An action's message about `job`, marked with the job and the status it was written
+    at, so that the page can tell when it is out of date (`action_update`)."""
+    return (f'<div class="ngs-notice ngs-ok" id="job-action" data-job="{job.id}" '
+            f'data-status="{esc(job.status)}">{esc(text)}</div>')
+
+
+_ACTION_MARK = re.compile(r'id="job-action" data-job="(\d+)" data-status="(\w+)"')
+
+
+def action_update(message: str | None, job: Any) -> Any:
+    """The action's message once `job` has moved on from the status it was written at:
+    "Cancel requested for job 2 (running)." stayed beside a header saying cancelled. It is
+    replaced by the status the header shows; a message about another job, or still true, is
+    left as it is."""
+    mark = _ACTION_MARK.search(message or "")
+    if mark is None or int(mark.group(1)) != job.id or mark.group(2) == job.status:
+        return gr.skip()
+    return job_notice(job, f"Job {job.id} is now {job.status}.")
+
+
+def job_view(user_state: dict | None, job_id: int | None, view: dict | None,
+             action_message: str | None = None):
+    """Outputs: list, header, plots, samples, view state, the action's message
+    (`action_update`: replaced once out of date). Unchanged parts are skipped."""
     view = dict(view or {})
     try:
         caller(user_state, "admin")
@@ -374,8 +397,9 @@ def job_view(user_state: dict | None, job_id: int | None, view: dict | None):
             listing = jobs_table(rows)
             if not job_id:
                 return (listing, notice("Pick a job to see its curves and samples."), "", "",
-                        view)
+                        view, gr.skip())
             job = svc.get_job(s, int(job_id))
+            action = action_update(action_message, job)
             header = job_header(job, workers.waiting_for(s, [job]).get(job.id))
             history = svc.metric_history(s, job.id)
             key_plots = (job.id, job.status, len(history),
@@ -399,8 +423,8 @@ def job_view(user_state: dict | None, job_id: int | None, view: dict | None):
                     samples = notice("No samples yet.")
             view.update(plots=list(key_plots), samples=key_samples)
     except Exception as exc:  # noqa: BLE001
-        return gr.skip(), notice(error_text(exc), "error"), gr.skip(), gr.skip(), view
-    return listing, header, plots, samples, view
+        return gr.skip(), notice(error_text(exc), "error"), gr.skip(), gr.skip(), view, gr.skip()
+    return listing, header, plots, samples, view, action
 
 
 def resumed_text(s: Any, job: Any) -> str:
@@ -427,14 +451,14 @@ def act(enqueuer: Enqueuer | None, action: str, user_state: dict | None,
             if action == "cancel":
                 job = svc.request_cancel(s, int(job_id))
                 s.commit()
-                return notice(f"Cancel requested for job {job.id} ({job.status}).", "ok")
+                return job_notice(job, f"Cancel requested for job {job.id} ({job.status}).")
             if action == "resume":
                 was_queued = svc.get_job(s, int(job_id)).status == JobStatus.QUEUED
                 job = svc.relaunch_job(s, enqueuer, int(job_id))
                 if was_queued:
-                    return notice(f"Job {job.id} was still queued: its message was sent to "
-                                  "the queue again (a worker takes it once).", "ok")
-                return notice(resumed_text(s, job), "ok")
+                    return job_notice(job, f"Job {job.id} was still queued: its message was "
+                                      "sent to the queue again (a worker takes it once).")
+                return job_notice(job, resumed_text(s, job))
             # send newest rollouts to the arena: sample fresh groups from the newest checkpoint
             job, ckpt = svc.send_to_arena(s, enqueuer, int(job_id), user=user)
             what = f"checkpoint {ckpt.name}" if ckpt else "the base model"
@@ -581,8 +605,8 @@ def build_jobs(user: gr.State, tab: gr.Tab | None = None,
                          [launch_status, dataset_err, *errors, pick,
                           *[acc for acc, _ in folds]],
                          api_visibility="private")
-        outputs = [listing, header, plots, samples, view]
-        timer.tick(job_view, [user, pick, view], outputs, show_progress="hidden",
+        outputs = [listing, header, plots, samples, view, action_status]
+        timer.tick(job_view, [user, pick, view, action_status], outputs, show_progress="hidden",
                    api_visibility="private")
         pick.change(lambda u, j: job_view(u, j, {}), [user, pick], outputs,
                     api_visibility="private")

@@ -153,7 +153,38 @@ def test_a_sampling_jobs_group_header_names_the_checkpoint_not_its_iteration(
     assert f"job {eval_id} (evaluate) · checkpoint iter-000018" in _text(samples)
 
 
-# --- 5: a fit's message goes once the page shows its outcome ---------------------------------
+# --- 5: an action's message goes once the page shows the new state ----------------------------
+def test_a_cancel_message_is_replaced_once_the_job_is_cancelled(settings, admin):
+    """"Cancel requested for job 2 (running)." stayed beside a header saying cancelled."""
+    import gradio as gr
+
+    from app.db import session_scope
+    from app.models import Job
+    from app.ui import jobs
+
+    with session_scope() as s:
+        job = Job(kind="train", status="running", config={})
+        other = Job(kind="train", status="running", config={})
+        s.add_all([job, other])
+        s.flush()
+        job_id, other_id = job.id, other.id
+    message = jobs.act(None, "cancel", _token(admin), job_id)
+    assert "Cancel requested" in message
+    assert jobs.job_view(_token(admin), job_id, None, message)[-1] == gr.skip()  # still true
+    with session_scope() as s:
+        s.get(Job, job_id).status = "cancelled"
+    assert jobs.job_view(_token(admin), other_id, None, message)[-1] == gr.skip()
+    _, header, *_, replaced = jobs.job_view(_token(admin), job_id, None, message)
+    assert "cancelled" in header and "Cancel requested" not in replaced
+    assert f"Job {job_id} is now cancelled." in _text(replaced)
+    assert jobs.job_view(_token(admin), job_id, None, replaced)[-1] == gr.skip()
+
+    with gr.Blocks() as page:
+        jobs.build_jobs(gr.State(None))
+    tick = next(f for f in page.fns.values() if f.fn is jobs.job_view)
+    assert tick.inputs[-1].elem_id == tick.outputs[-1].elem_id == "job-action-status"
+
+
 def test_a_fit_message_is_replaced_by_its_outcome_on_refresh(settings, admin, enqueuer,
                                                              vote_seeder):
     """"Launched fit job 9 ... appears here when it finishes (Refresh)" stayed above v1."""
@@ -183,3 +214,4 @@ def test_a_fit_message_is_replaced_by_its_outcome_on_refresh(settings, admin, en
         annotators.build_annotators(gr.State(None))
     refresh = _wired(page, annotators.fit_update, "annotators-refresh", "click")
     assert [c.elem_id for c in refresh.outputs] == ["preference-fit-status"]
+
