@@ -165,6 +165,45 @@ def finetune_for_model(model: str | None, finetune: str | None) -> str | Any:
     return gr.skip()
 
 
+# the fields whose allowed values depend on the model or on finetune: what a real model's
+# preset sets (LoRA, its resolution, compilation, checkpointing, guidance) the shapes model or
+# a full fine-tune refuses
+MODEL_DEPENDENT_FIELDS = ("lora_rank", "lora_alpha", "lora_target_modules", "resolution",
+                          "guidance_scale", "mixed_precision", "torch_compile",
+                          "gradient_checkpointing", "gradient_checkpointing_fraction")
+
+
+def fields_for_model(*values: Any) -> list[Any]:
+    """The model-dependent fields (MODEL_DEPENDENT_FIELDS, in that order) when the model or
+    finetune changes: each one the new choice refuses goes back to its default; the others
+    stay. Preset flux-lora then model shapes failed on lora_rank with "... or leave lora_rank
+    out", which a form, holding every field, cannot do. `values` are the form's, in
+    describe() order; the finetune field follows the model first (`finetune_for_model`, its
+    own handler, whose update this one does not see)."""
+    names = [d["name"] for d in describe()]
+    form = dict(zip(names, values, strict=True))
+    if isinstance(finetune := finetune_for_model(form["model"], form["finetune"]), str):
+        form["finetune"] = finetune
+    defaults = dict(zip(names, form_values(None), strict=True))
+    reset: set[str] = set()
+    # again after each reset: a default can make another field's value wrong (checkpointing
+    # off refuses the preset's gradient_checkpointing_fraction)
+    for _round in MODEL_DEPENDENT_FIELDS:
+        config, _ = parse_form([form[n] for n in names])
+        try:
+            with session() as s:
+                svc.validate_config(s, "train", config)
+            break
+        except Exception as exc:  # noqa: BLE001 - only the fields' errors matter here
+            refused = {e["field"] for e in getattr(exc, "details", {}).get("errors") or []}
+        newly = refused.intersection(MODEL_DEPENDENT_FIELDS) - reset
+        if not newly:
+            break
+        reset |= newly
+        form.update({n: defaults[n] for n in newly})
+    return [defaults[n] if n in reset else gr.skip() for n in MODEL_DEPENDENT_FIELDS]
+
+
 def _number(v: Any) -> float | None:
     """A number field's value as a finite float, else None (empty, text, inf, NaN)."""
     try:
@@ -581,6 +620,11 @@ def build_jobs(user: gr.State, tab: gr.Tab | None = None,
                               comps["reward_weights"], api_visibility="private")
         comps["model"].change(finetune_for_model, [comps["model"], comps["finetune"]],
                               comps["finetune"], api_visibility="private")
+        # the fields the new model (or finetune) refuses go back to their defaults
+        for changed in ("model", "finetune"):
+            comps[changed].change(fields_for_model, inputs,
+                                  [comps[n] for n in MODEL_DEPENDENT_FIELDS],
+                                  api_visibility="private")
         # the dataset list is re-read when the tab is shown (datasets come and go on the
         # Datasets page), not when the picker opens: Gradio's dropdown throws when its list
         # shrinks while it is open, and the page then stops applying updates

@@ -215,3 +215,41 @@ def test_a_fit_message_is_replaced_by_its_outcome_on_refresh(settings, admin, en
     refresh = _wired(page, annotators.fit_update, "annotators-refresh", "click")
     assert [c.elem_id for c in refresh.outputs] == ["preference-fit-status"]
 
+
+# --- 6: a model change resets the fields the new model refuses --------------------------------
+def test_choosing_shapes_after_the_flux_lora_preset_launches(settings, admin, enqueuer):
+    """Preset flux-lora, then model shapes: launch failed on lora_rank ("... or leave
+    lora_rank out", which a form cannot do), then on resolution, compilation and
+    checkpointing."""
+    import gradio as gr
+
+    from app.ui import jobs
+
+    names = [d["name"] for d in jobs.describe()]
+    values = jobs.form_values("flux-lora")
+    values[names.index("model")] = "shapes"
+    # the model's handlers, as the page runs them on the change
+    values[names.index("reward_weights")] = jobs.rewards_for_model(
+        "shapes", values[names.index("reward_weights")])
+    values[names.index("finetune")] = jobs.finetune_for_model(
+        "shapes", values[names.index("finetune")])
+    updates = dict(zip(jobs.MODEL_DEPENDENT_FIELDS, jobs.fields_for_model(*values), strict=True))
+    defaults = dict(zip(names, jobs.form_values(None), strict=True))
+    assert updates["lora_rank"] == defaults["lora_rank"]
+    assert updates["resolution"] == defaults["resolution"]
+    assert updates["lora_alpha"] == gr.skip()  # the preset's value is the default's
+    for name, value in updates.items():
+        if value != gr.skip():
+            values[names.index(name)] = value
+    job_id, out = jobs.launch(enqueuer, _token(admin), None, *values)
+    assert job_id is not None, [e for e in out if e]
+    # fields a model accepts stay as they are
+    flux = jobs.form_values("flux-lora")
+    assert all(u == gr.skip() for u in jobs.fields_for_model(*flux))
+
+    with gr.Blocks() as page:
+        jobs.build_jobs(gr.State(None))
+    for field in ("cfg-model", "cfg-finetune"):
+        event = _wired(page, jobs.fields_for_model, field, "change")
+        assert [c.elem_id for c in event.outputs] == [
+            f"cfg-{n}" for n in jobs.MODEL_DEPENDENT_FIELDS]
