@@ -1,7 +1,8 @@
 """The jobs page in a real browser with a real worker: a bad field shows its error beside it,
 the quick demo launches from the form, its progress bar and reward plot move, Cancel stops it;
 the form's own defaults launch; every error shows at once, a folded section opening to show
-its own; the cancel message goes when another job is picked."""
+its own; the cancel message goes when another job is picked; a model change resets the
+fields the new model refuses."""
 
 from __future__ import annotations
 
@@ -167,3 +168,25 @@ def test_defaults_launch_and_every_error_shows_at_once(server, page):
     message.wait_for(state="detached")
     with session_scope() as s:
         jobs.request_cancel(s, other)
+
+
+def test_a_model_change_resets_the_fields_the_model_refuses(server, page):
+    """Preset flux-lora, then model shapes: launch failed on lora_rank ("... or leave lora_rank
+    out", which a form cannot do); the change resets it, and the other fields shapes refuses,
+    through the chain of the model's and finetune's change events."""
+    _open_jobs(page, server)
+    # LoRA's fields are folded away, and mount when their section first opens
+    page.locator("#jobs-more-model").get_by_text("More model settings").click()
+    page.locator("#cfg-lora_rank input").first.wait_for()
+    page.locator("#jobs-preset input").fill("flux-lora")
+    page.get_by_role("option", name="flux-lora").click()
+    page.wait_for_function("() => document.querySelector('#cfg-lora_rank input').value === '64'")
+    page.locator("#cfg-model input").fill("shapes")
+    page.get_by_role("option", name="shapes", exact=True).click()
+    page.wait_for_function("() => document.querySelector('#cfg-lora_rank input').value === '32'"
+                           " && document.querySelector('#cfg-finetune input').value === 'full'")
+    page.locator("#jobs-launch-button").click()
+    launched = page.locator("#launched")
+    launched.wait_for()
+    with session_scope() as s:
+        jobs.request_cancel(s, int(launched.get_attribute("data-job")))
