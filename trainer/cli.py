@@ -227,6 +227,24 @@ def _first_interrupt_stops() -> Iterator[Callable[[], bool]]:
         signal.signal(signal.SIGINT, previous)
 
 
+def _given_fields(args: argparse.Namespace) -> dict[str, str]:
+    """The config fields `train`'s command line gives, each with the option that gave it:
+    --set's keys, --method, --prompts-file, and the keys a JSON --config file names. A
+    preset's fields are not among them: on --resume the run's config.json is the config, and
+    a preset's untouched defaults (its learning rate, say) are nothing the user asked to
+    change. A later option wins, as it does in the config."""
+    given: dict[str, str] = {}
+    if args.config and args.config not in PRESETS:  # a file: train_config_of read it already
+        file_fields = loads_strict(Path(args.config).read_text())
+        given.update((key, f"--config {args.config}") for key in file_fields)
+    given.update((key, "--set") for key in _parse_overrides(args.set))
+    if args.method:
+        given["method"] = "--method"
+    if getattr(args, "prompts_file", None):
+        given["prompts"] = "--prompts-file"
+    return given
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from trainer.loop import latest_checkpoint
     from trainer.models import lora_targets_problem, model_dir_problem, uses_model_directory
@@ -235,11 +253,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = train_config_of(args)  # validated before anything is written
     out = _out_path(args.out, directory=True)
     # the fields the command line set: a resume takes its budget and device from them, and
-    # refuses other changes to the saved run (all of a --config's fields are compared)
-    given = set(_parse_overrides(args.set)) | ({"method"} if args.method else set()) \
-        | ({"prompts"} if getattr(args, "prompts_file", None) else set())
-    RunDirectory.check(out, config, args.resume, given,
-                       compared=set(config.to_dict()) if args.config else None)
+    # refuses other changes to the saved run
+    given = _given_fields(args)
+    RunDirectory.check(out, config, args.resume, given)
     run_config = RunDirectory.run_config(out, config, args.resume, given)
     # what the Trainer would refuse once the model loads, said now, together, before the run
     # directory is touched: a missing preference model, prompts, and the model directory (a

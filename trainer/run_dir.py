@@ -4,7 +4,7 @@ report_to trackers' logs (tracking/)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -105,14 +105,14 @@ class RunDirectory:
 
     @staticmethod
     def run_problems(out: Path, config: TrainConfig, resume: bool,
-                     given: Collection[str] = (), compared: Collection[str] | None = None
-                     ) -> list[ConfigError]:
+                     given: Collection[str] = ()) -> list[ConfigError]:
         """Why a run cannot start in `out`, every reason at once, before anything is
         written: a new run into a directory that holds an earlier one (its checkpoints would
         be kept and a later --resume would load them); a resume that changes fields of the
-        saved config other than RESUME_FIELDS (`given`: the fields the caller set; `compared`:
-        those held against the saved config, default `given`), or whose budget its newest
-        checkpoint has reached already."""
+        saved config other than RESUME_FIELDS, or whose budget its newest checkpoint has
+        reached already. `given`: the fields the caller set, the only ones held against the
+        saved config (a preset's untouched defaults are not the user's); a Mapping also says
+        how each was given ("--set", "--config FILE"), which the refusal names."""
         problems = []
         if not resume:
             if found := [name for name in RUN_FILES if (out / name).exists()]:
@@ -126,10 +126,12 @@ class RunDirectory:
         saved = absolute_paths(TrainConfig.from_dict(json.loads(saved_config.read_text()))
                                 .to_dict())
         new = absolute_paths(config.to_dict())
-        for key in sorted(set(given if compared is None else compared) - set(RESUME_FIELDS)):
+        how = given if isinstance(given, Mapping) else {}
+        for key in sorted(set(given) - set(RESUME_FIELDS)):
             if key in new and new[key] != saved.get(key):
+                by = f" by {how[key]}" if how.get(key) else ""
                 problems.append(ConfigError(key, f"is {saved.get(key)!r} in the run being "
-                                            f"resumed ({saved_config}), given {new[key]!r}: a "
+                                            f"resumed ({saved_config}), given {new[key]!r}{by}: a "
                                             "resumed run keeps its config; only "
                                             f"{', '.join(RESUME_FIELDS)} can change (or start a "
                                             "new run in a new --out)"))
@@ -145,9 +147,9 @@ class RunDirectory:
 
     @classmethod
     def check(cls, out: Path, config: TrainConfig, resume: bool,
-              given: Collection[str] = (), compared: Collection[str] | None = None) -> None:
+              given: Collection[str] = ()) -> None:
         """ConfigErrors listing run_problems, if any."""
-        if problems := cls.run_problems(out, config, resume, given, compared):
+        if problems := cls.run_problems(out, config, resume, given):
             raise ConfigErrors(problems)
 
     def _read_records(self) -> list[dict]:

@@ -58,7 +58,9 @@ def test_a_resume_refuses_what_it_would_drop_and_budgets_it_has_reached(tmp_path
     (tmp_path / "other.json").write_text(json.dumps(other))
     assert main(["train", "--config", str(tmp_path / "other.json"), "--out", str(out),
                  "--resume"]) == 2
-    assert "config field 'learning_rate': is " in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "config field 'learning_rate': is " in err
+    assert f"given {saved.learning_rate * 2!r} by --config {tmp_path / 'other.json'}: " in err
     # the budget and the device may change; a field set to its saved value is no change
     given = {"iterations", "device", "seed"}
     config = load_config("tiny", {"iterations": 9, "device": "cpu", "seed": 0})
@@ -70,6 +72,41 @@ def test_a_resume_refuses_what_it_would_drop_and_budgets_it_has_reached(tmp_path
                                    given=()).iterations == 3
     assert [e.field for e in RunDirectory.run_problems(
         out, load_config("tiny", {"iterations": 50}), resume=True, given=())] == ["iterations"]
+
+
+def test_a_resume_holds_only_the_fields_given_against_the_run(tmp_path, capsys):
+    """A run started with --set learning_rate=1e-5 was refused on `--config tiny --resume`:
+    every field of the preset (its default learning rate among them) was held against the
+    run, as if the user had given it. Now only the fields the command line gives are: --set's
+    and a JSON file's keys; a preset's defaults are not the user's, and the run's config.json
+    stays its config."""
+    out = tmp_path / "run"
+    started = ["--set", "device=cpu", "--set", "sigma=0.1", "--set", "learning_rate=1e-5"]
+    assert main(["train", "--config", "tiny", *started, "--set", "iterations=1",
+                 "--out", str(out), "--no-progress"]) == 0
+    assert main(["train", "--config", "tiny", "--out", str(out), "--resume",
+                 "--set", "iterations=2", "--no-progress"]) == 0, capsys.readouterr().err
+    assert [json.loads(line)["iteration"]
+            for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    saved = json.loads((out / "config.json").read_text())
+    assert (saved["learning_rate"], saved["sigma"], saved["iterations"]) == (1e-5, 0.1, 2)
+    capsys.readouterr()
+    # a field the user does give, changed, is refused, naming it and the option that gave it
+    assert main(["train", "--config", "tiny", "--out", str(out), "--resume",
+                 "--set", "iterations=3", "--set", "learning_rate=2e-5"]) == 2
+    err = capsys.readouterr().err
+    assert "config field 'learning_rate': is 1e-05 in the run being resumed " \
+           f"({out / 'config.json'}), given 2e-05 by --set: " in err
+    assert "sigma" not in err  # the preset's 0.3 is not the user's
+    # a JSON file's keys are the user's: its budget is taken, its fields held against the run
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps({"iterations": 3, "sigma": 0.1}))
+    assert RunDirectory.run_problems(out, load_config(str(partial), {"device": "cpu"}), True,
+                                     given={"iterations", "sigma", "device"}) == []
+    partial.write_text(json.dumps({"iterations": 3, "sigma": 0.2}))
+    assert main(["train", "--config", str(partial), "--out", str(out), "--resume"]) == 2
+    assert f"config field 'sigma': is 0.1 in the run being resumed ({out / 'config.json'}), " \
+           f"given 0.2 by --config {partial}: " in capsys.readouterr().err
 
 
 def test_a_relative_path_saved_before_paths_were_absolute_is_the_same_path(tmp_path,
