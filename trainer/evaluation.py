@@ -121,19 +121,21 @@ def _json_array_prompts(path: Path, text: str) -> list[str]:
 def evaluate(model: FlowModel, prompts: list[str] | None = None,
              seeds: tuple[int, ...] = EVAL_SEEDS, solver: str = "dpm++", steps: int = 8,
              rewards: Sequence[str] | None = None, batch_size: int = 256,
-             scorer: Scorer | None = None) -> dict[str, Any]:
+             scorer: Scorer | None = None,
+             before_step: Callable[[], None] | None = None) -> dict[str, Any]:
     """Every (prompt, seed) sampled and scored with `rewards` (registry names; default: the
     shapes rewards, SHAPES_EVAL_REWARDS). `rewards` holds {name: {"mean", "std"}}; each
     reward's mean is also `<name>_reward`, except exact_count, which is reported as
     `exact_count_accuracy` with a breakdown by the prompt's count word (shapes prompts); the
     shape reward is also broken down by the prompt's shape (`shape_reward_by_shape`).
     `scorer` scores them (trainer.rewards.remote.prepare_scorer: a reward server's client, or
-    by default compute_rewards, in this process)."""
+    by default compute_rewards, in this process). `before_step`: as for sample_images (a
+    caller raises from it to stop the pass)."""
     prompts = prompts or all_prompts()
     names = list(dict.fromkeys(rewards or SHAPES_EVAL_REWARDS))
     pairs = [(p, s) for p in prompts for s in seeds]
     images = sample_images(model, [p for p, _ in pairs], [s for _, s in pairs], solver, steps,
-                           batch_size=batch_size)
+                           batch_size=batch_size, before_step=before_step)
     texts = [p for p, _ in pairs]
     scores = (scorer or compute_rewards)(names, images, texts)
     out: dict[str, Any] = {"samples": len(pairs), "solver": solver, "steps": steps,

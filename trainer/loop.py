@@ -33,6 +33,10 @@ if TYPE_CHECKING:  # imported where used: it pulls in the preference network
 
 CHECKPOINT_DIR_RE = re.compile(r"^iter-(\d+)$")
 
+
+class _EvaluationStopped(Exception):
+    """Raised before a solver step of the periodic evaluation to end it (`stop_requested`)."""
+
 ITERATIONS = {"neighbor": neighbor_grpo_iteration, "sde": sde_grpo_iteration}
 
 
@@ -152,7 +156,11 @@ class Trainer:
             idx = torch.randint(0, len(pool), (n,), generator=self.generator)
         return [pool[i] for i in idx.tolist()]
 
-    def step(self) -> IterationResult:
+    def step(self, stop_requested: Callable[[], bool] | None = None) -> IterationResult:
+        """One GRPO iteration, then the periodic evaluation when it is due (`eval_every`).
+        `stop_requested`, asked before each of the evaluation's solver steps: True ends the
+        pass there, without its `eval_*` metrics (at eval_seeds 1000 it samples 48,000 images,
+        which a cancel or a shutdown should not wait for); the iteration itself is done."""
         extra = {"reference": self.reference} if self.reference is not None else {}
         result = self._iterate(self.model, self.optimizer, self.sample_prompts(), self.config,
                                self.generator, **extra)
@@ -173,20 +181,30 @@ class Trainer:
         result.metrics["preference_model_version"] = self.preference_version
         self.last_metrics = result.metrics
         if self.config.eval_every and self.iteration % self.config.eval_every == 0:
-            result.metrics.update(self.evaluate())
+            result.metrics.update(self.evaluate(stop_requested))
         return result
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, stop_requested: Callable[[], bool] | None = None) -> dict[str, float]:
         """Periodic evaluation (`eval_every`): mean rewards and exact-count accuracy over every
         shapes prompt x `eval_seeds` fixed seeds, with the rollout solver, as `eval_*`
-        metrics. Its seeds are its own, so training's random stream is untouched."""
+        metrics. Its seeds are its own, so training's random stream is untouched.
+        `stop_requested` True before a solver step ends the pass there: no metrics ({})."""
         from trainer.evaluation import evaluate
+
+        def before_step() -> None:
+            if stop_requested is not None and stop_requested():
+                raise _EvaluationStopped
 
         model = getattr(self.model, "inner", self.model)  # DDP's module, not DDP
         was_training = model.training
-        out = evaluate(model, seeds=tuple(range(self.config.eval_seeds)),
-                       solver=self.config.rollout_solver, steps=self.config.rollout_steps)
-        model.train(was_training)
+        try:
+            out = evaluate(model, seeds=tuple(range(self.config.eval_seeds)),
+                           solver=self.config.rollout_solver, steps=self.config.rollout_steps,
+                           before_step=before_step if stop_requested is not None else None)
+        except _EvaluationStopped:
+            return {}
+        finally:
+            model.train(was_training)
         return {f"eval_{k}": v for k, v in out.items() if isinstance(v, float)}
 
     def track(self, directory: str | Path, run_name: str | None = None) -> None:
@@ -194,14 +212,16 @@ class Trainer:
         runs/tracking), as run `run_name` (default run-<start time>). See trainer/tracking.py."""
         self.tracking.directory, self.tracking.run_name = Path(directory), run_name
 
-    def run(self, on_iteration: Callable[[Trainer, IterationResult], bool | None] | None = None
-            ) -> None:
+    def run(self, on_iteration: Callable[[Trainer, IterationResult], bool | None] | None = None,
+            stop_requested: Callable[[], bool] | None = None) -> None:
         """Iterate until config.iterations; `on_iteration` returning True stops early. Each
         iteration goes to the report_to trackers after `on_iteration` (which may add metrics),
-        with the iteration as the step."""
+        with the iteration as the step. `stop_requested`: as for step(), so that a periodic
+        evaluation pass ends early when the caller is about to stop (`on_iteration` still
+        sees the iteration, and decides)."""
         try:
             while self.iteration < self.config.iterations:
-                result = self.step()
+                result = self.step(stop_requested)
                 stop = on_iteration is not None and on_iteration(self, result)
                 self.tracking.log(self.iteration, result)
                 if stop:

@@ -198,7 +198,11 @@ class RunDirectory:
                 return True
             return stop
 
-        self.trainer.run(callback)
+        # a first Ctrl-C during a periodic evaluation pass ends the pass too, unless the
+        # iteration is the last (the run then ends anyway, with its evaluation)
+        stop_early = None if stop_requested is None else (
+            lambda: stop_requested() and self.trainer.iteration < self.config.iterations)
+        self.trainer.run(callback, stop_requested=stop_early)
         bar.close()
         if self.records:
             plot_reward_curve(self.records, self.curve_path)

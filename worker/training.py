@@ -5,7 +5,9 @@ Each iteration, in one short transaction (files are written before it opens): th
 progress (one metric row per iteration; a redone iteration replaces its row), every
 `sample_every` iterations one rollout group per prompt (images, seeds, rewards, advantages,
 anchors), every `checkpoint_every` iterations and at the end a checkpoint. A cancel request is
-answered at the end of the iteration it is seen in: a checkpoint is saved, then `cancelled`.
+answered at the end of the iteration it is seen in: a checkpoint is saved, then `cancelled`. A
+periodic evaluation pass (eval_every; up to 48,000 samples) ends at its next solver step on a
+cancel or a warm shutdown, without its eval_* metrics, so neither waits for it.
 
 The same `TrainRecorder` runs in rank 0 of a torchrun launch (worker/distributed_train.py).
 """
@@ -93,6 +95,7 @@ class TrainRecorder:
         self.root = checkpoint_root(job_id)
         self.last_checkpoint_id = parent_checkpoint_id
         self.shutdown = shutdown or threading.Event()
+        self.cancel_poll = cancel_requested_poll(job_id)  # the flag read at most once a second
         self.cancelled = False
         self.requeued = False  # the worker is shutting down: saved, back in the queue
         # sharded weights (parallelism 'fsdp' over several processes): every rank writes a
@@ -107,6 +110,13 @@ class TrainRecorder:
         with session_scope() as s:
             cancel = jobs.is_cancel_requested(s, self.job_id)
         return cancel, self.shutdown.is_set() and not final, final
+
+    def stop_requested(self, iteration: int) -> bool:
+        """Whether the job will stop after `iteration`: a cancel requested, or the worker
+        leaving before the last iteration (the last one finishes, its evaluation with it).
+        Asked before each solver step of a periodic evaluation pass, which then ends."""
+        leaving = self.shutdown.is_set() and iteration < self.config.iterations
+        return leaving or self.cancel_poll()
 
     def checkpoint_due(self, trainer: Trainer) -> bool:
         """Whether this iteration ends with a checkpoint: cancel requested, the worker
@@ -375,7 +385,8 @@ def run_training(job_id: int, worker_name: str, shutdown: threading.Event | None
     recorder = TrainRecorder(job_id, worker_name, config, ckpt_id, shutdown, last_vote)
     if trainer.iteration < config.iterations:
         try:
-            trainer.run(recorder)
+            trainer.run(recorder, stop_requested=lambda: recorder.stop_requested(
+                trainer.iteration))
         except RewardServerError as exc:  # went away or timed out mid-run; resumable
             raise JobError(f"{exc} (at iteration {trainer.iteration + 1}; resume the job "
                            "to go on from its last checkpoint)") from None

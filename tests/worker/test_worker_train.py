@@ -145,3 +145,58 @@ def test_a_finished_or_cancelled_job_is_not_run_again(stack):
     assert job_row(job_id).attempts == 1 and job_row(job_id).status == "succeeded"
     assert job_row(cancelled).attempts == 0 and job_row(cancelled).status == "cancelled"
     assert metric_iterations(job_id) == [1]
+
+
+def _eval_metrics(job_id: int, iteration: int) -> list[str]:
+    from sqlalchemy import select
+
+    from app.db import session_scope
+    from app.models import JobMetric
+
+    with session_scope() as s:
+        metrics = s.scalars(select(JobMetric.metrics).where(
+            JobMetric.job_id == job_id, JobMetric.iteration == iteration)).one()
+    return [key for key in metrics if key.startswith("eval_")]
+
+
+# a periodic evaluation pass at iteration 2 of 48 prompts x 100 seeds: minutes on one CPU
+# thread, where the iteration before it takes a second
+LONG_EVALUATION = {"iterations": 4, "eval_every": 2, "eval_seeds": 100, "sample_every": 1000,
+                   "checkpoint_every": 1000}
+
+
+@pytest.mark.parametrize("signal_kind", ["cancel", "shutdown"])
+def test_a_cancel_or_a_shutdown_ends_a_periodic_evaluation_pass(stack, signal_kind):
+    """The train loop checked cancel and shutdown only between iterations, so an evaluation
+    pass (eval_seeds up to 1000: 48,000 samples) held a cancelled job running and a warm
+    shutdown waiting. Now the pass ends at its next solver step: a cancel ends the job
+    cancelled, a shutdown requeues it, each with a checkpoint of the iteration (whose eval_*
+    metrics are left out)."""
+    import os
+    import signal
+    import time
+
+    from app.db import session_scope
+    from app.services import jobs
+
+    worker = stack.start_worker()
+    job_id = create_train_job(**LONG_EVALUATION)
+    stack.send(job_id)
+    wait_for(lambda: job_row(job_id).iteration >= 1, 90, "the first iteration", stack)
+    time.sleep(2)  # iteration 2 trains in about a second; its evaluation pass has begun
+    assert job_row(job_id).iteration == 1  # still in iteration 2
+    asked = time.monotonic()
+    if signal_kind == "cancel":
+        with session_scope() as s:
+            jobs.request_cancel(s, job_id)
+        job = wait_for(lambda: _finished(job_id), 30, "the cancel", stack)
+        assert job.status == "cancelled"
+    else:
+        os.kill(worker.pid, signal.SIGTERM)
+        job = wait_for(lambda: (j := job_row(job_id)).status == "queued" and j, 30,
+                       "the requeue", stack)
+        assert "shut down at iteration 2" in job.error
+        assert worker.wait(timeout=30) == 0
+    assert time.monotonic() - asked < 30
+    assert job.iteration == 2 and checkpoint_iterations(job_id) == [2]
+    assert metric_iterations(job_id) == [1, 2] and _eval_metrics(job_id, 2) == []
