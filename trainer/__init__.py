@@ -13,7 +13,8 @@ The public API (`__all__`), by what it is for:
   `load_config(preset_or_json_path, overrides)`, `ConfigError`.
 - Training: `Trainer` (model, optimizer, RNG; `step()`, `run(on_iteration)`,
   `save_checkpoint` / `load_checkpoint`, `set_preference_model`, `track(directory, run_name)`:
-  where `run()` logs for the config's `report_to` trackers), `latest_checkpoint`,
+  where `step()` and `run()` log for the config's `report_to` trackers, `finish_tracking()`:
+  ends a run of `step()`s there), `latest_checkpoint`,
   `load_model`, and the iteration functions it calls, `neighbor_grpo_iteration` (the
   algorithm, trainer/neighbor_grpo.py) and `sde_grpo_iteration` (the SDE baseline), each
   returning an `IterationResult` (images, rewards, advantages, anchors, metrics).

@@ -2,7 +2,8 @@
 
 `Trainer(config).step()` runs one iteration; `run(on_iteration)` runs them all, handing each
 result to the callback (which records it wherever its caller keeps results, and may stop the
-run). The CLI's run directory (trainer/run_dir.py) is one such caller.
+run). The CLI's run directory (trainer/run_dir.py) is one such caller. Either way each
+iteration goes to the report_to trackers once.
 """
 
 from __future__ import annotations
@@ -157,10 +158,19 @@ class Trainer:
         return [pool[i] for i in idx.tolist()]
 
     def step(self, stop_requested: Callable[[], bool] | None = None) -> IterationResult:
-        """One GRPO iteration, then the periodic evaluation when it is due (`eval_every`).
-        `stop_requested`, asked before each of the evaluation's solver steps: True ends the
-        pass there, without its `eval_*` metrics (at eval_seeds 1000 it samples 48,000 images,
-        which a cancel or a shutdown should not wait for); the iteration itself is done."""
+        """One GRPO iteration, then the periodic evaluation when it is due (`eval_every`),
+        logged to the report_to trackers (where `track()` says; `finish_tracking()` ends
+        their run). `stop_requested`, asked before each of the evaluation's solver steps: True
+        ends the pass there, without its `eval_*` metrics (at eval_seeds 1000 it samples
+        48,000 images, which a cancel or a shutdown should not wait for); the iteration
+        itself is done."""
+        result = self._step(stop_requested)
+        self.tracking.log(self.iteration, result)
+        return result
+
+    def _step(self, stop_requested: Callable[[], bool] | None) -> IterationResult:
+        """step() without the logging: run() logs after its callback (which may add
+        metrics)."""
         extra = {"reference": self.reference} if self.reference is not None else {}
         result = self._iterate(self.model, self.optimizer, self.sample_prompts(), self.config,
                                self.generator, **extra)
@@ -208,9 +218,16 @@ class Trainer:
         return {f"eval_{k}": v for k, v in out.items() if isinstance(v, float)}
 
     def track(self, directory: str | Path, run_name: str | None = None) -> None:
-        """Where run() logs for config.report_to: trackers' files under `directory` (default
-        runs/tracking), as run `run_name` (default run-<start time>). See trainer/tracking.py."""
+        """Where step() and run() log for config.report_to: trackers' files under
+        `directory` (default runs/tracking), as run `run_name` (default run-<start time>).
+        See trainer/tracking.py."""
         self.tracking.directory, self.tracking.run_name = Path(directory), run_name
+
+    def finish_tracking(self, failed: bool = False) -> None:
+        """End the trackers' run after step()s (run() ends its own): TensorBoard's events
+        written out, the W&B and MLflow runs finished (`failed`: marked so). A later step()
+        or run() continues the same run."""
+        self.tracking.close(failed)
 
     def run(self, on_iteration: Callable[[Trainer, IterationResult], bool | None] | None = None,
             stop_requested: Callable[[], bool] | None = None) -> None:
@@ -221,15 +238,15 @@ class Trainer:
         sees the iteration, and decides)."""
         try:
             while self.iteration < self.config.iterations:
-                result = self.step(stop_requested)
+                result = self._step(stop_requested)
                 stop = on_iteration is not None and on_iteration(self, result)
                 self.tracking.log(self.iteration, result)
                 if stop:
                     break
         except BaseException:
-            self.tracking.close(failed=True)
+            self.finish_tracking(failed=True)
             raise
-        self.tracking.close()
+        self.finish_tracking()
 
     # -- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(self, root: str | Path) -> Path:

@@ -2,10 +2,11 @@
 or MLflow (`report_to`, the names TRL and accelerate use).
 
 `Trainer.run` logs every iteration after its callback has seen it, so what a callback adds (the
-studio's preference refit metrics) is logged too, and it logs with the iteration as the step,
-so a resumed run continues its curve. Whoever runs the Trainer (the CLI, a notebook, a studio
-job) calls `Trainer.track(directory, run_name)` to say where; rank 0 alone logs in a
-distributed run.
+studio's preference refit metrics) is logged too; `Trainer.step` called by itself (a notebook's
+loop) logs its iteration as it returns, and `Trainer.finish_tracking` ends that run. The step is
+the iteration, so a resumed run continues its curve. Whoever runs the Trainer (the CLI, a
+notebook, a studio job) calls `Trainer.track(directory, run_name)` to say where; rank 0 alone
+logs in a distributed run.
 
 None of the packages is required: each is imported when its tracker opens. `report_to_problems`
 checks the names, and that the packages are installed (`importlib.util.find_spec`, which imports
@@ -313,7 +314,7 @@ def _rank_zero() -> bool:
 
 
 class RunTracking:
-    """What `Trainer.run` logs through: opens the config's trackers at the first iteration it
+    """What `Trainer.run` and `Trainer.step` log through: opens the config's trackers at the first iteration it
     logs, then each iteration's scalar metrics and, every `sample_every` iterations and at the
     last, the grid of its rollouts (prompts x group members, as the CLI's samples/ and the job
     page show them); `close()` at the end of the run. Does nothing for report_to 'none', and

@@ -193,3 +193,31 @@ def test_only_rank_zero_logs_in_a_distributed_run(tmp_path):
         output = proc.communicate(timeout=300)[0]
         assert proc.returncode == 0, output
     assert sorted(p.name for p in (tmp_path / "tensorboard").iterdir()) == ["rank0"]
+
+
+def test_a_loop_over_step_logs_each_iteration_and_run_does_not_log_twice(tmp_path,
+                                                                          monkeypatch):
+    """The README's notebook loop calls step(), which did not log: report_to did nothing
+    there. step() now logs its iteration (track() says where, finish_tracking() ends the
+    run), and run(), which logs after its callback, still logs each iteration once."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from trainer.loop import Trainer
+
+    for name in TRACKING_ENV:
+        monkeypatch.delenv(name, raising=False)
+    trainer = Trainer(TrainConfig.from_dict({**TINY, "iterations": 3,
+                                             "report_to": "tensorboard"}))
+    trainer.track(tmp_path / "tracking", run_name="notebook")
+    means = {}
+    for _ in range(2):
+        result = trainer.step()
+        means[trainer.iteration] = result.metrics["reward_mean"]
+    trainer.finish_tracking()
+    trainer.run(lambda tr, result: means.update({tr.iteration: result.metrics["reward_mean"]}))
+    acc = EventAccumulator(str(tmp_path / "tracking" / "tensorboard" / "notebook"),
+                           size_guidance={"scalars": 0, "images": 0}).Reload()
+    scalars = acc.Scalars("reward_mean")
+    assert [e.step for e in scalars] == [1, 2, 3]  # the run's iteration 3 once, not twice
+    assert [e.value for e in scalars] == pytest.approx([means[i] for i in (1, 2, 3)])
+    assert [e.step for e in acc.Images("samples")] == [1, 2, 3]
