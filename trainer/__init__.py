@@ -10,7 +10,9 @@
 The public API (`__all__`), by what it is for:
 
 - Configuring a run: `TrainConfig` (one dataclass, help text on every field), `PRESETS`,
-  `load_config(preset_or_json_path, overrides)`, `ConfigError`.
+  `load_config(preset_or_json_path, overrides)`, `ConfigError` (one bad field, named) and
+  `ConfigErrors` (every bad field at once: what `load_config` and `TrainConfig.from_dict`
+  raise; `.errors` lists the `ConfigError`s).
 - Training: `Trainer` (model, optimizer, RNG; `step()`, `run(on_iteration)`,
   `save_checkpoint` / `load_checkpoint`, `set_preference_model`, `track(directory, run_name)`:
   where `step()` and `run()` log for the config's `report_to` trackers, `finish_tracking()`:
@@ -19,7 +21,8 @@ The public API (`__all__`), by what it is for:
   algorithm, trainer/neighbor_grpo.py) and `sde_grpo_iteration` (the SDE baseline), each
   returning an `IterationResult` (images, rewards, advantages, anchors, metrics).
 - Models: `FlowModel`, the interface a model adapter implements (velocity, prompt encoder,
-  decoder), `register_model(name, loader)` (what `TrainConfig.model` may name), and
+  decoder), `register_model(name, loader, weight_format, directory_files)` (what
+  `TrainConfig.model` may name; the last two optional), and
   `ShapesDiT` / `ShapesDiTConfig`, the built-in tiny DiT of the shapes world.
 - Rewards: `register_reward(name, fn)` (fn: (images, prompts) -> scores), `get_reward`,
   `reward_names`, `compute_rewards`; `PreferenceModel`, a reward fitted to human votes by
@@ -41,6 +44,7 @@ _EXPORTS: dict[str, str] = {
     "TrainConfig": "trainer.config",
     "PRESETS": "trainer.config",
     "ConfigError": "trainer.config",
+    "ConfigErrors": "trainer.config",
     "load_config": "trainer.config",
     "Trainer": "trainer.loop",
     "latest_checkpoint": "trainer.loop",
@@ -67,7 +71,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
-    "TrainConfig", "PRESETS", "ConfigError", "load_config",
+    "TrainConfig", "PRESETS", "ConfigError", "ConfigErrors", "load_config",
     "Trainer", "latest_checkpoint", "load_model",
     "IterationResult", "neighbor_grpo_iteration", "sde_grpo_iteration",
     "FlowModel", "register_model", "ShapesDiT", "ShapesDiTConfig",
@@ -77,7 +81,7 @@ __all__ = [
 ]  # the keys of _EXPORTS, spelled out for linters and type checkers
 
 if TYPE_CHECKING:
-    from trainer.config import PRESETS, ConfigError, TrainConfig, load_config
+    from trainer.config import PRESETS, ConfigError, ConfigErrors, TrainConfig, load_config
     from trainer.evaluation import evaluate, sample_images
     from trainer.grpo import IterationResult
     from trainer.loop import Trainer, latest_checkpoint, load_model

@@ -62,7 +62,7 @@ MAX_RESOLUTION = 4096
 MAX_REWARD_WEIGHT = 1e6
 # Rollouts an iteration holds at once (prompts_per_iteration x group_size): every member's
 # latents, decoded image and reward live until the update, so each field's own maximum
-# (1,024 x 256) would ask a worker for a quarter of a million images an iteration. 8,192 is
+# (1,024 x 256) would ask for a quarter of a million images an iteration. 8,192 is
 # several times Flow-GRPO's largest per-iteration batch (48 groups of 24 on 32 GPUs).
 MAX_ROLLOUTS_PER_ITERATION = 8192
 

@@ -56,6 +56,11 @@ def test_public_api_names_resolve():
     assert trainer.Trainer is Trainer and trainer.TrainConfig is TrainConfig
     assert issubclass(trainer.ShapesDiT, trainer.FlowModel)
     assert "tiny" in trainer.PRESETS and "count" in trainer.reward_names()
+    # what load_config raises (the README names it) is importable from the package
+    with pytest.raises(trainer.ConfigErrors) as raised:
+        trainer.load_config("tiny", {"sigma": 3, "group_size": 0})
+    assert {e.field for e in raised.value.errors} == {"sigma", "group_size"}
+    assert all(isinstance(e, trainer.ConfigError) for e in raised.value.errors)
     with pytest.raises(AttributeError, match="no_such_name"):
         trainer.no_such_name  # noqa: B018
 
@@ -88,13 +93,14 @@ def test_the_methods_share_grpo_and_not_each_other():
 
 def test_the_trainer_knows_nothing_of_the_app_or_the_worker():
     for path in TRAINER.rglob("*.py"):
-        if path.name == "config.py":  # help texts name worker jobs (owned elsewhere)
-            continue
         imports = _trainer_imports(path)
         assert not any(m.split(".")[0] in ("app", "worker") for m in imports), path
         # torch's DataLoader names its processes "workers": those are not the studio's
         text = re.sub(r"get_worker_info|num_workers|\bworker_id\b", "", path.read_text())
         assert "worker" not in text.lower(), path
+        # nor do its comments and docstrings point into the app's modules
+        assert not re.search(r"\bapp\.(job_kinds|services|models|config|db|ui|api)\b",
+                             text), path
 
 
 def test_update_stats_only_record_and_optimizer_step_steps():

@@ -1,12 +1,12 @@
 """FitConfig: how a human-preference model is fitted to votes, described once.
 
-The trainer's fit (`trainer.rewards.preference.fit_preference_model`) reads it, and the
-studio's fit_preference job config (`app.job_kinds.FitPreferenceConfig`) is built from its
-fields: the same names, defaults, help texts and allowed values. Each field's metadata carries
-its help text and its bounds in pydantic's words (`ge`, `gt`, `le`, `lt`, `max_length`,
-`choices`), so a schema or a form needs no second copy.
+The trainer's fit (`trainer.rewards.preference.fit_preference_model`) reads it, and a caller
+that takes fit settings from users (a job API, a form) builds its schema from its fields
+(`fit_fields`): the same names, defaults, help texts and allowed values. Each field's
+metadata carries its help text and its bounds in pydantic's words (`ge`, `gt`, `le`, `lt`,
+`max_length`, `choices`), so a schema or a form needs no second copy.
 
-This module imports no torch: the web app builds its job schema from it at import time.
+This module imports no torch, so a schema can be built from it where torch is never loaded.
 """
 
 from __future__ import annotations
