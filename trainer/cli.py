@@ -178,6 +178,19 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
     overrides = absolute_paths(overrides)
     model = overrides.get("model", "shapes")
     spec = args.config or default_preset(model if isinstance(model, str) else "shapes")
+    saved = _resumed_config(args)
+    if saved is not None:
+        # a resume's fields are the run's own, the command line's on top (a config file's
+        # keys too: a preset is not applied): checked against the shapes preset's defaults,
+        # a FLUX LoRA run's `--set lora_rank=4` was "applies only to finetune='lora'"
+        if args.config and args.config not in PRESETS and Path(args.config).is_file():
+            try:
+                file_fields = loads_strict(Path(args.config).read_text())
+            except (OSError, ValueError):
+                file_fields = None  # load_config below says what is wrong with it
+            if isinstance(file_fields, dict):
+                saved.update(absolute_paths(file_fields))
+        spec, overrides = None, {**saved, **overrides}
     config = None
     try:
         config = load_config(spec, overrides)
@@ -225,6 +238,19 @@ def _first_interrupt_stops() -> Iterator[Callable[[], bool]]:
         yield lambda: bool(asked)
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _resumed_config(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The saved config.json of the run `train --resume --out` continues, or None (no
+    --resume, or no run there yet: RunDirectory.check says so)."""
+    if not getattr(args, "resume", False) or not args.out:
+        return None
+    saved = Path(args.out) / "config.json"
+    try:
+        data = loads_strict(saved.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # missing or unreadable: the run directory's own check names it
+    return data if isinstance(data, dict) else None
 
 
 def _given_fields(args: argparse.Namespace) -> dict[str, str]:

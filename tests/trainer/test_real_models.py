@@ -706,7 +706,7 @@ def cli_flux_run(flux_dev, tmp_path_factory) -> Path:
 
 
 def test_cli_trains_a_flux_lora_the_stock_pipeline_loads_and_resumes_it(cli_flux_run, flux_dev,
-                                                                        tmp_path):
+                                                                        tmp_path, capsys):
     from diffusers import FluxPipeline
 
     saved = json.loads((cli_flux_run / "config.json").read_text())
@@ -753,6 +753,15 @@ def test_cli_trains_a_flux_lora_the_stock_pipeline_loads_and_resumes_it(cli_flux
                      "--no-progress"]) == 0
     assert sorted(p.name for p in (resumed / "checkpoints").iterdir()) == \
         ["iter-000002", "iter-000003"]
+    # the command line's fields are judged as the run's, not the shapes preset's: the same
+    # lora_rank again was "applies only to finetune='lora'"; a new one names the saved value
+    assert cli_main(["train", "--out", str(resumed), "--resume", "--set", "iterations=3",
+                     "--set", f"lora_rank={saved['lora_rank']}", "--no-progress"]) == 2
+    assert "at iteration 3 already" in capsys.readouterr().err
+    assert cli_main(["train", "--out", str(resumed), "--resume", "--set", "iterations=4",
+                     "--set", f"lora_rank={saved['lora_rank'] * 2}", "--no-progress"]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"error: config field 'lora_rank': is {saved['lora_rank']} in the run being resumed")
     assert not (resumed / "samples" / "iter-000001.png").exists()
     metrics = [json.loads(line) for line in (resumed / "metrics.jsonl").read_text().splitlines()]
     assert [m["iteration"] for m in metrics] == [1, 2, 3]
