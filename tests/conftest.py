@@ -154,3 +154,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.subprocess)
         if _listed(SLOW, path, name) or SLOW_PARAMS.get(path, set()) & set(values):
             item.add_marker(pytest.mark.slow)
+
+
+def pytest_configure(config):
+    """transformers and diffusers give their loggers a StreamHandler bound to the sys.stderr of
+    the moment they are first imported. Imported first inside a test that captures output
+    (capsys), that is the test's capture stream, closed when the test ends: each later warning
+    in the process then printed "--- Logging error --- ValueError: I/O operation on closed
+    file" into whichever test was capturing, and a test reading its stderr line by line failed
+    (two of tests/trainer/test_cli.py, when pytest-xdist gave one process a capsys test that
+    imported transformers first). Bound here, before any test: to pytest's own capture, which
+    lasts the session."""
+    del config
+    import diffusers.utils.logging
+    import transformers.utils.logging
+
+    transformers.utils.logging.get_logger("transformers")
+    diffusers.utils.logging.get_logger("diffusers")
