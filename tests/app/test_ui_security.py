@@ -199,15 +199,17 @@ def _ui_post_routes(app) -> list[str]:
 
 
 def test_every_gradio_route_taking_a_file_needs_a_token(served, admin):
-    from app.api.media import GRADIO_PROGRAMMATIC_API
+    from app.api.media import GRADIO_PROGRAMMATIC_API, GRADIO_UNUSED
 
     client, blocks = served
     posts = _ui_post_routes(client.app)
     assert "/ui/gradio_api/process_recording" in posts and "/ui/gradio_api/upload" in posts
     files = {"files": ("x.txt", b"a red fox\n", "text/plain")}
     for path in posts:
-        # Gradio's programmatic API is refused to everyone (404), before any token is read
-        refused = 404 if GRADIO_PROGRAMMATIC_API.match(path.removeprefix("/ui")) else 401
+        # Gradio's programmatic API and the routes the UI never uses are refused to everyone
+        # (404), before any token is read
+        sub = path.removeprefix("/ui")
+        refused = 404 if GRADIO_PROGRAMMATIC_API.match(sub) or GRADIO_UNUSED.match(sub) else 401
         r = client.post(path, files=files)
         assert r.status_code == refused, (path, r.status_code)
         r = client.post(path, content=b"raw bytes", headers={"Content-Type": "text/plain"})
