@@ -36,7 +36,9 @@ def test_a_job_queued_behind_a_real_workers_job_says_so_until_the_worker_stops(s
     stack.send(running)
     held = wait_for(lambda: (j := job_row(running)).status == "running" and j, 90,
                     "the first job to run", stack)
-    (name,) = _worker_names()
+    # the worker reports itself from its reaper thread, which may come round after the job
+    # has started
+    (name,) = wait_for(lambda: _worker_names() or None, 60, "the worker's report", stack)
     assert name.startswith("busy@") and worker_of(held.worker) == name, (name, held.worker)
     queued = create_train_job()  # no message: the busy worker could take it only when free
     assert _waiting_for(queued) == (f"queued behind job #{running}: every live worker on queue "
