@@ -183,13 +183,7 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
         # a resume's fields are the run's own, the command line's on top (a config file's
         # keys too: a preset is not applied): checked against the shapes preset's defaults,
         # a FLUX LoRA run's `--set lora_rank=4` was "applies only to finetune='lora'"
-        if args.config and args.config not in PRESETS and Path(args.config).is_file():
-            try:
-                file_fields = loads_strict(Path(args.config).read_text())
-            except (OSError, ValueError):
-                file_fields = None  # load_config below says what is wrong with it
-            if isinstance(file_fields, dict):
-                saved.update(absolute_paths(file_fields))
+        saved.update(absolute_paths(_config_file_fields(args)))
         spec, overrides = None, {**saved, **overrides}
     config = None
     try:
@@ -253,16 +247,25 @@ def _resumed_config(args: argparse.Namespace) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _config_file_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The fields a JSON --config file names ({} for a preset, no --config, or a file that is
+    not a JSON object: load_config says what is wrong with it)."""
+    if not args.config or args.config in PRESETS:
+        return {}
+    try:
+        fields = loads_strict(Path(args.config).read_text())
+    except (OSError, ValueError):
+        return {}
+    return fields if isinstance(fields, dict) else {}
+
+
 def _given_fields(args: argparse.Namespace) -> dict[str, str]:
     """The config fields `train`'s command line gives, each with the option that gave it:
     --set's keys, --method, --prompts-file, and the keys a JSON --config file names. A
     preset's fields are not among them: on --resume the run's config.json is the config, and
     a preset's untouched defaults (its learning rate, say) are nothing the user asked to
     change. A later option wins, as it does in the config."""
-    given: dict[str, str] = {}
-    if args.config and args.config not in PRESETS:  # a file: train_config_of read it already
-        file_fields = loads_strict(Path(args.config).read_text())
-        given.update((key, f"--config {args.config}") for key in file_fields)
+    given: dict[str, str] = {key: f"--config {args.config}" for key in _config_file_fields(args)}
     given.update((key, "--set") for key in _parse_overrides(args.set))
     if args.method:
         given["method"] = "--method"

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from app.errors import BadRequest, Invalid
 from app.job_kinds import KINDS
-from app.models import JobStatus
+from app.models import JobStatus, User
 from app.services import annotators as svc
 from app.services import auth
 from app.services import jobs as jobs_svc
@@ -105,10 +105,11 @@ def excluded_of(user_state: dict | None, user_id: int | None, shown: bool = Fals
         if not user_id:
             return gr.skip()
         with session() as s:
-            found = [r["excluded"] for r in auth.list_users(s) if r["id"] == int(user_id)]
+            picked = s.get(User, int(user_id))  # one row, not every user's token counts
+            excluded = None if picked is None else bool(picked.excluded)
     except Exception:  # noqa: BLE001 - Apply, the action, shows the error
         return gr.skip()
-    return bool(found[0]) if found and bool(found[0]) != bool(shown) else gr.skip()
+    return excluded if excluded is not None and excluded != bool(shown) else gr.skip()
 
 
 def users_html(user_state: dict | None) -> str:
