@@ -9,8 +9,10 @@ each (`build_<page>(user) -> gr.Blocks`) and call `app.services`, never the ORM 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from functools import partial
+from typing import Any
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -22,6 +24,8 @@ from app.services.jobs import Enqueuer  # noqa: E402
 from app.ui.common import CSS, page_head  # noqa: E402
 
 PATH = UI_PATH
+
+log = logging.getLogger(__name__)
 
 # how often the page's stream-holding event wakes (below); a closed page's event ends at its
 # next wake, when Gradio has marked it dead
@@ -53,6 +57,31 @@ async def keep_event_stream_open():
         yield
 
 
+class StudioBlocks(gr.Blocks):
+    """The UI's root Blocks: an event whose inputs its components cannot take is refused with
+    one log line.
+
+    Gradio printed two chained tracebacks (the component's error, then its
+    ComponentProcessingError) for every such event, and anyone can send one without a login
+    (`queue/join` with `null` for a slider): the log grew by ~80 lines a request. Gradio
+    prints no traceback for a `gr.Error` whose `print_exception` is off, so the input's
+    failure becomes one, with the same message for the page. Only the inputs' processing is
+    wrapped: an error of a handler itself (or of its outputs) is still printed in full."""
+
+    async def preprocess_data(self, block_fn: Any, inputs: list[Any], state: Any,
+                              explicit_call: bool = False) -> list[Any]:
+        try:
+            return await super().preprocess_data(block_fn, inputs, state, explicit_call)
+        except gr.Error:
+            raise
+        except ValueError as exc:
+            # every failure of the inputs' checks is a ValueError: a component's (Gradio's
+            # ComponentProcessingError), too few values, a payload its data model refuses
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            log.warning("refused the inputs of UI event %r: %r", block_fn.name, first[:300])
+            raise gr.Error(str(exc), print_exception=False) from exc
+
+
 def build_ui(enqueuer: Enqueuer | None = None) -> gr.Blocks:
     """The whole UI. `enqueuer(job_id, kind)` sends launched jobs (default: Celery)."""
     from app.ui.annotators import build_annotators
@@ -63,7 +92,7 @@ def build_ui(enqueuer: Enqueuer | None = None) -> gr.Blocks:
     from app.ui.login import ADMIN_TABS, build_login
     from app.ui.rollouts import build_rollouts
 
-    with gr.Blocks(title="Neighbor GRPO Studio", analytics_enabled=False) as ui:
+    with StudioBlocks(title="Neighbor GRPO Studio", analytics_enabled=False) as ui:
         user = gr.State(None)
         login = build_login(user)
         with gr.Tabs(elem_id="pages") as tabs:

@@ -1,0 +1,81 @@
+"""What a client without a login can make the server log through Gradio's queue: the studio
+served by uvicorn (UI mounted), its log read as written.
+
+Before: an event whose input a component could not take (`null` for a slider) printed two
+chained tracebacks, and a `queue/data` stream whose session was gone (an unknown one, or a
+page's two streams ended together by a reload) logged "Exception in ASGI application" with
+two more (and the stream was cut off without its end). Now the first is one line and the second ends as a finished stream; a handler's own
+error is still printed in full."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import pytest
+
+from trainer.rewards.serve import ServerThread
+
+
+@pytest.fixture
+def served(settings):
+    """(url, the UI's root Blocks) of the studio under uvicorn in this process."""
+    from app.config import UI_PATH
+    from app.main import create_app
+
+    app = create_app(settings, enqueuer=lambda job_id, kind: None, mount_ui=True)
+    blocks = next(r.app for r in app.routes if getattr(r, "path", None) == UI_PATH).get_blocks()
+    with ServerThread(app) as running:
+        yield running.url, blocks
+
+
+def _fn_index(blocks, name: str, inputs: list[str] | None = None) -> int:
+    """The event handler `name` (of these input component types, if given)."""
+    return next(i for i, fn in blocks.fns.items() if fn.name == name and
+                (inputs is None or [b.get_block_name() for b in fn.inputs] == inputs))
+
+
+def _join(url: str, fn_index: int, data: list, session: str) -> None:
+    body = json.dumps({"data": data, "fn_index": fn_index, "session_hash": session,
+                       "event_data": None, "trigger_id": None}).encode()
+    request = urllib.request.Request(f"{url}/ui/gradio_api/queue/join", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        assert reply.status == 200
+
+
+def _stream(url: str, session: str) -> str:
+    with urllib.request.urlopen(f"{url}/ui/gradio_api/queue/data?session_hash={session}",
+                                timeout=30) as reply:
+        return reply.read().decode()
+
+
+def _log_after(capfd, seconds: float = 0.5) -> str:
+    time.sleep(seconds)  # the server's thread writes its log after the reply's last byte
+    return capfd.readouterr().err
+
+
+def test_an_input_a_component_cannot_take_is_one_log_line_a_handler_error_a_traceback(
+        served, capfd, caplog):
+    url, blocks = served
+    on_login = _fn_index(blocks, "on_login", ["state", "slider"])
+    _join(url, on_login, [None, None], "bad-input")
+    reply = _stream(url, "bad-input")
+    assert "Could not preprocess input component at index 1" in reply  # the page still learns why
+    log = _log_after(capfd)
+    assert "Traceback" not in log
+    assert [r.getMessage() for r in caplog.records if r.name == "app.ui"] == [
+        "refused the inputs of UI event 'on_login': 'Could not preprocess input component at "
+        "index 1 (a `slider` component) of the event handler (named \"on_login\") with input "
+        "components: [state, slider].'"]
+
+    def broken_handler(*args):  # a real bug in a handler, reached with valid inputs
+        raise RuntimeError("the handler itself failed")
+
+    blocks.fns[on_login].fn = broken_handler
+    _join(url, on_login, [None, 0], "handler-error")
+    _stream(url, "handler-error")
+    log = _log_after(capfd)
+    assert "Traceback" in log and "RuntimeError: the handler itself failed" in log
+
