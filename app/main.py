@@ -219,7 +219,12 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
         from app.ui.sessions import UiSessionGuard
 
         no_cross_origin_sharing(app)  # before mount: Gradio's CORS defers to the parent's
+        from app.ui.streams import EndedSessionStreams
+
         app = mount(app)
+        # an event stream whose session is gone ends as a finished one, not as a crash in the
+        # server's log (app/ui/streams.py)
+        app.add_middleware(EndedSessionStreams, ui_path=UI_PATH)
         # a logged-in UI session acts only for its own browser (app/ui/sessions.py)
         app.add_middleware(UiSessionGuard, ui_path=UI_PATH)
     # stored files need a token on the UI's routes too (app/api/media.py says the rule)

@@ -79,3 +79,12 @@ def test_an_input_a_component_cannot_take_is_one_log_line_a_handler_error_a_trac
     log = _log_after(capfd)
     assert "Traceback" in log and "RuntimeError: the handler itself failed" in log
 
+
+def test_a_stream_of_a_gone_session_ends_without_a_traceback(served, capfd):
+    url, _ = served
+    # an unknown session: Gradio raises its 404 after the stream began (the same error as a
+    # reloaded page's stream whose session its other stream removed); the stream used to be
+    # cut off mid-reply (IncompleteRead here) and the log got two tracebacks
+    assert '"session_not_found":true' in _stream(url, "never-joined")
+    log = _log_after(capfd)
+    assert "Traceback" not in log and "Exception in ASGI application" not in log
