@@ -79,12 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     fingerprinted = log_preference_fingerprint(trainer, rank, 0)
     recorder = (TrainRecorder(job_id, worker_name, config, ckpt_id, shutdown, last_vote)
                 if rank == 0 else None)
+    holder = HolderWatch(worker_name) if rank == 0 else None
+    orphaned = False
     if recorder is not None:
         recorder.collective_checkpoints = sharded
     error: Exception | None = None
 
     def on_iteration(tr: Trainer, result) -> bool:
-        nonlocal error, fingerprinted
+        nonlocal error, fingerprinted, orphaned
         stop = 0
         # a warm shutdown of any host's worker (SIGTERM to its ranks): rank 0 saves, requeues
         if any_rank(shutdown.is_set(), comm):
@@ -95,7 +97,14 @@ def main(argv: list[str] | None = None) -> int:
                 saved = tr.save_checkpoint(checkpoint_root(job_id))
                 if recorder is not None:
                     recorder.presaved = saved
-        if recorder is not None:  # may refit the preference model (a new version)
+        if holder is not None and holder.gone():
+            # the worker died without torchrun noticing (its death signal missed): its lease
+            # still holds, so nothing else would stop this run. Leave the job running with a
+            # heartbeat going stale: a reaper requeues it from its newest checkpoint
+            log.warning("job %s: the worker process %s holding it is gone; stopping at "
+                        "iteration %d", job_id, holder.pid, tr.iteration)
+            orphaned, stop = True, 1
+        elif recorder is not None:  # may refit the preference model (a new version)
             try:
                 stop = int(recorder(tr, result))
             except Exception as exc:  # tell the other ranks to stop, then fail
@@ -110,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer.run(on_iteration)
     dist.barrier()
     dist.destroy_process_group()
-    if recorder is None:
+    if recorder is None or orphaned:
         return 0
     if error is not None:
         raise error
@@ -123,6 +132,38 @@ def main(argv: list[str] | None = None) -> int:
             if jobs.holds(s, job_id, worker_name):
                 jobs.mark_succeeded(s, job_id)
     return 0
+
+
+def ancestors() -> list[int]:
+    """This process's ancestors' pids, its parent first, from Linux's /proc ([] elsewhere)."""
+    found: list[int] = []
+    pid = os.getppid()
+    while pid > 1 and pid not in found:
+        found.append(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:  # gone meanwhile, or no /proc
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after "(comm) state"
+    return found
+
+
+class HolderWatch:
+    """Whether the worker process named in the job's lease (node:pid:nonce,
+    app.services.workers.lease_name) is gone: it was an ancestor of this rank when the rank
+    started (the worker, its torchrun, this rank) and is no longer one (torchrun re-parented
+    once the worker died; a pid reused since is no ancestor). On another host's node, where
+    the holder is no ancestor, it never says gone (that node's own worker is its guard)."""
+
+    def __init__(self, lease: str) -> None:
+        try:
+            pid: int | None = int(lease.rsplit(":", 2)[1])
+        except (IndexError, ValueError):
+            pid = None
+        self.pid = pid if pid in ancestors() else None
+
+    def gone(self) -> bool:
+        return self.pid is not None and self.pid not in ancestors()
 
 
 def log_node(job_id: int, rank: int, world: int) -> None:

@@ -27,6 +27,7 @@ holder.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -185,6 +186,25 @@ def check_world(config: TrainConfig, nnodes: int, nproc: int) -> None:
                        f"worker's TRAIN_NPROC ({nproc}) = {world}")
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int) -> None:
+    """A Popen `preexec_fn`: the kernel sends this child SIGTERM when the thread that started
+    it ends (Linux). A worker killed with SIGKILL (OOM killer, kill -9) could otherwise leave
+    torchrun, re-parented to PID 1, and its ranks training on under the dead worker's lease
+    while the restarted worker takes another job onto the same cards. SIGTERM, not SIGKILL:
+    torchrun stops its ranks on it (a SIGKILLed torchrun would orphan them). The task runs
+    on the worker's main thread (README: --pool solo), whose end is the process's."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: no such guard
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # it died before prctl: no signal would come
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 def held(job_id: int, holder: str) -> bool:
     with session_scope() as s:
         return jobs.holds(s, job_id, holder)
@@ -208,7 +228,9 @@ def supervise(cmd: list[str], job_id: int, holder: str, shutdown: threading.Even
         log_path = Path(out.name)
     try:
         with log_path.open("wb") as out, log_path.open("rb") as follow:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                    preexec_fn=functools.partial(die_with_parent, os.getpid())
+                                    if sys.platform == "linux" else None)
             if on_started is not None:
                 on_started()
             lost_since: float | None = None

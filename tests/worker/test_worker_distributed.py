@@ -8,9 +8,11 @@ TRAIN_NPROC=2 through the worker, rank 0 recording."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -303,3 +305,85 @@ def test_a_job_whose_prompts_do_not_split_over_train_nproc_runs_on_fewer_process
     assert metric_iterations(job_id) == [1]
     assert "runs on 1 process(es) a node, not TRAIN_NPROC=2" in stack.logs[0].read_text(
         errors="replace")
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux's /proc), nearest first."""
+    found, todo = [], [pid]
+    while todo:
+        for children in Path(f"/proc/{todo.pop()}/task").glob("*/children"):
+            try:
+                kids = [int(p) for p in children.read_text().split()]
+            except OSError:
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (one re-parented to a PID 1 that does not reap stays listed)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux's /proc")
+def test_kill9_of_the_worker_takes_its_torchrun_and_ranks_with_it(stack):
+    """A worker killed with SIGKILL mid-job must not leave torchrun (re-parented to PID 1)
+    and its ranks training on under its lease: the job would go on, even succeed, while the
+    restarted worker takes another job onto the same cards."""
+    worker = stack.start_worker(extra_env={"TRAIN_NPROC": "2", "OMP_NUM_THREADS": "1"})
+    job_id = create_train_job(iterations=300, prompts_per_iteration=4, sample_every=1000,
+                              checkpoint_every=2)
+    stack.send(job_id)
+    wait_for(lambda: job_row(job_id).iteration >= 2, 120, "two iterations", stack)
+    tree = _descendants(worker.pid)
+    assert len(tree) >= 3, tree  # torchrun and its two ranks
+    os.kill(worker.pid, signal.SIGKILL)  # the worker alone, not its process group
+    worker.wait()
+    deadline = time.monotonic() + 45
+    while any(_running(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [p for p in tree if _running(p)]
+    for pid in left:  # not to leave them training after a failure
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, "torchrun or a rank outlived its worker"
+    job = job_row(job_id)
+    assert job.status != "succeeded" and job.iteration < 300
+
+
+def test_rank_0_sees_the_worker_process_holding_its_lease_gone(tmp_path):
+    """The second guard, where no death signal came: rank 0 reads the holder's pid from the
+    lease (node:pid:nonce) and stops once that process is no longer its ancestor."""
+    out = tmp_path / "out.txt"
+    child = ("import os, sys, time\n"
+             "from worker.distributed_train import HolderWatch\n"
+             "watch = HolderWatch(sys.argv[1])\n"
+             "print('ancestor', watch.pid is not None, watch.gone(), flush=True)\n"
+             "deadline = time.monotonic() + 20\n"
+             "while not watch.gone() and time.monotonic() < deadline:\n"
+             "    time.sleep(0.1)\n"
+             "print('gone', watch.gone(), flush=True)\n")
+    parent = ("import os, subprocess, sys, time\n"
+              "out = open(sys.argv[1], 'w')\n"
+              f"child = subprocess.Popen([sys.executable, '-c', {child!r}, "
+              "f'w0@host:{os.getpid()}:abcd1234'], stdout=out)\n"
+              "while 'ancestor' not in open(sys.argv[1]).read():\n"
+              "    time.sleep(0.05)\n"
+              "os._exit(0)\n")  # the parent dies; its child lives on, re-parented
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-c", parent, str(out)], cwd=ROOT, env=env, timeout=60,
+                   check=True)
+    deadline = time.monotonic() + 30
+    while "gone" not in out.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert out.read_text().splitlines() == ["ancestor True False", "gone True"]
+    # a lease whose pid is not an ancestor (another host's holder) is never "gone"
+    from worker.distributed_train import HolderWatch
+
+    assert HolderWatch("w0@elsewhere:999999999:abcd1234").gone() is False
+    assert HolderWatch("w0@elsewhere").gone() is False
