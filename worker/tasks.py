@@ -20,12 +20,16 @@ that arrives meanwhile sent back to the queue rather than dropped.
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
+import os
 import socket
+import tempfile
 import threading
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from celery import signals
@@ -84,6 +88,81 @@ def missing_device(config: dict) -> str | None:
 DATABASE_RETRY_SECONDS = 10.0
 
 
+# the errors that say the storage itself cannot be written (a read-only remount, a full disk or
+# quota, permissions changed under a running worker), not that the job is wrong
+STORAGE_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EDQUOT})
+# how often a worker whose storage cannot be written tries it again before taking a job
+STORAGE_RETRY_SECONDS = 5.0
+
+
+def storage_outage(exc: BaseException) -> tuple[Path, str] | None:
+    """(the path, the errno's text) when `exc`, or an error it was raised from, is an OSError
+    of STORAGE_ERRNOS on a path under STORAGE_DIR; else None."""
+    root = get_settings().resolved_storage_dir.resolve()
+    seen: BaseException | None = exc
+    visited: set[int] = set()
+    while seen is not None and id(seen) not in visited:
+        visited.add(id(seen))
+        if isinstance(seen, OSError) and seen.errno in STORAGE_ERRNOS:
+            for name in (seen.filename, seen.filename2):
+                if name and Path(os.fsdecode(name)).resolve().is_relative_to(root):
+                    return Path(os.fsdecode(name)), os.strerror(seen.errno)
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def storage_writable(path: Path) -> bool:
+    """Whether a file can be written where `path` failed: in its nearest existing directory
+    (a file of some size: a full disk still takes an empty one), and the file itself."""
+    directory = path if path.is_dir() else path.parent
+    while not directory.exists() and directory != directory.parent:
+        directory = directory.parent
+    try:
+        with tempfile.TemporaryFile(dir=directory) as probe:
+            probe.write(b"\0" * 65536)
+            probe.flush()
+            os.fsync(probe.fileno())
+        if path.is_file():
+            path.open("ab").close()
+    except OSError:
+        return False
+    return True
+
+
+def wait_for_storage(path: Path) -> None:
+    """Hold this worker (no job taken) until `path`'s directory can be written again, or
+    until it shuts down: each job it took meanwhile would fail the same way."""
+    while not SHUTDOWN.is_set() and not storage_writable(path):
+        SHUTDOWN.wait(STORAGE_RETRY_SECONDS)
+    if not SHUTDOWN.is_set():
+        log.info("STORAGE_DIR %s can be written again: taking jobs",
+                 get_settings().resolved_storage_dir)
+
+
+def requeue_after_storage_outage(lease: JobLease, kind: str | None, path: Path,
+                                 why: str) -> str:
+    """The job could not write its files because the storage cannot be written: not its
+    fault. Back to the queue, its attempt given back (jobs.requeue), and sent again; without
+    a kind to send, left running with its heartbeat stopping for a reaper to requeue."""
+    root = get_settings().resolved_storage_dir
+    log.warning("job %s interrupted: STORAGE_DIR %s cannot be written (%s: %s); requeued, "
+                "and this worker takes no job until it can", lease.job_id, root, why, path)
+    if kind is None:
+        return TaskOutcome.INTERRUPTED
+    from worker.reaper import send_requeued
+
+    with session_scope() as s:
+        if not jobs.holds(s, lease.job_id, lease.worker_name):
+            return TaskOutcome.LOST
+        job = jobs.requeue(s, lease.job_id, reason=f"STORAGE_DIR {root} could not be written "
+                           f"({why}); requeued")
+        requeued = job.status == JobStatus.QUEUED
+    if not requeued:  # a cancel asked meanwhile ended it
+        return JobStatus.CANCELLED
+    send_requeued(lease.job_id, kind, lease.worker_name)
+    return TaskOutcome.DEFERRED
+
+
 def run_job(job_id: int, body: Callable[[int, str], str], kind: str | None = None) -> str:
     """Claim the job, keep its heartbeat, run `body(job_id, worker_name)`, record failure.
     `kind`, the task's job kind, lets a message that arrives while the database cannot be
@@ -107,6 +186,7 @@ def run_job(job_id: int, body: Callable[[int, str], str], kind: str | None = Non
     if taken is not None:
         return taken
     lease.start_heartbeat()
+    storage_down: Path | None = None
     try:
         return body(lease.job_id, lease.worker_name)
     except LeaseLost as exc:
@@ -124,10 +204,15 @@ def run_job(job_id: int, body: Callable[[int, str], str], kind: str | None = Non
             log.warning("job %s interrupted: %s; a reaper requeues it once its heartbeat is "
                         "%g s old", job_id, reason, get_settings().job_stale_seconds)
             return TaskOutcome.INTERRUPTED
+        if (down := storage_outage(exc)) is not None:
+            storage_down = down[0]
+            return requeue_after_storage_outage(lease, kind, *down)
         log.exception("job %s failed", job_id)
         return record_failure(lease, describe_error(exc))
     finally:
         lease.stop()
+        if storage_down is not None:  # after the requeue: --pool solo takes no job meanwhile
+            wait_for_storage(storage_down)
 
 
 def record_failure(lease: JobLease, message: str) -> str:

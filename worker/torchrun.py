@@ -71,9 +71,12 @@ RANK_ERROR_PREFIX = "ngrpo-rank-error "
 
 def rank_error_line(rank: int, exc: BaseException, *, clean: bool, traceback_tail: str) -> str:
     """The line a failed rank writes (RANK_ERROR_PREFIX)."""
-    return RANK_ERROR_PREFIX + json.dumps({
-        "rank": rank, "type": type(exc).__name__, "message": str(exc), "clean": clean,
-        "traceback": traceback_tail, "at": time.time()})
+    line = {"rank": rank, "type": type(exc).__name__, "message": str(exc), "clean": clean,
+            "traceback": traceback_tail, "at": time.time()}
+    if isinstance(exc, OSError) and exc.errno is not None and exc.filename:
+        # the worker tells a storage it cannot write from a failed job (worker.tasks)
+        line.update(errno=exc.errno, filename=os.fsdecode(exc.filename))
+    return RANK_ERROR_PREFIX + json.dumps(line)
 
 
 def rank_errors(text: str) -> list[dict]:
@@ -97,8 +100,12 @@ def failure(code: int | None, text: str) -> Exception:
         return JobError(clean["message"])
     if errors:
         first = errors[0]
-        return RuntimeError(f"rank {first['rank']} failed: {first['type']}: "
-                            f"{first['message']}\n\n{first['traceback']}")
+        error = RuntimeError(f"rank {first['rank']} failed: {first['type']}: "
+                             f"{first['message']}\n\n{first['traceback']}")
+        if first.get("errno") is not None:  # the rank's OSError, for worker.tasks to read
+            error.__cause__ = OSError(first["errno"], os.strerror(first["errno"]),
+                                      first.get("filename"))
+        return error
     return RuntimeError(f"torchrun exited with code {code} before the job finished:\n"
                         f"{tail(text)}")
 

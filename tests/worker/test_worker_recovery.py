@@ -306,3 +306,62 @@ def test_a_requeue_the_broker_could_not_take_is_sent_once_it_is_back(stack):
         proxy.cut()
     text = stack.logs[0].read_text(errors="replace")
     assert "reaper round failed" not in text, text[-6000:]
+
+
+@contextlib.contextmanager
+def _unwritable(directory):
+    """`directory` and everything under it cannot be written while inside: a read-only bind
+    mount as root (root writes through any mode bits), else mode 0555 on every directory."""
+    import shutil
+    import subprocess
+
+    if os.geteuid() == 0:
+        mount = shutil.which("mount")
+        if mount is None or subprocess.run([mount, "--bind", str(directory), str(directory)],
+                                           capture_output=True).returncode:
+            pytest.skip("running as root without mount privileges: nothing makes a "
+                        "directory unwritable for root")
+        try:
+            subprocess.run([mount, "-o", "remount,bind,ro", str(directory)], check=True)
+            yield
+        finally:
+            subprocess.run([shutil.which("umount") or "umount", str(directory)], check=True)
+        return
+    dirs = [directory, *(p for p in directory.rglob("*") if p.is_dir())]
+    for d in dirs:
+        d.chmod(0o555)
+    try:
+        yield
+    finally:
+        for d in dirs:
+            d.chmod(0o755)
+
+
+@pytest.mark.parametrize("stack", ["postgres-redis"], indirect=True)
+def test_an_unwritable_storage_dir_requeues_the_job_and_holds_the_worker(stack):
+    """The storage turning read-only under a running worker is an outage, not the job's fault:
+    one line naming STORAGE_DIR and why, the job requeued with its attempt given back, no job
+    taken until the storage can be written again; then the job resumes and finishes."""
+    worker = stack.start_worker()
+    job_id = create_train_job(iterations=40, prompts_per_iteration=2, checkpoint_every=2,
+                              sample_every=1000)
+    stack.send(job_id)
+    wait_for(lambda: job_row(job_id).iteration >= 2, 60, "two iterations", stack)
+    storage = stack.tmp / "storage"
+    with _unwritable(storage):
+        job = wait_for(lambda: _status(job_id, "queued", "failed", "succeeded"), 60,
+                       "the job to leave running", stack)
+        assert job.status == "queued", job.error
+        assert job.error.startswith(f"STORAGE_DIR {storage} could not be written"), job.error
+        assert job.attempts == 0  # given back: an outage is no lost run
+        time.sleep(3)  # the requeued message is there: the held worker does not take it
+        assert job_row(job_id).status == "queued"
+        log = stack.logs[0].read_text(errors="replace")
+        lines = [line for line in log.splitlines() if "cannot be written" in line]
+        assert len(lines) == 1 and f"STORAGE_DIR {storage}" in lines[0], log
+        assert "Traceback" not in log
+    job = wait_for(lambda: _status(job_id, "succeeded", "failed"), 120, "the resumed job", stack)
+    assert job.status == "succeeded", job.error
+    assert metric_iterations(job_id) == list(range(1, 41))
+    assert "can be written again" in stack.logs[0].read_text(errors="replace")
+    assert worker.poll() is None
