@@ -32,10 +32,12 @@ def seed_noise(seed: int, latent_shape: tuple[int, ...]) -> torch.Tensor:
 @torch.no_grad()
 def sample_images(model: FlowModel, prompts: list[str], seeds: list[int], solver: str = "dpm++",
                   steps: int = 8, batch_size: int = 256,
-                  before_step: Callable[[], None] | None = None) -> np.ndarray:
+                  before_step: Callable[[], None] | None = None,
+                  on_batch: Callable[[int], None] | None = None) -> np.ndarray:
     """(N, H, W, 3) uint8 for each (prompt, seed) pair, in the order given. `before_step`:
     called before every solver step (a job's runner raises from it to stop, on a cancel:
-    a batch of a large model's images can take minutes)."""
+    a batch of a large model's images can take minutes). `on_batch`: called after each
+    batch with the number of images done so far (a job's progress)."""
     if len(prompts) != len(seeds):
         raise ValueError("prompts and seeds must have the same length")
     device = next(model.parameters()).device
@@ -49,6 +51,8 @@ def sample_images(model: FlowModel, prompts: list[str], seeds: list[int], solver
                        model.encode_prompts(chunk_prompts), steps, shift=model.flow_shift,
                        timesteps=timesteps)
         images.append(to_uint8(model.decode(traj.final)))
+        if on_batch is not None:
+            on_batch(i + len(chunk_prompts))
     return np.concatenate(images)
 
 

@@ -88,12 +88,14 @@ def fit_config_for_job(cfg: FitPreferenceConfig) -> FitConfig:
 def fit_and_record(fit_config: FitConfig, *, job_id: int | None = None, min_votes: int = 0,
                    score_samples: bool = True, images: ImageCache | None = None,
                    warm_start: PreferenceModel | None = None,
-                   should_stop: Callable[[], bool] | None = None
+                   should_stop: Callable[[], bool] | None = None,
+                   on_epoch: Callable[[int, int], None] | None = None
                    ) -> tuple[PreferenceModel, dict[str, Any]]:
     """Fit on every clean vote, save vN, record the row (and cache sample scores).
     `warm_start`: the model a refit may start from (fit_config.warm_start_epochs; the votes
     are keyed by their ids, so their held-out split is the same in every fit).
     `should_stop`: passed to the fit (FitStopped, and nothing saved, when it says stop).
+    `on_epoch(done, total)`: passed to the fit (its epochs over every ensemble member).
     Returns the model and its row as a dict."""
     images = images or ImageCache()
     with session_scope() as s:
@@ -121,7 +123,7 @@ def fit_and_record(fit_config: FitConfig, *, job_id: int | None = None, min_vote
     with session_scope() as s:
         version = pref_svc.next_version(s)
     model = fit_preference_model(pairs, fit_config, version=version, warm_start=warm_start,
-                                 should_stop=should_stop)
+                                 should_stop=should_stop, on_epoch=on_epoch)
     if model.report is not None:
         model.report.votes_total += sum(unlabelled.values())
         model.report.votes_ignored = {**model.report.votes_ignored, **unlabelled}
@@ -263,16 +265,37 @@ def cancel_requested_poll(job_id: int, every: float = CANCEL_POLL_SECONDS
 
 def run_fit_preference(job_id: int, worker_name: str) -> str:
     """The fit_preference job (already claimed by `worker.tasks.run_job`). A cancel stops the
-    fit between epochs; nothing is saved then."""
+    fit between epochs; nothing is saved then. Progress counts epochs over every ensemble
+    member (written at most every PROGRESS_SECONDS): a fit can take minutes."""
+    from worker.sampling import throttled
+
     with session_scope() as s:
         cfg = FitPreferenceConfig.from_stored(jobs.get_job(s, job_id).config)
-        jobs.update_progress(s, job_id, 0, 2)
+        # the fit says its total (a warm start trains fewer epochs) once it starts
+        epochs = cfg.epochs * max(1, cfg.ensemble)
+        jobs.update_progress(s, job_id, 0, epochs)
     fit_config = fit_config_for_job(cfg)
+    total = epochs
+
+    def write_progress(done: int) -> None:
+        with session_scope() as s:
+            if not jobs.holds(s, job_id, worker_name):
+                raise LeaseLost(f"job {job_id} is no longer held by {worker_name}")
+            jobs.update_progress(s, job_id, done, total)
+
+    write = throttled(write_progress)
+
+    def on_epoch(done: int, of: int) -> None:
+        nonlocal total
+        total = of
+        write(done)
+
     try:
         _model, row = fit_and_record(fit_config, job_id=job_id, min_votes=cfg.min_votes,
                                      score_samples=cfg.score_samples,
                                      warm_start=newest_model(fit_config),
-                                     should_stop=cancel_requested_poll(job_id))
+                                     should_stop=cancel_requested_poll(job_id),
+                                     on_epoch=on_epoch)
     except FitStopped:
         with session_scope() as s:
             if not jobs.holds(s, job_id, worker_name):
@@ -284,7 +307,7 @@ def run_fit_preference(job_id: int, worker_name: str) -> str:
     with session_scope() as s:
         if not jobs.holds(s, job_id, worker_name):
             raise LeaseLost(f"job {job_id} is no longer held by {worker_name}")
-        jobs.update_progress(s, job_id, 2, 2, metrics)
+        jobs.update_progress(s, job_id, total, total, metrics)
         return jobs.mark_succeeded(s, job_id, metrics=metrics).status
 
 

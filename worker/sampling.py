@@ -15,12 +15,15 @@ through `trainer.rewards.remote.prepare_scorer`): a server that is down or lacks
 the job the same way, naming the URL, before any sampling.
 
 Both are idempotent: groups already stored for the job are skipped, so a rerun after a crash
-finishes the rest. Progress counts prompts (rollout) or checkpoints (evaluate).
+finishes the rest. Progress counts prompts (rollout) or images over all checkpoints
+(evaluate: written as each batch ends, at most every PROGRESS_SECONDS; the metric history has
+one row per checkpoint, keyed by its index).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -67,6 +70,25 @@ def prompts_per_chunk(group_size: int) -> int:
 
 class Cancelled(Exception):
     pass
+
+
+# a job's progress inside a long step (a checkpoint's images, a fit's epochs) is written at most
+# this often: a batch or an epoch can take milliseconds, a database write each would not
+PROGRESS_SECONDS = 1.0
+
+
+def throttled(write: Callable[[int], None], every: float = PROGRESS_SECONDS
+              ) -> Callable[[int], None]:
+    """`write(done)` at most once every `every` seconds (the calls between are dropped)."""
+    last = time.monotonic()
+
+    def maybe(done: int) -> None:
+        nonlocal last
+        if time.monotonic() - last >= every:
+            last = time.monotonic()
+            write(done)
+
+    return maybe
 
 
 def sampling_spec(cfg: SamplingConfig, checkpoint_id: int | None) -> ModelSpec:
@@ -152,10 +174,15 @@ def prompt_seed(seed: int, prompt_key: int) -> int:
 
 
 def _progress(job_id: int, worker_name: str, done: int, total: int,
-              metrics: dict[str, Any] | None = None) -> None:
+              metrics: dict[str, Any] | None = None, history_at: int | None = None) -> None:
+    """Progress `done` of `total`; `metrics` recorded as the history row of `done`, or of
+    `history_at` when the history counts other steps than the progress (evaluate)."""
     with session_scope() as s:
         if not jobs.holds(s, job_id, worker_name):
             raise LeaseLost(f"job {job_id} is no longer held by {worker_name}")
+        if history_at is not None and metrics is not None:
+            jobs.update_progress(s, job_id, history_at, None, metrics)
+            metrics = None
         cancelled = jobs.update_progress(s, job_id, done, total, metrics)
         if cancelled:
             jobs.mark_cancelled(s, job_id)
@@ -273,16 +300,21 @@ def run_evaluate(job_id: int, worker_name: str) -> str:
     summary: dict[str, Any] = {}
     for row in history.values():
         summary.update({k: v for k, v in row.items() if k.startswith("checkpoint/")})
+    total = len(ckpts) * len(pairs)  # progress counts images: a checkpoint's can take minutes
+    done = len(history) * len(pairs)
     try:
-        _progress(job_id, worker_name, len(history), len(ckpts))
+        _progress(job_id, worker_name, done, total)
         for index, (ckpt_id, ckpt_iteration) in enumerate(ckpts, start=1):
             if index in history:  # done before a crash
                 continue
             model = load_flow_model(specs[ckpt_id], device=resolve_device("auto"))
+            before = done
             images = sample_images(model, [p for p, _ in pairs], [s for _, s in pairs],
                                    cfg.solver, cfg.steps,
                                    batch_size=cfg.batch_size or SHAPES_SAMPLE_BATCH,
-                                   before_step=cancel_check(job_id, worker_name))
+                                   before_step=cancel_check(job_id, worker_name),
+                                   on_batch=throttled(lambda n, before=before: _progress(
+                                       job_id, worker_name, before + n, total)))
             texts = [p for p, _ in pairs]
             scores = score(scorer, names, images, texts)
             with session_scope() as s:
@@ -302,8 +334,9 @@ def run_evaluate(job_id: int, worker_name: str) -> str:
                         "n": len(pairs)} for n in names}), **about)
             row = {f"checkpoint/{ckpt_id}/{n}": float(scores[n].mean()) for n in names}
             summary.update(row)
-            _progress(job_id, worker_name, index, len(ckpts),
-                      json_safe({"checkpoint_id": ckpt_id, **row}))
+            done += len(pairs)
+            _progress(job_id, worker_name, done, total,
+                      json_safe({"checkpoint_id": ckpt_id, **row}), history_at=index)
     except Cancelled:
         return JobStatus.CANCELLED
     with session_scope() as s:

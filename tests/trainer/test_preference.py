@@ -467,3 +467,14 @@ def test_the_api_accepts_exactly_the_outcome_values():
 
     accepted = VoteIn.model_json_schema()["properties"]["outcome"]["enum"]
     assert accepted == [o.value for o in Outcome]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_fit_reports_each_epoch_of_every_network(shared):
+    """A fit_preference job's progress: epochs done over every ensemble member, as they end
+    (a long fit showed 0 of 2 for minutes, then 2 of 2)."""
+    pairs = _pairs(40, "larger", flip=0.0, seed=0)
+    seen: list[tuple[int, int]] = []
+    fit_preference_model(pairs, FitConfig(epochs=3, ensemble=2, shared_features=shared),
+                         on_epoch=lambda done, total: seen.append((done, total)))
+    assert seen == [(n, 6) for n in range(1, 7)]

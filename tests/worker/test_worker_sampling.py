@@ -215,3 +215,18 @@ def test_fit_preference_on_clip_features_scores_the_stored_samples(stack, tiny_c
     job = wait_for(lambda: _done(cold), 120, "the refit on another seed", stack)
     assert job.status == "succeeded", job.error
     assert job.metrics["extra"]["warm_start"] is False and job.metrics["extra"]["epochs"] == 2
+
+
+def test_progress_inside_a_long_step_is_written_at_most_once_a_second():
+    """What an evaluate job's batches and a fit's epochs report through: every call would be
+    a database write per batch or epoch; at most one a second goes through."""
+    import time
+
+    from worker.sampling import throttled
+
+    written: list[int] = []
+    write = throttled(written.append, every=0.2)
+    for n in range(1, 13):
+        write(n)
+        time.sleep(0.05)
+    assert 1 <= len(written) <= 4 and written == sorted(written)

@@ -447,10 +447,12 @@ class FitStopped(Exception):
 
 def _train_member(net: nn.Module, inputs_a, inputs_b, labels: torch.Tensor, config: FitConfig,
                   seed: int, rows: torch.Tensor | None = None,
-                  should_stop: Callable[[], bool] | None = None) -> None:
+                  should_stop: Callable[[], bool] | None = None,
+                  on_epoch: Callable[[], None] | None = None) -> None:
     """Minimise the Bradley-Terry log-loss of one network (its own batch order) on the votes
     `rows` (default: all; a bootstrap resample may repeat some), with smoothed targets.
-    `should_stop` is asked before each epoch; True raises FitStopped."""
+    `should_stop` is asked before each epoch; True raises FitStopped. `on_epoch` is called
+    after each."""
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(net.parameters(), lr=config.learning_rate,
                                   weight_decay=config.weight_decay)
@@ -474,16 +476,22 @@ def _train_member(net: nn.Module, inputs_a, inputs_b, labels: torch.Tensor, conf
             loss.backward()
             optimizer.step()
             schedule.step()
-
+        if on_epoch is not None:
+            on_epoch()
 
 
 def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None = None,
                          version: int = 1, warm_start: PreferenceModel | None = None,
-                         should_stop: Callable[[], bool] | None = None) -> PreferenceModel:
+                         should_stop: Callable[[], bool] | None = None,
+                         on_epoch: Callable[[int, int], None] | None = None
+                         ) -> PreferenceModel:
     """Bradley-Terry fit with a held-out split; the report says how well it predicts.
 
     `should_stop`: asked before every epoch of every network; True ends the fit with
     FitStopped (a job cancelled mid-fit need not wait for all of it).
+
+    `on_epoch(done, total)`: called after every epoch of every network, with the epochs
+    done and to do over all the ensemble's networks (a job's progress).
 
     `warm_start`: the model in use. With `config.warm_start_epochs` and a compatible model
     (`warm_start_problem`; the pairs keyed), the fit starts from its weights and trains
@@ -521,10 +529,19 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
         return model._inputs(images_a, prompts), model._inputs(images_b, prompts), labels
 
     inputs_a, inputs_b, labels = tensors(train)
+    networks = len(model.net.members)  # a shared-feature ensemble's: its first and its heads
+    epochs_done = 0
+
+    def epoch_done() -> None:
+        nonlocal epochs_done
+        epochs_done += 1
+        if on_epoch is not None:
+            on_epoch(epochs_done, networks * config.epochs)
+
     if isinstance(model.net, SharedFeatureEnsemble):
         first = model.net.first
         _train_member(first, inputs_a, inputs_b, labels, config, seed=config.seed,
-                      should_stop=should_stop)
+                      should_stop=should_stop, on_epoch=epoch_done)
         first.eval()
         with torch.no_grad():  # the features every head scores, computed once
             pooled_a = torch.cat([first.pooled(x) for x in inputs_a[0].split(512)])
@@ -534,11 +551,11 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
                                      generator=torch.Generator().manual_seed(config.seed + index))
             _train_member(head, (pooled_a, inputs_a[1]), (pooled_b, inputs_b[1]), labels,
                           replace(config, mirror_augment=False), seed=config.seed + index,
-                          rows=resample, should_stop=should_stop)
+                          rows=resample, should_stop=should_stop, on_epoch=epoch_done)
     else:
         for index, member in enumerate(model.net.members):
             _train_member(member, inputs_a, inputs_b, labels, config, seed=config.seed + index,
-                          should_stop=should_stop)
+                          should_stop=should_stop, on_epoch=epoch_done)
     model.net.eval()
 
     def evaluate(subset: list[PreferencePair]
