@@ -185,6 +185,11 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
         # a FLUX LoRA run's `--set lora_rank=4` was "applies only to finetune='lora'"
         saved.update(absolute_paths(_config_file_fields(args)))
         spec, overrides = None, {**saved, **overrides}
+    # the fields only the studio's train jobs act on, given on the command line: refused
+    given = {**_config_file_fields(args), **_parse_overrides(args.set)}
+    problems += [ConfigError(name, f"{why}; leave {name} out (or {default!r})")
+                 for name, (default, why) in STUDIO_ONLY_FIELDS.items()
+                 if name in given and given[name] != default]
     config = None
     try:
         config = load_config(spec, overrides)
@@ -195,6 +200,8 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
         # the option the user gave
         problems.append(ConfigError("--config", exc.message) if exc.field == "config" else exc)
     if not problems and config is not None:
+        if saved is None and spec in PRESETS:
+            config = _without_studio_fields(config, spec)
         return config
     from trainer.models import model_dir_problem, uses_model_directory
 
@@ -207,6 +214,32 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
             and (problem := model_dir_problem(model, model_path)) is not None:
         problems.append(ConfigError("model_path", problem))  # cmd_train's check, said now too
     raise ConfigErrors(problems) if len(problems) > 1 else problems[0]
+
+
+# TrainConfig's fields that only the studio's train jobs act on (StudioArguments): the CLI
+# trains in one process and holds no votes. Each with its "off" value and where it works.
+STUDIO_ONLY_FIELDS: dict[str, tuple[Any, str]] = {
+    "preference_refit_every": (0, "online refits run in the studio's train jobs, which hold "
+                               "the votes; the CLI trains on the fixed preference_model and "
+                               "does not refit (refit with fit-preference --warm-start, then "
+                               "train again)"),
+    "train_nnodes": (1, "multi-host training runs in the studio's train jobs (it starts torchrun "
+                     "on each host); the CLI trains in one process"),
+}
+
+
+def _without_studio_fields(config: TrainConfig, preset: str) -> TrainConfig:
+    """`config` with the STUDIO_ONLY_FIELDS a preset set (shapes-preference refits every 50
+    iterations in the studio) put back to their off value, each said on stderr: a run's
+    config.json holds what the run did, not a refit that never happened."""
+    import dataclasses
+
+    changed = {name: default for name, (default, _) in STUDIO_ONLY_FIELDS.items()
+               if getattr(config, name) != default}
+    for name, default in changed.items():
+        print(f"note: preset {preset!r} sets {name}={getattr(config, name)!r}, which only the "
+              f"studio's train jobs act on; this run uses {default!r}", file=sys.stderr)
+    return dataclasses.replace(config, **changed).validate() if changed else config
 
 
 @contextlib.contextmanager

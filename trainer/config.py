@@ -178,6 +178,14 @@ def _field(default: Any, help: str, *, min: float | None = None, max: float | No
 # 32-bit integer (a run's config goes to JSON, databases and trackers)
 MAX_SEED = 2**31 - 1
 
+# the fields only one method reads (trainer/neighbor_grpo.py, trainer/sde_grpo.py); the rest
+# (group size, anchors, timesteps, p, clipping, rollout_solver for the periodic evaluation)
+# both read
+METHOD_FIELDS: dict[str, tuple[str, ...]] = {
+    "neighbor": ("sigma", "temperature", "old_policy", "kl_coefficient"),
+    "sde": ("eta",),
+}
+
 # the fields only a LoRA run reads (finetune='lora')
 LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_target_modules")
 
@@ -284,7 +292,7 @@ class AlgorithmArguments:
     # --- Neighbor GRPO -------------------------------------------------------------------
     sigma: float = _field(0.3, "Neighborhood radius: eps_i = sqrt(1-sigma^2) eps* + sigma "
                           "delta_i. 0 collapses the group onto one noise, 1 makes it "
-                          "independent.", min=0.0, max=1.0, group="algorithm")
+                          "independent. Neighbor GRPO only.", min=0.0, max=1.0, group="algorithm")
     num_anchors: int = _field(4, "B: anchors per group per iteration; one optimizer step "
                               "each (symmetric anchor sampling).", min=1, max=256,
                               group="algorithm")
@@ -296,13 +304,13 @@ class AlgorithmArguments:
                                  min=0.1, max=2.0, group="algorithm")
     temperature: float = _field(0.0, "Temperature of the leaping policy softmax over "
                                 "-||x_i - x_theta||^2. 0 means the latent dimension (keeps "
-                                "log-ratios O(1) in any resolution); the paper uses 1.",
+                                "log-ratios O(1) in any resolution); the paper uses 1. Neighbor GRPO only.",
                                 min=0.0, max=1e9, group="algorithm")
     old_policy: str = _field("one_step", "How pi_old is computed: 'one_step' = the rollout "
                              "weights' one-step Euler prediction from the anchor, made with the "
                              "velocity the rollout evaluated there (no extra forward; ratio 1 "
                              "at the first update); 'rollout' = the anchor's stored "
-                             "next latent (the paper's literal Algorithm 1).",
+                             "next latent (the paper's literal Algorithm 1). Neighbor GRPO only.",
                              choices=("one_step", "rollout"), group="algorithm")
     kl_coefficient: float = _field(0.0, "beta: weight of KL(policy || base model) in the loss, "
                                    "the KL of the two leaping policies' kernels at each anchor "
@@ -534,8 +542,8 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
             out.append(ConfigError("sigma", "must be above 0 for method 'neighbor' (0 gives "
                                    "every group member the same noise, so every advantage is "
                                    f"0), got {self.sigma}"))
-        if "kl_coefficient" not in bad and self.kl_coefficient > 0 and self.method != "neighbor":
-            out.append(ConfigError("kl_coefficient", "is implemented for method 'neighbor' only"))
+        if "method" not in bad:
+            out += self._method_field_problems(bad)
         # each host runs at least one process, and every process trains an equal share
         if (not bad & {"train_nnodes", "prompts_per_iteration"}
                 and self.prompts_per_iteration % self.train_nnodes):
@@ -570,6 +578,24 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
 
             if (problem := shapes_prompt_problem(self.prompts)) is not None:
                 out.append(ConfigError("prompts", problem))
+        return out
+
+    def _method_field_problems(self, bad: set[str]) -> list[ConfigError]:
+        """A field only the other method reads, set away from its default: the run would
+        store it and train as if it were not there (sigma under 'sde' changed nothing). A
+        default value says nothing: forms and stored configs carry every field."""
+        out = []
+        defaults = TrainConfig()
+        for method, names in METHOD_FIELDS.items():
+            if method == self.method:
+                continue
+            for name in names:
+                default = getattr(defaults, name)
+                if name not in bad and getattr(self, name) != default:
+                    out.append(ConfigError(name, f"applies only to method {method!r}; this run "
+                                           f"has method {self.method!r}, which ignores it: "
+                                           f"leave {name} at its default ({default!r}) or set "
+                                           f"method to {method!r}"))
         return out
 
     def _model_problems(self, bad: set[str]) -> list[ConfigError]:

@@ -27,6 +27,30 @@ def test_bad_config_names_the_field_and_writes_nothing(tmp_path):
     assert proc.returncode == 2 and "learning_rat" in proc.stderr and not out.exists()
 
 
+def test_train_refuses_the_fields_only_studio_jobs_act_on(tmp_path, capsys):
+    """train_nnodes and preference_refit_every were stored and ignored (one process, never a
+    refit, exit 0). Given on the command line they are refused, saying where they work; the
+    shapes-preference preset's refit cadence is dropped with a note, so the README's
+    `train --config shapes-preference --set preference_model=...` still runs."""
+    from trainer.cli import build_parser, train_config_of
+
+    out = tmp_path / "run"
+    proc = run_cli("train", "--config", "tiny", "--set", "train_nnodes=2", "--set",
+                   "preference_refit_every=5", "--out", str(out))
+    assert proc.returncode == 2 and not out.exists()
+    assert "'train_nnodes': multi-host training runs in the studio's train jobs" in proc.stderr
+    assert "'preference_refit_every': online refits run in the studio's train" in proc.stderr
+    config = train_config_of(build_parser().parse_args(
+        ["train", "--config", "shapes-preference", "--set", "preference_model=p.safetensors",
+         "--out", str(out)]))
+    assert config.preference_refit_every == 0 and config.reward_weights["preference"] == 1.0
+    assert "preset 'shapes-preference' sets preference_refit_every=50" in capsys.readouterr().err
+    # the off values say nothing
+    assert train_config_of(build_parser().parse_args(
+        ["train", "--config", "tiny", "--set", "train_nnodes=1", "--set",
+         "preference_refit_every=0", "--out", str(out)])).train_nnodes == 1
+
+
 def test_train_writes_metrics_curve_samples_checkpoints_and_resumes(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("train", "--config", "tiny", "--set", "device=\"cpu\"", "--out", str(out),

@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from trainer.config import PRESETS, ConfigError, TrainConfig, load_config
+from trainer.config import PRESETS, ConfigError, ConfigErrors, TrainConfig, load_config
 from trainer.evaluation import evaluate
 from trainer.loop import Trainer, latest_checkpoint
 from trainer.shapes.world import all_prompts
@@ -121,7 +121,7 @@ def test_config_errors_name_the_field():
         TrainConfig.from_dict({"iterations": "ten"})
     with pytest.raises(ConfigError, match="reward_weights"):
         TrainConfig.from_dict({"reward_weights": {}})
-    with pytest.raises(ConfigError, match="kl_coefficient: is implemented for method 'neighbor'"):
+    with pytest.raises(ConfigError, match="kl_coefficient: applies only to method 'neighbor'"):
         TrainConfig.from_dict({"method": "sde", "kl_coefficient": 0.1})
     with pytest.raises(ConfigError, match="kl_coefficient"):
         TrainConfig.from_dict({"kl_coefficient": -1.0})
@@ -131,8 +131,22 @@ def test_config_errors_name_the_field():
         TrainConfig.from_dict({"method": "sde", "eta": 0.0})
     with pytest.raises(ConfigError, match="sigma: must be above 0 for method 'neighbor'"):
         TrainConfig.from_dict({"sigma": 0.0})
-    assert TrainConfig.from_dict({"eta": 0.0}).eta == 0  # Neighbor GRPO does not read it
-    assert TrainConfig.from_dict({"method": "sde", "sigma": 0.0}).sigma == 0  # nor SDE this
+    # a field the other method reads, away from its default, would be stored and ignored:
+    # refused, naming it and its method; every such field at once
+    with pytest.raises(ConfigErrors) as err:
+        TrainConfig.from_dict({"method": "sde", "sigma": 0.05, "temperature": 5.0,
+                               "old_policy": "rollout"})
+    assert sorted(e.field for e in err.value.errors) == ["old_policy", "sigma", "temperature"]
+    assert all("applies only to method 'neighbor'; this run has method 'sde'" in e.message
+               for e in err.value.errors)
+    with pytest.raises(ConfigError, match="eta: applies only to method 'sde'"):
+        TrainConfig.from_dict({"eta": 0.0})
+    # at their defaults they say nothing (forms and stored configs carry every field), and
+    # no preset sets one away from its default for the other method
+    assert TrainConfig.from_dict({**TrainConfig().to_dict(), "method": "sde"}).method == "sde"
+    for name, preset in PRESETS.items():
+        refused = {e.field for e in TrainConfig(**preset).problems()}
+        assert not refused & {"sigma", "temperature", "old_policy", "kl_coefficient", "eta"}, name
     assert load_config("shapes-quick-demo").iterations == PRESETS["shapes-quick-demo"]["iterations"]
     described = {f["name"]: f for f in TrainConfig.describe()}
     assert all(f["help"] for f in described.values())
