@@ -142,7 +142,7 @@ def test_every_error_has_one_shape_and_nothing_extra_is_taken(server):
     npy = encode_score_request(["count"], PROMPTS[:2], images)
     cases = [
         ("/score", {"json": {"rewards": "count", "prompts": [1], "images": "x"}},
-         {"rewards", "prompts.0"}),
+         {"rewards", "prompts.0", "images"}),
         ("/score", {"json": {"rewards": ["count"], "prompts": PROMPTS[:2],
                              "images": encode_images(images), "extra": 1}}, {"extra"}),
         ("/score", {"content": b"not json", "headers": {"Content-Type": "application/json"}},
@@ -165,6 +165,36 @@ def test_every_error_has_one_shape_and_nothing_extra_is_taken(server):
             assert {e["field"] for e in body["errors"]} == fields, r.text
     assert "the request holds" in httpx.post(server.url + "/score_npy", timeout=30,
                                              content=npy + b"trailing").json()["detail"]
+
+
+def test_one_422_lists_every_problem_of_a_request(server):
+    """The server answered with its first problem alone: an unknown key hid an unknown reward
+    and a prompt count that did not match, the rewards hid the count, bad images hid the
+    rewards. One 422 now lists the key, reward, image and prompt-count problems together."""
+    import httpx
+
+    two = encode_images(_images(2, seed=3))
+    cases = [
+        ({"rewards": ["jpeg_compressibility", "nope"], "prompts": ["x"], "images": two,
+          "extra": 1}, ["extra", "rewards", "prompts"]),
+        ({"rewards": ["jpeg_compressibility", "nope"], "prompts": ["x"], "images": two},
+         ["rewards", "prompts"]),
+        ({"rewards": ["nope"], "images": "!!notb64"}, ["prompts", "images", "rewards"]),
+    ]
+    for body, fields in cases:
+        r = httpx.post(server.url + "/score", json=body, timeout=30)
+        assert r.status_code == 422, r.text
+        answer = r.json()
+        assert [e["field"] for e in answer["errors"]] == fields, r.text
+        assert answer["field"] == fields[0] and isinstance(answer["detail"], str), r.text
+        messages = {e["field"]: e["message"] for e in answer["errors"]}
+        assert "unknown reward(s) ['nope']" in messages["rewards"], r.text
+        assert messages["prompts"] == ("2 images but 1 prompts" if "images" not in messages
+                                       else "Field required"), r.text
+    # the raw route lists its rewards and count problems together too
+    r = httpx.post(server.url + "/score_npy", timeout=30, content=encode_score_request(
+        ["nope"], PROMPTS[:1], _images(2, seed=3)))
+    assert [e["field"] for e in r.json()["errors"]] == ["rewards", "prompts"], r.text
 
 
 def test_a_body_that_is_not_what_its_header_says_is_422_before_any_allocation(server):

@@ -17,7 +17,8 @@ packages conflict with the trainer's run in their own environment.
                    "prompts"}, a newline, then the .npy bytes -> the same answer
 
 A wrong reward name (unknown, or not loaded by this server), malformed images or a prompt
-count that does not match is a 422 whose detail says which.
+count that does not match is a 422 whose detail says which; one 422 lists every problem of a
+request.
 
 Batching across requests: every request goes on one queue; one scoring thread takes the
 first waiting request, then gathers more until it holds `max_batch` images or `max_wait_ms`
@@ -47,11 +48,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from fastapi import FastAPI, Request, Response
+from fastapi import Body, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from trainer.cli import available_device, device_name, positive_int
 from trainer.rewards import get_reward, reward_names, shapes_only_rewards
@@ -372,6 +373,24 @@ def _problem_response(status: int, problems: list[dict[str, str]],
                         status_code=status, headers=headers)
 
 
+def _validation_problems(errors: Iterable[Any]) -> list[dict[str, str]]:
+    """pydantic's (or FastAPI's) errors as {field, message}: a key by its path, an unknown
+    key as such, malformed JSON as the body's, never the rejected input."""
+    problems = []
+    for err in errors:
+        if err.get("type") == "json_invalid":  # loc is ("body", character offset)
+            where = err.get("loc", ())[1:]
+            reason = (err.get("ctx") or {}).get("error", "invalid JSON")
+            at = f" at character {where[0]}" if where else ""
+            problems.append({"field": "body", "message": f"malformed JSON ({reason}{at})"})
+            continue
+        loc = [str(part) for part in err.get("loc", ()) if part != "body"]
+        message = ("unknown field" if err.get("type") == "extra_forbidden"
+                   else str(err.get("msg", "invalid value")))
+        problems.append({"field": ".".join(loc) or "body", "message": message})
+    return problems
+
+
 def create_app(rewards: Iterable[str], *, device: str = "auto",
                reward_model_paths: dict[str, str] | None = None,
                max_batch: int = DEFAULT_MAX_BATCH,
@@ -410,18 +429,7 @@ def create_app(rewards: Iterable[str], *, device: str = "auto",
             return _problem_response(422, [{"field": "body", "message": (
                 "send the body as JSON (Content-Type: application/json), not "
                 f"{content_type or 'without a Content-Type'}")}])
-        problems = []
-        for err in exc.errors():
-            if err.get("type") == "json_invalid":  # loc is ("body", character offset)
-                where = err.get("loc", ())[1:]
-                reason = (err.get("ctx") or {}).get("error", "invalid JSON")
-                at = f" at character {where[0]}" if where else ""
-                problems.append({"field": "body", "message": f"malformed JSON ({reason}{at})"})
-                continue
-            loc = [str(part) for part in err.get("loc", ()) if part != "body"]
-            message = ("unknown field" if err.get("type") == "extra_forbidden"
-                       else str(err.get("msg", "invalid value")))
-            problems.append({"field": ".".join(loc) or "body", "message": message})
+        problems = _validation_problems(exc.errors())
         return _problem_response(422, problems or [{"field": "body", "message": "invalid"}])
 
     @app.exception_handler(ScoreError)
@@ -437,13 +445,31 @@ def create_app(rewards: Iterable[str], *, device: str = "auto",
                 "max_batch": batcher.max_batch, "max_wait_ms": batcher.max_wait * 1000.0,
                 **batcher.stats()}
 
-    @app.post("/score")
-    async def score(body: ScoreRequest, request: Request) -> Any:
+    # the body is read as a plain object and checked here, not by FastAPI against
+    # ScoreRequest: its first failing key was the whole answer ("extra" hid an unknown reward
+    # and a prompt count that did not match). Every part that is well-formed is checked as
+    # well, so one 422 lists every problem.
+    @app.post("/score", openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": ScoreRequest.model_json_schema()}}}})
+    async def score(request: Request, body: dict[str, Any] = Body(...)) -> Any:
+        problems = []
         try:
-            images = decode_images(body.images)
-        except ValueError as exc:
-            raise ScoreError(422, "images", str(exc)) from None
-        return await scored(body.rewards, body.prompts, images, request)
+            ScoreRequest.model_validate(body)
+        except ValidationError as exc:
+            problems += _validation_problems(exc.errors())
+        rewards, prompts = (value if isinstance(value := body.get(key), list)
+                            and all(isinstance(v, str) for v in value) else None
+                            for key in ("rewards", "prompts"))
+        images = None
+        if isinstance(body.get("images"), str):
+            try:
+                images = decode_images(body["images"])
+            except ValueError as exc:
+                problems.append({"field": "images", "message": str(exc)})
+        problems += request_problems(rewards, prompts, images)
+        if problems:
+            return _problem_response(422, problems)
+        return await scored(rewards, prompts, images, request)
 
     @app.post("/score_npy")
     async def score_npy(request: Request) -> Any:
@@ -451,14 +477,19 @@ def create_app(rewards: Iterable[str], *, device: str = "auto",
             rewards, prompts, images = decode_score_request(await request.body())
         except ValueError as exc:
             raise ScoreError(422, "body", str(exc)) from None
+        if problems := request_problems(rewards, prompts, images):
+            return _problem_response(422, problems)
         return await scored(rewards, prompts, images, request)
 
-    async def scored(rewards: list[str], prompts: list[str], images: np.ndarray,
-                     request: Request) -> Any:
-        """Both routes' work once their images are decoded: check, queue, wait, answer."""
-        if not rewards:
-            raise ScoreError(422, "rewards", "name at least one reward")
-        not_served = [n for n in rewards if n not in served]
+    def request_problems(rewards: list[str] | None, prompts: list[str] | None,
+                         images: np.ndarray | None) -> list[dict[str, str]]:
+        """What is wrong with a request's rewards, and its prompts against the images and
+        the rewards, every problem at once; None: a part that is malformed itself (said
+        already), so the checks that need it are left out."""
+        problems = []
+        if rewards is not None and not rewards:
+            problems.append({"field": "rewards", "message": "name at least one reward"})
+        not_served = [n for n in rewards or [] if n not in served]
         if not_served:
             known = set(reward_names())
             parts = []
@@ -470,14 +501,21 @@ def create_app(rewards: Iterable[str], *, device: str = "auto",
             if unloaded := [n for n in not_served if n in known]:
                 parts.append(f"reward(s) {unloaded} not loaded by this server")
             what = "; ".join(parts)
-            raise ScoreError(422, "rewards", f"{what}; this server serves {served}")
-        if len(images) != len(prompts):
-            raise ScoreError(422, "prompts", f"{len(images)} images but {len(prompts)} prompts")
-        if (shapes_only := shapes_only_rewards(rewards)) and (
-                problem := _shapes_prompts_problem(prompts)):
+            problems.append({"field": "rewards", "message": f"{what}; this server serves "
+                                                            f"{served}"})
+        if images is not None and prompts is not None and len(images) != len(prompts):
+            problems.append({"field": "prompts", "message": f"{len(images)} images but "
+                                                            f"{len(prompts)} prompts"})
+        if rewards and prompts is not None and (shapes_only := shapes_only_rewards(rewards)) \
+                and (problem := _shapes_prompts_problem(prompts)):
             # the request's fault, said before it is queued (it was the batch's 500)
-            raise ScoreError(422, "prompts", f"{shapes_only} score shapes prompts only: "
-                                             f"{problem}")
+            problems.append({"field": "prompts", "message": f"{shapes_only} score shapes "
+                                                            f"prompts only: {problem}"})
+        return problems
+
+    async def scored(rewards: list[str], prompts: list[str], images: np.ndarray,
+                     request: Request) -> Any:
+        """Both routes' work once the request is checked: queue, wait, answer."""
         if not len(images):
             return {"scores": {name: [] for name in rewards}}
         try:
