@@ -429,8 +429,19 @@ def cmd_fit_preference(args: argparse.Namespace) -> int:
     from trainer.rewards.preference import PreferenceModel, fit_preference_model
 
     overrides = _parse_overrides(args.set)
+    problems = []
+    if "device" in overrides:
+        # --device is the one way to say it (it was overwritten by --device's default 'auto',
+        # so `--set device=banana` fitted on the CPU): refused, not guessed between the two
+        problems.append(ConfigError("device", f"give it with --device (auto, cpu, cuda or "
+                                    f"cuda:N), not --set device={overrides.pop('device')}"))
     overrides["device"] = str(available_device(args.device, "--device"))
-    config = fit_config_from(overrides)  # every bad field named before any image loads
+    try:
+        config = fit_config_from(overrides)  # every bad field named before any image loads
+    except ConfigErrors as exc:
+        problems += exc.errors
+    if problems:
+        raise ConfigErrors(problems) if len(problems) > 1 else problems[0]
     out = _out_path(args.out, directory=False)
     votes = Path(args.votes)
     pairs = read_votes(votes, Path(args.images) if args.images else votes.parent,

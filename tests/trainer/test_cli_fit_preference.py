@@ -10,6 +10,7 @@ from PIL import Image
 
 from trainer.cli import main
 from trainer.rewards.attributes import SimulatedAnnotator
+from trainer.rewards.fit_config import fit_config_problems
 from trainer.rewards.preference import PreferenceModel
 from trainer.shapes.world import COLORS, parse_prompt, shape_mask
 
@@ -82,6 +83,16 @@ def test_fit_preference_names_every_bad_field_and_line(tmp_path, capsys):
     assert "'epochs': must be >= 1" in err and "'features': must be one of" in err
     assert "'colour': unknown field" in err and not out.exists()
     assert "did you mean" not in err  # nothing like "colour" among the fields
+    # --set device was overwritten by --device's default: `device=banana` fitted on the CPU
+    assert main(["fit-preference", "--votes", str(votes), "--images", str(storage), "--out",
+                 str(out), "--set", "device=banana", "--set", "epochs=1"]) == 2
+    err = capsys.readouterr().err
+    assert "'device': give it with --device (auto, cpu, cuda or cuda:N), not --set " \
+           "device=banana" in err and not out.exists()
+    # and FitConfig checks its device as TrainConfig does (a library caller's, the worker's)
+    assert [name for name, _ in fit_config_problems({"device": "banana"})] == ["device"]
+    assert fit_config_problems({"device": "cuda:1"}) == fit_config_problems({"device": "cpu"}) \
+        == []
     text = votes.read_text().splitlines()
     bad = [text[0], "not json", json.dumps({"prompt": "x", "outcome": "a"}),
            json.dumps({**json.loads(text[1]), "outcome": "maybe"}),

@@ -4,7 +4,7 @@ The trainer's fit (`trainer.rewards.preference.fit_preference_model`) reads it, 
 that takes fit settings from users (a job API, a form) builds its schema from its fields
 (`fit_fields`): the same names, defaults, help texts and allowed values. Each field's
 metadata carries its help text and its bounds in pydantic's words (`ge`, `gt`, `le`, `lt`,
-`max_length`, `choices`), so a schema or a form needs no second copy.
+`max_length`, `pattern`, `choices`), so a schema or a form needs no second copy.
 
 This module imports no torch, so a schema can be built from it where torch is never loaded.
 """
@@ -12,6 +12,7 @@ This module imports no torch, so a schema can be built from it where torch is ne
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,7 +79,9 @@ class FitConfig:
                                    ge=0, le=10_000)
     seed: int = _help(0, "Seed of the held-out split, the initialisations, the batch order "
                       "and the bootstrap resamples.", ge=0, le=MAX_SEED)
-    device: str = _help("cpu", "Torch device the fit and the model run on.")
+    device: str = _help("cpu", "Torch device the fit and the model run on: 'cpu', 'cuda' or "
+                        "'cuda:N' (a resolved device: the CLI's --device and the studio's job "
+                        "resolve 'auto').", pattern=r"cpu|cuda(:\d+)?")
 
 
 def fit_config_problems(values: dict[str, Any]) -> list[tuple[str, str]]:
@@ -107,6 +110,11 @@ def fit_config_problems(values: dict[str, Any]) -> list[tuple[str, str]]:
                                   ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<")):
             if key in meta and not holds(value, meta[key]):
                 problems.append((name, f"must be {words} {meta[key]}, got {value!r}"))
+        if "pattern" in meta and not re.fullmatch(meta["pattern"], value):
+            # a device torch would refuse only when the fit starts (TrainConfig.device's
+            # choices say the same of a training run's)
+            problems.append((name, f"must match {meta['pattern']} (a regular expression: "
+                                   f"see the field's help), got {value!r}"))
         if "max_length" in meta and len(value) > meta["max_length"]:
             problems.append((name, f"at most {meta['max_length']} characters"))
     return problems
