@@ -48,6 +48,12 @@ class Settings(BaseSettings):
         "reads the same variable from the environment; a job's worker hands it each "
         "reward's resolved directory (so a value in .env counts too). Unset: "
         "DATA_DIR/reward_models.")
+    reward_server_timeout: float = Field(
+        300.0, gt=0, allow_inf_nan=False, description="REWARD_SERVER_TIMEOUT: seconds a job "
+        "whose config names a reward_server_url waits for the server's answer to one request "
+        "before it fails (a shared GPU server queues several jobs' batches: generous). The "
+        "trainer run alone reads the same variable from the environment; a worker hands its "
+        "jobs this setting (so a value in .env counts too). Default 300.")
     broker_url: str | None = Field(
         None, description="BROKER_URL: the Celery broker the API sends jobs to and the workers "
         "take them from (e.g. redis://host:6379/0). Unset: the embedded broker, kombu's "

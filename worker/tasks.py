@@ -360,6 +360,16 @@ def report_worker(name: str, queues: list[str]) -> None:
 
 
 @signals.worker_init.connect
+def hand_settings_to_trainer(**_kwargs) -> None:
+    """REWARD_SERVER_TIMEOUT as the settings read it (a value in .env too, checked when the
+    worker started) into this process's environment, where the trainer's reward client
+    reads it (trainer/rewards/remote.py) and a train job's torchrun processes inherit it."""
+    from trainer.rewards.remote import ENV_TIMEOUT
+
+    os.environ[ENV_TIMEOUT] = repr(get_settings().reward_server_timeout)
+
+
+@signals.worker_init.connect
 def _name_leases(sender=None, **_kwargs) -> None:
     """The jobs this worker claims name it by its node name, the name it reports under."""
     set_node_name(getattr(sender, "hostname", None) or socket.gethostname())

@@ -118,7 +118,7 @@ def test_cli_names_the_setting_to_fix_instead_of_a_traceback(tmp_path):
     base = {k: v for k, v in os.environ.items()
             if k not in ("DATABASE_URL", "STORAGE_DIR", "PORT", "JOB_MAX_ATTEMPTS",
                          "TRAIN_NPROC", "VOTE_RANDOM_SHARE", "JOB_STALE_SECONDS",
-                         "JOB_HEARTBEAT_SECONDS")}
+                         "JOB_HEARTBEAT_SECONDS", "REWARD_SERVER_TIMEOUT")}
     base["DATA_DIR"] = str(tmp_path / "d")
     cases = [
         ({"DATABASE_URL": "notaurl"}, ["migrate"], "DATABASE_URL is not a database URL"),
@@ -126,6 +126,8 @@ def test_cli_names_the_setting_to_fix_instead_of_a_traceback(tmp_path):
          ["create-user", "zed"], "the database (DATABASE_URL) cannot be reached"),
         ({}, ["create-user", "zed"], "run `python -m app migrate` first"),
         ({"JOB_MAX_ATTEMPTS": "abc"}, ["create-user", "zed"], "JOB_MAX_ATTEMPTS: "),
+        # read by the trainer's reward client: it failed a job at run time, not the start
+        ({"REWARD_SERVER_TIMEOUT": "abc"}, ["migrate"], "REWARD_SERVER_TIMEOUT: "),
         # numbers out of their range stop the command too, every one named at once, rather
         # than a worker that never runs a job (TRAIN_NPROC=0) or reaps every running one
         ({"JOB_MAX_ATTEMPTS": "0", "TRAIN_NPROC": "-1", "VOTE_RANDOM_SHARE": "1.5"},

@@ -243,3 +243,33 @@ def test_a_sampling_job_fails_at_start_naming_a_server_that_is_down(session, che
             assert "Traceback" not in job.error
             # before any sampling: no progress reported, nothing stored
             assert job.total_iterations is None and rollouts.list_groups(s, job_id=job_id)[1] == 0
+
+
+def test_reward_server_timeout_is_a_setting_a_worker_hands_its_jobs(tmp_path, monkeypatch):
+    """REWARD_SERVER_TIMEOUT was read by the trainer from the environment alone: a value in
+    .env did nothing, and a malformed one passed the worker's start to fail a job at run
+    time. It is a setting now, checked with the others, and a worker at start hands it (from
+    .env too) to the trainer's reward client, in this process and torchrun's."""
+    from pydantic import ValidationError
+
+    from app.config import Settings, get_settings, settings_problem
+    from trainer.rewards.remote import ENV_TIMEOUT, RewardClient
+    from worker.tasks import hand_settings_to_trainer
+
+    monkeypatch.setenv(ENV_TIMEOUT, "abc")
+    with pytest.raises(ValidationError) as exc:
+        Settings()
+    assert settings_problem(exc.value).startswith("REWARD_SERVER_TIMEOUT: ")
+    monkeypatch.setenv(ENV_TIMEOUT, "0")
+    with pytest.raises(ValidationError, match="greater than 0"):
+        Settings()
+    monkeypatch.delenv(ENV_TIMEOUT)  # restored (to unset or as it was) by monkeypatch
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".env").write_text("REWARD_SERVER_TIMEOUT=7.5\n")
+    get_settings.cache_clear()
+    try:
+        assert get_settings().reward_server_timeout == 7.5
+        hand_settings_to_trainer()
+        assert RewardClient(free_port_url()).timeout == 7.5
+    finally:
+        get_settings.cache_clear()
