@@ -1,3 +1,7 @@
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -64,6 +68,39 @@ def test_blank_image_scores_zero_and_specks_are_not_objects():
     scores = compute_rewards(["color", "shape", "exact_count"], np.stack([blank, speck]),
                              ["one red circle"] * 2)
     assert scores["color"][0] == 0.0 and scores["shape"][0] == 0.0 and scores["exact_count"][0] == 0.0
+
+
+# 8 threads, released at once, ask a fresh process's registry for its names; one of them
+# (the last) imports trainer.rewards.models directly, as trainer.config does, which must not
+# deadlock against the others' loading of the built-ins
+_CONCURRENT_FIRST_USE = """
+import threading
+from trainer.rewards import registry
+out, barrier = [], threading.Barrier(8)
+def ask(i):
+    barrier.wait()
+    if i == 7:
+        import trainer.rewards.models  # noqa: F401
+    out.append(len(registry.reward_names()))
+threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(sorted(out))
+print(len(registry.reward_names()))
+"""
+
+
+@pytest.mark.subprocess
+def test_registry_first_use_from_many_threads_sees_every_builtin():
+    """Each thread of a fresh process sees the whole registry on its first use: the built-ins
+    loaded before any thread reads it (the flag was set before the imports that register them,
+    so all but one thread saw none, and a job's valid reward was 'unknown')."""
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", _CONCURRENT_FIRST_USE], capture_output=True,
+                             text=True, cwd=Path(__file__).resolve().parents[2], check=True,
+                             timeout=120).stdout.split("\n")
+        total = int(out[1])
+        assert total >= 18 and out[0] == str([total] * 8)
 
 
 def test_registry_plugs_in_by_name():

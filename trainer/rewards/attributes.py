@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainer.rewards.outcomes import Outcome
-from trainer.rewards.registry import register_reward
+from trainer.rewards.registry import register_builtin_reward
 from trainer.rewards.shapes import (
     COLOR_TOLERANCE,
     color_distance,
@@ -169,7 +169,7 @@ def attribute_values(name: str, images: np.ndarray, prompts: list[str]) -> np.nd
 
 
 for _name in ATTRIBUTES:  # measurable by name, e.g. in evaluation: attr_size, attr_upper
-    register_reward(f"attr_{_name}", lambda images, prompts, _n=_name: attribute_values(_n, images, prompts),
+    register_builtin_reward(f"attr_{_name}", lambda images, prompts, _n=_name: attribute_values(_n, images, prompts),
                     shapes_only=True)
 
 

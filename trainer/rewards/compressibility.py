@@ -15,7 +15,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from trainer.rewards.registry import register_reward
+from trainer.rewards.registry import register_builtin_reward
 
 # DDPO's setting: high enough that the size follows the image content, not the quantiser.
 JPEG_QUALITY = 95
@@ -34,11 +34,11 @@ def jpeg_size_kb(images: np.ndarray) -> np.ndarray:
     return np.asarray(sizes, dtype=np.float64)
 
 
-@register_reward("jpeg_compressibility")
+@register_builtin_reward("jpeg_compressibility")
 def jpeg_compressibility_reward(images: np.ndarray, prompts: list[str]) -> np.ndarray:
     return -jpeg_size_kb(images)
 
 
-@register_reward("jpeg_incompressibility")
+@register_builtin_reward("jpeg_incompressibility")
 def jpeg_incompressibility_reward(images: np.ndarray, prompts: list[str]) -> np.ndarray:
     return jpeg_size_kb(images)

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from trainer.rewards.registry import register_reward
+from trainer.rewards.registry import register_builtin_reward
 
 ENV_DIR = "REWARD_MODELS_DIR"
 
@@ -805,4 +805,4 @@ MODEL_REWARDS: dict[str, ModelReward] = {
 }
 
 for _name in MODEL_REWARDS:
-    register_reward(_name, _LazyReward(_name))
+    register_builtin_reward(_name, _LazyReward(_name))

@@ -5,6 +5,7 @@ images: (N, H, W, 3) uint8 numpy; prompts: list of N strings.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import TypeVar, overload
 
@@ -35,8 +36,26 @@ def register_reward(name: str, fn: R | None = None, *,
     """Register `fn` under `name` and return it; without `fn`, a decorator that does so.
     Re-registering replaces. `shapes_only`: it scores only the shapes model's images (see
     shapes_only_problem)."""
+    _load_builtins()  # first, so that a user's reward of a built-in's name replaces it
+    return register_builtin_reward(name, fn, shapes_only=shapes_only)
+
+
+@overload
+def register_builtin_reward(name: str, fn: None = None, *,
+                            shapes_only: bool = False) -> Callable[[R], R]: ...
+
+
+@overload
+def register_builtin_reward(name: str, fn: R, *, shapes_only: bool = False) -> R: ...
+
+
+def register_builtin_reward(name: str, fn: R | None = None, *,
+                            shapes_only: bool = False) -> R | Callable[[R], R]:
+    """register_reward for the built-in modules that _load_builtins imports: it does not load
+    the built-ins itself. Were it to, a thread importing one of those modules directly (as
+    trainer.config does models) would wait on _load_builtins' lock while the thread holding
+    that lock waited on the same module's import: a deadlock."""
     def deco(f: R) -> R:
-        _load_builtins()  # first, so that a user's reward of a built-in's name replaces it
         _REWARDS[name] = f
         if shapes_only:
             _SHAPES_ONLY.add(name)
@@ -47,19 +66,29 @@ def register_reward(name: str, fn: R | None = None, *,
 
 
 _builtins_loaded = False
+_builtins_lock = threading.Lock()
 
 
 def _load_builtins() -> None:
     """Register the built-in rewards on first use, not when the package is imported: the
     published reward models' module imports torch, and the app imports trainer.rewards
-    (outcomes, for the API's schemas) at start-up without needing either."""
+    (outcomes, for the API's schemas) at start-up without needing either.
+
+    Threads (the API's request threads, which validate reward names) may come here at once:
+    the lock makes the others wait for the imports, and the flag is set only once they are
+    done. Set before them, a second thread saw an empty registry ("unknown reward 'count';
+    known: ") while the first was still importing."""
     global _builtins_loaded
     if _builtins_loaded:
         return
-    _builtins_loaded = True
-    # each registers its rewards when imported: count, color, shape, combined, exact_count;
-    # attr_*; jpeg_(in)compressibility; hpsv2, pickscore, clip_score, aesthetic, imagereward
-    from trainer.rewards import attributes, compressibility, models, shapes  # noqa: F401
+    with _builtins_lock:
+        if _builtins_loaded:
+            return
+        # each registers its rewards when imported: count, color, shape, combined,
+        # exact_count; attr_*; jpeg_(in)compressibility; hpsv2, pickscore, clip_score,
+        # aesthetic, imagereward
+        from trainer.rewards import attributes, compressibility, models, shapes  # noqa: F401
+        _builtins_loaded = True
 
 
 def shapes_only_rewards(names: list[str]) -> list[str]:

@@ -14,7 +14,7 @@ from collections import deque
 
 import numpy as np
 
-from trainer.rewards.registry import register_reward
+from trainer.rewards.registry import register_builtin_reward
 from trainer.shapes.world import BACKGROUND, COLORS, parse_prompt
 
 # A pixel belongs to a colour when its RGB distance to it is below this; generated images
@@ -76,7 +76,7 @@ def count_objects(image: np.ndarray, color: str) -> int:
     return len(components(color_mask(image, color)))
 
 
-@register_reward("count", shapes_only=True)
+@register_builtin_reward("count", shapes_only=True)
 def count_reward(images: np.ndarray, prompts: list[str]) -> np.ndarray:
     out = []
     for image, text in zip(images, prompts, strict=True):
@@ -85,13 +85,13 @@ def count_reward(images: np.ndarray, prompts: list[str]) -> np.ndarray:
     return np.asarray(out)
 
 
-@register_reward("exact_count", shapes_only=True)
+@register_builtin_reward("exact_count", shapes_only=True)
 def exact_count_reward(images: np.ndarray, prompts: list[str]) -> np.ndarray:
     """1 when the count is exactly right, else 0 (the accuracy metric)."""
     return (count_reward(images, prompts) == 1.0).astype(np.float64)
 
 
-@register_reward("color", shapes_only=True)
+@register_builtin_reward("color", shapes_only=True)
 def color_reward(images: np.ndarray, prompts: list[str]) -> np.ndarray:
     out = []
     for image, text in zip(images, prompts, strict=True):
@@ -102,7 +102,7 @@ def color_reward(images: np.ndarray, prompts: list[str]) -> np.ndarray:
     return np.asarray(out)
 
 
-@register_reward("shape", shapes_only=True)
+@register_builtin_reward("shape", shapes_only=True)
 def shape_reward(images: np.ndarray, prompts: list[str]) -> np.ndarray:
     out = []
     for image, text in zip(images, prompts, strict=True):
@@ -112,7 +112,7 @@ def shape_reward(images: np.ndarray, prompts: list[str]) -> np.ndarray:
     return np.asarray(out)
 
 
-@register_reward("combined", shapes_only=True)
+@register_builtin_reward("combined", shapes_only=True)
 def combined_reward(images: np.ndarray, prompts: list[str]) -> np.ndarray:
     return (0.6 * count_reward(images, prompts) + 0.2 * color_reward(images, prompts)
             + 0.2 * shape_reward(images, prompts))
