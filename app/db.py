@@ -8,6 +8,7 @@ use binds it to `get_settings()`.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +23,9 @@ from app.config import Settings, get_settings
 
 _engine: Engine | None = None
 _sessionmaker: sessionmaker[Session] | None = None
+# the first use's configure(), which the API's request threads may reach at once: without it
+# each built an engine (a pool) of its own, the later disposing the earlier's
+_first_use_lock = threading.Lock()
 
 
 def make_engine(url: str) -> Engine:
@@ -95,16 +99,22 @@ def _new_pool_in_forked_child() -> None:
 os.register_at_fork(after_in_child=_new_pool_in_forked_child)
 
 
+def _configure_on_first_use() -> None:
+    # _sessionmaker, set after _engine, says configure() has finished
+    if _sessionmaker is None:
+        with _first_use_lock:
+            if _sessionmaker is None:
+                configure()
+
+
 def get_engine() -> Engine:
-    if _engine is None:
-        configure()
+    _configure_on_first_use()
     assert _engine is not None
     return _engine
 
 
 def new_session() -> Session:
-    if _sessionmaker is None:
-        configure()
+    _configure_on_first_use()
     assert _sessionmaker is not None
     return _sessionmaker()
 
