@@ -7,18 +7,24 @@ API token is printed once, on the first start; 4. on the first start a rollout j
 shipped shapes base on the shapes prompts (queued first, so the worker takes it first: pairs to
 vote on within a minute), then a "shapes quick demo" training job, so there are curves to
 watch; 5. a Celery worker as a
-child process; 6. uvicorn. Ctrl-C stops uvicorn, then the worker (a running training job saves
-a checkpoint and goes back to the queue; the next start resumes it), then exits.
+child process; 6. uvicorn. Ctrl-C (or SIGTERM, or SIGHUP: the terminal closed) stops uvicorn,
+then the worker (a running training job saves a checkpoint and goes back to the queue; the next
+start resumes it), then exits. The worker stops when serve dies however it dies (on Linux), and
+serve restarts a worker that exits on its own (WorkerKeeper).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,6 +119,103 @@ def stop_process(proc: subprocess.Popen, timeout: float = 60.0) -> None:
         proc.wait()
 
 
+def _die_with_parent(parent: int) -> Callable[[], None] | None:
+    """A preexec_fn that has the kernel send the child SIGTERM (a worker's warm shutdown) when
+    the thread that started it exits: serve killed (kill -9, a crash) left its worker, which
+    runs in a session of its own, training as an orphan beside the next start's. Linux only
+    (prctl PR_SET_PDEATHSIG); elsewhere None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+
+    def preexec() -> None:
+        prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # serve died between the fork and the prctl
+            os._exit(1)
+
+    return preexec
+
+
+def _how_it_ended(code: int) -> str:
+    return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+
+
+# a worker that exits on its own is restarted, at most this many times in a row: one that ran
+# for WORKER_STABLE_SECONDS starts the count afresh
+WORKER_RESTARTS = 3
+WORKER_STABLE_SECONDS = 60.0
+
+
+class WorkerKeeper:
+    """serve's embedded worker, looked after. Started in a session of its own (Ctrl-C reaches
+    serve only, which stops it after uvicorn) and told by the kernel to stop when serve dies
+    (_die_with_parent). A thread waits on it: when it exits and nobody called stop(), one line
+    says so and a new worker starts, up to `restarts` times in a row; then `on_give_up` runs
+    (serve: stop the server, exit 1). Killed, it had gone unnoticed: serve served jobs that
+    nobody would run."""
+
+    def __init__(self, command: list[str], *, restarts: int = WORKER_RESTARTS,
+                 stable_seconds: float = WORKER_STABLE_SECONDS,
+                 on_give_up: Callable[[], None] | None = None) -> None:
+        self.command = command
+        self.restarts = restarts
+        self.stable_seconds = stable_seconds
+        self.on_give_up = on_give_up or (lambda: os.kill(os.getpid(), signal.SIGTERM))
+        self.proc: subprocess.Popen | None = None
+        self.gave_up = False
+        self._started = 0.0
+        self._stopping = False
+        self._lock = threading.Lock()
+
+    def _spawn(self) -> subprocess.Popen:
+        self._started = time.monotonic()
+        self.proc = subprocess.Popen(self.command, cwd=ROOT, start_new_session=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                     preexec_fn=_die_with_parent(os.getpid()))
+        return self.proc
+
+    def start(self) -> subprocess.Popen:
+        proc = self._spawn()
+        # one thread for all the restarts, alive until its worker has exited: the kernel's
+        # parent-death signal follows the thread that started a child, not the process
+        threading.Thread(target=self._watch, name="worker-keeper", daemon=True).start()
+        return proc
+
+    def _watch(self) -> None:
+        in_a_row = 0
+        while True:
+            proc = self.proc
+            assert proc is not None
+            code = proc.wait()
+            with self._lock:
+                if self._stopping:
+                    return
+                if time.monotonic() - self._started >= self.stable_seconds:
+                    in_a_row = 0
+                if in_a_row >= self.restarts:
+                    self.gave_up = True
+                    log.error("the worker (pid %d) exited unexpectedly (%s), %d times in a row: "
+                              "not restarting it; stopping the server", proc.pid,
+                              _how_it_ended(code), in_a_row + 1)
+                    break
+                in_a_row += 1
+                new = self._spawn()
+                log.error("the worker (pid %d) exited unexpectedly (%s); restarted it as pid %d "
+                          "(restart %d of %d in a row)", proc.pid, _how_it_ended(code), new.pid,
+                          in_a_row, self.restarts)
+        self.on_give_up()
+
+    def stop(self) -> None:
+        """Stop the worker (stop_process) and let it go: no restart."""
+        with self._lock:
+            self._stopping = True
+            proc = self.proc
+        if proc is not None:
+            stop_process(proc)
+
+
 # how long a stopping server lets open requests finish before it closes them
 GRACEFUL_SHUTDOWN_SECONDS = 5
 
@@ -170,12 +273,10 @@ def serve(host: str = "127.0.0.1", port: int = 8000, worker: bool = True,
               "within a minute")
     if info.demo_job_id:
         print(f"demo job:       train job {info.demo_job_id} (shapes-quick-demo) queued")
-    proc = None
+    keeper = None
     if worker:
-        # its own session: Ctrl-C reaches us only, and we stop it after uvicorn
-        proc = subprocess.Popen(worker_command(), cwd=ROOT, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        print(f"worker:         pid {proc.pid} (queues gpu, cpu)")
+        keeper = WorkerKeeper(worker_command())
+        print(f"worker:         pid {keeper.start().pid} (queues gpu, cpu)")
     base = f"http://{host}:{port}"
     print(f"UI:             {base}/ui    API docs: {base}/docs    (Ctrl-C stops everything)",
           flush=True)
@@ -184,7 +285,13 @@ def serve(host: str = "127.0.0.1", port: int = 8000, worker: bool = True,
         # kill us before the `finally` below stops the worker (an orphan), so make it Ctrl-C.
         raise KeyboardInterrupt
 
+    def stop_on_sighup(signum, frame):
+        # the terminal closed: stop as on SIGTERM (uvicorn's handler while it runs, then ours);
+        # SIGHUP's default action killed serve at once and left the worker running
+        signal.raise_signal(signal.SIGTERM)
+
     signal.signal(signal.SIGTERM, stop_on_sigterm)
+    signal.signal(signal.SIGHUP, stop_on_sighup)
     logging.getLogger("uvicorn.error").addFilter(_QuietCancelledStreams())
     logging.getLogger("uvicorn.access").addFilter(_RedactSessionIds())
     try:
@@ -198,8 +305,14 @@ def serve(host: str = "127.0.0.1", port: int = 8000, worker: bool = True,
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C after its own clean shutdown
         pass
     finally:
-        if proc is not None:
-            print("stopping the worker ...", flush=True)
-            stop_process(proc)
-        print("stopped.", flush=True)
-    return 0
+        if keeper is not None:
+            _say("stopping the worker ...")
+            keeper.stop()
+        _say("stopped.")
+    return 1 if keeper is not None and keeper.gave_up else 0
+
+
+def _say(line: str) -> None:
+    # the terminal may be gone (SIGHUP): stopping the worker matters, not the line
+    with contextlib.suppress(OSError):
+        print(line, flush=True)

@@ -172,3 +172,38 @@ def test_serve_starts_everything_and_ctrl_c_stops_it(tmp_path):
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=90)
+
+
+def test_serve_restarts_a_killed_worker_and_sighup_stops_both(tmp_path):
+    """kill -9 of just the worker went unnoticed (serve served on, nobody ran the jobs); a
+    SIGHUP (the terminal closed) killed serve at once and left the worker running."""
+    port, log = _free_port(), tmp_path / "serve.log"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATABASE_URL", "BROKER_URL", "STORAGE_DIR", "BROKER_KEY_PREFIX")}
+    # PYTHONPATH: this tree's app, whichever checkout the venv's editable install names
+    env.update({"DATA_DIR": str(tmp_path / "data"), "PYTHONUNBUFFERED": "1",
+                "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--port", str(port),
+                             "--no-demo-job"], cwd=tmp_path, env=env, stdout=log.open("wb"),
+                            stderr=subprocess.STDOUT)
+    new_pid = None
+    try:
+        text = _wait(lambda: _log_when(log, "Uvicorn running"), 90, "the server", log)
+        worker_pid = int(re.search(r"worker:\s+pid (\d+)", text).group(1))
+        os.kill(worker_pid, signal.SIGKILL)
+        text = _wait(lambda: _log_when(log, "restarted it as pid"), 30, "the restart", log)
+        assert f"the worker (pid {worker_pid}) exited unexpectedly (killed by SIGKILL)" in text
+        new_pid = int(re.search(r"restarted it as pid (\d+)", text).group(1))
+        assert _alive(new_pid)
+        _wait(lambda: _log_when(log, "ready."), 60, "the new worker to start", log)
+        proc.send_signal(signal.SIGHUP)
+        proc.wait(timeout=90)
+        _wait(lambda: not _alive(new_pid), 10, "the worker to stop", log)
+        out = log.read_text()
+        assert "stopped." in out and "Traceback" not in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if new_pid and _alive(new_pid):
+            os.kill(new_pid, signal.SIGKILL)
