@@ -4,7 +4,8 @@ Lifecycle: queued -> running -> succeeded | failed | cancelled; resume puts a fa
 cancelled job back to queued (and sends a queued job's message again). Cancel is
 cooperative: `request_cancel` sets a flag that the worker reads (`is_cancel_requested`, or
 the return value of `heartbeat`/`update_progress`) between iterations, then calls
-`mark_cancelled`. A queued job is cancelled at once.
+`mark_cancelled`. A queued job is cancelled at once, and so is a running one whose worker is
+lost (no heartbeat for JOB_STALE_SECONDS): no worker would read its flag.
 
 Worker usage (each call in its own short transaction; worker/lease.py wraps it):
 
@@ -857,7 +858,9 @@ def _locked_job(session: Session, job_id: int) -> Job:
 
 
 def request_cancel(session: Session, job_id: int) -> Job:
-    """Ask a job to stop. Queued: cancelled now. Running: flag for the worker. Else Conflict."""
+    """Ask a job to stop. Queued: cancelled now. Running: flag for the worker; but one whose
+    worker is lost (no heartbeat for JOB_STALE_SECONDS) is cancelled now,
+    as the reaper would cancel it. Else Conflict."""
     job = _locked_job(session, job_id)
     if job.status in FINISHED_JOB_STATUSES:
         raise Conflict(f"job {job_id} has already finished ({job.status}): nothing to cancel",
@@ -867,7 +870,25 @@ def request_cancel(session: Session, job_id: int) -> Job:
         job.status = JobStatus.CANCELLED
         job.finished_at = utcnow()
     session.flush()
+    age = workers.heartbeat_age(job)
+    if job.status == JobStatus.RUNNING and age is not None \
+            and age > get_settings().job_stale_seconds:  # lost, as waiting_for says
+        # no worker would read the flag: the job stayed running until some worker's reaper
+        # came round (never, with no worker live). The reaper's compare-and-set: a worker
+        # that heartbeated since the read keeps the job, and reads the flag
+        session.execute(update(Job).where(_still_as_read(job))
+                        .values(status=JobStatus.CANCELLED, finished_at=utcnow())
+                        .execution_options(synchronize_session=False))
+        session.refresh(job)
     return job
+
+
+def _still_as_read(job: Job) -> Any:
+    """Where the job is still running on the heartbeat `job` holds: an update of a stale job
+    that acts only if no worker heartbeated (or took the job) since it was read."""
+    return ((Job.id == job.id) & (Job.status == JobStatus.RUNNING)
+            & (Job.heartbeat_at.is_(None) if job.heartbeat_at is None
+               else Job.heartbeat_at == job.heartbeat_at))
 
 
 def check_still_valid(session: Session, job: Job) -> None:
@@ -1124,9 +1145,7 @@ def reap_stale(session: Session, older_than: timedelta, max_attempts: int
             values = {"status": JobStatus.QUEUED, "worker": None,
                       "error": f"{lost}; requeued to resume from the newest checkpoint "
                                f"(attempt {job.attempts + 1} of {max_attempts})"}
-        stmt = update(Job).where(Job.id == job.id, Job.status == JobStatus.RUNNING)
-        stmt = stmt.where(Job.heartbeat_at.is_(None) if job.heartbeat_at is None
-                          else Job.heartbeat_at == job.heartbeat_at)
+        stmt = update(Job).where(_still_as_read(job))
         if values["status"] != JobStatus.CANCELLED:
             # a cancel that lands after the read above wins: the next round cancels the job
             # (requeued with the flag set, no worker would ever take it)

@@ -119,7 +119,8 @@ def waiting_for(session: Session, jobs: list[Job]) -> dict[int, str]:
     """For queued jobs that no live worker can take (or only workers busy with other jobs),
     multi-host train jobs that fewer live workers than their hosts could start (queued, or
     (re)starting: `starting_on_hosts`), and running jobs whose worker stopped heartbeating (it
-    died; a live worker's reaper requeues the job): job id -> what it waits for."""
+    died; a live worker's reaper requeues the job, or cancels it when a cancel was requested):
+    job id -> what it waits for."""
     stale_after = get_settings().job_stale_seconds
     lost = {j.id: age for j in jobs if j.status == JobStatus.RUNNING
             and (age := heartbeat_age(j)) is not None and age > stale_after}
@@ -143,7 +144,9 @@ def waiting_for(session: Session, jobs: list[Job]) -> dict[int, str]:
         if job.id in lost:
             out[job.id] = (f"its worker {job.worker or '?'} has not heartbeated for "
                            f"{lost[job.id]:.0f} s (JOB_STALE_SECONDS {stale_after:.0f}): it "
-                           "is lost; a live worker's reaper requeues the job"
+                           "is lost; a live worker's reaper "
+                           + ("cancels the job (a cancel was requested)" if job.cancel_requested
+                              else "requeues the job")
                            + ("" if workers else ", and no worker is live now: start one"))
             continue
         queue = KINDS[job.kind].queue

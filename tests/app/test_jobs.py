@@ -496,3 +496,46 @@ def test_a_cancel_that_lands_while_a_job_is_requeued_is_never_left_queued(settin
     with session_scope() as s:
         assert jobs.claim(s, stuck, "w2", timedelta(minutes=5)) is None
     assert status(stuck) == "cancelled"
+
+
+def test_cancelling_a_job_whose_worker_is_lost_cancels_it_at_once(settings, admin):
+    """A running job whose worker died (no heartbeat for JOB_STALE_SECONDS) stayed running
+    with its cancel flag set until some worker's reaper came round (never, with none live),
+    and its page said the reaper would requeue it. A job whose worker is alive keeps running
+    with the flag, for its worker to obey."""
+    from sqlalchemy import update
+
+    from app.db import session_scope
+    from app.models import Job, utcnow
+    from app.services import jobs, workers
+
+    def running_job(beat_seconds_ago: float) -> int:
+        with session_scope() as s:
+            job_id = jobs.create_job(s, "train", {"device": "cpu"}, preset="tiny").id
+            assert jobs.claim(s, job_id, "w1", timedelta(minutes=5)) is not None
+            s.execute(update(Job).where(Job.id == job_id).values(
+                heartbeat_at=utcnow() - timedelta(seconds=beat_seconds_ago)))
+        return job_id
+
+    stale = settings.job_stale_seconds
+    lost = running_job(stale + 30)
+    with session_scope() as s:
+        job = jobs.request_cancel(s, lost)
+        assert job.status == "cancelled" and job.finished_at is not None
+    with session_scope() as s:
+        job = jobs.get_job(s, lost)
+        assert job.status == "cancelled" and job.cancel_requested and job.finished_at
+        assert workers.waiting_for(s, [job]) == {}
+
+    alive = running_job(stale / 2)
+    with session_scope() as s:
+        assert jobs.request_cancel(s, alive).status == "running"
+    # its worker died after the cancel: the page says the reaper cancels it, not requeues it
+    with session_scope() as s:
+        s.execute(update(Job).where(Job.id == alive).values(
+            heartbeat_at=utcnow() - timedelta(seconds=stale + 30)))
+    with session_scope() as s:
+        waiting = workers.waiting_for(s, [jobs.get_job(s, alive)])[alive]
+        assert "it is lost; a live worker's reaper cancels the job (a cancel was requested)" \
+            in waiting and "requeue" not in waiting, waiting
+        assert jobs.reap_stale(s, timedelta(seconds=stale), 3) == [(alive, "train", "cancelled")]
