@@ -134,11 +134,11 @@ def waiting_for(session: Session, jobs: list[Job]) -> dict[int, str]:
     # waits behind their jobs (the embedded worker runs one job at a time). A job's `worker`
     # is its lease's name, which begins with its worker's
     names = {w.name for w in workers}
-    running: dict[str, int] = {}
+    running: dict[str, list[int]] = {}
     for job_id, lease in session.execute(select(Job.id, Job.worker).where(
             Job.status == JobStatus.RUNNING, Job.worker.is_not(None)).order_by(Job.id)):
         if (name := worker_of(lease)) in names:
-            running.setdefault(name, job_id)
+            running.setdefault(name, []).append(job_id)
     out = {}
     for job in waiting:
         if job.id in lost:
@@ -161,13 +161,25 @@ def waiting_for(session: Session, jobs: list[Job]) -> dict[int, str]:
             # RDZV_JOIN_TIMEOUT) once its holder's rendezvous is over
             out[job.id] = (f"waiting for {hosts} hosts (train_nnodes): {len(can)} live worker(s)"
                            f"{need} on queue {queue!r}; start one on each other host")
-        elif job.status == JobStatus.QUEUED and all(w.name in running for w in can):
-            ahead = sorted({running[w.name] for w in can})
+        elif job.status == JobStatus.QUEUED and (ahead := _ahead_of(job.id, can, running)):
             out[job.id] = (f"queued behind job{'s' if len(ahead) > 1 else ''} "
                            f"{', '.join(f'#{i}' for i in ahead)}: every live worker{need} on "
                            f"queue {queue!r} is running one; it starts when one is free (or "
                            "start another worker)")
     return out
+
+
+def _ahead_of(job_id: int, can: list[WorkerRow], running: dict[str, list[int]]) -> list[int]:
+    """The jobs a queued job waits behind: the first each of `can` runs, when every one runs
+    one; else none. Never the job itself: `jobs` was read before `running`, so a job read as
+    queued may be running by now (it said it was "queued behind job #6", itself)."""
+    ahead = []
+    for w in can:
+        others = [i for i in running.get(w.name, []) if i != job_id]
+        if not others:
+            return []
+        ahead.append(others[0])
+    return sorted(set(ahead))
 
 
 def starting_on_hosts(session: Session, jobs: list[Job]) -> set[int]:

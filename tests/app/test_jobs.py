@@ -539,3 +539,22 @@ def test_cancelling_a_job_whose_worker_is_lost_cancels_it_at_once(settings, admi
         assert "it is lost; a live worker's reaper cancels the job (a cancel was requested)" \
             in waiting and "requeue" not in waiting, waiting
         assert jobs.reap_stale(s, timedelta(seconds=stale), 3) == [(alive, "train", "cancelled")]
+
+
+def test_a_job_read_as_queued_and_then_claimed_is_not_queued_behind_itself(settings, admin):
+    """waiting_for reads the running jobs after the page's job list: a job listed as queued
+    that the only worker claimed in between said it was "queued behind job #N", itself."""
+    from app.db import session_scope
+    from app.services import jobs, workers
+
+    with session_scope() as s:
+        workers.report(s, "solo", ["gpu", "cpu"], 0, [])
+        first = jobs.create_job(s, "train", {"device": "cpu"}, preset="tiny")
+        second = jobs.create_job(s, "train", {"device": "cpu"}, preset="tiny")
+    assert first.status == second.status == "queued"  # as the page read them
+    with session_scope() as s:  # the worker takes the first
+        assert jobs.claim(s, first.id, workers.lease_name("solo"), timedelta(minutes=5))
+    with session_scope() as s:
+        waiting = workers.waiting_for(s, [first, second])
+    assert first.id not in waiting
+    assert waiting[second.id].startswith(f"queued behind job #{first.id}: ")
