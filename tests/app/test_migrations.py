@@ -379,3 +379,42 @@ def test_the_embedded_worker_runs_one_job_at_a_time_and_says_so():
     command = worker_command()
     assert command[command.index("--pool") + 1] == "solo"
     assert command[command.index("--concurrency") + 1] == "1"  # its banner printed the CPUs
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_seed_beyond_32_bits_is_kept_or_the_downgrade_to_0001_refused(backend, tmp_path,
+                                                                         request):
+    """0002 widens rollout_groups.seed to 64 bits (seeds are drawn in [0, 2**62)). Its
+    downgrade on PostgreSQL failed with a bare "integer out of range" on such a seed: it
+    now refuses first, naming the revision and why, and changes nothing; SQLite's INTEGER
+    holds 64 bits, so there the seed comes back down intact. Small seeds downgrade anywhere."""
+    url = _url(backend, tmp_path, request)
+    upgrade(url)
+    engine = create_engine(url)
+    group = ("INSERT INTO rollout_groups (id, iteration, purpose, prompt_text, solver, steps, "
+             "sigma, seed, created_at) VALUES ({id}, 0, 'rollout', 'one red circle', 'dpm++', 8, "
+             "0.3, {seed}, CURRENT_TIMESTAMP)")
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(group.format(id=1, seed=7)))
+            conn.execute(text(group.format(id=2, seed=2**62 - 1)))
+        engine.dispose()
+        if backend == "postgres":
+            with pytest.raises(RuntimeError, match=r"cannot downgrade revision 0002 to 0001: "
+                               r"1 rollout group\(s\) have a seed beyond 32 bits"):
+                downgrade(url, "0001")
+            with engine.connect() as conn:  # nothing changed: still the newest revision
+                assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() \
+                    != "0001"
+                assert conn.execute(text("SELECT seed FROM rollout_groups WHERE id = 2")
+                                    ).scalar() == 2**62 - 1
+            engine.dispose()
+            with engine.begin() as conn:
+                conn.execute(text("DELETE FROM rollout_groups WHERE id = 2"))
+            engine.dispose()
+        downgrade(url, "0001")
+        with engine.connect() as conn:
+            seeds = dict(conn.execute(text("SELECT id, seed FROM rollout_groups")).all())
+        assert seeds == ({1: 7} if backend == "postgres" else {1: 7, 2: 2**62 - 1})
+    finally:
+        engine.dispose()
