@@ -26,7 +26,7 @@ from app.api.deps import (
     current_user,
     settings_dep,
 )
-from app.api.strict_json import StrictJSONRoute
+from app.api.strict_json import StrictJSONRoute, query_checker
 from app.errors import BadRequest, Invalid, PayloadTooLarge
 from app.limits import MAX_ID, NAME_LENGTH
 from app.schemas import DatasetCreated, DatasetOut, Page, PromptOut
@@ -158,9 +158,11 @@ class _CheckedBeforeBody(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        check_query = query_checker(self)  # as every StrictJSONRoute's
 
         async def checked_first(request: Request) -> Response:
             await _admin_within_limit(request)
+            await check_query(request)
             await _known_form_fields(request)
             return await handler(request)
 

@@ -6,7 +6,9 @@ serializer merged two dicts by accident never learnt which value the server took
 (trainer.strict_json, which the CLI and the reward server read JSON with too). Every
 router's routes read their body through `StrictJSONRoute`, so such a body is a 422 naming the
 key (`body: malformed JSON (key 'iterations' given twice in one object at character N)`),
-after the caller's own 401 or 403, as any malformed body is (app.main).
+after the caller's own 401 or 403, as any malformed body is (app.main). The query string is
+held to the same rule: a parameter the route does not declare (`?jobid=1` for `job_id`) or
+a one-valued parameter given twice is a 422 naming it, with every such name at once.
 """
 
 from __future__ import annotations
@@ -30,43 +32,68 @@ class StrictJSONRequest(Request):
 
 
 class StrictJSONRoute(APIRoute):
-    """An API route whose JSON body is read by loads_strict."""
+    """An API route whose JSON body is read by loads_strict and whose query string is
+    checked by query_checker."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
-        single = _single_valued_query_params(self)
+        check_query = query_checker(self)
 
         async def strict(request: Request) -> Response:
-            keys = [key for key, _ in request.query_params.multi_items()]
-            if repeated := [k for k in dict.fromkeys(keys) if k in single and keys.count(k) > 1]:
-                from app.api.deps import refused_caller
-
-                if (refused := await refused_caller(request)) is not None:
-                    raise refused  # the caller's 401 or 403 first, as for a bad body
-                # FastAPI keeps the last of `?dataset_id=1&dataset_id=2` without a word
-                problems = [{"field": k, "message": f"given {keys.count(k)} times; this "
-                             "parameter takes one value"} for k in repeated]
-                raise Invalid("; ".join(f"{p['field']}: {p['message']}" for p in problems),
-                              field=repeated[0], errors=problems)
+            await check_query(request)
             return await handler(StrictJSONRequest(request.scope, request.receive))
 
         return strict
 
 
-def _single_valued_query_params(route: APIRoute) -> set[str]:
-    """The route's query parameters that take one value (not a list, as votes/next's
-    `exclude` is): a repeated one is refused rather than guessed."""
+def query_checker(route: APIRoute) -> Callable[[Request], Coroutine[Any, Any, None]]:
+    """The check of a request's query string against `route`'s declared parameters: a name
+    the route does not take, or a one-valued parameter given twice, is a 422 naming every such
+    parameter at once, after the caller's own 401 or 403 (as for a bad body)."""
+    declared = _query_params(route)
+    single = {name for name, listed in declared.items() if not listed}
+    takes = (f"this route takes {', '.join(sorted(declared))}" if declared
+             else "this route takes none")
+
+    async def check(request: Request) -> None:
+        keys = [key for key, _ in request.query_params.multi_items()]
+        distinct = list(dict.fromkeys(keys))
+        # FastAPI ignores a name the route does not declare, so `?jobid=1` (job_id misspelt)
+        # answered as if no filter were given; a body's unknown key is refused too
+        unknown = [k for k in distinct if k not in declared]
+        # FastAPI keeps the last of `?dataset_id=1&dataset_id=2` without a word
+        repeated = [k for k in distinct if k in single and keys.count(k) > 1]
+        if not unknown and not repeated:
+            return
+        from app.api.deps import refused_caller
+
+        if (refused := await refused_caller(request)) is not None:
+            raise refused
+        problems = [{"field": k[:100], "message": f"unknown query parameter; {takes}"}
+                    for k in unknown]
+        problems += [{"field": k, "message": f"given {keys.count(k)} times; this "
+                      "parameter takes one value"} for k in repeated]
+        raise Invalid("; ".join(f"{p['field']}: {p['message']}" for p in problems),
+                      field=problems[0]["field"], errors=problems)
+
+    return check
+
+
+def _query_params(route: APIRoute) -> dict[str, bool]:
+    """The route's query parameters (its own and its dependencies'), each with whether it
+    takes a list (as votes/next's `exclude` does): any other name is refused, and a repeated
+    one-valued parameter too, rather than guessed."""
     def is_list(annotation: Any) -> bool:
         origin = get_origin(annotation)
         if origin in (Union, UnionType):
             return any(is_list(arg) for arg in get_args(annotation))
         return origin in (list, tuple, set, frozenset) or annotation in (list, tuple, set)
 
-    names: set[str] = set()
+    names: dict[str, bool] = {}
     stack = [route.dependant]  # the route's own parameters and its dependencies'
     while stack:
         dependant = stack.pop()
-        names |= {field.alias for field in dependant.query_params
-                  if not is_list(field.field_info.annotation)}
+        names |= {field.alias: is_list(field.field_info.annotation)
+                  for field in dependant.query_params}
         stack.extend(dependant.dependencies)
     return names

@@ -873,3 +873,39 @@ def test_a_query_parameter_given_twice_is_refused_unless_it_takes_a_list(client,
     r = client.get("/api/votes/next?exclude=1&exclude=2", headers=annotator)
     assert r.status_code != 422, r.text
     assert client.get("/api/prompts?limit=5&offset=0", headers=admin).status_code == 200
+
+
+def test_a_query_parameter_the_route_does_not_take_is_refused(client, admin, annotator,
+                                                              make_group):
+    """`?jobid=1` (job_id misspelt) answered with every rollout, `?fmt=csv` with JSONL:
+    FastAPI drops a name the route does not declare without a word. Every unknown name is
+    refused at once, naming the ones the route takes, after the caller's own 401 or 403."""
+    make_group()
+    r = client.get("/api/rollouts?jobid=1&iteratoin=2&job_id=1", headers=admin)
+    assert r.status_code == 422, r.text
+    takes = ("unknown query parameter; this route takes checkpoint_id, iteration, job_id, "
+             "limit, offset, prompt, prompt_id, purpose")
+    assert r.json()["errors"] == [{"field": "jobid", "message": takes},
+                                  {"field": "iteratoin", "message": takes}]
+    assert r.json()["field"] == "jobid"
+    assert client.get("/api/rollouts?jobid=1").status_code == 401
+    r = client.get("/api/datasets/1/export?fmt=csv", headers=admin)
+    assert r.status_code == 422 and _errors(r) == {
+        "fmt": "unknown query parameter; this route takes format"}, r.text
+    r = client.get("/api/votes/next?exclud=1", headers=annotator)
+    assert r.status_code == 422 and set(_errors(r)) == {"exclud"}, r.text
+    r = client.get("/api/prompts?foo=1&dataset_id=1&dataset_id=2", headers=admin)
+    assert r.status_code == 422 and set(_errors(r)) == {"foo", "dataset_id"}, r.text
+    r = client.get("/api/jobs/config-schema?x=", headers=admin)
+    assert r.status_code == 422 and _errors(r) == {
+        "x": "unknown query parameter; this route takes none"}, r.text
+    assert client.get("/api/users?x=1", headers=annotator).status_code == 403  # role first
+    r = client.post("/api/datasets?nam=x", files={"file": ("p.txt", b"one red circle\n")},
+                    headers=admin)
+    assert r.status_code == 422 and set(_errors(r)) == {"nam"}, r.text
+    # what the app itself links to still answers: declared parameters, media URLs
+    assert client.get("/api/rollouts?iteration=0&limit=5", headers=admin).status_code == 200
+    group = client.get("/api/rollouts", headers=admin).json()["items"][0]
+    assert client.get(group["samples"][0]["image_url"], headers=admin).status_code == 200
+    assert client.get("/api/votes/next?exclude=1&exclude=2", headers=annotator).status_code in (
+        200, 204)
