@@ -105,22 +105,29 @@ def upload_content_problems(request: Request, invalid: set[str]) -> list[dict[st
     """For a 422 about the form's declared fields (`invalid`: those already refused, such as
     an eval_fraction out of range): the file's content and the dataset name's problems
     beside them, so that one answer lists every problem (nothing is written). Only for a file
-    the form took: one with a name, of a type an importer reads. Blocking: run it in a
-    thread."""
+    the form took: one with a name, of a type an importer reads; for any other, the name's
+    problems alone (a name another dataset has is wrong whatever the file). Blocking: run it
+    in a thread."""
     form = getattr(request.state, "upload_form", None)
-    if form is None or "file" in invalid or any(
-            p["field"] == "file" for p in getattr(request.state, "upload_problems", [])):
+    if form is None:
         return []
     file, name = form.get("file"), form.get("name")
-    if file is None or isinstance(file, str) or not file.filename:  # a form's file: Starlette's
-        return []
+    name = name if isinstance(name, str) else None
+    filename = "" if file is None or isinstance(file, str) else file.filename or ""
+    if not filename or "file" in invalid or any(
+            p["field"] == "file" for p in getattr(request.state, "upload_problems", [])):
+        # the content cannot be read, but the name it would be stored under can be judged
+        if "name" in invalid or not (filename or (name or "").strip()):
+            return []
+        with db.new_session() as session:
+            return svc.name_problems(session, filename=filename, name=name)
     settings = settings_dep()
     file.file.seek(0)
     data = file.file.read(settings.max_upload_bytes + 1)
     with db.new_session() as session:
         found = svc.upload_content_problems(
             session, filename=file.filename, data=data,
-            name=name if isinstance(name, str) else None, check_name="name" not in invalid,
+            name=name, check_name="name" not in invalid,
             max_prompt_length=settings.max_prompt_length, max_bytes=settings.max_upload_bytes)
     return [{"field": p["field"], "message": f"{p['where']}: {p['message']}" if p.get("where")
              else p["message"]} for p in found]

@@ -586,6 +586,16 @@ def test_an_upload_answers_every_problem_of_its_form_at_once(client, admin, sess
         assert set(errors) == {"file", "name"}, r.text
         assert "unsupported file type .pdf" in errors["file"], r.text
         assert "a dataset named 'taken' already exists" in errors["name"], r.text
+    # ... whatever else is wrong beside the file: a bad eval_fraction hid the taken name, as
+    # did a file without a name
+    for filename, form in (("x.pdf", {"eval_fraction": 2}), ("", {"eval_fraction": 2}),
+                           ("", {})):
+        r = client.post("/api/datasets", files={"file": (filename, b"one\n", "text/plain")},
+                        data={"name": "taken", **form}, headers=admin)
+        assert r.status_code == 422, r.text
+        errors = _errors(r)
+        assert set(errors) == {"file", "name", *form}, r.text
+        assert "a dataset named 'taken' already exists" in errors["name"], r.text
     assert _counts(session) == (1, 1)
 
 
