@@ -567,17 +567,20 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
         out += self._model_problems(bad)
         if "prompts" not in bad and not all(isinstance(p, str) for p in self.prompts):
             out.append(ConfigError("prompts", "must be a list of strings"))
-        elif "prompts" not in bad and (problems := [
-                f"prompt {i}: {problem}" for i, p in enumerate(self.prompts)
-                if (problem := prompt_text_problem(p)) is not None]):
-            out.append(ConfigError("prompts", "; ".join(problems[:5])
-                                   + (f"; and {len(problems) - 5} more" if len(problems) > 5
-                                      else "")))
-        elif "prompts" not in bad and self.model == "shapes":
-            from trainer.shapes.world import shapes_prompt_problem
+        elif "prompts" not in bad:
+            texts = {i: prompt_text_problem(p) for i, p in enumerate(self.prompts)}
+            if problems := [f"prompt {i}: {problem}" for i, problem in texts.items() if problem]:
+                out.append(ConfigError("prompts", "; ".join(problems[:5])
+                                       + (f"; and {len(problems) - 5} more"
+                                          if len(problems) > 5 else "")))
+            # the other prompts are judged beside these (a NUL in one hid that another was
+            # no shapes prompt): those with a text problem are already named above
+            clean = [self.prompts[i] for i, problem in texts.items() if problem is None]
+            if self.model == "shapes" and "model" not in bad:
+                from trainer.shapes.world import shapes_prompt_problem
 
-            if (problem := shapes_prompt_problem(self.prompts)) is not None:
-                out.append(ConfigError("prompts", problem))
+                if (problem := shapes_prompt_problem(clean)) is not None:
+                    out.append(ConfigError("prompts", problem))
         return out
 
     def _method_field_problems(self, bad: set[str]) -> list[ConfigError]:

@@ -119,7 +119,12 @@ def _kind_config(kind: str, config: dict[str, Any], problems: Problems) -> dict[
                 problems.append((name, unknown_field_message(name, list(model.model_fields))))
                 continue
             problems.append((name, f"{where + ': ' if where else ''}{validation_message(err)}"))
-    return dict(config)  # the server's own checks still run on it
+    # the server's own checks still run on it, with the defaults of the fields left out (as
+    # a train config's do): a fit_preference job's vote shortage (its min_votes' default) is
+    # reported beside a bad epochs, not hidden by it
+    defaults = {name: field.get_default(call_default_factory=True)
+                for name, field in model.model_fields.items() if not field.is_required()}
+    return {**defaults, **config}
 
 
 def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],

@@ -890,3 +890,16 @@ def test_a_refused_request_dataset_id_is_named_once(client, admin, session):
                                        "config": {"dataset_id": 999_999}}, headers=admin)
     assert r.status_code == 422 and "dataset 999999 not found" in r.text, r.text
     assert _job_count(session) == 0
+
+
+def test_a_prompt_with_a_nul_does_not_hide_another_the_shapes_model_cannot_draw(client, admin):
+    """Prompt 0's NUL was the only problem reported; prompt 1 (a zero-width space between
+    words: no shapes prompt) came out only on the next try. Both come in one 422."""
+    r = _post(client, admin, "train", {"prompts": ["one red circle\u0000",
+                                                   "one red\u200bcircle"]})
+    assert r.status_code == 422, r.text
+    messages = [e["message"] for e in r.json()["errors"] if e["field"] == "prompts"]
+    assert len(messages) == 2, r.text
+    assert messages[0] == "prompt 0: prompt contains NUL (U+0000)", r.text
+    assert "draws only shapes prompts" in messages[1], r.text
+    assert "'one red\\u200bcircle'" in messages[1] and "circle\\x00" not in messages[1], r.text

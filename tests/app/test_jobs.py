@@ -70,6 +70,9 @@ def test_other_kinds_validate(client, admin, vote_seeder):
     r = client.post("/api/jobs", json={"kind": "fit_preference", "config": {"epochs": 0}},
                     headers=admin)
     assert r.status_code == 422 and r.json()["field"] == "epochs"
+    # ... and the vote shortage beside it (a bad field hid it: one 422 has every problem)
+    assert [e["field"] for e in r.json()["errors"]] == ["epochs", "min_votes"], r.json()
+    assert "0 clean vote(s)" in r.json()["detail"], r.json()
     r = client.post("/api/jobs", json={"kind": "fit_preference", "config": {"features": "clip"}},
                     headers=admin)
     assert r.status_code == 422 and r.json()["field"] == "clip_path", r.json()
