@@ -486,6 +486,20 @@ class UserRevoked(BaseModel):
     tokens_revoked: int
 
 
+class UserPatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt "exclude" must not pass as a no-op
+    # strict: "false" or 0 is a client's bug, not a value to guess
+    excluded: bool = Field(strict=True, description="Exclude the user's votes (cast and "
+                           "future) from preference fitting and the leaderboard, or include "
+                           "them again.")
+
+
+class UserExcluded(BaseModel):
+    id: int
+    excluded: bool
+    votes_changed: int = Field(description="votes whose excluded flag this call changed")
+
+
 class UserCreated(BaseModel):
     id: int
     name: str

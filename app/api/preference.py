@@ -15,8 +15,10 @@ from app.schemas import (
     Page,
     PreferenceModelOut,
     UserCreated,
+    UserExcluded,
     UserIn,
     UserOut,
+    UserPatch,
     UserRevoked,
 )
 from app.services import annotators, auth, storage
@@ -81,3 +83,13 @@ def revoke_user(user_id: PathId, session: SessionDep, admin: AdminDep) -> UserRe
     n = auth.revoke_user(session, user_id, by=admin)
     session.commit()
     return UserRevoked(id=user_id, tokens_revoked=n)
+
+
+@router.patch("/users/{user_id}", response_model=UserExcluded, responses={404: {}, 422: {}})
+def update_user(user_id: PathId, body: UserPatch, session: SessionDep,
+                _admin: AdminDep) -> UserExcluded:
+    """Exclude a user's votes from fitting and the leaderboard, or include them again (the
+    Annotators page's switch): the flag on the user and on every vote they cast."""
+    changed = annotators.set_excluded(session, user_id, body.excluded)
+    session.commit()
+    return UserExcluded(id=user_id, excluded=body.excluded, votes_changed=changed)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from sqlalchemy import select
 
@@ -67,6 +69,38 @@ def test_set_excluded_flags_old_and_new_votes(settings, make_group):
     with session_scope() as s:
         assert annotators.set_excluded(s, u, False) == 2
         assert not any(v["excluded"] for v in votes.export_votes(s))
+
+
+def test_an_admin_excludes_an_annotator_through_the_api(client, admin, annotator, make_group):
+    """Excluding was the Annotators page's alone, though GET /api/users shows `excluded`:
+    PATCH /api/users/{id} flips it (the same service call), for admins only."""
+    ids = _samples(make_group(g=4))
+    r = client.post("/api/votes", json={"client_vote_id": "p1", "sample_a_id": ids[0],
+                                        "sample_b_id": ids[1], "outcome": "a"}, headers=annotator)
+    assert r.status_code in (200, 201), r.text
+    bob = next(u for u in client.get("/api/users", headers=admin).json() if u["name"] == "bob")
+    assert bob["excluded"] is False
+    path = f"/api/users/{bob['id']}"
+    r = client.patch(path, json={"excluded": True}, headers=admin)
+    assert r.status_code == 200, r.text
+    assert r.json() == {"id": bob["id"], "excluded": True, "votes_changed": 1}
+    listed = {u["name"]: u["excluded"] for u in client.get("/api/users", headers=admin).json()}
+    assert listed["bob"] is True
+    stats = {a["name"]: a["excluded"] for a in client.get("/api/annotators", headers=admin).json()}
+    assert stats["bob"] is True
+    exported = client.get("/api/votes/export", headers=admin).text.splitlines()
+    assert [json.loads(line)["excluded"] for line in exported] == [True]
+    r = client.patch(path, json={"excluded": False}, headers=admin)
+    assert r.status_code == 200 and r.json()["votes_changed"] == 1, r.text
+    # annotators may not; an unknown user is a 404; the body is strict
+    assert client.patch(path, json={"excluded": True}, headers=annotator).status_code == 403
+    assert client.patch(path, json={"excluded": True}).status_code == 401
+    r = client.patch("/api/users/99999", json={"excluded": True}, headers=admin)
+    assert r.status_code == 404, r.text
+    for body in ({"exclude": True}, {"excluded": "true"}, {}):
+        r = client.patch(path, json=body, headers=admin)
+        assert r.status_code == 422, (body, r.text)
+    assert client.get("/api/users", headers=admin).json()[1]["excluded"] is False
 
 
 

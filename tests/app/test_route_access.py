@@ -73,6 +73,7 @@ ROUTES: dict[str, str] = {
     "POST /api/users": ADMIN,
     "GET /api/users": ADMIN,
     "POST /api/users/{user_id}/revoke": ADMIN,
+    "PATCH /api/users/{user_id}": ADMIN,
 }
 _UI_SHELL = """
 GET /ui/openapi.json|HEAD /ui/openapi.json|POST /ui/login/|POST /ui/login|GET /ui/logout
