@@ -365,7 +365,8 @@ def read_votes(path: Path, images: Path, include_excluded: bool = False) -> list
     """PreferencePairs from a JSONL votes file in the studio's export format: image_0 is the
     left image (outcome "a"), image_1 the right; paths relative to `images`; the vote_id, when
     given, is the pair's key (its held-out split is then the studio's). Votes marked excluded
-    are left out, as the studio's fit leaves them out. ValueError listing every bad line."""
+    are left out, as the studio's fit leaves them out. ValueError listing every bad line, a
+    repeated vote_id's included."""
     import numpy as np
     from PIL import Image
 
@@ -376,6 +377,7 @@ def read_votes(path: Path, images: Path, include_excluded: bool = False) -> list
         raise FileNotFoundError(f"--votes: {path} is not a file")
     pairs, problems = [], []
     decoded: dict[str, np.ndarray] = {}
+    vote_lines: dict[str, int] = {}  # vote_id -> the line that first gave it
 
     def image(rel: str, line: int) -> np.ndarray | None:
         if rel not in decoded:
@@ -406,11 +408,16 @@ def read_votes(path: Path, images: Path, include_excluded: bool = False) -> list
                 problems.append(f"line {number}: outcome must be one of {list(OUTCOMES)}, "
                                 f"got {row['outcome']!r}")
                 continue
+            # a repeated vote_id (two exports concatenated) would put every copy on the same
+            # side of the held-out split by key: all of them might be held out, none trained on
+            key = row.get("vote_id")
+            if key is not None and (first := vote_lines.setdefault(str(key), number)) != number:
+                problems.append(f"line {number}: vote_id {key!r} repeats line {first}'s")
+                continue
             if row.get("excluded") and not include_excluded:
                 continue
             a, b = image(row["image_0_path"], number), image(row["image_1_path"], number)
             if a is not None and b is not None:
-                key = row.get("vote_id")
                 pairs.append(PreferencePair(a, b, row["prompt"], row["outcome"],
                                             key=None if key is None else str(key)))
     if problems:

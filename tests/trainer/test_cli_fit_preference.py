@@ -104,3 +104,17 @@ def test_fit_preference_names_every_bad_field_and_line(tmp_path, capsys):
     assert "line 2: not JSON" in err and "line 3: needs string fields image_0_path" in err
     assert "line 4: outcome must be one of" in err and "line 5: image" in err
     assert "missing.png" in err and not out.exists()
+
+
+def test_fit_preference_refuses_repeated_vote_ids(tmp_path, capsys):
+    # two exports concatenated: every vote_id twice. Each copy falls on the same side of the
+    # split by key, and a fit could be left with nothing to train on; the lines are named
+    votes, storage, _ = _export(tmp_path, n=12)
+    text = votes.read_text()
+    votes.write_text(text + text)
+    out = tmp_path / "pref.safetensors"
+    assert main(["fit-preference", "--votes", str(votes), "--images", str(storage), "--out",
+                 str(out), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "line 13: vote_id 1 repeats line 1's" in err
+    assert "line 24: vote_id 12 repeats line 12's" in err and not out.exists()

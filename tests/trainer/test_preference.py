@@ -19,6 +19,7 @@ from trainer.rewards.preference import (
     PreferencePair,
     ShapesPreferenceNet,
     SharedFeatureEnsemble,
+    _held_out_by_key,
     _heldout_split,
     fit_preference_model,
     mirror_augment,
@@ -352,6 +353,16 @@ def test_fit_refuses_too_few_votes():
     pairs = _pairs(3, "larger", flip=0.0, seed=0)
     with pytest.raises(ValueError, match="at least 4 votes"):
         fit_preference_model(pairs + [PreferencePair(pairs[0].image_a, pairs[0].image_b, "one red circle", "both_bad")])
+
+
+def test_fit_refuses_a_split_that_leaves_no_vote_to_train_on():
+    # every vote under one key (a vote file concatenated with itself) lands on one side of the
+    # split by key: here the held-out side, and the fit would train on nothing at all
+    config = FitConfig(epochs=1)
+    key = next(str(k) for k in range(1000) if _held_out_by_key(str(k), config))
+    pairs = [replace(p, key=key) for p in _pairs(12, "larger", flip=0.0, seed=0)]
+    with pytest.raises(ValueError, match="no vote left to train on: all 12 usable votes"):
+        fit_preference_model(pairs, config)
 
 
 # -- CLIP features (features="clip"): a frozen transformers CLIP from a local path with a small

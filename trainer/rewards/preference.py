@@ -511,6 +511,10 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
         raise ValueError(f"need at least {MIN_FIT_VOTES} votes with a preference (a, b or tie), "
                          f"got {len(usable)}")
     held, train, split = _heldout_split(usable, config)
+    if not train:  # e.g. every vote under one key, and that key held out: nothing to learn from
+        raise ValueError(f"no vote left to train on: all {len(usable)} usable votes are held out "
+                         f"(split {split!r}, holdout_fraction {config.holdout_fraction}); "
+                         "are the votes' keys (vote ids) distinct?")
 
     torch.manual_seed(config.seed)  # each member's initialisation differs: drawn in turn
     model = PreferenceModel(config)
