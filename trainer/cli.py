@@ -32,6 +32,8 @@ from trainer.strict_json import RepeatedKeyError, loads_strict
 if TYPE_CHECKING:  # torch stays unimported until a command runs
     import torch
 
+    from trainer.rewards.preference import PreferenceModel
+
 
 # argparse `type=` checks: a value no command can use is refused as the option is parsed,
 # before torch loads or anything is written ("argument --steps: must be ..."), instead of
@@ -429,11 +431,27 @@ def read_votes(path: Path, images: Path, include_excluded: bool = False) -> list
     return pairs
 
 
+def _warm_start_model(path: Path, device: str) -> PreferenceModel:
+    """The preference model at `path` (fit-preference's --warm-start), or a ConfigError saying
+    why not: any other file (a checkpoint, a text file) failed in safetensors' words, with a
+    traceback (SafetensorError "header too large")."""
+    from safetensors import SafetensorError
+
+    from trainer.rewards.preference import PreferenceModel
+
+    if not path.is_file():
+        raise ConfigError(f"--warm-start {path}", "is not a file")
+    try:
+        return PreferenceModel.load(path, device)
+    except (SafetensorError, OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"--warm-start {path}", f"not a preference model file ({exc})") from None
+
+
 def cmd_fit_preference(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from trainer.rewards.fit_config import fit_config_from
-    from trainer.rewards.preference import PreferenceModel, fit_preference_model
+    from trainer.rewards.preference import fit_preference_model
 
     overrides = _parse_overrides(args.set)
     problems = []
@@ -453,7 +471,7 @@ def cmd_fit_preference(args: argparse.Namespace) -> int:
     votes = Path(args.votes)
     pairs = read_votes(votes, Path(args.images) if args.images else votes.parent,
                        args.include_excluded)
-    warm = PreferenceModel.load(args.warm_start, config.device) if args.warm_start else None
+    warm = _warm_start_model(Path(args.warm_start), config.device) if args.warm_start else None
     model = fit_preference_model(pairs, config, warm_start=warm)
     out.parent.mkdir(parents=True, exist_ok=True)
     model.save(out, metadata={"votes_file": str(votes)})

@@ -118,3 +118,16 @@ def test_fit_preference_refuses_repeated_vote_ids(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "line 13: vote_id 1 repeats line 1's" in err
     assert "line 24: vote_id 12 repeats line 12's" in err and not out.exists()
+
+
+def test_fit_preference_names_a_warm_start_that_is_no_preference_model(tmp_path, capsys):
+    votes, storage, _ = _export(tmp_path, n=12)
+    out = tmp_path / "pref.safetensors"
+    junk = tmp_path / "notes.txt"
+    junk.write_text("not a safetensors file at all\n")
+    for warm, says in ((junk, "not a preference model file (Error while deserializing header"),
+                       (tmp_path / "missing.safetensors", "is not a file")):
+        assert main(["fit-preference", "--votes", str(votes), "--images", str(storage), "--out",
+                     str(out), "--device", "cpu", "--warm-start", str(warm)]) == 2
+        err = capsys.readouterr().err
+        assert f"error: --warm-start {warm}: {says}" in err and not out.exists()
