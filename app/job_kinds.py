@@ -127,7 +127,7 @@ class SamplingConfig(_Cfg):
                             f"model's preset's ({REAL_MODEL_SAMPLE_BATCH}), set at submission. "
                             "Lower it when a large model runs out of memory; the images do not "
                             "change.")
-    # before the kinds' own fields: EvaluateConfig's reward_model_paths check reads it
+    # before reward_model_paths: its check reads it
     reward_server_url: str = Field(
         "", max_length=MAX_TEXT, description="Score the rewards on a reward server (`python -m "
         "trainer.rewards.serve`) at this http(s) URL instead of loading reward models in the "
@@ -136,12 +136,29 @@ class SamplingConfig(_Cfg):
         "holds the weights, so reward_model_paths stays empty). Empty: score in the job's own "
         "process.")
 
+    # both kinds score model-backed rewards (reward_names) in the job: both may place them
+    reward_model_paths: dict[str, str] = Field(
+        default_factory=dict, max_length=32, description="Weights directory of a model-backed "
+        "reward, by name, under REWARD_MODELS_DIR or MODELS_DIR; a reward left out loads from "
+        "REWARD_MODELS_DIR/<name>. Empty with reward_server_url.")
+
     @field_validator("reward_server_url")
     @classmethod
     def _reward_server_url(cls, url: str) -> str:
         if url:
             _reward_server_check("reward_server_url", url, {})
         return url
+
+    @field_validator("reward_model_paths")
+    @classmethod
+    def _no_paths_with_a_server(cls, paths: dict[str, str], info: ValidationInfo
+                                ) -> dict[str, str]:
+        # absent from info.data when the URL itself was refused: one error is enough, as
+        # TrainConfig reports
+        url = info.data.get("reward_server_url")
+        if url:
+            _reward_server_check("reward_model_paths", url, paths)
+        return paths
 
 
 class RolloutConfig(SamplingConfig):
@@ -208,10 +225,6 @@ class EvaluateConfig(SamplingConfig):
                                     "shape and combined for the shapes model, "
                                     "jpeg_compressibility for flux / sd3. Each one's mean is "
                                     "stored on the checkpoint.")
-    reward_model_paths: dict[str, str] = Field(
-        default_factory=dict, max_length=32, description="Weights directory of a model-backed "
-        "reward, by name, under REWARD_MODELS_DIR or MODELS_DIR; a reward left out loads from "
-        "REWARD_MODELS_DIR/<name>. Empty with reward_server_url.")
 
     @field_validator("seeds", "prompts")
     @classmethod
@@ -223,17 +236,6 @@ class EvaluateConfig(SamplingConfig):
             raise PydanticCustomError("repeated", "{message}", {
                 "message": f"must not repeat a {what}: {repeated[:5]}"})
         return values
-
-    @field_validator("reward_model_paths")
-    @classmethod
-    def _no_paths_with_a_server(cls, paths: dict[str, str], info: ValidationInfo
-                                ) -> dict[str, str]:
-        # absent from info.data when the URL itself was refused: one error is enough, as
-        # TrainConfig reports
-        url = info.data.get("reward_server_url")
-        if url:
-            _reward_server_check("reward_model_paths", url, paths)
-        return paths
 
 
 def _fit_field(f: dataclasses.Field, annotation: Any) -> tuple[Any, Any]:

@@ -222,7 +222,7 @@ def run_rollout(job_id: int, worker_name: str) -> str:
     if not prompts:
         raise JobError(f"dataset {cfg.dataset_id} has no {cfg.split!r} prompts")
     names = reward_names("rollout", cfg)
-    scorer = prepare_rewards(names, server_url=cfg.reward_server_url)
+    scorer = prepare_rewards(names, cfg.reward_model_paths, cfg.reward_server_url)
     model = load_sampling_model(cfg, cfg.checkpoint_id)
     weights = {name: 1.0 for name in names}
     g, steps, batch = cfg.group_size, cfg.steps, cfg.batch_size

@@ -186,3 +186,47 @@ def test_evaluate_takes_any_registered_reward_and_checks_model_weights(
     assert r.json()["config"]["reward_model_paths"] == {"clip_score": "clip-l14"}
     shutil.copytree(tiny_clip_path, reward_root / "clip_score")
     assert post({"reward_names": ["clip_score", "count"]}).status_code == 201
+
+
+def test_rollout_takes_reward_model_paths_and_its_worker_scores_with_them(
+        client, admin, session, settings, reward_root, tiny_clip_path):
+    """A rollout names model-backed rewards as an evaluate job does, so it places their
+    weights alike: reward_model_paths is checked at submission (it was an unknown field, 422)
+    and the worker loads the reward from there, not from REWARD_MODELS_DIR/<name>."""
+    from app.db import session_scope
+    from app.services import datasets, rollouts
+    from trainer.shapes.world import all_prompts
+    from worker.sampling import run_rollout
+    from worker.tasks import run_job
+
+    data = (all_prompts()[0] + "\n").encode()
+    dataset = datasets.import_dataset(session, filename="p.txt", data=data).dataset.id
+    session.commit()
+
+    def post(config):
+        return client.post("/api/jobs", json={"kind": "rollout", "config": {
+            "dataset_id": dataset, "group_size": 2, "steps": 2, "reward_names": ["clip_score"],
+            **config}}, headers=admin)
+
+    r = post({"reward_model_paths": {"clip_score": "nope"}})
+    assert r.status_code == 422 and list(_errors(r)) == ["reward_model_paths"], r.text
+    assert "does not exist" in _errors(r)["reward_model_paths"]
+    r = post({"reward_model_paths": {"count": "x"}})
+    assert r.status_code == 422 and "not a model-backed reward" in \
+        _errors(r)["reward_model_paths"]
+    r = post({"reward_model_paths": {"clip_score": "clip"},
+              "reward_server_url": "http://reward-server:8100"})
+    assert r.status_code == 422 and list(_errors(r)) == ["reward_model_paths"]
+
+    models = settings.resolved_models_dir
+    models.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(tiny_clip_path, models / "clip-l14")
+    assert not (reward_root / "clip_score").exists()
+    r = post({"reward_model_paths": {"clip_score": "clip-l14"}})
+    assert r.status_code == 201, r.text
+    assert r.json()["config"]["reward_model_paths"] == {"clip_score": "clip-l14"}
+    job_id = r.json()["id"]
+    assert run_job(job_id, run_rollout) == "succeeded"
+    with session_scope() as s:
+        groups, _ = rollouts.list_groups(s, job_id=job_id)
+        assert [set(m.rewards) for g in groups for m in g.samples] == [{"clip_score"}] * 2
