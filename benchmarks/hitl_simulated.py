@@ -455,8 +455,15 @@ def main() -> None:
                     help='more TrainConfig fields for every training run, as JSON, e.g. '
                     '\'{"method": "sde", "rollout_solver": "euler", "clip_range": 1e-4}\'')
     ap.add_argument("--train-budget", type=int, default=1000,
-                    help="votes behind the preference model used for training")
+                    help="votes behind the preference model used for training: one of --budgets "
+                    "(the model trained on is the one fitted at that budget); 0: no preference "
+                    "training run (count alone, with --count-only)")
     args = ap.parse_args()
+    if args.iterations and args.train_budget and args.train_budget not in args.budgets:
+        # the preference runs train on the model fitted at --train-budget: with no fit at that
+        # budget every one of them was skipped, and the summary silently lacked them
+        ap.error(f"--train-budget {args.train_budget} must be one of --budgets "
+                 f"{args.budgets}, or 0 to train count alone")
     dev = args.device
     torch.manual_seed(0)
     base = load_model(TrainConfig()).to(dev)

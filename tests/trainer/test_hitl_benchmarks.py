@@ -52,6 +52,19 @@ def test_overoptimisation_probe_runs_and_reports_the_kl():
     assert all(0.0 <= r["foreground"] <= 1.0 for r in trained.values())
 
 
+def test_hitl_simulated_refuses_a_train_budget_it_never_fits():
+    """The preference runs train on the model fitted at --train-budget; one that is not among
+    --budgets is never fitted, and every preference run was skipped without a word."""
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "hitl_simulated.py"), "--device", "cpu",
+         "--budgets", "20", "--iterations", "1"],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stderr
+    assert "--train-budget 1000 must be one of --budgets [20], or 0 to train count alone" \
+        in done.stderr
+    assert done.stdout == ""  # refused before any sampling or fitting
+
+
 def test_test_size_probe_passes_a_paired_rise_and_fails_a_count_drop(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))  # it imports hitl_simulated, as a script does
     paired_result = _load("hitl_test_size").paired_result
