@@ -466,6 +466,34 @@ def test_zero_size_images_are_422_not_500(server):
         client(["count"], np.zeros((1, 4, 0, 3), dtype=np.uint8), PROMPTS[:1])
 
 
+def test_a_request_over_max_images_is_413_and_the_client_splits_to_fit():
+    """One scoring thread serves every client: a request of more images than --max-images
+    held all the others back (20,000 images: ~27 s). It is refused, naming the limit, on both
+    routes; the job's client reads the limit from /health and sends requests that fit."""
+    import httpx
+
+    app = create_app(["count"], device="cpu", max_images=3)
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(7)]
+    images = _images(7, seed=2)
+    with ServerThread(app) as running:
+        body = encode_score_request(["count"], prompts[:4], images[:4])
+        r = httpx.post(f"{running.url}/score_npy", content=body,
+                       headers={"Content-Type": NPY_MEDIA_TYPE})
+        assert r.status_code == 413, r.text
+        assert r.json()["detail"] == ("images: 4 images in one request; this server takes at "
+                                      "most 3 (--max-images): send them in several requests")
+        r = httpx.post(f"{running.url}/score", json={"rewards": ["count"], "prompts": prompts[:4],
+                                                     "images": encode_images(images[:4])})
+        assert r.status_code == 413 and "at most 3 (--max-images)" in r.json()["detail"]
+        client = RewardClient(running.url, timeout=10)
+        assert client.health()["max_images"] == 3
+        before = client.health()["requests"]
+        scores = client(["count"], images, prompts)
+        assert client.health()["requests"] - before == 3  # 3 + 3 + 1 images
+        np.testing.assert_array_equal(scores["count"],
+                                      compute_rewards(["count"], images, prompts)["count"])
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--max-wait-ms", "inf"], "argument --max-wait-ms: must be a finite number >= 0, got 'inf'"),
     (["--max-wait-ms", "nan"], "argument --max-wait-ms: must be a finite number >= 0, got 'nan'"),
@@ -476,6 +504,7 @@ def test_zero_size_images_are_422_not_500(server):
     (["--port", "99999"], "argument --port: must be a port number 0-65535, got '99999'"),
     (["--port", "-1"], "argument --port: must be a port number 0-65535, got '-1'"),
     (["--max-request-mb", "0"], "argument --max-request-mb: must be an integer >= 1"),
+    (["--max-images", "0"], "argument --max-images: must be an integer >= 1"),
 ])
 def test_the_servers_bad_options_are_one_line_and_exit_2(argv, message, capsys, monkeypatch):
     """Refused before any reward model loads (hpsv2 has no weights here: not reached)."""

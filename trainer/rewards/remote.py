@@ -194,6 +194,7 @@ class RewardClient:
             raise RewardServerError(f"reward server URL {problem}")
         self.url = url.rstrip("/")
         self.timeout = float(timeout) if timeout is not None else _timeout_from_env()
+        self._max_images: int | None = None  # the server's, asked once (max_images())
         # connecting should be quick even when scoring is not: a dead host fails fast
         self._http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(
             self.timeout, connect=min(self.timeout, 10.0)))
@@ -245,6 +246,8 @@ class RewardClient:
         `names` that it has to (all but the run-time ones); the message names those missing."""
         wanted = [n for n in names if n not in LOCAL_REWARDS]
         health = self.health()
+        limit = health.get("max_images")  # what max_images() would ask for, kept
+        self._max_images = limit if isinstance(limit, int) and limit >= 1 else 0
         if health.get("status") != "ok":
             raise RewardServerError(f"reward server at {self.url} is not ready: {health}")
         served = health.get("rewards", [])
@@ -255,6 +258,32 @@ class RewardClient:
                 f"Start it with --rewards naming them, or score them in process (empty "
                 f"reward_server_url)")
 
+    def max_images(self) -> int | None:
+        """The most images the server takes in one request (its /health's max_images, asked
+        once), or None for a server that sets no limit."""
+        if self._max_images is None:
+            limit = self.health().get("max_images")
+            self._max_images = limit if isinstance(limit, int) and limit >= 1 else 0
+        return self._max_images or None
+
+    def _score_npy(self, names: list[str], images: np.ndarray, prompts: list[str]
+                   ) -> dict[str, np.ndarray]:
+        """One POST /score_npy: {name: (N,) float64}, a null score as nan."""
+        body = encode_score_request(names, prompts, images)
+        scores = self._request("POST", "/score_npy", content=body,
+                               headers={"Content-Type": NPY_MEDIA_TYPE}).get("scores", {})
+        out = {}
+        for name in names:
+            # a non-finite score travels as null (JSON has no NaN)
+            values = np.array([np.nan if v is None else v for v in scores.get(name, [])],
+                              dtype=np.float64)
+            if values.shape != (len(prompts),):
+                raise RewardServerError(f"reward server at {self.url} returned "
+                                        f"{values.shape} scores for {name!r}, expected "
+                                        f"({len(prompts)},)")
+            out[name] = values
+        return out
+
     def __call__(self, names: list[str], images: np.ndarray, prompts: list[str]
                  ) -> dict[str, np.ndarray]:
         names = list(names)
@@ -264,18 +293,16 @@ class RewardClient:
             raise ValueError(f"{len(images)} images but {len(prompts)} prompts")
         out = compute_rewards(local, images, prompts) if local else {}
         if remote:
-            body = encode_score_request(remote, list(prompts), images)
-            scores = self._request("POST", "/score_npy", content=body,
-                                   headers={"Content-Type": NPY_MEDIA_TYPE}).get("scores", {})
+            # the server refuses a request of more than its max_images (a 413): split
+            step = self.max_images() or max(len(prompts), 1)
+            parts: dict[str, list[np.ndarray]] = {name: [] for name in remote}
+            for start in range(0, max(len(prompts), 1), step):
+                rows = slice(start, start + step)
+                chunk = self._score_npy(remote, images[rows], list(prompts[rows]))
+                for name in remote:
+                    parts[name].append(chunk[name])
             for name in remote:
-                # a non-finite score travels as null (JSON has no NaN)
-                values = np.array([np.nan if v is None else v for v in scores.get(name, [])],
-                                  dtype=np.float64)
-                if values.shape != (len(prompts),):
-                    raise RewardServerError(f"reward server at {self.url} returned "
-                                            f"{values.shape} scores for {name!r}, expected "
-                                            f"({len(prompts)},)")
-                out[name] = values
+                out[name] = np.concatenate(parts[name])
         return {name: out[name] for name in names}  # in the order asked, as compute_rewards
 
 

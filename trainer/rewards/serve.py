@@ -18,7 +18,10 @@ packages conflict with the trainer's run in their own environment.
 
 A wrong reward name (unknown, or not loaded by this server), malformed images or a prompt
 count that does not match is a 422 whose detail says which; one 422 lists every problem of a
-request.
+request. A request of more than
+`max_images` images (--max-images) is a 413 naming the limit: one scoring thread serves every
+client, so one huge request would hold all the others back (the job's client splits its
+images into requests of at most the limit /health reports).
 
 Batching across requests: every request goes on one queue; one scoring thread takes the
 first waiting request, then gathers more until it holds `max_batch` images or `max_wait_ms`
@@ -65,6 +68,8 @@ DEFAULT_PORT = 8100
 DEFAULT_MAX_BATCH = 64
 DEFAULT_MAX_WAIT_MS = 20.0
 DEFAULT_MAX_REQUEST_MB = 1024
+# most images one request may hold: ~1.5 s of scoring on an H100 for the usual models
+DEFAULT_MAX_IMAGES = 1024
 # how often a waiting request looks whether its client is still there
 DISCONNECT_POLL_S = 0.1
 
@@ -395,9 +400,13 @@ def create_app(rewards: Iterable[str], *, device: str = "auto",
                reward_model_paths: dict[str, str] | None = None,
                max_batch: int = DEFAULT_MAX_BATCH,
                max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
-               max_request_bytes: int = DEFAULT_MAX_REQUEST_MB * 2**20) -> FastAPI:
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_MB * 2**20,
+               max_images: int = DEFAULT_MAX_IMAGES) -> FastAPI:
     """The server's app with `rewards` loaded (see load_rewards); the batcher runs while the
-    app does (its lifespan); request bodies over `max_request_bytes` are 413s."""
+    app does (its lifespan); request bodies over `max_request_bytes`, and requests of more
+    than `max_images` images, are 413s."""
+    if max_images < 1:
+        raise ValueError(f"max_images must be >= 1, got {max_images}")
     import torch
 
     resolved_device = device if device != "auto" else (
@@ -443,7 +452,16 @@ def create_app(rewards: Iterable[str], *, device: str = "auto",
         return {"status": "ok" if batcher.alive() else "stopped", "rewards": served,
                 "device": resolved_device,
                 "max_batch": batcher.max_batch, "max_wait_ms": batcher.max_wait * 1000.0,
-                **batcher.stats()}
+                "max_images": max_images, **batcher.stats()}
+
+    def within_image_cap(images: np.ndarray) -> np.ndarray:
+        # one scoring thread serves every client: a request of 20,000 images held all the
+        # others back for half a minute. Its client splits (the limit is in /health)
+        if len(images) > max_images:
+            raise ScoreError(413, "images", f"{len(images)} images in one request; this "
+                             f"server takes at most {max_images} (--max-images): send them in "
+                             "several requests")
+        return images
 
     # the body is read as a plain object and checked here, not by FastAPI against
     # ScoreRequest: its first failing key was the whole answer ("extra" hid an unknown reward
@@ -469,7 +487,7 @@ def create_app(rewards: Iterable[str], *, device: str = "auto",
         problems += request_problems(rewards, prompts, images)
         if problems:
             return _problem_response(422, problems)
-        return await scored(rewards, prompts, images, request)
+        return await scored(rewards, prompts, within_image_cap(images), request)
 
     @app.post("/score_npy")
     async def score_npy(request: Request) -> Any:
@@ -479,7 +497,7 @@ def create_app(rewards: Iterable[str], *, device: str = "auto",
             raise ScoreError(422, "body", str(exc)) from None
         if problems := request_problems(rewards, prompts, images):
             return _problem_response(422, problems)
-        return await scored(rewards, prompts, images, request)
+        return await scored(rewards, prompts, within_image_cap(images), request)
 
     def request_problems(rewards: list[str] | None, prompts: list[str] | None,
                          images: np.ndarray | None) -> list[dict[str, str]]:
@@ -635,6 +653,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="largest request body taken, in MiB: a bigger one is a 413 before "
                              "it is read (default %(default)s; 64 images of 1024x1024 are "
                              "192 MiB as .npy)")
+    parser.add_argument("--max-images", type=positive_int, default=DEFAULT_MAX_IMAGES,
+                        help="most images one request may hold: more is a 413 naming the "
+                             "limit, so that one request cannot hold every other client back "
+                             "(the jobs split theirs to fit; default %(default)s)")
     parser.add_argument("--device", type=device_name, default="auto",
                         help="torch device of the reward models: auto, cpu, cuda, cuda:1 ...")
     parser.add_argument("--max-batch", type=positive_int, default=DEFAULT_MAX_BATCH,
@@ -666,7 +688,8 @@ def main(argv: list[str] | None = None) -> None:
         app = create_app([n.strip() for n in args.rewards.split(",") if n.strip()],
                          device=args.device, reward_model_paths=args.reward_model_paths,
                          max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
-                         max_request_bytes=args.max_request_mb * 2**20)
+                         max_request_bytes=args.max_request_mb * 2**20,
+                         max_images=args.max_images)
     except (ValueError, FileNotFoundError) as exc:  # RewardWeightsMissing is one
         parser.exit(2, f"reward server: {exc}\n")
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
