@@ -357,6 +357,34 @@ def test_a_client_that_disconnects_mid_request_harms_nobody(server):
     assert after["requests"] - before["requests"] == 2  # A (answer discarded) and D
 
 
+def test_a_request_whose_client_left_stops_at_its_next_chunk():
+    """A request being scored when its client leaves is not scored to its end: the scoring
+    thread stops at its next chunk of max_batch images, free for the others."""
+    calls = []
+
+    def counted(images: np.ndarray, prompts: list[str]) -> np.ndarray:
+        calls.append(len(images))
+        time.sleep(0.3)
+        return get_reward("count")(images, prompts)
+
+    register_reward("test_chunk_calls", counted)
+    try:
+        app = create_app(["test_chunk_calls"], device="cpu", max_batch=1)
+        images, prompts = _images(8, seed=4), [PROMPTS[i % 4] for i in range(8)]
+        with ServerThread(app) as running:
+            with pytest.raises(RewardServerError, match="did not answer within 0.5 s"):
+                RewardClient(running.url, timeout=0.5)(["test_chunk_calls"], images, prompts)
+            time.sleep(8 * 0.3)  # past the time all eight chunks would take
+            assert 1 <= len(calls) < 5, calls  # ~0.1 s to notice, then the chunk in hand
+            assert _health(running)["cancelled"] == 1
+            # the thread is free and answers the next client in full
+            answer = RewardClient(running.url, timeout=30)(["test_chunk_calls"], images[:2],
+                                                           prompts[:2])
+            assert answer["test_chunk_calls"].shape == (2,)
+    finally:
+        registry._REWARDS.pop("test_chunk_calls", None)
+
+
 def test_wrong_reward_names_are_422_naming_them(server):
     client = RewardClient(server.url, timeout=10)
     images = _images(2, seed=4)

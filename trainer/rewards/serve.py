@@ -28,8 +28,9 @@ first waiting request, then gathers more until it holds `max_batch` images or `m
 has passed, and scores each reward once over all gathered images of one size (in chunks of
 at most `max_batch`) before splitting the scores back. One thread owns the models, so one copy
 of each lives on the device. A request whose client disconnects while it waits is dropped
-before it is scored; one that is being scored finishes and its answer is discarded. Neither
-touches the other requests.
+before it is scored; one that is being scored stops at the next chunk of `max_batch` images
+(unless a request batched with it still waits for that reward) and is counted as cancelled.
+Neither touches the other requests.
 
 No authentication: run it on a private network (the compose file publishes no port).
 """
@@ -108,6 +109,12 @@ class _Pending:
     images: np.ndarray  # (N, H, W, 3) uint8
     prompts: list[str]
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    # set by the route when the client has gone: its scoring stops at the next chunk
+    abandoned: threading.Event = field(default_factory=threading.Event)
+
+
+class _Abandoned(Exception):
+    """Every request of a scoring call has lost its client: the rest is not scored."""
 
 
 class Batcher:
@@ -136,13 +143,16 @@ class Batcher:
             self._thread.join(timeout=30)
             self._thread = None
 
-    def submit(self, rewards: list[str], images: np.ndarray, prompts: list[str]
-               ) -> concurrent.futures.Future:
+    def submit(self, rewards: list[str], images: np.ndarray, prompts: list[str],
+               abandoned: threading.Event | None = None) -> concurrent.futures.Future:
         """Queue a request; the future's result is {name: (N,) float64}. RuntimeError when the
-        scoring thread is not running: nobody would ever answer the request."""
+        scoring thread is not running: nobody would ever answer the request. `abandoned`, set
+        once the client has gone, stops its scoring at the next chunk."""
         if not self.alive():
             raise RuntimeError("the reward server's scoring thread is not running")
         pending = _Pending(rewards, images, prompts)
+        if abandoned is not None:
+            pending.abandoned = abandoned
         self._queue.put(pending)
         return pending.future
 
@@ -207,7 +217,12 @@ class Batcher:
         for (name, _), members in groups.items():
             try:
                 scores = self._score_one(name, [m.images for m in members],
-                                         [t for m in members for t in m.prompts])
+                                         [t for m in members for t in m.prompts],
+                                         lambda ms=members: all(m.abandoned.is_set() for m in ms))
+            except _Abandoned as exc:  # nobody waits for these scores: the rest is skipped
+                for m in members:
+                    failed.setdefault(id(m), exc)
+                continue
             except Exception as exc:
                 if len(members) == 1:
                     log.warning("reward %s failed on a request: %s", name, exc)
@@ -234,16 +249,21 @@ class Batcher:
                 p.future.set_result(results[id(p)])
         with self._lock:
             c = self.counters
+            c["cancelled"] += sum(isinstance(failed.get(id(p)), _Abandoned) for p in batch)
             c["batches"] += 1
             c["requests"] += len(batch)
             c["images"] += sum(len(p.prompts) for p in batch)
             c["largest_batch_requests"] = max(c["largest_batch_requests"], len(batch))
 
-    def _score_one(self, name: str, images: list[np.ndarray], prompts: list[str]) -> np.ndarray:
+    def _score_one(self, name: str, images: list[np.ndarray], prompts: list[str],
+                   abandoned: Callable[[], bool] = lambda: False) -> np.ndarray:
         stacked = np.concatenate(images) if len(images) > 1 else images[0]  # (N, H, W, 3)
         fn = get_reward(name)
         parts = []
         for start in range(0, len(prompts), self.max_batch):
+            if abandoned():
+                raise _Abandoned(f"reward {name!r}: the client left; stopped after {start} of "
+                                 f"{len(prompts)} images")
             rows = slice(start, start + self.max_batch)
             parts.append(np.asarray(fn(stacked[rows], prompts[rows]), dtype=np.float64))
         scores = np.concatenate(parts)
@@ -536,9 +556,10 @@ def create_app(rewards: Iterable[str], *, device: str = "auto",
         """Both routes' work once the request is checked: queue, wait, answer."""
         if not len(images):
             return {"scores": {name: [] for name in rewards}}
+        abandoned = threading.Event()
         try:
             future = asyncio.wrap_future(batcher.submit(list(dict.fromkeys(rewards)),
-                                                        images, prompts))
+                                                        images, prompts, abandoned))
         except RuntimeError as exc:  # the scoring thread is gone: /health says "stopped"
             raise ScoreError(503, "server", str(exc)) from None
         while True:
@@ -546,7 +567,9 @@ def create_app(rewards: Iterable[str], *, device: str = "auto",
             if done:
                 break
             if await request.is_disconnected():
-                # cancels the queued request (the batcher then skips it); nobody reads this
+                # cancels the queued request (the batcher then skips it), or stops the one
+                # being scored at its next chunk; nobody reads this
+                abandoned.set()
                 future.cancel()
                 return JSONResponse({"detail": "client disconnected"}, status_code=499)
         try:
