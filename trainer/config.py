@@ -885,6 +885,14 @@ def default_preset(model: str) -> str:
     return f"{model}-lora" if f"{model}-lora" in PRESETS else "shapes-quick-demo"
 
 
+def model_preset(model: str) -> str | None:
+    """The preset a train config naming `model` and no preset starts from (load_config, the
+    job API, the studio's launch form): the model's LoRA preset (flux-lora, sd3-lora), None
+    for the shapes model (the field defaults)."""
+    preset = default_preset(model)
+    return preset if preset == f"{model}-lora" else None
+
+
 def load_config(spec: str | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """A preset name or a JSON file path, then overrides; validated. No spec: the field
     defaults, except that overrides naming flux or sd3 start from that model's preset
@@ -893,8 +901,8 @@ def load_config(spec: str | None, overrides: dict[str, Any] | None = None) -> Tr
     base: dict[str, Any] = {}  # the preset's fields
     data: dict[str, Any] = {}  # the user's own: a JSON file's, then the overrides
     model = (overrides or {}).get("model")
-    if not spec and isinstance(model, str) and default_preset(model) == f"{model}-lora":
-        spec = default_preset(model)
+    if not spec and isinstance(model, str):
+        spec = model_preset(model)
     if spec:
         if spec in PRESETS:
             base.update(PRESETS[spec])

@@ -137,17 +137,54 @@ def form_values(preset: str | None) -> list[Any]:
     return out
 
 
-def rewards_for_model(model: str | None, weights: str | None) -> str | Any:
-    """The reward_weights field when the model changes: a default left as it was follows the
-    model (count for shapes, jpeg_compressibility for a real model), weights someone typed
-    stay as they are."""
-    from trainer.config import default_reward_weights
+def _form_value(d: dict[str, Any], value: Any) -> Any:
+    """A form value as its field holds it, for comparing: a list or dict field's JSON text
+    parsed (text that does not parse stays text)."""
+    if d["type"] in ("list", "dict") and isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def form_for_model(*values: Any) -> list[Any]:
+    """Every field when the model changes (`values` and the result in describe() order): a
+    field still at a model's starting value (the one a job of that model without a preset
+    gets, `model_preset`: flux-lora's or sd3-lora's fields for flux or sd3, the defaults for
+    shapes) moves to the new model's, so that the form launches what the API and the CLI do
+    for the same fields; a value someone typed or a preset set stays. Then the fields the new
+    model refuses go back to their defaults (`fields_for_model`). Only the reward and
+    finetune fields followed the model before: flux launched from the form with the shapes
+    defaults' batch sizes, learning rate, resolution and LoRA rank."""
+    from trainer.config import model_preset
     from trainer.models import model_names
 
-    defaults = {json.dumps(default_reward_weights(m)) for m in model_names()}
-    if str(weights or "").strip() in {"", *defaults}:
-        return json.dumps(default_reward_weights(model or "shapes"))
-    return gr.skip()
+    fields = describe()
+    names = [d["name"] for d in fields]
+    form = dict(zip(names, values, strict=True))
+    starts = [dict(zip(names, form_values(model_preset(m)), strict=True))
+              for m in model_names()]
+    if form["model"] in model_names():
+        new = dict(zip(names, form_values(model_preset(form["model"])), strict=True))
+        for d in fields:
+            name = d["name"]
+            if name != "model" and any(_form_value(d, form[name]) == _form_value(d, start[name])
+                                       for start in starts):
+                form[name] = new[name]
+    reset = fields_for_model(*[form[n] for n in names])
+    form.update((n, v) for n, v in zip(MODEL_DEPENDENT_FIELDS, reset, strict=True)
+                if v != gr.skip())
+    # plain values, the unchanged ones too: a number field takes no update (common.number)
+    return [form[n] for n in names]
+
+
+def model_changed(*values: Any) -> list[Any]:
+    """`form_for_model` without the model field, the outputs of the model's change event:
+    the model set by its own change handler fired the handler again, and the form never
+    settled."""
+    names = [d["name"] for d in describe()]
+    return [v for n, v in zip(names, form_for_model(*values), strict=True) if n != "model"]
 
 
 def finetune_for_model(model: str | None, finetune: str | None) -> str | Any:
@@ -616,15 +653,14 @@ def build_jobs(user: gr.State, tab: gr.Tab | None = None,
                                  *[""] * (len(errors) + 2)],
                       preset, [*inputs, launch_status, dataset_err, *errors],
                       api_visibility="private")
-        comps["model"].change(rewards_for_model, [comps["model"], comps["reward_weights"]],
-                              comps["reward_weights"], api_visibility="private")
-        comps["model"].change(finetune_for_model, [comps["model"], comps["finetune"]],
-                              comps["finetune"], api_visibility="private")
-        # the fields the new model (or finetune) refuses go back to their defaults
-        for changed in ("model", "finetune"):
-            comps[changed].change(fields_for_model, inputs,
-                                  [comps[n] for n in MODEL_DEPENDENT_FIELDS],
-                                  api_visibility="private")
+        # the fields still at the old model's starting values move to the new model's, and
+        # those it refuses go back to their defaults; a finetune change resets the latter
+        comps["model"].change(model_changed, inputs,
+                              [comps[d["name"]] for d in fields if d["name"] != "model"],
+                              api_visibility="private")
+        comps["finetune"].change(fields_for_model, inputs,
+                                 [comps[n] for n in MODEL_DEPENDENT_FIELDS],
+                                 api_visibility="private")
         # the dataset list is re-read when the tab is shown (datasets come and go on the
         # Datasets page), not when the picker opens: Gradio's dropdown throws when its list
         # shrinks while it is open, and the page then stops applying updates

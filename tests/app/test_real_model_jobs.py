@@ -9,6 +9,7 @@ tests/tiny_diffusers.py (the `tiny_flux_path` fixture of tests/conftest.py)."""
 from __future__ import annotations
 
 import io
+import json
 import shutil
 
 import pytest
@@ -388,6 +389,41 @@ def test_the_launch_form_renders_and_submits_the_real_model_fields(settings, adm
     assert config["lora_target_modules"] == ["to_q", "to_v"]
     assert config["gradient_checkpointing"] is True and config["lora_rank"] == 4
     assert config["model"] == "flux" and config["model_path"] == "tiny-flux"
+
+
+def test_choosing_flux_in_the_form_launches_what_the_api_does(client, settings, admin,
+                                                               enqueuer, models):
+    """The form moved only the reward and finetune with the model: flux launched with the
+    shapes defaults' batch sizes (0), learning rate, LoRA rank, resolution and checkpointing,
+    where the API and the CLI start from flux-lora. Back to shapes, the defaults return; a
+    value someone typed stays."""
+    from app.db import session_scope
+    from app.models import Job
+    from app.ui import jobs
+
+    names = [d["name"] for d in jobs.describe()]
+    given = {"model_path": "tiny-flux", "prompts": ["a"], "iterations": 1, "device": "cpu"}
+    form = dict(zip(names, jobs.form_values(None), strict=True))
+    form["model"] = "flux"  # as the page runs the model's change handler
+    form = dict(zip(names, jobs.form_for_model(*form.values()), strict=True))
+    form.update(given, prompts=json.dumps(given["prompts"]))
+    token = {"token": admin["Authorization"].split(" ", 1)[1]}
+    job_id, out = jobs.launch(enqueuer, token, None, *form.values())
+    assert job_id is not None, [e for e in out if e]
+    r = _post(client, admin, "train", {"model": "flux", **given})
+    assert r.status_code == 201, r.text
+    with session_scope() as s:
+        assert s.get(Job, job_id).config == r.json()["config"]
+
+    # back to shapes: the defaults again, the fields given kept
+    form["model"] = "shapes"
+    back = dict(zip(names, jobs.form_for_model(*form.values()), strict=True))
+    defaults = dict(zip(names, jobs.form_values(None), strict=True))
+    assert {n for n in names if back[n] != defaults[n]} == set(given)
+    # a learning rate typed before the model is chosen stays as typed
+    defaults.update(model="flux", learning_rate=3e-6)
+    typed = dict(zip(names, jobs.form_for_model(*defaults.values()), strict=True))
+    assert typed["learning_rate"] == 3e-6 and typed["lora_rank"] == 64
 
 
 def _png(side: int) -> bytes:

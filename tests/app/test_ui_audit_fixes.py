@@ -228,19 +228,12 @@ def test_choosing_shapes_after_the_flux_lora_preset_launches(settings, admin, en
     names = [d["name"] for d in jobs.describe()]
     values = jobs.form_values("flux-lora")
     values[names.index("model")] = "shapes"
-    # the model's handlers, as the page runs them on the change
-    values[names.index("reward_weights")] = jobs.rewards_for_model(
-        "shapes", values[names.index("reward_weights")])
-    values[names.index("finetune")] = jobs.finetune_for_model(
-        "shapes", values[names.index("finetune")])
-    updates = dict(zip(jobs.MODEL_DEPENDENT_FIELDS, jobs.fields_for_model(*values), strict=True))
+    # the model's handler, as the page runs it on the change
+    values = jobs.form_for_model(*values)
     defaults = dict(zip(names, jobs.form_values(None), strict=True))
-    assert updates["lora_rank"] == defaults["lora_rank"]
-    assert updates["resolution"] == defaults["resolution"]
-    assert updates["lora_alpha"] == gr.skip()  # the preset's value is the default's
-    for name, value in updates.items():
-        if value != gr.skip():
-            values[names.index(name)] = value
+    updates = dict(zip(names, values, strict=True))
+    for name in jobs.MODEL_DEPENDENT_FIELDS:
+        assert updates[name] == defaults[name], name
     job_id, out = jobs.launch(enqueuer, _token(admin), None, *values)
     assert job_id is not None, [e for e in out if e]
     # fields a model accepts stay as they are
@@ -249,7 +242,10 @@ def test_choosing_shapes_after_the_flux_lora_preset_launches(settings, admin, en
 
     with gr.Blocks() as page:
         jobs.build_jobs(gr.State(None))
-    for field in ("cfg-model", "cfg-finetune"):
-        event = _wired(page, jobs.fields_for_model, field, "change")
-        assert [c.elem_id for c in event.outputs] == [
-            f"cfg-{n}" for n in jobs.MODEL_DEPENDENT_FIELDS]
+    event = _wired(page, jobs.fields_for_model, "cfg-finetune", "change")
+    assert [c.elem_id for c in event.outputs] == [
+        f"cfg-{n}" for n in jobs.MODEL_DEPENDENT_FIELDS]
+    event = _wired(page, jobs.model_changed, "cfg-model", "change")
+    assert [c.elem_id for c in event.outputs] == [f"cfg-{n}" for n in names if n != "model"]
+    assert jobs.model_changed(*values) == values[:names.index("model")] + values[
+        names.index("model") + 1:]

@@ -116,25 +116,31 @@ def test_choosing_a_real_model_in_the_form_gives_it_a_reward_it_can_train_on(set
     from app.ui import jobs
 
     names = [d["name"] for d in jobs.describe()]
+    rewards = names.index("reward_weights")
+
+    def choose(model: str, values: list) -> list:  # as the page runs the model's change
+        return jobs.form_for_model(*[model if n == "model" else v
+                                     for n, v in zip(names, values, strict=True)])
+
     values = jobs.form_values(None)
-    weights = values[names.index("reward_weights")]
-    assert json.loads(weights) == {"count": 1.0}
-    weights = jobs.rewards_for_model("flux", weights)
-    assert json.loads(weights) == {"jpeg_compressibility": 1.0}
-    assert json.loads(jobs.rewards_for_model("shapes", weights)) == {"count": 1.0}
+    assert json.loads(values[rewards]) == {"count": 1.0}
+    flux = choose("flux", values)
+    assert json.loads(flux[rewards]) == {"jpeg_compressibility": 1.0}
+    assert json.loads(choose("shapes", flux)[rewards]) == {"count": 1.0}
     typed = '{"count": 1, "color": 0.5}'
-    assert jobs.rewards_for_model("sd3", typed) == gr.skip()  # left as typed
+    assert choose("sd3", [typed if i == rewards else v for i, v in enumerate(values)]
+                  )[rewards] == typed  # left as typed
     # finetune follows too: LoRA for a real model (not a 12B full fine-tune by default), and
     # shapes, which trains in full only, back to full
     assert values[names.index("finetune")] == "full"
+    assert flux[names.index("finetune")] == "lora"
+    assert choose("shapes", flux)[names.index("finetune")] == "full"
     assert jobs.finetune_for_model("flux", "full") == "lora"
     assert jobs.finetune_for_model("sd3", "lora") == gr.skip()
     assert jobs.finetune_for_model("shapes", "lora") == "full"
     # launched so, the complaints are the missing model directory and prompts (FLUX does not
     # train on the shapes world's), not the reward
-    values[names.index("model")] = "flux"
-    values[names.index("reward_weights")] = weights
-    job_id, out = jobs.launch(enqueuer, _token(admin), None, *values)
+    job_id, out = jobs.launch(enqueuer, _token(admin), None, *flux)
     errors = {n: e for n, e in zip(names, out[1:], strict=True) if e}
     assert job_id is None and set(errors) == {"model_path", "prompts"}, errors
 

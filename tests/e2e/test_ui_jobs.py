@@ -2,7 +2,7 @@
 the quick demo launches from the form, its progress bar and reward plot move, Cancel stops it;
 the form's own defaults launch; every error shows at once, a folded section opening to show
 its own; the cancel message goes when another job is picked; a model change resets the
-fields the new model refuses."""
+fields the new model refuses, and the others follow the model (flux-lora's for flux)."""
 
 from __future__ import annotations
 
@@ -190,3 +190,10 @@ def test_a_model_change_resets_the_fields_the_model_refuses(server, page):
     launched.wait_for()
     with session_scope() as s:
         jobs.request_cancel(s, int(launched.get_attribute("data-job")))
+    # and flux again: the fields follow to flux-lora's, as the API's job without a preset
+    # (the LoRA rank stayed at shapes' 32, the resolution at 0)
+    page.locator("#cfg-model input").fill("flux")
+    page.get_by_role("option", name="flux", exact=True).click()
+    page.wait_for_function("() => document.querySelector('#cfg-lora_rank input').value === '64'"
+                           " && document.querySelector('#cfg-resolution input').value === '512'"
+                           " && document.querySelector('#cfg-finetune input').value === 'lora'")
