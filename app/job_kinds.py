@@ -197,7 +197,8 @@ class EvaluateConfig(SamplingConfig):
         "the rewards; two or more also give cross-checkpoint pairs to vote on.")
     dataset_id: int | None = Field(None, ge=1, le=MAX_ID, description="Dataset whose "
                                    "`split` prompts are evaluated when `prompts` is empty; "
-                                   "neither given: the shapes world's 48 prompts.")
+                                   "neither given: the shapes world's 48 prompts, for the "
+                                   "shapes model only (flux and sd3 need one of them).")
     split: Literal["train", "eval", "all"] = Field(
         "eval", description="The dataset's split evaluated: 'train', 'eval' or 'all'; read "
         "only with dataset_id and no prompts.")

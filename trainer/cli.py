@@ -25,6 +25,7 @@ from trainer.config import (
     default_preset,
     default_sampling_batch,
     load_config,
+    missing_prompts_problem,
     resolution_problem,
 )
 from trainer.strict_json import RepeatedKeyError, loads_strict
@@ -716,6 +717,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     rewards, scorer = (_checked(problems, _reward_list, args)
                        if spec is not None or args.model else None) or (None, None)
     prompts = _checked(problems, _prompt_list, args.prompts_file)
+    # flux, sd3: the 48 shapes prompts (evaluate's default) are the shapes model's, as train
+    if spec is not None and args.prompts_file is None and (
+            problem := missing_prompts_problem(spec.name, [], evaluate=True)) is not None:
+        problems.append(ConfigError("--prompts-file", problem))
     _raise_problems(problems)
     model = load_flow_model(spec, device=device)
     seeds = tuple(range(args.seeds)) if args.seeds else EVAL_SEEDS
@@ -866,7 +871,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "reward_server_url")
     evaluate.add_argument("--prompts-file", help="held-out prompts: .txt (one per line), "
                           ".jsonl with a \"prompt\" field, or .json (an array of strings or of "
-                          "such objects, as HPDv2's test.json) (default: the 48 shapes prompts)")
+                          "such objects, as HPDv2's test.json); needed for flux and sd3 (default for "
+                          "shapes: its 48 prompts)")
     evaluate.add_argument("--seeds", type=positive_int, default=None,
                           help="seeds 0..N-1 per prompt (default 20)")
     _add_sampling_options(evaluate)

@@ -457,19 +457,26 @@ def prompt_text_problem(text: str) -> str | None:
 
 
 def missing_prompts_problem(model: str, prompts: list, dataset: bool = False,
-                            studio: bool = False) -> str | None:
+                            studio: bool = False, evaluate: bool = False) -> str | None:
     """Why a run of `model` cannot train on `prompts`, or None: a real model's (flux, sd3)
     without any. The shapes world's 48 prompts stand in for a shapes run's, but a FLUX run on
     "three blue triangles" is a mistake, not a default. `dataset`: a dataset gives the prompts
     (the studio reads them at the job's start). The message speaks to the library and CLI, or
-    (`studio`) to the job API and form."""
+    (`studio`) to the job API and form. `evaluate`: the same rule for an evaluation (the CLI's
+    `evaluate`, an evaluate job), which read the shapes prompts for FLUX without a word."""
     from trainer.models import uses_model_directory
 
     if prompts or dataset or not uses_model_directory(model):
         return None
-    given = ("a dataset (dataset_id: its train split) or config.prompts" if studio else
-             "prompts (the CLI's --prompts-file)")
-    return (f"model {model!r} trains on prompts you give: {given}; the 48 shapes prompts are "
+    if evaluate:
+        verb = "is evaluated"
+        given = ("config.prompts or a dataset (config.dataset_id: its split)" if studio else
+                 "--prompts-file")
+    else:
+        verb = "trains"
+        given = ("a dataset (dataset_id: its train split) or config.prompts" if studio else
+                 "prompts (the CLI's --prompts-file)")
+    return (f"model {model!r} {verb} on prompts you give: {given}; the 48 shapes prompts are "
             "the shapes model's")
 
 

@@ -637,6 +637,16 @@ def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
                                               dataset=dataset_id is not None, studio=True):
             problems.append(("prompts", problem))
     _check_model(session, kind, out, problems)
+    if kind == "evaluate" and isinstance(out.get("model"), str) and not (
+            {field for field, _ in problems} & {"model", "checkpoint_ids"}):
+        from trainer.config import missing_prompts_problem
+
+        # the model is known now (its checkpoints'; not when they are of mixed models): flux,
+        # sd3 are not evaluated on the shapes world's 48 prompts, the worker's fallback
+        if problem := missing_prompts_problem(out["model"], out.get("prompts") or [],
+                                              dataset=out.get("dataset_id") is not None,
+                                              studio=True, evaluate=True):
+            problems.append(("prompts", problem))
     _check_paths_and_names(session, kind, out, problems)
     if kind == "fit_preference":
         _check_votes_to_fit(session, out, problems)

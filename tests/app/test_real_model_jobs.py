@@ -311,7 +311,22 @@ def test_sampling_jobs_take_their_checkpoints_model(client, admin, models, sessi
                                          "model": "shapes"})
     assert r.status_code == 422 and list(_errors(r)) == ["model"]
     assert "'flux'" in _errors(r)["model"]
+    # flux is evaluated on prompts it is given, or a dataset's: the 48 shapes prompts (the
+    # worker's fallback) are the shapes model's
     r = _post(client, admin, "evaluate", {"checkpoint_ids": flux_ids})
+    assert r.status_code == 422 and _errors(r) == {"prompts": (
+        "model 'flux' is evaluated on prompts you give: config.prompts or a dataset "
+        "(config.dataset_id: its split); the 48 shapes prompts are the shapes model's")}
+    r = _post(client, admin, "evaluate", {"checkpoint_ids": flux_ids, "dataset_id": ds,
+                                          "split": "all"})
+    assert r.status_code == 201 and r.json()["config"]["model"] == "flux", r.text
+    r = client.post("/api/jobs", json={"kind": "evaluate", "dataset_id": ds,
+                                       "config": {"checkpoint_ids": flux_ids, "split": "all"}},
+                    headers=admin)
+    assert r.status_code == 201, r.text
+    r = _post(client, admin, "evaluate", {"checkpoint_ids": [shapes_id]})  # its own prompts
+    assert r.status_code == 201, r.text
+    r = _post(client, admin, "evaluate", {"checkpoint_ids": flux_ids, "prompts": ["a cat"]})
     assert r.status_code == 201 and r.json()["config"]["model"] == "flux", r.text
     r = _post(client, admin, "evaluate", {"checkpoint_ids": [flux_ids[0], shapes_id]})
     assert r.status_code == 422 and list(_errors(r)) == ["checkpoint_ids"]
@@ -320,10 +335,11 @@ def test_sampling_jobs_take_their_checkpoints_model(client, admin, models, sessi
 
     # the directory the checkpoints were trained from moves: model_path must name it anew
     (models / "tiny-flux").rename(models / "moved")
-    r = _post(client, admin, "evaluate", {"checkpoint_ids": flux_ids})
+    r = _post(client, admin, "evaluate", {"checkpoint_ids": flux_ids, "prompts": ["a cat"]})
     assert r.status_code == 422 and list(_errors(r)) == ["model_path"]
     assert "does not exist" in _errors(r)["model_path"]
-    r = _post(client, admin, "evaluate", {"checkpoint_ids": flux_ids, "model_path": "moved"})
+    r = _post(client, admin, "evaluate", {"checkpoint_ids": flux_ids, "model_path": "moved",
+                                          "prompts": ["a cat"]})
     assert r.status_code == 201, r.text
 
 

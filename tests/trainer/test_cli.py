@@ -520,13 +520,27 @@ def test_a_bad_config_or_set_option_names_the_option(tmp_path, capsys):
 @pytest.mark.parametrize("model", ["flux", "sd3"])
 def test_evaluate_refuses_shapes_only_rewards_for_real_models(model, tmp_path, capsys):
     """The rule train's config applies (shapes_only_problem), before any model loads."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red apple\n")
     line = cli_error(["evaluate", "--model", model, "--model-path", str(tmp_path), "--rewards",
-                      "jpeg_compressibility,count", "--device", "cpu", "--seeds", "1"], capsys)
+                      "jpeg_compressibility,count", "--device", "cpu", "--seeds", "1",
+                      "--prompts-file", str(prompts)], capsys)
     assert line.startswith("error: --rewards: ['count'] score only the shapes "
                            "model's 32x32 images"), line
     assert f"for model {model!r} use image rewards" in line
     # 'preference' is a train job's blend, not a reward evaluate can score: not offered here
     assert "or 'preference'" not in line and "train job's reward_weights" in line
+
+
+@pytest.mark.parametrize("model", ["flux", "sd3"])
+def test_evaluate_of_a_real_model_needs_a_prompts_file(model, tmp_path, capsys):
+    """As train refuses it: the 48 shapes prompts (evaluate's default) are the shapes model's,
+    and FLUX was evaluated on them without a word ("prompts": "the shapes prompts")."""
+    line = cli_error(["evaluate", "--model", model, "--model-path", str(tmp_path),
+                      "--device", "cpu", "--seeds", "1"], capsys)
+    assert line.startswith(f"error: --prompts-file: model {model!r} is evaluated on prompts "
+                           "you give: --prompts-file; the 48 shapes prompts are the shapes "
+                           "model's"), line
 
 
 def test_train_refuses_lora_fields_a_full_fine_tune_would_ignore(tmp_path, capsys):
