@@ -21,8 +21,64 @@ GRID_UPSCALE_MAX_SIDE = 64
 RUN_FILES = ("config.json", "metrics.jsonl", "reward_curve.png", "samples", "checkpoints",
              "tracking")
 # the fields a resumed run takes from the command line; the rest are its saved config's (a
-# new learning rate or seed under an old optimizer state would be neither run)
-RESUME_FIELDS = ("iterations", "device")
+# new learning rate or seed under an old optimizer state would be neither run). These change
+# where or how fast the same run goes, not what it computes: its budget, the device, the
+# model directory once moved (the same model: `moved_model_problem`), micro-batch sizes
+# (batching never changes the results), recomputation and compilation.
+RESUME_FIELDS = ("iterations", "device", "model_path", "rollout_batch_size",
+                 "train_batch_size", "gradient_checkpointing",
+                 "gradient_checkpointing_fraction", "torch_compile")
+
+
+def _transformer_config(directory: str | Path) -> dict | None:
+    """A diffusers directory's transformer/config.json without diffusers' bookkeeping keys
+    ("_class_name", "_diffusers_version", "_name_or_path"); None when it cannot be read."""
+    try:
+        config = json.loads((Path(directory) / "transformer" / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return ({k: v for k, v in config.items() if not k.startswith("_")}
+            if isinstance(config, dict) else None)
+
+
+def moved_model_problem(model: str, old: str, new: str, checkpoint: Path | None
+                        ) -> str | None:
+    """Why a resumed run of `model` cannot take its model from `new` instead of `old`, or
+    None: the new directory's transformer must be the run's. Compared by transformer
+    config.json with the old directory's when it is still there, else with the newest
+    checkpoint's (a full fine-tune's); a LoRA run whose old directory has gone checks that
+    every adapted layer is in the new transformer (the loader checks the shapes again). A new
+    directory that is missing or incomplete is the model directory check's to say."""
+    from trainer.models import LORA_WEIGHTS, safetensors_header, transformer_layer_names
+
+    fresh = _transformer_config(new)
+    if fresh is None:
+        return None
+    reference = _transformer_config(old)
+    source = old
+    if reference is None and checkpoint is not None:
+        reference, source = _transformer_config(checkpoint), str(checkpoint)
+    if reference is not None:
+        differ = sorted(k for k in {*reference, *fresh} if reference.get(k) != fresh.get(k))
+        if differ:
+            return (f"{new} holds another {model} transformer than the run's ({source}): its "
+                    f"config.json differs in {', '.join(differ)}; a resumed run moves to a "
+                    "directory of the same model only")
+        return None
+    lora = checkpoint / LORA_WEIGHTS if checkpoint is not None else None
+    layers = transformer_layer_names(new)
+    if lora is None or not lora.is_file() or layers is None:
+        return None
+    try:
+        adapted = {k.removeprefix("transformer.").removesuffix(".lora_A.weight")
+                   for k in safetensors_header(lora) if k.endswith(".lora_A.weight")}
+    except (OSError, ValueError):
+        return None
+    if missing := sorted(adapted - layers):
+        return (f"{new} holds another {model} transformer than the run's: layer {missing[0]} "
+                f"of the run's LoRA ({lora}) is not in it; a resumed run moves to a directory "
+                "of the same model only")
+    return None
 
 
 def image_grid(images: np.ndarray, scale: int | None = None) -> np.ndarray:
@@ -109,7 +165,8 @@ class RunDirectory:
         """Why a run cannot start in `out`, every reason at once, before anything is
         written: a new run into a directory that holds an earlier one (its checkpoints would
         be kept and a later --resume would load them); a resume that changes fields of the
-        saved config other than RESUME_FIELDS, or whose budget its newest checkpoint has
+        saved config other than RESUME_FIELDS, that moves to a model directory of another
+        model (`moved_model_problem`), or whose budget its newest checkpoint has
         reached already. `given`: the fields the caller set, the only ones held against the
         saved config (a preset's untouched defaults are not the user's); a Mapping also says
         how each was given ("--set", "--config FILE"), which the refusal names."""
@@ -127,6 +184,11 @@ class RunDirectory:
                                 .to_dict())
         new = absolute_paths(config.to_dict())
         how = given if isinstance(given, Mapping) else {}
+        newest = latest_checkpoint(out / "checkpoints")
+        if "model_path" in given and new["model_path"] != saved["model_path"] and (
+                problem := moved_model_problem(saved["model"], saved["model_path"],
+                                               new["model_path"], newest)) is not None:
+            problems.append(ConfigError("model_path", problem))
         for key in sorted(set(given) - set(RESUME_FIELDS)):
             if key in new and new[key] != saved.get(key):
                 by = f" by {how[key]}" if how.get(key) else ""
@@ -135,7 +197,6 @@ class RunDirectory:
                                             "resumed run keeps its config; only "
                                             f"{', '.join(RESUME_FIELDS)} can change (or start a "
                                             "new run in a new --out)"))
-        newest = latest_checkpoint(out / "checkpoints")
         budget = config.iterations if "iterations" in given else saved["iterations"]
         if newest is not None and (m := CHECKPOINT_DIR_RE.match(newest.name)) \
                 and int(m.group(1)) >= budget:

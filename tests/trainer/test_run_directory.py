@@ -134,3 +134,50 @@ def test_the_demo_takes_the_next_free_directory(tmp_path, monkeypatch):
     assert _fresh_run_directory("runs/demo") == "runs/demo"  # empty: free
     (tmp_path / "runs" / "demo" / "metrics.jsonl").write_text("")
     assert _fresh_run_directory("runs/demo") == "runs/demo-2"
+
+
+def test_a_resume_takes_smaller_micro_batches(tmp_path, capsys):
+    """`--set rollout_batch_size=2 --set train_batch_size=1` on --resume was refused ("only
+    iterations, device can change"), though batching never changes the results: a run that
+    ran out of memory could not go on with smaller batches."""
+    out = tmp_path / "run"
+    assert main(["train", "--config", "tiny", "--set", "device=cpu", "--set", "iterations=1",
+                 "--out", str(out), "--no-progress"]) == 0
+    assert main(["train", "--config", "tiny", "--out", str(out), "--resume", "--set",
+                 "iterations=2", "--set", "rollout_batch_size=2", "--set",
+                 "train_batch_size=1", "--set", "torch_compile=false", "--no-progress"]) == 0, \
+        capsys.readouterr().err
+    saved = json.loads((out / "config.json").read_text())
+    assert (saved["rollout_batch_size"], saved["train_batch_size"]) == (2, 1)
+    assert [json.loads(line)["iteration"]
+            for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_a_resume_follows_its_model_directory_to_a_new_place(tmp_path, tiny_flux_path):
+    """`--resume --set model_path=/new/place` was refused ("is '/old' in the run being
+    resumed"): a run whose model directory moved could not go on. The new directory must
+    hold the run's model (the same transformer config.json)."""
+    import shutil
+
+    old = shutil.copytree(tiny_flux_path, tmp_path / "old")
+    fields = {"model": "flux", "model_path": str(old), "finetune": "lora", "lora_rank": 4,
+              "resolution": 32, "prompts": ["a red apple"], "device": "cpu",
+              "reward_weights": {"jpeg_compressibility": 1.0}}
+    out = tmp_path / "run"
+    _saved_run(out, iterations=3, **fields)
+    given = {"iterations", "model_path"}
+    # another transformer than the old directory's is refused, by name
+    other = shutil.copytree(old, tmp_path / "other")
+    transformer = json.loads((other / "transformer" / "config.json").read_text())
+    (other / "transformer" / "config.json").write_text(
+        json.dumps({**transformer, "num_layers": transformer["num_layers"] + 1}))
+    config = load_config("tiny", {**fields, "iterations": 9, "model_path": str(other)})
+    problems = RunDirectory.run_problems(out, config, resume=True, given=given)
+    assert [e.field for e in problems] == ["model_path"]
+    assert "holds another flux transformer than the run's" in problems[0].message
+    assert "differs in num_layers" in problems[0].message
+    # the same model, moved: taken
+    moved = old.rename(tmp_path / "new")
+    config = load_config("tiny", {**fields, "iterations": 9, "model_path": str(moved)})
+    assert RunDirectory.run_problems(out, config, resume=True, given=given) == []
+    assert RunDirectory.run_config(out, config, True, given=given).model_path == str(moved)
