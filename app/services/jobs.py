@@ -247,8 +247,14 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
                                       "another split or 'all'"))
         elif problem := _drawable_problem(model, texts, f"dataset {ds_id} ({split!r} prompts)"):
             problems.append(("dataset_id", problem))
-    # a train job's own prompts are TrainConfig's to check
-    if kind != "train" and (problem := _drawable_problem(model, out.get("prompts") or [])):
+    # a train job's own prompts are TrainConfig's to check. The prompts as given, even when
+    # another check refused them (a repeated one): what the model cannot draw comes in the
+    # same 422. A prompt that is no text (NUL, ...) has its own error; it is left out here,
+    # as are the prompts of a kind that takes none (an unknown field, said already).
+    takes_prompts = (cfg := KINDS[kind].config) is not None and "prompts" in cfg.model_fields
+    if takes_prompts and isinstance(given, list) and all(isinstance(p, str) for p in given) \
+            and (problem := _drawable_problem(model, [
+                p for p in given if prompt_text_problem(p) is None])):
         problems.append(("prompts", problem))
     if out.get("checkpoint_id") is not None:
         if (ckpt := session.get(Checkpoint, out["checkpoint_id"])) is None:

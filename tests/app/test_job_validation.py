@@ -903,3 +903,21 @@ def test_a_prompt_with_a_nul_does_not_hide_another_the_shapes_model_cannot_draw(
     assert messages[0] == "prompt 0: prompt contains NUL (U+0000)", r.text
     assert "draws only shapes prompts" in messages[1], r.text
     assert "'one red\\u200bcircle'" in messages[1] and "circle\\x00" not in messages[1], r.text
+
+
+@pytest.mark.parametrize("kind", ["evaluate", "rollout"])
+def test_a_repeated_prompt_does_not_hide_one_the_shapes_model_cannot_draw(client, admin, kind):
+    """The repeat was the only problem reported ("a cat" twice): that the shapes model cannot
+    draw it came out only on the next try. Both come in one 422."""
+    config = {"checkpoint_ids": [1], "seeds": [0], "prompts": ["a cat", "a cat"]}
+    if kind == "rollout":  # a rollout takes no prompts: an unknown field, no drawable check
+        config = {"dataset_id": 1, "prompts": ["a cat", "a cat"]}
+    r = _post(client, admin, kind, config)
+    assert r.status_code == 422, r.text
+    messages = [e["message"] for e in r.json()["errors"] if e["field"] == "prompts"]
+    if kind == "rollout":
+        assert len(messages) == 1 and "draws only" not in messages[0], r.text
+        return
+    assert len(messages) == 2, r.text
+    assert messages[0] == "must not repeat a prompt: ['a cat']", r.text
+    assert "draws only shapes prompts" in messages[1] and "2 of 2" in messages[1], r.text
