@@ -17,6 +17,7 @@ from app.api.body_limit import FORM_OVERHEAD
 from app.api.deps import (
     AdminDep,
     PathId,
+    PromptQuery,
     QueryId,
     SessionDep,
     SettingsDep,
@@ -250,7 +251,7 @@ def delete_dataset(dataset_id: PathId, session: SessionDep, _admin: AdminDep) ->
 def list_prompts(session: SessionDep, _user: UserDep,
                  dataset_id: QueryId = None,
                  split: Literal["train", "eval"] | None = None,
-                 q: Annotated[str | None, Query(max_length=2000)] = None,
+                 q: PromptQuery = None,
                  limit: Annotated[int, Query(ge=1, le=1000)] = 50,
                  offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> Page[PromptOut]:
     rows, total = svc.list_prompts(session, dataset_id=dataset_id, split=split, q=q,

@@ -8,6 +8,8 @@ from typing import Annotated, Any
 from fastapi import Depends, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import AfterValidator
+from pydantic_core import PydanticCustomError
 from sqlalchemy.orm import Session
 
 from app import db
@@ -143,6 +145,25 @@ SettingsDep = Annotated[Settings, Depends(settings_dep)]
 
 PathId = Annotated[int, Path(ge=1, le=MAX_ID)]
 QueryId = Annotated[int | None, Query(ge=1, le=MAX_ID)]
+
+
+def _prompt_length(value: str | None) -> str | None:
+    # read per request, not fixed when the route is declared: a prompt the MAX_PROMPT_LENGTH
+    # setting lets an upload hold can be searched for. An error of the query's own check (as
+    # max_length says it), so it comes beside the other parameters' problems in one 422.
+    limit = get_settings().max_prompt_length
+    if value is not None and len(value) > limit:
+        raise PydanticCustomError("string_too_long",
+                                  "String should have at most {max_length} characters",
+                                  {"max_length": limit})
+    return value
+
+
+PromptQuery = Annotated[str | None, Query(description="At most MAX_PROMPT_LENGTH characters, "
+                                          "as an uploaded prompt."),
+                        AfterValidator(_prompt_length)]
+"""A query parameter that searches prompts: no longer than the longest prompt a dataset or
+a job may hold (the MAX_PROMPT_LENGTH setting)."""
 
 
 def media_url(rel_path: str) -> str:

@@ -4,7 +4,15 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
-from app.api.deps import MAX_ID, PathId, QueryId, SessionDep, UserDep, media_url
+from app.api.deps import (
+    MAX_ID,
+    PathId,
+    PromptQuery,
+    QueryId,
+    SessionDep,
+    UserDep,
+    media_url,
+)
 from app.api.strict_json import StrictJSONRoute
 from app.models import RolloutGroup
 from app.schemas import GroupOut, Page, SampleOut, refuse_nul
@@ -34,7 +42,7 @@ def group_out(g: RolloutGroup) -> GroupOut:
 def list_groups(session: SessionDep, _user: UserDep, job_id: QueryId = None,
                 iteration: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
                 prompt_id: QueryId = None,
-                prompt: Annotated[str | None, Query(max_length=2000)] = None,
+                prompt: PromptQuery = None,
                 checkpoint_id: QueryId = None,
                 purpose: Literal["train", "rollout", "evaluate"] | None = None,
                 limit: Annotated[int, Query(ge=1, le=500)] = 50,

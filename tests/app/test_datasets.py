@@ -195,6 +195,27 @@ def test_configurable_prompt_length(client, admin, monkeypatch):
         in r.json()["detail"]
 
 
+def test_prompt_searches_take_the_configured_prompt_length(client, admin, monkeypatch):
+    """The searches were capped at 2000 characters whatever MAX_PROMPT_LENGTH said: an
+    uploaded 2,500-character prompt could not be searched for."""
+    from app.config import get_settings
+
+    monkeypatch.setattr(get_settings(), "max_prompt_length", 3000)
+    long = "one red circle " + "x" * 2485
+    assert upload(client, admin, "long.txt", long.encode() + b"\n").status_code == 201
+    r = client.get("/api/prompts", params={"q": long}, headers=admin)
+    assert r.status_code == 200 and r.json()["total"] == 1, r.text
+    r = client.get("/api/rollouts", params={"prompt": long}, headers=admin)
+    assert r.status_code == 200 and r.json()["total"] == 0, r.text
+    # longer than the setting: refused as before, beside the other parameters' problems
+    for path, name in (("/api/prompts", "q"), ("/api/rollouts", "prompt")):
+        r = client.get(path, params={name: "x" * 3001, "limit": 0}, headers=admin)
+        assert r.status_code == 422, r.text
+        errors = {e["field"]: e["message"] for e in r.json()["errors"]}
+        assert errors[name] == "String should have at most 3000 characters", r.text
+        assert "limit" in errors, r.text
+
+
 def test_delete_refuses_dataset_of_running_job(client, admin, session):
     ds = upload(client, admin, "d.txt", b"one red circle\ntwo red circles\n").json()["id"]
     job = client.post("/api/jobs", json={"kind": "rollout", "config": {"dataset_id": ds}},
