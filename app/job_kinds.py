@@ -37,6 +37,12 @@ from trainer.config import (  # one bound for every seed, one rule for sampling 
 )
 from trainer.rewards.fit_config import MIN_FIT_VOTES, FitConfig, fit_fields
 
+# a dataset's splits: each prompt is in one, set at upload (eval_fraction). Named once here:
+# the upload, the prompt filter, the sampling configs' `split` and the UI read it
+SPLITS: tuple[str, ...] = ("train", "eval")
+SplitName = Literal[SPLITS]  # type: ignore[valid-type]
+SplitChoice = Literal[(*SPLITS, "all")]  # type: ignore[valid-type]  # a split, or every prompt
+
 
 class _Cfg(BaseModel):
     # allow_inf_nan=False: NaN or infinity is refused as "not a finite number" (a range check
@@ -167,7 +173,7 @@ class RolloutConfig(SamplingConfig):
     dataset_id: int = Field(ge=1, le=MAX_ID, description="Dataset whose prompts are sampled.")
     checkpoint_id: int | None = Field(None, ge=1, le=MAX_ID,
                                       description="Checkpoint to sample; none = base model.")
-    split: Literal["train", "eval", "all"] = Field(
+    split: SplitChoice = Field(
         "train", description="The dataset's prompts sampled: its 'train' or 'eval' split (set "
         "at upload) or 'all'.")
     max_prompts: int | None = Field(None, ge=1, le=100_000, description="Sample only the "
@@ -199,7 +205,7 @@ class EvaluateConfig(SamplingConfig):
                                    "`split` prompts are evaluated when `prompts` is empty; "
                                    "neither given: the shapes world's 48 prompts, for the "
                                    "shapes model only (flux and sd3 need one of them).")
-    split: Literal["train", "eval", "all"] = Field(
+    split: SplitChoice = Field(
         "eval", description="The dataset's split evaluated: 'train', 'eval' or 'all'; read "
         "only with dataset_id and no prompts.")
     prompts: list[str] = Field(default_factory=list, max_length=MAX_CONFIG_PROMPTS,
@@ -275,6 +281,9 @@ class JobKind:
     summary: str
     config: type[BaseModel] | None  # None: trainer.config.TrainConfig
     launch_role: str = "admin"  # the least trusted role (app.models.ROLES) that may launch it
+    # its samples are stored as rollout groups whose `purpose` is the kind's name (the
+    # Rollouts page and GET /api/rollouts?purpose= filter by it)
+    stores_samples: bool = True
 
     @property
     def task(self) -> str:
@@ -287,8 +296,12 @@ KINDS: dict[str, JobKind] = {k.name: k for k in (
             None),
     JobKind("rollout", "gpu", RolloutConfig.__doc__ or "", RolloutConfig),
     JobKind("evaluate", "gpu", EvaluateConfig.__doc__ or "", EvaluateConfig),
-    JobKind("fit_preference", "cpu", FitPreferenceConfig.__doc__ or "", FitPreferenceConfig),
+    JobKind("fit_preference", "cpu", FitPreferenceConfig.__doc__ or "", FitPreferenceConfig,
+            stores_samples=False),
 )}
 KIND_NAMES: tuple[str, ...] = tuple(KINDS)
 KindName = Literal[KIND_NAMES]  # type: ignore[valid-type]  # the OpenAPI enum of kinds
 QUEUE_NAMES: tuple[str, ...] = tuple(dict.fromkeys(k.queue for k in KINDS.values()))
+# a rollout group's purposes: the kinds whose jobs store samples
+PURPOSES: tuple[str, ...] = tuple(k.name for k in KINDS.values() if k.stores_samples)
+PurposeName = Literal[PURPOSES]  # type: ignore[valid-type]

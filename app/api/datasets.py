@@ -29,6 +29,7 @@ from app.api.deps import (
 )
 from app.api.strict_json import StrictJSONRoute, query_checker
 from app.errors import BadRequest, Invalid, PayloadTooLarge
+from app.job_kinds import SplitName
 from app.limits import MAX_ID, NAME_LENGTH
 from app.schemas import DatasetCreated, DatasetOut, Page, PromptOut
 from app.services import datasets as svc
@@ -250,7 +251,7 @@ def delete_dataset(dataset_id: PathId, session: SessionDep, _admin: AdminDep) ->
 @router.get("/prompts", response_model=Page[PromptOut])
 def list_prompts(session: SessionDep, _user: UserDep,
                  dataset_id: QueryId = None,
-                 split: Literal["train", "eval"] | None = None,
+                 split: SplitName | None = None,
                  q: PromptQuery = None,
                  limit: Annotated[int, Query(ge=1, le=1000)] = 50,
                  offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> Page[PromptOut]:

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 
@@ -14,6 +14,7 @@ from app.api.deps import (
     media_url,
 )
 from app.api.strict_json import StrictJSONRoute
+from app.job_kinds import PurposeName
 from app.models import RolloutGroup
 from app.schemas import GroupOut, Page, SampleOut, refuse_nul
 from app.services import rollouts as svc
@@ -44,7 +45,7 @@ def list_groups(session: SessionDep, _user: UserDep, job_id: QueryId = None,
                 prompt_id: QueryId = None,
                 prompt: PromptQuery = None,
                 checkpoint_id: QueryId = None,
-                purpose: Literal["train", "rollout", "evaluate"] | None = None,
+                purpose: PurposeName | None = None,
                 limit: Annotated[int, Query(ge=1, le=500)] = 50,
                 offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> Page[GroupOut]:
     refuse_nul("prompt", prompt)  # as GET /api/prompts refuses it in q

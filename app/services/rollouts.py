@@ -10,11 +10,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from app.errors import Invalid, NotFound
+from app.job_kinds import PURPOSES
 from app.models import Checkpoint, Job, Prompt, RolloutGroup, Sample
 from app.services import storage
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-PURPOSES = ("train", "rollout", "evaluate")
 
 
 # images larger than this (a real model's 512 px) get a WebP thumbnail of this side beside

@@ -11,7 +11,7 @@ from typing import Any
 import gradio as gr
 
 from app.errors import BadRequest, Invalid
-from app.job_kinds import KINDS
+from app.job_kinds import KINDS, SPLITS
 from app.limits import DEFAULT_BOOTSTRAP, MAX_BOOTSTRAP
 from app.services import checkpoints, leaderboard
 from app.services import jobs as jobs_svc
@@ -318,7 +318,8 @@ def build_leaderboard(user: gr.State, tab: gr.Tab | None = None,
                                          elem_id="leaderboard-dataset")
                 error_box("dataset_id")
             with gr.Column():
-                split = gr.Radio(["eval", "train", "all"], value="eval",
+                # the eval split first: the one an evaluation reads unless told otherwise
+                split = gr.Radio([*reversed(SPLITS), "all"], value="eval",
                                  label=EVALUATE_FIELDS["split"], elem_id="leaderboard-split")
                 error_box("split")
             go = gr.Button("Evaluate these checkpoints", variant="primary",

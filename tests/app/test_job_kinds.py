@@ -171,3 +171,40 @@ def test_the_worker_reads_a_stored_config_as_stored_without_checking_it_again():
     with pytest.raises(ConfigErrors) as err:
         RolloutConfig.from_stored({**stored, "temperature": 1.0, "cfg": 2})
     assert [e.field for e in err.value.errors] == ["temperature", "cfg"]
+
+
+def test_purposes_and_splits_are_declared_once(client, admin):
+    """A rollout group's purposes were listed twice (the service's tuple, the API's Literal)
+    and a dataset's splits in four places: the registry now holds each, and the API's enums
+    and the service read it."""
+    from app import job_kinds
+    from app.services import rollouts
+
+    assert job_kinds.PURPOSES == tuple(k.name for k in job_kinds.KINDS.values()
+                                       if k.stores_samples) == ("train", "rollout", "evaluate")
+    assert rollouts.PURPOSES is job_kinds.PURPOSES
+    assert job_kinds.SPLITS == ("train", "eval")
+    params = {(path, p["name"]): p["schema"]
+              for path in ("/api/rollouts", "/api/prompts")
+              for p in client.get("/openapi.json").json()["paths"][path]["get"]["parameters"]}
+    enum = {key: next(s["enum"] for s in schema.get("anyOf", [schema]) if "enum" in s)
+            for key, schema in params.items() if key[1] in ("purpose", "split")}
+    assert enum == {("/api/rollouts", "purpose"): list(job_kinds.PURPOSES),
+                    ("/api/prompts", "split"): list(job_kinds.SPLITS)}
+
+
+def test_the_ui_sends_to_the_arena_by_the_rollout_kinds_role(settings, annotator,
+                                                             monkeypatch):
+    """"Send newest rollouts to the arena" launches a rollout job: it asked for an admin
+    whatever the registry said of the rollout kind; cancel stays an admin's."""
+    import dataclasses
+
+    from app import job_kinds
+    from app.ui import jobs
+
+    user = {"token": annotator["Authorization"].split(" ", 1)[1]}
+    opened = dataclasses.replace(job_kinds.KINDS["rollout"], launch_role="annotator")
+    monkeypatch.setitem(job_kinds.KINDS, "rollout", opened)
+    assert "needs role admin" in jobs.act(None, "cancel", user, 999_999)
+    text = jobs.act(None, "send", user, 999_999)
+    assert "needs role" not in text and "999999" in text, text
