@@ -202,7 +202,7 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
     if out.get("features") == "clip" and not out.get("clip_path", "").strip():
         problems.append(("clip_path", "features 'clip' needs the local path of CLIP weights "
                                       "(a transformers save_pretrained directory) under "
-                                      "MODELS_DIR"))
+                                      "STORAGE_DIR or MODELS_DIR"))
     elif out.get("clip_path", "").strip():
         from trainer.rewards.preference import clip_dir_problem
 
@@ -603,6 +603,11 @@ def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
     if config is not None and not isinstance(config, dict):
         raise Invalid("config: must be a JSON object", field="config")
     config = dict(config or {})
+    # a request field the config names too (dataset_id, or a train config's unknown "preset"):
+    # two values, so the config's problems name theirs config.<field> in errors[].field (the
+    # request's keeps the bare name, the one the UI places errors by)
+    collides = {f for f, v in (("preset", preset), ("dataset_id", dataset_id))
+                if v is not None and f in config}
     kind_config = KINDS[kind].config
     top: Problems = []  # the request's own fields (preset, dataset_id): reported first
     if dataset_id is not None and kind_config is not None:
@@ -657,11 +662,11 @@ def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
     if kind == "fit_preference":
         _check_votes_to_fit(session, out, problems)
     if top or problems:
-        everything = top + problems
-        errors = [{"field": f, "message": m} for f, m in everything]
+        errors = [{"field": f, "message": m} for f, m in top] + [
+            {"field": f"config.{f}" if f in collides else f, "message": m} for f, m in problems]
         summary = "; ".join([*(f"{f}: {m}" for f, m in top),
                              *(f"config.{f}: {m}" for f, m in problems)])
-        raise Invalid(summary, field=everything[0][0], errors=errors)
+        raise Invalid(summary, field=errors[0]["field"], errors=errors)
     return out
 
 
@@ -696,11 +701,17 @@ def config_problems_beside(session: Session, user: User | None, body: Any
         dataset_id = None  # the envelope's problem, already reported
     else:
         refused_dataset = False
+    # a request field the envelope refused, which the config names too: the envelope's error
+    # has the bare name, so the config's are config.<field> (as validate_config names them
+    # beside a request field it takes)
+    refused_beside = {f for f, v in (("preset", preset), ("dataset_id", dataset_id))
+                      if v is None and body.get(f) is not None and config_usable and f in config}
     try:
         validate_config(session, kind, config if config_usable else {}, preset,
                         dataset_id=dataset_id)
     except Invalid as exc:
-        return [(e["field"], e["message"]) for e in exc.details.get("errors", [])
+        return [(f"config.{e['field']}" if e["field"] in refused_beside else e["field"],
+                 e["message"]) for e in exc.details.get("errors", [])
                 if (config_usable or e["field"] in REQUEST_FIELDS)
                 and not (refused_dataset and e["field"] == "dataset_id")]
     return []

@@ -921,3 +921,36 @@ def test_a_repeated_prompt_does_not_hide_one_the_shapes_model_cannot_draw(client
     assert len(messages) == 2, r.text
     assert messages[0] == "must not repeat a prompt: ['a cat']", r.text
     assert "draws only shapes prompts" in messages[1] and "2 of 2" in messages[1], r.text
+
+
+def test_the_config_s_dataset_id_is_named_apart_from_the_request_s(client, admin, session):
+    """Both errors said field "dataset_id": the request's (it differs from the config's) and
+    the config's own (not found). The config's is config.dataset_id beside a request's."""
+    r = client.post("/api/jobs", json={"kind": "rollout", "dataset_id": 1,
+                                       "config": {"dataset_id": 999_999, "checkpoint_id": 1}},
+                    headers=admin)
+    assert r.status_code == 422, r.text
+    fields = [e["field"] for e in r.json()["errors"]]
+    assert fields.count("dataset_id") == 1 and "config.dataset_id" in fields, r.text
+    assert _errors(r)["config.dataset_id"] == "dataset 999999 not found", r.text
+    assert "differs from config.dataset_id" in _errors(r)["dataset_id"], r.text
+    # beside a request dataset_id the envelope refused, too
+    r = client.post("/api/jobs", json={"kind": "rollout", "dataset_id": "2",
+                                       "config": {"dataset_id": 999_999}}, headers=admin)
+    assert r.status_code == 422, r.text
+    assert _errors(r) == {"dataset_id": "Input should be a valid integer",
+                          "config.dataset_id": "dataset 999999 not found"}, r.text
+    # no request dataset_id: the config's keeps its bare name (the leaderboard places it so)
+    r = _post(client, admin, "rollout", {"dataset_id": 999_999})
+    assert _errors(r) == {"dataset_id": "dataset 999999 not found"}, r.text
+    # and a train config's unknown "preset" beside a request's unknown preset
+    r = _post(client, admin, "train", {"preset": "tiny"}, preset="nope")
+    assert [e["field"] for e in r.json()["errors"]] == ["preset", "config.preset"], r.text
+    assert _job_count(session) == 0
+
+
+def test_clip_features_without_a_path_name_both_places_it_may_be(client, admin):
+    """The message said MODELS_DIR alone; a path under STORAGE_DIR is taken as well."""
+    r = _post(client, admin, "fit_preference", {"features": "clip"})
+    assert r.status_code == 422, r.text
+    assert _errors(r)["clip_path"].endswith("under STORAGE_DIR or MODELS_DIR"), r.text
