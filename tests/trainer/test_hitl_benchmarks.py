@@ -214,3 +214,19 @@ def test_refits_benchmark_fits_both_ways_on_the_same_votes_and_summarises():
     summary = json.loads(out.split("SUMMARY ", 1)[1])
     assert summary["upper"]["speedup"] > 0
     assert summary["upper"]["warm"]["clean_last_round"] == rows[-1]["warm"]["clean"]
+
+
+def test_votes_to_match_random_is_the_fewest_active_votes_reaching_randoms_largest_budget():
+    """Issue 19 compares the selections by the active votes needed to reach random's accuracy
+    at its largest budget (3,000); the summary had only a fixed noisy-accuracy target."""
+    module = _load("hitl_simulated")
+    match = module.votes_to_match_random
+
+    def curve(points):
+        return {b: {"clean": acc} for b, acc in points.items()}
+
+    random = curve({1000: 0.86, 2000: 0.88, 3000: 0.90})
+    # a wobble above then below: the first budget at or above random's 3,000-vote accuracy
+    assert match(curve({1000: 0.87, 1500: 0.90, 2000: 0.89, 3000: 0.93}), random) == 1500
+    assert match(curve({1000: 0.85, 2000: 0.89}), random) is None  # never gets there
+    assert match(curve({3000: 0.90}), random) == 3000  # equal counts as reached
