@@ -427,9 +427,26 @@ def read_votes(path: Path, images: Path, include_excluded: bool = False) -> list
         more = len(problems) - MAX_LISTED_PROBLEMS
         listed = problems[:MAX_LISTED_PROBLEMS] + ([f"... and {more} more"] if more > 0 else [])
         raise ValueError(f"--votes {path}: " + "; ".join(listed))
-    if len({pair.image_a.shape for pair in pairs} | {pair.image_b.shape for pair in pairs}) > 1:
-        raise ValueError(f"--votes {path}: the images differ in size; a fit needs one size")
     return pairs
+
+
+def readable_pairs(pairs: list, features: str, votes: Path) -> tuple[list, int]:
+    """The pairs a fit with `features` reads and how many labelled votes were left out, as the
+    studio's fit_preference job leaves them out (trainer.rewards.preference.readable_votes:
+    the shapes features read only the shapes world's prompts and 32x32 images; a vote on
+    others was fitted on anyway). Skip and both_bad votes carry no label and stay, for the
+    fit to count by outcome, as the job counts them. ValueError when the images left differ in
+    size."""
+    from trainer.rewards.preference import LABELLED_OUTCOMES, readable_votes
+
+    labelled = [pair for pair in pairs if pair.outcome in LABELLED_OUTCOMES]
+    readable, unreadable = readable_votes(labelled, features, lambda pair: pair.prompt,
+                                          lambda pair: (pair.image_a.shape, pair.image_b.shape))
+    kept = {id(pair) for pair in readable}
+    pairs = [pair for pair in pairs if pair.outcome not in LABELLED_OUTCOMES or id(pair) in kept]
+    if len({pair.image_a.shape for pair in pairs} | {pair.image_b.shape for pair in pairs}) > 1:
+        raise ValueError(f"--votes {votes}: the images differ in size; a fit needs one size")
+    return pairs, unreadable
 
 
 def _warm_start_model(path: Path, device: str) -> PreferenceModel:
@@ -470,10 +487,22 @@ def cmd_fit_preference(args: argparse.Namespace) -> int:
         raise ConfigErrors(problems) if len(problems) > 1 else problems[0]
     out = _out_path(args.out, directory=False)
     votes = Path(args.votes)
-    pairs = read_votes(votes, Path(args.images) if args.images else votes.parent,
-                       args.include_excluded)
+    pairs, unreadable = readable_pairs(
+        read_votes(votes, Path(args.images) if args.images else votes.parent,
+                   args.include_excluded), config.features, votes)
     warm = _warm_start_model(Path(args.warm_start), config.device) if args.warm_start else None
-    model = fit_preference_model(pairs, config, warm_start=warm)
+    try:
+        model = fit_preference_model(pairs, config, warm_start=warm)
+    except ValueError as exc:
+        if not unreadable:
+            raise
+        raise ValueError(f"{exc} ({unreadable} more votes are on images its "
+                         f"{config.features!r} features cannot read: other models' samples or "
+                         "prompts; features 'clip' reads any)") from None
+    if unreadable and model.report is not None:  # counted as the fit_preference job counts them
+        model.report.votes_total += unreadable
+        model.report.votes_ignored = {**model.report.votes_ignored,
+                                      "unreadable_images": unreadable}
     out.parent.mkdir(parents=True, exist_ok=True)
     model.save(out, metadata={"votes_file": str(votes)})
     print(json.dumps({"out": str(out), **asdict(model.report)}))

@@ -121,16 +121,13 @@ def fit_votes(session: Session, *, include_excluded: bool = False) -> list[dict[
 def readable_votes(rows: list[dict[str, Any]], features: str,
                    image_shape: Callable[[str], tuple[int, ...]]
                    ) -> tuple[list[dict[str, Any]], int]:
-    """The votes (fit_votes rows) whose two images a fit with `features` reads
-    (trainer.rewards.preference.features_problem: the shapes features read the shapes world
-    alone), and how many were left out. `image_shape(path)`: an image's (H, W, ...), asked
-    only once its prompt passed."""
-    from trainer.rewards.preference import features_problem
+    """The votes (fit_votes rows) whose two images a fit with `features` reads, and how many
+    were left out: trainer.rewards.preference.readable_votes, the rule `fit-preference` applies
+    too. `image_shape(path)`: an image's (H, W, ...), asked only once its prompt passed."""
+    from trainer.rewards.preference import readable_votes as readable
 
-    readable = [row for row in rows if features_problem(features, row["prompt"]) is None
-                and all(features_problem(features, row["prompt"], image_shape(row[side]))
-                        is None for side in ("a_path", "b_path"))]
-    return readable, len(rows) - len(readable)
+    return readable(rows, features, lambda row: row["prompt"],
+                    lambda row: (image_shape(row[side]) for side in ("a_path", "b_path")))
 
 
 def stored_image_shape(rel_path: str) -> tuple[int, int]:

@@ -131,3 +131,33 @@ def test_fit_preference_names_a_warm_start_that_is_no_preference_model(tmp_path,
                      str(out), "--device", "cpu", "--warm-start", str(warm)]) == 2
         err = capsys.readouterr().err
         assert f"error: --warm-start {warm}: {says}" in err and not out.exists()
+
+
+def test_fit_preference_leaves_out_votes_the_shapes_features_cannot_read(tmp_path, capsys):
+    """As the studio's fit_preference job does (worker/preference.py): a vote on images that
+    are not the shapes world's 32x32 ones is left out and counted as unreadable_images. The CLI
+    fitted the shapes features on 64x64 images instead (rc 0, every vote fitted)."""
+    votes, storage, lines = _export(tmp_path, n=24)
+    for i in range(10):  # 64x64 images of a shapes prompt, as another model's samples
+        paths = []
+        for side in "ab":
+            rel = f"samples/big-{i}-{side}.png"
+            Image.fromarray(np.full((64, 64, 3), 40 * i % 250, np.uint8)).save(storage / rel)
+            paths.append(rel)
+        lines.append({"vote_id": 100 + i, "prompt": "one red square", "image_0_path": paths[0],
+                      "image_1_path": paths[1], "outcome": "a", "excluded": False})
+    votes.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    args = ["fit-preference", "--votes", str(votes), "--images", str(storage), "--device",
+            "cpu", "--set", "epochs=1", "--set", "ensemble=1"]
+    assert main([*args, "--out", str(tmp_path / "p.safetensors")]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["votes_ignored"]["unreadable_images"] == 10
+    assert report["votes_total"] == len(lines) - 1  # the excluded vote alone is not counted
+    assert report["votes_fitted"] == 23 - report["votes_ignored"].get("skip", 0) - \
+        report["votes_ignored"].get("both_bad", 0)
+    # votes on 64x64 images alone: no vote to fit on, and the message says why
+    votes.write_text("".join(json.dumps(line) + "\n" for line in lines[24:]))
+    assert main([*args, "--out", str(tmp_path / "q.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert "10 more votes are on images its 'shapes' features cannot read" in err, err
+    assert not (tmp_path / "q.safetensors").exists()

@@ -27,10 +27,10 @@ import json
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -206,6 +206,24 @@ def features_problem(features: str, prompt: str, image_shape: tuple[int, ...] | 
         return (f"a {image_shape[1]}x{image_shape[0]} image (the shapes features read the "
                 f"shapes world's {IMAGE_SIZE}x{IMAGE_SIZE} ones)")
     return None
+
+
+V = TypeVar("V")  # a vote, in whatever form its caller holds it
+
+
+def readable_votes(votes: Sequence[V], features: str, prompt_of: Callable[[V], str],
+                      image_shapes_of: Callable[[V], Iterable[tuple[int, ...]]]
+                      ) -> tuple[list[V], int]:
+    """The votes whose prompt and two images a fit with `features` reads (features_problem:
+    the shapes features read the shapes world's prompts and 32x32 images alone), and how many
+    were left out; the rule the studio's fit_preference job and `fit-preference` share, so a
+    vote the job leaves out the CLI leaves out too. `image_shapes_of(vote)`: its images'
+    (H, W, ...), iterated only once its prompt passed (lazily: a shape may mean reading a
+    file header)."""
+    readable = [vote for vote in votes if features_problem(features, prompt_of(vote)) is None
+                and all(features_problem(features, prompt_of(vote), shape) is None
+                        for shape in image_shapes_of(vote))]
+    return readable, len(votes) - len(readable)
 
 
 def saved_features(path: str | Path) -> str:
@@ -630,5 +648,5 @@ def warm_start_problem(previous: PreferenceModel, config: FitConfig) -> str | No
 
 __all__ = ["MIN_FIT_VOTES", "clip_dir_problem", "FitConfig", "warm_start_problem", "FitReport",
            "FitStopped", "PreferenceModel", "PreferencePair", "fit_preference_model",
-           "ShapesPreferenceNet", "ShapesHead", "SharedFeatureEnsemble",
+           "ShapesPreferenceNet", "readable_votes", "ShapesHead", "SharedFeatureEnsemble",
            "PROMPT_LENGTH", "Outcome", "OUTCOMES", "LABELLED_OUTCOMES", "TARGET_A"]
