@@ -671,26 +671,40 @@ def _reward_list(args: argparse.Namespace) -> tuple[list[str], Any]:
     # the rule train's config applies: the shapes rewards mean nothing on FLUX's or SD3's images
     if (problem := shapes_only_problem(names, args.model or "shapes")) is not None:
         raise ConfigError("--rewards", problem)
+    problems: list[ConfigError] = []  # every --reward-model-path problem said at once
     paths = {}
     for pair in args.reward_model_path:
         name, sep, path = pair.partition("=")
         if not sep or not name or not path:
-            raise ConfigError("--reward-model-path", f"must look like NAME=DIR, got {pair!r}")
-        if name not in names:  # a typo in either list would otherwise go unnoticed
-            raise ConfigError("--reward-model-path", f"{name!r} is not among the rewards "
-                              f"evaluated ({', '.join(names)})")
-        paths[name] = path
+            problems.append(ConfigError("--reward-model-path",
+                                        f"must look like NAME=DIR, got {pair!r}"))
+        elif name not in names:  # a typo in either list would otherwise go unnoticed
+            problems.append(ConfigError("--reward-model-path", f"{name!r} is not among the "
+                                        f"rewards evaluated ({', '.join(names)})"))
+        else:
+            paths[name] = path
     if args.reward_server_url:  # the rules of a job's reward_server_url, in the CLI's names
         flags = {"reward_server_url": "--reward-server-url",
                  "reward_model_paths": "--reward-model-path"}
-        if problems := reward_server_problems(args.reward_server_url, paths):
-            raise ConfigErrors([ConfigError(flags[p.field], p.message) for p in problems])
+        problems += [ConfigError(flags[p.field], p.message)
+                     for p in reward_server_problems(args.reward_server_url, paths)]
+        if problems:
+            raise ConfigErrors(problems)
         # RewardServerError (down, or lacking a reward) names the URL: one line (main)
         return names, prepare_scorer(names, args.reward_server_url)
+    # a weights directory's problems name the flag typed, not the config field a job's has
+    setting = "--reward-model-path {name}=..."
+    if problems:  # said with every weights directory that is missing or incomplete too
+        from trainer.rewards.models import MODEL_REWARDS, weights_problem
+
+        problems += [ConfigError("", problem) for n in names if n in MODEL_REWARDS
+                     and (problem := weights_problem(n, paths, paths_setting=setting))]
+        raise ConfigErrors(problems)
     # RewardWeightsMissing names the reward and the files; weights that are there but do not
     # load (empty, truncated) are one line naming the reward and its directory, before any
     # sampling rather than after it
-    return names, prepare_scorer(names, "", paths, available_device(args.device, "--device"))
+    return names, prepare_scorer(names, "", paths, available_device(args.device, "--device"),
+                                 paths_setting=setting)
 
 
 def _prompt_list(path: str | None) -> list[str] | None:

@@ -208,7 +208,9 @@ def test_evaluate_refuses_unknown_rewards_and_missing_weights_before_sampling(tm
                    "--reward-model-path", f"pickscore={tmp_path / 'none'}")
     assert proc.returncode == 2
     assert "'pickscore'" in proc.stderr and "config.json" in proc.stderr
-    assert "reward_model_paths['pickscore']" in proc.stderr
+    # named by the flag typed, not by the config field a job's path comes from
+    assert "(from --reward-model-path pickscore=...)" in proc.stderr, proc.stderr
+    assert "reward_model_paths" not in proc.stderr
 
 
 def test_every_subcommand_and_option_says_what_it_does():
@@ -603,14 +605,14 @@ def test_evaluate_names_reward_weights_that_do_not_load_before_sampling(tmp_path
             "--device", "cpu", "--seeds", "1", "--steps", "1"]
     line = cli_error(args, capsys)
     assert line.startswith(f"error: reward 'clip_score': the weights in {str(broken)!r} (from "
-                           "reward_model_paths['clip_score']: "), line
+                           "--reward-model-path clip_score=...: "), line
     assert "model.safetensors" in line and "cannot be loaded: " in line and not sampled
 
     for weights in broken.glob("*.safetensors"):
         weights.write_bytes(b"not safetensors at all")
     line = cli_error(args, capsys)
     assert line.startswith(f"error: reward 'clip_score': weights directory {str(broken)!r} "
-                           "(from reward_model_paths['clip_score']) has damaged files: "), line
+                           "(from --reward-model-path clip_score=...) has damaged files: "), line
     assert "model.safetensors: not a safetensors file" in line and not sampled
 
 
@@ -668,6 +670,24 @@ def test_evaluate_refuses_a_rewards_list_naming_none_and_a_stray_weights_path(tm
                       "--reward-model-path", f"pickscore={tmp_path}"], capsys)
     assert line == ("error: --reward-model-path: 'pickscore' is not among the rewards "
                     "evaluated (count)"), line
+
+
+def test_evaluate_says_every_reward_weights_problem_at_once(tmp_path, capsys):
+    """A stray --reward-model-path was said alone: the incomplete directory of a reward
+    evaluated came out only once that was fixed."""
+    partial = tmp_path / "pick"
+    partial.mkdir()
+    (partial / "config.json").write_text("{}")
+    lines = cli_errors(["evaluate", "--rewards", "count,pickscore", "--device", "cpu",
+                        "--reward-model-path", f"aesthetic={tmp_path}",
+                        "--reward-model-path", "nonsense",
+                        "--reward-model-path", f"pickscore={partial}"], capsys)
+    assert lines[:2] == ["error: --reward-model-path: 'aesthetic' is not among the rewards "
+                         "evaluated (count, pickscore)",
+                         "error: --reward-model-path: must look like NAME=DIR, got 'nonsense'"]
+    assert len(lines) == 3 and lines[2].startswith(
+        f"error: reward 'pickscore': weights directory {str(partial)!r} (from "
+        "--reward-model-path pickscore=...) lacks "), lines
 
 
 def test_sample_reads_a_jsonl_prompts_file_and_a_byte_order_mark_stays_out(tmp_path):

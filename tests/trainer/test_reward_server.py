@@ -659,6 +659,21 @@ def test_asking_a_server_for_preference_says_it_is_the_jobs_own(server):
     assert "['preference']: the training job's own model from votes" in message, message
 
 
+def test_incomplete_weights_are_named_by_the_servers_flag(tmp_path):
+    """`python -m trainer.rewards.serve --reward-model-paths pickscore=DIR`: the message named
+    the config field (reward_model_paths['pickscore']), not the flag typed."""
+    from trainer.rewards.serve import load_rewards
+
+    partial = tmp_path / "pick"
+    partial.mkdir()
+    (partial / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError) as error:  # RewardWeightsMissing
+        load_rewards(["pickscore"], {"pickscore": str(partial)}, "cpu")
+    message = str(error.value)
+    assert f"{str(partial)!r} (from --reward-model-paths pickscore=...) lacks " in message
+    assert "reward_model_paths[" not in message
+
+
 def test_a_weights_path_for_a_reward_not_served_is_refused():
     from trainer.rewards.serve import load_rewards
 

@@ -106,6 +106,10 @@ class ModelReward:
 
 _lock = threading.Lock()
 _paths: dict[str, str] = {}  # reward_model_paths of the running job
+# how a message names where _paths came from, `{name}` the reward: the config field for a
+# job, the flag the user typed for the CLI and the reward server (configure_reward_models)
+PATHS_SETTING = "reward_model_paths[{name!r}]"
+_paths_setting = PATHS_SETTING
 _device: torch.device | None = None
 _cache: dict[tuple[str, str, str], Callable[[np.ndarray, list[str]], np.ndarray]] = {}
 
@@ -119,11 +123,14 @@ def default_models_dir() -> Path:
 
 
 def configure_reward_models(paths: dict[str, str] | None = None,
-                            device: torch.device | str | None = None) -> None:
+                            device: torch.device | str | None = None,
+                            paths_setting: str = PATHS_SETTING) -> None:
     """Set the per-reward directories (a train config's `reward_model_paths`) and the device
     the models run on, for this process. Models already loaded stay cached by directory and
-    device, so switching back costs nothing."""
-    global _device
+    device, so switching back costs nothing. `paths_setting`: how messages name where a
+    directory of `paths` came from, `{name}` the reward (default the config field; a command
+    line passes its flag, e.g. "--reward-model-paths {name}=...")."""
+    global _device, _paths_setting
     unknown = sorted(set(paths or {}) - set(MODEL_REWARDS))
     if unknown:
         raise ValueError(f"reward_model_paths: {unknown} are not model-backed rewards; known: "
@@ -131,18 +138,23 @@ def configure_reward_models(paths: dict[str, str] | None = None,
     with _lock:
         _paths.clear()
         _paths.update(paths or {})
+        _paths_setting = paths_setting
         if device is not None:
             _device = torch.device(device)
 
 
 def reward_model_dir(name: str, paths: dict[str, str] | None = None,
-                     default_dir: Path | None = None) -> tuple[Path, str]:
+                     default_dir: Path | None = None, paths_setting: str | None = None
+                     ) -> tuple[Path, str]:
     """(directory, the setting it comes from) of the model-backed reward `name`: `paths[name]`
     (default: those configure_reward_models set), else `default_dir` (default:
-    default_models_dir()) / name."""
+    default_models_dir()) / name. `paths_setting` names where `paths` came from, `{name}` the
+    reward (default: the configured paths' label, or the config field for `paths` given)."""
+    if paths_setting is None:
+        paths_setting = _paths_setting if paths is None else PATHS_SETTING
     paths = _paths if paths is None else paths
     if paths.get(name):
-        return Path(paths[name]), f"reward_model_paths[{name!r}]"
+        return Path(paths[name]), paths_setting.format(name=name)
     if default_dir is None and not os.environ.get(ENV_DIR):
         # said as it is: nothing was set, and a relative default hangs on where one stands
         where = ("DATA_DIR/reward_models" if os.environ.get("DATA_DIR") else
@@ -157,13 +169,15 @@ def expected_files(name: str) -> list[str]:
 
 
 def weights_problem(name: str, paths: dict[str, str] | None = None,
-                    default_dir: Path | None = None, check_packages: bool = True) -> str | None:
+                    default_dir: Path | None = None, check_packages: bool = True,
+                    paths_setting: str | None = None) -> str | None:
     """Why the model-backed reward `name` cannot load (its package missing, its directory
     missing or incomplete), naming the reward, the setting and the files expected; None when
-    it can. `paths` and `default_dir` as reward_model_dir takes them. `check_packages=False`
-    (a caller whose environment is not the one that trains) checks the files alone."""
+    it can. `paths`, `default_dir` and `paths_setting` as reward_model_dir takes them.
+    `check_packages=False` (a caller whose environment is not the one that trains) checks the
+    files alone."""
     spec = MODEL_REWARDS[name]
-    directory, setting = reward_model_dir(name, paths, default_dir)
+    directory, setting = reward_model_dir(name, paths, default_dir, paths_setting)
     expected = "; ".join(expected_files(name))
     problems = []
     if ((check_packages or not spec.implemented)

@@ -321,7 +321,7 @@ def reward_scorer(server_url: str = "") -> Scorer:
 
 def prepare_scorer(names: list[str] | dict[str, Any], server_url: str = "",
                    model_paths: dict[str, str] | None = None,
-                   device: Any = None) -> Scorer:
+                   device: Any = None, paths_setting: str | None = None) -> Scorer:
     """Ready the rewards `names` for a job, at its start, before any model loads, and return
     `reward_scorer(server_url)`. With a server: it must be up and serve every name but the
     run-time ones (RewardServerError names the URL and what is missing). In process: the
@@ -329,7 +329,9 @@ def prepare_scorer(names: list[str] | dict[str, Any], server_url: str = "",
     on `device`: weights that are missing raise RewardWeightsMissing, weights that are there
     but do not load a ValueError naming the reward and its files (they are loaded here, not
     at the first scoring after minutes of sampling). Train, rollout and evaluate jobs all
-    start through here, so a job that scores checks its rewards one way."""
+    start through here, so a job that scores checks its rewards one way. `paths_setting`:
+    how messages name where `model_paths` came from (configure_reward_models; default the
+    config field, a job's)."""
     if server_url:
         client = reward_client(server_url)
         client.check(names)
@@ -337,12 +339,13 @@ def prepare_scorer(names: list[str] | dict[str, Any], server_url: str = "",
     # imported here: torch and the model adapters, which a process scoring on a server never
     # needs to load
     from trainer.rewards.models import (
+        PATHS_SETTING,
         check_reward_models,
         configure_reward_models,
         load_reward_models,
     )
 
-    configure_reward_models(model_paths, device)
+    configure_reward_models(model_paths, device, paths_setting or PATHS_SETTING)
     check_reward_models(names)
     load_reward_models(names)
     return compute_rewards

@@ -302,7 +302,8 @@ def load_rewards(names: Iterable[str], paths: dict[str, str] | None = None,
                          f"serve ({', '.join(names)})")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    configure_reward_models(paths or {}, device)
+    # messages name the flag the user typed, not the config field a job's path comes from
+    configure_reward_models(paths or {}, device, "--reward-model-paths {name}=...")
     check_reward_models(names)
     # loads and caches each model; one that does not load is a ValueError naming it (the
     # command line's one-line refusal)
