@@ -27,6 +27,16 @@ def _votes_of(name: str) -> list[Vote]:
         return list(s.scalars(select(Vote).where(Vote.annotator_id == uid).order_by(Vote.id)))
 
 
+def _nth_vote_of(name: str, n: int, timeout: float = 30.0) -> Vote:
+    """The annotator's n-th vote (1-based) once it is stored: the arena shows the next pair
+    while the vote is still being written, so on a loaded machine the pair can come first."""
+    deadline = time.monotonic() + timeout
+    while len(votes := _votes_of(name)) < n:
+        assert time.monotonic() < deadline, f"{name}'s vote {n} was never stored"
+        time.sleep(0.1)
+    return votes[n - 1]
+
+
 def _shown_nonce(page) -> str:
     return page.locator("#arena-pair .ngs-pair[data-nonce]").get_attribute("data-nonce")
 
@@ -74,12 +84,12 @@ def test_every_votes_reveal_shows_and_bold_text_takes_one_font(server, page):
 
     _vote(page, "#vote-tie")
     first_at = time.monotonic()
-    first = _votes_of("reveal-voter")[-1]
+    first = _nth_vote_of("reveal-voter", 1)
     _wait_reveal(page, first.id)
     # past the first reveal's fade (3.5 s): the animation has run out
     time.sleep(max(0.0, first_at + 4.2 - time.monotonic()))
     _vote(page, "#vote-b")
-    second = _votes_of("reveal-voter")[-1]
+    second = _nth_vote_of("reveal-voter", 2)
     assert second.id != first.id
     _wait_reveal(page, second.id)
     style = page.locator("#arena-reveal .ngs-reveal").evaluate(
