@@ -31,6 +31,7 @@ from pathlib import Path
 from sqlalchemy import func, select
 
 from app.errors import Unavailable
+from app.parent_death import die_with_parent
 from app.services.jobs import SHAPES_DATASET, Enqueuer
 
 log = logging.getLogger(__name__)
@@ -119,25 +120,6 @@ def stop_process(proc: subprocess.Popen, timeout: float = 60.0) -> None:
         proc.wait()
 
 
-def _die_with_parent(parent: int) -> Callable[[], None] | None:
-    """A preexec_fn that has the kernel send the child SIGTERM (a worker's warm shutdown) when
-    the thread that started it exits: serve killed (kill -9, a crash) left its worker, which
-    runs in a session of its own, training as an orphan beside the next start's. Linux only
-    (prctl PR_SET_PDEATHSIG); elsewhere None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
-
-    def preexec() -> None:
-        prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # serve died between the fork and the prctl
-            os._exit(1)
-
-    return preexec
-
-
 def _how_it_ended(code: int) -> str:
     return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
 
@@ -151,7 +133,7 @@ WORKER_STABLE_SECONDS = 60.0
 class WorkerKeeper:
     """serve's embedded worker, looked after. Started in a session of its own (Ctrl-C reaches
     serve only, which stops it after uvicorn) and told by the kernel to stop when serve dies
-    (_die_with_parent). A thread waits on it: when it exits and nobody called stop(), one line
+    (app.parent_death). A thread waits on it: when it exits and nobody called stop(), one line
     says so and a new worker starts, up to `restarts` times in a row; then `on_give_up` runs
     (serve: stop the server, exit 1). Killed, it had gone unnoticed: serve served jobs that
     nobody would run."""
@@ -173,7 +155,7 @@ class WorkerKeeper:
         self._started = time.monotonic()
         self.proc = subprocess.Popen(self.command, cwd=ROOT, start_new_session=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                                     preexec_fn=_die_with_parent(os.getpid()))
+                                     preexec_fn=die_with_parent(os.getpid()))
         return self.proc
 
     def start(self) -> subprocess.Popen:

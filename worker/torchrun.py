@@ -27,7 +27,6 @@ holder.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import os
@@ -46,6 +45,7 @@ from pathlib import Path
 from app.config import get_settings
 from app.db import session_scope
 from app.models import JobStatus
+from app.parent_death import die_with_parent
 from app.services import jobs
 from trainer.config import TrainConfig
 from worker.lease import JobError, TaskOutcome
@@ -193,25 +193,6 @@ def check_world(config: TrainConfig, nnodes: int, nproc: int) -> None:
                        f"worker's TRAIN_NPROC ({nproc}) = {world}")
 
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def die_with_parent(parent: int) -> None:
-    """A Popen `preexec_fn`: the kernel sends this child SIGTERM when the thread that started
-    it ends (Linux). A worker killed with SIGKILL (OOM killer, kill -9) could otherwise leave
-    torchrun, re-parented to PID 1, and its ranks training on under the dead worker's lease
-    while the restarted worker takes another job onto the same cards. SIGTERM, not SIGKILL:
-    torchrun stops its ranks on it (a SIGKILLed torchrun would orphan them). The task runs
-    on the worker's main thread (README: --pool solo), whose end is the process's."""
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):  # not Linux: no such guard
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:  # it died before prctl: no signal would come
-            os.kill(os.getpid(), signal.SIGTERM)
-
-
 def held(job_id: int, holder: str) -> bool:
     with session_scope() as s:
         return jobs.holds(s, job_id, holder)
@@ -236,8 +217,7 @@ def supervise(cmd: list[str], job_id: int, holder: str, shutdown: threading.Even
     try:
         with log_path.open("wb") as out, log_path.open("rb") as follow:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                    preexec_fn=functools.partial(die_with_parent, os.getpid())
-                                    if sys.platform == "linux" else None)
+                                    preexec_fn=die_with_parent(os.getpid()))
             if on_started is not None:
                 on_started()
             lost_since: float | None = None
