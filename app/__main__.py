@@ -31,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="port to listen on (default $PORT or 8000)")
     sv.add_argument("--no-worker", action="store_true", help="do not start a worker process")
     sv.add_argument("--no-demo-job", action="store_true",
-                    help="do not launch the quick demo training job on the first start")
+                    help="do not queue the demo jobs on the first start (the arena's "
+                         "base-model rollouts and the quick demo training job)")
     return parser
 
 

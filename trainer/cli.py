@@ -892,7 +892,7 @@ def build_parser() -> argparse.ArgumentParser:
                         ".jsonl with a \"prompt\" field, or .json (an array of strings or of "
                         "such objects)")
     sample.add_argument("--seeds", type=positive_int, default=4,
-                        help="seeds 0..N-1 per prompt")
+                        help="seeds 0..N-1 per prompt (default 4)")
     sample.add_argument("--out", required=True, help="directory for the PNGs")
     _add_sampling_options(sample)
     sample.set_defaults(func=cmd_sample)
@@ -932,11 +932,16 @@ def build_parser() -> argparse.ArgumentParser:
     base.add_argument("--width", type=positive_int,
                       help="transformer width, a multiple of 4 (default 128)")
     base.add_argument("--depth", type=positive_int, help="transformer blocks (default 6)")
-    base.add_argument("--seed", type=non_negative_int, help="default 0")
-    base.add_argument("--patch-size", type=int, choices=[2, 4, 8], help="default 4")
-    base.add_argument("--ema-decay", type=ema_decay, help="default 0.999")
+    base.add_argument("--seed", type=non_negative_int,
+                      help="seed of the weights, the images and the noise (default 0)")
+    base.add_argument("--patch-size", type=int, choices=[2, 4, 8],
+                      help="side of the image patches the transformer reads, in pixels "
+                           "(default 4)")
+    base.add_argument("--ema-decay", type=ema_decay,
+                      help="decay of the weights' moving average, the weights saved and "
+                           "sampled (default 0.999)")
     base.add_argument("--time-sampling", choices=["uniform", "logit_normal"],
-                      help="default uniform")
+                      help="how the training timesteps are drawn (default uniform)")
     base.add_argument("--save-every", type=non_negative_int,
                       help="keep intermediate checkpoints every N steps (default 0: none)")
     base.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU)")
@@ -953,7 +958,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="render this many images once and draw batches from them on the "
                            "device (default 300,000; 0: render every batch)")
     base.add_argument("--device", type=device_name, default="auto",
-                      help="cpu, cuda, cuda:N or auto")
+                      help="cpu, cuda, cuda:N or auto (default: cuda if there is one)")
     base.set_defaults(func=cmd_train_base)
 
     demo_help = "a short Neighbor GRPO run of the shapes model (on a GPU where there is one)"

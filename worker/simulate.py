@@ -156,23 +156,32 @@ def simulate(*, api: str | None = None, client: httpx.Client | None = None,
             client.close()
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m worker.simulate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--api", default="http://127.0.0.1:8000", help="server base URL")
+    p.add_argument("--api", default="http://127.0.0.1:8000", help="server base URL (default %(default)s)")
     p.add_argument("--token", help="an admin token (creates the annotator users)")
     p.add_argument("--annotator-token", action="append", default=[],
                    help="use existing annotators instead (repeat)")
-    p.add_argument("--annotators", type=int, default=4)
+    p.add_argument("--annotators", type=int, default=4,
+                   help="annotator users to create with --token (default 4)")
     p.add_argument("--preference", default="larger",
-                   help=f"one of {sorted(PREFERENCES)} or module:callable")
-    p.add_argument("--flip", type=float, default=0.1, help="probability a vote is flipped")
+                   help=f"one of {sorted(PREFERENCES)} or module:callable "
+                   "(default %(default)s)")
+    p.add_argument("--flip", type=float, default=0.1, help="probability a vote is flipped (default %(default)s)")
     p.add_argument("--tie-band", type=float, default=0.0,
-                   help="relative difference under which a pair is a tie")
-    p.add_argument("--votes", type=int, default=300, help="votes in all")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--name-prefix", help="annotator user names: PREFIX-0, PREFIX-1, ...")
-    args = p.parse_args(argv)
+                   help="relative difference under which a pair is a tie "
+                   "(default %(default)s)")
+    p.add_argument("--votes", type=int, default=300, help="votes in all, fewer when no pair is left (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the random flips: annotator i uses SEED+i (default 0)")
+    p.add_argument("--name-prefix", help="annotator user names: PREFIX-0, PREFIX-1, ... "
+                   "(default sim-<6 random hex digits>)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     summary = simulate(api=args.api, admin_token=args.token,
                        annotator_tokens=args.annotator_token, annotators=args.annotators,
                        preference=args.preference, flip=args.flip, tie_band=args.tie_band,

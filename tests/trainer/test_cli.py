@@ -708,19 +708,3 @@ def test_sample_reads_a_jsonl_prompts_file_and_a_byte_order_mark_stays_out(tmp_p
                  "--device", "cpu", "--out", str(out)]) == 0
     manifest = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
     assert [row["prompt"] for row in manifest] == ["one red circle", "two red circles"]
-
-
-def test_the_readme_lists_every_subcommand():
-    """The README lists the CLI's commands: `demo` was missing, and so were `train
-    --no-progress` and `fit-preference --include-excluded`."""
-    import argparse
-    from pathlib import Path
-
-    from trainer.cli import build_parser
-
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    missing = [name for name in sub.choices if f"python -m trainer {name} " not in readme]
-    assert not missing, missing
-    for name, option in (("train", "--no-progress"), ("fit-preference", "--include-excluded")):
-        assert option in sub.choices[name].format_help() and f" {option} " in readme, option

@@ -682,7 +682,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "limit, so that one request cannot hold every other client back "
                              "(the jobs split theirs to fit; default %(default)s)")
     parser.add_argument("--device", type=device_name, default="auto",
-                        help="torch device of the reward models: auto, cpu, cuda, cuda:1 ...")
+                        help="torch device of the reward models: auto, cpu, cuda, cuda:1 ... "
+                             "(default %(default)s)")
     parser.add_argument("--max-batch", type=positive_int, default=DEFAULT_MAX_BATCH,
                         help="most images gathered across requests into one scoring call "
                              "(default %(default)s)")
