@@ -1,0 +1,108 @@
+"""Many annotators at once, on the real server (uvicorn in a thread) and both databases:
+
+- annotators asking for pairs and voting together, each vote sent twice at once (a double
+  click, a retry): no 5xx, one vote per client_vote_id (201 for one, 200 for the other), no
+  annotator judging a pair twice, every annotator's count right, until every pair is judged;
+- an admin excluding and including annotators while they vote: every vote ends with its
+  annotator's flag, none left behind."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from trainer.rewards.serve import ServerThread
+
+ANNOTATORS = 10
+GROUPS, MEMBERS = 3, 5  # 30 pairs, each annotator judges them all
+WAIT = 120  # seconds: the bound on any one wait (a loaded 2-core box is slow, never stuck)
+
+
+@pytest.fixture
+def server(settings):
+    from app.main import create_app
+
+    app = create_app(settings, enqueuer=lambda job_id, kind: None, mount_ui=False)
+    with ServerThread(app) as running:
+        yield running.url
+
+
+def test_annotators_voting_at_once_each_judge_every_pair_once(server, make_user, make_group,
+                                                               session):
+    from app.models import User, Vote
+
+    for i in range(GROUPS):
+        make_group(prompt=f"{i + 1} red circles", g=MEMBERS, seed=i)
+    pairs = GROUPS * MEMBERS * (MEMBERS - 1) // 2
+    users = [make_user(f"ann{i}", "annotator") for i in range(ANNOTATORS)]
+    admin = make_user("root", "admin")
+    problems: list[tuple] = []
+    recorded: Counter[str] = Counter()
+    start = threading.Barrier(ANNOTATORS + 1, timeout=WAIT)
+    voting = threading.Event()
+
+    def annotate(k: int) -> None:
+        with httpx.Client(base_url=server, headers=users[k], timeout=WAIT) as c, \
+                ThreadPoolExecutor(2) as clicks:
+            start.wait()
+            for j in range(pairs + 1):
+                r = c.get("/api/votes/next")
+                if r.status_code == 204:
+                    break
+                if r.status_code != 200:
+                    problems.append(("next", k, r.status_code, r.text))
+                    continue
+                p = r.json()
+                body = {"client_vote_id": f"u{k}-{j}", "sample_a_id": p["a"]["sample_id"],
+                        "sample_b_id": p["b"]["sample_id"], "outcome": "ab"[j % 2],
+                        "selection": p["selection"]}
+                # a double click: the same vote twice at once
+                sent = [clicks.submit(c.post, "/api/votes", json=body) for _ in range(2)]
+                answers = [f.result() for f in sent]
+                if sorted(a.status_code for a in answers) != [200, 201]:
+                    problems.append(("vote", k, [(a.status_code, a.text) for a in answers]))
+                elif len({a.json()["id"] for a in answers}) != 1:
+                    problems.append(("two votes", k, [a.text for a in answers]))
+                else:
+                    recorded[f"ann{k}"] += 1
+
+    def exclude_while_they_vote() -> None:
+        """Flips three annotators' exclusion until the voting is over; ends excluded."""
+        with httpx.Client(base_url=server, headers=admin, timeout=WAIT) as c:
+            ids = {u["name"]: u["id"] for u in c.get("/api/users").json()}
+            start.wait()
+            flag = True
+            while voting.is_set() or flag:  # the last one applied: excluded
+                for name in ("ann0", "ann1", "ann2"):
+                    r = c.patch(f"/api/users/{ids[name]}", json={"excluded": flag})
+                    if r.status_code != 200:
+                        problems.append(("exclude", name, r.status_code, r.text))
+                flag = not flag
+
+    voting.set()
+    with ThreadPoolExecutor(ANNOTATORS + 1) as pool:
+        admin_flips = pool.submit(exclude_while_they_vote)
+        for f in [pool.submit(annotate, k) for k in range(ANNOTATORS)]:
+            f.result(timeout=WAIT * pairs)
+        voting.clear()
+        admin_flips.result(timeout=WAIT)
+
+    assert not problems, problems[:5]
+    assert recorded == Counter({f"ann{k}": pairs for k in range(ANNOTATORS)})
+    counts = dict(session.execute(select(User.name, func.count(Vote.id))
+                                  .join(Vote, Vote.annotator_id == User.id)
+                                  .group_by(User.name)).all())
+    assert counts == dict(recorded)
+    assert session.scalar(select(func.count()).select_from(
+        select(Vote.annotator_id, Vote.pair_lo_id, Vote.pair_hi_id).distinct().subquery())
+    ) == ANNOTATORS * pairs
+    # each vote carries its annotator's flag as it ended (excluded: ann0-2)
+    flags = session.execute(select(User.name, Vote.excluded).join(
+        Vote, Vote.annotator_id == User.id).distinct()).all()
+    assert sorted(flags) == sorted((f"ann{k}", k < 3) for k in range(ANNOTATORS))
+
