@@ -99,7 +99,10 @@ def fit_and_record(fit_config: FitConfig, *, job_id: int | None = None, min_vote
     Returns the model and its row as a dict."""
     images = images or ImageCache()
     with session_scope() as s:
-        votes = pref_svc.fit_votes(s)
+        # the votes up to the newest id none below which is still being written: the model
+        # records it as its last vote, and an online refit counts the votes after it
+        settled = pref_svc.settled_vote_id(s)
+        votes = pref_svc.fit_votes(s, up_to=settled)
     # skip and both_bad votes carry no label: their images are not loaded, only counted
     rows = [r for r in votes if r["outcome"] in LABELLED_OUTCOMES]
     unlabelled = Counter(r["outcome"] for r in votes if r["outcome"] not in LABELLED_OUTCOMES)
@@ -130,7 +133,7 @@ def fit_and_record(fit_config: FitConfig, *, job_id: int | None = None, min_vote
     checkpoint_ids = sorted({c for r in rows for c in r["checkpoint_ids"]},
                             key=lambda c: (c is not None, c or 0))
     out = _save_new_version(model, version, job_id=job_id, votes_used=len(rows),
-                            last_vote_id=max((r["vote_id"] for r in rows), default=0),
+                            last_vote_id=settled,
                             checkpoint_ids=checkpoint_ids)
     version = out["version"]
     log.info("preference model v%d: %d votes, held-out accuracy %s", version, len(rows),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session, aliased
 
 from app.errors import NotFound
@@ -101,9 +101,34 @@ def record_model(session: Session, *, version: int, path: str, report: dict[str,
     return row
 
 
-def fit_votes(session: Session, *, include_excluded: bool = False) -> list[dict[str, Any]]:
-    """Every vote (not excluded unless asked) with what a fit needs: the left (a) and right (b)
-    image paths, the prompt, the outcome, and the checkpoints the samples came from."""
+def settled_vote_id(session: Session) -> int:
+    """The newest vote id at or below which no vote is still being written (0: no votes): a
+    fit that reads the votes up to it has read every vote it will ever have, so that it can
+    record it as its `last_vote_id` and an online refit counts what came after it
+    (`votes_since`) without missing any.
+
+    PostgreSQL draws a vote's id at its insert, and two annotators' votes commit in either
+    order: the newest committed id alone could be above one still in flight, which a fit
+    reading then never saw and no refit would count. A SHARE lock on the table waits for the
+    votes being written (their inserts hold ROW EXCLUSIVE) and keeps new ones out while the
+    newest id is read; it is taken in a transaction of its own, so that voting waits only for
+    that read, never for a fit's. `session` must not have written votes in its open
+    transaction (the lock would wait for it). SQLite writes one transaction at a time and
+    gives each vote the next id under that lock: ids commit in order, and the newest is it."""
+    newest = select(func.max(Vote.id))
+    engine = session.get_bind().engine
+    if engine.dialect.name != "postgresql":
+        return session.scalar(newest) or 0
+    with engine.connect() as conn, conn.begin():
+        conn.execute(text("LOCK TABLE votes IN SHARE MODE"))
+        return conn.scalar(newest) or 0
+
+
+def fit_votes(session: Session, *, include_excluded: bool = False,
+              up_to: int | None = None) -> list[dict[str, Any]]:
+    """Every vote (not excluded unless asked; with `up_to`, those with an id at or below it)
+    with what a fit needs: the left (a) and right (b) image paths, the prompt, the outcome,
+    and the checkpoints the samples came from."""
     sa, sb = aliased(Sample), aliased(Sample)
     ga, gb = aliased(RolloutGroup), aliased(RolloutGroup)
     stmt = (select(Vote.id, Vote.outcome, sa.image_path, sb.image_path, ga.prompt_text,
@@ -113,6 +138,8 @@ def fit_votes(session: Session, *, include_excluded: bool = False) -> list[dict[
             .order_by(Vote.id))
     if not include_excluded:
         stmt = stmt.where(Vote.excluded.is_(False))
+    if up_to is not None:
+        stmt = stmt.where(Vote.id <= up_to)
     return [{"vote_id": vid, "outcome": outcome, "a_path": pa, "b_path": pb, "prompt": prompt,
              "checkpoint_ids": (ca, cb)}
             for vid, outcome, pa, pb, prompt, ca, cb in session.execute(stmt)]

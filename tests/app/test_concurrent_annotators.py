@@ -4,15 +4,21 @@
   click, a retry): no 5xx, one vote per client_vote_id (201 for one, 200 for the other), no
   annotator judging a pair twice, every annotator's count right, until every pair is judged;
 - an admin excluding and including annotators while they vote: every vote ends with its
-  annotator's flag, none left behind."""
+  annotator's flag, none left behind;
+- a preference fit reading the votes while one is being written (its id drawn, not yet
+  committed): the fit waits for it, so that every vote at or below the newest id it records
+  (`last_vote_id`, from which an online refit counts the new votes) is one it read."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import httpx
+import numpy as np
 import pytest
 from sqlalchemy import func, select
 
@@ -106,3 +112,41 @@ def test_annotators_voting_at_once_each_judge_every_pair_once(server, make_user,
         Vote, Vote.annotator_id == User.id).distinct()).all()
     assert sorted(flags) == sorted((f"ann{k}", k < 3) for k in range(ANNOTATORS))
 
+
+def test_a_fit_reads_every_vote_below_the_newest_it_records(settings, session):
+    """A vote whose id is drawn but not yet committed when a fit reads the votes (PostgreSQL
+    hands ids out at insert, and two annotators' votes commit in either order): the fit read
+    the later vote and not it, recorded the later one's id as its last_vote_id, and an online
+    refit, which counts the votes above that id, never counted it."""
+    from test_preference_refits import _stored_group, _vote
+
+    from app.db import new_session, session_scope
+    from app.models import Vote
+    from app.services import preference as pref_svc
+    from trainer.rewards.preference import FitConfig
+    from worker.preference import fit_and_record
+
+    voter_id, pairs = _stored_group(np.random.default_rng(0))
+    for n in range(6):
+        _vote(voter_id, pairs, n, "ab"[n % 2])
+    with new_session() as held, ThreadPoolExecutor(1) as pool:
+        # a vote being recorded (votes.record_vote between its insert and its commit)
+        lo, hi = pairs[6]
+        held.add(Vote(client_vote_id="in-flight", annotator_id=voter_id, sample_a_id=lo,
+                      sample_b_id=hi, pair_lo_id=lo, pair_hi_id=hi, outcome="a"))
+        held.flush()
+        if held.get_bind().dialect.name == "sqlite":
+            held.rollback()  # SQLite: one writer at a time, so ids commit in order
+            pytest.skip("SQLite writes one vote at a time: its ids commit in order")
+        _vote(voter_id, pairs, 7, "b")  # another annotator's vote, committed first
+        fit = pool.submit(fit_and_record, FitConfig(width=8, epochs=1, ensemble=1),
+                          score_samples=False)
+        with contextlib.suppress(FutureTimeout):  # done at once unless it waits for `held`
+            fit.result(timeout=3)
+        held.commit()
+        _model, row = fit.result(timeout=WAIT)
+    with session_scope() as s:
+        clean_at_or_below = s.scalar(select(func.count()).select_from(Vote).where(
+            Vote.id <= row["last_vote_id"]))
+        assert row["votes_used"] == clean_at_or_below == 8, row
+        assert pref_svc.votes_since(s, row["last_vote_id"]) == 0
