@@ -248,6 +248,10 @@ def maybe_refit_preference(trainer: Trainer, config: TrainConfig, job_id: int,
     except FitStopped:
         return {"preference_refit": 0}, last
     trainer.set_preference_model(model, row["version"])
+    # the new votes the fit read, up to its last vote: votes go on arriving while it starts,
+    # so the count that decided to refit is short of them
+    with session_scope() as s:
+        new = pref_svc.votes_since(s, last, up_to=row["last_vote_id"])
     # the time training stood still for it (the fit and the scores of the stored samples)
     return ({"preference_refit": 1, "preference_refit_votes": new,
              "preference_refit_seconds": time.perf_counter() - began,

@@ -209,13 +209,17 @@ def votes_short_of_a_fit(clean: int, min_votes: int = 0) -> int | None:
     return needed if clean < needed else None
 
 
-def votes_since(session: Session, vote_id: int) -> int:
-    """Clean (not excluded) labelled votes newer than `vote_id`: what an online refit would
-    add (a skip or both_bad vote gives a fit nothing to learn)."""
+def votes_since(session: Session, vote_id: int, up_to: int | None = None) -> int:
+    """Clean (not excluded) labelled votes newer than `vote_id` (and at most `up_to`): what an
+    online refit would add, or did add (a skip or both_bad vote gives a fit nothing to
+    learn)."""
     from trainer.rewards.outcomes import LABELLED_OUTCOMES
 
-    return session.scalar(select(func.count()).select_from(Vote).where(
-        Vote.id > vote_id, Vote.excluded.is_(False), Vote.outcome.in_(LABELLED_OUTCOMES))) or 0
+    stmt = select(func.count()).select_from(Vote).where(
+        Vote.id > vote_id, Vote.excluded.is_(False), Vote.outcome.in_(LABELLED_OUTCOMES))
+    if up_to is not None:
+        stmt = stmt.where(Vote.id <= up_to)
+    return session.scalar(stmt) or 0
 
 
 def iter_samples(session: Session, batch: int = 2000) -> Iterator[list[tuple[int, str, str]]]:

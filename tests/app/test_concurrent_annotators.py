@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select
 
+from app.db import session_scope
 from trainer.rewards.serve import ServerThread
 
 ANNOTATORS = 10
@@ -120,7 +121,7 @@ def test_a_fit_reads_every_vote_below_the_newest_it_records(settings, session):
     refit, which counts the votes above that id, never counted it."""
     from test_preference_refits import _stored_group, _vote
 
-    from app.db import new_session, session_scope
+    from app.db import new_session
     from app.models import Vote
     from app.services import preference as pref_svc
     from trainer.rewards.preference import FitConfig
@@ -150,3 +151,44 @@ def test_a_fit_reads_every_vote_below_the_newest_it_records(settings, session):
             Vote.id <= row["last_vote_id"]))
         assert row["votes_used"] == clean_at_or_below == 8, row
         assert pref_svc.votes_since(s, row["last_vote_id"]) == 0
+
+
+def test_an_online_refit_reports_the_new_votes_it_used(settings, monkeypatch):
+    """Votes keep arriving while a train job refits its preference model: the refit counted
+    the new votes first and read them for the fit after, so a vote cast between the two was
+    fitted on but missing from its `preference_refit_votes`."""
+    from datetime import timedelta
+
+    from test_preference_refits import _stored_group, _vote
+
+    from app.services import jobs
+    from app.services import preference as pref_svc
+    from trainer.config import PRESETS, TrainConfig
+    from trainer.loop import Trainer
+    from trainer.rewards.preference import FitConfig, PreferenceModel
+    from worker.training import maybe_refit_preference
+
+    voter_id, pairs = _stored_group(np.random.default_rng(3))
+    for n in range(8):
+        _vote(voter_id, pairs, n, "ab"[n % 2])
+    config = TrainConfig.from_dict({**PRESETS["tiny"], "device": "cpu",
+                                    "reward_weights": {"count": 1.0, "preference": 1.0},
+                                    "preference_refit_every": 1})
+    with session_scope() as s:
+        job_id = jobs.create_job(s, "train", {"device": "cpu"}, preset="tiny").id
+        assert jobs.claim(s, job_id, "w1", timedelta(seconds=60)) is not None
+    trainer = Trainer(config)
+    trainer.set_preference_model(PreferenceModel(FitConfig(width=8, ensemble=1, epochs=1)),
+                                 None)
+    settled = pref_svc.settled_vote_id
+
+    def a_vote_arrives_first(session):
+        _vote(voter_id, pairs, 8, "tie")  # after the refit counted 8 new votes
+        return settled(session)
+
+    monkeypatch.setattr(pref_svc, "settled_vote_id", a_vote_arrives_first)
+    metrics, last = maybe_refit_preference(trainer, config, job_id, 0)
+    with session_scope() as s:
+        row = pref_svc.latest_model(s)
+        assert row is not None and row.votes_used == 9 and row.last_vote_id == last
+    assert metrics["preference_refit"] == 1 and metrics["preference_refit_votes"] == 9
