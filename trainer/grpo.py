@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,10 +98,13 @@ def blended_group_rewards(raw: dict[str, np.ndarray], weights: dict[str, float],
 
 
 def score_groups(model: FlowModel, final_latents: torch.Tensor, prompts: list[str],
-                 config: TrainConfig, generator: torch.Generator
+                 config: TrainConfig, generator: torch.Generator,
+                 stop_requested: Callable[[], bool] | None = None
                  ) -> tuple[np.ndarray, dict[str, np.ndarray], torch.Tensor]:
     """Decode, score, blend and normalise final latents (P, G, *D).
-    Returns images (P, G, H, W, 3), raw rewards {name: (P, G)}, advantages (P, G)."""
+    Returns images (P, G, H, W, 3), raw rewards {name: (P, G)}, advantages (P, G).
+    `stop_requested` True while the reward server scores gives the scoring up: ScoringStopped
+    (trainer.rewards.remote)."""
     p_count, g = final_latents.shape[:2]
     flat = final_latents.flatten(0, 1)  # (P*G, *D)
     # decoded in the rollouts' micro-batches (a VAE at 512 px is large), then quantised to
@@ -113,8 +116,8 @@ def score_groups(model: FlowModel, final_latents: torch.Tensor, prompts: list[st
                                  micro_batches(flat.shape[0], config.rollout_batch_size)])
     member_prompts = [text for text in prompts for _ in range(g)]
     # in this process, or on the reward server the config names (one choice, reward_scorer)
-    raw = reward_scorer(config.reward_server_url)(list(config.reward_weights), images,
-                                                  member_prompts)
+    raw = reward_scorer(config.reward_server_url, stop_requested)(
+        list(config.reward_weights), images, member_prompts)
     blended = blended_group_rewards(raw, config.reward_weights, (p_count, g))
     advantages = group_advantages(blended, p=config.quasi_norm_p)  # (P, G)
     if config.shuffle_advantages:  # the control: same magnitudes, no reward signal

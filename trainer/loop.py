@@ -25,6 +25,7 @@ from trainer.grpo import IterationResult
 from trainer.models import TRAINER_STATE, ModelSpec
 from trainer.models.base import FlowModel, WeightsFile, WeightsMismatch
 from trainer.neighbor_grpo import neighbor_grpo_iteration
+from trainer.rewards.remote import ScoringStopped
 from trainer.sde_grpo import sde_grpo_iteration
 from trainer.shapes.world import all_prompts
 from trainer.tracking import RunTracking
@@ -160,10 +161,15 @@ class Trainer:
     def step(self, stop_requested: Callable[[], bool] | None = None) -> IterationResult:
         """One GRPO iteration, then the periodic evaluation when it is due (`eval_every`),
         logged to the report_to trackers (where `track()` says; `finish_tracking()` ends
-        their run). `stop_requested`, asked before each of the evaluation's solver steps: True
-        ends the pass there, without its `eval_*` metrics (at eval_seeds 1000 it samples
-        48,000 images, which a cancel or a shutdown should not wait for); the iteration
-        itself is done."""
+        their run). `stop_requested` is asked while the iteration waits for the reward
+        server's scores (every STOP_POLL_SECONDS of trainer.rewards.remote) and before each of
+        the evaluation's solver steps; neither should a cancel or a shutdown wait for (a
+        busy server may take minutes to answer; at eval_seeds 1000 the pass samples 48,000
+        images). True while the scores are awaited gives the iteration up: ScoringStopped
+        is raised and nothing of the iteration is kept (weights, optimizer, iteration count
+        and random stream are as the last whole iteration left them, so a checkpoint saved
+        then is that iteration's). True during the evaluation ends the pass there, without
+        its `eval_*` metrics; the iteration itself is done."""
         result = self._step(stop_requested)
         self.tracking.log(self.iteration, result)
         return result
@@ -172,8 +178,17 @@ class Trainer:
         """step() without the logging: run() logs after its callback (which may add
         metrics)."""
         extra = {"reference": self.reference} if self.reference is not None else {}
-        result = self._iterate(self.model, self.optimizer, self.sample_prompts(), self.config,
-                               self.generator, **extra)
+        # an iteration given up while it awaits its scores has drawn prompts and noises from
+        # the random stream, and nothing else (its update comes after): put back, the
+        # trainer is as the last whole iteration left it
+        random_state = self.generator.get_state()
+        try:
+            result = self._iterate(self.model, self.optimizer, self.sample_prompts(),
+                                   self.config, self.generator, stop_requested=stop_requested,
+                                   **extra)
+        except ScoringStopped:
+            self.generator.set_state(random_state)
+            raise
         if (bad := divergence(result.metrics)) is None and result.metrics.get(
                 "optimizer_steps") and not _trainable_finite(self.model):
             # the last step's loss and gradients were finite, the step it took was not
@@ -233,9 +248,12 @@ class Trainer:
             stop_requested: Callable[[], bool] | None = None) -> None:
         """Iterate until config.iterations; `on_iteration` returning True stops early. Each
         iteration goes to the report_to trackers after `on_iteration` (which may add metrics),
-        with the iteration as the step. `stop_requested`: as for step(), so that a periodic
-        evaluation pass ends early when the caller is about to stop (`on_iteration` still
-        sees the iteration, and decides)."""
+        with the iteration as the step. `stop_requested`: as for step(), so that a wait for
+        the reward server or a periodic evaluation pass ends early when the caller is about
+        to stop. After an evaluation pass `on_iteration` still sees the iteration, and
+        decides; an iteration given up while it awaited its scores raises ScoringStopped
+        here (the trackers' run ended, not as failed), and the caller ends the run at the
+        last whole iteration."""
         try:
             while self.iteration < self.config.iterations:
                 result = self._step(stop_requested)
@@ -243,6 +261,9 @@ class Trainer:
                 self.tracking.log(self.iteration, result)
                 if stop:
                     break
+        except ScoringStopped:  # stopped as the caller asked: no failure
+            self.finish_tracking()
+            raise
         except BaseException:
             self.finish_tracking(failed=True)
             raise

@@ -47,7 +47,7 @@ Trained on the `size` attribute itself, size fell, where the SDE baseline raised
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -307,16 +307,20 @@ def neighbor_work(config: TrainConfig, prompt_count: int) -> dict[str, int]:
 def neighbor_grpo_iteration(model: FlowModel, optimizer: torch.optim.Optimizer,
                             prompts: list[str], config: TrainConfig,
                             generator: torch.Generator,
-                            reference: FlowModel | None = None) -> IterationResult:
+                            reference: FlowModel | None = None,
+                            stop_requested: Callable[[], bool] | None = None
+                            ) -> IterationResult:
     """One iteration; with `config.kl_coefficient` > 0, `reference` (the frozen base model)
-    anchors the policy (see `reference_penalty`)."""
+    anchors the policy (see `reference_penalty`). `stop_requested`: as for score_groups (the
+    iteration then ends before its update)."""
     if config.kl_coefficient > 0 and reference is None:
         raise ValueError("kl_coefficient > 0 needs the reference (base) model")
     device = next(model.parameters()).device
     start = wall_clock(device)
     groups = rollout_neighborhoods(model, prompts, config, generator)  # 1-2
     rollout_seconds = wall_clock(device) - start
-    images, rewards, advantages = score_groups(model, groups.final, prompts, config, generator)  # 3
+    images, rewards, advantages = score_groups(model, groups.final, prompts, config, generator,
+                                               stop_requested)  # 3
     score_seconds = wall_clock(device) - start - rollout_seconds
     advantages = advantages.to(groups.latents.device)  # (P, G)
     batch = sample_anchor_steps(groups, config, generator)  # 6

@@ -12,6 +12,7 @@ import numpy as np
 from trainer.config import ConfigError, ConfigErrors, TrainConfig, absolute_paths
 from trainer.grpo import IterationResult
 from trainer.loop import CHECKPOINT_DIR_RE, Trainer, latest_checkpoint
+from trainer.rewards.remote import ScoringStopped
 
 # Sample grids blow small images up so a 32 px shapes canvas is legible in a viewer; images
 # larger than this side (FLUX / SD3 at 512 px) are shown at their own size, since doubling
@@ -236,11 +237,19 @@ class RunDirectory:
             trainer.save_checkpoint(self.checkpoints_dir)
         return False
 
+    def _checkpoint_unless_saved(self) -> None:
+        """A checkpoint of the trainer's iteration, unless the newest one is that already."""
+        it = self.trainer.iteration
+        if latest_checkpoint(self.checkpoints_dir) != self.checkpoints_dir / f"iter-{it:06d}":
+            self.trainer.save_checkpoint(self.checkpoints_dir)
+
     def train(self, progress: bool = True,
               stop_requested: Callable[[], bool] | None = None) -> bool:
         """Train to the config's budget; True when it got there. `stop_requested` (e.g. a
         first Ctrl-C) ends the run at the end of the iteration it is in, with a checkpoint of
-        that iteration (as a cancelled studio job keeps one), so --resume continues it."""
+        that iteration (as a cancelled studio job keeps one), so --resume continues it. An
+        iteration waiting for the reward server's scores is given up instead, and the run
+        ends at (and checkpoints) the iteration before."""
         from tqdm import tqdm
 
         bar = tqdm(total=self.config.iterations, initial=self.trainer.iteration, disable=not progress,
@@ -253,9 +262,7 @@ class RunDirectory:
             bar.update(1)
             if stop_requested is not None and stop_requested() \
                     and trainer.iteration < self.config.iterations:
-                if latest_checkpoint(self.checkpoints_dir) != \
-                        self.checkpoints_dir / f"iter-{trainer.iteration:06d}":
-                    trainer.save_checkpoint(self.checkpoints_dir)
+                self._checkpoint_unless_saved()
                 return True
             return stop
 
@@ -263,7 +270,13 @@ class RunDirectory:
         # iteration is the last (the run then ends anyway, with its evaluation)
         stop_early = None if stop_requested is None else (
             lambda: stop_requested() and self.trainer.iteration < self.config.iterations)
-        self.trainer.run(callback, stop_requested=stop_early)
+        try:
+            self.trainer.run(callback, stop_requested=stop_early)
+        except ScoringStopped:
+            # given up while the reward server scored it: the trainer is as the iteration
+            # before left it (iteration 0, the base model, is no checkpoint)
+            if self.trainer.iteration:
+                self._checkpoint_unless_saved()
         bar.close()
         if self.records:
             plot_reward_curve(self.records, self.curve_path)

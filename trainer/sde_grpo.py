@@ -15,6 +15,7 @@ independent noises (Flow-GRPO).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,14 +163,17 @@ class _StepLoss:
 
 
 def sde_grpo_iteration(model: FlowModel, optimizer: torch.optim.Optimizer, prompts: list[str],
-                       config: TrainConfig, generator: torch.Generator) -> IterationResult:
-    """One iteration: SDE rollouts, rewards -> advantages, clipped update of every member."""
+                       config: TrainConfig, generator: torch.Generator,
+                       stop_requested: Callable[[], bool] | None = None) -> IterationResult:
+    """One iteration: SDE rollouts, rewards -> advantages, clipped update of every member.
+    `stop_requested`: as for score_groups (the iteration then ends before its update)."""
     device = next(model.parameters()).device
     start = wall_clock(device)
     P, G, K, T = len(prompts), config.group_size, config.num_train_timesteps, config.rollout_steps
     groups = rollout_sde_groups(model, prompts, config, generator)
     rollout_seconds = wall_clock(device) - start
-    images, rewards, advantages = score_groups(model, groups.final(P), prompts, config, generator)
+    images, rewards, advantages = score_groups(model, groups.final(P), prompts, config, generator,
+                                               stop_requested)
     score_seconds = wall_clock(device) - start - rollout_seconds
     advantages = advantages.to(groups.latents.device).flatten()  # (P*G,)
     stats, optimizer_steps = update_sde_policy(model, optimizer, groups, advantages, config,

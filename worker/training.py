@@ -7,7 +7,9 @@ progress (one metric row per iteration; a redone iteration replaces its row), ev
 anchors), every `checkpoint_every` iterations and at the end a checkpoint. A cancel request is
 answered at the end of the iteration it is seen in: a checkpoint is saved, then `cancelled`. A
 periodic evaluation pass (eval_every; up to 48,000 samples) ends at its next solver step on a
-cancel or a warm shutdown, without its eval_* metrics, so neither waits for it.
+cancel or a warm shutdown, without its eval_* metrics, so neither waits for it. Nor for a
+reward server's answer (a busy one may take minutes): the iteration waiting for it is given
+up, and the job stops at the iteration before, with a checkpoint of it.
 
 The same `TrainRecorder` runs in rank 0 of a torchrun launch (worker/distributed_train.py).
 """
@@ -39,7 +41,7 @@ from trainer.loop import Trainer, TrainingDiverged
 from trainer.models import checkpoint_directory, checkpoint_weights_file, uses_model_directory
 from trainer.models.base import FlowModel
 from trainer.rewards.models import RewardWeightsMissing, RewardWeightsUnloadable
-from trainer.rewards.remote import RewardServerError
+from trainer.rewards.remote import RewardServerError, ScoringStopped
 from worker.lease import JobError, LeaseLost
 from worker.preference import (
     ImageCache,
@@ -114,7 +116,9 @@ class TrainRecorder:
     def stop_requested(self, iteration: int) -> bool:
         """Whether the job will stop after `iteration`: a cancel requested, or the worker
         leaving before the last iteration (the last one finishes, its evaluation with it).
-        Asked before each solver step of a periodic evaluation pass, which then ends."""
+        Asked before each solver step of a periodic evaluation pass, which then ends, and
+        while the next iteration waits for the reward server, which is then given up
+        (`stop_mid_iteration`)."""
         leaving = self.shutdown.is_set() and iteration < self.config.iterations
         return leaving or self.cancel_poll()
 
@@ -168,12 +172,7 @@ class TrainRecorder:
             if cancel and saved is not None:
                 jobs.mark_cancelled(s, self.job_id)
             elif leaving:
-                job = jobs.requeue(s, self.job_id, reason=f"worker {self.worker_name} shut "
-                                   f"down at iteration {it}; requeued to resume from its "
-                                   "checkpoint")
-                # a cancel that arrived meanwhile ends it instead (the checkpoint is saved)
-                self.requeued = job.status == JobStatus.QUEUED
-                self.cancelled = not self.requeued
+                self._requeue(s, it)
                 return True
         if cancel and saved is None:  # the request arrived during this transaction
             saved = trainer.save_checkpoint(self.root)
@@ -182,6 +181,38 @@ class TrainRecorder:
                 jobs.mark_cancelled(s, self.job_id)
         self.cancelled = cancel
         return cancel
+
+    def stop_mid_iteration(self, trainer: Trainer) -> None:
+        """End the job after an iteration given up part-way (Trainer.run raised
+        ScoringStopped: `stop_requested` said so while the iteration waited for the reward
+        server). The trainer is as its last whole iteration left it, and that iteration is
+        recorded: the job ends as it would have at that iteration's end, with a checkpoint
+        of it (unless it has one), cancelled, or requeued when the worker is leaving."""
+        it = trainer.iteration
+        with session_scope() as s:
+            cancel = jobs.is_cancel_requested(s, self.job_id)  # else the worker is leaving
+            newest = checkpoints.latest_checkpoint(s, self.job_id)
+        # iteration 0 is the base model, never a checkpoint; a resumed job's is recorded
+        saved = (trainer.save_checkpoint(self.root)
+                 if it > (newest.iteration if newest is not None else 0) else None)
+        with session_scope() as s:
+            if not jobs.holds(s, self.job_id, self.worker_name):
+                raise LeaseLost(f"job {self.job_id} is no longer held by {self.worker_name}")
+            if saved is not None:
+                self._record_checkpoint(s, it, saved)
+            if cancel:
+                jobs.mark_cancelled(s, self.job_id)
+                self.cancelled = True
+            else:
+                self._requeue(s, it)
+
+    def _requeue(self, s: Session, iteration: int) -> None:
+        """Back to the queue, as the worker leaves after `iteration` (checkpointed); a cancel
+        that arrived meanwhile ends the job instead."""
+        job = jobs.requeue(s, self.job_id, reason=f"worker {self.worker_name} shut down at "
+                           f"iteration {iteration}; requeued to resume from its checkpoint")
+        self.requeued = job.status == JobStatus.QUEUED
+        self.cancelled = not self.requeued
 
 
 def _blend_preference(trainer: Trainer, path: str | Path, version: int | None) -> None:
@@ -391,6 +422,8 @@ def run_training(job_id: int, worker_name: str, shutdown: threading.Event | None
         try:
             trainer.run(recorder, stop_requested=lambda: recorder.stop_requested(
                 trainer.iteration))
+        except ScoringStopped:  # a cancel or a shutdown while the reward server scored
+            recorder.stop_mid_iteration(trainer)
         except RewardServerError as exc:  # went away or timed out mid-run; resumable
             raise JobError(f"{exc} (at iteration {trainer.iteration + 1}; resume the job "
                            "to go on from its last checkpoint)") from None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from reward_server_helpers import ServerThread, free_port_url
+from sqlalchemy import select
 
 from worker.lease import JobError
 from worker.training import job_train_config, prepare_trainer
@@ -273,3 +274,102 @@ def test_reward_server_timeout_is_a_setting_a_worker_hands_its_jobs(tmp_path, mo
         assert RewardClient(free_port_url()).timeout == 7.5
     finally:
         get_settings.cache_clear()
+
+
+# --- a train job stopped while it waits for the reward server --------------------------------
+@pytest.mark.parametrize("stop", ["cancel", "shutdown"])
+def test_a_train_job_stopped_while_the_server_scores_stops_within_seconds(settings, monkeypatch,
+                                                                          stop):
+    """A cancel asked while the job waited for the reward server's scores was seen only once
+    the request timed out (REWARD_SERVER_TIMEOUT: 300 s by default, 60 here), and the job then
+    failed with the RewardServerError. Now the wait is given up within a second or two: the
+    iteration in progress is dropped, the job keeps a checkpoint of its last whole one and ends
+    cancelled, with no error; a warm shutdown requeues it the same way. The server sees its
+    client leave and drops the rest of the request."""
+    import threading
+    import time
+
+    from app.db import session_scope
+    from app.models import Checkpoint, JobMetric
+    from app.services import jobs
+    from trainer.config import PRESETS
+    from trainer.rewards import get_reward, register_reward, registry
+    from trainer.rewards.remote import ENV_TIMEOUT, RewardClient
+    from trainer.rewards.serve import create_app
+    from worker.tasks import run_job
+    from worker.training import run_training
+
+    per_iteration = PRESETS["tiny"]["prompts_per_iteration"] * PRESETS["tiny"]["group_size"]
+    scored: list[int] = []  # the images of each call the server made
+    holding, release = threading.Event(), threading.Event()
+
+    def held(images, prompts):
+        # iteration 1 is scored at once; iteration 2's first chunk is held until released
+        if sum(scored) >= per_iteration:
+            holding.set()
+            release.wait(60)
+        scored.append(len(images))
+        return get_reward("count")(images, prompts)
+
+    register_reward("test_held", held)
+    monkeypatch.setenv(ENV_TIMEOUT, "60")
+    requeued: list[int] = []
+    monkeypatch.setattr("worker.training.send_requeued", lambda job_id, *_: requeued.append(job_id))
+    shutdown = threading.Event()
+    outcome: list[str] = []
+    try:
+        # two chunks a request: the server notices the client gone before the second
+        app = create_app(["test_held"], device="cpu", max_batch=per_iteration // 2)
+        with ServerThread(app) as server:
+            try:
+                with session_scope() as s:
+                    job_id = jobs.create_job(s, "train", {
+                        "device": "cpu", "iterations": 3, "checkpoint_every": 1000,
+                        "reward_weights": {"test_held": 1.0}, "reward_server_url": server.url},
+                        preset="tiny").id
+                runner = threading.Thread(target=lambda: outcome.append(run_job(
+                    job_id, lambda job, worker: run_training(job, worker, shutdown))),
+                    daemon=True)
+                runner.start()
+                assert holding.wait(120), "iteration 2 never reached the server"
+                asked = time.monotonic()
+                if stop == "cancel":
+                    with session_scope() as s:
+                        jobs.request_cancel(s, job_id)
+                else:
+                    shutdown.set()
+                runner.join(timeout=30)
+                took = time.monotonic() - asked
+                assert not runner.is_alive(), "the job still waits for the reward server"
+                assert took < 10, took  # a cancel is read once a second; the timeout is 60 s
+                # the request's connection was cut: its handler notices and returns (uvicorn's
+                # tasks in flight) while its first chunk is still held
+                deadline = time.monotonic() + 10
+                while server.server.server_state.tasks:
+                    assert time.monotonic() < deadline, "the server never saw its client leave"
+                    time.sleep(0.05)
+            finally:
+                release.set()  # before the server stops: it waits for the held request
+            # so the request's second chunk is never scored
+            deadline = time.monotonic() + 10
+            while RewardClient(server.url, timeout=10).health()["cancelled"] < 1:
+                assert time.monotonic() < deadline, "the request was scored to its end"
+                time.sleep(0.1)
+            assert scored == [per_iteration // 2] * 3
+    finally:
+        registry._REWARDS.pop("test_held", None)
+    with session_scope() as s:
+        job = jobs.get_job(s, job_id)
+        status, error, iteration = job.status, job.error, job.iteration
+        checkpoints_at = list(s.scalars(select(Checkpoint.iteration)
+                                        .where(Checkpoint.job_id == job_id)))
+        metrics_at = list(s.scalars(select(JobMetric.iteration)
+                                    .where(JobMetric.job_id == job_id)))
+    # iteration 2 is dropped: the job stands at iteration 1, checkpointed as a stop keeps it
+    assert iteration == 1 and checkpoints_at == [1] and metrics_at == [1]
+    if stop == "cancel":
+        assert outcome == ["cancelled"] and status == "cancelled", (outcome, status, error)
+        assert error is None
+    else:
+        assert outcome == ["queued"] and status == "queued", (outcome, status, error)
+        assert "shut down at iteration 1" in error and requeued == [job_id]

@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,8 +30,10 @@ from trainer.rewards import compute_rewards, get_reward, register_reward, regist
 from trainer.rewards import models as reward_models
 from trainer.rewards.remote import (
     NPY_MEDIA_TYPE,
+    STOP_POLL_SECONDS,
     RewardClient,
     RewardServerError,
+    ScoringStopped,
     decode_images,
     decode_score_request,
     encode_images,
@@ -383,6 +386,109 @@ def test_a_request_whose_client_left_stops_at_its_next_chunk():
             assert answer["test_chunk_calls"].shape == (2,)
     finally:
         registry._REWARDS.pop("test_chunk_calls", None)
+
+
+def test_a_caller_may_stop_the_wait_for_scores(server):
+    """`stop_requested` is asked every STOP_POLL_SECONDS while a request waits for its
+    scores: True gives the wait up at once (ScoringStopped), not when the timeout comes, and
+    cuts the request's connection. The client serves the next request as usual."""
+    client = RewardClient(server.url, timeout=30)
+    images = _images(2, seed=6)
+    asked: list[float] = []
+
+    def second_time_asked() -> bool:
+        asked.append(time.monotonic())
+        return len(asked) >= 2
+
+    started = time.monotonic()
+    with pytest.raises(ScoringStopped):  # test_slow takes SLOW_SECONDS
+        client(["count", "test_slow"], images, PROMPTS[:2], stop_requested=second_time_asked)
+    stopped = time.monotonic() - started
+    assert len(asked) == 2 and 2 * STOP_POLL_SECONDS <= stopped < SLOW_SECONDS, stopped
+    # queued behind the request left behind (test_slow still sleeps), then answered in full;
+    # a job's scorer asks the same way (reward_scorer)
+    score = reward_scorer(server.url, stop_requested=lambda: False)
+    answer = score(["count", "color"], images, PROMPTS[:2])
+    local = compute_rewards(["count", "color"], images, PROMPTS[:2])
+    for name in ("count", "color"):
+        np.testing.assert_array_equal(answer[name], local[name])
+
+
+class HeldServer:
+    """A reward server whose reward "test_held" scores `count` at once for its first
+    `at_once` images, then holds each request until `release` is set (on exit): a server
+    that takes long to answer a training run's second iteration. `holding` is set once it
+    does."""
+
+    def __init__(self, at_once: int) -> None:
+        self.at_once, self.scored = at_once, 0
+        self.holding, self.release = threading.Event(), threading.Event()
+
+    def held(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
+        if self.scored >= self.at_once:
+            self.holding.set()
+            self.release.wait(60)
+        self.scored += len(images)
+        return get_reward("count")(images, prompts)
+
+    def __enter__(self) -> HeldServer:
+        register_reward("test_held", self.held)
+        self.running = ServerThread(create_app(["test_held"], device="cpu"))
+        self.url = self.running.__enter__().url
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release.set()  # first: the server waits for the held request as it stops
+        self.running.__exit__(*exc)
+        registry._REWARDS.pop("test_held", None)
+
+
+HELD_TINY = {**PRESETS["tiny"], "device": "cpu", "iterations": 3, "checkpoint_every": 1000,
+             "reward_weights": {"test_held": 1.0}}
+PER_ITERATION = HELD_TINY["prompts_per_iteration"] * HELD_TINY["group_size"]
+
+
+def test_a_stop_while_the_server_scores_gives_the_iteration_up_keeping_nothing_of_it():
+    """Trainer.run's `stop_requested` ended an evaluation pass, but an iteration waiting for
+    the reward server waited for its answer (or REWARD_SERVER_TIMEOUT, 300 s by default).
+    Now True gives that iteration up: ScoringStopped, with the weights, optimizer, iteration
+    count and random stream as the iteration before left them (its checkpoint is that one's);
+    the trackers' run ends without a failure."""
+    with HeldServer(at_once=PER_ITERATION) as server:
+        trainer = Trainer(TrainConfig.from_dict({**HELD_TINY, "reward_server_url": server.url}))
+        after: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+        def on_iteration(tr: Trainer, result) -> bool:
+            after.append((_params(tr.model).clone(), tr.generator.get_state().clone()))
+            return False
+
+        finished: list[bool] = []
+        trainer.finish_tracking = lambda failed=False: finished.append(failed)
+        started = time.monotonic()
+        with pytest.raises(ScoringStopped):
+            trainer.run(on_iteration, stop_requested=server.holding.is_set)
+        assert time.monotonic() - started < 60  # not the held request's release
+    assert server.holding.is_set() and trainer.iteration == 1 and len(after) == 1
+    params, random_state = after[0]
+    assert torch.equal(_params(trainer.model), params)
+    assert torch.equal(trainer.generator.get_state(), random_state)
+    assert finished == [False]
+
+
+def test_a_first_ctrl_c_while_the_server_scores_ends_the_run_at_the_iteration_before(tmp_path):
+    """`python -m trainer train`: a first Ctrl-C waited for the reward server's answer to end
+    the iteration. Now the iteration is given up; the run ends at the one before, with a
+    checkpoint of it that --resume continues from."""
+    from trainer.loop import latest_checkpoint
+    from trainer.run_dir import RunDirectory
+
+    with HeldServer(at_once=PER_ITERATION) as server:
+        run = RunDirectory(tmp_path / "run", TrainConfig.from_dict(
+            {**HELD_TINY, "reward_server_url": server.url}))
+        assert run.train(progress=False, stop_requested=server.holding.is_set) is False
+    assert run.trainer.iteration == 1
+    assert latest_checkpoint(run.checkpoints_dir).name == "iter-000001"
+    assert [r["iteration"] for r in run.records] == [1]
 
 
 def test_wrong_reward_names_are_422_naming_them(server):

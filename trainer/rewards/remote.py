@@ -9,6 +9,11 @@ a job's start and checks that the rewards can be scored there. The run-time rewa
 "preference" (the job's own model fitted to votes, registered in the trainer's process) is
 always scored here; every other name goes to the server.
 
+A caller may stop the wait for scores (`stop_requested`: a cancelled job): the request then
+runs on a thread of its own while the caller asks every STOP_POLL_SECONDS, and True cuts its
+connection (the server drops a request whose client left) and raises ScoringStopped, rather
+than waiting for the answer or the timeout (minutes on a GPU server shared by several jobs).
+
 Images travel as the bytes of a `.npy` file (base64 in the JSON body): lossless and exact,
 so a server scores the very array the trainer decoded, and in process and served scores are
 the same numbers. Scores come back as JSON floats, whose repr round-trips float64 exactly.
@@ -17,14 +22,18 @@ the same numbers. Scores come back as JSON floats, whose repr round-trips float6
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import io
 import json
 import math
 import os
+import socket
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future, wait
 from tokenize import TokenError
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -33,9 +42,15 @@ from trainer.config import RUN_TIME_REWARDS
 from trainer.rewards.registry import compute_rewards
 from trainer.strict_json import loads_strict
 
+if TYPE_CHECKING:  # the server extra: imported where used, so in-process scoring never needs it
+    import httpx
+
 ENV_TIMEOUT = "REWARD_SERVER_TIMEOUT"
 # a GPU server shared by several training processes queues their batches behind each other: generous
 DEFAULT_TIMEOUT = 300.0
+# how often a request that its caller may stop asks whether to (a job's cancel is read from
+# the database at most once a second anyway)
+STOP_POLL_SECONDS = 0.5
 # rewards that live in the trainer's process, never on a server: the job's own model fitted
 # to votes
 LOCAL_REWARDS = RUN_TIME_REWARDS
@@ -46,6 +61,11 @@ Scorer = Callable[[list[str], np.ndarray, list[str]], dict[str, np.ndarray]]
 class RewardServerError(RuntimeError):
     """The reward server cannot be reached, timed out, refused a request or lacks a reward.
     The message names the server's URL and says what went wrong in full."""
+
+
+class ScoringStopped(Exception):
+    """Scoring on the reward server given up part-way because the caller's `stop_requested`
+    said so (a cancelled job): the scores are lost, the request's connection is cut."""
 
 
 def url_problem(url: str) -> str | None:
@@ -182,6 +202,41 @@ def _timeout_from_env() -> float:
     return timeout
 
 
+class _CuttableConnection:
+    """The connection of one request, as httpcore's trace hook reports it opening, so that
+    another thread can cut it: shutting its socket down wakes the thread blocked reading the
+    answer (closing the socket would not) and tells the server that its client left."""
+
+    _OPENED = ("connection.connect_tcp.complete", "connection.start_tls.complete")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._socket: socket.socket | None = None
+        self._cut = False
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        """httpcore's `trace` request extension: keeps the socket once it is open (over TLS
+        the TLS socket, which takes over the TCP one's descriptor)."""
+        if event not in self._OPENED:
+            return
+        with self._lock:
+            self._socket = sock = info["return_value"].get_extra_info("socket")
+            cut = self._cut
+        if cut:  # cut while it was still connecting
+            _shut_down(sock)
+
+    def cut(self) -> None:
+        with self._lock:
+            self._cut, sock = True, self._socket
+        if sock is not None:
+            _shut_down(sock)
+
+
+def _shut_down(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # closed already: the request ended meanwhile
+        sock.shutdown(socket.SHUT_RDWR)
+
+
 class RewardClient:
     """Scores rewards on the server at `url`: `client(names, images, prompts)` returns what
     `compute_rewards` would. `timeout` (seconds; default REWARD_SERVER_TIMEOUT, else 300)
@@ -195,18 +250,28 @@ class RewardClient:
         self.url = url.rstrip("/")
         self.timeout = float(timeout) if timeout is not None else _timeout_from_env()
         self._max_images: int | None = None  # the server's, asked once (max_images())
-        # connecting should be quick even when scoring is not: a dead host fails fast
+        # connecting should be quick even when scoring is not: a dead host fails fast. No
+        # connection is kept alive: each request opens its own, which the trace hook reports,
+        # so that a stop cuts that request's connection (a pooled one's is out of reach)
         self._http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(
-            self.timeout, connect=min(self.timeout, 10.0)))
+            self.timeout, connect=min(self.timeout, 10.0)),
+            limits=httpx.Limits(max_keepalive_connections=0))
 
     def close(self) -> None:
         self._http.close()
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+    def _request(self, method: str, path: str,
+                 stop_requested: Callable[[], bool] | None = None,
+                 **kwargs: Any) -> dict[str, Any]:
+        """The JSON object the server answers; RewardServerError says what went wrong.
+        `stop_requested`: see `_stoppable_request`."""
         import httpx
 
         try:
-            response = self._http.request(method, path, **kwargs)
+            if stop_requested is None:
+                response = self._http.request(method, path, **kwargs)
+            else:
+                response = self._stoppable_request(method, path, stop_requested, **kwargs)
         except httpx.ConnectTimeout:
             raise RewardServerError(f"reward server at {self.url} cannot be reached (no "
                                     f"connection within {min(self.timeout, 10.0):g} s); is "
@@ -237,6 +302,33 @@ class RewardClient:
                                 f"with something other than a JSON object: "
                                 f"{response.text[:200]!r}")
 
+    def _stoppable_request(self, method: str, path: str, stop_requested: Callable[[], bool],
+                           **kwargs: Any) -> httpx.Response:
+        """The request sent from a thread of its own while this one asks `stop_requested`
+        every STOP_POLL_SECONDS: True cuts its connection and raises ScoringStopped. Returns
+        the response, or raises what sending the request raised."""
+        connection = _CuttableConnection()
+        answer: Future[httpx.Response] = Future()
+
+        def send() -> None:
+            try:
+                answer.set_result(self._http.request(
+                    method, path, extensions={"trace": connection.trace}, **kwargs))
+            except BaseException as exc:  # raised in the waiting thread (answer.result())
+                answer.set_exception(exc)
+
+        threading.Thread(target=send, name=f"reward-server {method} {path}",
+                         daemon=True).start()
+        try:
+            while not wait([answer], timeout=STOP_POLL_SECONDS).done:
+                if stop_requested():
+                    raise ScoringStopped(f"scoring on the reward server at {self.url} "
+                                         "stopped on request")
+        finally:
+            if not answer.done():  # stopped, or stop_requested failed: nobody will read it
+                connection.cut()
+        return answer.result()
+
     def health(self) -> dict[str, Any]:
         """GET /health: {"status", "rewards", "device", and the batching counters}."""
         return self._request("GET", "/health")
@@ -266,11 +358,11 @@ class RewardClient:
             self._max_images = limit if isinstance(limit, int) and limit >= 1 else 0
         return self._max_images or None
 
-    def _score_npy(self, names: list[str], images: np.ndarray, prompts: list[str]
-                   ) -> dict[str, np.ndarray]:
+    def _score_npy(self, names: list[str], images: np.ndarray, prompts: list[str],
+                   stop_requested: Callable[[], bool] | None = None) -> dict[str, np.ndarray]:
         """One POST /score_npy: {name: (N,) float64}, a null score as nan."""
         body = encode_score_request(names, prompts, images)
-        scores = self._request("POST", "/score_npy", content=body,
+        scores = self._request("POST", "/score_npy", stop_requested, content=body,
                                headers={"Content-Type": NPY_MEDIA_TYPE}).get("scores", {})
         out = {}
         for name in names:
@@ -284,8 +376,11 @@ class RewardClient:
             out[name] = values
         return out
 
-    def __call__(self, names: list[str], images: np.ndarray, prompts: list[str]
-                 ) -> dict[str, np.ndarray]:
+    def __call__(self, names: list[str], images: np.ndarray, prompts: list[str], *,
+                 stop_requested: Callable[[], bool] | None = None) -> dict[str, np.ndarray]:
+        """{name: (N,) float64}, as compute_rewards. `stop_requested`, asked every
+        STOP_POLL_SECONDS while a request waits for the server: True gives the scoring up
+        (ScoringStopped). The run-time rewards, scored here, are not interrupted."""
         names = list(names)
         remote = [n for n in names if n not in LOCAL_REWARDS]
         local = [n for n in names if n in LOCAL_REWARDS]
@@ -298,7 +393,8 @@ class RewardClient:
             parts: dict[str, list[np.ndarray]] = {name: [] for name in remote}
             for start in range(0, max(len(prompts), 1), step):
                 rows = slice(start, start + step)
-                chunk = self._score_npy(remote, images[rows], list(prompts[rows]))
+                chunk = self._score_npy(remote, images[rows], list(prompts[rows]),
+                                        stop_requested)
                 for name in remote:
                     parts[name].append(chunk[name])
             for name in remote:
@@ -308,15 +404,22 @@ class RewardClient:
 
 @functools.lru_cache(maxsize=8)
 def reward_client(url: str) -> RewardClient:
-    """The RewardClient of the server at `url`, one per process (one connection pool, kept
-    for the whole run)."""
+    """The RewardClient of the server at `url`, one per process (its timeout read once, its
+    server's max_images asked once)."""
     return RewardClient(url)
 
 
-def reward_scorer(server_url: str = "") -> Scorer:
+def reward_scorer(server_url: str = "",
+                  stop_requested: Callable[[], bool] | None = None) -> Scorer:
     """Where rewards are computed: in this process (`compute_rewards`) for an empty URL, else
-    on the reward server at `server_url` (a RewardClient, reused across calls)."""
-    return reward_client(server_url) if server_url else compute_rewards
+    on the reward server at `server_url` (a RewardClient, reused across calls), whose wait
+    for scores `stop_requested` may end (ScoringStopped; see RewardClient.__call__). Scoring
+    in process is this process's own work, not a wait: it is not interrupted."""
+    if not server_url:
+        return compute_rewards
+    client = reward_client(server_url)
+    return client if stop_requested is None else functools.partial(
+        client, stop_requested=stop_requested)
 
 
 def prepare_scorer(names: list[str] | dict[str, Any], server_url: str = "",
