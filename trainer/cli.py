@@ -247,9 +247,9 @@ def _without_studio_fields(config: TrainConfig, preset: str) -> TrainConfig:
 
 @contextlib.contextmanager
 def _first_interrupt_stops() -> Iterator[Callable[[], bool]]:
-    """A first Ctrl-C asks the run to stop at the end of its iteration (it saves a
-    checkpoint there); a second one interrupts at once (main: one line, exit 130). Yields
-    whether a stop was asked."""
+    """A first Ctrl-C asks the run to stop at the end of its iteration, or to drop it when it
+    waits for the reward server's scores, and to checkpoint the last whole one; a second one
+    interrupts at once (main: one line, exit 130). Yields whether a stop was asked."""
     asked: list[int] = []
 
     def on_interrupt(signum: int, frame: object) -> None:
@@ -257,8 +257,9 @@ def _first_interrupt_stops() -> Iterator[Callable[[], bool]]:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a third press must not cut the exit
             raise KeyboardInterrupt
         asked.append(signum)
-        print("\nstopping at the end of this iteration (a checkpoint is saved); Ctrl-C again "
-              "stops at once", file=sys.stderr)
+        print("\nstopping at the end of this iteration, or dropping it if it waits for the "
+              "reward server (the last whole iteration is checkpointed); Ctrl-C again stops "
+              "at once", file=sys.stderr)
 
     if threading.current_thread() is not threading.main_thread():
         yield lambda: False  # signals reach the main thread only

@@ -14,6 +14,11 @@ weights fail the job at once, naming the reward, the setting and the files expec
 through `trainer.rewards.remote.prepare_scorer`): a server that is down or lacks a reward fails
 the job the same way, naming the URL, before any sampling.
 
+A cancel stops either job where it is seen: before a solver step, or while the job waits for
+the reward server's scores (its request's connection is cut: the server drops it). Either way
+the chunk or checkpoint in progress is dropped and what was stored before it stays. A worker's
+warm shutdown does not stop them (they run to their end).
+
 Both are idempotent: groups already stored for the job are skipped, so a rerun after a crash
 finishes the rest. Progress counts prompts (rollout) or images over all checkpoints
 (evaluate: written as each batch ends, at most every PROGRESS_SECONDS; the metric history has
@@ -25,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -49,7 +54,7 @@ from trainer.models import (
 )
 from trainer.models.base import FlowModel, micro_batches, repeat_cond, to_uint8
 from trainer.rewards.models import RewardWeightsMissing, RewardWeightsUnloadable
-from trainer.rewards.remote import RewardServerError, Scorer, prepare_scorer
+from trainer.rewards.remote import RewardServerError, Scorer, ScoringStopped, prepare_scorer
 from trainer.shapes.world import all_prompts
 from trainer.solvers import rollout
 from worker.lease import JobError, LeaseLost
@@ -133,14 +138,17 @@ def reward_names(kind: str, cfg: RolloutConfig | EvaluateConfig) -> list[str]:
 
 
 def prepare_rewards(names: list[str], given: dict[str, str] | None = None,
-                    server_url: str = "") -> Scorer:
+                    server_url: str = "",
+                    stop_requested: Callable[[], bool] | None = None) -> Scorer:
     """What scores the job's rewards `names` (`prepare_scorer`, as for a train job), checked
     now, before any sampling: a JobError when one cannot be scored. With `server_url`, the
-    reward server there must be up and serve them all. Without, the model-backed rewards point
-    at their weights (worker.training.reward_model_paths) on this worker's device."""
+    reward server there must be up and serve them all, and `stop_requested` (the job's
+    `CancelCheck.requested`) may end a wait for its scores (ScoringStopped). Without, the
+    model-backed rewards point at their weights (worker.training.reward_model_paths) on this
+    worker's device."""
     if server_url:
         try:
-            return prepare_scorer(names, server_url)
+            return prepare_scorer(names, server_url, stop_requested=stop_requested)
         except RewardServerError as exc:  # down, or lacks a reward: the message says it in full
             raise JobError(str(exc)) from None
     paths = reward_model_paths(names, given)
@@ -150,13 +158,17 @@ def prepare_rewards(names: list[str], given: dict[str, str] | None = None,
         raise JobError(str(exc)) from None
 
 
-def score(scorer: Scorer, names: list[str], images: np.ndarray, prompts: list[str]
-          ) -> dict[str, np.ndarray]:
+def score(scorer: Scorer, names: list[str], images: np.ndarray, prompts: list[str],
+          cancel: CancelCheck) -> dict[str, np.ndarray]:
     """`scorer(names, images, prompts)`; a reward server that goes away or times out mid-job
     fails the job with its message alone (groups and checkpoints already stored are kept: a
-    resumed job finishes the rest)."""
+    resumed job finishes the rest). A cancel seen while the server scores (the scorer's
+    `stop_requested` is `cancel.requested`) ends the job as one seen before a solver step
+    does: cancelled, Cancelled raised, the images being scored dropped."""
     try:
         return scorer(names, images, prompts)
+    except ScoringStopped:
+        cancel.stop()
     except RewardServerError as exc:
         raise JobError(f"{exc} (resume the job to score the rest)") from None
 
@@ -192,24 +204,30 @@ def _progress(job_id: int, worker_name: str, done: int, total: int,
         raise Cancelled
 
 
-def cancel_check(job_id: int, worker_name: str) -> Callable[[], None]:
-    """A `before_step` for sampling: marks the job cancelled and raises Cancelled once its
-    cancel was requested (the flag read at most once a second), so that a cancel does not
-    wait for the rest of a chunk (minutes of a large model's images)."""
-    from worker.preference import cancel_requested_poll
+class CancelCheck:
+    """How a sampling job sees its cancel. `requested()`: whether it was asked (the flag read
+    at most once a second, worker.preference.cancel_requested_poll); asked before every
+    solver step and, as the scorer's `stop_requested`, while a reward server scores. The
+    check itself (calling it: a `before_step` for sampling) `stop()`s the job once it was, so
+    that a cancel does not wait for the rest of a chunk (minutes of a large model's images)."""
 
-    requested = cancel_requested_poll(job_id)
+    def __init__(self, job_id: int, worker_name: str) -> None:
+        from worker.preference import cancel_requested_poll
 
-    def check() -> None:
-        if not requested():
-            return
+        self.job_id, self.worker_name = job_id, worker_name
+        self.requested = cancel_requested_poll(job_id)
+
+    def __call__(self) -> None:
+        if self.requested():
+            self.stop()
+
+    def stop(self) -> NoReturn:
+        """Mark the job cancelled and raise Cancelled (its cancel was seen)."""
         with session_scope() as s:
-            if not jobs.holds(s, job_id, worker_name):
-                raise LeaseLost(f"job {job_id} is no longer held by {worker_name}")
-            jobs.mark_cancelled(s, job_id)
+            if not jobs.holds(s, self.job_id, self.worker_name):
+                raise LeaseLost(f"job {self.job_id} is no longer held by {self.worker_name}")
+            jobs.mark_cancelled(s, self.job_id)
         raise Cancelled  # after the commit, as in _progress
-
-    return check
 
 
 def run_rollout(job_id: int, worker_name: str) -> str:
@@ -222,7 +240,9 @@ def run_rollout(job_id: int, worker_name: str) -> str:
     if not prompts:
         raise JobError(f"dataset {cfg.dataset_id} has no {cfg.split!r} prompts")
     names = reward_names("rollout", cfg)
-    scorer = prepare_rewards(names, cfg.reward_model_paths, cfg.reward_server_url)
+    cancel = CancelCheck(job_id, worker_name)
+    scorer = prepare_rewards(names, cfg.reward_model_paths, cfg.reward_server_url,
+                             cancel.requested)
     model = load_sampling_model(cfg, cfg.checkpoint_id)
     weights = {name: 1.0 for name in names}
     g, steps, batch = cfg.group_size, cfg.steps, cfg.batch_size
@@ -230,7 +250,7 @@ def run_rollout(job_id: int, worker_name: str) -> str:
     timesteps = model.sigmas(steps)  # the model's grid: laid out once, not per chunk
     todo = [(pid, text) for pid, text in prompts if pid not in done_ids]
     done = len(prompts) - len(todo)
-    velocity = stepping(model, cancel_check(job_id, worker_name))
+    velocity = stepping(model, cancel)
     try:
         _progress(job_id, worker_name, done, len(prompts))
         per_chunk = prompts_per_chunk(g)
@@ -249,7 +269,7 @@ def run_rollout(job_id: int, worker_name: str) -> str:
                 final = traj.final
                 images = np.concatenate([to_uint8(model.decode(final[rows])) for rows in
                                          micro_batches(final.shape[0], batch)])  # (P*G, H, W, 3)
-            raw = score(scorer, names, images, [t for t in texts for _ in range(g)])
+            raw = score(scorer, names, images, [t for t in texts for _ in range(g)], cancel)
             advantages = group_advantages(blended_group_rewards(raw, weights, (p, g))).numpy()
             images = images.reshape(p, g, *images.shape[1:])
             with session_scope() as s:
@@ -293,7 +313,9 @@ def run_evaluate(job_id: int, worker_name: str) -> str:
     about = {"job_id": job_id, "prompts": f"{len(prompts)} of {source}",
              "seeds": len(cfg.seeds)}
     names = reward_names("evaluate", cfg)
-    scorer = prepare_rewards(names, cfg.reward_model_paths, cfg.reward_server_url)
+    cancel = CancelCheck(job_id, worker_name)
+    scorer = prepare_rewards(names, cfg.reward_model_paths, cfg.reward_server_url,
+                             cancel.requested)
     # every checkpoint's model directory checked before the first loads
     specs = {ckpt_id: sampling_spec(cfg, ckpt_id) for ckpt_id, _ in ckpts}
     pairs = [(p, seed) for p in prompts for seed in cfg.seeds]
@@ -312,11 +334,11 @@ def run_evaluate(job_id: int, worker_name: str) -> str:
             images = sample_images(model, [p for p, _ in pairs], [s for _, s in pairs],
                                    cfg.solver, cfg.steps,
                                    batch_size=cfg.batch_size or SHAPES_SAMPLE_BATCH,
-                                   before_step=cancel_check(job_id, worker_name),
+                                   before_step=cancel,
                                    on_batch=throttled(lambda n, before=before: _progress(
                                        job_id, worker_name, before + n, total)))
             texts = [p for p, _ in pairs]
-            scores = score(scorer, names, images, texts)
+            scores = score(scorer, names, images, texts, cancel)
             with session_scope() as s:
                 if not jobs.holds(s, job_id, worker_name):
                     raise LeaseLost(f"job {job_id} is no longer held by {worker_name}")

@@ -301,13 +301,13 @@ def test_a_sampling_job_obeys_a_cancel_between_solver_steps(settings):
     from trainer.evaluation import sample_images
     from trainer.models.shapes_dit import ShapesDiT, ShapesDiTConfig
     from worker.preference import CANCEL_POLL_SECONDS
-    from worker.sampling import Cancelled, cancel_check
+    from worker.sampling import CancelCheck, Cancelled
 
     with session_scope() as s:
         ds = datasets.import_dataset(s, filename="p.txt", data=b"one red circle\n").dataset.id
         job_id = jobs.create_job(s, "rollout", {"dataset_id": ds}).id
         assert jobs.claim(s, job_id, "w1", timedelta(seconds=60)) is not None
-    check = cancel_check(job_id, "w1")
+    check = CancelCheck(job_id, "w1")
     steps: list[int] = []
 
     def before_step() -> None:

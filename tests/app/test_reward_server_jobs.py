@@ -373,3 +373,115 @@ def test_a_train_job_stopped_while_the_server_scores_stops_within_seconds(settin
     else:
         assert outcome == ["queued"] and status == "queued", (outcome, status, error)
         assert "shut down at iteration 1" in error and requeued == [job_id]
+
+
+# --- a rollout or evaluate job cancelled while it waits for the reward server ---------------
+@pytest.mark.parametrize("kind", ["rollout", "evaluate"])
+def test_a_sampling_job_cancelled_while_the_server_scores_stops_within_seconds(
+        settings, monkeypatch, session, checkpoint, dataset, kind):
+    """A rollout or evaluate job saw a cancel between solver steps, but not while it waited
+    for the reward server's scores: it waited for the answer or REWARD_SERVER_TIMEOUT (300 s
+    by default, 60 here), and then failed with the RewardServerError. Now the same cancel poll
+    reaches the wait: the job ends cancelled within a second or two, with no error, as a cancel
+    seen before a solver step ends it. The chunk (rollout) or checkpoint (evaluate) being
+    scored is dropped whole: what was stored before stays, nothing of it is. The server sees
+    its client leave and drops the rest of the request."""
+    import threading
+    import time
+
+    from app.db import session_scope
+    from app.services import checkpoints, jobs, rollouts
+    from app.services.checkpoints import record_checkpoint
+    from trainer.rewards import get_reward, register_reward, registry
+    from trainer.rewards.remote import ENV_TIMEOUT, RewardClient
+    from trainer.rewards.serve import create_app
+    from worker.sampling import run_evaluate, run_rollout
+    from worker.tasks import run_job
+
+    # a request a chunk of one prompt's group of 2 (rollout), a checkpoint's 2 images
+    # (evaluate); the first is scored at once, the second held until released
+    per_request = 2
+    monkeypatch.setattr("worker.sampling.CHUNK_SAMPLES", per_request)
+    second = record_checkpoint(session, None, 0, "checkpoints/base/model.safetensors",
+                               name="base again")
+    session.commit()
+    scored: list[int] = []  # the images of each call the server made
+    holding, release = threading.Event(), threading.Event()
+
+    def held(images, prompts):
+        if sum(scored) >= per_request:
+            holding.set()
+            release.wait(60)
+        scored.append(len(images))
+        return get_reward("count")(images, prompts)
+
+    register_reward("test_held", held)
+    monkeypatch.setenv(ENV_TIMEOUT, "60")
+    outcome: list[str] = []
+    try:
+        # two chunks a request: the server notices the client gone before the second
+        app = create_app(["test_held"], device="cpu", max_batch=per_request // 2)
+        with ServerThread(app) as server:
+            config = {"rollout": {"dataset_id": dataset, "checkpoint_id": checkpoint,
+                                  "group_size": per_request, "steps": 2},
+                      "evaluate": {"checkpoint_ids": [checkpoint, second], "max_prompts": 1,
+                                   "seeds": [0, 1], "steps": 2}}[kind]
+            try:
+                with session_scope() as s:
+                    job_id = jobs.create_job(s, kind, {
+                        **config, "reward_names": ["test_held"],
+                        "reward_server_url": server.url}).id
+                body = {"rollout": run_rollout, "evaluate": run_evaluate}[kind]
+                runner = threading.Thread(target=lambda: outcome.append(run_job(job_id, body)),
+                                          daemon=True)
+                runner.start()
+                assert holding.wait(120), "the second request never reached the server"
+                asked = time.monotonic()
+                with session_scope() as s:
+                    jobs.request_cancel(s, job_id)
+                runner.join(timeout=30)
+                took = time.monotonic() - asked
+                assert not runner.is_alive(), "the job still waits for the reward server"
+                assert took < 10, took  # a cancel is read once a second; the timeout is 60 s
+                # the request's connection was cut: its handler notices and returns (uvicorn's
+                # tasks in flight) while its first chunk is still held
+                deadline = time.monotonic() + 10
+                while server.server.server_state.tasks:
+                    assert time.monotonic() < deadline, "the server never saw its client leave"
+                    time.sleep(0.05)
+            finally:
+                release.set()  # before the server stops: it waits for the held request
+            # so the request's second chunk is never scored
+            deadline = time.monotonic() + 10
+            while RewardClient(server.url, timeout=10).health()["cancelled"] < 1:
+                assert time.monotonic() < deadline, "the request was scored to its end"
+                time.sleep(0.1)
+            assert scored == [1, 1, 1]
+    finally:
+        registry._REWARDS.pop("test_held", None)
+    with session_scope() as s:
+        job = jobs.get_job(s, job_id)
+        status, error, done = job.status, job.error, job.iteration
+        history = [m.iteration for m in jobs.metric_history(s, job_id)]
+        groups, _ = rollouts.list_groups(s, job_id=job_id)
+        stored = [(g.checkpoint_id, sorted(m.member_index for m in g.samples),
+                   [m.rewards for m in g.samples]) for g in groups]
+        samples = sum(len(g.samples) for g in groups)
+        scores = {c: dict(checkpoints.get_checkpoint(s, c).scores or {})
+                  for c in (checkpoint, second)}
+    assert outcome == ["cancelled"] and status == "cancelled", (outcome, status, error)
+    assert error is None
+    if kind == "rollout":
+        # the first prompt's group, whole; the second's, being scored, not at all
+        assert done == 1 and history == [1], (done, history)
+        assert len(stored) == 1 and samples == per_request
+        assert stored[0][1] == [0, 1] and all(isinstance(r["test_held"], float)
+                                              for r in stored[0][2])
+    else:
+        # the first checkpoint's images and scores; the second's, being scored, not at all
+        # (its progress may count the images it sampled, as on a cancel between steps)
+        assert done in (per_request, 2 * per_request) and history == [1], (done, history)
+        assert [c for c, *_ in stored] == [checkpoint] * per_request
+        assert samples == per_request
+        assert scores[checkpoint]["test_held"]["job_id"] == job_id
+        assert "test_held" not in scores[second]

@@ -424,21 +424,22 @@ def reward_scorer(server_url: str = "",
 
 def prepare_scorer(names: list[str] | dict[str, Any], server_url: str = "",
                    model_paths: dict[str, str] | None = None,
-                   device: Any = None, paths_setting: str | None = None) -> Scorer:
+                   device: Any = None, paths_setting: str | None = None,
+                   stop_requested: Callable[[], bool] | None = None) -> Scorer:
     """Ready the rewards `names` for a job, at its start, before any model loads, and return
-    `reward_scorer(server_url)`. With a server: it must be up and serve every name but the
-    run-time ones (RewardServerError names the URL and what is missing). In process: the
-    model-backed rewards among `names` point at `model_paths` (the rest at REWARD_MODELS_DIR)
-    on `device`: weights that are missing raise RewardWeightsMissing, weights that are there
-    but do not load a ValueError naming the reward and its files (they are loaded here, not
-    at the first scoring after minutes of sampling). Train, rollout and evaluate jobs all
-    start through here, so a job that scores checks its rewards one way. `paths_setting`:
-    how messages name where `model_paths` came from (configure_reward_models; default the
-    config field, a job's)."""
+    `reward_scorer(server_url, stop_requested)`. With a server: it must be up and serve every
+    name but the run-time ones (RewardServerError names the URL and what is missing), and
+    `stop_requested` may end a wait for its scores. In process: the model-backed rewards among
+    `names` point at `model_paths` (the rest at REWARD_MODELS_DIR) on `device`: weights that
+    are missing raise RewardWeightsMissing, weights that are there but do not load a
+    ValueError naming the reward and its files (they are loaded here, not at the first
+    scoring after minutes of sampling). Train, rollout and evaluate jobs all start through
+    here, so a job that scores checks its rewards one way. `paths_setting`: how messages name
+    where `model_paths` came from (configure_reward_models; default the config field, a
+    job's)."""
     if server_url:
-        client = reward_client(server_url)
-        client.check(names)
-        return client
+        reward_client(server_url).check(names)
+        return reward_scorer(server_url, stop_requested)
     # imported here: torch and the model adapters, which a process scoring on a server never
     # needs to load
     from trainer.rewards.models import (
