@@ -349,8 +349,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         finished = run.train(progress=not args.no_progress, stop_requested=stop_requested)
     if not finished:
         newest = latest_checkpoint(run.checkpoints_dir)
-        print(f"interrupted at iteration {run.trainer.iteration}: checkpoint "
-              f"{newest}; continue with --resume --out {out}", file=sys.stderr)
+        if newest is None:  # stopped inside the first iteration: nothing to continue from
+            print("interrupted before the first iteration finished: no checkpoint yet; "
+                  f"--resume --out {out} starts it again", file=sys.stderr)
+        else:
+            print(f"interrupted at iteration {run.trainer.iteration}: checkpoint "
+                  f"{newest}; continue with --resume --out {out}", file=sys.stderr)
         return 130
     print(f"metrics:      {run.metrics_path}")
     print(f"reward curve: {run.curve_path}")
