@@ -347,12 +347,57 @@ def _parse_json(filename: str, text: str, counts: _Counts) -> Records:
         yield _record(item, where, {"where": where}, strings=True)
 
 
-def _parse_parquet(filename: str, data: bytes, counts: _Counts) -> Records:
+# A parquet file is compressed, and its dictionary and run-length encodings repeat one value
+# any number of times at no cost: 2 MB of parquet read as 20 GB of strings (ten million rows
+# of one 2,000-character prompt), and a metadata column of one 1 GB value compresses to
+# kilobytes. So what it holds once read is bounded by MAX_UPLOAD_BYTES as a text file's is: at
+# most as many cells (rows x columns) as a CSV of that size could hold (a byte each, its comma
+# or line end), and columns of at most PARQUET_EXPANSION times that many bytes (real prompts
+# compress some 3 to 4 times), read in batches of PARQUET_BATCH_ROWS rows and counted as read.
+PARQUET_EXPANSION = 4
+PARQUET_BATCH_ROWS = 1024
+
+
+def _read_parquet(filename: str, data: bytes, max_bytes: int) -> Any:
+    """The parquet file `data` as a pyarrow Table, or PayloadTooLarge as soon as its cells or
+    its bytes once read pass their bounds (see PARQUET_EXPANSION); the Arrow and OS errors of
+    an unreadable file pass through."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    budget = PARQUET_EXPANSION * max_bytes
+
+    def too_large(what: str) -> PayloadTooLarge:
+        return PayloadTooLarge(
+            f"{filename}: the file {what}, more than a file of the upload limit may hold once "
+            f"read: at most {max_bytes} cells and {budget} bytes ({PARQUET_EXPANSION} x "
+            f"MAX_UPLOAD_BYTES, {max_bytes})", field="file")
+
+    parquet = pq.ParquetFile(io.BytesIO(data))
+    meta = parquet.metadata
+    if (cells := meta.num_rows * max(meta.num_columns, 1)) > max_bytes:
+        raise too_large(f"holds {cells} cells ({meta.num_rows} rows x {meta.num_columns} "
+                        "columns)")
+    # what the pages say they hold decompressed, before one is decompressed
+    declared = sum(meta.row_group(g).column(c).total_uncompressed_size
+                   for g in range(meta.num_row_groups) for c in range(meta.num_columns))
+    if declared > budget:
+        raise too_large(f"holds more than {budget} bytes once read ({declared})")
+    batches, size = [], 0
+    for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+        # (a repeated value is counted each time: it is read as that many strings)
+        size += batch.nbytes
+        if size > budget:
+            raise too_large(f"holds more than {budget} bytes once read")
+        batches.append(batch)
+    return pa.Table.from_batches(batches, schema=parquet.schema_arrow)
+
+
+def _parse_parquet(filename: str, data: bytes, counts: _Counts, max_bytes: int) -> Records:
+    import pyarrow as pa
+
     try:
-        table = pq.read_table(io.BytesIO(data))
+        table = _read_parquet(filename, data, max_bytes)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise Invalid(f"{filename}: not a readable parquet file ({exc})", file=filename) from None
     names = table.column_names
@@ -361,6 +406,9 @@ def _parse_parquet(filename: str, data: bytes, counts: _Counts) -> Records:
             f"{filename}: missing column 'prompt' (columns: {', '.join(names) or 'none'})",
             file=filename,
         )
+    if (repeats := names.count("prompt")) > 1:  # which one holds the prompts is not guessed
+        raise Invalid(f"{filename}: column 'prompt' given {repeats} times; the file takes one",
+                      file=filename, column="prompt")
     prompt_type = table.schema.field("prompt").type
     if not (pa.types.is_string(prompt_type) or pa.types.is_large_string(prompt_type)):
         raise Invalid(f"{filename}: column 'prompt' must hold strings, not {prompt_type}",
@@ -408,7 +456,7 @@ def parse_upload(filename: str, data: bytes, *, max_prompt_length: int,
         raise PayloadTooLarge(f"{filename}: the file is larger than the limit of {max_bytes} "
                               "bytes (MAX_UPLOAD_BYTES)", field="file")
     counts = _Counts()
-    records = (_parse_parquet(filename, data, counts) if fmt == "parquet"
+    records = (_parse_parquet(filename, data, counts, max_bytes) if fmt == "parquet"
                else _PARSERS[fmt](filename, _decode(filename, data), counts))
     report = _Report(filename)
     unique: list[ParsedPrompt] = []

@@ -186,6 +186,43 @@ def test_upload_over_size_limit(client, admin, session, monkeypatch):
     assert counts(session) == (0, 0)
 
 
+def _repeated_parquet(rows: int, prompt: str, **columns: list) -> bytes:
+    """`rows` rows of one prompt, dictionary- and run-length-encoded and compressed: a few
+    bytes on disk whatever the rows hold once read (no Arrow schema stored, so the column
+    reads back as plain strings)."""
+    column = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array([prompt]))
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"prompt": column, **columns}), buf, compression="zstd",
+                   store_schema=False)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("data,message", [
+    # 1 KB on disk, 200,000 rows: more records than a text file of the limit could hold
+    (_repeated_parquet(200_000, "one red circle"), "holds 200000 cells"),
+    # 13 KB on disk, 80 MB of prompts once read (40,000 times one 2,000-character prompt)
+    (_repeated_parquet(40_000, "x" * 2000), "more than 400000 bytes once read"),
+    # 1 KB on disk, one 5 MB metadata value once decompressed
+    (_repeated_parquet(1, "one red circle", meta=["x" * 5_000_000]),
+     "more than 400000 bytes once read"),
+], ids=["rows", "repeated-values", "compressed-value"])
+def test_a_parquet_bomb_is_refused_before_it_is_read(client, admin, session, monkeypatch,
+                                                     data, message):
+    """A parquet file under MAX_UPLOAD_BYTES may still decode to gigabytes (compression, and
+    encodings that repeat one value any number of times): 2 MB of it read as 20 GB of
+    strings. What it holds once read is bounded by the limit too, as a text file's is."""
+    from app.config import get_settings
+
+    monkeypatch.setattr(get_settings(), "max_upload_bytes", 100_000)
+    assert len(data) < 100_000
+    r = upload(client, admin, "bomb.parquet", data)
+    assert r.status_code == 413, r.text
+    assert r.json()["detail"].startswith("bomb.parquet: ") and message in r.json()["detail"]
+    assert "MAX_UPLOAD_BYTES" in r.json()["detail"]
+    assert r.json()["field"] == "file" and r.json()["errors"][0]["field"] == "file"
+    assert counts(session) == (0, 0)
+
+
 def test_configurable_prompt_length(client, admin, monkeypatch):
     from app.config import get_settings
 
