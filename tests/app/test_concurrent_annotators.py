@@ -157,26 +157,14 @@ def test_an_online_refit_reports_the_new_votes_it_used(settings, monkeypatch):
     """Votes keep arriving while a train job refits its preference model: the refit counted
     the new votes first and read them for the fit after, so a vote cast between the two was
     fitted on but missing from its `preference_refit_votes`."""
-    from datetime import timedelta
+    from test_preference_refits import _claimed_refitting_job, _vote
 
-    from test_preference_refits import _stored_group, _vote
-
-    from app.services import jobs
     from app.services import preference as pref_svc
-    from trainer.config import PRESETS, TrainConfig
     from trainer.loop import Trainer
     from trainer.rewards.preference import FitConfig, PreferenceModel
     from worker.training import maybe_refit_preference
 
-    voter_id, pairs = _stored_group(np.random.default_rng(3))
-    for n in range(8):
-        _vote(voter_id, pairs, n, "ab"[n % 2])
-    config = TrainConfig.from_dict({**PRESETS["tiny"], "device": "cpu",
-                                    "reward_weights": {"count": 1.0, "preference": 1.0},
-                                    "preference_refit_every": 1})
-    with session_scope() as s:
-        job_id = jobs.create_job(s, "train", {"device": "cpu"}, preset="tiny").id
-        assert jobs.claim(s, job_id, "w1", timedelta(seconds=60)) is not None
+    voter_id, pairs, config, job_id = _claimed_refitting_job(3)
     trainer = Trainer(config)
     trainer.set_preference_model(PreferenceModel(FitConfig(width=8, ensemble=1, epochs=1)),
                                  None)

@@ -91,6 +91,28 @@ def _vote(voter_id: int, pairs: list[tuple[int, int]], n: int, outcome: str) -> 
                           sample_a_id=pairs[n][0], sample_b_id=pairs[n][1], outcome=outcome)
 
 
+def _claimed_refitting_job(seed: int):
+    """Eight votes on a stored group, a tiny train config that scores with the preference
+    model and refits it every iteration, and a train job claimed by worker "w1" to refit
+    under (the row carries only the job's lease and cancel; the config is the one returned):
+    (voter id, the group's pairs, config, job id)."""
+    from datetime import timedelta
+
+    from app.services import jobs
+    from trainer.config import PRESETS, TrainConfig
+
+    voter_id, pairs = _stored_group(np.random.default_rng(seed))
+    for n in range(8):
+        _vote(voter_id, pairs, n, "ab"[n % 2])
+    config = TrainConfig.from_dict({**PRESETS["tiny"], "device": "cpu",
+                                    "reward_weights": {"count": 1.0, "preference": 1.0},
+                                    "preference_refit_every": 1})
+    with session_scope() as s:
+        job_id = jobs.create_job(s, "train", {"device": "cpu"}, preset="tiny").id
+        assert jobs.claim(s, job_id, "w1", timedelta(seconds=60)) is not None
+    return voter_id, pairs, config, job_id
+
+
 def test_a_fit_preference_job_cancelled_mid_fit_stops_and_saves_nothing(settings):
     """A running fit_preference job obeys its cancel between epochs: the job ends cancelled
     (at once, not when a reaper finds it), and no model version is written or recorded."""
@@ -332,24 +354,14 @@ def test_a_train_jobs_online_refit_obeys_its_cancel(settings):
     """A cancel that arrives while a train job refits its preference model stops the refit
     between epochs: no version is recorded, the model in use stays, and the job goes on to
     its cancel (the checkpoint of the iteration) at once rather than after the whole fit."""
-    from datetime import timedelta
 
     from app.services import jobs
-    from trainer.config import PRESETS, TrainConfig
     from trainer.loop import Trainer
     from trainer.rewards.preference import PreferenceModel
     from worker.training import maybe_refit_preference
 
-    voter_id, pairs = _stored_group(np.random.default_rng(2))
-    for n in range(8):
-        _vote(voter_id, pairs, n, "ab"[n % 2])
-    config = TrainConfig.from_dict({**PRESETS["tiny"], "device": "cpu",
-                                    "reward_weights": {"count": 1.0, "preference": 1.0},
-                                    "preference_refit_every": 1})
+    _voter_id, _pairs, config, job_id = _claimed_refitting_job(2)
     with session_scope() as s:
-        # the job row only carries the cancel; the config refitted under is the one above
-        job_id = jobs.create_job(s, "train", {"device": "cpu"}, preset="tiny").id
-        assert jobs.claim(s, job_id, "w1", timedelta(seconds=60)) is not None
         jobs.request_cancel(s, job_id)
     in_use = PreferenceModel(FitConfig(width=8, ensemble=1, epochs=2000))
     trainer = Trainer(config)

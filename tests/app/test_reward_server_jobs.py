@@ -6,6 +6,8 @@ task body (`worker.tasks.run_job`) against a real server (uvicorn on a free port
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from reward_server_helpers import ServerThread, free_port_url
 from sqlalchemy import select
@@ -287,32 +289,19 @@ def test_a_train_job_stopped_while_the_server_scores_stops_within_seconds(settin
     cancelled, with no error; a warm shutdown requeues it the same way. The server sees its
     client leave and drops the rest of the request."""
     import threading
-    import time
 
     from app.db import session_scope
     from app.models import Checkpoint, JobMetric
     from app.services import jobs
     from trainer.config import PRESETS
-    from trainer.rewards import get_reward, register_reward, registry
-    from trainer.rewards.remote import ENV_TIMEOUT, RewardClient
+    from trainer.rewards import registry
     from trainer.rewards.serve import create_app
     from worker.tasks import run_job
     from worker.training import run_training
 
     per_iteration = PRESETS["tiny"]["prompts_per_iteration"] * PRESETS["tiny"]["group_size"]
-    scored: list[int] = []  # the images of each call the server made
-    holding, release = threading.Event(), threading.Event()
-
-    def held(images, prompts):
-        # iteration 1 is scored at once; iteration 2's first chunk is held until released
-        if sum(scored) >= per_iteration:
-            holding.set()
-            release.wait(60)
-        scored.append(len(images))
-        return get_reward("count")(images, prompts)
-
-    register_reward("test_held", held)
-    monkeypatch.setenv(ENV_TIMEOUT, "60")
+    # iteration 1 is scored at once; iteration 2's first chunk is held until released
+    scored, holding, release = _held_reward(per_iteration, monkeypatch)
     requeued: list[int] = []
     monkeypatch.setattr("worker.training.send_requeued", lambda job_id, *_: requeued.append(job_id))
     shutdown = threading.Event()
@@ -321,40 +310,22 @@ def test_a_train_job_stopped_while_the_server_scores_stops_within_seconds(settin
         # two chunks a request: the server notices the client gone before the second
         app = create_app(["test_held"], device="cpu", max_batch=per_iteration // 2)
         with ServerThread(app) as server:
-            try:
-                with session_scope() as s:
-                    job_id = jobs.create_job(s, "train", {
-                        "device": "cpu", "iterations": 3, "checkpoint_every": 1000,
-                        "reward_weights": {"test_held": 1.0}, "reward_server_url": server.url},
-                        preset="tiny").id
-                runner = threading.Thread(target=lambda: outcome.append(run_job(
-                    job_id, lambda job, worker: run_training(job, worker, shutdown))),
-                    daemon=True)
-                runner.start()
-                assert holding.wait(120), "iteration 2 never reached the server"
-                asked = time.monotonic()
+            with session_scope() as s:
+                job_id = jobs.create_job(s, "train", {
+                    "device": "cpu", "iterations": 3, "checkpoint_every": 1000,
+                    "reward_weights": {"test_held": 1.0}, "reward_server_url": server.url},
+                    preset="tiny").id
+
+            def cancel_or_shut_down() -> None:
                 if stop == "cancel":
                     with session_scope() as s:
                         jobs.request_cancel(s, job_id)
                 else:
                     shutdown.set()
-                runner.join(timeout=30)
-                took = time.monotonic() - asked
-                assert not runner.is_alive(), "the job still waits for the reward server"
-                assert took < 10, took  # a cancel is read once a second; the timeout is 60 s
-                # the request's connection was cut: its handler notices and returns (uvicorn's
-                # tasks in flight) while its first chunk is still held
-                deadline = time.monotonic() + 10
-                while server.server.server_state.tasks:
-                    assert time.monotonic() < deadline, "the server never saw its client leave"
-                    time.sleep(0.05)
-            finally:
-                release.set()  # before the server stops: it waits for the held request
-            # so the request's second chunk is never scored
-            deadline = time.monotonic() + 10
-            while RewardClient(server.url, timeout=10).health()["cancelled"] < 1:
-                assert time.monotonic() < deadline, "the request was scored to its end"
-                time.sleep(0.1)
+
+            _stopped_while_the_server_holds(
+                server, holding, release, outcome, cancel_or_shut_down,
+                lambda: run_job(job_id, lambda job, worker: run_training(job, worker, shutdown)))
             assert scored == [per_iteration // 2] * 3
     finally:
         registry._REWARDS.pop("test_held", None)
@@ -375,6 +346,67 @@ def test_a_train_job_stopped_while_the_server_scores_stops_within_seconds(settin
         assert "shut down at iteration 1" in error and requeued == [job_id]
 
 
+def _held_reward(after: int, monkeypatch):
+    """Registers the reward "test_held" (the count), which holds the call that comes once
+    `after` images are scored until released, and sets the client's timeout to 60 s:
+    (the images of each call scored, the event set while it holds, the one that releases)."""
+    import threading
+
+    from trainer.rewards import get_reward, register_reward
+    from trainer.rewards.remote import ENV_TIMEOUT
+
+    scored: list[int] = []
+    holding, release = threading.Event(), threading.Event()
+
+    def held(images, prompts):
+        if sum(scored) >= after:
+            holding.set()
+            release.wait(60)
+        scored.append(len(images))
+        return get_reward("count")(images, prompts)
+
+    register_reward("test_held", held)
+    monkeypatch.setenv(ENV_TIMEOUT, "60")
+    return scored, holding, release
+
+
+def _stopped_while_the_server_holds(server, holding, release, outcome: list,
+                                    stop: Callable[[], None], run: Callable[[], str]) -> None:
+    """Runs a job (`run`, its outcome appended to `outcome`) on a thread until the server
+    holds its request (`holding`), then `stop`s it (a cancel or a warm shutdown): the job
+    must end within seconds, well before its 60 s timeout, and the server see its client leave
+    and drop the rest of the request (its `cancelled` count), before `release` lets the held
+    reward go."""
+    import threading
+    import time
+
+    from trainer.rewards.remote import RewardClient
+
+    try:
+        runner = threading.Thread(target=lambda: outcome.append(run()), daemon=True)
+        runner.start()
+        assert holding.wait(120), "the held request never reached the server"
+        asked = time.monotonic()
+        stop()
+        runner.join(timeout=30)
+        took = time.monotonic() - asked
+        assert not runner.is_alive(), "the job still waits for the reward server"
+        assert took < 10, took  # a cancel is read once a second; the timeout is 60 s
+        # the request's connection was cut: its handler notices and returns (uvicorn's tasks
+        # in flight) while its first chunk is still held
+        deadline = time.monotonic() + 10
+        while server.server.server_state.tasks:
+            assert time.monotonic() < deadline, "the server never saw its client leave"
+            time.sleep(0.05)
+    finally:
+        release.set()  # before the server stops: it waits for the held request
+    # so the request's second chunk is never scored
+    deadline = time.monotonic() + 10
+    while RewardClient(server.url, timeout=10).health()["cancelled"] < 1:
+        assert time.monotonic() < deadline, "the request was scored to its end"
+        time.sleep(0.1)
+
+
 # --- a rollout or evaluate job cancelled while it waits for the reward server ---------------
 @pytest.mark.parametrize("kind", ["rollout", "evaluate"])
 def test_a_sampling_job_cancelled_while_the_server_scores_stops_within_seconds(
@@ -386,14 +418,11 @@ def test_a_sampling_job_cancelled_while_the_server_scores_stops_within_seconds(
     seen before a solver step ends it. The chunk (rollout) or checkpoint (evaluate) being
     scored is dropped whole: what was stored before stays, nothing of it is. The server sees
     its client leave and drops the rest of the request."""
-    import threading
-    import time
 
     from app.db import session_scope
     from app.services import checkpoints, jobs, rollouts
     from app.services.checkpoints import record_checkpoint
-    from trainer.rewards import get_reward, register_reward, registry
-    from trainer.rewards.remote import ENV_TIMEOUT, RewardClient
+    from trainer.rewards import registry
     from trainer.rewards.serve import create_app
     from worker.sampling import run_evaluate, run_rollout
     from worker.tasks import run_job
@@ -405,18 +434,7 @@ def test_a_sampling_job_cancelled_while_the_server_scores_stops_within_seconds(
     second = record_checkpoint(session, None, 0, "checkpoints/base/model.safetensors",
                                name="base again")
     session.commit()
-    scored: list[int] = []  # the images of each call the server made
-    holding, release = threading.Event(), threading.Event()
-
-    def held(images, prompts):
-        if sum(scored) >= per_request:
-            holding.set()
-            release.wait(60)
-        scored.append(len(images))
-        return get_reward("count")(images, prompts)
-
-    register_reward("test_held", held)
-    monkeypatch.setenv(ENV_TIMEOUT, "60")
+    scored, holding, release = _held_reward(per_request, monkeypatch)
     outcome: list[str] = []
     try:
         # two chunks a request: the server notices the client gone before the second
@@ -426,36 +444,17 @@ def test_a_sampling_job_cancelled_while_the_server_scores_stops_within_seconds(
                                   "group_size": per_request, "steps": 2},
                       "evaluate": {"checkpoint_ids": [checkpoint, second], "max_prompts": 1,
                                    "seeds": [0, 1], "steps": 2}}[kind]
-            try:
-                with session_scope() as s:
-                    job_id = jobs.create_job(s, kind, {
-                        **config, "reward_names": ["test_held"],
-                        "reward_server_url": server.url}).id
-                body = {"rollout": run_rollout, "evaluate": run_evaluate}[kind]
-                runner = threading.Thread(target=lambda: outcome.append(run_job(job_id, body)),
-                                          daemon=True)
-                runner.start()
-                assert holding.wait(120), "the second request never reached the server"
-                asked = time.monotonic()
+            with session_scope() as s:
+                job_id = jobs.create_job(s, kind, {
+                    **config, "reward_names": ["test_held"], "reward_server_url": server.url}).id
+
+            def cancel() -> None:
                 with session_scope() as s:
                     jobs.request_cancel(s, job_id)
-                runner.join(timeout=30)
-                took = time.monotonic() - asked
-                assert not runner.is_alive(), "the job still waits for the reward server"
-                assert took < 10, took  # a cancel is read once a second; the timeout is 60 s
-                # the request's connection was cut: its handler notices and returns (uvicorn's
-                # tasks in flight) while its first chunk is still held
-                deadline = time.monotonic() + 10
-                while server.server.server_state.tasks:
-                    assert time.monotonic() < deadline, "the server never saw its client leave"
-                    time.sleep(0.05)
-            finally:
-                release.set()  # before the server stops: it waits for the held request
-            # so the request's second chunk is never scored
-            deadline = time.monotonic() + 10
-            while RewardClient(server.url, timeout=10).health()["cancelled"] < 1:
-                assert time.monotonic() < deadline, "the request was scored to its end"
-                time.sleep(0.1)
+
+            body = {"rollout": run_rollout, "evaluate": run_evaluate}[kind]
+            _stopped_while_the_server_holds(server, holding, release, outcome, cancel,
+                                            lambda: run_job(job_id, body))
             assert scored == [1, 1, 1]
     finally:
         registry._REWARDS.pop("test_held", None)
