@@ -13,11 +13,15 @@ import socket
 import threading
 from datetime import timedelta
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from app.config import get_settings
 from app.db import session_scope
 from app.services import jobs, workers
 from worker.outage import OutageLog
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +62,13 @@ class TaskOutcome(StrEnum):
 
 class LeaseLost(Exception):
     """The job is no longer ours (a reaper handed it on, or it was deleted)."""
+
+
+def require_lease(session: Session, job_id: int, worker_name: str) -> None:
+    """LeaseLost unless `worker_name` still holds the job: asked in the transaction that writes
+    for the job, so nothing is written for one that a reaper handed on (or that was deleted)."""
+    if not jobs.holds(session, job_id, worker_name):
+        raise LeaseLost(f"job {job_id} is no longer held by {worker_name}")
 
 
 class JobError(Exception):

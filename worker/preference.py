@@ -43,7 +43,7 @@ from trainer.rewards.preference import (
     image_batch,
     warm_start_problem,
 )
-from worker.lease import JobError, LeaseLost
+from worker.lease import JobError, LeaseLost, require_lease
 
 log = logging.getLogger(__name__)
 
@@ -282,8 +282,7 @@ def run_fit_preference(job_id: int, worker_name: str) -> str:
 
     def write_progress(done: int) -> None:
         with session_scope() as s:
-            if not jobs.holds(s, job_id, worker_name):
-                raise LeaseLost(f"job {job_id} is no longer held by {worker_name}")
+            require_lease(s, job_id, worker_name)
             jobs.update_progress(s, job_id, done, total)
 
     write = throttled(write_progress)
@@ -308,8 +307,7 @@ def run_fit_preference(job_id: int, worker_name: str) -> str:
                              "preference_model_path": row["path"],
                              "votes_used": row["votes_used"], **row["report"]})
     with session_scope() as s:
-        if not jobs.holds(s, job_id, worker_name):
-            raise LeaseLost(f"job {job_id} is no longer held by {worker_name}")
+        require_lease(s, job_id, worker_name)
         jobs.update_progress(s, job_id, total, total, metrics)
         return jobs.mark_succeeded(s, job_id, metrics=metrics).status
 

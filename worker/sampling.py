@@ -57,7 +57,7 @@ from trainer.rewards.models import RewardWeightsMissing, RewardWeightsUnloadable
 from trainer.rewards.remote import RewardServerError, Scorer, ScoringStopped, prepare_scorer
 from trainer.shapes.world import all_prompts
 from trainer.solvers import rollout
-from worker.lease import JobError, LeaseLost
+from worker.lease import JobError, require_lease
 from worker.training import model_directory, png_bytes, reward_model_paths
 
 log = logging.getLogger(__name__)
@@ -190,8 +190,7 @@ def _progress(job_id: int, worker_name: str, done: int, total: int,
     """Progress `done` of `total`; `metrics` recorded as the history row of `done`, or of
     `history_at` when the history counts other steps than the progress (evaluate)."""
     with session_scope() as s:
-        if not jobs.holds(s, job_id, worker_name):
-            raise LeaseLost(f"job {job_id} is no longer held by {worker_name}")
+        require_lease(s, job_id, worker_name)
         if history_at is not None and metrics is not None:
             jobs.update_progress(s, job_id, history_at, None, metrics)
             metrics = None
@@ -224,8 +223,7 @@ class CancelCheck:
     def stop(self) -> NoReturn:
         """Mark the job cancelled and raise Cancelled (its cancel was seen)."""
         with session_scope() as s:
-            if not jobs.holds(s, self.job_id, self.worker_name):
-                raise LeaseLost(f"job {self.job_id} is no longer held by {self.worker_name}")
+            require_lease(s, self.job_id, self.worker_name)
             jobs.mark_cancelled(s, self.job_id)
         raise Cancelled  # after the commit, as in _progress
 
@@ -273,8 +271,7 @@ def run_rollout(job_id: int, worker_name: str) -> str:
             advantages = group_advantages(blended_group_rewards(raw, weights, (p, g))).numpy()
             images = images.reshape(p, g, *images.shape[1:])
             with session_scope() as s:
-                if not jobs.holds(s, job_id, worker_name):
-                    raise LeaseLost(f"job {job_id} is no longer held by {worker_name}")
+                require_lease(s, job_id, worker_name)
                 for i, (pid, text) in enumerate(chunk):
                     samples = [{"png": png_bytes(images[i, m]), "member_index": m,
                                 "rewards": {n: float(raw[n][i * g + m]) for n in names},
@@ -340,8 +337,7 @@ def run_evaluate(job_id: int, worker_name: str) -> str:
             texts = [p for p, _ in pairs]
             scores = score(scorer, names, images, texts, cancel)
             with session_scope() as s:
-                if not jobs.holds(s, job_id, worker_name):
-                    raise LeaseLost(f"job {job_id} is no longer held by {worker_name}")
+                require_lease(s, job_id, worker_name)
                 for j, (text, seed) in enumerate(pairs):
                     rollouts.record_rollout_group(
                         s, job_id=job_id, iteration=ckpt_iteration, prompt_text=text,

@@ -42,7 +42,7 @@ from trainer.models import checkpoint_directory, checkpoint_weights_file, uses_m
 from trainer.models.base import FlowModel
 from trainer.rewards.models import RewardWeightsMissing, RewardWeightsUnloadable
 from trainer.rewards.remote import RewardServerError, ScoringStopped
-from worker.lease import JobError, LeaseLost
+from worker.lease import JobError, require_lease
 from worker.preference import (
     ImageCache,
     cancel_requested_poll,
@@ -155,8 +155,7 @@ class TrainRecorder:
         sample = final or it % cfg.sample_every == 0
         groups = [group_samples(result, p) for p in range(len(result.prompts))] if sample else []
         with session_scope() as s:
-            if not jobs.holds(s, self.job_id, self.worker_name):
-                raise LeaseLost(f"job {self.job_id} is no longer held by {self.worker_name}")
+            require_lease(s, self.job_id, self.worker_name)
             solver, sigma = cfg.rollout_sampler()
             for p, samples in enumerate(groups):
                 rollouts.record_rollout_group(
@@ -196,8 +195,7 @@ class TrainRecorder:
         saved = (trainer.save_checkpoint(self.root)
                  if it > (newest.iteration if newest is not None else 0) else None)
         with session_scope() as s:
-            if not jobs.holds(s, self.job_id, self.worker_name):
-                raise LeaseLost(f"job {self.job_id} is no longer held by {self.worker_name}")
+            require_lease(s, self.job_id, self.worker_name)
             if saved is not None:
                 self._record_checkpoint(s, it, saved)
             if cancel:
@@ -435,7 +433,6 @@ def run_training(job_id: int, worker_name: str, shutdown: threading.Event | None
         send_requeued(job_id, "train", worker_name)
         return JobStatus.QUEUED
     with session_scope() as s:
-        if not jobs.holds(s, job_id, worker_name):
-            raise LeaseLost(f"job {job_id} is no longer held by {worker_name}")
+        require_lease(s, job_id, worker_name)
         job = jobs.mark_succeeded(s, job_id)
         return job.status
