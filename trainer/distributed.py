@@ -17,6 +17,12 @@ weights and optimizer state onto rank 0's CPU, a collective: every rank calls
 `Trainer.save_checkpoint` at the same iteration, and rank 0 alone writes
 (`DistributedFlowModel.writes_checkpoints`). The files are the same as a single process writes.
 
+A `stop_requested` (Trainer.run) is asked on every rank while it waits for the reward server,
+and a wait that any rank gives up, every rank gives up: once their scoring ends the ranks
+agree (score_groups' `agree_stop`), so none goes on to an update the others will not join, and
+Trainer.run raises ScoringStopped on all of them. The periodic evaluation runs whole on every
+rank.
+
     rank, world = init_from_env()
     trainer = make_distributed(Trainer(config, model=load_distributed_model(config)))
 
@@ -26,8 +32,9 @@ Nothing in the trainer's other files knows about this module.
 from __future__ import annotations
 
 import atexit
+import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -358,13 +365,24 @@ def make_distributed(trainer: Trainer) -> Trainer:
         # one draw from the shared RNG keeps ranks in step; each rank gets its own stream
         base = int(torch.randint(0, SEED_LIMIT, (1,), generator=generator))
         local = torch.Generator().manual_seed(base + rank)
+        if config.reward_server_url and extra.get("stop_requested") is not None:
+            # a wait for the reward server that one rank gives up, all give up
+            extra["agree_stop"] = functools.partial(any_rank, device=comm_device)
         result = iterate(model, optimizer, prompts, config, local, **extra)
         result.metrics = _average_metrics(result.metrics, comm_device)
         result.metrics["world_size"] = world
         return result
 
+    evaluate = trainer.evaluate
+
+    def whole_evaluation(stop_requested: Callable[[], bool] | None = None) -> dict[str, float]:
+        # every rank runs the periodic evaluation to its end: one that ended it early would
+        # leave the others' sharded forwards (FSDP) waiting for its part of the gathers
+        return evaluate()
+
     trainer.sample_prompts = sample_prompts
     trainer._iterate = sharded_iteration
+    trainer.evaluate = whole_evaluation
     return trainer
 
 

@@ -27,7 +27,7 @@ import torch
 
 from trainer.config import TrainConfig
 from trainer.models.base import FlowModel, micro_batches, to_uint8
-from trainer.rewards.remote import reward_scorer
+from trainer.rewards.remote import ScoringStopped, reward_scorer
 
 
 # ---------------------------------------------------------------------------------------
@@ -99,12 +99,17 @@ def blended_group_rewards(raw: dict[str, np.ndarray], weights: dict[str, float],
 
 def score_groups(model: FlowModel, final_latents: torch.Tensor, prompts: list[str],
                  config: TrainConfig, generator: torch.Generator,
-                 stop_requested: Callable[[], bool] | None = None
+                 stop_requested: Callable[[], bool] | None = None,
+                 agree_stop: Callable[[bool], bool] | None = None
                  ) -> tuple[np.ndarray, dict[str, np.ndarray], torch.Tensor]:
     """Decode, score, blend and normalise final latents (P, G, *D).
     Returns images (P, G, H, W, 3), raw rewards {name: (P, G)}, advantages (P, G).
     `stop_requested` True while the reward server scores gives the scoring up: ScoringStopped
-    (trainer.rewards.remote)."""
+    (trainer.rewards.remote). `agree_stop`, in a run over several processes
+    (trainer.distributed): every process calls it once its scoring ended, with whether its own
+    was given up, and it answers whether any process's was; then all give the iteration up or
+    none does (one that went on to its update would wait for the others in the gradient
+    all-reduce for ever)."""
     p_count, g = final_latents.shape[:2]
     flat = final_latents.flatten(0, 1)  # (P*G, *D)
     # decoded in the rollouts' micro-batches (a VAE at 512 px is large), then quantised to
@@ -116,8 +121,16 @@ def score_groups(model: FlowModel, final_latents: torch.Tensor, prompts: list[st
                                  micro_batches(flat.shape[0], config.rollout_batch_size)])
     member_prompts = [text for text in prompts for _ in range(g)]
     # in this process, or on the reward server the config names (one choice, reward_scorer)
-    raw = reward_scorer(config.reward_server_url, stop_requested)(
-        list(config.reward_weights), images, member_prompts)
+    try:
+        raw = reward_scorer(config.reward_server_url, stop_requested)(
+            list(config.reward_weights), images, member_prompts)
+        stopped = None
+    except ScoringStopped as exc:
+        stopped = exc
+    if agree_stop is not None and agree_stop(stopped is not None) and stopped is None:
+        stopped = ScoringStopped("scoring stopped on request in another process of the run")
+    if stopped is not None:
+        raise stopped
     blended = blended_group_rewards(raw, config.reward_weights, (p_count, g))
     advantages = group_advantages(blended, p=config.quasi_norm_p)  # (P, G)
     if config.shuffle_advantages:  # the control: same magnitudes, no reward signal

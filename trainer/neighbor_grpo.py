@@ -308,11 +308,12 @@ def neighbor_grpo_iteration(model: FlowModel, optimizer: torch.optim.Optimizer,
                             prompts: list[str], config: TrainConfig,
                             generator: torch.Generator,
                             reference: FlowModel | None = None,
-                            stop_requested: Callable[[], bool] | None = None
+                            stop_requested: Callable[[], bool] | None = None,
+                            agree_stop: Callable[[bool], bool] | None = None
                             ) -> IterationResult:
     """One iteration; with `config.kl_coefficient` > 0, `reference` (the frozen base model)
-    anchors the policy (see `reference_penalty`). `stop_requested`: as for score_groups (the
-    iteration then ends before its update)."""
+    anchors the policy (see `reference_penalty`). `stop_requested`, `agree_stop`: as for
+    score_groups (the iteration then ends before its update)."""
     if config.kl_coefficient > 0 and reference is None:
         raise ValueError("kl_coefficient > 0 needs the reference (base) model")
     device = next(model.parameters()).device
@@ -320,7 +321,7 @@ def neighbor_grpo_iteration(model: FlowModel, optimizer: torch.optim.Optimizer,
     groups = rollout_neighborhoods(model, prompts, config, generator)  # 1-2
     rollout_seconds = wall_clock(device) - start
     images, rewards, advantages = score_groups(model, groups.final, prompts, config, generator,
-                                               stop_requested)  # 3
+                                               stop_requested, agree_stop)  # 3
     score_seconds = wall_clock(device) - start - rollout_seconds
     advantages = advantages.to(groups.latents.device)  # (P, G)
     batch = sample_anchor_steps(groups, config, generator)  # 6

@@ -164,16 +164,18 @@ class _StepLoss:
 
 def sde_grpo_iteration(model: FlowModel, optimizer: torch.optim.Optimizer, prompts: list[str],
                        config: TrainConfig, generator: torch.Generator,
-                       stop_requested: Callable[[], bool] | None = None) -> IterationResult:
+                       stop_requested: Callable[[], bool] | None = None,
+                       agree_stop: Callable[[bool], bool] | None = None) -> IterationResult:
     """One iteration: SDE rollouts, rewards -> advantages, clipped update of every member.
-    `stop_requested`: as for score_groups (the iteration then ends before its update)."""
+    `stop_requested`, `agree_stop`: as for score_groups (the iteration then ends before its
+    update)."""
     device = next(model.parameters()).device
     start = wall_clock(device)
     P, G, K, T = len(prompts), config.group_size, config.num_train_timesteps, config.rollout_steps
     groups = rollout_sde_groups(model, prompts, config, generator)
     rollout_seconds = wall_clock(device) - start
     images, rewards, advantages = score_groups(model, groups.final(P), prompts, config, generator,
-                                               stop_requested)
+                                               stop_requested, agree_stop)
     score_seconds = wall_clock(device) - start - rollout_seconds
     advantages = advantages.to(groups.latents.device).flatten()  # (P*G,)
     stats, optimizer_steps = update_sde_policy(model, optimizer, groups, advantages, config,

@@ -9,6 +9,10 @@ requeues, every rank exits. With parallelism 'fsdp' the weights are sharded, so 
 is written by all ranks together: rank 0 decides whether this iteration ends with one
 (`TrainRecorder.checkpoint_due`), broadcasts it, every rank gathers, rank 0 writes and records
 it (a cancel request that arrives after the decision is acted on one iteration later).
+A cancel or a shutdown while the ranks wait for the reward server's scores does not wait for
+them: every rank asks while it waits, the ranks give the iteration up together
+(trainer/distributed.py), and rank 0 ends the job at the last whole iteration, as one process
+does (`TrainRecorder.stop_mid_iteration`).
 
 The preference reward (reward_weights has "preference") is rank 0's choice too: the version it
 resolved at the start (a fit may record a newer "latest" while the ranks start), and after an
@@ -39,6 +43,8 @@ from trainer.distributed import (
 )
 from trainer.loop import Trainer
 from trainer.models import checkpoint_directory
+from trainer.rewards.remote import ScoringStopped
+from worker.preference import cancel_requested_poll
 from worker.torchrun import advertised_host, node_started_line, rank_error_line
 from worker.training import (
     SELF_EXPLAINING_ERRORS,
@@ -115,8 +121,20 @@ def main(argv: list[str] | None = None) -> int:
         fingerprinted = log_preference_fingerprint(tr, rank, fingerprinted)
         return bool(stop)
 
+    def stop_requested() -> bool:
+        # asked while this rank waits for the reward server (every rank polls the cancel
+        # flag: a rank whose scores came waits for the others in the agreement, not here)
+        if recorder is not None:
+            return recorder.stop_requested(trainer.iteration)
+        leaving = shutdown.is_set() and trainer.iteration < config.iterations
+        return leaving or cancel_poll()
+
+    cancel_poll = cancel_requested_poll(job_id)
     if trainer.iteration < config.iterations:
-        trainer.run(on_iteration)
+        try:
+            trainer.run(on_iteration, stop_requested=stop_requested)
+        except ScoringStopped:  # on every rank at once (trainer.distributed): a cancel or
+            error = stop_mid_iteration(trainer, job_id, recorder, comm)  # a shutdown, mid-wait
     dist.barrier()
     dist.destroy_process_group()
     if recorder is None or orphaned:
@@ -132,6 +150,28 @@ def main(argv: list[str] | None = None) -> int:
             if jobs.holds(s, job_id, worker_name):
                 jobs.mark_succeeded(s, job_id)
     return 0
+
+
+def stop_mid_iteration(trainer: Trainer, job_id: int, recorder: TrainRecorder | None,
+                       comm: str) -> Exception | None:
+    """End the job on every rank after an iteration all ranks gave up while the reward server
+    scored it (TrainRecorder.stop_mid_iteration, on rank 0). Sharded weights: the checkpoint
+    of the last whole iteration, where one is due, is saved by every rank together first.
+    Returns rank 0's error in recording the end (raised once the ranks have left)."""
+    if trainer.config.parallelism == "fsdp":
+        (due,) = broadcast_ints(
+            [int(recorder.checkpoint_due_mid_iteration(trainer)) if recorder else 0], comm)
+        if due:
+            saved = trainer.save_checkpoint(checkpoint_root(job_id))
+            if recorder is not None:
+                recorder.presaved = saved
+    if recorder is None:
+        return None
+    try:
+        recorder.stop_mid_iteration(trainer)
+    except Exception as exc:  # the other ranks wait at the barrier: leave with them first
+        return exc
+    return None
 
 
 def ancestors() -> list[int]:

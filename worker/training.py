@@ -186,15 +186,17 @@ class TrainRecorder:
         ScoringStopped: `stop_requested` said so while the iteration waited for the reward
         server). The trainer is as its last whole iteration left it, and that iteration is
         recorded: the job ends as it would have at that iteration's end, with a checkpoint
-        of it (unless it has one), cancelled, or requeued when the worker is leaving."""
+        of it (unless it has one), cancelled, or requeued when the worker is leaving. With
+        `collective_checkpoints` that checkpoint is the one the distributed runner saved on
+        every rank as `checkpoint_due_mid_iteration` said (`presaved`)."""
         it = trainer.iteration
+        if self.collective_checkpoints:
+            saved, self.presaved = self.presaved, None
+        else:
+            saved = (trainer.save_checkpoint(self.root)
+                     if self.checkpoint_due_mid_iteration(trainer) else None)
         with session_scope() as s:
             cancel = jobs.is_cancel_requested(s, self.job_id)  # else the worker is leaving
-            newest = checkpoints.latest_checkpoint(s, self.job_id)
-        # iteration 0 is the base model, never a checkpoint; a resumed job's is recorded
-        saved = (trainer.save_checkpoint(self.root)
-                 if it > (newest.iteration if newest is not None else 0) else None)
-        with session_scope() as s:
             require_lease(s, self.job_id, self.worker_name)
             if saved is not None:
                 self._record_checkpoint(s, it, saved)
@@ -203,6 +205,14 @@ class TrainRecorder:
                 self.cancelled = True
             else:
                 self._requeue(s, it)
+
+    def checkpoint_due_mid_iteration(self, trainer: Trainer) -> bool:
+        """Whether a job stopped part-way through an iteration (`stop_mid_iteration`) needs a
+        checkpoint of its last whole one: unless that one has it already (iteration 0 is the
+        base model, never a checkpoint; a resumed job's is recorded)."""
+        with session_scope() as s:
+            newest = checkpoints.latest_checkpoint(s, self.job_id)
+        return trainer.iteration > (newest.iteration if newest is not None else 0)
 
     def _requeue(self, s: Session, iteration: int) -> None:
         """Back to the queue, as the worker leaves after `iteration` (checkpointed); a cancel

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from reward_server_helpers import ServerThread, free_port_url
+from reward_server_helpers import ServerThread, free_port_url, held_reward
 from sqlalchemy import select
 
 from worker.lease import JobError
@@ -294,19 +294,19 @@ def test_a_train_job_stopped_while_the_server_scores_stops_within_seconds(settin
     from app.models import Checkpoint, JobMetric
     from app.services import jobs
     from trainer.config import PRESETS
-    from trainer.rewards import registry
+    from trainer.rewards.remote import ENV_TIMEOUT
     from trainer.rewards.serve import create_app
     from worker.tasks import run_job
     from worker.training import run_training
 
     per_iteration = PRESETS["tiny"]["prompts_per_iteration"] * PRESETS["tiny"]["group_size"]
-    # iteration 1 is scored at once; iteration 2's first chunk is held until released
-    scored, holding, release = _held_reward(per_iteration, monkeypatch)
+    monkeypatch.setenv(ENV_TIMEOUT, "60")  # the client's wait, which the stop must cut short
     requeued: list[int] = []
     monkeypatch.setattr("worker.training.send_requeued", lambda job_id, *_: requeued.append(job_id))
     shutdown = threading.Event()
     outcome: list[str] = []
-    try:
+    # iteration 1 is scored at once; iteration 2's first chunk is held until released
+    with held_reward(per_iteration) as (scored, holding, release):
         # two chunks a request: the server notices the client gone before the second
         app = create_app(["test_held"], device="cpu", max_batch=per_iteration // 2)
         with ServerThread(app) as server:
@@ -327,8 +327,6 @@ def test_a_train_job_stopped_while_the_server_scores_stops_within_seconds(settin
                 server, holding, release, outcome, cancel_or_shut_down,
                 lambda: run_job(job_id, lambda job, worker: run_training(job, worker, shutdown)))
             assert scored == [per_iteration // 2] * 3
-    finally:
-        registry._REWARDS.pop("test_held", None)
     with session_scope() as s:
         job = jobs.get_job(s, job_id)
         status, error, iteration = job.status, job.error, job.iteration
@@ -344,30 +342,6 @@ def test_a_train_job_stopped_while_the_server_scores_stops_within_seconds(settin
     else:
         assert outcome == ["queued"] and status == "queued", (outcome, status, error)
         assert "shut down at iteration 1" in error and requeued == [job_id]
-
-
-def _held_reward(after: int, monkeypatch):
-    """Registers the reward "test_held" (the count), which holds the call that comes once
-    `after` images are scored until released, and sets the client's timeout to 60 s:
-    (the images of each call scored, the event set while it holds, the one that releases)."""
-    import threading
-
-    from trainer.rewards import get_reward, register_reward
-    from trainer.rewards.remote import ENV_TIMEOUT
-
-    scored: list[int] = []
-    holding, release = threading.Event(), threading.Event()
-
-    def held(images, prompts):
-        if sum(scored) >= after:
-            holding.set()
-            release.wait(60)
-        scored.append(len(images))
-        return get_reward("count")(images, prompts)
-
-    register_reward("test_held", held)
-    monkeypatch.setenv(ENV_TIMEOUT, "60")
-    return scored, holding, release
 
 
 def _stopped_while_the_server_holds(server, holding, release, outcome: list,
@@ -422,7 +396,7 @@ def test_a_sampling_job_cancelled_while_the_server_scores_stops_within_seconds(
     from app.db import session_scope
     from app.services import checkpoints, jobs, rollouts
     from app.services.checkpoints import record_checkpoint
-    from trainer.rewards import registry
+    from trainer.rewards.remote import ENV_TIMEOUT
     from trainer.rewards.serve import create_app
     from worker.sampling import run_evaluate, run_rollout
     from worker.tasks import run_job
@@ -434,9 +408,9 @@ def test_a_sampling_job_cancelled_while_the_server_scores_stops_within_seconds(
     second = record_checkpoint(session, None, 0, "checkpoints/base/model.safetensors",
                                name="base again")
     session.commit()
-    scored, holding, release = _held_reward(per_request, monkeypatch)
+    monkeypatch.setenv(ENV_TIMEOUT, "60")  # the client's wait, which the cancel must cut short
     outcome: list[str] = []
-    try:
+    with held_reward(per_request) as (scored, holding, release):
         # two chunks a request: the server notices the client gone before the second
         app = create_app(["test_held"], device="cpu", max_batch=per_request // 2)
         with ServerThread(app) as server:
@@ -456,8 +430,6 @@ def test_a_sampling_job_cancelled_while_the_server_scores_stops_within_seconds(
             _stopped_while_the_server_holds(server, holding, release, outcome, cancel,
                                             lambda: run_job(job_id, body))
             assert scored == [1, 1, 1]
-    finally:
-        registry._REWARDS.pop("test_held", None)
     with session_scope() as s:
         job = jobs.get_job(s, job_id)
         status, error, done = job.status, job.error, job.iteration

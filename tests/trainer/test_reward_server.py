@@ -7,6 +7,7 @@ down are errors naming what and where; a training job scores through the server.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -14,7 +15,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from reward_server_helpers import ServerThread
+from reward_server_helpers import ServerThread, held_reward
 
 from trainer.config import PRESETS, ConfigErrors, TrainConfig
 from trainer.loop import Trainer
@@ -415,32 +415,25 @@ def test_a_caller_may_stop_the_wait_for_scores(server):
 
 
 class HeldServer:
-    """A reward server whose reward "test_held" scores `count` at once for its first
-    `at_once` images, then holds each request until `release` is set (on exit): a server
-    that takes long to answer a training run's second iteration. `holding` is set once it
-    does."""
+    """A reward server whose reward "test_held" (held_reward) scores `count` at once for its
+    first `at_once` images, then holds each request until `release` is set (on exit): a
+    server that takes long to answer a training run's second iteration. `holding` is set
+    once it does."""
 
     def __init__(self, at_once: int) -> None:
-        self.at_once, self.scored = at_once, 0
-        self.holding, self.release = threading.Event(), threading.Event()
-
-    def held(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
-        if self.scored >= self.at_once:
-            self.holding.set()
-            self.release.wait(60)
-        self.scored += len(images)
-        return get_reward("count")(images, prompts)
+        self.at_once = at_once
 
     def __enter__(self) -> HeldServer:
-        register_reward("test_held", self.held)
-        self.running = ServerThread(create_app(["test_held"], device="cpu"))
-        self.url = self.running.__enter__().url
+        self.stack = contextlib.ExitStack()
+        _, self.holding, self.release = self.stack.enter_context(held_reward(self.at_once))
+        running = self.stack.enter_context(ServerThread(create_app(["test_held"], device="cpu")))
+        # on exit, before the server stops: it waits for the held request
+        self.stack.callback(self.release.set)
+        self.url = running.url
         return self
 
     def __exit__(self, *exc) -> None:
-        self.release.set()  # first: the server waits for the held request as it stops
-        self.running.__exit__(*exc)
-        registry._REWARDS.pop("test_held", None)
+        self.stack.__exit__(*exc)
 
 
 HELD_TINY = {**PRESETS["tiny"], "device": "cpu", "iterations": 3, "checkpoint_every": 1000,
@@ -473,6 +466,35 @@ def test_a_stop_while_the_server_scores_gives_the_iteration_up_keeping_nothing_o
     assert torch.equal(_params(trainer.model), params)
     assert torch.equal(trainer.generator.get_state(), random_state)
     assert finished == [False]
+
+
+def test_a_scoring_that_another_process_gave_up_is_given_up_here_too():
+    """A run over several processes (trainer.distributed): a rank whose scores came went on
+    to its update while another rank, stopped mid-wait, left; it then waited in the gradient
+    all-reduce for ever. score_groups' `agree_stop` is asked once the scoring ends, with
+    whether this process's was stopped: when any process's was, this one gives the
+    iteration up too (ScoringStopped); when none was, the scores are used as ever."""
+    from trainer.grpo import score_groups
+
+    config = TrainConfig.from_dict({**PRESETS["tiny"], "device": "cpu"})
+    model = Trainer(config).model
+    final = torch.randn(2, config.group_size, *model.latent_shape,
+                        generator=torch.Generator().manual_seed(0))
+    asked: list[bool] = []
+
+    def another_rank_stopped(stopped: bool) -> bool:
+        asked.append(stopped)
+        return True
+
+    with pytest.raises(ScoringStopped, match="another process"):
+        score_groups(model, final, PROMPTS[:2], config, torch.Generator().manual_seed(1),
+                     agree_stop=another_rank_stopped)
+    assert asked == [False]  # its own scoring finished
+    images, raw, advantages = score_groups(model, final, PROMPTS[:2], config,
+                                           torch.Generator().manual_seed(1),
+                                           agree_stop=lambda stopped: stopped)
+    assert advantages.shape == (2, config.group_size) and images.shape[:2] == (2, 4)
+    assert set(raw) == set(config.reward_weights)
 
 
 def test_a_first_ctrl_c_while_the_server_scores_ends_the_run_at_the_iteration_before(tmp_path):
