@@ -154,6 +154,9 @@ class Job(Base):
     # when the current run's worker claimed it (every claim; started_at keeps the first): an
     # iteration recorded since says a multi-host run is past its rendezvous
     claimed_at: Mapped[datetime | None]
+    # when it last entered the queue (submitted, resumed, requeued): a job queued for long
+    # while a worker that takes it sat idle lost its message (worker.reaper sends it again)
+    queued_at: Mapped[datetime | None] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
     heartbeat_at: Mapped[datetime | None]
 

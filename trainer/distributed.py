@@ -6,8 +6,10 @@ ordinary iteration function on it with its own RNG stream for noises and anchors
 wrapped in DistributedDataParallel, so every backward averages gradients across ranks before
 gradient clipping and the optimizer step: all ranks keep identical weights, and a step is the
 step of the whole batch. Scalar metrics are averaged over ranks (with equal shards the reward
-mean is exactly the global one). Checkpoints hold the unwrapped weights and the shared RNG, so
-a resume works with any number of processes.
+mean is exactly the global one). On the iterations whose rollouts are kept (`sample_every`, and
+the last) rank 0's result holds every rank's prompt groups, in the global prompt order
+(`gather_groups`), so what it records and logs shows the whole iteration. Checkpoints hold
+the unwrapped weights and the shared RNG, so a resume works with any number of processes.
 
 With parallelism="fsdp" the model is fully sharded instead (FSDP2's `fully_shard`, unit by unit:
 `FlowModel.shard_units`, then the rest): each process holds 1/W of the weights, gradients and
@@ -38,6 +40,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -371,6 +374,10 @@ def make_distributed(trainer: Trainer) -> Trainer:
         result = iterate(model, optimizer, prompts, config, local, **extra)
         result.metrics = _average_metrics(result.metrics, comm_device)
         result.metrics["world_size"] = world
+        done = trainer.iteration + 1  # this iteration, counted once it returns
+        if done % config.sample_every == 0 or done >= config.iterations:
+            # what is kept of it (stored rollout groups, sample grids) shows every prompt
+            result = gather_groups(result, rank, world)
         return result
 
     evaluate = trainer.evaluate
@@ -384,6 +391,34 @@ def make_distributed(trainer: Trainer) -> Trainer:
     trainer._iterate = sharded_iteration
     trainer.evaluate = whole_evaluation
     return trainer
+
+
+def gather_groups(result: IterationResult, rank: int, world: int) -> IterationResult:
+    """Every rank's prompt groups (images, rewards, advantages, anchors, noise seeds) gathered
+    into rank 0's result, in the order of the global prompt list (rank r holds prompts r,
+    r + W, ...): rank 0 then records and logs the whole iteration, not 1/W of it. A
+    collective; the other ranks keep their own share. The metrics are rank 0's (averaged
+    already)."""
+    share = (result.prompts, result.noise_seeds, result.images, result.rewards,
+             result.advantages, result.anchors)
+    shares: list[Any] | None = [None] * world if rank == 0 else None
+    dist.gather_object(share, shares, dst=0)
+    if shares is None:
+        return result
+
+    def interleave(parts: list[np.ndarray]) -> np.ndarray:
+        # (P/W, ...) from each rank -> (P, ...) with rank r's i-th prompt at i * W + r
+        stacked = np.stack([np.asarray(part) for part in parts], axis=1)
+        return stacked.reshape(-1, *stacked.shape[2:])
+
+    prompts, seeds, images, rewards, advantages, anchors = zip(*shares, strict=True)
+    return IterationResult(
+        prompts=[p for group in zip(*prompts, strict=True) for p in group],
+        noise_seeds=[int(x) for group in zip(*seeds, strict=True) for x in group],
+        images=interleave(list(images)),
+        rewards={name: interleave([r[name] for r in rewards]) for name in rewards[0]},
+        advantages=interleave(list(advantages)), anchors=interleave(list(anchors)),
+        metrics=result.metrics)
 
 
 def broadcast_ints(values: list[int], device: torch.device | str = "cpu") -> list[int]:

@@ -3,7 +3,8 @@
 A running job whose heartbeat is older than `JOB_STALE_SECONDS` lost its worker (kill -9, a
 lost host, an OOM kill). It goes back to the queue and is re-sent, resuming from its newest
 checkpoint, until it has run `JOB_MAX_ATTEMPTS` times; then it is `failed` with the reason. A
-stale job with a cancel request becomes `cancelled`.
+stale job with a cancel request becomes `cancelled`. A queued job that waited as long while a
+worker that takes it ran nothing lost its message, and it is sent again (jobs.lost_messages).
 
 Every worker runs `reap_once` when it starts and then every `REAPER_INTERVAL_SECONDS` in a
 daemon thread (a worker busy with a long job still reaps); `celery beat` can also schedule the
@@ -53,18 +54,27 @@ def send_requeued(job_id: int, kind: str, worker_name: str) -> None:
 
 
 def reap_once() -> list[tuple[int, str, str]]:
-    """Settle stale jobs and re-send the requeued ones (and those an earlier round could not
-    send; an unreachable broker raises, the rest wait for the next round). Returns
-    [(job_id, kind, status)]."""
+    """Settle stale jobs and re-send the requeued ones, the queued ones whose message was lost
+    (jobs.lost_messages) and those an earlier round could not send (an unreachable broker
+    raises, the rest wait for the next round). Returns [(job_id, kind, status)] of the stale
+    jobs."""
     settings = get_settings()
+    stale = timedelta(seconds=settings.job_stale_seconds)
     with session_scope() as s:
-        acted = jobs.reap_stale(s, timedelta(seconds=settings.job_stale_seconds),
-                                settings.job_max_attempts)
+        acted = jobs.reap_stale(s, stale, settings.job_max_attempts)
+    with session_scope() as s:
+        lost = jobs.lost_messages(s, stale)
     with _unsent_lock:
         for job_id, kind, status in acted:
             log.warning("reaper: job %s (%s) had a stale heartbeat -> %s", job_id, kind, status)
             if status == JobStatus.QUEUED:
                 _unsent[job_id] = kind
+        for job_id, kind, idle in lost:
+            log.warning("reaper: job %s (%s) has been queued for over %.0f s while worker %s, "
+                        "which takes it, ran nothing: its message was lost (a broker restart, "
+                        "or a worker killed while it held it); sending it again", job_id, kind,
+                        stale.total_seconds(), idle)
+            _unsent[job_id] = kind
         for job_id, kind in list(_unsent.items()):
             enqueue(job_id, kind)
             del _unsent[job_id]

@@ -958,6 +958,7 @@ def resume_job(session: Session, job_id: int) -> Job:
     check_still_valid(session, job)
     job.status, job.cancel_requested, job.error, job.finished_at = (JobStatus.QUEUED, False,
                                                                      None, None)
+    job.queued_at = utcnow()
     # a person's resume starts a new budget of JOB_MAX_ATTEMPTS runs lost to dead workers
     job.attempts = 0
     session.flush()
@@ -1075,12 +1076,45 @@ def requeue(session: Session, job_id: int, reason: str | None = None) -> Job:
     job = _locked_job(session, job_id)
     if job.cancel_requested:  # asked while it was stopping: cancelled, not requeued
         return _finish(session, job_id, JobStatus.CANCELLED)
-    job.status, job.worker = JobStatus.QUEUED, None
+    job.status, job.worker, job.queued_at = JobStatus.QUEUED, None, utcnow()
     job.attempts = max(job.attempts - 1, 0)
     if reason:
         job.error = reason
     session.flush()
     return job
+
+
+def lost_messages(session: Session, older_than: timedelta) -> list[tuple[int, str, str]]:
+    """Queued jobs whose broker message is lost: queued for longer than `older_than` while a
+    live worker that takes them has run nothing for as long (it would have taken the message
+    had there been one: a Redis restart, which keeps nothing on disk, or a worker killed while
+    it held it). Each is marked queued afresh (a compare-and-set, so concurrent reapers act
+    once, and the next look is `older_than` later) for the caller to send its message again
+    after the commit; a duplicate of a message that was not lost is dropped by the claim.
+    Returns [(job_id, kind, the idle worker's name)]."""
+    now = utcnow()
+    cutoff = now - older_than
+    queued = list(session.scalars(select(Job).where(
+        Job.status == JobStatus.QUEUED,
+        func.coalesce(Job.queued_at, Job.created_at) < cutoff).order_by(Job.id)))
+    if not queued:
+        return []
+    idle = workers.idle_seconds(session, workers.live(session), now)
+    out = []
+    for job in queued:
+        waited = [w.name for w in workers.able(session, job.kind, job.config or {})
+                  if idle.get(w.name, 0.0) > older_than.total_seconds()]
+        if not waited:
+            continue
+        result = session.execute(
+            update(Job).where(Job.id == job.id, Job.status == JobStatus.QUEUED,
+                              Job.queued_at.is_(None) if job.queued_at is None
+                              else Job.queued_at == job.queued_at)
+            .values(queued_at=now).execution_options(synchronize_session=False))
+        if result.rowcount == 1:
+            out.append((job.id, job.kind, waited[0]))
+    session.flush()
+    return out
 
 
 def leave_for_reaper(session: Session, job_id: int, worker_name: str) -> bool:
@@ -1174,7 +1208,7 @@ def reap_stale(session: Session, older_than: timedelta, max_attempts: int
             values = {"status": JobStatus.FAILED, "finished_at": now,
                       "error": f"{lost}; gave up after {job.attempts} attempt(s)"}
         else:
-            values = {"status": JobStatus.QUEUED, "worker": None,
+            values = {"status": JobStatus.QUEUED, "worker": None, "queued_at": now,
                       "error": f"{lost}; requeued to resume from the newest checkpoint "
                                f"(attempt {job.attempts + 1} of {max_attempts})"}
         stmt = update(Job).where(_still_as_read(job))

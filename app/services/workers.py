@@ -16,7 +16,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from app.config import get_settings
@@ -103,6 +103,25 @@ def able(session: Session, kind: str, config: dict[str, Any],
     queue, cuda = KINDS[kind].queue, wants_cuda(config)
     return [w for w in (live(session) if workers is None else workers)
             if queue in w.queues and (w.cuda_devices > 0 or not cuda)]
+
+
+def idle_seconds(session: Session, rows: list[WorkerRow], now: datetime) -> dict[str, float]:
+    """For each of `rows` that runs no job now: seconds since it last did, from its start or
+    its last job's end, whichever is later (absent: it runs one)."""
+    out = {}
+    for row in rows:
+        held = Job.worker.startswith(f"{row.name}:", autoescape=True)  # its leases
+        if session.scalar(select(Job.id).where(held, Job.status == JobStatus.RUNNING)
+                          .limit(1)) is not None:
+            continue
+        ends = [_aware(t) for t in (row.started_at, session.scalar(
+            select(func.max(Job.finished_at)).where(held))) if t is not None]
+        out[row.name] = (now - max(ends)).total_seconds()
+    return out
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)  # SQLite: UTC
 
 
 def heartbeat_age(job: Job, now: datetime | None = None) -> float | None:

@@ -561,3 +561,66 @@ def test_a_job_read_as_queued_and_then_claimed_is_not_queued_behind_itself(setti
         waiting = workers.waiting_for(s, [first, second])
     assert first.id not in waiting
     assert waiting[second.id].startswith(f"queued behind job #{first.id}: ")
+
+
+def test_a_queued_job_whose_message_was_lost_is_found_once_a_worker_that_takes_it_idles(
+        settings, admin):
+    """A queued job whose broker message was lost (a Redis restart: it keeps nothing on disk;
+    a worker killed holding it) stayed queued for ever while the workers idled. It is found
+    (jobs.lost_messages, for the reaper to send again) once it has been queued for longer than
+    JOB_STALE_SECONDS while a live worker of its queue has run nothing for as long; then not
+    again until as long has passed. A worker that runs a job, started or ended one lately, or
+    serves another queue does not count; a job queued lately is not lost."""
+    from sqlalchemy import update
+
+    from app.db import session_scope
+    from app.models import Job, WorkerRow, utcnow
+    from app.services import jobs, workers
+
+    stale = timedelta(seconds=settings.job_stale_seconds)
+    long_ago = utcnow() - 2 * stale
+
+    def queued_job(since) -> int:
+        with session_scope() as s:
+            job_id = jobs.create_job(s, "train", {"device": "cpu"}, preset="tiny").id
+            s.execute(update(Job).where(Job.id == job_id).values(queued_at=since))
+        return job_id
+
+    def worker(name: str, queues: list[str], started) -> None:
+        with session_scope() as s:
+            workers.report(s, name, queues, 0, [])
+            s.execute(update(WorkerRow).where(WorkerRow.name == name)
+                      .values(started_at=started))
+
+    def lost() -> list[tuple[int, str, str]]:
+        with session_scope() as s:
+            return jobs.lost_messages(s, stale)
+
+    lost_one = queued_job(long_ago)
+    queued_job(utcnow())  # queued lately: never found below
+    assert lost() == []  # no worker live
+    worker("cpu@h", ["cpu"], long_ago)  # not the train jobs' queue
+    worker("new@h", ["gpu"], utcnow())  # just started: it may be about to take the message
+    assert lost() == []
+    worker("idle@h", ["gpu"], long_ago)
+    assert lost() == [(lost_one, "train", "idle@h")]  # not `fresh`
+    assert lost() == []  # marked queued afresh: the next look is JOB_STALE_SECONDS later
+
+    # a worker running a job, or whose last job ended lately, may just not have come to it
+    with session_scope() as s:
+        s.execute(update(Job).where(Job.id == lost_one).values(queued_at=long_ago))
+        running = jobs.create_job(s, "train", {"device": "cpu"}, preset="tiny").id
+        assert jobs.claim(s, running, workers.lease_name("idle@h"), stale) is not None
+    assert lost() == []
+    with session_scope() as s:
+        jobs.mark_succeeded(s, running)
+    assert lost() == []
+    with session_scope() as s:  # it ended long ago
+        s.execute(update(Job).where(Job.id == running).values(finished_at=long_ago))
+    assert lost() == [(lost_one, "train", "idle@h")]
+    # a resumed or requeued job counts from then
+    with session_scope() as s:
+        s.execute(update(Job).where(Job.id == lost_one).values(queued_at=long_ago))
+        assert jobs.request_cancel(s, lost_one).status == "cancelled"
+        jobs.resume_job(s, lost_one)
+    assert lost() == []

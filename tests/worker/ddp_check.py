@@ -22,7 +22,8 @@ def main() -> int:
     iterations = int(sys.argv[1])
     config = TrainConfig.from_dict({"iterations": iterations, "prompts_per_iteration": 4,
                                     "group_size": 4, "num_anchors": 2, "num_train_timesteps": 2,
-                                    "rollout_steps": 4, "learning_rate": 1e-5, "device": "cpu"})
+                                    "rollout_steps": 4, "learning_rate": 1e-5, "device": "cpu",
+                                    "sample_every": 3})
     distributed = "RANK" in os.environ
     if not distributed:
         trainer = Trainer(config)
@@ -61,12 +62,18 @@ def main() -> int:
 
     def on_iteration(tr, result):
         # each rank's noise seeds (one per prompt of its own): every group's members share
-        # their prompt's eps*, and no two ranks may draw the same one
+        # their prompt's eps*, and no two ranks may draw the same one. On a sampling
+        # iteration rank 0's result holds every rank's groups (its own: every world-th)
+        gathered = rank == 0 and len(result.prompts) == config.prompts_per_iteration
+        own = result.noise_seeds[rank::world] if gathered else result.noise_seeds
         seeds: list = [None] * world
-        dist.all_gather_object(seeds, [int(x) for x in result.noise_seeds])
+        dist.all_gather_object(seeds, [int(x) for x in own])
         if rank == 0:
             print(json.dumps({"metrics": result.metrics, "prompts": result.prompts,
-                              "noise_seeds_by_rank": seeds}), flush=True)
+                              "noise_seeds": [int(x) for x in result.noise_seeds],
+                              "groups": len(result.images), "noise_seeds_by_rank": seeds,
+                              "rewards": {k: len(v) for k, v in result.rewards.items()}}),
+                  flush=True)
         return False
 
     trainer.run(on_iteration)

@@ -59,8 +59,15 @@ def test_two_gloo_processes_match_one_process_with_the_same_total_batch():
     # every rank holds the same weights after training
     assert check["checksums"][0] == pytest.approx(check["checksums"][1], abs=1e-9)
     for a, b in zip(one, two, strict=True):
-        # the same global prompts (rank 0 shows its half: every other one)
-        assert b["prompts"] == a["prompts"][0::2]
+        # the same global prompts: rank 0 holds its half (every other one), and on a
+        # sampling iteration (sample_every 3) every rank's groups, in the one-process order,
+        # for the stored rollout groups and sample grids to show the whole iteration
+        sampled = b["metrics"]["iteration"] % 3 == 0
+        assert b["prompts"] == (a["prompts"] if sampled else a["prompts"][0::2])
+        assert b["groups"] == len(b["prompts"]) and set(b["rewards"].values()) == {b["groups"]}
+        if sampled:  # rank r's i-th group at i * 2 + r
+            assert b["noise_seeds"] == [s for pair in zip(*b["noise_seeds_by_rank"],
+                                                          strict=True) for s in pair]
         for key in ("forward_passes", "backward_passes", "optimizer_steps", "iteration"):
             assert b["metrics"][key] == a["metrics"][key], key
         assert b["metrics"]["world_size"] == 2
@@ -93,12 +100,16 @@ def test_a_train_job_with_train_nproc_2_runs_under_torchrun(stack, parallelism):
     assert job.metrics["world_size"] == 2
     # the checkpoints hold the whole model (FSDP: gathered from both ranks) and load as one
     from app.db import session_scope
-    from app.services import checkpoints, storage
+    from app.services import checkpoints, rollouts, storage
     from trainer.models.shapes_dit import ShapesDiT
 
     with session_scope() as s:
         rows, _ = checkpoints.list_checkpoints(s, job_id=job_id)
         paths = [storage.resolve(c.path) for c in sorted(rows, key=lambda c: c.iteration)]
+        groups, _ = rollouts.list_groups(s, job_id=job_id, limit=100)
+        stored = sorted((g.iteration, len(g.samples)) for g in groups)
+    # every prompt's group of a sampling iteration, both ranks' (rank 0's alone: 2 of 4)
+    assert stored == [(2, 4)] * 4 + [(4, 4)] * 4, stored
     models = [ShapesDiT.load(p) for p in paths]
     assert len(models) == 2
     first, last = (dict(m.state_dict()) for m in models)

@@ -365,3 +365,28 @@ def test_an_unwritable_storage_dir_requeues_the_job_and_holds_the_worker(stack):
     assert metric_iterations(job_id) == list(range(1, 41))
     assert "can be written again" in stack.logs[0].read_text(errors="replace")
     assert worker.poll() is None
+
+
+@pytest.mark.parametrize("stack", ["sqlite-redis"], indirect=True)
+def test_a_queued_job_whose_message_redis_lost_runs_once_a_worker_has_idled(stack):
+    """Redis keeps nothing on disk: restarted while a job was queued, it lost the job's
+    message, and the job stayed queued for ever beside an idle worker. Now a worker that has
+    run nothing for JOB_STALE_SECONDS (5 s here) while the job was queued sends the message
+    again from its reaper round, says why in one line, and the job runs."""
+    import redis
+
+    job_id = create_train_job(iterations=1, sample_every=1, checkpoint_every=1)
+    stack.send(job_id)
+    client = redis.Redis.from_url(stack.env["BROKER_URL"])
+    try:  # the restart: every key of this deployment gone, the message with them
+        keys = list(client.scan_iter(match=f"{stack.env['BROKER_KEY_PREFIX']}*"))
+        assert keys, "the message never reached Redis"
+        client.delete(*keys)
+    finally:
+        client.close()
+    worker = stack.start_worker("idle")
+    job = wait_for(lambda: _status(job_id, "succeeded", "failed"), 90, "the lost job", stack)
+    assert job.status == "succeeded", job.error
+    stack.wait_log(stack.logs[0], f"reaper: job {job_id} (train) has been queued for over 5 s "
+                   "while worker idle@", worker)
+    assert "its message was lost" in stack.logs[0].read_text(errors="replace")
