@@ -276,22 +276,23 @@ def test_a_failed_rank_gives_the_job_its_reason_not_torchruns_summary(stack):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
-def test_a_cancel_while_one_rank_waits_for_the_reward_server_stops_every_rank(stack,
-                                                                             parallelism):
+@pytest.mark.parametrize(("parallelism", "stop"),
+                         [("ddp", "cancel"), ("fsdp", "cancel"), ("ddp", "shutdown")])
+def test_a_stop_while_one_rank_waits_for_the_reward_server_stops_every_rank(stack, parallelism,
+                                                                            stop):
     """Two ranks, iteration 2: rank A has its scores, rank B's request is held by the server.
-    A cancel was seen only at the end of the iteration, so the job waited for B's answer or
-    REWARD_SERVER_TIMEOUT (300 s by default, 60 here). Now B gives the wait up within a second
-    or two, A (waiting for B before its update) gives the iteration up with it, and the job
-    ends cancelled at iteration 1 with its checkpoint, as one process does (FSDP: the
-    checkpoint saved by both ranks together)."""
+    A cancel or a warm shutdown was seen only at the end of the iteration, so the job waited
+    for B's answer or REWARD_SERVER_TIMEOUT (300 s by default, 60 here). Now B gives the wait
+    up within a second or two, A (waiting for B before its update) gives the iteration up with
+    it, and the job ends at iteration 1 with its checkpoint, as one process does (FSDP: the
+    checkpoint saved by both ranks together): cancelled, or requeued by the shutdown."""
     from app.db import session_scope
     from app.services import jobs
     from trainer.rewards.serve import create_app
 
     per_rank = 2 * 4  # two prompts of the four, groups of 4 (the tiny preset)
-    stack.start_worker(extra_env={"TRAIN_NPROC": "2", "OMP_NUM_THREADS": "1",
-                                  "REWARD_SERVER_TIMEOUT": "60"})
+    worker = stack.start_worker(extra_env={"TRAIN_NPROC": "2", "OMP_NUM_THREADS": "1",
+                                           "REWARD_SERVER_TIMEOUT": "60"})
     # iteration 1's two requests and iteration 2's first are scored, its second is held;
     # one request a scoring call: the ranks' requests are not batched together
     with (held_reward(3 * per_rank, name="count") as (scored, holding, release),
@@ -304,20 +305,33 @@ def test_a_cancel_while_one_rank_waits_for_the_reward_server_stops_every_rank(st
         assert holding.wait(180), "the held request never reached the server\n" + \
             stack.log_text()
         assert scored == [per_rank] * 3  # one rank has its scores, the other waits
-        with session_scope() as s:
-            jobs.request_cancel(s, job_id)
         asked = time.monotonic()
-        job = wait_for(lambda: (j := job_row(job_id)).status in (
-            "cancelled", "failed", "succeeded") and j, 30, "the cancel", stack)
+        if stop == "cancel":
+            with session_scope() as s:
+                jobs.request_cancel(s, job_id)
+            ended = ("cancelled", "failed", "succeeded")
+        else:
+            os.kill(worker.pid, signal.SIGTERM)  # the worker passes it on to the ranks
+            ended = ("queued", "failed", "succeeded")
+        job = wait_for(lambda: (j := job_row(job_id)).status in ended and j, 30, "the stop",
+                       stack)
         took = time.monotonic() - asked
+        # both ranks left together: torchrun ended cleanly, and the worker is free again or
+        # gone as asked (a rank that went on to its update alone would hang in the gradient
+        # all-reduce)
+        if stop == "cancel":
+            stack.wait_log(stack.logs[0], "succeeded in", worker, timeout=30)
+        else:
+            assert worker.wait(timeout=30) == 0
         release.set()
-    assert job.status == "cancelled", job.error
     assert took < 20, took  # the reward server's timeout is 60 s
-    assert job.error is None and job.iteration == 1
+    assert job.status == ("cancelled" if stop == "cancel" else "queued"), job.error
+    if stop == "cancel":
+        assert job.error is None
+    else:
+        assert "shut down at iteration 1" in job.error, job.error
+    assert job.iteration == 1
     assert checkpoint_iterations(job_id) == [1] and metric_iterations(job_id) == [1]
-    # and both ranks left together: torchrun ended cleanly, the worker is free again (a rank
-    # that went on to its update alone would hang in the gradient all-reduce)
-    stack.wait_log(stack.logs[0], "succeeded in", stack.workers[0], timeout=30)
     assert "Traceback" not in stack.logs[0].read_text(errors="replace"), stack.log_text()
 
 
