@@ -47,6 +47,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainer.grpo import SEED_LIMIT, IterationResult
 from trainer.models.base import FlowModel, copy_weights
+from trainer.tracking import keeps_samples
 
 if TYPE_CHECKING:
     from torch.nn.modules.module import _IncompatibleKeys
@@ -374,8 +375,7 @@ def make_distributed(trainer: Trainer) -> Trainer:
         result = iterate(model, optimizer, prompts, config, local, **extra)
         result.metrics = _average_metrics(result.metrics, comm_device)
         result.metrics["world_size"] = world
-        done = trainer.iteration + 1  # this iteration, counted once it returns
-        if done % config.sample_every == 0 or done >= config.iterations:
+        if keeps_samples(config, trainer.iteration + 1):  # this one, counted once it returns
             # what is kept of it (stored rollout groups, sample grids) shows every prompt
             result = gather_groups(result, rank, world)
         return result

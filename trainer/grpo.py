@@ -124,13 +124,12 @@ def score_groups(model: FlowModel, final_latents: torch.Tensor, prompts: list[st
     try:
         raw = reward_scorer(config.reward_server_url, stop_requested)(
             list(config.reward_weights), images, member_prompts)
-        stopped = None
-    except ScoringStopped as exc:
-        stopped = exc
-    if agree_stop is not None and agree_stop(stopped is not None) and stopped is None:
-        stopped = ScoringStopped("scoring stopped on request in another process of the run")
-    if stopped is not None:
-        raise stopped
+    except ScoringStopped:
+        if agree_stop is not None:
+            agree_stop(True)
+        raise
+    if agree_stop is not None and agree_stop(False):
+        raise ScoringStopped("scoring stopped on request in another process of the run")
     blended = blended_group_rewards(raw, config.reward_weights, (p_count, g))
     advantages = group_advantages(blended, p=config.quasi_norm_p)  # (P, G)
     if config.shuffle_advantages:  # the control: same magnitudes, no reward signal

@@ -13,6 +13,7 @@ from trainer.config import ConfigError, ConfigErrors, TrainConfig, absolute_path
 from trainer.grpo import IterationResult
 from trainer.loop import CHECKPOINT_DIR_RE, Trainer, latest_checkpoint
 from trainer.rewards.remote import ScoringStopped
+from trainer.tracking import keeps_samples
 
 # Sample grids blow small images up so a 32 px shapes canvas is legible in a viewer; images
 # larger than this side (FLUX / SD3 at 512 px) are shown at their own size, since doubling
@@ -227,7 +228,7 @@ class RunDirectory:
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(result.metrics) + "\n")
         it, cfg = trainer.iteration, self.config
-        if it % cfg.sample_every == 0 or it == cfg.iterations:
+        if keeps_samples(cfg, it):
             from PIL import Image
 
             self.samples_dir.mkdir(exist_ok=True)

@@ -58,6 +58,12 @@ DEFAULT_DIRECTORY = Path("runs") / "tracking"  # a Trainer used as a library, wi
 log = logging.getLogger(__name__)
 
 
+def keeps_samples(config: TrainConfig, iteration: int) -> bool:
+    """Whether iteration `iteration`'s rollouts are kept (sample grids, a studio job's stored
+    rollout groups, the CLI's samples/): every sample_every iterations, and the last."""
+    return iteration % config.sample_every == 0 or iteration >= config.iterations
+
+
 def split_names(value: str | Sequence[str]) -> list[str]:
     """`report_to` as names: a comma-separated string or a list (as TRL takes it), stripped,
     lower-cased, without empties."""
@@ -339,7 +345,7 @@ class RunTracking:
             self.tracker = open_trackers(self.names, self.directory, self.run_name,
                                          self.config.to_dict(), first_step=iteration)
         self.tracker.log_metrics(iteration, scalar_metrics(result.metrics))
-        if iteration % self.config.sample_every == 0 or iteration >= self.config.iterations:
+        if keeps_samples(self.config, iteration):
             from trainer.run_dir import image_grid
 
             self.tracker.log_images(iteration, "samples", image_grid(result.images))

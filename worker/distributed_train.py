@@ -44,7 +44,6 @@ from trainer.distributed import (
 from trainer.loop import Trainer
 from trainer.models import checkpoint_directory
 from trainer.rewards.remote import ScoringStopped
-from worker.preference import cancel_requested_poll
 from worker.torchrun import advertised_host, node_started_line, rank_error_line
 from worker.training import (
     SELF_EXPLAINING_ERRORS,
@@ -53,6 +52,7 @@ from worker.training import (
     attach_preference_version,
     checkpoint_root,
     prepare_trainer,
+    stop_poll,
     train_config_of,
 )
 
@@ -121,18 +121,13 @@ def main(argv: list[str] | None = None) -> int:
         fingerprinted = log_preference_fingerprint(tr, rank, fingerprinted)
         return bool(stop)
 
-    def stop_requested() -> bool:
-        # asked while this rank waits for the reward server (every rank polls the cancel
-        # flag: a rank whose scores came waits for the others in the agreement, not here)
-        if recorder is not None:
-            return recorder.stop_requested(trainer.iteration)
-        leaving = shutdown.is_set() and trainer.iteration < config.iterations
-        return leaving or cancel_poll()
-
-    cancel_poll = cancel_requested_poll(job_id)
+    # asked while this rank waits for the reward server (every rank polls the cancel flag: a
+    # rank whose scores came waits for the others in the agreement, not here)
+    will_stop = recorder.stop_requested if recorder is not None else stop_poll(
+        job_id, config, shutdown)
     if trainer.iteration < config.iterations:
         try:
-            trainer.run(on_iteration, stop_requested=stop_requested)
+            trainer.run(on_iteration, stop_requested=lambda: will_stop(trainer.iteration))
         except ScoringStopped:  # on every rank at once (trainer.distributed): a cancel or
             error = stop_mid_iteration(trainer, job_id, recorder, comm)  # a shutdown, mid-wait
     dist.barrier()

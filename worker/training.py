@@ -20,7 +20,7 @@ import io
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from trainer.models import checkpoint_directory, checkpoint_weights_file, uses_m
 from trainer.models.base import FlowModel
 from trainer.rewards.models import RewardWeightsMissing, RewardWeightsUnloadable
 from trainer.rewards.remote import RewardServerError, ScoringStopped
+from trainer.tracking import keeps_samples
 from worker.lease import JobError, require_lease
 from worker.preference import (
     ImageCache,
@@ -84,6 +85,20 @@ def group_samples(result: IterationResult, p: int) -> list[dict[str, Any]]:
 REFIT_IMAGE_CACHE_BYTES = 512 * 2**20
 
 
+def stop_poll(job_id: int, config: TrainConfig, shutdown: threading.Event
+              ) -> Callable[[int], bool]:
+    """Whether the train job will stop after an iteration: a cancel requested (read from the
+    database at most once a second), or the worker leaving (`shutdown`) before the last
+    iteration. The recorder's rule, and every rank's of a distributed run."""
+    cancel_poll = cancel_requested_poll(job_id)
+
+    def will_stop(iteration: int) -> bool:
+        leaving = shutdown.is_set() and iteration < config.iterations
+        return leaving or cancel_poll()
+
+    return will_stop
+
+
 class TrainRecorder:
     """The trainer callback that mirrors a run into the database. Returns True to stop."""
 
@@ -97,7 +112,7 @@ class TrainRecorder:
         self.root = checkpoint_root(job_id)
         self.last_checkpoint_id = parent_checkpoint_id
         self.shutdown = shutdown or threading.Event()
-        self.cancel_poll = cancel_requested_poll(job_id)  # the flag read at most once a second
+        self._will_stop = stop_poll(job_id, config, self.shutdown)
         self.cancelled = False
         self.requeued = False  # the worker is shutting down: saved, back in the queue
         # sharded weights (parallelism 'fsdp' over several processes): every rank writes a
@@ -119,8 +134,7 @@ class TrainRecorder:
         Asked before each solver step of a periodic evaluation pass, which then ends, and
         while the next iteration waits for the reward server, which is then given up
         (`stop_mid_iteration`)."""
-        leaving = self.shutdown.is_set() and iteration < self.config.iterations
-        return leaving or self.cancel_poll()
+        return self._will_stop(iteration)
 
     def checkpoint_due(self, trainer: Trainer) -> bool:
         """Whether this iteration ends with a checkpoint: cancel requested, the worker
@@ -152,8 +166,8 @@ class TrainRecorder:
             cancel = cancel and saved is not None  # else acted on at the next iteration
         elif self._due(it, (cancel, leaving, final)):
             saved = trainer.save_checkpoint(self.root)
-        sample = final or it % cfg.sample_every == 0
-        groups = [group_samples(result, p) for p in range(len(result.prompts))] if sample else []
+        groups = ([group_samples(result, p) for p in range(len(result.prompts))]
+                  if keeps_samples(cfg, it) else [])
         with session_scope() as s:
             require_lease(s, self.job_id, self.worker_name)
             solver, sigma = cfg.rollout_sampler()

@@ -1099,10 +1099,11 @@ def lost_messages(session: Session, older_than: timedelta) -> list[tuple[int, st
         func.coalesce(Job.queued_at, Job.created_at) < cutoff).order_by(Job.id)))
     if not queued:
         return []
-    idle = workers.idle_seconds(session, workers.live(session), now)
+    live = workers.live(session)
+    idle = workers.idle_seconds(session, live, now)
     out = []
     for job in queued:
-        waited = [w.name for w in workers.able(session, job.kind, job.config or {})
+        waited = [w.name for w in workers.able(session, job.kind, job.config or {}, live)
                   if idle.get(w.name, 0.0) > older_than.total_seconds()]
         if not waited:
             continue

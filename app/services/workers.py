@@ -121,17 +121,15 @@ def idle_seconds(session: Session, rows: list[WorkerRow], now: datetime) -> dict
 
 
 def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)  # SQLite: UTC
+    """`moment` with its time zone: SQLite returns naive datetimes, which are UTC here."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def heartbeat_age(job: Job, now: datetime | None = None) -> float | None:
     """Seconds since the job's last heartbeat (None without one)."""
-    beat = job.heartbeat_at
-    if beat is None:
+    if job.heartbeat_at is None:
         return None
-    if beat.tzinfo is None:  # SQLite returns naive datetimes (UTC)
-        beat = beat.replace(tzinfo=UTC)
-    return ((now or datetime.now(UTC)) - beat).total_seconds()
+    return ((now or datetime.now(UTC)) - _aware(job.heartbeat_at)).total_seconds()
 
 
 def waiting_for(session: Session, jobs: list[Job]) -> dict[int, str]:
