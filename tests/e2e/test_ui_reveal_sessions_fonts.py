@@ -14,6 +14,7 @@ from ui_helpers import login
 from app.db import session_scope
 from app.models import User, Vote
 from app.services import auth
+from app.ui.arena import STALE_PAIR
 
 
 def _new_user(name: str, role: str) -> str:
@@ -42,12 +43,17 @@ def _shown_nonce(page) -> str:
 
 
 def _vote(page, button: str) -> None:
-    """Click a vote button and wait for the next pair."""
-    old = _shown_nonce(page)
-    page.locator(button).click()
-    page.wait_for_function(
-        "(old) => { const p = document.querySelector('#arena-pair .ngs-pair');"
-        " return p && p.dataset.nonce && p.dataset.nonce !== old; }", arg=old)
+    """Click a vote button and wait for the next pair. A click that raced the arena's own
+    set-up on a loaded machine is refused with STALE_PAIR (nothing recorded, the pair the
+    session holds shown instead): the click is made again on that pair, as a person would."""
+    for _ in range(3):
+        old = _shown_nonce(page)
+        page.locator(button).click()
+        page.wait_for_function(
+            "(old) => { const p = document.querySelector('#arena-pair .ngs-pair');"
+            " return p && p.dataset.nonce && p.dataset.nonce !== old; }", arg=old)
+        if STALE_PAIR not in page.locator("#arena-reveal").inner_text():
+            return
 
 
 def _wait_reveal(page, vote_id: int) -> None:
