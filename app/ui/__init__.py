@@ -9,9 +9,13 @@ each (`build_<page>(user) -> gr.Blocks`) and call `app.services`, never the ORM 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
+import shutil
+import tempfile
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -130,6 +134,22 @@ def build_ui(enqueuer: Enqueuer | None = None) -> gr.Blocks:
     return ui
 
 
+def own_upload_folder() -> Path:
+    """The folder Gradio keeps uploads in (GRADIO_TEMP_DIR): one of this process's own, made
+    now, readable by this user only and removed at exit, unless the operator named one.
+    Gradio's default, /tmp/gradio, is shared by every Gradio app on the host, and its file
+    route serves whatever lies in the upload folder: an admin of this studio could read
+    another app's uploads through /ui/gradio_api/file=. Read by Gradio when the Blocks and
+    its app are built (and by app.ui.common.uploaded_file), so set before `mount` builds
+    them; the DATA_DIR cannot hold it, since the file route refuses everything under it."""
+    if configured := os.environ.get("GRADIO_TEMP_DIR"):
+        return Path(configured)
+    folder = Path(tempfile.mkdtemp(prefix="neighbor-grpo-ui-uploads-"))  # mode 0700
+    os.environ["GRADIO_TEMP_DIR"] = str(folder)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 def mount(app: FastAPI) -> FastAPI:
     """Mount the UI at /ui. Gradio never serves the data or storage directories: stored
     images reach the page inlined or through /api/media with the login's session cookie
@@ -139,6 +159,7 @@ def mount(app: FastAPI) -> FastAPI:
 
     settings = get_settings()
     blocked = {str(settings.data_dir.resolve()), str(settings.resolved_storage_dir)}
+    own_upload_folder()  # before the Blocks and Gradio's app read it
     ui = build_ui(enqueuer=getattr(app.state, "enqueuer", None))
     mounted = gr.mount_gradio_app(app, ui, path=PATH, css=CSS,
                                   head=page_head(KEYS, STREAM_PAUSE_MS),

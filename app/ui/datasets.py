@@ -70,6 +70,24 @@ def _discard_upload(path: Path) -> None:
         path.parent.rmdir()
 
 
+def discard_refused_types(picker: gr.File) -> None:
+    """Gradio refuses a file of a type the picker does not list (dropped onto it, or sent by
+    a script) before `upload` runs, and left its copy in the upload folder: delete it too, as
+    `upload` deletes every file it reads. gr.File's preprocessing calls
+    self._process_single_file for each file: the instance's attribute wins."""
+    check = picker._process_single_file
+
+    def checked(data: Any) -> Any:
+        try:
+            return check(data)
+        except Exception:
+            with contextlib.suppress(BadRequest):  # never a file outside the upload folder
+                _discard_upload(uploaded_file(data.path))
+            raise
+
+    picker._process_single_file = checked
+
+
 def upload(user_state: dict | None, file: str | None, name: str, eval_fraction: float | None,
            seed: float | None) -> tuple[str, str, Any, Any, Any]:
     """Outputs: status, preview, list, the file picker (emptied: the server read the file and
@@ -223,6 +241,7 @@ def build_datasets(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
             file = gr.File(label="Prompt file", file_types=[".txt", ".csv", ".jsonl",
                                                             ".json", ".parquet"],
                            type="filepath", elem_id="dataset-file")
+            discard_refused_types(file)
             with gr.Column():
                 name = gr.Textbox(label="Name (default: the file name)", elem_id="dataset-name")
                 eval_fraction = gr.Slider(0.0, 0.95, value=0.0, step=0.05,

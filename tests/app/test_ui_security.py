@@ -386,6 +386,72 @@ def test_an_upload_is_read_back_by_admins_only(served, admin, annotator, upload_
     assert r.status_code == 200 and r.content == b"an unreleased prompt\n"
 
 
+@pytest.fixture
+def no_upload_folder_named(monkeypatch):
+    """GRADIO_TEMP_DIR unset, as on a server whose operator named none (restored after)."""
+    monkeypatch.setenv("GRADIO_TEMP_DIR", "placeholder")  # so that teardown restores it
+    monkeypatch.delenv("GRADIO_TEMP_DIR")
+
+
+def test_the_ui_keeps_uploads_in_a_folder_of_its_own(settings, admin, no_upload_folder_named):
+    """Gradio's default upload folder, /tmp/gradio, is every Gradio app's on the host, and its
+    file route served an admin whatever another app had left there. The studio's is its own
+    (this user only), and file= serves only what was uploaded to it."""
+    import os
+    import shutil
+    import stat
+    import tempfile
+
+    from fastapi.testclient import TestClient
+
+    shared = Path(tempfile.gettempdir()) / "gradio" / "another-apps-upload"
+    shared.mkdir(parents=True, exist_ok=True)
+    theirs = shared / "their-prompts.txt"
+    theirs.write_text("another app's prompt\n")
+    app, _ = _mounted_blocks(settings)
+    own = Path(os.environ["GRADIO_TEMP_DIR"])
+    try:
+        assert not own.resolve().is_relative_to(shared.parent.resolve())
+        assert stat.S_IMODE(own.stat().st_mode) == 0o700
+        with TestClient(app, raise_server_exceptions=False) as client:
+            r = client.get(f"/ui/gradio_api/file={theirs}", headers=admin)
+            assert r.status_code == 403 and b"another app" not in r.content
+            r = client.post("/ui/gradio_api/upload", headers=admin,
+                            files={"files": ("mine.txt", b"a red fox\n", "text/plain")})
+            assert r.status_code == 200, r.text
+            path = Path(r.json()[0])
+            assert path.resolve().is_relative_to(own.resolve())
+            r = client.get(f"/ui/gradio_api/file={path}", headers=admin)
+            assert r.status_code == 200 and r.content == b"a red fox\n"
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+        shutil.rmtree(own, ignore_errors=True)
+
+
+def test_a_file_of_a_refused_type_is_deleted_too(settings, admin, upload_dir):
+    """The Datasets picker lists the types it takes; Gradio refuses another (dropped onto
+    the picker, or sent by a script) before the handler runs, and its copy stayed in the
+    upload folder. It goes, as every file the page reads does."""
+    from gradio.state_holder import SessionState
+
+    from app.ui import datasets
+
+    _, blocks = _mounted_blocks(settings)
+    fn = next(f for f in blocks.fns.values() if f.fn is datasets.upload)
+    state = SessionState(blocks)
+    state[fn.inputs[0]._id] = _token(admin)
+    refused = upload_dir / "89abcdef" / "tool.exe"
+    refused.parent.mkdir()
+    refused.write_bytes(b"MZ not prompts")
+    payload = {"path": str(refused), "orig_name": "tool.exe",
+               "meta": {"_type": "gradio.FileData"}}
+    with ThreadPoolExecutor(1) as pool, pytest.raises(Exception, match="Invalid file type"):
+        pool.submit(asyncio.run, blocks.process_api(
+            fn, [None, payload, "", 0.0, 0], state=state)).result()
+    assert not refused.exists() and not refused.parent.exists()
+    assert _dataset_count() == 0
+
+
 def test_gradio_uploads_are_capped_at_max_upload_bytes(served, admin):
     client, blocks = served
     assert blocks.max_file_size == 2000
