@@ -150,10 +150,19 @@ def list_groups(session: Session, *, job_id: int | None = None, iteration: int |
                 prompt_id: int | None = None, prompt: str | None = None,
                 checkpoint_id: int | None = None, purpose: str | None = None,
                 limit: int = 50, offset: int = 0) -> tuple[list[RolloutGroup], int]:
+    # a filter naming a job, prompt or checkpoint that does not exist is a 404 (every such
+    # one named), not an empty page that reads as "none yet"
+    missing = [{"field": field, "message": f"{what} {value} not found"}
+               for field, what, model, value in (("job_id", "job", Job, job_id),
+                                                 ("prompt_id", "prompt", Prompt, prompt_id),
+                                                 ("checkpoint_id", "checkpoint", Checkpoint,
+                                                  checkpoint_id))
+               if value is not None and session.get(model, value) is None]
+    if missing:
+        raise NotFound("; ".join(m["message"] for m in missing), field=missing[0]["field"],
+                       errors=missing)
     stmt = select(RolloutGroup)
     if job_id is not None:
-        if session.get(Job, job_id) is None:  # a 404, not an empty page that reads as "none yet"
-            raise NotFound(f"job {job_id} not found")
         stmt = stmt.where(RolloutGroup.job_id == job_id)
     if iteration is not None:
         stmt = stmt.where(RolloutGroup.iteration == iteration)

@@ -49,6 +49,28 @@ def test_record_group_and_browse(client, admin, annotator, make_group, settings)
     assert client.get("/api/rollouts/99999", headers=annotator).status_code == 404
 
 
+def test_a_filter_naming_what_does_not_exist_is_a_404_naming_each(client, admin, annotator,
+                                                                  make_group):
+    """job_id, prompt_id and checkpoint_id filters alike: an unknown one is a 404 naming it
+    (checkpoint_id and prompt_id answered an empty page, which reads as "none yet"), every
+    unknown one at once; a known one with no groups is still an empty page."""
+    job = client.post("/api/jobs", json={"kind": "train", "preset": "tiny"}, headers=admin).json()
+    make_group(job["id"], iteration=1, g=2)
+    for params, fields in (({"checkpoint_id": 999999}, ["checkpoint_id"]),
+                           ({"prompt_id": 999999}, ["prompt_id"]),
+                           ({"job_id": 999999, "checkpoint_id": 888888},
+                            ["job_id", "checkpoint_id"])):
+        r = client.get("/api/rollouts", params=params, headers=annotator)
+        assert r.status_code == 404, (params, r.text)
+        body = r.json()
+        assert [e["field"] for e in body["errors"]] == fields and body["field"] == fields[0]
+        for value in params.values():
+            assert f"{value} not found" in body["detail"]
+    known = client.get("/api/rollouts", params={"job_id": job["id"], "iteration": 7},
+                       headers=annotator)
+    assert known.status_code == 200 and known.json()["total"] == 0
+
+
 def test_record_group_rejects_non_png_and_writes_nothing(session, settings):
     from app.errors import Invalid
     from app.services.rollouts import record_rollout_group
