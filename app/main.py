@@ -148,6 +148,11 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
         # the caller's 401 or 403 comes first, as for a well-formed body
         if (refused := await refused_caller(request)) is not None:
             return await service_error(request, refused)
+        from app.api.strict_json import QUERY_PROBLEMS
+
+        # the query string's own problems (an unknown or repeated parameter) first, then
+        # the parameters' and the body's: one answer with all of them
+        query = [(p["field"], p["message"]) for p in request.scope.get(QUERY_PROBLEMS, [])]
         problems = [validation_problem(err) for err in exc.errors()]
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if (problems and problems[0][0] == "body" and request.method in ("POST", "PUT", "PATCH")
@@ -181,7 +186,7 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
             found += await run_in_threadpool(upload_content_problems, request,
                                              invalid | {p["field"] for p in found})
             problems += [(p["field"], p["message"]) for p in found]
-        problems = list(dict.fromkeys(problems)) or [("body", "invalid request")]
+        problems = list(dict.fromkeys(query + problems)) or [("body", "invalid request")]
         body = Problems(detail="; ".join(f"{f}: {m}" for f, m in problems),
                         field=problems[0][0],
                         errors=[{"field": f, "message": m} for f, m in problems])

@@ -4,10 +4,11 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, Response, StreamingResponse
 
 from app.api.deps import MAX_ID, FileReaderDep, PathId, QueryId, SessionDep, UserDep
+from app.api.media import StoredFileResponse, add_head_route, as_requested
 from app.api.strict_json import StrictJSONRoute
 from app.limits import DEFAULT_BOOTSTRAP, MAX_BOOTSTRAP
 from app.models import Checkpoint
@@ -40,21 +41,28 @@ def get_checkpoint(checkpoint_id: PathId, session: SessionDep, _user: UserDep) -
 
 @router.get("/checkpoints/{checkpoint_id}/download", response_class=FileResponse,
             responses={401: {}, 404: {}})
-def download(checkpoint_id: PathId, session: SessionDep, _user: FileReaderDep,
-             format: Literal["weights", "zip"] = "weights") -> Response:
+def download(checkpoint_id: PathId, request: Request, session: SessionDep,
+             _user: FileReaderDep, format: Literal["weights", "zip"] = "weights") -> Response:
     """The weights file (a diffusers LoRA a stock pipeline loads, the shapes model, a full
     fine-tune's transformer weights); `format=zip`: the whole checkpoint directory to take
     away (weights, config, model card), without the optimizer state."""
     if format == "zip":
         name, chunks = svc.checkpoint_archive(session, checkpoint_id)
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)  # a header takes no quotes or non-ASCII
-        return StreamingResponse(chunks, media_type="application/zip", headers={
-            "Content-Disposition": f'attachment; filename="{safe}.zip"'})
+        # HEAD: the headers only, the zip never built (GET streams it, without a length)
+        return as_requested(request, StreamingResponse(
+            chunks, media_type="application/zip",
+            headers={"Content-Disposition": f'attachment; filename="{safe}.zip"'}))
     ckpt = svc.get_checkpoint(session, checkpoint_id)
     full = svc.checkpoint_file(session, checkpoint_id)
     suffix = Path(full).suffix or ".safetensors"
-    return FileResponse(full, media_type="application/octet-stream",
-                        filename=f"{ckpt.name}{suffix}")
+    return StoredFileResponse(full, media_type="application/octet-stream",
+                              filename=f"{ckpt.name}{suffix}")
+
+
+add_head_route(router, "/checkpoints/{checkpoint_id}/download", download,
+               response_class=FileResponse, operation_id="download_checkpoint_head",
+               responses={401: {}, 404: {}})
 
 
 @router.get("/leaderboard", response_model=Leaderboard, tags=["leaderboard"])

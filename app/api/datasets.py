@@ -27,7 +27,8 @@ from app.api.deps import (
     current_user,
     settings_dep,
 )
-from app.api.strict_json import StrictJSONRoute, query_checker
+from app.api.media import add_head_route, as_requested
+from app.api.strict_json import StrictJSONRoute, query_checker, query_invalid
 from app.errors import BadRequest, Invalid, PayloadTooLarge
 from app.job_kinds import SplitName
 from app.limits import MAX_ID, NAME_LENGTH
@@ -171,7 +172,8 @@ class _CheckedBeforeBody(APIRoute):
 
         async def checked_first(request: Request) -> Response:
             await _admin_within_limit(request)
-            await check_query(request)
+            if problems := await check_query(request):
+                raise query_invalid(problems)
             await _known_form_fields(request)
             return await handler(request)
 
@@ -221,7 +223,7 @@ def get_dataset(dataset_id: PathId, session: SessionDep, _user: UserDep) -> Data
 
 
 @router.get("/datasets/{dataset_id}/export", responses={404: {}})
-def export_dataset(dataset_id: PathId, session: SessionDep, _user: UserDep,
+def export_dataset(dataset_id: PathId, request: Request, session: SessionDep, _user: UserDep,
                    format: Literal["jsonl", "csv"] = "jsonl") -> Response:
     rows = svc.export_rows(session, dataset_id)
     if format == "csv":
@@ -235,10 +237,14 @@ def export_dataset(dataset_id: PathId, session: SessionDep, _user: UserDep,
     else:
         body = "".join(_json(r) + "\n" for r in rows)
         media = "application/x-ndjson"
-    return StreamingResponse(
+    return as_requested(request, StreamingResponse(
         iter([body]), media_type=media,
         headers={"Content-Disposition": f'attachment; filename="dataset-{dataset_id}.{format}"'},
-    )
+    ))
+
+
+add_head_route(router, "/datasets/{dataset_id}/export", export_dataset,
+               operation_id="export_dataset_head", responses={404: {}})
 
 
 @router.delete("/datasets/{dataset_id}", status_code=204, responses={404: {}, 409: {}})

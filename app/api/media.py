@@ -17,17 +17,21 @@ The rule: a stored file leaves the server only to a caller with a valid token, g
   (404): the UI offers neither.
 
 Checkpoint and preference-model downloads (`/api/checkpoints/{id}/download`,
-`/api/preference-models/{version}/download`) take the same `file_reader`.
+`/api/preference-models/{version}/download`) take the same `file_reader`, and send their file
+the same way (`StoredFileResponse`). Every download route answers HEAD too (`add_head_route`).
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
+from starlette.responses import MalformedRangeHeader
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.deps import FileReaderDep, SettingsDep, authenticated, session_cookie
@@ -37,6 +41,52 @@ from app.errors import NotFound
 from app.services import storage
 
 router = APIRouter(tags=["media"], route_class=StrictJSONRoute)
+
+
+class StoredFileResponse(FileResponse):
+    """A stored file as Starlette's FileResponse sends it (HEAD without the bytes, a bytes
+    range as 206, a range past the end as 416 with `Content-Range: bytes */<size>`), except
+    for a Range header it cannot read: a unit other than bytes, or a ranges-specifier that is
+    not one (`bytes=abc`, `bytes=5-3`). Starlette answers those 400 text/plain; RFC 9110 §14.2
+    says a server ignores such a header, so the client (a download manager, a browser's
+    player) gets the whole file, 200, with the headers it would get without the Range."""
+
+    @classmethod
+    def _parse_range_header(cls, http_range: str, file_size: int) -> list[tuple[int, int]]:
+        try:
+            return super()._parse_range_header(http_range, file_size)
+        except MalformedRangeHeader:
+            # no ranges: FileResponse then sends the whole file, as it does when a header
+            # asks for more ranges than it serves
+            return []
+
+
+class HeadersOnly(Response):
+    """What HEAD gets of a generated download (an export, a zip): the status and headers of
+    the answer GET gets, its Content-Length included when it has one (none when it streams),
+    and no body. A FileResponse needs none of this: it answers HEAD itself."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__(status_code=response.status_code)
+        # GET's headers as they are: a fresh Response would add `content-length: 0`
+        self.raw_headers = list(response.raw_headers)
+
+
+def as_requested(request: Request, response: Response) -> Response:
+    """`response` for GET; for HEAD, its headers only (see HeadersOnly)."""
+    if request.method == "HEAD" and not isinstance(response, FileResponse):
+        return HeadersOnly(response)
+    return response
+
+
+def add_head_route(router: APIRouter, path: str, endpoint: Callable[..., Any], *,
+                   operation_id: str, **kwargs: Any) -> None:
+    """HEAD for a download route: a download manager or `curl -I` asks for the size and the
+    name before the bytes. The GET route's endpoint, so its dependencies too (the same 401,
+    the same 403 or 200 for an annotator); the endpoint answers through `as_requested` or
+    with a FileResponse. A route of its own, with its own operation id: one route of two
+    methods gave both one id in the OpenAPI schema."""
+    router.add_api_route(path, endpoint, methods=["HEAD"], operation_id=operation_id, **kwargs)
 
 
 @router.get("/media/{path:path}", response_class=FileResponse,
@@ -50,7 +100,7 @@ def media(path: str, request: Request, _user: FileReaderDep, settings: SettingsD
         stat = os.stat(full)
     except FileNotFoundError:  # deleted since resolve found it
         raise NotFound("no such file") from None
-    response = FileResponse(full, stat_result=stat, headers={
+    response = StoredFileResponse(full, stat_result=stat, headers={
         "Cache-Control": f"private, max-age={settings.image_cache_seconds}, immutable"})
     held = request.headers.get("if-none-match", "")
     if held and (held.strip() == "*" or response.headers["etag"] in
@@ -60,10 +110,8 @@ def media(path: str, request: Request, _user: FileReaderDep, settings: SettingsD
     return response
 
 
-# HEAD too: a download manager or `curl -I` asks for the size and ETag before the bytes. A
-# route of its own, with its own operation id (one route of two methods gave both one id)
-router.add_api_route("/media/{path:path}", media, methods=["HEAD"], response_class=FileResponse,
-                     operation_id="media_head", responses={304: {}, 401: {}, 404: {}})
+add_head_route(router, "/media/{path:path}", media, response_class=FileResponse,
+               operation_id="media_head", responses={304: {}, 401: {}, 404: {}})
 
 
 # Gradio's routes that serve a file from disk or take one in (relative to the UI's mount);

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
-from fastapi.responses import FileResponse
 
 from app.api.deps import MAX_ID, AdminDep, FileReaderDep, PathId, SessionDep, UserDep
+from app.api.media import StoredFileResponse, add_head_route
 from app.api.strict_json import StrictJSONRoute
 from app.models import PreferenceModelRow
 from app.schemas import (
@@ -49,10 +49,15 @@ VersionPath = Annotated[str, Path(pattern=r"^v?[0-9]{1,12}$",
 
 
 @router.get("/preference-models/{version}/download", responses={401: {}, 404: {}})
-def download(version: VersionPath, session: SessionDep, _user: FileReaderDep) -> FileResponse:
+def download(version: VersionPath, session: SessionDep,
+             _user: FileReaderDep) -> StoredFileResponse:
     row = svc.get_model(session, int(version.removeprefix("v")))
-    return FileResponse(storage.resolve(row.path), media_type="application/octet-stream",
-                        filename=f"preference-v{row.version}.safetensors")
+    return StoredFileResponse(storage.resolve(row.path), media_type="application/octet-stream",
+                              filename=f"preference-v{row.version}.safetensors")
+
+
+add_head_route(router, "/preference-models/{version}/download", download,
+               operation_id="download_preference_model_head", responses={401: {}, 404: {}})
 
 
 @router.get("/annotators", response_model=list[AnnotatorStats])

@@ -8,12 +8,16 @@ router's routes read their body through `StrictJSONRoute`, so such a body is a 4
 key (`body: malformed JSON (key 'iterations' given twice in one object at character N)`),
 after the caller's own 401 or 403, as any malformed body is (app.main). The query string is
 held to the same rule: a parameter the route does not declare (`?jobid=1` for `job_id`) or
-a one-valued parameter given twice is a 422 naming it, with every such name at once.
+a one-valued parameter given twice is a 422 naming it, in the same answer as the request's
+other problems (its parameters' and body's), and the route's work is never done.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Coroutine
+from contextvars import ContextVar
 from types import UnionType
 from typing import Any, Union, get_args, get_origin
 
@@ -22,6 +26,14 @@ from fastapi.routing import APIRoute
 
 from app.errors import Invalid
 from trainer.strict_json import loads_strict
+
+# where a request's query-string problems wait for the rest of its validation: app.main's
+# handler of RequestValidationError adds its own to them (scope key), and the endpoint, when
+# the rest was valid, is replaced by a 422 of them alone (context variable: the endpoint sees
+# no request; FastAPI runs a sync endpoint in a thread with this context)
+QUERY_PROBLEMS = "ngs.query_problems"
+_pending_query_problems: ContextVar[list[dict[str, str]] | None] = ContextVar(
+    "pending_query_problems", default=None)
 
 
 class StrictJSONRequest(Request):
@@ -35,27 +47,66 @@ class StrictJSONRoute(APIRoute):
     """An API route whose JSON body is read by loads_strict and whose query string is
     checked by query_checker."""
 
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        # the endpoint every copy of the route calls (an included router's too)
+        super().__init__(path, _unless_query_problems(endpoint), **kwargs)
+
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
         check_query = query_checker(self)
 
         async def strict(request: Request) -> Response:
-            await check_query(request)
-            return await handler(StrictJSONRequest(request.scope, request.receive))
+            problems = await check_query(request)
+            if problems:
+                request.scope[QUERY_PROBLEMS] = problems
+            token = _pending_query_problems.set(problems or None)
+            try:
+                return await handler(StrictJSONRequest(request.scope, request.receive))
+            finally:
+                _pending_query_problems.reset(token)
 
         return strict
 
 
-def query_checker(route: APIRoute) -> Callable[[Request], Coroutine[Any, Any, None]]:
-    """The check of a request's query string against `route`'s declared parameters: a name
-    the route does not take, or a one-valued parameter given twice, is a 422 naming every such
-    parameter at once, after the caller's own 401 or 403 (as for a bad body)."""
+def query_invalid(problems: list[dict[str, str]]) -> Invalid:
+    """The 422 of a query string's problems alone."""
+    return Invalid("; ".join(f"{p['field']}: {p['message']}" for p in problems),
+                   field=problems[0]["field"], errors=problems)
+
+
+def _unless_query_problems(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+    """`endpoint`, refused with the query string's 422 when it had problems: FastAPI calls
+    it only once the parameters and the body were valid, so those problems are the whole
+    answer, and the route's work (a vote stored, a job queued) is not done."""
+    if getattr(endpoint, "_checks_query", False):
+        return endpoint
+    if inspect.iscoroutinefunction(endpoint):
+        @functools.wraps(endpoint)
+        async def guarded(*args: Any, **kwargs: Any) -> Any:
+            if problems := _pending_query_problems.get():
+                raise query_invalid(problems)
+            return await endpoint(*args, **kwargs)
+    else:
+        @functools.wraps(endpoint)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            if problems := _pending_query_problems.get():
+                raise query_invalid(problems)
+            return endpoint(*args, **kwargs)
+    guarded._checks_query = True  # type: ignore[attr-defined]
+    return guarded
+
+
+def query_checker(
+        route: APIRoute) -> Callable[[Request], Coroutine[Any, Any, list[dict[str, str]]]]:
+    """The check of a request's query string against `route`'s declared parameters: every
+    name the route does not take, and every one-valued parameter given twice, as problems for
+    the request's 422; the caller's own 401 or 403 is raised first (as for a bad body)."""
     declared = _query_params(route)
     single = {name for name, listed in declared.items() if not listed}
     takes = (f"this route takes {', '.join(sorted(declared))}" if declared
              else "this route takes none")
 
-    async def check(request: Request) -> None:
+    async def check(request: Request) -> list[dict[str, str]]:
         keys = [key for key, _ in request.query_params.multi_items()]
         distinct = list(dict.fromkeys(keys))
         # FastAPI ignores a name the route does not declare, so `?jobid=1` (job_id misspelt)
@@ -64,7 +115,7 @@ def query_checker(route: APIRoute) -> Callable[[Request], Coroutine[Any, Any, No
         # FastAPI keeps the last of `?dataset_id=1&dataset_id=2` without a word
         repeated = [k for k in distinct if k in single and keys.count(k) > 1]
         if not unknown and not repeated:
-            return
+            return []
         from app.api.deps import refused_caller
 
         if (refused := await refused_caller(request)) is not None:
@@ -73,8 +124,7 @@ def query_checker(route: APIRoute) -> Callable[[Request], Coroutine[Any, Any, No
                     for k in unknown]
         problems += [{"field": k, "message": f"given {keys.count(k)} times; this "
                       "parameter takes one value"} for k in repeated]
-        raise Invalid("; ".join(f"{p['field']}: {p['message']}" for p in problems),
-                      field=problems[0]["field"], errors=problems)
+        return problems
 
     return check
 

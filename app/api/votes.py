@@ -3,12 +3,13 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
 from app import db
 from app.api.deps import MAX_ID, SessionDep, UserDep, media_url
+from app.api.media import add_head_route, as_requested
 from app.api.strict_json import StrictJSONRoute
 from app.models import User
 from app.schemas import NextPair, PairSide, VoteIn, VoteOut
@@ -62,17 +63,25 @@ async def post_vote(body: VoteIn, user: UserDep) -> VoteOut | Response:
 
 @router.get("/export", responses={200: {"content": {"application/x-ndjson": {},
                                                     "application/vnd.apache.parquet": {}}}})
-def export(session: SessionDep, user: UserDep,
+def export(request: Request, session: SessionDep, user: UserDep,
            format: Literal["jsonl", "parquet"] = "jsonl") -> Response:
     """Every vote for an admin; an annotator's own votes for an annotator (who voted, when and
     how fast is per-person data, as the admin-only annotator statistics are)."""
     annotator_id = None if user.role == "admin" else user.id
+    # HEAD: the export is built all the same, for its Content-Length (what GET sends)
     if format == "parquet":
-        return Response(svc.export_parquet(session, annotator_id=annotator_id),
-                        media_type="application/vnd.apache.parquet",
-                        headers={"Content-Disposition": 'attachment; filename="votes.parquet"'})
+        return as_requested(request, Response(
+            svc.export_parquet(session, annotator_id=annotator_id),
+            media_type="application/vnd.apache.parquet",
+            headers={"Content-Disposition": 'attachment; filename="votes.parquet"'}))
     # allow_nan=False: strict JSON, always (no row field can hold NaN or inf today)
     body = "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n"
                    for r in svc.export_votes(session, annotator_id=annotator_id))
-    return Response(body, media_type="application/x-ndjson",
-                    headers={"Content-Disposition": 'attachment; filename="votes.jsonl"'})
+    return as_requested(request, Response(
+        body, media_type="application/x-ndjson",
+        headers={"Content-Disposition": 'attachment; filename="votes.jsonl"'}))
+
+
+add_head_route(router, "/export", export, operation_id="export_votes_head",
+               responses={200: {"content": {"application/x-ndjson": {},
+                                            "application/vnd.apache.parquet": {}}}})

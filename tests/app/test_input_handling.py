@@ -886,6 +886,28 @@ def test_a_query_parameter_given_twice_is_refused_unless_it_takes_a_list(client,
     assert client.get("/api/prompts?limit=5&offset=0", headers=admin).status_code == 200
 
 
+def test_a_bad_query_string_is_named_beside_the_requests_other_problems(client, admin,
+                                                                         annotator):
+    """An unknown or repeated query parameter was the whole 422, hiding a bad limit or a
+    body missing its fields; one answer names all of them, and a request whose only problem
+    is its query string is still refused before the route does anything."""
+    r = client.get("/api/prompts?dataset_id=abc&limit=-1&foo=1", headers=admin)
+    assert r.status_code == 422 and set(_errors(r)) == {"foo", "dataset_id", "limit"}, r.text
+    assert r.json()["field"] == "foo"
+    r = client.get("/api/prompts?limit=1&limit=2&offset=-1", headers=admin)
+    assert r.status_code == 422 and set(_errors(r)) == {"limit", "offset"}, r.text
+    r = client.post("/api/votes?x=1", json={}, headers=annotator)
+    assert r.status_code == 422, r.text
+    assert {"x", "sample_a_id", "sample_b_id", "outcome"} <= set(_errors(r)), r.text
+    # a valid body under a bad query string: refused, and nothing done
+    r = client.post("/api/users?x=1", json={"name": "dora", "role": "annotator"},
+                    headers=admin)
+    assert r.status_code == 422 and set(_errors(r)) == {"x"}, r.text
+    names = [u["name"] for u in client.get("/api/users", headers=admin).json()]
+    assert "dora" not in names
+    assert client.post("/api/users?x=1", json={}).status_code == 401  # the caller's first
+
+
 def test_a_query_parameter_the_route_does_not_take_is_refused(client, admin, annotator,
                                                               make_group):
     """`?jobid=1` (job_id misspelt) answered with every rollout, `?fmt=csv` with JSONL:
