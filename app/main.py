@@ -176,6 +176,13 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
                     return config_problems_beside(session, caller, exc.body)
 
             problems += await run_in_threadpool(beside)
+        if request.method == "POST" and request.url.path == "/api/votes":
+            from app.services.votes import pair_problems_beside
+
+            # the pair's own problems (a sample not found, two that may not be compared)
+            # beside a shown_at in the future or a bad outcome
+            problems += await run_in_threadpool(pair_problems_beside, exc.body,
+                                                {field for field, _ in problems})
         if request.method == "POST" and request.url.path == "/api/datasets":
             from app.api.datasets import upload_content_problems, upload_problems
 

@@ -38,7 +38,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
 
 from app.errors import Conflict, Invalid
-from app.limits import CLIENT_VOTE_ID_PATTERN, SELECTION_LENGTH, SQL_BATCH
+from app.limits import CLIENT_VOTE_ID_PATTERN, MAX_ID, SELECTION_LENGTH, SQL_BATCH
 from app.models import RolloutGroup, Sample, User, Vote
 from app.schemas import (
     CROSS_CHECKPOINT,
@@ -528,6 +528,42 @@ def _selection_mismatch(selection: str | None, cross: bool) -> str | None:
             "give the selection GET /api/votes/next gave, or leave it out")
 
 
+def pair_problems(session: Session, a_id: int, b_id: int,
+                  selection: str | None = None) -> list[dict[str, str]]:
+    """What is wrong with voting on the pair (a, b) under `selection` (a well-formed one, or
+    None), every problem as {field, message}; [] for a pair that may be voted on. Read only:
+    said beside a vote's other problems (a shown_at in the future), so that one answer names
+    them all."""
+    try:
+        _, _, cross = _valid_pair(session, a_id, b_id)
+    except Invalid as exc:
+        return list(exc.details.get("errors") or [  # type: ignore[arg-type]
+            {"field": str(exc.details.get("field", "sample_b_id")), "message": exc.message}])
+    if (mismatch := _selection_mismatch(selection, cross)) is not None:
+        return [{"field": "selection", "message": mismatch}]
+    return []
+
+
+def pair_problems_beside(body: object, invalid: set[str]) -> list[tuple[str, str]]:
+    """The pair's problems (pair_problems) of a POST /api/votes body that failed validation
+    elsewhere, as (field, message), for the same 422; none where the ids themselves, or the
+    selection, are among the invalid fields (their own problem is said already)."""
+    if not isinstance(body, dict):
+        return []
+    a_id, b_id, selection = (body.get(k) for k in ("sample_a_id", "sample_b_id", "selection"))
+    ids_usable = all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_ID
+                     for v in (a_id, b_id))
+    if not ids_usable or invalid & {"sample_a_id", "sample_b_id"}:
+        return []
+    usable_selection = (selection if isinstance(selection, str) and "selection" not in invalid
+                        else None)
+    from app.db import new_session
+
+    with new_session() as session:
+        return [(p["field"], p["message"])
+                for p in pair_problems(session, a_id, b_id, usable_selection)]
+
+
 def record_vote(session: Session, annotator: User, *, client_vote_id: str, sample_a_id: int,
                 sample_b_id: int, outcome: str, session_id: str | None = None,
                 shown_at: datetime | None = None, latency_ms: int | None = None,
@@ -551,6 +587,10 @@ def record_vote(session: Session, annotator: User, *, client_vote_id: str, sampl
         ("selection", selection_problem(selection)), ("shown_at", shown_at_problem(shown_at)))
         if problem is not None]
     if problems:
+        # the pair's problems too, in the same answer (a selection of its own problem is
+        # not judged against the pair)
+        valid_selection = None if any(p["field"] == "selection" for p in problems) else selection
+        problems += pair_problems(session, sample_a_id, sample_b_id, valid_selection)
         raise Invalid("; ".join(f"{p['field']}: {p['message']}" for p in problems),
                       field=problems[0]["field"], errors=problems)
 

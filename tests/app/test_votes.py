@@ -6,6 +6,7 @@ import uuid
 from itertools import combinations
 
 import pyarrow.parquet as pq
+import pytest
 from sqlalchemy import func, select
 
 
@@ -522,6 +523,44 @@ def test_a_vote_names_both_missing_samples_and_a_selection_that_fits_its_pair(
     for pair, right in ((within, "within_group"), (cross, "cross_checkpoint")):
         r = vote(client, annotator, {**pair, "selection": right})
         assert r.status_code == 201 and r.json()["selection"] == right, r.text
+
+
+def test_a_pairs_problems_are_named_beside_a_bad_shown_at_or_selection(
+        client, admin, annotator, make_group, session):
+    """A shown_at in the future (or a made-up selection) was the whole 422, and the pair's
+    own problem (a sample not found, two groups' samples) came only once that was fixed;
+    one answer names them all, through the API and through the service the UI calls."""
+    from datetime import UTC, datetime, timedelta
+
+    from app.errors import Invalid
+    from app.models import Sample, User, Vote
+    from app.services import votes as svc
+
+    first, second = make_group(g=2), make_group(g=2, prompt="one blue square")
+    a = session.scalar(select(Sample.id).where(Sample.group_id == first))
+    b = session.scalar(select(Sample.id).where(Sample.group_id == second))
+    future = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    r = vote(client, annotator, {"a": {"sample_id": a}, "b": {"sample_id": b}},
+             shown_at=future)
+    assert r.status_code == 422, r.text
+    assert [e["field"] for e in r.json()["errors"]] == ["shown_at", "sample_b_id"], r.text
+    assert "neither from one rollout group" in r.json()["detail"]
+    r = vote(client, annotator, {"a": {"sample_id": a}, "b": {"sample_id": 999999}},
+             selection="bogus")
+    assert r.status_code == 422, r.text
+    assert {e["field"] for e in r.json()["errors"]} == {"selection", "sample_b_id"}, r.text
+    assert "sample 999999 not found" in r.json()["detail"]
+    # an id that is itself invalid is named once, as its own problem
+    r = vote(client, annotator, {"a": {"sample_id": a}, "b": {"sample_id": "x"}},
+             shown_at=future)
+    assert [e["field"] for e in r.json()["errors"]] == ["sample_b_id", "shown_at"], r.text
+    annotator_row = session.scalar(select(User).where(User.role == "annotator"))
+    with pytest.raises(Invalid) as refused:
+        svc.record_vote(session, annotator_row, client_vote_id="ui-1", sample_a_id=a,
+                        sample_b_id=b, outcome="a", selection="bogus")
+    assert [e["field"] for e in refused.value.details["errors"]] == ["selection",
+                                                                     "sample_b_id"]
+    assert session.scalar(select(func.count()).select_from(Vote)) == 0
 
 
 def test_a_session_id_with_hidden_characters_is_refused(client, annotator, make_group, session):
