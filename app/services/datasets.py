@@ -13,9 +13,11 @@ Metadata is stored and exported as strict JSON: non-finite numbers (NaN, 1e400) 
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
+import math
 import random
 import re
 from collections.abc import Callable, Iterator
@@ -128,17 +130,26 @@ def detect_format(filename: str) -> str:
     return suffix
 
 
-def _decode(filename: str, data: bytes) -> str:
+def _decode(data: bytes) -> tuple[str, list[BadRecord]]:
+    """The file's text and a BadRecord for each line that is not UTF-8 (its first bad byte),
+    that line's bad bytes replaced by U+FFFD so that the rest of the file is still read and
+    its own problems named in the same answer (a bad byte hid a NUL two lines down)."""
     try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise Invalid(
-            f"{filename}: line {line}: bad encoding (not UTF-8: byte 0x{data[exc.start]:02x} "
-            f"at offset {exc.start})",
-            file=filename,
-            line=line,
-        ) from None
+        return data.decode("utf-8-sig"), []
+    except UnicodeDecodeError:
+        pass
+    bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+    lines, bad, offset = [], [], bom
+    for number, raw in enumerate(data[bom:].split(b"\n"), start=1):
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            at = offset + exc.start
+            bad.append(BadRecord(f"line {number}", f"bad encoding (not UTF-8: byte "
+                                 f"0x{data[at]:02x} at offset {at})", {"line": number}))
+            lines.append(raw.decode("utf-8", errors="replace"))
+        offset += len(raw) + 1
+    return "\n".join(lines), bad
 
 
 def nesting_depth(value: Any, limit: int = MAX_META_DEPTH) -> int:
@@ -456,13 +467,29 @@ def parse_upload(filename: str, data: bytes, *, max_prompt_length: int,
         raise PayloadTooLarge(f"{filename}: the file is larger than the limit of {max_bytes} "
                               "bytes (MAX_UPLOAD_BYTES)", field="file")
     counts = _Counts()
-    records = (_parse_parquet(filename, data, counts, max_bytes) if fmt == "parquet"
-               else _PARSERS[fmt](filename, _decode(filename, data), counts))
+    encoding: list[BadRecord] = []
+    if fmt == "parquet":
+        records = _parse_parquet(filename, data, counts, max_bytes)
+    else:
+        text, encoding = _decode(data)
+        records = _PARSERS[fmt](filename, text, counts)
+    undecodable = {bad.loc["line"] for bad in encoding}
     report = _Report(filename)
     unique: list[ParsedPrompt] = []
     seen: set[str] = set()
     total = 0
+
+    def report_encoding_up_to(line: float) -> None:
+        # the encoding problems in file order among the others
+        while encoding and encoding[0].loc["line"] <= line:
+            report.add(encoding.pop(0))
+
     for record in records:
+        line = record.loc.get("line")
+        if line is not None:
+            report_encoding_up_to(line)
+            if line in undecodable:  # said once: its bad bytes, not what they became
+                continue
         if isinstance(record, BadRecord):
             report.add(record)
             continue
@@ -476,6 +503,7 @@ def parse_upload(filename: str, data: bytes, *, max_prompt_length: int,
         seen.add(norm)
         record.text = norm
         unique.append(record)
+    report_encoding_up_to(math.inf)
     report.check()
     if not unique:
         raise Invalid(f"{filename}: no prompts found", file=filename)

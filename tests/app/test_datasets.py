@@ -163,6 +163,30 @@ BAD = [
 ]
 
 
+def test_every_undecodable_line_is_named_beside_the_files_other_problems(client, admin,
+                                                                         session):
+    """A byte that is not UTF-8 was the whole answer: only its line was named, and a NUL
+    or a too-long prompt elsewhere came up only once it was fixed. Each bad line is named
+    once (its bad byte, not what the byte became), in file order among the others."""
+    from app.models import Dataset
+
+    r = upload(client, admin, "two.txt", b"\xffa\nok\n\xfeb\n")
+    assert r.status_code == 422, r.text
+    assert [e["where"] for e in r.json()["errors"]] == ["line 1", "line 3"], r.text
+    assert "byte 0xfe at offset 6" in r.json()["detail"]
+    data = b"ok\nbad\x00one\nok2\n" + b"a" * 3000 + b"\nthen \xff here\n"
+    r = upload(client, admin, "mixed.txt", data)
+    assert r.status_code == 422, r.text
+    errors = r.json()["errors"]
+    assert [e["where"] for e in errors] == ["line 2", "line 4", "line 5"], r.text
+    assert "bad encoding" in errors[2]["message"] and "too long" in errors[1]["message"]
+    # the offset counts the byte-order mark, as a hex editor would
+    r = upload(client, admin, "bom.csv", b"\xef\xbb\xbfprompt\nok\nx\x80y\n")
+    assert r.status_code == 422 and [e["where"] for e in r.json()["errors"]] == ["line 3"]
+    assert "byte 0x80 at offset 14" in r.json()["detail"], r.text
+    assert session.scalar(select(func.count()).select_from(Dataset)) == 0
+
+
 @pytest.mark.parametrize("name,data,status,message", BAD, ids=[b[0] for b in BAD])
 def test_bad_uploads_name_the_place_and_store_nothing(client, admin, session, name, data,
                                                       status, message):
