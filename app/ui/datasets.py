@@ -13,7 +13,7 @@ from typing import Any
 import gradio as gr
 
 from app.config import get_settings
-from app.errors import BadRequest
+from app.errors import BadRequest, ServiceError
 from app.limits import MAX_ID
 from app.services import datasets as svc
 from app.ui.common import (
@@ -88,6 +88,18 @@ def discard_refused_types(picker: gr.File) -> None:
     picker._process_single_file = checked
 
 
+def _file_problems(filename: str, data: bytes) -> list[str]:
+    """What is wrong with an upload's file itself (its type, size, lines), as the import
+    would say it; [] for a file it would take."""
+    settings = get_settings()
+    try:
+        svc.parse_upload(filename, data, max_prompt_length=settings.max_prompt_length,
+                         max_bytes=settings.max_upload_bytes)
+    except ServiceError as exc:
+        return [exc.message]
+    return []
+
+
 def upload(user_state: dict | None, file: str | None, name: str, eval_fraction: float | None,
            seed: float | None) -> tuple[str, str, Any, Any, Any]:
     """Outputs: status, preview, list, the file picker (emptied: the server read the file and
@@ -104,11 +116,17 @@ def upload(user_state: dict | None, file: str | None, name: str, eval_fraction: 
                 data = fh.read(limit + 1)
         finally:
             _discard_upload(path)
+        try:
+            split_seed = whole_number(0 if seed is None else seed, "Split seed", 0, MAX_ID)
+        except BadRequest as bad_seed:
+            # the file's own problems in the same message, as the API's 422 lists them
+            # (nothing is imported either way)
+            raise BadRequest("; ".join([bad_seed.message, *_file_problems(path.name, data)])
+                             ) from None
         with session() as s:
             result = svc.import_dataset(
                 s, filename=path.name, data=data, name=name or None,
-                eval_fraction=float(eval_fraction or 0.0),
-                seed=whole_number(0 if seed is None else seed, "Split seed", 0, MAX_ID),
+                eval_fraction=float(eval_fraction or 0.0), seed=split_seed,
                 max_prompt_length=get_settings().max_prompt_length, max_bytes=limit)
             ds_id, dropped = result.dataset.id, result.duplicates_dropped
             blank = result.blank_lines_skipped

@@ -597,6 +597,30 @@ def test_an_upload_whose_prompts_all_went_to_eval_says_a_train_job_cannot_use_it
         assert ("a train job cannot train on this dataset" in status) is warned, status
 
 
+def test_a_bad_split_seed_is_named_beside_the_files_own_problems(settings, admin, tmp_path,
+                                                                monkeypatch):
+    """Split seed 1.5 was the whole message, and a NUL in the file came up only once the
+    seed was fixed; the API's 422 lists both, and so does the page. Nothing is imported."""
+    from app.db import session_scope
+    from app.services import datasets as svc
+    from app.ui import datasets
+
+    folder = tmp_path / "gradio-uploads"
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(folder))
+    made = folder / "nul" / "nul.txt"
+    made.parent.mkdir(parents=True)
+    made.write_bytes(b"a red fox\nan \x00owl\n")
+    status, *_ = datasets.upload(_token(admin), str(made), "", 0.0, 1.5)
+    assert 'id="dataset-error"' in status
+    assert "Split seed: a whole number" in status and "nul.txt: line 2" in status, status
+    made.parent.mkdir(parents=True)
+    made.write_bytes(b"a red fox\n")  # a good file: the seed's problem alone
+    status, *_ = datasets.upload(_token(admin), str(made), "", 0.0, 1.5)
+    assert "Split seed: a whole number" in status and "nul.txt" not in status, status
+    with session_scope() as s:
+        assert svc.list_datasets(s, limit=5)[1] == 0
+
+
 def test_the_rollouts_job_picker_lists_only_jobs_that_sample(settings, admin):
     """A fit_preference job has no rollout groups: picking it could only show nothing."""
     from app.db import session_scope
