@@ -209,9 +209,9 @@ class EvaluateConfig(SamplingConfig):
         "eval", description="The dataset's split evaluated: 'train', 'eval' or 'all'; read "
         "only with dataset_id and no prompts.")
     prompts: list[str] = Field(default_factory=list, max_length=MAX_CONFIG_PROMPTS,
-                               description="Distinct prompts to evaluate, in order; given, "
-                               "they win over dataset_id (which wins over the shapes world's "
-                               "48 prompts).")
+                               description="Distinct prompts to evaluate, in order (whitespace "
+                               "normalised as an upload's); empty: dataset_id's, else the "
+                               "shapes world's 48 prompts. Not both prompts and a dataset.")
     max_prompts: int | None = Field(None, ge=1, le=100_000, description="Evaluate only the "
                                     "first N of the prompts chosen (prompts, else the dataset "
                                     "split in upload order, else the 48 shapes prompts); "
@@ -233,15 +233,15 @@ class EvaluateConfig(SamplingConfig):
                                     "jpeg_compressibility for flux / sd3. Each one's mean is "
                                     "stored on the checkpoint.")
 
-    @field_validator("seeds", "prompts")
+    @field_validator("seeds")
     @classmethod
-    def _no_repeats(cls, values: list, info: ValidationInfo) -> list:
+    def _no_repeats(cls, values: list) -> list:
         # a repeated (prompt, seed) is the same image again: it counted twice in the reward
-        # means stored on the checkpoints (the leaderboard's)
+        # means stored on the checkpoints (the leaderboard's). A repeated prompt: the rule
+        # every kind that takes prompts shares (app.services.jobs.repeated_prompts_problem)
         if repeated := sorted(v for v, n in Counter(values).items() if n > 1):
-            what = "seed" if info.field_name == "seeds" else "prompt"
             raise PydanticCustomError("repeated", "{message}", {
-                "message": f"must not repeat a {what}: {repeated[:5]}"})
+                "message": f"must not repeat a seed: {repeated[:5]}"})
         return values
 
 

@@ -568,15 +568,22 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
         if "reward_server_url" not in bad and self.reward_server_url:
             out += reward_server_problems(self.reward_server_url, self.reward_model_paths)
         if "report_to" not in bad:
-            from trainer.tracking import report_to_problems
+            from trainer.tracking import report_to_problems, split_names
 
             out += [ConfigError("report_to", m) for m in report_to_problems(self.report_to)]
+            # "wandb,tensorboard,wandb" opened one W&B run and stored the repeat: refused, as
+            # a repeated reward or prompt is (split_names: case and spaces do not count)
+            names = split_names(self.report_to) if isinstance(self.report_to, str) else []
+            if repeated := [n for n in dict.fromkeys(names) if names.count(n) > 1]:
+                out.append(ConfigError("report_to", f"must not repeat a tracker: {repeated}"))
         out += self._model_problems(bad)
         if "prompts" not in bad and not all(isinstance(p, str) for p in self.prompts):
             out.append(ConfigError("prompts", "must be a list of strings"))
         elif "prompts" not in bad:
             texts = {i: prompt_text_problem(p) for i, p in enumerate(self.prompts)}
-            if problems := [f"prompt {i}: {problem}" for i, problem in texts.items() if problem]:
+            # numbered from 1, as an upload's items and a prompts file's lines are
+            if problems := [f"prompt {i + 1}: {problem}" for i, problem in texts.items()
+                            if problem]:
                 out.append(ConfigError("prompts", "; ".join(problems[:5])
                                        + (f"; and {len(problems) - 5} more"
                                           if len(problems) > 5 else "")))

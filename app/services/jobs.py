@@ -61,7 +61,7 @@ from app.models import (
 from app.queue import broker_unreachable
 from app.schemas import validation_message
 from app.services import auth, checkpoints, storage, workers
-from app.services.datasets import prompt_texts
+from app.services.datasets import normalise, prompt_texts
 from trainer.config import prompt_text_problem, resolution_problem
 from trainer.shapes.world import shapes_prompt_problem
 
@@ -152,13 +152,19 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
     if isinstance(given, list) and len(given) > MAX_CONFIG_PROMPTS and "prompts" not in malformed:
         problems.append(("prompts", f"at most {MAX_CONFIG_PROMPTS} prompts in a config, got "
                                     f"{len(given)}; upload more as a dataset (dataset_id)"))
-    for i, prompt in enumerate(given if isinstance(given, list) else []):
+    # numbered from 1, as an upload's items and lines are (the field stays `prompts`)
+    for number, prompt in enumerate(given if isinstance(given, list) else [], 1):
         if isinstance(prompt, str) and len(prompt) > limit:
-            problems.append(("prompts", f"prompt {i} has {len(prompt)} characters; the limit "
-                                        f"is {limit} (MAX_PROMPT_LENGTH)"))
-    for i, prompt in enumerate(out.get("prompts") or []):
+            problems.append(("prompts", f"prompt {number} has {len(prompt)} characters; the "
+                                        f"limit is {limit} (MAX_PROMPT_LENGTH)"))
+    for number, prompt in enumerate(out.get("prompts") or [], 1):
         if isinstance(prompt, str) and (problem := prompt_text_problem(prompt)) is not None:
-            problems.append(("prompts", f"prompt {i}: {problem}"))
+            problems.append(("prompts", f"prompt {number}: {problem}"))
+    # the prompts as given, even beside another problem with them (a NUL in one, a value
+    # that is no text): a repeat is named in the same 422
+    if _takes_field(kind, "prompts") and isinstance(given, list) \
+            and (problem := repeated_prompts_problem(given)) is not None:
+        problems.append(("prompts", problem))
     known = reward_names()
     for name in out.get("reward_names") or []:
         if name not in known:
@@ -251,9 +257,8 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
     # another check refused them (a repeated one): what the model cannot draw comes in the
     # same 422. A prompt that is no text (NUL, ...) has its own error; it is left out here,
     # as are the prompts of a kind that takes none (an unknown field, said already).
-    takes_prompts = (cfg := KINDS[kind].config) is not None and "prompts" in cfg.model_fields
-    if takes_prompts and isinstance(given, list) and all(isinstance(p, str) for p in given) \
-            and (problem := _drawable_problem(model, [
+    if kind != "train" and _takes_field(kind, "prompts") and isinstance(given, list) \
+            and all(isinstance(p, str) for p in given) and (problem := _drawable_problem(model, [
                 p for p in given if prompt_text_problem(p) is None])):
         problems.append(("prompts", problem))
     if out.get("checkpoint_id") is not None:
@@ -550,10 +555,8 @@ def _training_dataset_problems(session: Session, dataset_id: int, config: dict[s
     the job starts): it must have some, the config must not give prompts of its own, and the
     shapes model must be able to draw them."""
     out: Problems = []
-    if config.get("prompts"):
-        out.append(("dataset_id", "a dataset and config.prompts both give training prompts; "
-                                  "leave config.prompts empty to train on the dataset, or "
-                                  "give no dataset"))
+    if (problem := prompts_beside_dataset_problem("train", config.get("prompts"))) is not None:
+        out.append(("dataset_id", problem))
         return out
     texts = prompt_texts(session, dataset_id, "train")
     if not texts:
@@ -562,6 +565,63 @@ def _training_dataset_problems(session: Session, dataset_id: int, config: dict[s
     elif problem := _drawable_problem(config.get("model"), texts, f"dataset {dataset_id}"):
         out.append(("dataset_id", problem))
     return out
+
+
+def _takes_field(kind: str, name: str) -> bool:
+    """Whether a `kind` job's config has the field `name` (a train job's: TrainConfig's)."""
+    from trainer.config import TrainConfig
+
+    model = KINDS[kind].config
+    return name in (TrainConfig.__dataclass_fields__ if model is None else model.model_fields)
+
+
+def normalise_config_prompts(config: dict[str, Any]) -> None:
+    """A config's `prompts` normalised in place as an upload's are (datasets.normalise: runs
+    of whitespace collapsed, the ends stripped), so a config and a dataset give a worker the
+    same text for the same prompt, and a repeat is found the way an upload drops one. What
+    is not a string is left for the config's own type check to name."""
+    prompts = config.get("prompts")
+    if isinstance(prompts, list):
+        config["prompts"] = [normalise(p) if isinstance(p, str) else p for p in prompts]
+
+
+def _position_list(numbers: list[int]) -> str:
+    return f"{', '.join(map(str, numbers[:-1]))} and {numbers[-1]}"
+
+
+def repeated_prompts_problem(prompts: list[Any]) -> str | None:
+    """The rule for every kind that takes `prompts`: no prompt twice (after normalising, as
+    an upload drops a repeat; `prompts` are normalised already). A repeated prompt is trained
+    on twice as often, or, evaluated, counted twice in the reward means stored on the
+    checkpoints. Each repeat is named with its positions, numbered from 1; a prompt that is
+    no text, or blank, has its own error and is left out here."""
+    positions: dict[str, list[int]] = {}
+    for number, prompt in enumerate(prompts, 1):
+        if isinstance(prompt, str) and prompt_text_problem(prompt) is None:
+            positions.setdefault(prompt, []).append(number)
+    repeats = [(text, numbers) for text, numbers in positions.items() if len(numbers) > 1]
+    if not repeats:
+        return None
+    shown = 5  # as the text problems are cut: a message, not a copy of the config
+    said = "; ".join(f"{text[:80]!r}{'...' if len(text) > 80 else ''} (prompts "
+                     f"{_position_list(numbers)})" for text, numbers in repeats[:shown])
+    more = f"; and {len(repeats) - shown} more" if len(repeats) > shown else ""
+    return f"must not repeat a prompt: {said}{more}"
+
+
+# what a kind does with its prompts, for the message that refuses two sources of them
+_PROMPT_USE = {"train": ("training", "train on"), "evaluate": ("evaluation", "evaluate")}
+
+
+def prompts_beside_dataset_problem(kind: str, prompts: Any) -> str | None:
+    """The rule for every kind that takes both a dataset and `prompts`: not both. A dataset
+    the job would not read still holds it against deletion while the job is queued, and
+    which of the two the job samples is not for the reader of its config to guess."""
+    if not (isinstance(prompts, list) and prompts):
+        return None
+    noun, verb = _PROMPT_USE.get(kind, (kind, f"run the {kind} job on"))
+    return (f"a dataset and config.prompts both give {noun} prompts; leave config.prompts "
+            f"empty to {verb} the dataset, or give no dataset")
 
 
 def _drawable_problem(model: Any, texts: list[str], source: str = "") -> str | None:
@@ -624,6 +684,8 @@ def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
             # the request's dataset is the one the kind samples when its config names none
             config["dataset_id"] = dataset_id
     problems: Problems = []  # the config's
+    if _takes_field(kind, "prompts"):
+        normalise_config_prompts(config)
     # text no database holds, in any field's value (prompts: their own rule says so)
     problems += [(key, f"holds a lone surrogate escape (U+{ord(half):04X}), which is not text")
                  for key, value in config.items()
@@ -640,6 +702,16 @@ def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
         top.append(("dataset_id", f"dataset {dataset_id} not found"))
     elif dataset_id is not None and kind == "train":
         top += _training_dataset_problems(session, dataset_id, out, problems)
+    elif kind != "train" and _takes_field(kind, "dataset_id") and _takes_field(kind, "prompts"):
+        ds_id = out.get("dataset_id")
+        # as a train job's rule (_training_dataset_problems): a dataset that is missing or
+        # malformed has its own error, said alone
+        if isinstance(ds_id, int) and not isinstance(ds_id, bool) and 1 <= ds_id <= MAX_ID \
+                and "dataset_id" not in {f for f, _ in problems} \
+                and session.get(Dataset, ds_id) is not None \
+                and (problem := prompts_beside_dataset_problem(kind, out.get("prompts"))):
+            # the request's field when the request gave the dataset, else the config's
+            (top if dataset_id is not None else problems).append(("dataset_id", problem))
     if kind == "train" and isinstance(out.get("model"), str):
         from trainer.config import missing_prompts_problem
 

@@ -27,8 +27,11 @@ def test_nan_in_a_refused_body_field_is_a_422_naming_it(client, admin, annotator
              ' "outcome": "a", "latency_ms": NaN}', annotator)
     assert r.status_code == 422, r.text
     assert r.json()["field"] == "latency_ms"
-    assert _errors(r) == {"latency_ms": "must be a finite number"}
-    assert r.json()["detail"] == "latency_ms: must be a finite number"
+    # and the pair's own problem beside it (no samples exist here)
+    assert _errors(r) == {"latency_ms": "must be a finite number",
+                          "sample_a_id": "sample 1 not found",
+                          "sample_b_id": "sample 2 not found"}
+    assert r.json()["detail"].startswith("latency_ms: must be a finite number; ")
 
     r = _raw(client, "/api/jobs", '{"kind": "train", "dataset_id": NaN}', admin)
     assert r.status_code == 422, r.text
@@ -495,7 +498,9 @@ def test_nul_characters_are_refused_naming_the_field(client, admin, annotator, s
                                             "sample_b_id": 2, "outcome": "a",
                                             field: "x\u0000y"}, headers=annotator)
         assert r.status_code == 422, r.text
-        assert _errors(r) == {field: "must not contain NUL characters"}
+        assert _errors(r) == {field: "must not contain NUL characters",
+                              "sample_a_id": "sample 1 not found",
+                              "sample_b_id": "sample 2 not found"}
     r = client.get("/api/rollouts", params={"prompt": "a\x00b"}, headers=annotator)
     assert r.status_code == 422, r.text
     assert r.json() == {"detail": "prompt: must not contain NUL characters", "field": "prompt",
@@ -753,8 +758,9 @@ def test_prompts_with_controls_or_direction_overrides_are_refused_everywhere(cli
         "prompts": ["two blue squares", "x\x07y", "\u2066three\u2069"]}}, headers=admin)
     assert r.status_code == 422, r.text
     message = _errors(r)["prompts"]
-    assert "prompt 1: prompt contains control" in message and "U+0007" in message
-    assert "prompt 2:" in message and "U+2066" in message and "prompt 0" not in message
+    # numbered from 1, as an upload's lines and items are
+    assert "prompt 2: prompt contains control" in message and "U+0007" in message
+    assert "prompt 3:" in message and "U+2066" in message and "prompt 1" not in message
 
     problems = TrainConfig(prompts=["a\x1bb"]).problems()
     assert [p.field for p in problems] == ["prompts"] and "U+001B" in problems[0].message
@@ -857,7 +863,7 @@ def test_text_utf8_cannot_hold_is_named_not_a_500(client, admin, annotator):
     r = _raw(client, "/api/jobs", '{"kind": "train", "preset": "tiny", "config": {"prompts": '
              '["one red circle\\ud800"], "reward_weights": {"count\\udc00": 1}}}', admin)
     assert r.status_code == 422, r.text
-    assert "prompt 0: prompt contains lone surrogate escapes (U+D800)" in _errors(r)["prompts"]
+    assert "prompt 1: prompt contains lone surrogate escapes (U+D800)" in _errors(r)["prompts"]
     assert "holds a lone surrogate escape (U+DC00)" in r.text
     assert client.get("/api/jobs", headers=admin).json()["total"] == 0
     # in an upload's prompts or metadata: the line named, nothing stored (an upload's

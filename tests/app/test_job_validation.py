@@ -288,7 +288,7 @@ def test_long_and_blank_prompts_are_422_with_the_upload_limit(client, admin, set
     limit = settings.max_prompt_length
     r = _post(client, admin, "train", {"prompts": ["x" * 100_000, "ok"]}, "tiny")
     assert r.status_code == 422 and set(_fields(r)) == {"prompts"}
-    assert str(limit) in r.text and "prompt 0" in r.text
+    assert str(limit) in r.text and "prompt 1 has" in r.text  # numbered from 1, as uploads
     at_limit = "one" + " " * (limit - len("one") - len("red circle")) + "red circle"
     r = _post(client, admin, "train", {"prompts": [at_limit]}, "tiny")
     assert r.status_code == 201, r.text
@@ -304,7 +304,8 @@ def test_a_config_lists_at_most_max_config_prompts(client, admin, session):
     before = _job_count(session)
     many = ["one red circle"] * (MAX_CONFIG_PROMPTS + 1)
     r = _post(client, admin, "train", {"prompts": many}, "tiny")
-    assert r.status_code == 422 and _fields(r) == ["prompts"] and "upload" in r.text
+    # (the list repeats one prompt, which is named too: every problem at once)
+    assert r.status_code == 422 and set(_fields(r)) == {"prompts"} and "upload" in r.text
     r = _post(client, admin, "evaluate", {"checkpoint_ids": [1], "prompts": many})
     assert r.status_code == 422 and "prompts" in _fields(r)
     assert _job_count(session) == before
@@ -391,7 +392,7 @@ def test_evaluate_needs_distinct_existing_checkpoints(client, admin, session):
                                           "prompts": ["one red circle", "one red circle"]})
     assert r.status_code == 422 and _errors(r) == {
         "seeds": "must not repeat a seed: [0]",
-        "prompts": "must not repeat a prompt: ['one red circle']"}, r.text
+        "prompts": "must not repeat a prompt: 'one red circle' (prompts 1 and 2)"}, r.text
 
 
 def test_cuda_is_checked_against_what_live_workers_report(client, admin, session):
@@ -900,7 +901,7 @@ def test_a_prompt_with_a_nul_does_not_hide_another_the_shapes_model_cannot_draw(
     assert r.status_code == 422, r.text
     messages = [e["message"] for e in r.json()["errors"] if e["field"] == "prompts"]
     assert len(messages) == 2, r.text
-    assert messages[0] == "prompt 0: prompt contains NUL (U+0000)", r.text
+    assert messages[0] == "prompt 1: prompt contains NUL (U+0000)", r.text
     assert "draws only shapes prompts" in messages[1], r.text
     assert "'one red\\u200bcircle'" in messages[1] and "circle\\x00" not in messages[1], r.text
 
@@ -919,7 +920,7 @@ def test_a_repeated_prompt_does_not_hide_one_the_shapes_model_cannot_draw(client
         assert len(messages) == 1 and "draws only" not in messages[0], r.text
         return
     assert len(messages) == 2, r.text
-    assert messages[0] == "must not repeat a prompt: ['a cat']", r.text
+    assert messages[0] == "must not repeat a prompt: 'a cat' (prompts 1 and 2)", r.text
     assert "draws only shapes prompts" in messages[1] and "2 of 2" in messages[1], r.text
 
 
