@@ -584,7 +584,8 @@ def test_the_command_line_serves_and_refuses_unknown_rewards(tmp_path):
         port = sock.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     bad = subprocess.run([sys.executable, "-m", "trainer.rewards.serve", "--rewards",
-                          "count,nope"], capture_output=True, text=True, env=env, timeout=120)
+                          "count,nope", "--port", "0"], capture_output=True, text=True, env=env,
+                         timeout=120)
     assert bad.returncode == 2 and "unknown reward 'nope'" in bad.stderr
     proc = subprocess.Popen([sys.executable, "-m", "trainer.rewards.serve", "--rewards",
                              "count,jpeg_compressibility", "--port", str(port), "--device",
@@ -609,6 +610,24 @@ def test_the_command_line_serves_and_refuses_unknown_rewards(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_port_another_process_holds_is_one_line_before_any_reward_loads(capsys):
+    """uvicorn's own error and exit code 3 came only once every reward model had loaded
+    (minutes for HPSv2): the port is bound first. hpsv2 has no weights here, so its error
+    would show if loading came first."""
+    from trainer.rewards.serve import main
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        with pytest.raises(SystemExit) as stopped:
+            main(["--rewards", "hpsv2", "--port", str(port), "--device", "cpu"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port} (--host/--port)" in err, err
+    assert "Choose another --port" in err and "hpsv2" not in err
 
 
 def test_zero_size_images_are_422_not_500(server):

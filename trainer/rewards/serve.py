@@ -44,6 +44,7 @@ import json
 import logging
 import math
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable
@@ -706,6 +707,14 @@ def main(argv: list[str] | None = None) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import uvicorn
 
+    # the port first: one taken by another process was uvicorn's error and exit code 3, and
+    # only after every reward model had loaded (minutes for HPSv2's ViT-H)
+    try:
+        listening = listening_socket(args.host, args.port)
+    except OSError as exc:
+        parser.exit(2, f"reward server: cannot listen on {args.host}:{args.port} "
+                       f"(--host/--port): {exc.strerror or exc}; is another server on it? "
+                       "Choose another --port, or 0 for any free one\n")
     try:
         # a device this machine lacks is one line, as the trainer's CLI says it, before any
         # reward model loads
@@ -716,8 +725,26 @@ def main(argv: list[str] | None = None) -> None:
                          max_request_bytes=args.max_request_mb * 2**20,
                          max_images=args.max_images)
     except (ValueError, FileNotFoundError) as exc:  # RewardWeightsMissing is one
+        listening.close()
         parser.exit(2, f"reward server: {exc}\n")
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.Server(uvicorn.Config(app, log_level=args.log_level)).run(sockets=[listening])
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (host, port) and listening, as uvicorn would bind it (address
+    reuse on, so a restart does not wait out TIME_WAIT); OSError when the port is taken or
+    the address is not this machine's."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 if __name__ == "__main__":
