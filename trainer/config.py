@@ -632,16 +632,17 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
             out.append(ConfigError("model_path", f"must be empty for model {self.model!r} "
                                    "(its weights come from base_checkpoint)"))
         if self.model == "shapes":  # the built-in tiny model's limits; a registered one's own
-            if self.finetune != "full":
+            # (a field whose value is itself wrong is named once, by its own problem)
+            if "finetune" not in bad and self.finetune != "full":
                 out.append(ConfigError("finetune", f"model {self.model!r} trains in full only; "
                                        "'lora' is for flux and sd3"))
-            if self.torch_compile:
+            if "torch_compile" not in bad and self.torch_compile:
                 out.append(ConfigError("torch_compile", f"model {self.model!r} is not "
                                        "compiled (too small to gain); it is for flux and sd3"))
-            if self.gradient_checkpointing:
+            if "gradient_checkpointing" not in bad and self.gradient_checkpointing:
                 out.append(ConfigError("gradient_checkpointing", f"model {self.model!r} keeps "
                                        "its activations (a few MB); it is for flux and sd3"))
-            if self.mixed_precision == "bf16":
+            if "mixed_precision" not in bad and self.mixed_precision == "bf16":
                 out.append(ConfigError("mixed_precision", f"model {self.model!r} trains in "
                                        "fp32; use 'auto' or 'no' ('bf16' is for flux and sd3)"))
         elif "eval_every" not in bad and self.eval_every:
@@ -651,14 +652,15 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
         if "resolution" not in bad and (
                 problem := resolution_problem(self.model, self.resolution)) is not None:
             out.append(ConfigError("resolution", problem))
-        if "gradient_checkpointing_fraction" not in bad and (
+        if not {"gradient_checkpointing_fraction", "gradient_checkpointing"} & bad and (
                 self.gradient_checkpointing_fraction < 1.0 and not self.gradient_checkpointing
                 or self.gradient_checkpointing_fraction <= 0.0):
             out.append(ConfigError("gradient_checkpointing_fraction", "must be above 0 (no "
                                    "checkpointing is gradient_checkpointing false) and below 1 "
                                    "only with gradient_checkpointing true, got "
                                    f"{self.gradient_checkpointing_fraction}"))
-        if self.parallelism == "fsdp" and self.finetune != "full":
+        if not {"parallelism", "finetune"} & bad and self.parallelism == "fsdp" \
+                and self.finetune != "full":
             out.append(ConfigError("parallelism", "'fsdp' shards full fine-tuning; LoRA "
                                    "trains with 'ddp' (its adapters are small, and the "
                                    "frozen bf16 base and fp32 adapters cannot share a shard)"))

@@ -141,3 +141,12 @@ def test_the_rollouts_record_how_each_method_samples():
     assert TrainConfig.from_dict(PRESETS["sde-baseline"]).rollout_sampler() == ("sde", 1.0)
     assert TrainConfig.from_dict({"method": "neighbor", "rollout_solver": "euler"}
                                  ).rollout_sampler() == ("euler", 0.3)
+
+
+@pytest.mark.parametrize("field,value", [("torch_compile", 1), ("gradient_checkpointing", "yes"),
+                                         ("finetune", "half"), ("mixed_precision", "fp8")])
+def test_a_value_of_the_wrong_type_is_named_once(field, value):
+    """`torch_compile=1` was two errors: its type, and "model 'shapes' is not compiled" as
+    if the value had been taken; a field whose value is itself wrong is named by that alone."""
+    problems = TrainConfig(**{**PRESETS["tiny"], field: value}).problems()
+    assert [p.field for p in problems] == [field], problems
