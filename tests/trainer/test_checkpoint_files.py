@@ -186,3 +186,19 @@ def test_a_resume_places_each_optimizer_tensor_before_reading_the_next(tmp_path)
     assert sorted(state["state"]) == [0, 1, 2]
     assert torch.equal(state["state"][1]["exp_avg"], moments["state.1.exp_avg"][:2])
     assert float(state["state"][0]["step"]) == 5.0
+
+
+def test_a_file_of_another_format_is_named_by_its_format_not_its_metadata(tmp_path):
+    """A preference model given where a shapes checkpoint goes printed its whole metadata (a
+    kilobyte of JSON) in the error."""
+    from safetensors.torch import save_file
+
+    from trainer.models.shapes_dit import checkpoint_config
+
+    path = tmp_path / "pref.safetensors"
+    save_file({"w": torch.zeros(1)}, str(path),
+              metadata={"format": "preference-model", "config": "x" * 1000})
+    with pytest.raises(ValueError) as refused:
+        checkpoint_config(path)
+    message = str(refused.value)
+    assert "its format is 'preference-model'" in message and len(message) < 200 + len(str(path))

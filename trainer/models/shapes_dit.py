@@ -222,7 +222,9 @@ def checkpoint_config(path: str | Path) -> ShapesDiTConfig:
     with safe_open(str(path), framework="pt") as f:
         metadata = f.metadata() or {}
     if metadata.get("format") != "shapes-dit":
-        raise ValueError(f"{path} is not a shapes-dit checkpoint (metadata {metadata})")
+        # the format, not the whole metadata (a preference model's is a kilobyte of JSON)
+        raise ValueError(f"{path} is not a shapes-dit checkpoint (its format is "
+                         f"{metadata.get('format')!r})")
     return ShapesDiTConfig(**{**LEGACY_CONFIG, **json.loads(metadata["config"])})
 
 
