@@ -60,6 +60,38 @@ def positive_int(text: str) -> int:
     return value
 
 
+def _field_max(name: str) -> int:
+    """TrainConfig field `name`'s upper bound (its metadata's "max")."""
+    import dataclasses
+
+    return next(f.metadata["max"] for f in dataclasses.fields(TrainConfig) if f.name == name)
+
+
+# sample's and evaluate's --steps: at most rollout_steps' bound (TrainConfig's and the studio's
+# evaluate job's, 1000): `--steps 100000` ran on for hours. At least 1, as before (Euler takes
+# one step; rollout_steps' 2 is the training's need for a step to sample a neighbour at).
+MAX_SOLVER_STEPS = _field_max("rollout_steps")
+# sample's and evaluate's --seeds: the studio's evaluate job takes at most 1000 seeds
+# (app/job_kinds.py EvaluateConfig.seeds, max_length); `--seeds 100000000` was killed for
+# memory before the first image
+MAX_SEEDS = 1000
+
+
+def _bounded_count(maximum: int, whose: str) -> Callable[[str], int]:
+    """An argparse type: an integer in [1, maximum], `whose` bound it is said to be."""
+    def count(text: str) -> int:
+        value = positive_int(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be an integer in [1, {maximum}] ({whose}), "
+                                             f"got {text!r}")
+        return value
+    return count
+
+
+solver_steps = _bounded_count(MAX_SOLVER_STEPS, "rollout_steps' bound")
+seed_count = _bounded_count(MAX_SEEDS, "the studio's evaluate job's bound")
+
+
 def non_negative_int(text: str) -> int:
     """An integer >= 0: a seed, or a count where 0 means "none" (save_every, pool_size)."""
     value = _number(text, int)
@@ -130,7 +162,7 @@ def available_device(name: str, field_name: str = "device") -> torch.device:
     return device
 
 
-def _out_path(path: str, *, directory: bool, field_name: str = "out") -> Path:
+def _out_path(path: str, *, directory: bool, field_name: str = "--out") -> Path:
     """--out checked before any work: a directory to make (or a file to write, `directory`
     False) where a file (a directory) is not already in the way, and whose nearest existing
     parent is a directory; mkdir and open would otherwise fail after the model has run."""
@@ -154,6 +186,9 @@ def _parse_overrides(pairs: list[str]) -> dict:
             raise ConfigError("--set", f"{pair!r}: must look like key=value (a config "
                               "field's name, then its value as JSON or text)")
         key, value = pair.split("=", 1)
+        if not key.strip():  # "=3" was "unknown field" with nothing named
+            raise ConfigError(f"--set {pair}", "give KEY=VALUE (a config field's name, then "
+                              "its value as JSON or text)")
         try:
             out[key] = loads_strict(value)
         except RepeatedKeyError as exc:  # JSON all the same: which value was meant?
@@ -202,11 +237,25 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
     except ConfigError as exc:
         # the option the user gave
         problems.append(ConfigError("--config", exc.message) if exc.field == "config" else exc)
+    # an unknown field (a --set or config file key) lists the fields, as fit-preference's
+    # --set does: "unknown field" alone left the user to read trainer/config.py
+    if any(e.message.startswith("unknown field") for e in problems):
+        import dataclasses
+
+        fields = ", ".join(f.name for f in dataclasses.fields(TrainConfig))
+        problems = [ConfigError(e.field, f"{e.message}; the fields are {fields}")
+                    if e.message.startswith("unknown field") else e for e in problems]
     if not problems and config is not None:
         if saved is None and spec in PRESETS:
             config = _without_studio_fields(config, spec)
         return config
     from trainer.models import model_dir_problem, uses_model_directory
+
+    # cmd_train's weights file checks, said now too, with the fields they read as far as
+    # they are valid (a bad model or LoRA field: the files are judged by the model alone)
+    fields = config.to_dict() if config is not None else overrides
+    problems += _weights_file_problems(fields, fits_run=config is not None)
+    problems = _prompts_file_named(args, problems)
 
     if config is not None:  # the preset's model (flux-lora) when the overrides name none
         model, model_path = config.model, config.model_path
@@ -311,6 +360,82 @@ def _given_fields(args: argparse.Namespace) -> dict[str, str]:
     return given
 
 
+def _prompts_file_named(args: argparse.Namespace, problems: list[ConfigError]
+                        ) -> list[ConfigError]:
+    """`problems` with those of field 'prompts' naming --prompts-file when the prompts came
+    from it: the user typed the flag, and "config field 'prompts'" named nothing they gave."""
+    if not getattr(args, "prompts_file", None):
+        return problems
+    return [ConfigError("--prompts-file", e.message) if e.field == "prompts" else e
+            for e in problems]
+
+
+def _weights_file_problems(fields: dict[str, Any], *, fits_run: bool = True,
+                           resumed: bool = False) -> list[ConfigError]:
+    """Why the base_checkpoint and preference_model files a train config names cannot be
+    loaded, from their headers alone, as the studio's job submission checks them (a text
+    file or a truncated one failed inside safetensors, with a traceback, after the model had
+    started loading). `fits_run`: the model and LoRA fields are valid, so a flux / sd3
+    checkpoint is held against the run's adapters too. `resumed`: the paths are the saved
+    run's."""
+    from trainer.models import (
+        SHAPES_WEIGHTS,
+        ModelSpec,
+        base_checkpoint_problem,
+        model_names,
+        uses_model_directory,
+        weights_problem,
+    )
+
+    problems: list[ConfigError] = []
+    model, base = fields.get("model", "shapes"), fields.get("base_checkpoint", "")
+    if isinstance(model, str) and model in model_names() and isinstance(base, str) \
+            and base.strip():
+        if uses_model_directory(model):
+            spec = ModelSpec.from_config(fields) if fits_run else ModelSpec(name=model)
+            problem = base_checkpoint_problem(spec, base, fits_run=fits_run)
+        else:
+            # the loader takes a checkpoint directory's model.safetensors too
+            weights = Path(base) / SHAPES_WEIGHTS if Path(base).is_dir() else Path(base)
+            problem = (base_checkpoint_problem(ModelSpec(name=model), weights)
+                       if weights.is_file() else
+                       f"{weights} is not a file; give a {SHAPES_WEIGHTS} (a checkpoint's, or "
+                       "train-base's base.safetensors), or leave base_checkpoint out for the "
+                       "shipped base")
+        if problem is not None:
+            problems.append(ConfigError("base_checkpoint", problem))
+    weights_of = fields.get("reward_weights")
+    preference = fields.get("preference_model", "")
+    if isinstance(weights_of, dict) and "preference" in weights_of \
+            and isinstance(preference, str):
+        if not Path(preference).is_file():
+            # a run stored before paths were kept absolute holds it as typed
+            where = ("; the run stores it relative to the directory it was started in: resume "
+                     "from there" if resumed and preference and not Path(preference).is_absolute()
+                     else "")
+            problem = ("reward 'preference' needs the path of a fitted preference model "
+                       f"(safetensors); {preference!r} is not a file{where}")
+        else:
+            problem = weights_problem("preference", preference,
+                                      weight_format="preference-model")
+        if problem is not None:
+            problems.append(ConfigError("preference_model", problem))
+    return problems
+
+
+def _damaged_checkpoint_problem(out: Path) -> ConfigError | None:
+    """Why the newest checkpoint a `--resume` of `out` loads is damaged (a file truncated or
+    emptied, by a full disk or a partial copy), naming it and the way on; None when whole."""
+    from trainer.loop import checkpoint_files_problem, latest_checkpoint
+
+    newest = latest_checkpoint(out / "checkpoints")
+    if newest is None or (problem := checkpoint_files_problem(newest)) is None:
+        return None
+    return ConfigError("--resume", f"the newest checkpoint, {newest.name}, is damaged: "
+                       f"{problem}; delete {newest} to resume from the checkpoint before it "
+                       "(or from the start when there is none)")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from trainer.loop import latest_checkpoint
     from trainer.models import lora_targets_problem, model_dir_problem, uses_model_directory
@@ -326,14 +451,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     # what the Trainer would refuse once the model loads, said now, together, before the run
     # directory is touched: a missing preference model, prompts, and the model directory (a
     # resumed run's is its saved config's), naming the files expected as the API's 422 does
-    problems = []
-    if "preference" in run_config.reward_weights and \
-            not Path(run_config.preference_model).is_file():
-        problems.append(ConfigError("preference_model", "reward 'preference' needs the path of "
-                                    "a fitted preference model (safetensors); "
-                                    f"{run_config.preference_model!r} is not a file"))
-    if (problem := run_config.prompts_problem()) is not None:
+    problems = _weights_file_problems(run_config.to_dict(), resumed=args.resume)
+    if args.resume and (problem := _damaged_checkpoint_problem(out)) is not None:
         problems.append(problem)
+    if (problem := run_config.prompts_problem()) is not None:
+        problems += _prompts_file_named(args, [problem])
     if uses_model_directory(run_config.model) and (
             problem := model_dir_problem(run_config.model, run_config.model_path)) is not None:
         problems.append(ConfigError("model_path", problem))
@@ -369,21 +491,27 @@ VOTE_FIELDS = ("prompt", "outcome", "image_0_path", "image_1_path")
 MAX_LISTED_PROBLEMS = 20  # a file with thousands of bad lines lists the first ones
 
 
-def read_votes(path: Path, images: Path, include_excluded: bool = False) -> list:
+def read_votes(path: Path, images: Path, include_excluded: bool = False,
+               excluded: list[int] | None = None) -> list:
     """PreferencePairs from a JSONL votes file in the studio's export format: image_0 is the
     left image (outcome "a"), image_1 the right; paths relative to `images`; the vote_id, when
     given, is the pair's key (its held-out split is then the studio's). Votes marked excluded
-    are left out, as the studio's fit leaves them out. ValueError listing every bad line, a
+    are left out, as the studio's fit leaves them out (their line numbers appended to
+    `excluded`). ValueError listing every bad line, a
     repeated vote_id's included."""
     import numpy as np
     from PIL import Image
 
+    from trainer.evaluation import decode_lines
     from trainer.rewards.outcomes import OUTCOMES
     from trainer.rewards.preference import PreferencePair
 
     if not path.is_file():
         raise FileNotFoundError(f"--votes: {path} is not a file")
-    pairs, problems = [], []
+    # read as bytes: a line that is not UTF-8 is one more bad line, named with the others
+    # (decoding the whole file raised "'utf-8' codec can't decode ..." naming no file)
+    lines, bad_encoding = decode_lines(path.read_bytes())
+    pairs, problems = [], list(bad_encoding.values())
     decoded: dict[str, np.ndarray] = {}
     vote_lines: dict[str, int] = {}  # vote_id -> the line that first gave it
 
@@ -397,37 +525,43 @@ def read_votes(path: Path, images: Path, include_excluded: bool = False) -> list
                 return None
         return decoded[rel]
 
-    with path.open(encoding="utf-8") as lines:
-        for number, text in enumerate(lines, start=1):
-            if not text.strip():
-                continue
-            try:
-                row = loads_strict(text)
-            except json.JSONDecodeError as exc:
-                problems.append(f"line {number}: not JSON ({exc.msg})")
-                continue
-            if not isinstance(row, dict):
-                problems.append(f"line {number}: not a JSON object")
-                continue
-            if missing := [k for k in VOTE_FIELDS if not isinstance(row.get(k), str)]:
-                problems.append(f"line {number}: needs string fields {', '.join(missing)}")
-                continue
-            if row["outcome"] not in OUTCOMES:
-                problems.append(f"line {number}: outcome must be one of {list(OUTCOMES)}, "
-                                f"got {row['outcome']!r}")
-                continue
-            # a repeated vote_id (two exports concatenated) would put every copy on the same
-            # side of the held-out split by key: all of them might be held out, none trained on
-            key = row.get("vote_id")
-            if key is not None and (first := vote_lines.setdefault(str(key), number)) != number:
-                problems.append(f"line {number}: vote_id {key!r} repeats line {first}'s")
-                continue
-            if row.get("excluded") and not include_excluded:
-                continue
-            a, b = image(row["image_0_path"], number), image(row["image_1_path"], number)
-            if a is not None and b is not None:
-                pairs.append(PreferencePair(a, b, row["prompt"], row["outcome"],
-                                            key=None if key is None else str(key)))
+    for number, text in enumerate(lines, start=1):
+        if not text.strip() or number in bad_encoding:
+            continue
+        try:
+            row = loads_strict(text)
+        except json.JSONDecodeError as exc:
+            problems.append(f"line {number}: not JSON ({exc.msg})")
+            continue
+        if not isinstance(row, dict):
+            problems.append(f"line {number}: not a JSON object")
+            continue
+        if missing := [k for k in VOTE_FIELDS if not isinstance(row.get(k), str)]:
+            problems.append(f"line {number}: needs string fields {', '.join(missing)}")
+            continue
+        if row["outcome"] not in OUTCOMES:
+            problems.append(f"line {number}: outcome must be one of {list(OUTCOMES)}, "
+                            f"got {row['outcome']!r}")
+            continue
+        # a repeated vote_id (two exports concatenated) would put every copy on the same
+        # side of the held-out split by key: all of them might be held out, none trained on
+        key = row.get("vote_id")
+        if key is not None and (first := vote_lines.setdefault(str(key), number)) != number:
+            problems.append(f"line {number}: vote_id {key!r} repeats line {first}'s")
+            continue
+        marked = row.get("excluded", False)
+        if marked is not None and not isinstance(marked, bool):
+            # "yes" or "false" (a string) read as true: the export writes true or false
+            problems.append(f"line {number}: excluded must be true or false, got {marked!r}")
+            continue
+        if marked and not include_excluded:
+            if excluded is not None:
+                excluded.append(number)
+            continue
+        a, b = image(row["image_0_path"], number), image(row["image_1_path"], number)
+        if a is not None and b is not None:
+            pairs.append(PreferencePair(a, b, row["prompt"], row["outcome"],
+                                        key=None if key is None else str(key)))
     if problems:
         more = len(problems) - MAX_LISTED_PROBLEMS
         listed = problems[:MAX_LISTED_PROBLEMS] + ([f"... and {more} more"] if more > 0 else [])
@@ -470,6 +604,23 @@ def _warm_start_model(path: Path, device: str) -> PreferenceModel:
         raise ConfigError(f"--warm-start {path}", f"not a preference model file ({exc})") from None
 
 
+def _warm_start_unused(warm: PreferenceModel, config: Any, pairs: list) -> str | None:
+    """Why a fit of `pairs` with `config` would not start from `warm` (fit_preference_model
+    then fits from scratch without a word), or None when it will."""
+    from trainer.rewards.preference import LABELLED_OUTCOMES, warm_start_problem
+
+    if not config.warm_start_epochs:
+        return ("warm_start_epochs is 0, which fits from scratch: leave --warm-start out, or "
+                "set warm_start_epochs")
+    if problem := warm_start_problem(warm, config):
+        return f"cannot start from it: {problem}"
+    labelled = [pair for pair in pairs if pair.outcome in LABELLED_OUTCOMES]
+    if len(labelled) < 10 or any(pair.key is None for pair in labelled):
+        return ("a warm start needs the held-out votes chosen by vote_id, as before: every "
+                "vote needs its vote_id (the studio's export has them), and 10 or more votes")
+    return None
+
+
 def cmd_fit_preference(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
@@ -492,10 +643,17 @@ def cmd_fit_preference(args: argparse.Namespace) -> int:
         raise ConfigErrors(problems) if len(problems) > 1 else problems[0]
     out = _out_path(args.out, directory=False)
     votes = Path(args.votes)
+    images = Path(args.images) if args.images else votes.parent
+    if not images.is_dir():  # one line, not one per image of every vote
+        raise ConfigError("--images", f"{images} is not a directory (the one the votes' "
+                          "image paths are relative to)")
+    excluded: list[int] = []  # the lines of the votes the file marks excluded, left out
     pairs, unreadable = readable_pairs(
-        read_votes(votes, Path(args.images) if args.images else votes.parent,
-                   args.include_excluded), config.features, votes)
+        read_votes(votes, images, args.include_excluded, excluded), config.features, votes)
     warm = _warm_start_model(Path(args.warm_start), config.device) if args.warm_start else None
+    if warm is not None and (problem := _warm_start_unused(warm, config, pairs)):
+        # asked for, and silently not done: the fit ran from scratch for every epoch
+        raise ConfigError(f"--warm-start {args.warm_start}", problem)
     try:
         model = fit_preference_model(pairs, config, warm_start=warm)
     except ValueError as exc:
@@ -508,6 +666,11 @@ def cmd_fit_preference(args: argparse.Namespace) -> int:
         model.report.votes_total += unreadable
         model.report.votes_ignored = {**model.report.votes_ignored,
                                       "unreadable_images": unreadable}
+    if excluded:
+        # not in the report, as the studio's job never reads them; said, so that a file's
+        # count and the report's can be reconciled
+        print(f"fit-preference: left out {len(excluded)} vote(s) the file marks excluded "
+              "(--include-excluded fits on them)", file=sys.stderr)
     out.parent.mkdir(parents=True, exist_ok=True)
     model.save(out, metadata={"votes_file": str(votes)})
     print(json.dumps({"out": str(out), **asdict(model.report)}))
@@ -543,6 +706,7 @@ def _model_spec(args: argparse.Namespace):
     from trainer.models import (
         ModelSpec,
         checkpoint_spec,
+        model_names,
         resolution_limit_problem,
         uses_model_directory,
     )
@@ -575,6 +739,10 @@ def _model_spec(args: argparse.Namespace):
     if spec.path and (problem := resolution_limit_problem(spec.name, spec.path,
                                                           spec.resolution)) is not None:
         raise ConfigError("--resolution", problem)
+    if args.model_path and not uses_model_directory(spec.name):  # was silently ignored
+        raise ConfigError("--model-path", f"the {spec.name} model takes no --model-path (its "
+                          "weights are the checkpoint's or built in); it is for --model "
+                          f"{' or '.join(n for n in model_names() if uses_model_directory(n))}")
     args.model = spec.name
     return spec
 
@@ -624,10 +792,58 @@ def _check_model_dir(problems: list[ConfigError], spec: Any, args: argparse.Name
         problems.append(ConfigError("--model-path", problem))
 
 
-def cmd_sample(args: argparse.Namespace) -> int:
+def _save_png(image: Any, path: Path) -> None:
+    """One of sample's PNGs (a function of its own: where a test interrupts the writing)."""
     from PIL import Image
 
+    Image.fromarray(image).save(path)
+
+
+def _move_into_place(staging: Path, out: Path) -> None:
+    """The complete sample in `staging` moved to `out`: renamed to it when --out is not there
+    yet (one step), else moved in file by file, manifest.jsonl last, the files moved taken
+    back out if the moving stops (an interrupt there left images listed nowhere)."""
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging.rename(out)
+        return
+    moved: list[Path] = []
+    try:
+        for item in sorted(staging.iterdir(), key=lambda p: p.name == "manifest.jsonl"):
+            moved.append(item.replace(out / item.name))
+    except BaseException:
+        for path in moved:
+            path.unlink(missing_ok=True)
+        raise
+    staging.rmdir()
+
+
+def _sample_into(staging: Path, model: Any, prompts: list[str], args: argparse.Namespace,
+                 batch_size: int, done: list[int]) -> None:
+    """sample's PNGs and manifest.jsonl written in `staging`, a batch at a time: memory holds
+    one batch's images whatever --seeds is (all of them were held until the end). `done`
+    counts the images written, for the interrupt's message."""
+    import itertools
+
     from trainer.evaluation import sample_images
+
+    pairs = itertools.product(prompts, range(args.seeds))  # prompt-major, as before
+    with (staging / "manifest.jsonl").open("w") as manifest:
+        while chunk := list(itertools.islice(pairs, batch_size)):
+            # each image has its own seed's noise: batch by batch, the images are the same
+            images = sample_images(model, [p for p, _ in chunk], [s for _, s in chunk],
+                                   args.solver, args.steps, batch_size=batch_size)
+            for (prompt, seed), image in zip(chunk, images, strict=True):
+                name = f"{done[0]:05d}_seed{seed}.png"
+                _save_png(image, staging / name)
+                manifest.write(json.dumps({"file": name, "prompt": prompt, "seed": seed}) + "\n")
+                done[0] += 1
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    import shutil
+    import uuid
+
     from trainer.models import load_flow_model
 
     problems: list[ConfigError] = []  # every one said at once, before the model loads
@@ -641,16 +857,28 @@ def cmd_sample(args: argparse.Namespace) -> int:
     _check_model_dir(problems, spec, args)
     _raise_problems(problems)
     model = load_flow_model(spec, device=device)
-    pairs = [(p, s) for p in prompts for s in range(args.seeds)]
-    images = sample_images(model, [p for p, _ in pairs], [s for _, s in pairs], args.solver,
-                           args.steps, batch_size=batch_size)
-    out.mkdir(parents=True, exist_ok=True)
-    with (out / "manifest.jsonl").open("w") as manifest:
-        for i, ((prompt, seed), image) in enumerate(zip(pairs, images, strict=True)):
-            name = f"{i:05d}_seed{seed}.png"
-            Image.fromarray(image).save(out / name)
-            manifest.write(json.dumps({"file": name, "prompt": prompt, "seed": seed}) + "\n")
-    print(f"{len(pairs)} images (batches of {batch_size}) and manifest.jsonl in {out}")
+    total = len(prompts) * args.seeds
+    # written in a hidden directory beside --out (in its nearest existing parent: nothing is
+    # made above --out either) and moved into place only when complete: an interrupt or a
+    # failure leaves --out as it was, so the same command runs again (a half-written
+    # sample's manifest.jsonl refused the re-run, its images kept)
+    base = next(p for p in [*out.parents, Path(".")] if p.is_dir())
+    staging = base / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()  # the umask's mode, which --out keeps when renamed (mkdtemp's is 0700)
+    existed = out.exists()
+    done = [0]
+    try:
+        _sample_into(staging, model, prompts, args, batch_size, done)
+        _move_into_place(staging, out)
+    except BaseException as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not _interrupted(exc):
+            raise
+        kept = "left as it was" if existed else "not created"
+        print(f"interrupted after {done[0]} of {total} images: nothing was kept ({out} "
+              f"{kept}); run the command again to sample", file=sys.stderr)
+        return 130
+    print(f"{total} images (batches of {batch_size}) and manifest.jsonl in {out}")
     return 0
 
 
@@ -665,7 +893,9 @@ def _reward_list(args: argparse.Namespace) -> tuple[list[str], Any]:
     from trainer.rewards.remote import prepare_scorer
 
     names = [n.strip() for n in (args.rewards or "").split(",") if n.strip()]
-    if args.rewards and not names:  # "--rewards ," is a slip, not a wish for the defaults
+    # "--rewards ," or "--rewards ''" (an unset shell variable) is a slip, not a wish for the
+    # defaults: they are what leaving --rewards out gives (its default is None, not "")
+    if args.rewards is not None and not names:
         raise ConfigError("--rewards", f"{args.rewards!r} names no reward; known: "
                           f"{reward_names()}")
     if not names:
@@ -717,12 +947,17 @@ def _prompt_list(path: str | None) -> list[str] | None:
 
     if path is None:
         return None
+    if Path(path).is_dir():  # was "does not exist", sending the user to look for a typo
+        raise ConfigError("--prompts-file", f"{path} is a directory, not a file: give the "
+                          "prompts file in it (.txt, .jsonl or .json)")
     if not Path(path).is_file():
         raise ConfigError("--prompts-file", f"{path} does not exist")
     try:
         prompts = read_prompts(path)
-    except ValueError as exc:
+    except ValueError as exc:  # names the file and every bad line
         raise ConfigError("--prompts-file", str(exc)) from None
+    except OSError as exc:  # unreadable (permissions): one line, not a traceback
+        raise ConfigError("--prompts-file", f"{path} cannot be read ({exc.strerror})") from None
     if not prompts:
         raise ConfigError("--prompts-file", f"{path} holds no prompts")
     return prompts
@@ -793,6 +1028,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+# what train-base writes into its --out (and base-stepN.safetensors with --save-every)
+TRAIN_BASE_FILES = ("base.safetensors", "train_base_log.jsonl")
+
+
 def cmd_train_base(args: argparse.Namespace) -> int:
     from trainer.models.shapes_dit import ShapesDiTConfig
     from trainer.shapes.base_training import BaseTrainingConfig, train_base
@@ -813,6 +1052,13 @@ def cmd_train_base(args: argparse.Namespace) -> int:
     if model_config.width % multiple:
         raise ConfigError("--width", f"must be a multiple of {multiple}, got {model_config.width}")
     out = _out_path(args.out, directory=True)
+    # a second train-base there replaced base.safetensors and the log and left the first
+    # run's base-stepN files beside the new ones, as if one run had written them all
+    if found := sorted(p.name for p in out.glob("*") if p.name in TRAIN_BASE_FILES
+                       or re.fullmatch(r"base-step\d+\.safetensors", p.name)):
+        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+        raise ConfigError("--out", f"{out} holds an earlier train-base run ({shown}); give a "
+                          "new --out, or delete it to train there again")
     device = available_device(args.device, "--device")
     path = train_base(out, config, model_config, device=str(device))
     print(f"base checkpoint: {path}")
@@ -832,7 +1078,18 @@ def _fresh_run_directory(base: str) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from trainer.run_dir import RUN_FILES
+
     args.config, args.method, args.set = "shapes-quick-demo", None, []
+    if args.out:
+        # train's refusal said "--resume continues it", a flag demo does not have: each demo
+        # starts a new run, and a given --out that holds one is refused here in demo's words
+        out = _out_path(args.out, directory=True)
+        if found := [name for name in RUN_FILES if (out / name).exists()]:
+            raise ConfigError("--out", f"{out} holds an earlier run ({', '.join(found)}); "
+                              "demo starts a new run each time: give a new --out, or leave "
+                              "--out out (runs/demo, then runs/demo-2, -3 ...); `train --out "
+                              f"{out} --resume` continues that one")
     args.out = args.out or _fresh_run_directory("runs/demo")
     args.resume, args.no_progress = False, False
     return cmd_train(args)
@@ -841,8 +1098,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--solver", choices=["dpm++", "euler"], default="dpm++",
                         help="deterministic ODE solver (default dpm++)")
-    parser.add_argument("--steps", type=positive_int, default=8,
-                        help="solver steps (default 8)")
+    parser.add_argument("--steps", type=solver_steps, default=8,
+                        help=f"solver steps, 1 to {MAX_SOLVER_STEPS} (default 8)")
     parser.add_argument("--device", type=device_name, default="auto", help="cpu, cuda, "
                         "cuda:N or auto (default: cuda if there is one)")
     from trainer.models import model_names  # the registry, torch-free to import
@@ -896,8 +1153,8 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--prompts", required=True, help="prompts file: .txt (one per line), "
                         ".jsonl with a \"prompt\" field, or .json (an array of strings or of "
                         "such objects)")
-    sample.add_argument("--seeds", type=positive_int, default=4,
-                        help="seeds 0..N-1 per prompt (default 4)")
+    sample.add_argument("--seeds", type=seed_count, default=4,
+                        help=f"seeds 0..N-1 per prompt, N at most {MAX_SEEDS} (default 4)")
     sample.add_argument("--out", required=True, help="directory for the PNGs")
     _add_sampling_options(sample)
     sample.set_defaults(func=cmd_sample)
@@ -907,7 +1164,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("evaluate", help=evaluate_help, description=evaluate_help)
     evaluate.add_argument("--checkpoint", help="as for sample; left out: the base model")
     evaluate.add_argument("--out", help="also write the JSON here")
-    evaluate.add_argument("--rewards", default="", help="comma-separated reward names, e.g. "
+    evaluate.add_argument("--rewards", default=None, help="comma-separated reward names, e.g. "
                           "hpsv2,pickscore,clip_score,aesthetic (default: count, exact_count, "
                           "color, shape, combined for shapes; jpeg_compressibility otherwise)")
     evaluate.add_argument("--reward-model-path", action="append", default=[],
@@ -921,8 +1178,8 @@ def build_parser() -> argparse.ArgumentParser:
                           ".jsonl with a \"prompt\" field, or .json (an array of strings or of "
                           "such objects, as HPDv2's test.json); needed for flux and sd3 (default for "
                           "shapes: its 48 prompts)")
-    evaluate.add_argument("--seeds", type=positive_int, default=None,
-                          help="seeds 0..N-1 per prompt (default 20)")
+    evaluate.add_argument("--seeds", type=seed_count, default=None,
+                          help=f"seeds 0..N-1 per prompt, N at most {MAX_SEEDS} (default 20)")
     _add_sampling_options(evaluate)
     evaluate.set_defaults(func=cmd_evaluate)
 

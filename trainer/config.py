@@ -945,7 +945,9 @@ def load_config(spec: str | None, overrides: dict[str, Any] | None = None) -> Tr
     return TrainConfig.from_layers(base, data)
 
 
-PATH_FIELDS = ("model_path", "base_checkpoint")
+# preference_model too: a relative one stored as typed was looked for from the directory a
+# --resume ran in, and the absolute path that named the same file was refused as a change
+PATH_FIELDS = ("model_path", "base_checkpoint", "preference_model")
 
 
 def absolute_paths(config: dict) -> dict:

@@ -3,7 +3,9 @@ any prompts scored with any registered rewards."""
 
 from __future__ import annotations
 
+import codecs
 import json
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,35 +72,91 @@ def stepping(velocity_fn: Callable[..., torch.Tensor], before_step: Callable[[],
     return velocity
 
 
+# the most bad lines or items a prompts file's error lists (then "and N more"), as
+# fit-preference's votes reader and the studio's upload list theirs
+MAX_LISTED_PROBLEMS = 20
+
+
+def listed_problems(problems: list[str]) -> str:
+    """`problems` joined with "; ", the first MAX_LISTED_PROBLEMS and how many more."""
+    more = len(problems) - MAX_LISTED_PROBLEMS
+    return "; ".join(problems[:MAX_LISTED_PROBLEMS] + ([f"... and {more} more"] if more > 0
+                                                        else []))
+
+
+def decode_lines(data: bytes) -> tuple[list[str], dict[int, str]]:
+    """A file's lines (a UTF-8 byte-order mark dropped) and, by line number, a problem for each
+    line that is not UTF-8, worded as the studio's upload words it ("line N: bad encoding (not
+    UTF-8: byte 0xff at offset N)", the offset in the file); such a line comes back with U+FFFD
+    in place of its bad bytes, so that the rest of the file is still read and its own problems
+    named too."""
+    bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        # split as a file opened in text mode splits (\n, \r\n, \r), not as splitlines:
+        # a JSON line may hold a raw U+2028, which splitlines would break the line at
+        lines = re.split(r"\r\n|\r|\n", data[bom:].decode("utf-8"))
+    except UnicodeDecodeError:
+        pass
+    else:
+        return lines[:-1] if lines and lines[-1] == "" else lines, {}
+    lines: list[str] = []
+    bad: dict[int, str] = {}
+    offset = bom
+    for number, raw in enumerate(data[bom:].split(b"\n"), start=1):
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            at = offset + exc.start
+            bad[number] = (f"line {number}: bad encoding (not UTF-8: byte 0x{data[at]:02x} "
+                           f"at offset {at})")
+            lines.append(raw.decode("utf-8", errors="replace"))
+        offset += len(raw) + 1
+    if lines and lines[-1] == "":  # the final newline ends the last line, as splitlines reads it
+        lines.pop()
+    return [line.rstrip("\r") for line in lines], bad
+
+
 def read_prompts(path: str | Path) -> list[str]:
     """The prompts of a file as a user brings it (HPDv2-style): .jsonl, one JSON object per
     line with a "prompt" field (other fields ignored); .json, one array of strings or of such
     objects (HPDv2's test.json, HPSv2's benchmark files); .txt or no suffix, one prompt per
-    line. Blank lines are skipped. ValueError names the line or item of a malformed record,
-    and refuses other formats (a .csv or .parquet read as lines would be garbage prompts)."""
+    line. Blank lines are skipped. ValueError naming the file and every malformed line or item
+    (the first MAX_LISTED_PROBLEMS), a line that is not UTF-8 among them, and refusing other
+    formats (a .csv or .parquet read as lines would be garbage prompts)."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in ("", ".txt", ".jsonl", ".json"):
         raise ValueError(f"{path}: unsupported prompt file {suffix!r}; use .txt (one prompt "
                          "per line), .jsonl (objects with a \"prompt\" field) or .json (an "
                          "array of strings or such objects)")
-    # utf-8-sig: a file saved by Notepad starts with a byte-order mark, which would otherwise
-    # stay in the first prompt ("\ufeffa cat") and be trained and scored on
-    text = path.read_text(encoding="utf-8-sig")
+    # a byte-order mark (a file saved by Notepad) is dropped: it would otherwise stay in the
+    # first prompt ("\ufeffa cat") and be trained and scored on
+    data = path.read_bytes()
+    lines, bad = decode_lines(data)
+    problems = dict(bad)  # by line number: said in file order
     if suffix == ".json":
-        return _json_array_prompts(path, text)
-    lines = text.splitlines()
+        if problems:  # the array is parsed whole: its text with U+FFFD in it would mislead
+            raise ValueError(f"{path}: {listed_problems(list(problems.values()))}")
+        return _json_array_prompts(path, data.decode("utf-8-sig"))
     if suffix != ".jsonl":
+        if problems:
+            raise ValueError(f"{path}: {listed_problems(list(problems.values()))}")
         return [line.strip() for line in lines if line.strip()]
     prompts = []
     for number, line in enumerate(lines, start=1):
-        if not line.strip():
+        if not line.strip() or number in bad:
             continue
         try:
             record = loads_strict(line)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from None
-        prompts.append(_prompt_of(record, f"{path}:{number}"))
+            problems[number] = f"line {number}: not JSON ({exc.msg})"
+            continue
+        try:
+            prompts.append(_prompt_of(record, f"line {number}"))
+        except ValueError as exc:
+            problems[number] = str(exc)
+    if problems:  # every bad line at once, in file order: fixed in one pass, not one a run
+        raise ValueError(f"{path}: {listed_problems([problems[n] for n in sorted(problems)])}")
     return prompts
 
 
@@ -114,12 +172,19 @@ def _json_array_prompts(path: Path, text: str) -> list[str]:
     try:
         items = loads_strict(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}:{exc.lineno}: not JSON ({exc.msg})") from None
+        raise ValueError(f"{path}: line {exc.lineno}: not JSON ({exc.msg})") from None
     if not isinstance(items, list):
         raise ValueError(f"{path}: expected a JSON array of prompts (strings or objects with "
                          f'a "prompt" field), got a {type(items).__name__}')
-    return [_prompt_of(item, f"{path}: item {i}", strings=True)
-            for i, item in enumerate(items, start=1)]
+    prompts, problems = [], []
+    for i, item in enumerate(items, start=1):
+        try:
+            prompts.append(_prompt_of(item, f"item {i}", strings=True))
+        except ValueError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise ValueError(f"{path}: {listed_problems(problems)}")
+    return prompts
 
 
 def evaluate(model: FlowModel, prompts: list[str] | None = None,

@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 
 from trainer.config import DIFFUSERS_DEFAULT_RESOLUTION, ConfigError, TrainConfig
 from trainer.grpo import IterationResult
-from trainer.models import TRAINER_STATE, ModelSpec
+from trainer.models import TRAINER_STATE, ModelSpec, weights_file_problem
 from trainer.models.base import FlowModel, WeightsFile, WeightsMismatch
 from trainer.neighbor_grpo import neighbor_grpo_iteration
 from trainer.rewards.remote import ScoringStopped
@@ -300,6 +300,10 @@ class Trainer:
 
     def load_checkpoint(self, directory: str | Path) -> None:
         directory = Path(directory)
+        # a truncated or emptied file failed deep in safetensors ("header too small"), a
+        # traceback that named neither the file nor the checkpoint
+        if (problem := checkpoint_files_problem(directory)) is not None:
+            raise ValueError(f"checkpoint {directory} is damaged: {problem}")
         self.model.load_weights(directory)
         state_path = directory / TRAINER_STATE
         with safe_open(str(state_path), framework="pt") as f:
@@ -371,6 +375,17 @@ def model_card(trainer: Trainer) -> str:
 ## Use
 {usage}
 """
+
+
+def checkpoint_files_problem(directory: str | Path) -> str | None:
+    """Why a checkpoint directory's files cannot be loaded, or None: the first of its
+    safetensors and JSON files (the weights, trainer_state, configs) that is empty or
+    truncated (weights_file_problem, from the headers alone: cheap for a full FLUX one)."""
+    for path in sorted(Path(directory).rglob("*")):
+        if path.suffix in (".safetensors", ".json") and path.is_file() \
+                and (problem := weights_file_problem(path)) is not None:
+            return problem
+    return None
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from trainer.config import ConfigError, ConfigErrors, TrainConfig, absolute_paths
+from trainer.config import PATH_FIELDS, ConfigError, ConfigErrors, TrainConfig, absolute_paths
 from trainer.grpo import IterationResult
 from trainer.loop import CHECKPOINT_DIR_RE, Trainer, latest_checkpoint
 from trainer.rewards.remote import ScoringStopped
@@ -81,6 +82,19 @@ def moved_model_problem(model: str, old: str, new: str, checkpoint: Path | None
                 f"of the run's LoRA ({lora}) is not in it; a resumed run moves to a directory "
                 "of the same model only")
     return None
+
+
+def _same_file(field_name: str, given: Any, saved: Any) -> bool:
+    """Whether path field `field_name`'s given and saved values name one existing file or
+    directory, spelled two ways (relative from another directory, through a symlink, with
+    ..): a resume given the path it was started with is no change to its config."""
+    if field_name not in PATH_FIELDS or not (isinstance(given, str) and isinstance(saved, str)
+                                              and given.strip() and saved.strip()):
+        return False
+    try:
+        return Path(given).expanduser().samefile(Path(saved).expanduser())
+    except OSError:  # either is gone: judged by its text, as the other fields are
+        return False
 
 
 def image_grid(images: np.ndarray, scale: int | None = None) -> np.ndarray:
@@ -166,7 +180,8 @@ class RunDirectory:
                      given: Collection[str] = ()) -> list[ConfigError]:
         """Why a run cannot start in `out`, every reason at once, before anything is
         written: a new run into a directory that holds an earlier one (its checkpoints would
-        be kept and a later --resume would load them); a resume that changes fields of the
+        be kept and a later --resume would load them); a resume of a directory that holds
+        no run (no config.json); a resume that changes fields of the
         saved config other than RESUME_FIELDS, that moves to a model directory of another
         model (`moved_model_problem`), or whose budget its newest checkpoint has
         reached already. `given`: the fields the caller set, the only ones held against the
@@ -175,13 +190,17 @@ class RunDirectory:
         problems = []
         if not resume:
             if found := [name for name in RUN_FILES if (out / name).exists()]:
-                problems.append(ConfigError("out", f"{out} holds an earlier run "
+                problems.append(ConfigError("--out", f"{out} holds an earlier run "
                                             f"({', '.join(found)}); --resume continues it, or "
                                             "give a new --out"))
             return problems
         saved_config = out / "config.json"
         if not saved_config.is_file():
-            return problems  # nothing to resume yet: the run starts
+            # a mistyped --out silently started a new run (exit 0) instead of continuing one
+            missing = "it does not exist" if not out.exists() else "no config.json"
+            problems.append(ConfigError("--resume", f"{out} holds no run to continue "
+                                        f"({missing}); leave --resume out to start one"))
+            return problems
         saved = absolute_paths(TrainConfig.from_dict(json.loads(saved_config.read_text()))
                                 .to_dict())
         new = absolute_paths(config.to_dict())
@@ -192,7 +211,8 @@ class RunDirectory:
                                                new["model_path"], newest)) is not None:
             problems.append(ConfigError("model_path", problem))
         for key in sorted(set(given) - set(RESUME_FIELDS)):
-            if key in new and new[key] != saved.get(key):
+            if key in new and new[key] != saved.get(key) \
+                    and not _same_file(key, new[key], saved.get(key)):
                 by = f" by {how[key]}" if how.get(key) else ""
                 problems.append(ConfigError(key, f"is {saved.get(key)!r} in the run being "
                                             f"resumed ({saved_config}), given {new[key]!r}{by}: a "

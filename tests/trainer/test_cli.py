@@ -388,20 +388,20 @@ def test_out_in_the_way_of_a_file_or_directory_is_refused_before_any_work(tmp_pa
     sample = ["sample", "--prompts", str(prompts_file), "--steps", "1", "--seeds", "1",
               "--device", "cpu", "--out"]
     line = cli_error([*sample, str(taken)], capsys)
-    assert line == f"error: config field 'out': {taken} is an existing file, not a directory"
+    assert line == f"error: --out: {taken} is an existing file, not a directory"
     line = cli_error([*sample, str(taken / "under")], capsys)
-    assert f"'out': {taken} is an existing file, not a directory, so {taken / 'under'}" in line
+    assert f"--out: {taken} is an existing file, not a directory, so {taken / 'under'}" in line
     line = cli_error(["train", "--config", "tiny", "--set", "device=cpu", "--out", str(taken),
                       "--no-progress"], capsys)
-    assert f"'out': {taken} is an existing file, not a directory" in line
+    assert f"--out: {taken} is an existing file, not a directory" in line
     line = cli_error(["train-base", "--out", str(taken), "--steps", "1", "--batch-size", "2",
                       "--pool-size", "0", "--width", "8", "--depth", "1", "--device", "cpu"],
                      capsys)
-    assert f"'out': {taken} is an existing file, not a directory" in line
+    assert f"--out: {taken} is an existing file, not a directory" in line
     # evaluate writes its JSON to a file: a directory there is refused before sampling
     line = cli_error(["evaluate", "--seeds", "1", "--steps", "1", "--device", "cpu", "--out",
                       str(tmp_path)], capsys)
-    assert f"'out': {tmp_path} is an existing directory, not a file" in line
+    assert f"--out: {tmp_path} is an existing directory, not a file" in line
     assert taken.read_text() == "a file\n"
 
 

@@ -161,3 +161,45 @@ def test_fit_preference_leaves_out_votes_the_shapes_features_cannot_read(tmp_pat
     err = capsys.readouterr().err
     assert "10 more votes are on images its 'shapes' features cannot read" in err, err
     assert not (tmp_path / "q.safetensors").exists()
+
+
+def test_fit_preference_says_what_it_left_out_and_what_it_could_not_do(tmp_path, capsys):
+    """A missing --images directory was one error per image; "excluded": "yes" read as true;
+    the excluded votes vanished without a word; a --warm-start that could not be used was
+    ignored (a fit from scratch, warm_start false in the report); features 'clip' with no
+    clip_path named '.', which nobody gave."""
+    votes, storage, lines = _export(tmp_path, n=12)
+    out = tmp_path / "pref.safetensors"
+    base = ["fit-preference", "--votes", str(votes), "--out", str(out), "--device", "cpu"]
+    assert main([*base, "--images", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert f"--images: {tmp_path / 'nowhere'} is not a directory" in err
+    assert err.count("\n") == 1 and not out.exists()
+
+    lines[3]["excluded"] = "yes"
+    votes.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main([*base, "--images", str(storage)]) == 2
+    assert "line 4: excluded must be true or false, got 'yes'" in capsys.readouterr().err
+    lines[3]["excluded"] = True
+    votes.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main([*base, "--images", str(storage), "--set", "epochs=2"]) == 0
+    assert "left out 2 vote(s) the file marks excluded" in capsys.readouterr().err
+
+    # a warm start from a model of another width: refused, naming why, nothing written
+    other = tmp_path / "other.safetensors"
+    assert main(["fit-preference", "--votes", str(votes), "--images", str(storage), "--out",
+                 str(other), "--device", "cpu", "--set", "epochs=2", "--set", "width=8"]) == 0
+    capsys.readouterr()
+    again = tmp_path / "again.safetensors"
+    assert main(["fit-preference", "--votes", str(votes), "--images", str(storage), "--out",
+                 str(again), "--device", "cpu", "--warm-start", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot start from it: width differs" in err and not again.exists()
+    assert main(["fit-preference", "--votes", str(votes), "--images", str(storage), "--out",
+                 str(again), "--device", "cpu", "--warm-start", str(out), "--set",
+                 "warm_start_epochs=0"]) == 2
+    assert "warm_start_epochs is 0" in capsys.readouterr().err and not again.exists()
+
+    from trainer.rewards.preference import clip_dir_problem
+
+    assert clip_dir_problem("").startswith("clip_path is empty: features 'clip' needs")

@@ -153,7 +153,7 @@ def test_read_prompts_takes_txt_jsonl_and_json_and_refuses_other_files(tmp_path)
     (tmp_path / "p.jsonl").write_text('{"prompt": "a cat", "id": 1}\n\n{"prompt": "a dog"}\n')
     assert read_prompts(tmp_path / "p.jsonl") == ["a cat", "a dog"]
     (tmp_path / "bad.jsonl").write_text('{"prompt": "a cat"}\n{"text": "a dog"}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:2"):
+    with pytest.raises(ValueError, match="bad.jsonl: line 2"):
         read_prompts(tmp_path / "bad.jsonl")
     # HPDv2's test.json (objects) and HPSv2's benchmark files (strings) are JSON arrays
     (tmp_path / "test.json").write_text('[{"prompt": "a cat", "image_path": ["x.jpg"]}, '

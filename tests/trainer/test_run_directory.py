@@ -33,7 +33,7 @@ def test_a_new_run_is_refused_in_a_directory_that_holds_one(tmp_path, capsys):
     before = _tree(out)
     assert main(["train", "--config", "tiny", "--set", "seed=5", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert f"config field 'out': {out} holds an earlier run (config.json, metrics.jsonl, " \
+    assert f"--out: {out} holds an earlier run (config.json, metrics.jsonl, " \
            "checkpoints); --resume continues it, or give a new --out" in err
     assert _tree(out) == before  # nothing written, nothing emptied
     # an empty directory (or one of other files) takes a run

@@ -351,6 +351,9 @@ def clip_dir_problem(path: str | Path) -> str | None:
     """Why `path` is not a CLIP directory `features="clip"` can load (every missing file
     named), or None. For callers to check before a fit starts: transformers' own error comes
     only once the fit loads the encoder, as a traceback."""
+    if not str(path).strip():  # Path("") is ".", which the message named as if given
+        return ("clip_path is empty: features 'clip' needs a local CLIP directory (what "
+                "transformers' CLIPModel and CLIPProcessor save_pretrained write)")
     path = Path(path)
     try:
         if not path.is_dir():

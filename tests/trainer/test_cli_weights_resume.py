@@ -1,0 +1,253 @@
+"""`train`'s weights files, `--resume` and `--out` on the command line: a file that is no
+weights (or a truncated one) is a one-line config error naming its field, said with the other
+config problems before anything is written; a resume needs a run and an undamaged newest
+checkpoint; train-base and demo refuse a taken --out in their own words; flags are named as
+flags. Each test stops before training."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from safetensors.torch import save_file
+
+from trainer.cli import build_parser, main, train_config_of
+from trainer.config import load_config
+from trainer.run_dir import RunDirectory
+
+
+def cli_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """main(argv) refuses with exit code 2 and no traceback; its error lines."""
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert lines and all(line.startswith("error: ") for line in lines), err
+    return lines
+
+
+@pytest.fixture
+def preference_file(tmp_path: Path) -> Path:
+    from trainer.rewards.fit_config import FitConfig
+    from trainer.rewards.preference import PreferenceModel
+
+    path = tmp_path / "pref.safetensors"
+    PreferenceModel(FitConfig(ensemble=1, width=8)).save(path)
+    return path
+
+
+def _truncated_safetensors(path: Path) -> Path:
+    import torch
+
+    # a shapes model cut short, as a copy or download stopped part way leaves it
+    save_file({"weight": torch.zeros(64)}, str(path), metadata={"format": "shapes-dit"})
+    path.write_bytes(path.read_bytes()[:-40])
+    return path
+
+
+def test_a_base_checkpoint_that_is_no_weights_file_is_named_with_the_other_problems(
+        tmp_path: Path, preference_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = tmp_path / "prompts.txt"
+    text.write_text("one red circle\n")
+    empty = tmp_path / "empty.safetensors"
+    empty.write_bytes(b"")
+    out = tmp_path / "run"
+    cases = {text: "not a safetensors file", empty: "not a safetensors file (too short)",
+             _truncated_safetensors(tmp_path / "cut.safetensors"): "is truncated",
+             tmp_path / "missing.safetensors": "is not a file",
+             preference_file: "is not a 'shapes-dit' weights file (its format is "
+                              "'preference-model')"}
+    for path, why in cases.items():
+        lines = cli_errors(["train", "--config", "tiny", "--set", "sigma=3", "--set",
+                            f"base_checkpoint={path}", "--out", str(out)], capsys)
+        # one batch: the bad sigma and the file, each on its line
+        assert [line.split(":")[0] for line in lines] == ["error"] * 2
+        assert "config field 'sigma'" in lines[0]
+        assert lines[1].startswith(f"error: config field 'base_checkpoint': {path}"), lines
+        assert why in lines[1]
+        assert len(lines[1]) < 400  # not the preference model's whole metadata
+        assert not out.exists()
+    # alone (a valid config otherwise), the same line
+    lines = cli_errors(["train", "--config", "tiny", "--set", f"base_checkpoint={text}",
+                        "--out", str(out)], capsys)
+    assert lines == [f"error: config field 'base_checkpoint': {text}: not a safetensors file "
+                     "(header size out of range)"]
+    assert not out.exists()
+
+
+def test_a_preference_model_that_is_no_preference_model_is_named(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = tmp_path / "text.txt"
+    text.write_text("no weights here\n")
+    out = tmp_path / "run"
+    lines = cli_errors(["train", "--config", "tiny", "--set",
+                        'reward_weights={"count": 1, "preference": 1}', "--set",
+                        f"preference_model={text}", "--out", str(out)], capsys)
+    assert lines == [f"error: config field 'preference_model': {text}: not a safetensors "
+                     "file (header size out of range)"]
+    base = tmp_path / "base.safetensors"
+    save_file({}, str(base), metadata={"format": "shapes-dit"})
+    lines = cli_errors(["train", "--config", "tiny", "--set",
+                        'reward_weights={"count": 1, "preference": 1}', "--set",
+                        f"preference_model={base}", "--out", str(out)], capsys)
+    assert lines == [f"error: config field 'preference_model': {base} is not a "
+                     "'preference-model' weights file (its format is 'shapes-dit')"]
+    assert not out.exists()
+
+
+def test_a_relative_preference_model_is_stored_absolute_and_the_same_file_is_no_change(
+        tmp_path: Path, preference_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    argv = ["train", "--config", "tiny", "--set", 'reward_weights={"count": 1, '
+            '"preference": 1}', "--set", f"preference_model={preference_file.name}",
+            "--out", str(out)]
+    config = train_config_of(build_parser().parse_args(argv))
+    # config.json then finds it from any directory a --resume runs in
+    assert config.preference_model == str(preference_file)
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(config.to_dict()))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    link = elsewhere / "same.safetensors"
+    link.symlink_to(preference_file)
+    given = {"iterations", "preference_model"}
+    for spelling in ("../pref.safetensors", str(link), str(preference_file)):
+        resumed = load_config("tiny", {**config.to_dict(), "iterations": 9,
+                                       "preference_model": spelling})
+        assert RunDirectory.run_problems(out, resumed, resume=True, given=given) == [], spelling
+    other = tmp_path / "other.safetensors"
+    other.write_bytes(preference_file.read_bytes())  # a copy is another file
+    resumed = load_config("tiny", {**config.to_dict(), "iterations": 9,
+                                   "preference_model": str(other)})
+    assert [e.field for e in RunDirectory.run_problems(out, resumed, resume=True,
+                                                       given=given)] == ["preference_model"]
+
+
+def _run_with_checkpoint(out: Path, iterations: int = 1) -> Path:
+    """A run directory as train leaves it, with a whole (small) newest checkpoint; no
+    training: the checks read the files' headers only."""
+    import torch
+
+    out.mkdir()
+    config = load_config("tiny", {"iterations": iterations, "device": "cpu"})
+    (out / "config.json").write_text(json.dumps(config.to_dict()))
+    (out / "metrics.jsonl").write_text("")
+    checkpoint = out / "checkpoints" / f"iter-{iterations:06d}"
+    checkpoint.mkdir(parents=True)
+    save_file({"w": torch.zeros(8)}, str(checkpoint / "model.safetensors"),
+              metadata={"format": "shapes-dit"})
+    save_file({"rng_state": torch.zeros(8, dtype=torch.uint8)},
+              str(checkpoint / "trainer_state.safetensors"),
+              metadata={"iteration": str(iterations), "optimizer": "{}"})
+    return checkpoint
+
+
+def _tree(path: Path) -> list[tuple[str, int]]:
+    return sorted((p.relative_to(path).as_posix(), p.stat().st_size) for p in path.rglob("*"))
+
+
+def test_a_resume_from_a_damaged_checkpoint_names_the_file_and_the_checkpoint(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    checkpoint = _run_with_checkpoint(out)
+    state = checkpoint / "trainer_state.safetensors"
+    state.write_bytes(state.read_bytes()[:-5])
+    before = _tree(out)
+    lines = cli_errors(["train", "--resume", "--out", str(out), "--set", "iterations=4",
+                        "--no-progress"], capsys)
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: --resume: the newest checkpoint, iter-000001, is damaged: {state} is "
+        "truncated: its header describes"), lines
+    assert f"delete {checkpoint} to resume from the checkpoint before it" in lines[0]
+    assert _tree(out) == before  # nothing written, metrics and config.json included
+    state.write_bytes(b"")
+    lines = cli_errors(["train", "--resume", "--out", str(out), "--set", "iterations=4"],
+                       capsys)
+    assert lines[0].startswith("error: --resume: the newest checkpoint, iter-000001, is "
+                               f"damaged: {state} is empty;")
+
+
+def test_load_checkpoint_names_a_damaged_file_instead_of_safetensors_error(
+        tmp_path: Path) -> None:
+    from trainer.loop import Trainer, checkpoint_files_problem
+
+    checkpoint = _run_with_checkpoint(tmp_path / "run")
+    assert checkpoint_files_problem(checkpoint) is None
+    state = checkpoint / "trainer_state.safetensors"
+    state.write_bytes(state.read_bytes()[:20])
+    assert f"{state}" in checkpoint_files_problem(checkpoint)
+    trainer = Trainer.__new__(Trainer)  # the check comes first: no model needed
+    with pytest.raises(ValueError, match=f"checkpoint {checkpoint} is damaged: "):
+        trainer.load_checkpoint(checkpoint)
+
+
+def test_a_resume_where_there_is_no_run_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "nothing"
+    lines = cli_errors(["train", "--config", "tiny", "--out", str(out), "--resume"], capsys)
+    assert lines == [f"error: --resume: {out} holds no run to continue (it does not exist); "
+                     "leave --resume out to start one"]
+    assert not out.exists()
+    out.mkdir()
+    lines = cli_errors(["train", "--config", "tiny", "--out", str(out), "--resume"], capsys)
+    assert lines == [f"error: --resume: {out} holds no run to continue (no config.json); "
+                     "leave --resume out to start one"]
+    assert list(out.iterdir()) == []
+    # a run interrupted inside its first iteration (config.json, no checkpoint) starts again
+    config = load_config("tiny", {})
+    (out / "config.json").write_text(json.dumps(config.to_dict()))
+    assert RunDirectory.run_problems(out, config, resume=True, given=()) == []
+
+
+@pytest.mark.parametrize("files", [["base.safetensors", "train_base_log.jsonl"],
+                                   ["base-step1000.safetensors"]])
+def test_train_base_refuses_an_out_that_holds_an_earlier_run(
+        files: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "base"
+    out.mkdir()
+    for name in files:
+        (out / name).write_text("earlier run\n")
+    lines = cli_errors(["train-base", "--out", str(out), "--steps", "1", "--batch-size", "2",
+                        "--pool-size", "0", "--width", "8", "--depth", "1", "--device", "cpu"],
+                       capsys)
+    assert lines == [f"error: --out: {out} holds an earlier train-base run "
+                     f"({', '.join(sorted(files))}); give a new --out, or delete it to train "
+                     "there again"]
+    assert sorted(os.listdir(out)) == sorted(files)
+    assert all((out / name).read_text() == "earlier run\n" for name in files)
+
+
+def test_out_and_prompts_file_are_named_as_the_flags_they_are(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("a file\n")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("one red circle\n")
+    for argv in (["train", "--config", "tiny"], ["sample", "--prompts", str(prompts)],
+                 ["train-base"], ["demo"]):
+        assert cli_errors([*argv, "--out", str(taken)], capsys) == [
+            f"error: --out: {taken} is an existing file, not a directory"], argv
+    assert cli_errors(["fit-preference", "--votes", str(prompts), "--out", str(tmp_path)],
+                      capsys)[0] == f"error: --out: {tmp_path} is an existing directory, not a file"
+    dragons = tmp_path / "dragons.txt"
+    dragons.write_text("a purple dragon\n")
+    lines = cli_errors(["train", "--config", "tiny", "--prompts-file", str(dragons), "--out",
+                        str(tmp_path / "run")], capsys)
+    assert lines[0].startswith("error: --prompts-file: model 'shapes' draws only shapes prompts")
+
+
+def test_demo_on_a_taken_out_says_what_demo_does(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    lines = cli_errors(["demo", "--out", str(out)], capsys)
+    assert len(lines) == 1 and "--resume continues it" not in lines[0]
+    assert lines[0] == (f"error: --out: {out} holds an earlier run (config.json); demo starts "
+                        "a new run each time: give a new --out, or leave --out out (runs/demo, "
+                        f"then runs/demo-2, -3 ...); `train --out {out} --resume` continues "
+                        "that one")
