@@ -254,7 +254,7 @@ def test_a_garbled_npy_header_and_a_prompt_a_reward_cannot_read_are_422(server):
 def test_a_body_over_the_limit_is_413_chunked_or_not():
     import httpx
 
-    app = create_app(["count"], device="cpu", max_request_bytes=1000)
+    app = create_app(["count", "jpeg_compressibility"], device="cpu", max_request_bytes=1000)
     with ServerThread(app) as running:
         body = encode_score_request(["count"], ["one red circle"], _images(1, seed=1))
         assert len(body) > 1000
@@ -264,11 +264,13 @@ def test_a_body_over_the_limit_is_413_chunked_or_not():
         r = httpx.post(f"{running.url}/score_npy", content=iter([body[:600], body[600:]]),
                        headers={"Content-Type": NPY_MEDIA_TYPE})  # no Content-Length
         assert r.status_code == 413, r.text
-        small = encode_score_request(["count"], ["one red circle"],
+        # (an image reward: the shapes ones take only 32x32 images, more than 1000 bytes)
+        small = encode_score_request(["jpeg_compressibility"], ["one red circle"],
                                      np.zeros((1, 8, 8, 3), np.uint8))
         r = httpx.post(f"{running.url}/score_npy", content=iter([small[:50], small[50:]]),
                        headers={"Content-Type": NPY_MEDIA_TYPE})
-        assert r.status_code == 200 and len(r.json()["scores"]["count"]) == 1, r.text
+        assert r.status_code == 200, r.text
+        assert len(r.json()["scores"]["jpeg_compressibility"]) == 1, r.text
 
 
 def test_health_names_the_rewards_and_device(server):
@@ -297,6 +299,8 @@ def test_eight_concurrent_clients_are_batched_and_get_their_own_scores(server):
         n, size = i + 1, (32 if i % 2 else 24)
         names = (["pickscore", "count"] if i % 4 == 3  # a model reward, batched across clients
                  else ["count", "color"] if i % 3 else ["jpeg_compressibility", "count"])
+        if size != 32:  # the shapes rewards take only the shapes world's 32x32 images
+            names = [n for n in names if n not in ("count", "color")] or ["jpeg_compressibility"]
         requests.append((names, _images(n, seed=100 + i, size=size),
                          [PROMPTS[(i + k) % len(PROMPTS)] for k in range(n)]))
 
@@ -628,6 +632,22 @@ def test_a_port_another_process_holds_is_one_line_before_any_reward_loads(capsys
     err = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{port} (--host/--port)" in err, err
     assert "Choose another --port" in err and "hpsv2" not in err
+
+
+def test_shapes_rewards_refuse_images_of_another_size_in_process_and_on_the_server(server):
+    """count scored 64x64 images 0.5 and exact_count 0 without a word: numbers of a 32x32
+    world read off a canvas it does not have. Refused, naming the rewards and the size; an
+    image reward still scores any size."""
+    big = _images(2, seed=3, size=64)
+    with pytest.raises(ValueError, match=r"\['count', 'exact_count'\] score the shapes "
+                                         r"world's 32x32 images; these are 64x64"):
+        compute_rewards(["count", "exact_count", "jpeg_compressibility"], big, PROMPTS[:2])
+    assert compute_rewards(["jpeg_compressibility"], big, PROMPTS[:2])[
+        "jpeg_compressibility"].shape == (2,)
+    client = RewardClient(server.url, timeout=10)
+    with pytest.raises(RewardServerError, match=r"422.*images: \['count'\] score the shapes"):
+        client(["count"], big, PROMPTS[:2])
+    assert client(["count"], _images(2, seed=3), PROMPTS[:2])["count"].shape == (2,)
 
 
 def test_zero_size_images_are_422_not_500(server):

@@ -120,8 +120,24 @@ def reward_names() -> list[str]:
     return sorted(_REWARDS)
 
 
+def shapes_image_problem(names: list[str], images: np.ndarray) -> str | None:
+    """Why `images` cannot be scored by the shapes-only rewards among `names`, or None: they
+    read the shapes world's 32x32 canvases, and on images of another size they returned
+    numbers that meant nothing (count 0.5 on 64x64) without a word."""
+    from trainer.shapes.world import IMAGE_SIZE
+
+    bad = shapes_only_rewards(names)
+    if not bad or images.ndim != 4 or tuple(images.shape[1:3]) == (IMAGE_SIZE, IMAGE_SIZE):
+        return None
+    return (f"{bad} score the shapes world's {IMAGE_SIZE}x{IMAGE_SIZE} images; these are "
+            f"{images.shape[1]}x{images.shape[2]}")
+
+
 def compute_rewards(names: list[str], images: np.ndarray, prompts: list[str]) -> dict[str, np.ndarray]:
-    """{name: (N,) float64} for each requested reward."""
+    """{name: (N,) float64} for each requested reward; ValueError for shapes-only rewards on
+    images that are not the shapes world's size (shapes_image_problem)."""
+    if (problem := shapes_image_problem(names, np.asarray(images))) is not None:
+        raise ValueError(problem)
     out = {}
     for name in names:
         scores = np.asarray(get_reward(name)(images, prompts), dtype=np.float64)

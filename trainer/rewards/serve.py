@@ -61,6 +61,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from trainer.cli import available_device, device_name, positive_int
 from trainer.rewards import get_reward, reward_names, shapes_only_rewards
+from trainer.rewards.registry import shapes_image_problem
 from trainer.rewards.remote import LOCAL_REWARDS, decode_images, decode_score_request
 from trainer.strict_json import loads_strict
 
@@ -546,6 +547,8 @@ def create_app(rewards: Iterable[str], *, device: str = "auto",
         if images is not None and prompts is not None and len(images) != len(prompts):
             problems.append({"field": "prompts", "message": f"{len(images)} images but "
                                                             f"{len(prompts)} prompts"})
+        if rewards and images is not None and (problem := shapes_image_problem(rewards, images)):
+            problems.append({"field": "images", "message": problem})
         if rewards and prompts is not None and (shapes_only := shapes_only_rewards(rewards)) \
                 and (problem := _shapes_prompts_problem(prompts)):
             # the request's fault, said before it is queued (it was the batch's 500)
