@@ -488,7 +488,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 # what fit-preference reads of each line of a votes file (the studio's vote export,
 # GET /api/votes/export?format=jsonl, has these and more)
 VOTE_FIELDS = ("prompt", "outcome", "image_0_path", "image_1_path")
-MAX_LISTED_PROBLEMS = 20  # a file with thousands of bad lines lists the first ones
 
 
 def read_votes(path: Path, images: Path, include_excluded: bool = False,
@@ -502,7 +501,7 @@ def read_votes(path: Path, images: Path, include_excluded: bool = False,
     import numpy as np
     from PIL import Image
 
-    from trainer.evaluation import decode_lines
+    from trainer.evaluation import decode_lines, listed_problems
     from trainer.rewards.outcomes import OUTCOMES
     from trainer.rewards.preference import PreferencePair
 
@@ -563,9 +562,7 @@ def read_votes(path: Path, images: Path, include_excluded: bool = False,
             pairs.append(PreferencePair(a, b, row["prompt"], row["outcome"],
                                         key=None if key is None else str(key)))
     if problems:
-        more = len(problems) - MAX_LISTED_PROBLEMS
-        listed = problems[:MAX_LISTED_PROBLEMS] + ([f"... and {more} more"] if more > 0 else [])
-        raise ValueError(f"--votes {path}: " + "; ".join(listed))
+        raise ValueError(f"--votes {path}: {listed_problems(problems)}")
     return pairs
 
 

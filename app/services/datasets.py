@@ -13,7 +13,6 @@ Metadata is stored and exported as strict JSON: non-finite numbers (NaN, 1e400) 
 
 from __future__ import annotations
 
-import codecs
 import csv
 import io
 import json
@@ -133,23 +132,21 @@ def detect_format(filename: str) -> str:
 def _decode(data: bytes) -> tuple[str, list[BadRecord]]:
     """The file's text and a BadRecord for each line that is not UTF-8 (its first bad byte),
     that line's bad bytes replaced by U+FFFD so that the rest of the file is still read and
-    its own problems named in the same answer (a bad byte hid a NUL two lines down)."""
+    its own problems named in the same answer (a bad byte hid a NUL two lines down); the
+    trainer's prompt-file reader decodes and words them alike (decode_lines)."""
     try:
         return data.decode("utf-8-sig"), []
     except UnicodeDecodeError:
         pass
-    bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
-    lines, bad, offset = [], [], bom
-    for number, raw in enumerate(data[bom:].split(b"\n"), start=1):
-        try:
-            lines.append(raw.decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            at = offset + exc.start
-            bad.append(BadRecord(f"line {number}", f"bad encoding (not UTF-8: byte "
-                                 f"0x{data[at]:02x} at offset {at})", {"line": number}))
-            lines.append(raw.decode("utf-8", errors="replace"))
-        offset += len(raw) + 1
-    return "\n".join(lines), bad
+    # here, not at the module's top: trainer.evaluation imports torch, which the app's
+    # start-up does without
+    from trainer.evaluation import decode_lines
+
+    lines, bad = decode_lines(data)
+    return "\n".join(lines), [BadRecord(f"line {number}",
+                                        message.removeprefix(f"line {number}: "),
+                                        {"line": number})
+                              for number, message in bad.items()]
 
 
 def nesting_depth(value: Any, limit: int = MAX_META_DEPTH) -> int:

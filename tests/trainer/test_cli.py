@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from cli_helpers import cli_errors
 from PIL import Image
 
 
@@ -285,18 +286,6 @@ def test_model_choices_are_the_registrys_and_train_base_help_states_the_real_def
 # 2 main returns for a config error)
 # ---------------------------------------------------------------------------------------
 BASE = "trainer/shapes/assets/base.safetensors"
-
-
-def cli_errors(argv: list[str], capsys) -> list[str]:
-    """main(argv) refuses with exit code 2 and no traceback; its error lines, one a problem."""
-    from trainer.cli import main
-
-    code = main(argv)
-    err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err, err
-    lines = err.strip().splitlines()
-    assert lines and all(line.startswith("error: ") for line in lines), err
-    return lines
 
 
 def cli_error(argv: list[str], capsys) -> str:

@@ -11,21 +11,12 @@ import os
 from pathlib import Path
 
 import pytest
+from cli_helpers import cli_errors
 from safetensors.torch import save_file
 
-from trainer.cli import build_parser, main, train_config_of
+from trainer.cli import build_parser, train_config_of
 from trainer.config import load_config
 from trainer.run_dir import RunDirectory
-
-
-def cli_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> list[str]:
-    """main(argv) refuses with exit code 2 and no traceback; its error lines."""
-    code = main(argv)
-    err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err, err
-    lines = err.strip().splitlines()
-    assert lines and all(line.startswith("error: ") for line in lines), err
-    return lines
 
 
 @pytest.fixture
