@@ -7,8 +7,10 @@ import contextlib
 import json
 import math
 import re
+import shutil
 import signal
 import sys
+import textwrap
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -1121,13 +1123,93 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
                         "memory")
 
 
+# `--help` of the commands that take `--set KEY=VALUE` lists the fields it can set, from the
+# fields' own metadata (help text, default, bounds, choices), so a user needs no source file to
+# find a name; the same texts the studio's form shows as tooltips. Wrapped to the terminal as
+# argparse wraps the options (its width: COLUMNS, else the terminal's, less 2).
+def _help_width() -> int:
+    return max(60, min(100, shutil.get_terminal_size().columns - 2))
+
+
+def _field_line(name: str, default: Any, limits: list[str]) -> str:
+    shown = json.dumps(default) if isinstance(default, (dict, list, str)) else repr(default)
+    return f"  {name} (default {shown}{'; ' if limits else ''}{'; '.join(limits)})"
+
+
+def _number_text(value: float) -> str:
+    return repr(value)  # as the config's errors write bounds; a seed's in full
+
+
+def _bounds_text(low: Any, high: Any, low_open: bool = False, high_open: bool = False) -> str:
+    if low is not None and high is not None:
+        return (f"{'(' if low_open else '['}{_number_text(low)}, {_number_text(high)}"
+                f"{')' if high_open else ']'}")
+    if low is not None:
+        return f"{'>' if low_open else '>='} {_number_text(low)}"
+    return f"{'<' if high_open else '<='} {_number_text(high)}"
+
+
+def _wrapped_help(text: str) -> str:
+    # unbroken words: "double-stream" and module names stay whole for copying
+    return textwrap.fill(text, _help_width(), initial_indent=" " * 6, subsequent_indent=" " * 6,
+                         break_on_hyphens=False, break_long_words=False)
+
+
+def _wrapped(text: str) -> str:
+    """A description, wrapped as argparse would (RawDescriptionHelpFormatter keeps it as is)."""
+    return textwrap.fill(text, _help_width())
+
+
+def train_fields_epilog() -> str:
+    """TrainConfig's fields by group, for `train --help`."""
+    groups: dict[str, list[str]] = {}
+    for row in TrainConfig.describe():
+        limits = []
+        if row["choices"]:
+            limits.append("one of " + ", ".join(map(str, row["choices"])))
+        if row["min"] is not None or row["max"] is not None:
+            limits.append(_bounds_text(row["min"], row["max"]))
+        groups.setdefault(row["group"], []).append(
+            _field_line(row["name"], row["default"], limits) + "\n" + _wrapped_help(row["help"]))
+    parts = ["config fields (--set KEY=VALUE, or keys of a --config JSON file; the defaults "
+             "below are before a preset's values):"]
+    for group, lines in groups.items():
+        parts.append(f"\n{group}:\n" + "\n".join(lines))
+    return "\n".join(parts)
+
+
+def fit_fields_epilog() -> str:
+    """FitConfig's fields, for `fit-preference --help` (device is --device's)."""
+    import dataclasses
+
+    from trainer.rewards.fit_config import FitConfig  # torch-free
+
+    lines = []
+    for f in dataclasses.fields(FitConfig):
+        if f.name == "device":
+            continue
+        meta = f.metadata
+        limits = []
+        if "choices" in meta:
+            limits.append("one of " + ", ".join(meta["choices"]))
+        low = meta.get("ge", meta.get("gt"))
+        high = meta.get("le", meta.get("lt"))
+        if low is not None or high is not None:
+            limits.append(_bounds_text(low, high, "gt" in meta, "lt" in meta))
+        lines.append(_field_line(f.name, f.default, limits) + "\n" + _wrapped_help(meta["help"]))
+    return "fit fields (--set KEY=VALUE):\n" + "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     train_help = "Neighbor GRPO or the SDE baseline (model shapes, flux or sd3)"
-    train = sub.add_parser("train", help=train_help, description=train_help + ": a preset or "
-                           "JSON config with --set overrides; checkpoints and metrics under --out")
+    train = sub.add_parser("train", help=train_help, description=_wrapped(
+                           train_help + ": a preset or JSON config with --set overrides; "
+                           "checkpoints and metrics under --out"),
+                           epilog=train_fields_epilog(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("--method", choices=["neighbor", "sde"], help="overrides config.method")
     train.add_argument("--config", help=f"a JSON file or a preset: {', '.join(PRESETS)} "
                        "(default: the model's preset, flux-lora or sd3-lora for --set "
@@ -1228,12 +1310,13 @@ def build_parser() -> argparse.ArgumentParser:
                       "runs/demo-2, -3 ... when it holds a run)")
     demo.set_defaults(func=cmd_demo)
     fit_help = "fit a human-preference reward model to pairwise votes (Bradley-Terry)"
-    fit = sub.add_parser("fit-preference", help=fit_help, description=fit_help + ": from a "
+    fit = sub.add_parser("fit-preference", help=fit_help, description=_wrapped(fit_help + ": from a "
                          "JSONL votes file in the studio's export format (GET /api/votes/"
                          "export): prompt, outcome (a, b, tie, both_bad, skip), image_0_path "
                          "(the left image, 'a'), image_1_path, and vote_id when there is one. "
                          "Train on it with --set preference_model=OUT and a 'preference' "
-                         "reward weight.")
+                         "reward weight."), epilog=fit_fields_epilog(),
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     fit.add_argument("--votes", required=True, help="the JSONL votes file")
     fit.add_argument("--images", default="", help="the directory the image paths are relative "
                      "to (the studio's STORAGE_DIR for its export; default: the votes file's "

@@ -232,6 +232,38 @@ def test_every_subcommand_and_option_says_what_it_does():
     assert not undocumented, undocumented
 
 
+def test_help_lists_the_fields_that_set_can_change(capsys, monkeypatch):
+    """`train --help` and `fit-preference --help` end with every field `--set` takes: its
+    default, bounds or choices and help text, from the fields' own metadata (a user found
+    the names only in trainer/config.py). fit-preference leaves out `device`, --device's."""
+    import dataclasses
+
+    from trainer.cli import main
+    from trainer.config import TrainConfig
+    from trainer.rewards.fit_config import FitConfig
+
+    monkeypatch.setenv("COLUMNS", "100")
+
+    def help_of(command: str) -> str:
+        with pytest.raises(SystemExit) as exit_:
+            main([command, "--help"])
+        assert exit_.value.code == 0
+        return " ".join(capsys.readouterr().out.split())  # wrapping undone
+
+    text = help_of("train")
+    for row in TrainConfig.describe():
+        assert f" {row['name']} (default " in text, row["name"]
+        assert " ".join(row["help"].split()) in text, row["name"]
+    assert "sigma (default 0.3; [0.0, 1.0])" in text
+    assert "method (default \"neighbor\"; one of neighbor, sde)" in text
+    assert "seed (default 0; [0, 2147483647])" in text  # a bound in full, not 2.14748e+09
+    text = help_of("fit-preference")
+    for f in dataclasses.fields(FitConfig):
+        assert (f" {f.name} (default " in text) is (f.name != "device"), f.name
+    assert "holdout_fraction (default 0.2; [0.0, 1.0))" in text  # lt: an open bound
+    assert "features (default \"shapes\"; one of shapes, clip)" in text
+
+
 def test_the_servers_cli_explains_itself_too():
     """`python -m app CMD --help`: every subcommand described, every argument explained."""
     import argparse
