@@ -418,8 +418,9 @@ def _weights_file_problems(fields: dict[str, Any], *, fits_run: bool = True,
             problem = ("reward 'preference' needs the path of a fitted preference model "
                        f"(safetensors); {preference!r} is not a file{where}")
         else:
-            problem = weights_problem("preference", preference,
-                                      weight_format="preference-model")
+            problem = (weights_problem("preference", preference,
+                                       weight_format="preference-model")
+                       or _preference_fit_problem(preference, model))
         if problem is not None:
             problems.append(ConfigError("preference_model", problem))
     return problems
@@ -897,7 +898,14 @@ def _reward_list(args: argparse.Namespace) -> tuple[list[str], Any]:
     if args.rewards is not None and not names:
         raise ConfigError("--rewards", f"{args.rewards!r} names no reward; known: "
                           f"{reward_names()}")
-    if not names:
+    # "preference" is scored by --preference-model's fitted model, not a registry reward
+    asked_preference = "preference" in names
+    names = [n for n in names if n != "preference"]
+    if asked_preference and not args.preference_model:
+        raise ConfigError("--rewards", "'preference' is scored by a fitted preference model: "
+                          "give its file with --preference-model (fit-preference's --out, or "
+                          "the studio's STORAGE_DIR/preference/vN.safetensors)")
+    if not names and not asked_preference:
         names = default_reward_names("evaluate", args.model or "")
     unknown = [n for n in names if n not in reward_names()]
     if unknown:
@@ -917,6 +925,9 @@ def _reward_list(args: argparse.Namespace) -> tuple[list[str], Any]:
                                         f"rewards evaluated ({', '.join(names)})"))
         else:
             paths[name] = path
+    if not names:  # --rewards preference: the preference model alone scores
+        _raise_problems(problems)
+        return [], None
     if args.reward_server_url:  # the rules of a job's reward_server_url, in the CLI's names
         flags = {"reward_server_url": "--reward-server-url",
                  "reward_model_paths": "--reward-model-path"}
@@ -939,6 +950,57 @@ def _reward_list(args: argparse.Namespace) -> tuple[list[str], Any]:
     # sampling rather than after it
     return names, prepare_scorer(names, "", paths, available_device(args.device, "--device"),
                                  paths_setting=setting)
+
+
+def _preference_fit_problem(path: str, model: Any) -> str | None:
+    """Why the whole preference model at `path` cannot score `model`'s images, from its
+    header's fit settings: fitted on the shapes world's features for another model (the rule
+    the studio's train jobs apply), or on CLIP features whose clip_path is gone (the encoder
+    loads only when the first images are scored)."""
+    from safetensors import safe_open
+
+    from trainer.rewards.preference import clip_dir_problem
+
+    with safe_open(path, framework="pt") as f:  # weights_problem has read this header whole
+        fields = json.loads((f.metadata() or {}).get("fit_config") or "{}")
+    features = fields.get("features", "shapes")
+    if features == "shapes" and isinstance(model, str) and model != "shapes":
+        return (f"{path} reads the shapes world's images and prompts (features 'shapes'): it "
+                f"cannot score model {model!r}; fit one with features 'clip' for it")
+    if features == "clip" and (problem := clip_dir_problem(fields.get("clip_path", ""))):
+        return f"{path} scores with the CLIP model at its clip_path: {problem}"
+    return None
+
+
+def _preference_model_problems(path: str, model: str | None) -> list[ConfigError]:
+    """Why evaluate's --preference-model cannot score `model`'s images, from the file's header
+    alone (before any sampling)."""
+    from trainer.models import weights_problem
+
+    if not Path(path).is_file():
+        problem = (f"{path} is not a file; give a fitted preference model (fit-preference's "
+                   "--out, or the studio's STORAGE_DIR/preference/vN.safetensors)")
+    else:
+        problem = (weights_problem("preference", path, weight_format="preference-model")
+                   or _preference_fit_problem(path, model))
+    return [ConfigError("--preference-model", problem)] if problem else []
+
+
+def _with_preference(scorer: Any, model: PreferenceModel) -> Callable[..., dict[str, Any]]:
+    """A scorer (names, images, prompts) -> {name: scores} that scores "preference" with
+    `model`, the ensemble's mean score (its Bradley-Terry utility, with no uncertainty
+    penalty: that shapes a training reward, not a measurement), and the other names as
+    `scorer` does (in this process when None)."""
+    from trainer.rewards import compute_rewards
+    from trainer.rewards.preference import image_batch
+
+    def score(names: list[str], images: Any, prompts: list[str]) -> dict[str, Any]:
+        others = [n for n in names if n != "preference"]
+        out = dict((scorer or compute_rewards)(others, images, prompts)) if others else {}
+        out["preference"] = model.scores(image_batch(list(images)), prompts)
+        return out
+
+    return score
 
 
 def _prompt_list(path: str | None) -> list[str] | None:
@@ -998,12 +1060,20 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     # unknown while a checkpoint that names it cannot be read and --model is not given)
     rewards, scorer = (_checked(problems, _reward_list, args)
                        if spec is not None or args.model else None) or (None, None)
+    if args.preference_model:
+        problems += _preference_model_problems(args.preference_model,
+                                               spec.name if spec else args.model)
     prompts = _checked(problems, _prompt_list, args.prompts_file)
     # flux, sd3: the 48 shapes prompts (evaluate's default) are the shapes model's, as train
     if spec is not None and args.prompts_file is None and (
             problem := missing_prompts_problem(spec.name, [], evaluate=True)) is not None:
         problems.append(ConfigError("--prompts-file", problem))
     _raise_problems(problems)
+    if args.preference_model:
+        from trainer.rewards.preference import PreferenceModel
+
+        preference = PreferenceModel.load(args.preference_model, str(device))
+        scorer, rewards = _with_preference(scorer, preference), [*rewards, "preference"]
     model = load_flow_model(spec, device=device)
     seeds = tuple(range(args.seeds)) if args.seeds else EVAL_SEEDS
     result = evaluate(model, prompts, seeds=seeds, solver=args.solver, steps=args.steps,
@@ -1016,7 +1086,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     result["setting"] = {"model": spec.name, "model_path": spec.path or None,
                          "resolution": spec.resolution or "the model's default",
                          "guidance_scale": spec.guidance_scale if real else None,
-                         "solver": args.solver, "steps": args.steps}
+                         "solver": args.solver, "steps": args.steps,
+                         "preference_model": (str(Path(args.preference_model).resolve())
+                                              if args.preference_model else None)}
     text = json.dumps(result, indent=2)
     print(text)
     for name, entry in result["rewards"].items():  # one line each, for a terminal or a grep
@@ -1246,6 +1318,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--rewards", default=None, help="comma-separated reward names, e.g. "
                           "hpsv2,pickscore,clip_score,aesthetic (default: count, exact_count, "
                           "color, shape, combined for shapes; jpeg_compressibility otherwise)")
+    evaluate.add_argument("--preference-model", default="", metavar="FILE",
+                          help="a fitted preference model (fit-preference's --out, or the "
+                          "studio's STORAGE_DIR/preference/vN.safetensors): also score the "
+                          "reward 'preference', its ensemble's mean score; --rewards may name "
+                          "'preference' to score it alone or beside others")
     evaluate.add_argument("--reward-model-path", action="append", default=[],
                           metavar="NAME=DIR", help="weights directory of a model-backed reward "
                           "(repeatable; default: $REWARD_MODELS_DIR/NAME)")
