@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import json
 import math
+import os
 import re
 import shutil
 import signal
+import socket
 import sys
 import textwrap
 import threading
@@ -840,6 +843,40 @@ def _sample_into(staging: Path, model: Any, prompts: list[str], args: argparse.N
                 done[0] += 1
 
 
+def _staging_prefix(name: str) -> str:
+    """The start of the hidden directory a sample into `name` writes in: its host and process
+    follow, so a later run can tell a directory whose writer is gone from one being written."""
+    host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())
+    return f".{name}.partial-{host}-"
+
+
+def _remove_abandoned_staging(base: Path, name: str) -> None:
+    """Remove what a sample into `name` killed outright (SIGKILL, a power cut: no handler
+    ran) left in `base`: its hidden directories whose process, on this host, is gone. One
+    whose process runs, or of another host (a shared disk), is left alone."""
+    prefix = _staging_prefix(name)
+    removed = 0
+    for path in base.glob(f"{glob.escape(prefix)}*"):
+        pid = path.name[len(prefix):].split("-", 1)[0]
+        if not (path.is_dir() and pid.isdigit()) or _process_alive(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed += 1
+    if removed:
+        print(f"removed {removed} unfinished sample director{'y' if removed == 1 else 'ies'} "
+              f"of an earlier run that was killed ({prefix}*)", file=sys.stderr)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # no signal sent: asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's, alive
+        return True
+    return True
+
+
 def cmd_sample(args: argparse.Namespace) -> int:
     import shutil
     import uuid
@@ -863,7 +900,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
     # failure leaves --out as it was, so the same command runs again (a half-written
     # sample's manifest.jsonl refused the re-run, its images kept)
     base = next(p for p in [*out.parents, Path(".")] if p.is_dir())
-    staging = base / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
+    _remove_abandoned_staging(base, out.name)
+    staging = base / f"{_staging_prefix(out.name)}{os.getpid()}-{uuid.uuid4().hex[:8]}"
     staging.mkdir()  # the umask's mode, which --out keeps when renamed (mkdtemp's is 0700)
     existed = out.exists()
     done = [0]

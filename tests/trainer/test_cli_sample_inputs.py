@@ -79,6 +79,37 @@ def test_an_interrupted_sample_keeps_nothing_and_runs_again(
         [r["file"] for r in manifest] + ["manifest.jsonl"])
 
 
+def test_a_sample_killed_outright_is_cleaned_up_by_the_next_run(
+        tmp_path: Path, prompts: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """SIGKILL runs no handler: the hidden staging directory stayed beside --out for good.
+    The next sample into the same --out removes those of this host whose process is gone,
+    and leaves one whose process still runs (another sample writing) alone."""
+    import subprocess
+    import sys
+
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    killed.kill()
+    killed.wait()
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        out = tmp_path / "o"
+        prefix = cli._staging_prefix("o")
+        abandoned = tmp_path / f"{prefix}{killed.pid}-0badf00d"
+        in_use = tmp_path / f"{prefix}{running.pid}-0000beef"
+        other = tmp_path / f".other.partial-x-{killed.pid}-1"  # another --out's: not ours
+        for path in (abandoned, in_use, other):
+            path.mkdir()
+            (path / "000000.png").write_bytes(b"half")
+        assert main(_sample(prompts, out)) == 0
+        err = capsys.readouterr().err
+        assert "removed 1 unfinished sample directory of an earlier run that was killed" in err
+        assert not abandoned.exists() and in_use.is_dir() and other.is_dir()
+        assert len(list(out.glob("*.png"))) == 4
+    finally:
+        running.kill()
+        running.wait()
+
+
 def test_sample_holds_one_batch_of_images_at_a_time(
         tmp_path: Path, prompts: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every image was sampled before the first was written: memory grew with --seeds."""
