@@ -472,6 +472,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if problems:
         raise ConfigErrors(problems)
     available_device(run_config.device)  # the Trainer resolves it again, once the model is loading
+    if args.resume and args.config in PRESETS:  # taken silently, it looked applied
+        print(f"note: --config {args.config} is not applied on --resume: the run goes on with "
+              f"its saved {out / 'config.json'} (--set changes what a resume may change)",
+              file=sys.stderr)
     run = RunDirectory(out, config, resume=args.resume, given=given)
     with _first_interrupt_stops() as stop_requested:
         finished = run.train(progress=not args.no_progress, stop_requested=stop_requested)

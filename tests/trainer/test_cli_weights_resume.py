@@ -14,7 +14,7 @@ import pytest
 from cli_helpers import cli_errors
 from safetensors.torch import save_file
 
-from trainer.cli import build_parser, train_config_of
+from trainer.cli import build_parser, main, train_config_of
 from trainer.config import load_config
 from trainer.run_dir import RunDirectory
 
@@ -160,6 +160,27 @@ def test_a_resume_from_a_damaged_checkpoint_names_the_file_and_the_checkpoint(
                        capsys)
     assert lines[0].startswith("error: --resume: the newest checkpoint, iter-000001, is "
                                f"damaged: {state} is empty;")
+
+
+def test_a_preset_given_on_resume_is_said_to_be_not_applied(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`train --config shapes-benchmark --resume` went on with the run's saved config without a
+    word, as if the preset's settings were now in force; it says so once the resume passes
+    its checks (a refused resume prints its errors alone)."""
+    out = tmp_path / "run"
+    assert main(["train", "--config", "tiny", "--set", "iterations=1", "--out", str(out),
+                 "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--config", "shapes-benchmark", "--set", "iterations=2", "--resume",
+                 "--out", str(out), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert (f"note: --config shapes-benchmark is not applied on --resume: the run goes on with "
+            f"its saved {out / 'config.json'}") in err, err
+    assert json.loads((out / "config.json").read_text())["prompts_per_iteration"] == \
+        load_config("tiny").prompts_per_iteration  # the saved run's, not the preset's
+    assert main(["train", "--resume", "--set", "iterations=3", "--out", str(out),
+                 "--no-progress"]) == 0
+    assert "note:" not in capsys.readouterr().err
 
 
 def test_load_checkpoint_names_a_damaged_file_instead_of_safetensors_error(
