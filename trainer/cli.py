@@ -183,34 +183,41 @@ def _out_path(path: str, *, directory: bool, field_name: str = "--out") -> Path:
     return out
 
 
-def _parse_overrides(pairs: list[str]) -> dict:
-    """--set key=value (value parsed as JSON when it parses, else a string)."""
-    out = {}
+def _parse_overrides(pairs: list[str], problems: list[ConfigError] | None = None) -> dict:
+    """--set key=value (value parsed as JSON when it parses, else a string). Every malformed
+    pair is a problem: added to `problems` when given (said with the config's others, the
+    good pairs still checked), else raised together."""
+    out, bad = {}, []
     for pair in pairs:
-        if "=" not in pair:
-            raise ConfigError("--set", f"{pair!r}: must look like key=value (a config "
-                              "field's name, then its value as JSON or text)")
-        key, value = pair.split("=", 1)
-        if not key.strip():  # "=3" was "unknown field" with nothing named
-            raise ConfigError(f"--set {pair}", "give KEY=VALUE (a config field's name, then "
-                              "its value as JSON or text)")
-        try:
-            out[key] = loads_strict(value)
-        except RepeatedKeyError as exc:  # JSON all the same: which value was meant?
-            raise ConfigError("--set", f"{key}=...: {exc.msg} (which value is meant?)") \
-                from None
-        except json.JSONDecodeError:
-            out[key] = value
+        key, sep, value = pair.partition("=")
+        if not sep:
+            bad.append(ConfigError("--set", f"{pair!r}: must look like key=value (a config "
+                                   "field's name, then its value as JSON or text)"))
+        elif not key.strip():  # "=3" was "unknown field" with nothing named
+            bad.append(ConfigError(f"--set {pair}", "give KEY=VALUE (a config field's name, "
+                                   "then its value as JSON or text)"))
+        else:
+            try:
+                out[key] = loads_strict(value)
+            except RepeatedKeyError as exc:  # JSON all the same: which value was meant?
+                bad.append(ConfigError("--set", f"{key}=...: {exc.msg} (which value is "
+                                       "meant?)"))
+            except json.JSONDecodeError:
+                out[key] = value
+    if bad and problems is None:
+        raise ConfigErrors(bad) if len(bad) > 1 else bad[0]
+    if problems is not None:
+        problems.extend(bad)
     return out
 
 
 def train_config_of(args: argparse.Namespace) -> TrainConfig:
     """`train`'s config: --config (default: the model's preset) with --set and --method on
     top, validated (ConfigErrors name every bad field)."""
-    overrides = _parse_overrides(args.set)
+    problems: list[ConfigError] = []  # every one at once, a bad prompts file's included
+    overrides = _parse_overrides(args.set, problems)
     if args.method:
         overrides["method"] = args.method
-    problems: list[ConfigError] = []  # every one at once, a bad prompts file's included
     if getattr(args, "prompts_file", None):
         try:
             overrides["prompts"] = _prompt_list(args.prompts_file)
@@ -229,7 +236,7 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
         saved.update(absolute_paths(_config_file_fields(args)))
         spec, overrides = None, {**saved, **overrides}
     # the fields only the studio's train jobs act on, given on the command line: refused
-    given = {**_config_file_fields(args), **_parse_overrides(args.set)}
+    given = {**_config_file_fields(args), **_parse_overrides(args.set, [])}  # bad ones said
     problems += [ConfigError(name, f"{why}; leave {name} out (or {default!r})")
                  for name, (default, why) in STUDIO_ONLY_FIELDS.items()
                  if name in given and given[name] != default]
@@ -634,8 +641,8 @@ def cmd_fit_preference(args: argparse.Namespace) -> int:
     from trainer.rewards.fit_config import fit_config_from
     from trainer.rewards.preference import fit_preference_model
 
-    overrides = _parse_overrides(args.set)
-    problems = []
+    problems: list[ConfigError] = []
+    overrides = _parse_overrides(args.set, problems)
     if "device" in overrides:
         # --device is the one way to say it (it was overwritten by --device's default 'auto',
         # so `--set device=banana` fitted on the CPU): refused, not guessed between the two

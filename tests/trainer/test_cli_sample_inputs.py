@@ -240,3 +240,23 @@ def test_set_with_no_key_or_an_unknown_key_says_what_to_give(
         "error: config field 'foo': unknown field; the fields are model, "), lines
     assert "rollout_steps" in lines[0] and "learning_rate" in lines[0]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "fit-preference"])
+def test_every_malformed_set_is_named_with_the_fields_problems(
+        command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The first malformed --set stopped the command alone: the next run met the next one,
+    and a bad field's value after them. Now all are named in one refusal."""
+    field = "sigma=5" if command == "train" else "epochs=0"
+    args = (["train", "--config", "tiny"] if command == "train"
+            else ["fit-preference", "--votes", str(tmp_path / "v.jsonl")])
+    lines = _errors([*args, "--set", "=3", "--set", "foo", "--set", 'x={"a": 1, "a": 2}',
+                     "--set", field, "--out", str(tmp_path / "o")], capsys)
+    assert lines[:3] == [
+        "error: --set =3: give KEY=VALUE (a config field's name, then its value as JSON or "
+        "text)",
+        "error: --set: 'foo': must look like key=value (a config field's name, then its value "
+        "as JSON or text)",
+        "error: --set: x=...: key 'a' given twice in one object (which value is meant?)"]
+    assert len(lines) == 4 and f"'{field.split('=')[0]}'" in lines[3], lines
+    assert not (tmp_path / "o").exists()
