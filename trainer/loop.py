@@ -29,6 +29,7 @@ from trainer.rewards.remote import ScoringStopped
 from trainer.sde_grpo import sde_grpo_iteration
 from trainer.shapes.world import all_prompts
 from trainer.tracking import RunTracking
+from trainer.write_errors import as_os_error
 
 if TYPE_CHECKING:  # imported where used: it pulls in the preference network
     from trainer.rewards.preference import PreferenceModel
@@ -287,12 +288,23 @@ class Trainer:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        self.model.save_weights(tmp, meta)
-        tensors, opt_meta = _flatten_optimizer(self.model.optimizer_state_dict(self.optimizer))
-        tensors["rng_state"] = self.generator.get_state()
-        save_file(tensors, str(tmp / TRAINER_STATE),
-                  metadata={**meta, "optimizer": json.dumps(opt_meta)})
-        (tmp / "README.md").write_text(model_card(self))
+        try:
+            self.model.save_weights(tmp, meta)
+            tensors, opt_meta = _flatten_optimizer(
+                self.model.optimizer_state_dict(self.optimizer))
+            tensors["rng_state"] = self.generator.get_state()
+            save_file(tensors, str(tmp / TRAINER_STATE),
+                      metadata={**meta, "optimizer": json.dumps(opt_meta)})
+            (tmp / "README.md").write_text(model_card(self))
+        except Exception as exc:
+            # a half-written checkpoint is no use to anyone: on a full disk its files would
+            # hold the space a retry needs. A write the system refused is raised as an
+            # OSError on this checkpoint's path (safetensors says so in a message alone,
+            # and a write to an open file names no file): trainer/write_errors.py
+            shutil.rmtree(tmp, ignore_errors=True)
+            if (os_error := as_os_error(exc, tmp)) is not None:
+                raise os_error from exc
+            raise
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from pathlib import Path
 
 from celery import signals
-from sqlalchemy import text
+from sqlalchemy import inspect, make_url, text
 
 from app.config import get_settings
 from app.db import get_engine
@@ -28,6 +29,33 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
+def database_problem() -> str | None:
+    """Why this worker cannot use its database, naming the setting: unreachable, or not the
+    studio's. DATABASE_URL unset names DATA_DIR/studio.db, and a worker started with another
+    DATA_DIR than the server's (another working directory, a variable not exported) created
+    an empty database there, started "ready", ran none of the server's jobs and logged a
+    traceback every reaper round. So a SQLite file is looked for before connecting (SQLite
+    creates the file it connects to), and a database without the studio's tables refused."""
+    settings = get_settings()
+    where = ("DATABASE_URL" if settings.database_url
+             else f"DATABASE_URL (unset: DATA_DIR {settings.data_dir}/studio.db)")
+    url = make_url(settings.resolved_database_url)
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
+            and not Path(url.database).exists():
+        return (f"{where}: there is no database at {url.database}; give the worker the "
+                "server's (or run `python -m app migrate` to create it)")
+    try:
+        with get_engine().connect() as conn:
+            conn.execute(text("SELECT 1"))
+            migrated = inspect(conn).has_table("jobs")
+    except Exception as exc:  # noqa: BLE001 - every driver raises its own
+        return f"DATABASE_URL: the database cannot be reached ({_first_line(exc)})"
+    if not migrated:
+        return (f"{where}: the database has no tables: it is not the server's, or was never "
+                "migrated (`python -m app migrate`)")
+    return None
+
+
 def preflight_problems(queues: list[str]) -> list[str]:
     """Every reason this worker could not run a job, each naming its setting."""
     from app.migrate import migrations_current
@@ -37,11 +65,8 @@ def preflight_problems(queues: list[str]) -> list[str]:
     if unknown:
         problems.append(f"-Q: no job is sent to queue(s) {unknown}; the queues are "
                         f"{list(QUEUE_NAMES)}")
-    try:
-        with get_engine().connect() as conn:
-            conn.execute(text("SELECT 1"))
-    except Exception as exc:  # noqa: BLE001 - every driver raises its own
-        problems.append(f"DATABASE_URL: the database cannot be reached ({_first_line(exc)})")
+    if (problem := database_problem()) is not None:
+        problems.append(problem)
     else:
         try:
             if not migrations_current():
@@ -57,7 +82,43 @@ def preflight_problems(queues: list[str]) -> list[str]:
     except OSError as exc:
         problems.append(f"STORAGE_DIR: {storage} is not a directory this worker can write "
                         f"({_first_line(exc)})")
+    else:
+        if not problems:
+            warn_of_foreign_storage(storage)
     return problems
+
+
+# how many of the newest recorded checkpoints and images are looked for in STORAGE_DIR
+RECORDED_FILES_LOOKED_FOR = 4
+
+
+def warn_of_foreign_storage(storage: Path) -> None:
+    """Log it when STORAGE_DIR holds none of the newest files the database records: a worker
+    started with another STORAGE_DIR or DATA_DIR than the server's (a shared volume not
+    mounted) ran its jobs to `succeeded` with every image and checkpoint where the server
+    never looks (404s, checkpoints that "lost their files"). Not refused: a storage wiped on
+    purpose looks the same, and no worker could then ever start again."""
+    from sqlalchemy import select
+
+    from app.db import session_scope
+    from app.models import Checkpoint, Sample
+
+    try:
+        with session_scope() as s:
+            recorded = [*s.scalars(select(Checkpoint.path).order_by(Checkpoint.id.desc())
+                                   .limit(RECORDED_FILES_LOOKED_FOR)),
+                        *s.scalars(select(Sample.image_path).order_by(Sample.id.desc())
+                                   .limit(RECORDED_FILES_LOOKED_FOR))]
+    except Exception as exc:  # noqa: BLE001 - a check that informs; the worker may still run
+        log.warning("could not compare STORAGE_DIR with the database's files: %s",
+                    _first_line(exc))
+        return
+    if recorded and not any((storage / path).exists() for path in recorded):
+        log.warning("STORAGE_DIR %s holds none of the %d newest files the database records "
+                    "(such as %s): it is not the storage the server and the other workers "
+                    "use, and what this worker's jobs write there the server will not find; "
+                    "set STORAGE_DIR (or DATA_DIR) as the server has it", storage,
+                    len(recorded), recorded[0])
 
 
 @signals.celeryd_after_setup.connect

@@ -24,6 +24,7 @@ import errno
 import functools
 import logging
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -51,6 +52,8 @@ log = logging.getLogger(__name__)
 # set when this worker process begins a warm shutdown: a training job saves a checkpoint,
 # goes back to the queue and the task returns, instead of holding the shutdown for hours
 SHUTDOWN = threading.Event()
+# set when this worker is ready (past its start checks) and reports itself
+STARTED = threading.Event()
 
 
 def traceback_tail(exc: BaseException, lines: int = 12) -> str:
@@ -95,9 +98,9 @@ STORAGE_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EDQUO
 STORAGE_RETRY_SECONDS = 5.0
 
 
-def storage_outage(exc: BaseException) -> tuple[Path, str] | None:
-    """(the path, the errno's text) when `exc`, or an error it was raised from, is an OSError
-    of STORAGE_ERRNOS on a path under STORAGE_DIR; else None."""
+def storage_outage(exc: BaseException) -> tuple[Path, str, int] | None:
+    """(the path, the errno's text, the errno) when `exc`, or an error it was raised from, is
+    an OSError of STORAGE_ERRNOS on a path under STORAGE_DIR; else None."""
     root = get_settings().resolved_storage_dir.resolve()
     seen: BaseException | None = exc
     visited: set[int] = set()
@@ -106,17 +109,40 @@ def storage_outage(exc: BaseException) -> tuple[Path, str] | None:
         if isinstance(seen, OSError) and seen.errno in STORAGE_ERRNOS:
             for name in (seen.filename, seen.filename2):
                 if name and Path(os.fsdecode(name)).resolve().is_relative_to(root):
-                    return Path(os.fsdecode(name)), os.strerror(seen.errno)
+                    return Path(os.fsdecode(name)), os.strerror(seen.errno), seen.errno
         seen = seen.__cause__ or seen.__context__
     return None
 
 
-def storage_writable(path: Path) -> bool:
-    """Whether a file can be written where `path` failed: in its nearest existing directory
-    (a file of some size: a full disk still takes an empty one), and the file itself."""
+# errnos that say the storage is full: a small probe file may still fit where the job's
+# checkpoint did not, so the worker also waits for more room than there was when it failed
+SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def _existing_directory(path: Path) -> Path:
     directory = path if path.is_dir() else path.parent
     while not directory.exists() and directory != directory.parent:
         directory = directory.parent
+    return directory
+
+
+def free_bytes(path: Path) -> int | None:
+    """The bytes free on the file system where `path` failed (None when it cannot be told)."""
+    try:
+        return shutil.disk_usage(_existing_directory(path)).free
+    except OSError:
+        return None
+
+
+def storage_writable(path: Path, free_at_failure: int | None = None) -> bool:
+    """Whether a file can be written where `path` failed: in its nearest existing directory
+    (a file of some size: a full disk still takes an empty one), and the file itself; and,
+    for a full disk (`free_at_failure`: its free bytes when the write failed), once more
+    room than that is free: the probe fitting says nothing of the checkpoint that did not."""
+    directory = _existing_directory(path)
+    if free_at_failure is not None and (free := free_bytes(path)) is not None \
+            and free <= free_at_failure:
+        return False
     try:
         with tempfile.TemporaryFile(dir=directory) as probe:
             probe.write(b"\0" * 65536)
@@ -129,10 +155,12 @@ def storage_writable(path: Path) -> bool:
     return True
 
 
-def wait_for_storage(path: Path) -> None:
-    """Hold this worker (no job taken) until `path`'s directory can be written again, or
-    until it shuts down: each job it took meanwhile would fail the same way."""
-    while not SHUTDOWN.is_set() and not storage_writable(path):
+def wait_for_storage(path: Path, free_at_failure: int | None = None) -> None:
+    """Hold this worker (no job taken) until `path`'s directory can be written again (on a
+    full disk: with more room free than `free_at_failure`), or until it shuts down: each
+    job it took meanwhile would fail the same way (a full disk's job again and again, each
+    resumed only to fail at its next checkpoint)."""
+    while not SHUTDOWN.is_set() and not storage_writable(path, free_at_failure):
         SHUTDOWN.wait(STORAGE_RETRY_SECONDS)
     if not SHUTDOWN.is_set():
         log.info("STORAGE_DIR %s can be written again: taking jobs",
@@ -187,6 +215,7 @@ def run_job(job_id: int, body: Callable[[int, str], str], kind: str | None = Non
         return taken
     lease.start_heartbeat()
     storage_down: Path | None = None
+    free_at_failure: int | None = None
     try:
         return body(lease.job_id, lease.worker_name)
     except LeaseLost as exc:
@@ -206,13 +235,15 @@ def run_job(job_id: int, body: Callable[[int, str], str], kind: str | None = Non
             return TaskOutcome.INTERRUPTED
         if (down := storage_outage(exc)) is not None:
             storage_down = down[0]
-            return requeue_after_storage_outage(lease, kind, *down)
+            # measured now: the trainer removed its half-written checkpoint before raising
+            free_at_failure = free_bytes(storage_down) if down[2] in SPACE_ERRNOS else None
+            return requeue_after_storage_outage(lease, kind, down[0], down[1])
         log.exception("job %s failed", job_id)
         return record_failure(lease, describe_error(exc))
     finally:
         lease.stop()
         if storage_down is not None:  # after the requeue: --pool solo takes no job meanwhile
-            wait_for_storage(storage_down)
+            wait_for_storage(storage_down, free_at_failure)
 
 
 def record_failure(lease: JobLease, message: str) -> str:
@@ -379,6 +410,7 @@ def _name_leases(sender=None, **_kwargs) -> None:
 def _start_reaper(sender=None, **_kwargs) -> None:
     """Report this worker, then the reaper's startup check (first round at once) and every
     REAPER_INTERVAL_SECONDS both again (the report keeps the worker counted as live)."""
+    STARTED.set()
     name = node_name()
     queues = consumed_queues(sender)
     thread = ReaperThread(get_settings().reaper_interval_seconds,
@@ -396,7 +428,11 @@ def _on_shutdown(**_kwargs) -> None:
 @signals.worker_shutdown.connect
 def _forget_worker(**_kwargs) -> None:
     """A worker that stops cleanly removes its row: it would count as live for
-    `workers.live_seconds` more, and queued jobs would say they wait behind it or for nothing."""
+    `workers.live_seconds` more, and queued jobs would say they wait behind it or for nothing.
+    One that its start checks refused (worker/preflight.py) never reported: nothing to
+    remove, and its database may be one it must not touch (none there, or not the studio's)."""
+    if not STARTED.is_set():
+        return
     try:
         with session_scope() as s:
             workers.forget(s, node_name())

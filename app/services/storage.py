@@ -168,6 +168,13 @@ def write_bytes(rel_path: str, data: bytes, root: Path | None = None) -> Path:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.replace(tmp, full)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if exc.filename is None and exc.errno is not None:
+            # a write to the open file (a full disk) names no file; the worker tells a
+            # storage outage from a bug by the path (worker.tasks.storage_outage)
+            raise OSError(exc.errno, exc.strerror, str(full)) from exc
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -489,3 +489,16 @@ def test_a_fit_reports_each_epoch_of_every_network(shared):
     fit_preference_model(pairs, FitConfig(epochs=3, ensemble=2, shared_features=shared),
                          on_epoch=lambda done, total: seen.append((done, total)))
     assert seen == [(n, 6) for n in range(1, 7)]
+
+
+def test_a_save_the_system_refuses_is_an_oserror_naming_the_file(tmp_path):
+    """safetensors reports a refused write (a full disk, a read-only one) as a SafetensorError
+    whose message ends "(os error N)": raised as the OSError it is, with its errno and path,
+    so that the studio's worker tells a full storage from a bug (worker.tasks.storage_outage)."""
+    import errno
+
+    target = tmp_path / "model.safetensors"
+    target.mkdir()  # the system refuses to write a file there: EISDIR
+    with pytest.raises(OSError) as raised:
+        PreferenceModel(FitConfig(ensemble=1)).save(target)
+    assert raised.value.errno == errno.EISDIR and raised.value.filename == str(target)

@@ -390,3 +390,165 @@ def test_a_queued_job_whose_message_redis_lost_runs_once_a_worker_has_idled(stac
     stack.wait_log(stack.logs[0], f"reaper: job {job_id} (train) has been queued for over 5 s "
                    "while worker idle@", worker)
     assert "its message was lost" in stack.logs[0].read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def _small_filesystem(directory, megabytes: int):
+    """`directory` on a file system of its own of `megabytes` (a tmpfs: as root alone), so
+    that a job's checkpoints fill it as they would a full disk."""
+    import shutil
+    import subprocess
+
+    mount = shutil.which("mount")
+    directory.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0 or mount is None or subprocess.run(
+            [mount, "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(directory)],
+            capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root with mount privileges")
+    try:
+        yield
+    finally:
+        subprocess.run([shutil.which("umount") or "umount", "-l", str(directory)], check=True)
+
+
+@pytest.mark.parametrize("stack", ["postgres-redis"], indirect=True)
+def test_a_full_disk_requeues_the_job_and_holds_the_worker_until_room_is_freed(stack):
+    """The disk fills while a checkpoint is written (safetensors reports ENOSPC as a
+    SafetensorError, not an OSError): the job was failed with that traceback. Now it is a
+    storage outage as a read-only one is: the half-written checkpoint removed, the job
+    requeued with its attempt given back, and the worker holds until more room is free than
+    when it failed (a 64 KiB probe still fits on a disk the next checkpoint does not: it took
+    the job again at once, over and over); then the job resumes and finishes."""
+    storage = stack.tmp / "storage"
+    with _small_filesystem(storage, 50):  # a tiny run's checkpoint: 22 MB; two fit
+        stack.start_worker()
+        job_id = create_train_job(iterations=3, checkpoint_every=1, sample_every=1000)
+        stack.send(job_id)
+        wait_for(lambda: job_row(job_id).iteration >= 1, 90, "an iteration", stack)
+        job = wait_for(lambda: _status(job_id, "queued", "failed", "succeeded"), 90,
+                       "the job to leave running", stack)
+        assert job.status == "queued", job.error
+        assert job.error.startswith(f"STORAGE_DIR {storage} could not be written (No space "
+                                    "left on device)"), job.error
+        assert job.attempts == 0
+        checkpoints = storage / "checkpoints" / f"job-{job_id}"
+        assert sorted(p.name for p in checkpoints.iterdir()) == ["iter-000001",
+                                                                  "iter-000002"]
+        time.sleep(4)  # the worker holds: it does not take the job again on a full disk
+        assert job_row(job_id).status == "queued"
+        log = stack.logs[0].read_text(errors="replace")
+        assert len([line for line in log.splitlines() if "cannot be written" in line]) == 1, log
+        assert "Traceback" not in log
+        import shutil
+
+        shutil.rmtree(checkpoints / "iter-000001")  # room for one more
+        job = wait_for(lambda: _status(job_id, "succeeded", "failed"), 90, "the resumed job",
+                       stack)
+        assert job.status == "succeeded", job.error
+        assert metric_iterations(job_id) == [1, 2, 3]
+        assert "can be written again" in stack.logs[0].read_text(errors="replace")
+
+
+@pytest.mark.parametrize("stack", ["postgres-redis"], indirect=True)
+def test_a_worker_on_another_database_than_the_servers_refuses_to_start(stack, tmp_path):
+    """A worker started with another DATA_DIR than the server's and no DATABASE_URL (another
+    working directory, a variable not exported) created an empty DATA_DIR/studio.db, started
+    "ready", took none of the server's jobs and logged a traceback every reaper round; one
+    pointed at a database never migrated did the same. Each now exits at start naming the
+    setting, and creates no database."""
+    import uuid
+
+    import psycopg
+    from conftest import PG_ADMIN, _pg_url
+
+    wrong = tmp_path / "wrong-data"
+    stack.env.pop("DATABASE_URL")
+    try:
+        proc = stack.start_worker("wrong-data-dir", queues="gpu", wait=False,
+                                  extra_env={"DATA_DIR": str(wrong)})
+        assert proc.wait(timeout=90) == 1, stack.log_text()
+    finally:
+        stack.env["DATABASE_URL"] = os.environ["DATABASE_URL"]
+    text = stack.logs[-1].read_text(errors="replace")
+    assert (f"worker not started: DATABASE_URL (unset: DATA_DIR {wrong}/studio.db): there is "
+            f"no database at {wrong / 'studio.db'}") in text, text
+    assert "ready." not in text and "Traceback" not in text
+    assert not (wrong / "studio.db").exists()
+
+    empty = f"ngrpo_wtest_empty_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{empty}"')
+    try:
+        proc = stack.start_worker("empty-db", queues="gpu", wait=False,
+                                  extra_env={"DATABASE_URL": _pg_url(empty)})
+        assert proc.wait(timeout=90) == 1, stack.log_text()
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{empty}" WITH (FORCE)')
+    text = stack.logs[-1].read_text(errors="replace")
+    assert ("worker not started: DATABASE_URL: the database has no tables: it is not the "
+            "server's, or was never migrated") in text, text
+    assert "ready." not in text and "Traceback" not in text
+
+
+@pytest.mark.parametrize("stack", ["postgres-redis"], indirect=True)
+def test_a_worker_on_another_storage_than_the_servers_says_so_at_start(stack, tmp_path):
+    """A worker sharing the database and the broker but started with another STORAGE_DIR (or
+    DATA_DIR: a shared volume not mounted) ran its jobs to `succeeded` with every file where
+    the server never looks, without a word. It now says so at start, naming STORAGE_DIR and
+    a file the database records that it lacks; a worker on the right storage says nothing."""
+    first = stack.start_worker("right")
+    job_id = create_train_job(iterations=2, sample_every=2, checkpoint_every=2)
+    stack.send(job_id)
+    job = wait_for(lambda: _status(job_id, "succeeded", "failed"), 90, "the job", stack)
+    assert job.status == "succeeded", job.error
+    os.kill(first.pid, signal.SIGTERM)
+    assert first.wait(timeout=60) == 0
+    assert "holds none of the" not in stack.logs[0].read_text(errors="replace")
+
+    other = tmp_path / "other-storage"
+    stack.start_worker("elsewhere", extra_env={"STORAGE_DIR": str(other)})
+    text = stack.logs[-1].read_text(errors="replace")
+    assert f"STORAGE_DIR {other} holds none of the 5 newest files the database records " \
+           f"(such as checkpoints/job-{job_id}/iter-000002/model.safetensors)" in text, text
+    stack.start_worker("right-again")
+    assert "holds none of the" not in stack.logs[-1].read_text(errors="replace")
+
+
+@pytest.mark.parametrize("stack", ["sqlite-redis"], indirect=True)
+def test_a_disk_that_fills_with_rollout_images_requeues_the_job(stack):
+    """Python's write to an open file on a full disk raises an OSError that names no file,
+    so the storage's images (app.services.storage.write_bytes) failed a rollout job with a
+    traceback where a full disk is an outage: now the job is requeued, the worker holds until
+    there is room, and the job then stores the rest of its groups."""
+    import subprocess
+
+    from app.db import session_scope
+    from app.services import datasets, jobs, rollouts
+    from trainer.shapes.world import all_prompts
+
+    storage = stack.tmp / "storage"
+    with _small_filesystem(storage, 1):
+        # a tmpfs page (4 KiB) a PNG: 8 prompts x 4 members do not fit in 64 KiB
+        subprocess.run(["mount", "-o", "remount,size=64k", str(storage)], check=True)
+        stack.start_worker()
+        with session_scope() as s:
+            data = ("\n".join(all_prompts()[:8]) + "\n").encode()
+            ds = datasets.import_dataset(s, filename="p.txt", data=data).dataset.id
+            job_id = jobs.create_job(s, "rollout", {"dataset_id": ds, "group_size": 4,
+                                                    "steps": 2}).id
+        stack.send(job_id, "rollout")
+        wait_for(lambda: job_row(job_id).status == "running", 60, "the job to start", stack)
+        job = wait_for(lambda: _status(job_id, "queued", "failed", "succeeded"), 90,
+                       "the job to leave running", stack)
+        assert job.status == "queued", job.error
+        assert job.error.startswith(f"STORAGE_DIR {storage} could not be written (No space "
+                                    "left on device)"), job.error
+        subprocess.run(["mount", "-o", "remount,size=4m", str(storage)], check=True)
+        job = wait_for(lambda: _status(job_id, "succeeded", "failed"), 90, "the resumed job",
+                       stack)
+        assert job.status == "succeeded", job.error
+        with session_scope() as s:
+            assert rollouts.list_groups(s, job_id=job_id)[1] == 8
+        log = stack.logs[0].read_text(errors="replace")
+        assert "Traceback" not in log and "can be written again" in log

@@ -42,6 +42,7 @@ from torch import nn
 from trainer.rewards.fit_config import MIN_FIT_VOTES, FitConfig
 from trainer.rewards.outcomes import LABELLED_OUTCOMES, OUTCOMES, TARGET_A, Outcome
 from trainer.shapes.world import IMAGE_SIZE, PROMPT_LENGTH, VOCAB, not_shapes_prompts, tokenize
+from trainer.write_errors import as_os_error
 
 
 @dataclass
@@ -312,7 +313,12 @@ class PreferenceModel:
                 "report": json.dumps(asdict(self.report)) if self.report else "null"}
         meta.update(metadata or {})
         state = {k: v.detach().contiguous().cpu() for k, v in self.net.state_dict().items()}
-        save_file(state, str(path), metadata=meta)
+        try:
+            save_file(state, str(path), metadata=meta)
+        except Exception as exc:  # a full disk or a read-only one: the OSError it is
+            if (os_error := as_os_error(exc, path)) is not None:
+                raise os_error from exc
+            raise
 
     @classmethod
     def load(cls, path: str | Path, device: str = "cpu") -> PreferenceModel:

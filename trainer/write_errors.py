@@ -1,0 +1,33 @@
+"""A failed write named as the OSError it is.
+
+safetensors writes its files in Rust, and a write the operating system refuses (a full disk or
+quota, a read-only file system) comes back as a `SafetensorError` whose message ends
+"No space left on device (os error 28)", not as an OSError: no errno, no path; and Python's
+own write to an open file raises an OSError that names no file. A caller that
+tells a storage failure from a bug (the studio's worker requeues a job whose storage cannot be
+written, and fails one that is wrong) reads both from `as_os_error`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def as_os_error(exc: BaseException, path: str | Path) -> OSError | None:
+    """`exc` as an OSError on `path` (where the write went) when its message carries an
+    operating system error number (Rust's "(os error N)"), or when it is an OSError that
+    names no file (Python's write to an open file: "[Errno 28] No space left on device");
+    None for other errors, and for an OSError that names its file itself."""
+    if isinstance(exc, OSError):
+        if exc.errno is None or exc.filename is not None:
+            return None
+        return OSError(exc.errno, exc.strerror, str(path))
+    match = _OS_ERROR.search(str(exc))
+    if match is None:
+        return None
+    code = int(match.group(1))
+    return OSError(code, os.strerror(code), str(path))
