@@ -74,6 +74,8 @@ class StudioBlocks(gr.Blocks):
 
     async def preprocess_data(self, block_fn: Any, inputs: list[Any], state: Any,
                               explicit_call: bool = False) -> list[Any]:
+        if state is not None:
+            keep_instance_overrides(block_fn.inputs, state)
         try:
             return await super().preprocess_data(block_fn, inputs, state, explicit_call)
         except gr.Error:
@@ -84,6 +86,29 @@ class StudioBlocks(gr.Blocks):
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             log.warning("refused the inputs of UI event %r: %r", block_fn.name, first[:300])
             raise gr.Error(str(exc), print_exception=False) from exc
+
+
+def keep_instance_overrides(inputs: list[Any], state: Any) -> None:
+    """A component whose method the page replaced on the instance keeps the replacement in
+    every session: a number field whose range its handler checks (`app.ui.common.number`),
+    the Datasets picker that deletes a refused file's copy (`discard_refused_types`).
+    Gradio builds a session's own copy of a component from its constructor arguments whenever
+    an event sends it an update, `gr.skip()` included, and the copy had the class's method
+    back: after a failed upload (which skips "Preview dataset #" and, without a file, the
+    picker) a preview of -3, or after a finetune change (which skips the LoRA and resolution
+    fields) a launch with resolution -5, answered with Gradio's toast naming no field ("Value
+    -5 is less than minimum value 0.") and a traceback in the server log, and a file of a
+    refused type stayed in the upload folder. The session's copy takes the replacements
+    again before its inputs are read."""
+    for block in inputs:
+        if getattr(block, "stateful", False) or block._id not in state:
+            continue
+        overrides = {name: value for name, value in vars(block).items()
+                     if callable(value) and callable(getattr(type(block), name, None))}
+        copy = state[block._id] if overrides else block
+        if copy is not block:
+            for name, value in overrides.items():
+                setattr(copy, name, value)
 
 
 def build_ui(enqueuer: Enqueuer | None = None) -> gr.Blocks:

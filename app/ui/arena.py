@@ -235,7 +235,14 @@ def vote(outcome: str, meta: str, user_state: dict | None, arena: dict | None):
     yield pair_html(nxt), reveal_html(state["last"]), counters_html(state), state, _poll(state)
     if nxt is not None:
         state["next"] = _fetch_pair(user.id, [nxt["a_id"], nxt["b_id"]])
-    yield gr.skip(), gr.skip(), gr.skip(), state, gr.skip()
+    # the totals as the database has them, once the pair is on screen (not on the click's
+    # path): counted up by this session alone, "all annotators" stayed at the page's load
+    # plus this session's votes while others voted, and "yours in total" missed this user's
+    # other tabs
+    with session() as s:
+        state["my_total"] = votes.count_votes(s, user.id)
+        state["all_total"] = votes.count_votes(s)
+    yield gr.skip(), gr.skip(), counters_html(state), state, gr.skip()
 
 
 def dispatch(meta: str, user_state: dict | None, arena: dict | None):

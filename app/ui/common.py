@@ -127,8 +127,9 @@ def number(value: float | None = None, *, minimum: float | None = None,
     the handler checks the range instead and its message names the field (`whole_number`, the
     launch form's field errors). No `precision`, for the reason `whole_number` gives.
 
-    Send such a field plain values, never an update (`gr.Number(...)`, `gr.skip()`): Gradio
-    builds an updated component anew for the session, with its own check back."""
+    Gradio builds a session's own copy of a field that gets an update (`gr.Number(...)`,
+    `gr.skip()`), with its own check back; the UI's root Blocks hands the copy this field's
+    stand-in again (`app.ui.keep_instance_overrides`)."""
     # `step` goes to the input as it is: "any" (HTML's word for no step) works though Gradio's
     # signature says float
     field = gr.Number(value, minimum=minimum, maximum=maximum, step=step, **kw)
@@ -334,6 +335,16 @@ CSS = """
 .ngs-side img, .ngs-pixel { image-rendering: pixelated; image-rendering: crisp-edges; }
 .ngs-side img { width: 100%; aspect-ratio: 1 / 1; object-fit: contain; background: #fff;
   border: 1px solid #d4d4d8; border-radius: 6px; }
+/* a phone: Gradio stacked the five vote buttons one a row (each at least 160 px wide) under
+   the pair's 300 px minimum, which its 150 px images leave half empty, so at 375x667 Both bad
+   and Skip, and the reveal after a vote, lay below the fold: an annotator scrolled down for
+   every skip and back up for the next pair. Two buttons a row and the pair as tall as its
+   images keep the pair and all five buttons on that screen, and the reveal too at 390x844 */
+@media (max-width: 640px) {
+  #arena-pair .html-container { min-height: 0 !important; }
+  #arena-buttons { gap: 8px !important; }
+  #arena-buttons > .ngs-vote { flex: 1 1 calc(50% - 8px) !important; min-width: 0 !important; }
+}
 .ngs-side-label { font-weight: 700; font-size: 1.1em; margin: 4px 0; }
 .ngs-prompt { font-size: 1.35em; text-align: center; margin: 6px 0 10px; }
 .ngs-counters { text-align: center; color: #52525b; }
@@ -436,10 +447,12 @@ HEAD = """
   window.addEventListener("click", (e) => {
     const b = e.target.closest && e.target.closest(".ngs-vote");
     if (!b) return;
-    if (e.detail > 1) { e.stopImmediatePropagation(); e.preventDefault(); return; }
     // a mouse click leaves the button focused, and Enter would then click it again: the same
-    // vote on the next pair, unseen (a key's click, detail 0, never focused it)
-    if (e.detail === 1) b.blur();
+    // vote on the next pair, unseen (a key's click, detail 0, never focused it). The second
+    // click of a double click focuses it again (its mousedown) and is stopped below, so it
+    // lets go of the focus too: after a double click Enter voted on the next pair
+    if (e.detail >= 1) b.blur();
+    if (e.detail > 1) { e.stopImmediatePropagation(); e.preventDefault(); return; }
     if (b.id && b.id.startsWith("vote-")) {
       window.ngsClicks.push({outcome: b.id.slice(5), nonce: shownNonce()});
     }

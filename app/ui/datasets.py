@@ -74,7 +74,8 @@ def discard_refused_types(picker: gr.File) -> None:
     """Gradio refuses a file of a type the picker does not list (dropped onto it, or sent by
     a script) before `upload` runs, and left its copy in the upload folder: delete it too, as
     `upload` deletes every file it reads. gr.File's preprocessing calls
-    self._process_single_file for each file: the instance's attribute wins."""
+    self._process_single_file for each file: the instance's attribute wins (and a session's
+    copy of the picker, made by an update, gets it too: app.ui.keep_instance_overrides)."""
     check = picker._process_single_file
 
     def checked(data: Any) -> Any:

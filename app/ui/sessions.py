@@ -37,6 +37,14 @@ MAX_SESSIONS = 100_000  # logins not logged out; the oldest go first past this m
 # the session id where Gradio's client puts it outside a JSON body: /heartbeat/<id>,
 # /stream/<id>/..., or ?session_hash=<id>
 _PATH_SESSION = re.compile(r"^/(?:gradio_api/)?(?:heartbeat|stream)/([^/?]+)")
+# What a page hears when its login is no longer its browser's. Most often a login or a Log out
+# in another tab of the same browser replaced the session cookie this page's login rests on;
+# the page still shows its pages and its Log out (refused too), and "log in here" named a box
+# it does not show: a reload shows the browser's login as it now is.
+SESSION_NOT_THIS_BROWSERS = (
+    "this page's login is no longer this browser's: someone logged in or out in another tab "
+    "of this browser (or this session is being used from another browser). Reload the page "
+    "to go on as whoever this browser is logged in as now, or to log in again")
 # a JSON body is read for its session id only up to this size (component values are small;
 # the request body limit outside caps every body anyway)
 MAX_JSON_BODY = 8 * 1024 * 1024
@@ -138,9 +146,7 @@ class UiSessionGuard:
                 return
             sessions += _body_sessions(body)
         if sessions and not await run_in_threadpool(_may_act_for_all, sessions, scope):
-            response = unauthorized("this UI session is logged in from another browser: "
-                                    "log in here (a logged-in session needs its browser's "
-                                    "session cookie)")
+            response = unauthorized(SESSION_NOT_THIS_BROWSERS)
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)

@@ -245,6 +245,33 @@ def _completed(client, session_hash: str, headers=None) -> dict:
     raise AssertionError("the stream ended before the event finished")
 
 
+def test_a_page_whose_login_another_tab_replaced_is_told_to_reload(served, admin, annotator):
+    """A lead logged in as admin in one tab and as an annotator in another: the second login
+    replaced the browser's session cookie, and every click of the first tab (Log out
+    included) answered "this UI session is logged in from another browser: log in here",
+    on a page that shows no login box. It names the other tab and the way out, a reload."""
+    client, blocks = served
+    fns = list(blocks.fns.values())
+    login_fn = next(fn._id for fn in fns if fn.name == "login")
+    logout_fn = next(fn._id for fn in fns if fn.name == "logout")
+    token = admin["Authorization"].split(" ", 1)[1]
+    first = client.post("/api/auth/session", headers=admin).cookies["ngs_session"]
+    client.cookies.clear()
+    tab_a = {"Cookie": f"ngs_session={first}"}
+    assert _join(client, login_fn, [token, None], "tab-a", tab_a).status_code == 200
+    assert _completed(client, "tab-a", tab_a)["success"] is True
+    # tab B logs in as the annotator: the browser's cookie is now theirs
+    second = client.post("/api/auth/session", headers=annotator).cookies["ngs_session"]
+    now = {"Cookie": f"ngs_session={second}"}
+    client.cookies.clear()
+    for fn in (login_fn, logout_fn):
+        r = _join(client, fn, [token, None] if fn == login_fn else [], "tab-a", now)
+        assert r.status_code == 401, r.text
+        detail = r.json()["detail"]
+        assert "another tab" in detail and "Reload the page" in detail, detail
+        assert "log in here" not in detail
+
+
 def test_a_logged_in_ui_session_acts_only_for_its_own_browser(served, admin, annotator,
                                                                monkeypatch):
     """Gradio runs an event with the state of the session its request names, and the login

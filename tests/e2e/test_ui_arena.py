@@ -142,6 +142,24 @@ def test_double_click_records_one_vote(server, page):
     assert page.locator("#arena-counter-values").get_attribute("data-session") == "3"
 
 
+def test_enter_after_a_double_click_votes_nothing(server, page):
+    """The second click of a double click focused its button again (its mousedown), and Enter
+    then clicked it: the same vote on the next pair, which no one had judged."""
+    login(page, server, server.annotator_token)
+    page.locator("#arena-pair .ngs-pair[data-nonce]").wait_for()
+    nonce, _, _ = _shown_pair(page)
+    page.locator("#vote-b").dblclick()
+    _wait_new_pair(page, nonce)
+    _wait_count(page, 1)
+    page.wait_for_timeout(1000)  # the double click's vote has landed
+    before = len(_votes_of("bob"))
+    page.keyboard.press("Enter")
+    page.wait_for_timeout(1500)  # a vote would have landed by now
+    assert len(_votes_of("bob")) == before
+    assert page.locator("#arena-counter-values").get_attribute("data-session") == "1"
+    assert page.evaluate("() => document.activeElement && document.activeElement.id") != "vote-b"
+
+
 def test_a_page_out_of_step_with_its_session_is_brought_back(server, page):
     """A page that shows a pair its session does not hold (two events drew pairs at once as
     the login set the arena up) used to have every vote taken for a repeat: the arena ignored

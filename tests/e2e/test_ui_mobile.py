@@ -55,3 +55,36 @@ def test_phone_layout_header_and_wide_tables(server, browser):
         screenshot(page, "annotators-phone")
     finally:
         context.close()
+
+
+def test_phone_arena_shows_the_pair_every_vote_button_and_the_reveal(server, browser):
+    """Gradio stacked the five vote buttons one a row under the pair's 300 px minimum: at
+    375x667 Both bad and Skip lay below the fold, and at 390x844 the reveal of a vote did
+    (y=836), so an annotator on a phone scrolled for every skip and missed every reveal."""
+    for viewport, reveal_shows in (({"width": 375, "height": 667}, False), (PHONE, True)):
+        context = browser.new_context(viewport=viewport, has_touch=True, is_mobile=True)
+        page = context.new_page()
+        page.set_default_timeout(60_000)
+        try:
+            login(page, server, server.annotator_token)
+            pair = page.locator("#arena-pair .ngs-pair[data-nonce]")
+            pair.wait_for()
+            image = page.locator("#arena-pair img[alt='image B']").bounding_box()
+            assert image is not None and image["y"] >= 0
+            for outcome in ("a", "b", "tie", "both_bad", "skip"):
+                box = page.locator(f"#vote-{outcome}").bounding_box()
+                assert box is not None and box["y"] + box["height"] <= viewport["height"], (
+                    viewport, outcome, box)
+            nonce = pair.get_attribute("data-nonce")
+            page.locator("#vote-skip").tap()
+            page.wait_for_function(
+                "(old) => { const p = document.querySelector('#arena-pair .ngs-pair');"
+                " return p && p.dataset.nonce && p.dataset.nonce !== old; }", arg=nonce)
+            if reveal_shows:
+                reveal = page.locator("#arena-reveal .ngs-reveal")
+                reveal.wait_for()
+                box = reveal.bounding_box()
+                assert box is not None and box["y"] + box["height"] <= viewport["height"], box
+                screenshot(page, "arena-phone")
+        finally:
+            context.close()

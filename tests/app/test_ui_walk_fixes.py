@@ -1,0 +1,165 @@
+"""Found walking the UI in chromium as annotators and a project lead do, checked at the handlers
+(Gradio's event processing where it matters): a number field checked by its handler, and the
+Datasets picker that deletes a refused file, stay so after an update; the arena's totals count
+the other annotators' votes."""
+
+from __future__ import annotations
+
+import pytest
+
+# app.ui imports gradio (about 4 s): each test imports the handlers it needs, as in
+# tests/app/test_ui_handlers.py
+
+
+def _token(headers: dict[str, str]) -> dict[str, str]:
+    return {"token": headers["Authorization"].split(" ", 1)[1]}
+
+
+def _events(page, user_state, user: dict[str, str]):
+    """Run events of `page` as one browser session does, one after another on the same
+    Gradio session state, logged in as `user` (`user_state`: the login's gr.State):
+    `run(fn, inputs)` answers the outputs' data, or raises what Gradio would show as its
+    error toast."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gradio.state_holder import SessionState
+
+    state = SessionState(page)
+    state[user_state._id] = user
+
+    def run(fn, inputs: list) -> list:
+        # in a thread of its own: the browser tests' Playwright keeps an event loop running
+        # in this one (tests/app/test_ui_handlers.py)
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run,
+                               page.process_api(fn, inputs, state=state)).result()["data"]
+
+    return run
+
+
+def _studio_page(build) -> tuple:
+    """`build(user)` inside the UI's root Blocks (app.ui.StudioBlocks), with the login's
+    gr.State first; the page and that state."""
+    import gradio as gr
+
+    from app.ui import StudioBlocks
+
+    with StudioBlocks() as page:
+        user = gr.State(None)
+        build(user)
+    return page, user
+
+
+def _fn(page, handler=None, first_output: str | None = None):
+    """The event of `page` that runs `handler`, or whose first output is `first_output`."""
+    return next(f for f in page.fns.values()
+                if (f.fn is handler if first_output is None
+                    else f.outputs and f.outputs[0].elem_id == first_output))
+
+
+# --- a number field's range, checked by its handler, after the field got an update ----------
+@pytest.mark.parametrize("typed", [-3, 0])
+def test_preview_field_names_itself_after_a_failed_upload(settings, admin, typed):
+    """A refused upload sends "Preview dataset #" a gr.skip(); Gradio then builds the
+    session's own copy of the field, with gr.Number's range check back, and a preview of -3
+    answered with Gradio's toast "Value -3 is less than minimum value 1." (the old preview
+    left on screen, a traceback in the log) instead of the field's own message."""
+    from app.ui import datasets
+
+    page, user = _studio_page(lambda user: datasets.build_datasets(user))
+    run = _events(page, user, _token(admin))
+    upload, show = _fn(page, datasets.upload), _fn(page, datasets.show)
+    out = run(upload, [None, None, "", 0.0, 0])  # Upload with no file chosen
+    assert "choose a file first" in out[0]
+    assert out[4] == {"__type__": "update"}  # the preview field was skipped: an update
+    shown, = run(show, [None, typed])
+    assert "Preview dataset #: a whole number from 1 to" in shown and f"got {typed}" in shown
+
+
+def test_launch_form_names_a_field_out_of_range_after_a_finetune_change(settings, admin,
+                                                                       enqueuer):
+    """Changing finetune sends the LoRA, resolution and guidance fields a gr.skip() (those it
+    does not reset); a launch with resolution -5 then answered with Gradio's toast "Value -5
+    is less than minimum value 0." naming no field, instead of the error beside the field."""
+    from app.ui import jobs
+
+    page, user = _studio_page(lambda user: jobs.build_jobs(user, enqueuer=enqueuer))
+    run = _events(page, user, _token(admin))
+    names = [d["name"] for d in jobs.describe()]
+    values = jobs.form_values(None)
+    values[names.index("finetune")] = "lora"
+    out = run(_fn(page, jobs.fields_for_model), values)
+    assert {"__type__": "update"} in out  # some fields were skipped: updates
+    values[names.index("finetune")] = "full"
+    run(_fn(page, jobs.fields_for_model), values)
+    values[names.index("resolution")] = -5
+    launch = _fn(page, first_output="jobs-launch-status")
+    out = run(launch, [None, None, *values])
+    errors = dict(zip(names, out[2:2 + len(names)], strict=True))
+    assert "1 field(s) need fixing" in out[0]
+    assert "resolution" not in out[0] and "-5" in errors["resolution"], errors["resolution"]
+    assert enqueuer.calls == []
+
+
+def test_a_refused_file_is_deleted_after_an_upload_without_a_file(settings, admin, tmp_path,
+                                                                  monkeypatch):
+    """Upload with no file chosen sends the picker a gr.skip(); the session's copy of the
+    picker lost the page's wrapper (`discard_refused_types`), and a file of a type the picker
+    refuses, dropped on it next, stayed in the upload folder."""
+    folder = tmp_path / "gradio-uploads"
+    folder.mkdir()
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(folder))  # as Gradio reads it
+    from app.ui import datasets
+
+    page, user = _studio_page(lambda user: datasets.build_datasets(user))
+    run = _events(page, user, _token(admin))
+    upload = _fn(page, datasets.upload)
+    out = run(upload, [None, None, "", 0.0, 0])
+    assert "choose a file first" in out[0] and out[3] == {"__type__": "update"}
+    refused = folder / "89abcdef" / "tool.exe"
+    refused.parent.mkdir()
+    refused.write_bytes(b"MZ not prompts")
+    payload = {"path": str(refused), "orig_name": "tool.exe",
+               "meta": {"_type": "gradio.FileData"}}
+    with pytest.raises(Exception, match="Invalid file type"):
+        run(upload, [None, payload, "", 0.0, 0])
+    assert not refused.exists() and not refused.parent.exists()
+
+
+# --- the arena's totals ------------------------------------------------------------------------
+def _vote(arena, user: dict[str, str], state: dict, outcome: str, vote_id: str) -> list:
+    """A click on the pair `state` shows; every step of the vote's event."""
+    import json
+
+    meta = json.dumps({"client_vote_id": vote_id, "nonce": state["current"]["nonce"],
+                       "outcome": outcome})
+    return list(arena.dispatch(meta, user, state))
+
+
+def test_arena_totals_count_the_votes_of_others_and_of_other_tabs(settings, annotator,
+                                                                  make_user, make_group):
+    """Two annotators voting at once: each page's "all annotators" stayed at its load's count
+    plus its own votes (42 on both pages with 62 votes stored), and "yours in total" missed
+    the same user's votes from another tab. After each vote both are the database's."""
+    from app.db import session_scope
+    from app.services import votes
+    from app.ui import arena
+
+    make_group(g=4)
+    make_group(g=4, prompt="one blue square")
+    bob, alice = _token(annotator), _token(make_user("alice", "annotator"))
+    bob_tab, alice_tab = arena.load(bob, None)[3], arena.load(alice, None)[3]
+    bob_other_tab = arena.load(bob, None)[3]
+    for k in range(3):
+        alice_tab = _vote(arena, alice, alice_tab, "a", f"alice-{k}")[-1][3]
+    bob_other_tab = _vote(arena, bob, bob_other_tab, "b", "bob-other")[-1][3]
+    steps = _vote(arena, bob, bob_tab, "a", "bob-0")
+    counters = steps[-1][2]
+    with session_scope() as s:
+        mine, everyone = votes.count_votes(s, bob_tab["user_id"]), votes.count_votes(s)
+    assert (mine, everyone) == (2, 5)
+    assert f'data-session="1" data-total="{mine}"' in counters, counters
+    assert f"all annotators: <b>{everyone}</b>" in counters, counters
+    # the pair on screen came first, with this session's count; the totals then
+    assert "This session: <b>1</b> pair answered" in steps[0][2]
