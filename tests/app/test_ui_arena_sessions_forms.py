@@ -6,8 +6,9 @@ tests/e2e/test_ui_reveal_sessions_fonts.py."""
 
 from __future__ import annotations
 
-import json
 import re
+
+from arena_helpers import arena_vote
 
 # app.ui imports gradio (about 4 s): each test imports the handlers it needs, as in
 # tests/app/test_ui_handlers.py
@@ -15,13 +16,6 @@ import re
 
 def _token(headers: dict[str, str]) -> dict[str, str]:
     return {"token": headers["Authorization"].split(" ", 1)[1]}
-
-
-def _vote(arena, user: dict[str, str], state: dict, outcome: str, vote_id: str) -> list:
-    """A click on the pair `state` shows; every step of the vote's event."""
-    meta = json.dumps({"client_vote_id": vote_id, "nonce": state["current"]["nonce"],
-                       "outcome": outcome})
-    return list(arena.dispatch(meta, user, state))
 
 
 # --- 2: a login as someone else in the same tab starts a fresh arena session ---------------
@@ -36,7 +30,7 @@ def test_logout_then_login_as_another_user_starts_a_fresh_arena_session(settings
     alice, bob = _token(admin), _token(annotator)
     state = arena.load(alice, None)[3]
     for k in range(2):
-        state = _vote(arena, alice, state, "tie", f"alice-{k}")[-1][3]
+        state = arena_vote(arena, alice, state, "tie", f"alice-{k}")[-1][3]
     assert state["session_votes"] == 2
     alice_session, alice_next = state["session_id"], state["next"]
 
@@ -49,7 +43,7 @@ def test_logout_then_login_as_another_user_starts_a_fresh_arena_session(settings
     assert state["session_id"] != alice_session and state["session_votes"] == 0
     assert 'data-session="0"' in counters
     assert state["current"]["nonce"] != alice_next["nonce"]
-    state = _vote(arena, bob, state, "a", "bob-0")[-1][3]
+    state = arena_vote(arena, bob, state, "a", "bob-0")[-1][3]
     with session_scope() as s:
         bobs = [v for v in votes.export_votes(s) if v["annotator"] == "bob"]
     assert [v["session_id"] for v in bobs] == [state["session_id"]]
@@ -69,7 +63,7 @@ def test_a_session_held_for_another_user_is_never_theirs(settings, admin, annota
     bobs = arena.load(bob, dict(alices))[3]
     assert bobs["session_id"] != alices["session_id"] and bobs["session_votes"] == 0
 
-    steps = _vote(arena, bob, alices, "a", "bob-on-alices-pair")
+    steps = arena_vote(arena, bob, alices, "a", "bob-on-alices-pair")
     assert steps[-1][3]["session_id"] != alices["session_id"]
     with session_scope() as s:
         assert votes.count_votes(s) == 0  # a fresh session looks for a pair, records nothing
@@ -81,7 +75,7 @@ def test_the_same_user_logging_in_again_starts_a_new_session(settings, annotator
     make_group(g=4)
     bob = _token(annotator)
     state = arena.load(bob, None)[3]
-    state = _vote(arena, bob, state, "b", "bob-0")[-1][3]
+    state = arena_vote(arena, bob, state, "b", "bob-0")[-1][3]
     first = state["session_id"]
     state = arena.load(None, state)[3]  # Log out
     state = arena.load(bob, state)[3]
@@ -106,7 +100,7 @@ def test_consecutive_reveals_alternate_between_two_identical_fades(settings, ann
     state = arena.load(bob, None)[3]
     fades = []
     for k in range(3):
-        steps = _vote(arena, bob, state, "tie", f"v{k}")
+        steps = arena_vote(arena, bob, state, "tie", f"v{k}")
         fades.append(_fade(steps[0][1]))
         state = steps[-1][3]
     assert fades[0] != fades[1] and fades[1] != fades[2]

@@ -6,6 +6,7 @@ the other annotators' votes."""
 from __future__ import annotations
 
 import pytest
+from arena_helpers import arena_vote
 
 # app.ui imports gradio (about 4 s): each test imports the handlers it needs, as in
 # tests/app/test_ui_handlers.py
@@ -128,15 +129,6 @@ def test_a_refused_file_is_deleted_after_an_upload_without_a_file(settings, admi
 
 
 # --- the arena's totals ------------------------------------------------------------------------
-def _vote(arena, user: dict[str, str], state: dict, outcome: str, vote_id: str) -> list:
-    """A click on the pair `state` shows; every step of the vote's event."""
-    import json
-
-    meta = json.dumps({"client_vote_id": vote_id, "nonce": state["current"]["nonce"],
-                       "outcome": outcome})
-    return list(arena.dispatch(meta, user, state))
-
-
 def test_arena_totals_count_the_votes_of_others_and_of_other_tabs(settings, annotator,
                                                                   make_user, make_group):
     """Two annotators voting at once: each page's "all annotators" stayed at its load's count
@@ -152,9 +144,9 @@ def test_arena_totals_count_the_votes_of_others_and_of_other_tabs(settings, anno
     bob_tab, alice_tab = arena.load(bob, None)[3], arena.load(alice, None)[3]
     bob_other_tab = arena.load(bob, None)[3]
     for k in range(3):
-        alice_tab = _vote(arena, alice, alice_tab, "a", f"alice-{k}")[-1][3]
-    bob_other_tab = _vote(arena, bob, bob_other_tab, "b", "bob-other")[-1][3]
-    steps = _vote(arena, bob, bob_tab, "a", "bob-0")
+        alice_tab = arena_vote(arena, alice, alice_tab, "a", f"alice-{k}")[-1][3]
+    bob_other_tab = arena_vote(arena, bob, bob_other_tab, "b", "bob-other")[-1][3]
+    steps = arena_vote(arena, bob, bob_tab, "a", "bob-0")
     counters = steps[-1][2]
     with session_scope() as s:
         mine, everyone = votes.count_votes(s, bob_tab["user_id"]), votes.count_votes(s)
