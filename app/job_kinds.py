@@ -231,7 +231,13 @@ class EvaluateConfig(SamplingConfig):
                                     "clip_score, aesthetic) included; empty: count, exact_count, color, "
                                     "shape and combined for the shapes model, "
                                     "jpeg_compressibility for flux / sd3. Each one's mean is "
-                                    "stored on the checkpoint.")
+                                    "stored on the checkpoint. 'preference' scores with a "
+                                    "fitted preference model (preference_model).")
+    preference_model: str = Field(
+        "", max_length=MAX_TEXT, description="With 'preference' among reward_names: the fitted "
+        "preference model that scores it, its ensemble's mean score: '' or 'latest' (the "
+        "newest, as the job starts; a resumed job keeps the version it began with), 'vN', or "
+        "a path under STORAGE_DIR. Its version is stored with the checkpoints' scores.")
 
     @field_validator("seeds")
     @classmethod

@@ -321,12 +321,20 @@ def resolve_preference(config: TrainConfig, latest: int | None = None
     "vN" or "N" -> that version; otherwise a path (relative to the storage dir, or absolute)."""
     if "preference" not in config.reward_weights:
         return "", None, 0
-    spec = pref_svc.parse_spec(config.preference_model)
+    return resolve_preference_spec(config.preference_model, latest)
+
+
+def resolve_preference_spec(text: str, latest: int | None = None, named_in: str = "reward_weights"
+                            ) -> tuple[str, int | None, int]:
+    """(absolute path, version or None, last vote id it saw) of the preference model `text`
+    names, as resolve_preference reads a train config's preference_model (an evaluate job's
+    too: `named_in` is the field that asked for 'preference')."""
+    spec = pref_svc.parse_spec(text)
     with session_scope() as s:
         if spec.kind == "latest":
             row = pref_svc.get_model(s, latest) if latest else pref_svc.latest_model(s)
             if row is None:
-                raise ValueError("reward_weights has 'preference' but no preference model has "
+                raise ValueError(f"{named_in} has 'preference' but no preference model has "
                                  "been fitted yet: run a fit_preference job first")
         elif spec.kind == "version":
             row = pref_svc.get_model(s, spec.version)

@@ -290,6 +290,57 @@ def run_rollout(job_id: int, worker_name: str) -> str:
         return jobs.mark_succeeded(s, job_id).status
 
 
+class EvaluationPreference:
+    """The fitted preference model an evaluate job scores 'preference' with, and the name its
+    scores are stored under ("v3", or a path's relative to STORAGE_DIR). Its score is the
+    ensemble's mean (the Bradley-Terry utility): a measurement, without the uncertainty
+    penalty a training reward subtracts."""
+
+    def __init__(self, model: Any, label: str) -> None:
+        self.model = model
+        self.label = label
+
+    @classmethod
+    def load(cls, cfg: EvaluateConfig, history: Any) -> EvaluationPreference:
+        """The model `cfg.preference_model` names; on a resume (`history`: the metric rows
+        of checkpoints already scored) the version those were scored with, not a newer
+        'latest'. Checked before any sampling: a JobError names what is wrong."""
+        from trainer.rewards.preference import PreferenceModel, saved_features
+        from worker.preference import resolve_preference_spec
+
+        begun = next((row["preference_model"] for row in history
+                      if isinstance(row, dict) and row.get("preference_model")), None)
+        spec = begun if begun is not None else cfg.preference_model
+        try:
+            path, version, _ = resolve_preference_spec(spec, named_in="reward_names")
+            features = saved_features(path)
+            if features == "shapes" and (cfg.model or "shapes") != "shapes":
+                raise ValueError(f"preference model {spec or 'latest'!r} reads the shapes "
+                                 "world's images and prompts (features 'shapes'): it cannot "
+                                 f"score model {cfg.model!r}")
+            model = PreferenceModel.load(path, str(resolve_device("auto")))
+        except (OSError, ValueError, NotFound) as exc:
+            raise JobError(f"preference_model: {exc}") from None
+        label = f"v{version}" if version is not None else storage_label(path)
+        return cls(model, label)
+
+    def scores(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
+        from trainer.rewards.preference import image_batch
+
+        return self.model.scores(image_batch(list(images)), prompts)
+
+
+def storage_label(path: str) -> str:
+    """`path` relative to STORAGE_DIR where it lies there (what a user typed), else as is."""
+    from pathlib import Path
+
+    from app.services import storage
+
+    root = storage.storage_root().resolve()
+    full = Path(path).resolve()
+    return str(full.relative_to(root)) if full.is_relative_to(root) else str(full)
+
+
 def run_evaluate(job_id: int, worker_name: str) -> str:
     with session_scope() as s:
         job = jobs.get_job(s, job_id)
@@ -311,14 +362,20 @@ def run_evaluate(job_id: int, worker_name: str) -> str:
              "seeds": len(cfg.seeds)}
     names = reward_names("evaluate", cfg)
     cancel = CancelCheck(job_id, worker_name)
-    scorer = prepare_rewards(names, cfg.reward_model_paths, cfg.reward_server_url,
-                             cancel.requested)
+    # 'preference' is the fitted model's score here, not the registry's or a server's
+    scored = [n for n in names if n != "preference"]
+    scorer = (prepare_rewards(scored, cfg.reward_model_paths, cfg.reward_server_url,
+                              cancel.requested) if scored else None)
+    preference = (EvaluationPreference.load(cfg, history.values())
+                  if "preference" in names else None)
     # every checkpoint's model directory checked before the first loads
     specs = {ckpt_id: sampling_spec(cfg, ckpt_id) for ckpt_id, _ in ckpts}
     pairs = [(p, seed) for p in prompts for seed in cfg.seeds]
     summary: dict[str, Any] = {}
     for row in history.values():
         summary.update({k: v for k, v in row.items() if k.startswith("checkpoint/")})
+    if preference is not None:  # the job's results name the model that gave 'preference'
+        summary["preference_model"] = preference.label
     total = len(ckpts) * len(pairs)  # progress counts images: a checkpoint's can take minutes
     done = len(history) * len(pairs)
     try:
@@ -335,7 +392,9 @@ def run_evaluate(job_id: int, worker_name: str) -> str:
                                    on_batch=throttled(lambda n, before=before: _progress(
                                        job_id, worker_name, before + n, total)))
             texts = [p for p, _ in pairs]
-            scores = score(scorer, names, images, texts, cancel)
+            scores = dict(score(scorer, scored, images, texts, cancel)) if scorer else {}
+            if preference is not None:
+                scores["preference"] = preference.scores(images, texts)
             with session_scope() as s:
                 require_lease(s, job_id, worker_name)
                 for j, (text, seed) in enumerate(pairs):
@@ -349,12 +408,18 @@ def run_evaluate(job_id: int, worker_name: str) -> str:
                 # in the images' transaction: the scores are stored exactly when they are
                 checkpoints.record_scores(s, ckpt_id, json_safe({
                     n: {"mean": float(scores[n].mean()), "std": float(scores[n].std()),
-                        "n": len(pairs)} for n in names}), **about)
+                        "n": len(pairs),
+                        **({"preference_model": preference.label}
+                           if n == "preference" and preference else {})} for n in names}),
+                    **about)
             row = {f"checkpoint/{ckpt_id}/{n}": float(scores[n].mean()) for n in names}
             summary.update(row)
             done += len(pairs)
+            # the version scored with travels in the history: a resumed job keeps it
             _progress(job_id, worker_name, done, total,
-                      json_safe({"checkpoint_id": ckpt_id, **row}), history_at=index)
+                      json_safe({"checkpoint_id": ckpt_id, **row,
+                                 **({"preference_model": preference.label}
+                                    if preference else {})}), history_at=index)
     except Cancelled:
         return JobStatus.CANCELLED
     with session_scope() as s:

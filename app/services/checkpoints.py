@@ -192,6 +192,9 @@ def score_sources(ckpt: Checkpoint) -> dict[str, str]:
         seeds = entry.get("seeds")
         parts = [str(entry["prompts"]) if entry.get("prompts") else "prompts not recorded",
                  *([f"{seeds} seed{'s' if seeds != 1 else ''}"] if seeds else []),
-                 *([f"n={entry['n']}"] if entry.get("n") is not None else [])]
+                 *([f"n={entry['n']}"] if entry.get("n") is not None else []),
+                 # preference scores of two models' versions do not compare either
+                 *([f"preference model {entry['preference_model']}"]
+                   if entry.get("preference_model") else [])]
         out[name] = ", ".join(parts)
     return out

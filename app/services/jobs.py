@@ -166,8 +166,11 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
             and (problem := repeated_prompts_problem(given)) is not None:
         problems.append(("prompts", problem))
     known = reward_names()
+    # an evaluate job scores 'preference' with a fitted model (preference_model), checked
+    # once its checkpoints' model is known (_check_model)
+    runtime = RUN_TIME_REWARDS if kind == "evaluate" else ()
     for name in out.get("reward_names") or []:
-        if name not in known:
+        if name not in known and name not in runtime:
             problems.append(("reward_names",
                              f"unknown reward {name!r}; known: {', '.join(known)}"))
     names = [n for n in out.get("reward_names") or [] if isinstance(n, str)]
@@ -480,6 +483,28 @@ def _check_model(session: Session, kind: str, config: dict[str, Any], problems: 
         problem = shapes_only_problem([n for n in names if isinstance(n, str)], model)
         if problem is not None:
             problems.append(("reward_names", problem))
+    if kind == "evaluate":
+        _check_evaluate_preference(session, config, model, problems)
+
+
+def _check_evaluate_preference(session: Session, config: dict[str, Any], model: str,
+                               problems: Problems) -> None:
+    """An evaluate job's 'preference' reward needs a preference model that can score its
+    checkpoints' `model` (preference_problem, the rule of train jobs); a preference_model
+    named without it would be read by nothing, and a reward server does not score it."""
+    malformed = {field for field, _ in problems}
+    names = config.get("reward_names")
+    spec = config.get("preference_model", "")
+    if not isinstance(names, list) or "reward_names" in malformed \
+            or not isinstance(spec, str) or "preference_model" in malformed:
+        return
+    if "preference" in names:
+        if (problem := preference_problem(session, spec, model, "reward_names")) is not None:
+            problems.append(("preference_model", problem))
+    elif spec.strip():
+        problems.append(("preference_model", "names a preference model, but reward_names has "
+                         "no 'preference' for it to score: add it, or leave preference_model "
+                         "empty"))
 
 
 def _run_rollout_batch_size(session: Session, checkpoint_id: int) -> int:
@@ -510,7 +535,8 @@ def real_model_sampling_batch(session: Session, model: str, checkpoint_ids: list
         uses_directory=True)
 
 
-def preference_problem(session: Session, spec: str, model: str = "shapes") -> str | None:
+def preference_problem(session: Session, spec: str, model: str = "shapes",
+                       named_in: str = "reward_weights") -> str | None:
     """Why the preference model a train config names cannot be loaded, or cannot score the
     run's `model` (a shapes-features model reads the shapes world alone), or None."""
     from app.services import preference as pref_svc
@@ -521,7 +547,7 @@ def preference_problem(session: Session, spec: str, model: str = "shapes") -> st
     if parsed.kind == "latest":
         row = pref_svc.latest_model(session)
         if row is None:
-            return ("reward_weights has 'preference' but no preference model has been fitted "
+            return (f"{named_in} has 'preference' but no preference model has been fitted "
                     "yet: run a fit_preference job first")
         name = f"preference model v{row.version}"
     elif parsed.kind == "version":
