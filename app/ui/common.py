@@ -113,6 +113,22 @@ def whole_number(value: Any, label: str, minimum: int, maximum: int | None = Non
     return int(x)
 
 
+def number_below(value: Any, label: str, minimum: float, below: float) -> float:
+    """A form's number as a float from `minimum` up to but not including `below` (the API's
+    `ge`/`lt`), or BadRequest naming the field and what it allows, as `whole_number` does:
+    an empty box too, never a default put in its place. -0 is 0, as the API stores it."""
+    allowed = f"{label}: a number from {minimum:g} to under {below:g}"
+    if value is None or not str(value).strip():
+        raise BadRequest(allowed)
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise BadRequest(f"{allowed}, got {str(value)[:40]!r}") from None
+    if not math.isfinite(x) or not minimum <= x < below:
+        raise BadRequest(f"{allowed}, got {x:g}")
+    return x + 0.0
+
+
 def _range_left_to_the_handler(num: float, minimum: float | None,
                                maximum: float | None) -> None:
     """Stands in for gr.Number's own range check (see `number`): the handler checks."""

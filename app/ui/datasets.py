@@ -23,8 +23,10 @@ from app.ui.common import (
     dataset_options,
     error_text,
     esc,
+    field_error,
     notice,
     number,
+    number_below,
     session,
     table,
     uploaded_file,
@@ -101,33 +103,63 @@ def _file_problems(filename: str, data: bytes) -> list[str]:
     return []
 
 
-def upload(user_state: dict | None, file: str | None, name: str, eval_fraction: float | None,
-           seed: float | None) -> tuple[str, str, Any, Any, Any]:
-    """Outputs: status, preview, list, the file picker (emptied: the server read the file and
-    deleted its copy, so an Upload again needs the file chosen again), and the "Preview
-    dataset #" field: the new dataset's id, as the preview shows it (the field kept an older
-    id, which Delete then took for the one on screen)."""
+# The upload form's number fields: the API's form field (its 422 names it) -> the label the
+# page shows. Each has an error box `#dataset-err-<field>` beside it (`upload_form`).
+UPLOAD_FIELDS: dict[str, str] = {"eval_fraction": "Eval fraction", "seed": "Split seed"}
+
+
+def _field_values(eval_fraction: Any, seed: Any) -> tuple[float, int, dict[str, str]]:
+    """The form's eval fraction and split seed under the API's rules (eval_fraction in
+    [0, 1), seed a whole number in [0, MAX_ID]), and each problem by field (its message
+    without the label, which the box beside the field needs no more than the launch form's).
+    An empty box is refused, as every other number field of the UI: the slider it replaced
+    sent 0.95 for a typed 5 and the page never said so."""
+    found: dict[str, str] = {}
+    fraction, split_seed = 0.0, 0
+    label = UPLOAD_FIELDS["eval_fraction"]
+    try:
+        fraction = number_below(eval_fraction, label, 0.0, 1.0)
+    except BadRequest as exc:
+        found["eval_fraction"] = exc.message.removeprefix(f"{label}: ")
+    label = UPLOAD_FIELDS["seed"]
+    try:
+        split_seed = whole_number(seed, label, 0, MAX_ID)
+    except BadRequest as exc:
+        found["seed"] = exc.message.removeprefix(f"{label}: ")
+    return fraction, split_seed, found
+
+
+def _labelled(found: dict[str, str]) -> list[str]:
+    return [f"{UPLOAD_FIELDS[f]}: {m}" for f, m in found.items()]
+
+
+def _upload(user_state: dict | None, file: str | None, name: str, eval_fraction: Any,
+            seed: Any) -> tuple[tuple[str, str, Any, Any, Any], dict[str, str]]:
+    """`upload`'s outputs, and the form's field problems by field (for their boxes)."""
+    found: dict[str, str] = {}
     try:
         caller(user_state, "admin")
+        fraction, split_seed, found = _field_values(eval_fraction, seed)
         # only a file the user uploaded: the value is the client's, and can name any path
-        path = uploaded_file(file)
+        try:
+            path = uploaded_file(file)
+        except BadRequest as no_file:
+            # the fields' problems beside it, as the API's 422 lists a missing file with them
+            raise BadRequest("; ".join([*_labelled(found), no_file.message])) from None
         limit = get_settings().max_upload_bytes
         try:
             with path.open("rb") as fh:
                 data = fh.read(limit + 1)
         finally:
             _discard_upload(path)
-        try:
-            split_seed = whole_number(0 if seed is None else seed, "Split seed", 0, MAX_ID)
-        except BadRequest as bad_seed:
+        if found:
             # the file's own problems in the same message, as the API's 422 lists them
             # (nothing is imported either way)
-            raise BadRequest("; ".join([bad_seed.message, *_file_problems(path.name, data)])
-                             ) from None
+            raise BadRequest("; ".join([*_labelled(found), *_file_problems(path.name, data)]))
         with session() as s:
             result = svc.import_dataset(
                 s, filename=path.name, data=data, name=name or None,
-                eval_fraction=float(eval_fraction or 0.0), seed=split_seed,
+                eval_fraction=fraction, seed=split_seed,
                 max_prompt_length=get_settings().max_prompt_length, max_bytes=limit)
             ds_id, dropped = result.dataset.id, result.duplicates_dropped
             blank = result.blank_lines_skipped
@@ -136,8 +168,9 @@ def upload(user_state: dict | None, file: str | None, name: str, eval_fraction: 
         # the picker is emptied (its copy is deleted once read): say so, or a rename and a
         # second Upload met "choose a file first"
         again = " Choose the file again to upload it once this is fixed." if file else ""
-        return (f'<div class="ngs-notice ngs-error" id="dataset-error">{esc(error_text(exc))}'
-                f"{again}</div>", "", gr.skip(), None if file else gr.skip(), gr.skip())
+        return ((f'<div class="ngs-notice ngs-error" id="dataset-error">{esc(error_text(exc))}'
+                 f"{again}</div>", "", gr.skip(), None if file else gr.skip(), gr.skip()),
+                found)
     status = (f'<div class="ngs-notice ngs-ok" id="dataset-ok" data-dataset="{ds_id}">'
               f"Imported dataset {ds_id}: {count} prompts, {dropped} duplicate(s) dropped, "
               f"{blank} blank line(s) skipped."
@@ -146,7 +179,25 @@ def upload(user_state: dict | None, file: str | None, name: str, eval_fraction: 
                  "dataset (rollout and evaluate jobs can sample its 'eval' split); upload it "
                  "again with a lower eval fraction to train on it." if n_eval == count else "")
               + "</div>")
-    return status, preview(ds_id), dataset_list(), None, ds_id
+    return (status, preview(ds_id), dataset_list(), None, ds_id), {}
+
+
+def upload(user_state: dict | None, file: str | None, name: str, eval_fraction: Any,
+           seed: Any) -> tuple[str, str, Any, Any, Any]:
+    """Outputs: status, preview, list, the file picker (emptied: the server read the file and
+    deleted its copy, so an Upload again needs the file chosen again), and the "Preview
+    dataset #" field: the new dataset's id, as the preview shows it (the field kept an older
+    id, which Delete then took for the one on screen). Every problem is in the status, each
+    field's after its label; `upload_form` also puts each beside its field."""
+    return _upload(user_state, file, name, eval_fraction, seed)[0]
+
+
+def upload_form(user_state: dict | None, file: str | None, name: str, eval_fraction: Any,
+                seed: Any) -> tuple[Any, ...]:
+    """What Upload shows: `upload`'s outputs, then one error box per UPLOAD_FIELDS entry, in
+    its order (empty where the field is fine), as the launch form shows its fields' errors."""
+    outputs, found = _upload(user_state, file, name, eval_fraction, seed)
+    return (*outputs, *[field_error(found.get(f)) for f in UPLOAD_FIELDS])
 
 
 def show(user_state: dict | None, dataset_id: float | None) -> str:
@@ -263,9 +314,20 @@ def build_datasets(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
             discard_refused_types(file)
             with gr.Column():
                 name = gr.Textbox(label="Name (default: the file name)", elem_id="dataset-name")
-                eval_fraction = gr.Slider(0.0, 0.95, value=0.0, step=0.05,
-                                          label="Eval fraction", elem_id="dataset-eval")
-                seed = gr.Number(0, label="Split seed")
+                # number fields, not a slider: Gradio's slider sent 0.95 for a typed 5 (its
+                # box still showing 5) and 0 for -1. The handler checks the API's range
+                # ([0, 1); the arrow keys stop at 0.95) and says what is wrong beside the
+                # field; ngs-field gives the field the error's red border (common.CSS)
+                boxes: dict[str, Any] = {}
+                with gr.Column(elem_classes=["ngs-field"]):
+                    eval_fraction = number(0.0, label=UPLOAD_FIELDS["eval_fraction"],
+                                           minimum=0, maximum=0.95, step=0.05,
+                                           elem_id="dataset-eval")
+                    boxes["eval_fraction"] = gr.HTML(elem_id="dataset-err-eval_fraction")
+                with gr.Column(elem_classes=["ngs-field"]):
+                    seed = number(0, label=UPLOAD_FIELDS["seed"], minimum=0, maximum=MAX_ID,
+                                  elem_id="dataset-seed")
+                    boxes["seed"] = gr.HTML(elem_id="dataset-err-seed")
                 go = gr.Button("Upload", variant="primary", elem_id="dataset-upload")
         status = gr.HTML(elem_id="dataset-status")
         prev = gr.HTML(elem_id="dataset-preview-box")
@@ -280,8 +342,8 @@ def build_datasets(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
             confirm = gr.Checkbox(False, label=CONFIRM_DELETE, elem_id="dataset-delete-confirm")
             delete_btn = gr.Button("Delete dataset", variant="stop", elem_id="dataset-delete")
         delete_status = gr.HTML(elem_id="dataset-delete-status")
-        go.click(upload, [user, file, name, eval_fraction, seed],
-                 [status, prev, listing, file, pick],
+        go.click(upload_form, [user, file, name, eval_fraction, seed],
+                 [status, prev, listing, file, pick, *[boxes[f] for f in UPLOAD_FIELDS]],
                  api_visibility="private").then(delete_choices, user, doomed,
                                                 api_visibility="private")
         show_btn.click(show, [user, pick], prev, api_visibility="private")

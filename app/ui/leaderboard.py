@@ -26,6 +26,7 @@ from app.ui.common import (
     field_error,
     fmt,
     notice,
+    number,
     session,
     table,
     whole_number,
@@ -121,11 +122,32 @@ def ratings_html(board: dict[str, Any]) -> str:
             f"{esc(scores_note)}{ranking}{pairs}</div>")
 
 
-def show(user_state: dict | None, bootstrap: float | None) -> str:
+BOOTSTRAP_LABEL = "Bootstrap resamples"
+
+
+def bootstrap_count(bootstrap: Any) -> int:
+    """The "Bootstrap resamples" field as GET /api/leaderboard takes it (a whole number from
+    0 to MAX_BOOTSTRAP), or BadRequest naming the field: the slider it replaced sent 0 for a
+    typed -5 (and `int()` made 1.5 one resample) without a word."""
+    return whole_number(bootstrap, BOOTSTRAP_LABEL, 0, MAX_BOOTSTRAP)
+
+
+def bootstrap_error(bootstrap: Any) -> str:
+    """The error box beside the "Bootstrap resamples" field: what is wrong with its value
+    (empty: nothing)."""
+    try:
+        bootstrap_count(bootstrap)
+    except BadRequest as exc:
+        return field_error(exc.message.removeprefix(f"{BOOTSTRAP_LABEL}: "))
+    return ""
+
+
+def show(user_state: dict | None, bootstrap: Any) -> str:
     try:
         caller(user_state, "admin")
+        resamples = bootstrap_count(bootstrap)
         with session() as s:
-            board = leaderboard.compute(s, bootstrap=int(bootstrap or 0))
+            board = leaderboard.compute(s, bootstrap=resamples)
         return ratings_html(board)
     except Exception as exc:  # noqa: BLE001
         return notice(error_text(exc), "error")
@@ -284,9 +306,15 @@ def on_tab_shown(user_state: dict | None, bootstrap: float | None) -> tuple[Any,
 def build_leaderboard(user: gr.State, tab: gr.Tab | None = None,
                       enqueuer: Enqueuer | None = None) -> gr.Blocks:
     with gr.Blocks() as page:
-        with gr.Row():
-            bootstrap = gr.Slider(0, MAX_BOOTSTRAP, value=DEFAULT_BOOTSTRAP, step=50,
-                                  label="Bootstrap resamples")
+        with gr.Row(equal_height=False):
+            # a number field, not a slider: Gradio's slider sent 0 for a typed -5 (its box
+            # still showing -5). The handler checks the API's range and the error shows
+            # beside the field (ngs-field: its red border, common.CSS)
+            with gr.Column(elem_classes=["ngs-field"]):
+                bootstrap = number(DEFAULT_BOOTSTRAP, label=BOOTSTRAP_LABEL, minimum=0,
+                                   maximum=MAX_BOOTSTRAP, step=50,
+                                   elem_id="leaderboard-bootstrap")
+                bootstrap_err = gr.HTML(elem_id="leaderboard-err-bootstrap")
             refresh = gr.Button("Refresh", elem_id="leaderboard-refresh")
         board = gr.HTML(elem_id="leaderboard-box")
         gr.Markdown("### Evaluate these checkpoints")
@@ -326,13 +354,19 @@ def build_leaderboard(user: gr.State, tab: gr.Tab | None = None,
                            elem_id="leaderboard-evaluate")
         status = gr.HTML(elem_id="leaderboard-status")
 
-        user.change(on_login, [user, bootstrap], [board, pick, prompt_set],
-                    api_visibility="private")
-        refresh.click(on_login, [user, bootstrap], [board, pick, prompt_set],
-                      api_visibility="private")
+        # the board's events also fill the box beside "Bootstrap resamples": the board says
+        # what is wrong, and so does the field (emptied once the value is fixed)
+        def board_login(u: dict | None, b: Any) -> tuple[Any, ...]:
+            return (*on_login(u, b), bootstrap_error(b))
+
+        def board_shown(u: dict | None, b: Any) -> tuple[Any, ...]:
+            return (*on_tab_shown(u, b), bootstrap_error(b))
+
+        board_outputs = [board, pick, prompt_set, bootstrap_err]
+        user.change(board_login, [user, bootstrap], board_outputs, api_visibility="private")
+        refresh.click(board_login, [user, bootstrap], board_outputs, api_visibility="private")
         if tab is not None:
-            tab.select(on_tab_shown, [user, bootstrap], [board, pick, prompt_set],
-                       show_progress="hidden",
+            tab.select(board_shown, [user, bootstrap], board_outputs, show_progress="hidden",
                        api_visibility="private")
         go.click(lambda u, i, n, r, d, sp: evaluate_form(enqueuer, u, i, n, r, d, sp),
                  [user, pick, seeds, rewards, prompt_set, split],

@@ -94,8 +94,8 @@ def test_an_upload_sets_the_preview_field_and_deleting_it_clears_its_messages(
 
     with gr.Blocks() as page:
         datasets.build_datasets(gr.State(None))
-    button = next(f for f in page.fns.values() if f.fn is datasets.upload)
-    assert button.outputs[-1].elem_id == "dataset-pick"
+    button = next(f for f in page.fns.values() if f.fn is datasets.upload_form)
+    assert button.outputs[4].elem_id == "dataset-pick"  # then the fields' error boxes
     button = next(f for f in page.fns.values() if f.fn is datasets.delete)
     assert [c.elem_id for c in button.inputs[-2:]] == ["dataset-preview-box", "dataset-status"]
     assert button.outputs[-1].elem_id == "dataset-status"

@@ -109,7 +109,7 @@ def test_a_forged_file_payload_never_reaches_the_handler(settings, admin, upload
     from app.ui import datasets
 
     _, blocks = _mounted_blocks(settings)
-    fn = next(f for f in blocks.fns.values() if f.fn is datasets.upload)
+    fn = next(f for f in blocks.fns.values() if f.fn is datasets.upload_form)
     state = SessionState(blocks)
     state[fn.inputs[0]._id] = _token(admin)  # the logged-in admin's gr.State
     forged = {"path": str(secret), "orig_name": "secret.txt",
@@ -464,7 +464,7 @@ def test_a_file_of_a_refused_type_is_deleted_too(settings, admin, upload_dir):
     from app.ui import datasets
 
     _, blocks = _mounted_blocks(settings)
-    fn = next(f for f in blocks.fns.values() if f.fn is datasets.upload)
+    fn = next(f for f in blocks.fns.values() if f.fn is datasets.upload_form)
     state = SessionState(blocks)
     state[fn.inputs[0]._id] = _token(admin)
     refused = upload_dir / "89abcdef" / "tool.exe"

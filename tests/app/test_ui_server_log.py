@@ -1,7 +1,7 @@
 """What a client without a login can make the server log through Gradio's queue: the studio
 served by uvicorn (UI mounted), its log read as written.
 
-Before: an event whose input a component could not take (`null` for a slider) printed two
+Before: an event whose input a component could not take (`null` for a checkbox group) printed two
 chained tracebacks, and a `queue/data` stream whose session was gone (an unknown one, or a
 page's two streams ended together by a reload) logged "Exception in ASGI application" with
 two more (and the stream was cut off without its end). Now the first is one line and the second ends as a finished stream; a handler's own
@@ -59,22 +59,24 @@ def _log_after(capfd, seconds: float = 0.5) -> str:
 def test_an_input_a_component_cannot_take_is_one_log_line_a_handler_error_a_traceback(
         served, capfd, caplog):
     url, blocks = served
-    on_login = _fn_index(blocks, "on_login", ["state", "slider"])
-    _join(url, on_login, [None, None], "bad-input")
+    # the leaderboard's Evaluate: its checkpoint picker given null (the example was the
+    # bootstrap slider given null; it is a number field now, whose handler checks anything)
+    inputs = ["state", "checkboxgroup", "number", "textbox", "dropdown", "radio"]
+    evaluate = _fn_index(blocks, "<lambda>", inputs)
+    _join(url, evaluate, [None, None, 4, "", 0, "eval"], "bad-input")
     reply = _stream(url, "bad-input")
     assert "Could not preprocess input component at index 1" in reply  # the page still learns why
     log = _log_after(capfd)
     assert "Traceback" not in log
     assert [r.getMessage() for r in caplog.records if r.name == "app.ui"] == [
-        "refused the inputs of UI event 'on_login': 'Could not preprocess input component at "
-        "index 1 (a `slider` component) of the event handler (named \"on_login\") with input "
-        "components: [state, slider].'"]
+        "refused the inputs of UI event '<lambda>': 'Could not preprocess input component at "
+        "index 1 (a `checkboxgroup` component) of the event handler with input components: [state, checkboxgroup, number, textbox, dropdown, radio].'"]
 
     def broken_handler(*args):  # a real bug in a handler, reached with valid inputs
         raise RuntimeError("the handler itself failed")
 
-    blocks.fns[on_login].fn = broken_handler
-    _join(url, on_login, [None, 0], "handler-error")
+    blocks.fns[evaluate].fn = broken_handler
+    _join(url, evaluate, [None, [], 4, "", 0, "eval"], "handler-error")
     _stream(url, "handler-error")
     log = _log_after(capfd)
     assert "Traceback" in log and "RuntimeError: the handler itself failed" in log

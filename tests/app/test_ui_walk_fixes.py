@@ -70,7 +70,7 @@ def test_preview_field_names_itself_after_a_failed_upload(settings, admin, typed
 
     page, user = _studio_page(lambda user: datasets.build_datasets(user))
     run = _events(page, user, _token(admin))
-    upload, show = _fn(page, datasets.upload), _fn(page, datasets.show)
+    upload, show = _fn(page, datasets.upload_form), _fn(page, datasets.show)
     out = run(upload, [None, None, "", 0.0, 0])  # Upload with no file chosen
     assert "choose a file first" in out[0]
     assert out[4] == {"__type__": "update"}  # the preview field was skipped: an update
@@ -115,7 +115,7 @@ def test_a_refused_file_is_deleted_after_an_upload_without_a_file(settings, admi
 
     page, user = _studio_page(lambda user: datasets.build_datasets(user))
     run = _events(page, user, _token(admin))
-    upload = _fn(page, datasets.upload)
+    upload = _fn(page, datasets.upload_form)
     out = run(upload, [None, None, "", 0.0, 0])
     assert "choose a file first" in out[0] and out[3] == {"__type__": "update"}
     refused = folder / "89abcdef" / "tool.exe"
@@ -155,3 +155,109 @@ def test_arena_totals_count_the_votes_of_others_and_of_other_tabs(settings, anno
     assert f"all annotators: <b>{everyone}</b>" in counters, counters
     # the pair on screen came first, with this session's count; the totals then
     assert "This session: <b>1</b> pair answered" in steps[0][2]
+
+
+# --- number fields that clamped what was typed -------------------------------------------------
+def _prompt_file(folder, name: str = "p.txt") -> dict:
+    """A prompt file in Gradio's upload folder, as the Datasets picker sends it."""
+    made = folder / name.replace(".", "-") / name
+    made.parent.mkdir(parents=True)
+    made.write_bytes(b"a red fox\nan owl\na blue square\nthree dots\n")
+    return {"path": str(made), "orig_name": name, "meta": {"_type": "gradio.FileData"}}
+
+
+def _datasets_stored() -> list:
+    from app.db import session_scope
+    from app.services import datasets as svc
+
+    with session_scope() as s:
+        return [(d.name, d.eval_fraction) for d in svc.list_datasets(s, limit=10)[0]]
+
+
+@pytest.mark.parametrize(("fraction", "seed", "boxes"), [
+    (5, 0, ["a number from 0 to under 1, got 5", ""]),
+    (-0.1, 0, ["a number from 0 to under 1, got -0.1", ""]),
+    (1, 0, ["a number from 0 to under 1, got 1", ""]),
+    (None, 0, ["a number from 0 to under 1", ""]),  # emptied: it was 0 without a word
+    (5, -1, ["a number from 0 to under 1, got 5", "a whole number from 0 to"]),
+    (0.2, 1.5, ["", "a whole number from 0 to"]),
+])
+def test_upload_names_a_bad_eval_fraction_or_seed_beside_its_field(
+        settings, admin, tmp_path, monkeypatch, fraction, seed, boxes):
+    """Eval fraction was a slider (0 to 0.95): 5 typed into its box uploaded with 0.95 while
+    the box still showed 5 (the browser clamps the value it sends; sent as typed, Gradio's
+    range check answered with a toast naming no field), and an emptied box was 0. It is a
+    number field now: each problem is named in the status and beside its field (as the
+    launch form's), under the API's rule ([0, 1)), and nothing is imported."""
+    folder = tmp_path / "gradio-uploads"
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(folder))
+    from app.ui import datasets
+
+    page, user = _studio_page(lambda user: datasets.build_datasets(user))
+    run = _events(page, user, _token(admin))
+    upload = _fn(page, first_output="dataset-status")
+    assert [b.elem_id for b in upload.outputs[-2:]] == ["dataset-err-eval_fraction",
+                                                       "dataset-err-seed"]
+    out = run(upload, [None, _prompt_file(folder), "", fraction, seed])
+    assert 'id="dataset-error"' in out[0], out[0]
+    for label, box, want in zip(("Eval fraction", "Split seed"), out[-2:], boxes,
+                                strict=True):
+        if want:
+            assert "ngs-field-error" in box and want in box, box
+            assert f"{label}: {want}" in out[0], out[0]
+        else:
+            assert box == "" and label not in out[0], (box, out[0])
+    assert _datasets_stored() == []
+
+
+def test_upload_takes_any_eval_fraction_the_api_takes(settings, admin, tmp_path, monkeypatch):
+    """The API takes an eval fraction up to (not including) 1; the slider refused 0.97 (its
+    maximum was 0.95). A good upload clears the fields' error boxes."""
+    folder = tmp_path / "gradio-uploads"
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(folder))
+    from app.ui import datasets
+
+    page, user = _studio_page(lambda user: datasets.build_datasets(user))
+    run = _events(page, user, _token(admin))
+    out = run(_fn(page, first_output="dataset-status"),
+              [None, _prompt_file(folder), "", 0.97, 3])
+    assert 'id="dataset-ok"' in out[0] and out[-2:] == ["", ""], out
+    assert _datasets_stored() == [("p", 0.97)]
+
+
+def test_upload_handler_refuses_an_empty_eval_fraction(settings, admin, tmp_path,
+                                                       monkeypatch):
+    """`upload` itself (what the page's event wraps): an empty Eval fraction was taken as 0
+    (`eval_fraction or 0.0`) and the dataset imported."""
+    folder = tmp_path / "gradio-uploads"
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(folder))
+    from app.ui import datasets
+
+    status, *_ = datasets.upload(_token(admin), _prompt_file(folder)["path"], "", None, 0)
+    assert "Eval fraction: a number from 0 to under 1" in status, status
+    assert _datasets_stored() == []
+
+
+@pytest.mark.parametrize(("typed", "shown"), [(-5, "got -5"), (1.5, "got 1.5"),
+                                              (2001, "got 2001"), (None, "")])
+def test_a_bad_bootstrap_count_is_named_beside_its_field(settings, admin, typed, shown):
+    """Bootstrap resamples was a slider: -5 typed into its box was used as 0 (the box still
+    showing -5), 1.5 became 1 (`int()`) and an emptied box 0 (`or 0`). The board and the box
+    beside the field now say what the field takes (GET /api/leaderboard's 0 to
+    MAX_BOOTSTRAP)."""
+    from app.limits import MAX_BOOTSTRAP
+    from app.ui import leaderboard
+
+    allowed = f"a whole number from 0 to {MAX_BOOTSTRAP}"
+    board = leaderboard.show(_token(admin), typed)
+    assert f"Bootstrap resamples: {allowed}" in board and shown in board, board
+
+    page, user = _studio_page(lambda user: leaderboard.build_leaderboard(user))
+    run = _events(page, user, _token(admin))
+    refresh = _fn(page, first_output="leaderboard-box")
+    assert refresh.outputs[-1].elem_id == "leaderboard-err-bootstrap"
+    out = run(refresh, [None, typed])
+    assert f"Bootstrap resamples: {allowed}" in out[0], out[0]
+    assert "ngs-field-error" in out[-1] and allowed in out[-1] and shown in out[-1], out[-1]
+    out = run(refresh, [None, 0])  # fixed: the board, and the box empty again
+    assert "Bootstrap resamples" not in out[0] and out[-1] == "", out
