@@ -4,8 +4,8 @@ safetensors writes its files in Rust, and a write the operating system refuses (
 quota, a read-only file system) comes back as a `SafetensorError` whose message ends
 "No space left on device (os error 28)", not as an OSError: no errno, no path; and Python's
 own write to an open file raises an OSError that names no file. A caller that
-tells a storage failure from a bug (the studio's worker requeues a job whose storage cannot be
-written, and fails one that is wrong) reads both from `as_os_error`.
+tells a storage failure from a bug (a job runner that waits for its storage to be writable
+again, and fails a run that is wrong) reads both from `as_os_error`.
 """
 
 from __future__ import annotations

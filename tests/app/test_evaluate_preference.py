@@ -105,6 +105,11 @@ def test_an_evaluate_job_that_cannot_score_preference_is_refused(client, admin, 
     assert r.status_code == 422 and r.json()["field"] == "preference_model", r.text
     assert "v7" in r.json()["detail"]
     # a rollout job does not score it (its rewards feed the arena's reveal, not a model's)
+    from app.services import datasets
+
+    dataset = datasets.import_dataset(session, filename="p.txt",
+                                      data=("\n".join(PROMPTS) + "\n").encode()).dataset.id
+    session.commit()
     r = client.post("/api/jobs", json={"kind": "rollout", "config": {
-        "dataset_id": 1, "reward_names": ["preference"]}}, headers=admin)
-    assert r.status_code == 422 and "unknown reward 'preference'" in r.text
+        "dataset_id": dataset, "reward_names": ["preference"]}}, headers=admin)
+    assert r.status_code == 422 and "unknown reward 'preference'" in r.text, r.text

@@ -143,6 +143,15 @@ def test_arena_totals_count_the_votes_of_others_and_of_other_tabs(settings, anno
     bob, alice = _token(annotator), _token(make_user("alice", "annotator"))
     bob_tab, alice_tab = arena.load(bob, None)[3], arena.load(alice, None)[3]
     bob_other_tab = arena.load(bob, None)[3]
+
+    def pair(tab: dict) -> set[int]:
+        return {tab["current"]["a_id"], tab["current"]["b_id"]}
+
+    for _ in range(50):  # bob's two tabs on two pairs: one pair twice would refuse the second
+        if pair(bob_other_tab) != pair(bob_tab):
+            break
+        bob_other_tab = arena.load(bob, None)[3]
+    assert pair(bob_other_tab) != pair(bob_tab)
     for k in range(3):
         alice_tab = arena_vote(arena, alice, alice_tab, "a", f"alice-{k}")[-1][3]
     bob_other_tab = arena_vote(arena, bob, bob_other_tab, "b", "bob-other")[-1][3]
