@@ -732,13 +732,24 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
         that needs to know which is which: a LoRA field the user set, to a value neither
         `base` nor the defaults hold, on a run that trains in full is refused, since the run
         would ignore it (a FLUX run meant for LoRA would train all 12B weights instead). A
-        default value says nothing: forms and stored configs carry every field."""
+        default value says nothing: forms and stored configs carry every field. And one that
+        follows from which is which: `gradient_checkpointing` false given over a preset's
+        `gradient_checkpointing_fraction` takes the fraction's default with it."""
         problems: list[ConfigError] = []
+        defaults = cls()
+        merged = {**base, **given}
+        if (given.get("gradient_checkpointing") is False
+                and "gradient_checkpointing_fraction" not in given
+                and "gradient_checkpointing_fraction" in base):
+            # the preset's share of recomputed blocks (flux-lora's 0.25) belongs to the
+            # checkpointing it turns on: turned off by the user, the share goes back to its
+            # default, not refused as "below 1 only with gradient_checkpointing true" for a
+            # value the user never gave
+            merged["gradient_checkpointing_fraction"] = defaults.gradient_checkpointing_fraction
         try:
-            config = cls.from_dict({**base, **given})
+            config = cls.from_dict(merged)
         except ConfigErrors as exc:
             problems = list(exc.errors)
-        defaults = cls()
         model = given.get("model", base.get("model", defaults.model))
         if model == "shapes" and "guidance_scale" in given and given["guidance_scale"] not in (
                 base.get("guidance_scale", defaults.guidance_scale), defaults.guidance_scale):

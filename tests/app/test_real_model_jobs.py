@@ -149,6 +149,23 @@ def test_lora_fields_on_a_full_fine_tune_are_422_not_ignored(client, admin, mode
     assert r.status_code == 201, r.text  # flux-lora's own rank is not the user's
 
 
+def test_gradient_checkpointing_off_takes_the_presets_share_of_blocks_with_it(
+        client, admin, models):
+    """flux-lora recomputes a quarter of the blocks; `gradient_checkpointing: false` on it
+    was a 422 on gradient_checkpointing_fraction 0.25, a value the user never gave. A share
+    the user gives beside it is still theirs to have refused."""
+    off = {"model": "flux", "model_path": "tiny-flux", "resolution": 32, "device": "cpu",
+           "prompts": ["a red apple"], "gradient_checkpointing": False}
+    for preset in (None, "flux-lora"):
+        r = _post(client, admin, "train", off, preset)
+        assert r.status_code == 201, (preset, r.text)
+        config = r.json()["config"]
+        assert config["gradient_checkpointing"] is False
+        assert config["gradient_checkpointing_fraction"] == 1.0
+    r = _post(client, admin, "train", {**off, "gradient_checkpointing_fraction": 0.5})
+    assert r.status_code == 422 and list(_errors(r)) == ["gradient_checkpointing_fraction"]
+
+
 def test_lora_targets_that_name_no_layer_are_422(client, admin, models):
     """peft refuses a run whose targets name no layer (after the model loaded, in the
     worker); a target outside the default list that names none is a typo whose adapters

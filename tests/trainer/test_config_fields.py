@@ -150,3 +150,17 @@ def test_a_value_of_the_wrong_type_is_named_once(field, value):
     if the value had been taken; a field whose value is itself wrong is named by that alone."""
     problems = TrainConfig(**{**PRESETS["tiny"], field: value}).problems()
     assert [p.field for p in problems] == [field], problems
+
+
+def test_cli_overrides_turning_checkpointing_off_drop_the_presets_fraction():
+    """`train --set model=flux --set gradient_checkpointing=false` (load_config, as the CLI
+    calls it) was refused naming gradient_checkpointing_fraction 0.25, flux-lora's."""
+    from trainer.config import load_config
+
+    assert PRESETS["flux-lora"]["gradient_checkpointing_fraction"] < 1
+    config = load_config(None, {"model": "flux", "model_path": "/nowhere", "prompts": ["a"],
+                                "gradient_checkpointing": False})
+    assert not config.gradient_checkpointing
+    assert config.gradient_checkpointing_fraction == 1.0
+    assert load_config("flux-lora", {"model_path": "/nowhere", "prompts": ["a"]}
+                       ).gradient_checkpointing_fraction == 0.25  # on: the preset's share

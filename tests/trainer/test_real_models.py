@@ -675,6 +675,39 @@ def test_cli_samples_a_checkpoint_alone_and_a_taken_away_lora(flux_dev, lora_run
     assert adapted == set(spec.lora_target_modules)
 
 
+def test_cli_samples_a_lora_file_as_the_checkpoint_download_names_it(flux_dev, lora_runs,
+                                                                    tmp_path, capsys):
+    """`GET /api/checkpoints/{id}/download` of a LoRA checkpoint serves its weights file as
+    `job<N>-it<I>.safetensors` (load_lora_weights takes such a file as it is). As --checkpoint
+    it was taken for a shapes file and then a full fine-tune of --model, failing after the
+    model had loaded ("holds no transformer/...; this run has finetune='full'"): it samples
+    what its checkpoint does, and without --model is refused as the zip's directory is."""
+    from trainer.models import LORA_WEIGHTS
+
+    _, checkpoint = lora_runs["flux_dev"]
+    downloaded = tmp_path / "job1-it3.safetensors"
+    shutil.copy(checkpoint / LORA_WEIGHTS, downloaded)
+    spec = checkpoint_spec(downloaded)
+    trained = checkpoint_spec(checkpoint)
+    assert (spec.finetune, spec.lora_rank, spec.lora_alpha) == \
+        ("lora", trained.lora_rank, trained.lora_alpha)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    common = ["sample", "--prompts", str(prompts), "--seeds", "1", "--resolution", str(SIZE),
+              "--steps", "2", "--device", "cpu", "--checkpoint", str(downloaded)]
+    out = tmp_path / "file"
+    assert cli_main([*common, "--model", "flux", "--model-path", str(flux_dev),
+                     "--out", str(out)]) == 0, capsys.readouterr().err
+    images = np.stack([np.asarray(Image.open(f)) for f in sorted(out.glob("*.png"))])
+    expected = sample_images(load_checkpoint_model(checkpoint), PROMPTS, [0, 0], "dpm++", 2)
+    assert np.abs(images.astype(int) - expected.astype(int)).max() <= 1
+
+    capsys.readouterr()
+    assert cli_main([*common, "--out", str(tmp_path / "no")]) == 2
+    err = capsys.readouterr().err
+    assert "diffusers LoRA" in err and "--model" in err and not (tmp_path / "no").exists()
+
+
 # ---------------------------------------------------------------------------------------
 # 6b. The CLI trains a FLUX LoRA, resumes it and evaluates its checkpoints
 # ---------------------------------------------------------------------------------------

@@ -399,9 +399,31 @@ def checkpoint_spec(path: str | Path) -> ModelSpec:
             config = safetensors_metadata(source).get("train_config")
             if config:
                 return ModelSpec.from_config(json.loads(config), weights=directory)
+    if path.is_file() and _is_diffusers_lora(path):
+        # a LoRA file under any name: the studio's download (`job1-it3.safetensors`) or
+        # another tool's, which load_lora_weights takes as it is; taken as a shapes file, it
+        # became a full fine-tune of --model that failed after the model had loaded
+        return bare_lora_spec(path)
     if (directory / LORA_WEIGHTS).is_file():
         return bare_lora_spec(directory)
     return ModelSpec(name="shapes", weights=str(path))
+
+
+def _is_diffusers_lora(path: Path) -> bool:
+    """Whether the safetensors file `path` holds a transformer LoRA as diffusers saves one
+    (keys 'transformer.<module>.lora_A.weight'), from its header alone."""
+    try:
+        header = safetensors_header(path)
+    except (OSError, ValueError):
+        return False
+    return any(k.startswith("transformer.") and k.endswith(".lora_A.weight") for k in header)
+
+
+def lora_weights_path(path: str | Path) -> Path:
+    """The LoRA weights file of `path`: a checkpoint directory's LORA_WEIGHTS, or `path`
+    itself when it is a file (a LoRA downloaded or taken away under another name)."""
+    path = Path(path)
+    return path if path.is_file() else path / LORA_WEIGHTS
 
 
 def config_rollout_batch_size(config: Any) -> int:
@@ -433,12 +455,13 @@ LORA_ADAPTER_METADATA = "lora_adapter_metadata"
 
 def bare_lora_spec(directory: str | Path) -> ModelSpec:
     """The spec of a diffusers LoRA directory without its run's trainer state (a checkpoint's
-    zip download, or another tool's LoRA). Its base model is not recorded there, so `name`
+    zip download, or another tool's LoRA), or of such a LoRA's weights file (a checkpoint's
+    download). Its base model is not recorded there, so `name`
     is left empty for the caller to fill in; rank, alpha and targets come from the adapter
     config diffusers stores in the file's metadata, else from the tensors' names and shapes
     (alpha = rank, as load_lora_weights assumes without metadata). ValueError when the file
     holds no LoRA layers of a transformer."""
-    lora = Path(directory) / LORA_WEIGHTS
+    lora = lora_weights_path(directory)
     header = safetensors_header(lora)
     down = {k.removeprefix("transformer.").removesuffix(".lora_A.weight"): v["shape"]
             for k, v in header.items()

@@ -351,8 +351,11 @@ class DiffusersFlowModel(FlowModel):
     def load_weights(self, directory: Path) -> None:
         from safetensors.torch import load_file
 
+        from trainer.models import lora_weights_path
+
         directory = Path(directory)
-        lora, full = directory / LORA_WEIGHTS, directory / FULL_TRANSFORMER
+        # `directory` is a checkpoint directory, or a LoRA's file itself (checkpoint_spec)
+        lora, full = lora_weights_path(directory), directory / FULL_TRANSFORMER
         if self.spec.finetune == "lora":
             if not lora.is_file():
                 raise FileNotFoundError(f"{directory} holds no {LORA_WEIGHTS} (a LoRA run's "
