@@ -234,6 +234,13 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
         # keys too: a preset is not applied): checked against the shapes preset's defaults,
         # a FLUX LoRA run's `--set lora_rank=4` was "applies only to finetune='lora'"
         saved.update(absolute_paths(_config_file_fields(args)))
+        asked = {**_config_file_fields(args), **overrides}
+        if asked.get("gradient_checkpointing") is False \
+                and "gradient_checkpointing_fraction" not in asked:
+            # the saved share of recomputed blocks (flux-lora's 0.25) belongs to the
+            # checkpointing turned off now: it goes with it, as TrainConfig.from_layers does
+            # for a preset's, rather than refused as a value this command never gave
+            saved.pop("gradient_checkpointing_fraction", None)
         spec, overrides = None, {**saved, **overrides}
     # the fields only the studio's train jobs act on, given on the command line: refused
     given = {**_config_file_fields(args), **_parse_overrides(args.set, [])}  # bad ones said

@@ -15,7 +15,7 @@ from cli_helpers import cli_errors
 from safetensors.torch import save_file
 
 from trainer.cli import build_parser, main, train_config_of
-from trainer.config import load_config
+from trainer.config import ConfigError, load_config
 from trainer.run_dir import RunDirectory
 
 
@@ -181,6 +181,30 @@ def test_a_preset_given_on_resume_is_said_to_be_not_applied(
     assert main(["train", "--resume", "--set", "iterations=3", "--out", str(out),
                  "--no-progress"]) == 0
     assert "note:" not in capsys.readouterr().err
+
+
+def test_a_resume_turning_checkpointing_off_drops_the_saved_fraction(tmp_path: Path) -> None:
+    """`train --resume --set gradient_checkpointing=false` of a run begun from flux-lora was
+    refused over the saved gradient_checkpointing_fraction 0.25, a value this command did not
+    give; a fraction given beside it is still held to the rule."""
+    out = tmp_path / "run"
+    out.mkdir()
+    saved = load_config("flux-lora", {"model_path": str(tmp_path / "flux"), "prompts": ["a"]})
+    assert saved.gradient_checkpointing and saved.gradient_checkpointing_fraction == 0.25
+    (out / "config.json").write_text(json.dumps(saved.to_dict()))
+
+    def config_of(*sets: str):
+        argv = ["train", "--resume", "--out", str(out)]
+        for pair in sets:
+            argv += ["--set", pair]
+        return train_config_of(build_parser().parse_args(argv))
+
+    config = config_of("gradient_checkpointing=false")
+    assert not config.gradient_checkpointing and config.gradient_checkpointing_fraction == 1.0
+    assert config.lora_rank == saved.lora_rank  # the rest is the run's
+    assert config_of().gradient_checkpointing_fraction == 0.25  # left on: the run's share
+    with pytest.raises(ConfigError, match="gradient_checkpointing_fraction"):
+        config_of("gradient_checkpointing=false", "gradient_checkpointing_fraction=0.5")
 
 
 def test_load_checkpoint_names_a_damaged_file_instead_of_safetensors_error(
