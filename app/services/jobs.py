@@ -165,12 +165,17 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
     if _takes_field(kind, "prompts") and isinstance(given, list) \
             and (problem := repeated_prompts_problem(given)) is not None:
         problems.append(("prompts", problem))
-    known = reward_names()
-    # an evaluate job scores 'preference' with a fitted model (preference_model), checked
-    # once its checkpoints' model is known (_check_model)
-    runtime = RUN_TIME_REWARDS if kind == "evaluate" else ()
+    # 'preference' is left out of the registry's names: a process that trained with a
+    # preference model has it registered (the embedded worker's), and a rollout job then took
+    # it. An evaluate job scores it with a fitted model (preference_model), checked once its
+    # checkpoints' model is known (_check_model)
+    known = [n for n in reward_names() if n not in RUN_TIME_REWARDS]
     for name in out.get("reward_names") or []:
-        if name not in known and name not in runtime:
+        if name in RUN_TIME_REWARDS and kind != "evaluate":
+            problems.append(("reward_names", f"{name!r} is a fitted preference model's score: "
+                             "a train job blends it in (reward_weights) and an evaluate job "
+                             f"scores it; a {kind} job does not"))
+        elif name not in known and name not in RUN_TIME_REWARDS:
             problems.append(("reward_names",
                              f"unknown reward {name!r}; known: {', '.join(known)}"))
     names = [n for n in out.get("reward_names") or [] if isinstance(n, str)]

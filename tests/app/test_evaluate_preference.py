@@ -84,7 +84,8 @@ def test_a_resumed_evaluate_job_keeps_the_version_it_began_with(settings, sessio
     assert EvaluationPreference.load(cfg, begun).label == "v1"
 
 
-def test_an_evaluate_job_that_cannot_score_preference_is_refused(client, admin, session):
+def test_an_evaluate_job_that_cannot_score_preference_is_refused(client, admin, session,
+                                                                  monkeypatch):
     ckpt = stored_checkpoint(session, None, 0, "checkpoints/base/model.safetensors",
                              name="base")
     session.commit()
@@ -112,4 +113,19 @@ def test_an_evaluate_job_that_cannot_score_preference_is_refused(client, admin, 
     session.commit()
     r = client.post("/api/jobs", json={"kind": "rollout", "config": {
         "dataset_id": dataset, "reward_names": ["preference"]}}, headers=admin)
-    assert r.status_code == 422 and "unknown reward 'preference'" in r.text, r.text
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"] == [{"field": "reward_names", "message": "'preference' is a "
+                                   "fitted preference model's score: a train job blends it in "
+                                   "(reward_weights) and an evaluate job scores it; a rollout "
+                                   "job does not"}]
+    # so also in a process where a trainer registered a preference model under that name (the
+    # embedded worker's): the registry's 'preference' is not taken for a rollout's
+    from trainer.rewards import registry, reward_names
+
+    reward_names()  # the built-ins loaded first, as register_reward does
+    monkeypatch.setitem(registry._REWARDS, "preference",
+                        lambda images, prompts: [0.0] * len(prompts))
+    assert "preference" in reward_names()
+    r = client.post("/api/jobs", json={"kind": "rollout", "config": {
+        "dataset_id": dataset, "reward_names": ["preference"]}}, headers=admin)
+    assert r.status_code == 422 and r.json()["field"] == "reward_names", r.text
