@@ -101,12 +101,7 @@ def whole_number(value: Any, label: str, minimum: int, maximum: int | None = Non
     rounded to 2 on the way in."""
     allowed = (f"{label}: a whole number from {minimum} to {maximum}" if maximum is not None
                else f"{label}: a whole number from {minimum} up")
-    if value is None or not str(value).strip():
-        raise BadRequest(allowed)
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise BadRequest(f"{allowed}, got {str(value)[:40]!r}") from None
+    x = _form_float(value, allowed)
     if not math.isfinite(x) or x != int(x) or x < minimum or (maximum is not None
                                                              and x > maximum):
         raise BadRequest(f"{allowed}, got {x:g}")
@@ -118,15 +113,21 @@ def number_below(value: Any, label: str, minimum: float, below: float) -> float:
     `ge`/`lt`), or BadRequest naming the field and what it allows, as `whole_number` does:
     an empty box too, never a default put in its place. -0 is 0, as the API stores it."""
     allowed = f"{label}: a number from {minimum:g} to under {below:g}"
-    if value is None or not str(value).strip():
-        raise BadRequest(allowed)
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise BadRequest(f"{allowed}, got {str(value)[:40]!r}") from None
+    x = _form_float(value, allowed)
     if not math.isfinite(x) or not minimum <= x < below:
         raise BadRequest(f"{allowed}, got {x:g}")
     return x + 0.0
+
+
+def _form_float(value: Any, allowed: str) -> float:
+    """A form field's value as a float, or BadRequest `allowed` (what the field takes): an
+    empty box, and text that is no number (said with what was given)."""
+    if value is None or not str(value).strip():
+        raise BadRequest(allowed)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise BadRequest(f"{allowed}, got {str(value)[:40]!r}") from None
 
 
 def _range_left_to_the_handler(num: float, minimum: float | None,
