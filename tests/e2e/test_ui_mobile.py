@@ -81,10 +81,14 @@ def test_phone_arena_shows_the_pair_every_vote_button_and_the_reveal(server, bro
                 "(old) => { const p = document.querySelector('#arena-pair .ngs-pair');"
                 " return p && p.dataset.nonce && p.dataset.nonce !== old; }", arg=nonce)
             if reveal_shows:
+                # where it is laid out, from the page: it fades to visibility hidden after
+                # 3.5 s, and a loaded box reaches this line later (a wait for it visible, or
+                # Playwright's bounding_box, which is None for a hidden element, then failed)
                 reveal = page.locator("#arena-reveal .ngs-reveal")
-                reveal.wait_for()
-                box = reveal.bounding_box()
-                assert box is not None and box["y"] + box["height"] <= viewport["height"], box
+                reveal.wait_for(state="attached")
+                box = reveal.evaluate("e => { const r = e.getBoundingClientRect();"
+                                      " return {y: r.y, height: r.height}; }")
+                assert box["height"] > 0 and box["y"] + box["height"] <= viewport["height"], box
                 screenshot(page, "arena-phone")
         finally:
             context.close()
