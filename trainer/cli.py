@@ -1013,16 +1013,16 @@ def _preference_fit_problem(path: str, model: Any) -> str | None:
     header's fit settings: fitted on the shapes world's features for another model (the rule
     the studio's train jobs apply), or on CLIP features whose clip_path is gone (the encoder
     loads only when the first images are scored)."""
-    from safetensors import safe_open
+    from trainer.rewards.preference import (
+        clip_dir_problem,
+        model_features_problem,
+        saved_fit_fields,
+    )
 
-    from trainer.rewards.preference import clip_dir_problem
-
-    with safe_open(path, framework="pt") as f:  # weights_problem has read this header whole
-        fields = json.loads((f.metadata() or {}).get("fit_config") or "{}")
+    fields = saved_fit_fields(path)  # weights_problem has read this header whole
     features = fields.get("features", "shapes")
-    if features == "shapes" and isinstance(model, str) and model != "shapes":
-        return (f"{path} reads the shapes world's images and prompts (features 'shapes'): it "
-                f"cannot score model {model!r}; fit one with features 'clip' for it")
+    if isinstance(model, str) and (problem := model_features_problem(features, model)):
+        return f"{path} {problem}"
     if features == "clip" and (problem := clip_dir_problem(fields.get("clip_path", ""))):
         return f"{path} scores with the CLIP model at its clip_path: {problem}"
     return None

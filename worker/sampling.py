@@ -305,7 +305,11 @@ class EvaluationPreference:
         """The model `cfg.preference_model` names; on a resume (`history`: the metric rows
         of checkpoints already scored) the version those were scored with, not a newer
         'latest'. Checked before any sampling: a JobError names what is wrong."""
-        from trainer.rewards.preference import PreferenceModel, saved_features
+        from trainer.rewards.preference import (
+            PreferenceModel,
+            model_features_problem,
+            saved_features,
+        )
         from worker.preference import resolve_preference_spec
 
         begun = next((row["preference_model"] for row in history
@@ -313,11 +317,9 @@ class EvaluationPreference:
         spec = begun if begun is not None else cfg.preference_model
         try:
             path, version, _ = resolve_preference_spec(spec, named_in="reward_names")
-            features = saved_features(path)
-            if features == "shapes" and (cfg.model or "shapes") != "shapes":
-                raise ValueError(f"preference model {spec or 'latest'!r} reads the shapes "
-                                 "world's images and prompts (features 'shapes'): it cannot "
-                                 f"score model {cfg.model!r}")
+            problem = model_features_problem(saved_features(path), cfg.model or "shapes")
+            if problem is not None:
+                raise ValueError(f"preference model {spec or 'latest'!r} {problem}")
             model = PreferenceModel.load(path, str(resolve_device("auto")))
         except (OSError, ValueError, NotFound) as exc:
             raise JobError(f"preference_model: {exc}") from None

@@ -252,14 +252,12 @@ def attach_preference(trainer: Trainer, config: TrainConfig, latest: int | None 
     path, version, last_vote = resolve_preference(config, latest)
     if not path:
         return 0
-    from trainer.rewards.preference import saved_features
+    from trainer.rewards.preference import model_features_problem, saved_features
 
     # submission checked the model it resolved then; "latest" may be a newer fit by now
-    if saved_features(path) == "shapes" and config.model != "shapes":
+    if (problem := model_features_problem(saved_features(path), config.model)) is not None:
         raise JobError(f"preference_model: preference model "
-                       f"{f'v{version}' if version else str(path)} reads the shapes world's "
-                       f"images and prompts (features 'shapes'): it cannot score model "
-                       f"{config.model!r}; fit one with features 'clip' for it")
+                       f"{f'v{version}' if version else str(path)} {problem}")
     _blend_preference(trainer, path, version)
     return last_vote
 

@@ -546,7 +546,7 @@ def preference_problem(session: Session, spec: str, model: str = "shapes",
     run's `model` (a shapes-features model reads the shapes world alone), or None."""
     from app.services import preference as pref_svc
     from trainer.models import weights_problem
-    from trainer.rewards.preference import saved_features
+    from trainer.rewards.preference import model_features_problem, saved_features
 
     parsed = pref_svc.parse_spec(spec)
     if parsed.kind == "latest":
@@ -574,9 +574,8 @@ def preference_problem(session: Session, spec: str, model: str = "shapes",
         features = saved_features(path)
     except (OSError, ValueError, KeyError, TypeError) as exc:  # a header without fit settings
         return f"{name}: {path} holds no readable fit settings ({exc!r})"
-    if features == "shapes" and model != "shapes":
-        return (f"{name} reads the shapes world's images and prompts (features 'shapes'): it "
-                f"cannot score model {model!r}; fit one with features 'clip' for it")
+    if (problem := model_features_problem(features, model)) is not None:
+        return f"{name} {problem}"
     return None
 
 

@@ -227,14 +227,30 @@ def readable_votes(votes: Sequence[V], features: str, prompt_of: Callable[[V], s
     return readable, len(votes) - len(readable)
 
 
-def saved_features(path: str | Path) -> str:
-    """The features ('shapes' or 'clip') of the preference model saved at `path`, read from
-    its header alone (ValueError when it is not a preference model)."""
+def saved_fit_fields(path: str | Path) -> dict[str, Any]:
+    """The fit settings (FitConfig's fields) of the preference model saved at `path`, read
+    from its header alone (ValueError when it is not a preference model)."""
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
     if meta.get("format") != "preference-model":
         raise ValueError(f"{path} is not a preference model")
-    return str(json.loads(meta["fit_config"]).get("features", "shapes"))
+    return dict(json.loads(meta["fit_config"]))
+
+
+def saved_features(path: str | Path) -> str:
+    """The features ('shapes' or 'clip') of the preference model saved at `path`, read from
+    its header alone (ValueError when it is not a preference model)."""
+    return str(saved_fit_fields(path).get("features", "shapes"))
+
+
+def model_features_problem(features: str, model: str) -> str | None:
+    """Why a preference model with `features` cannot score flow model `model`'s images (the
+    rule the studio's jobs and the CLI share; the caller names the preference model before
+    it), or None."""
+    if features == "shapes" and model != "shapes":
+        return (f"reads the shapes world's images and prompts (features 'shapes'): it cannot "
+                f"score model {model!r}; fit one with features 'clip' for it")
+    return None
 
 
 def image_batch(images: Sequence[np.ndarray]) -> np.ndarray | list[np.ndarray]:
