@@ -91,16 +91,21 @@ def discard_refused_types(picker: gr.File) -> None:
     picker._process_single_file = checked
 
 
-def _file_problems(filename: str, data: bytes) -> list[str]:
-    """What is wrong with an upload's file itself (its type, size, lines), as the import
-    would say it; [] for a file it would take."""
+def _content_problems(filename: str, data: bytes, name: str) -> list[str]:
+    """What is wrong with the dataset name an upload gives (a name another dataset has) and
+    with its file (its type, size, lines), as the import would say each; [] for an upload it
+    would take. Read only: for a form whose own fields are wrong, so that one message lists
+    everything to fix, as the API's 422 does."""
     settings = get_settings()
+    with session() as s:
+        taken = svc.name_problems(s, filename=filename, name=name or None)
+    found = [f"{p['field']}: {p['message']}" for p in taken]
     try:
         svc.parse_upload(filename, data, max_prompt_length=settings.max_prompt_length,
                          max_bytes=settings.max_upload_bytes)
     except ServiceError as exc:
-        return [exc.message]
-    return []
+        found.append(exc.message)  # names the file and line itself ("p.txt: line 2: ...")
+    return found
 
 
 # The upload form's number fields: the API's form field (its 422 names it) -> the label the
@@ -155,7 +160,8 @@ def _upload(user_state: dict | None, file: str | None, name: str, eval_fraction:
         if found:
             # the file's own problems in the same message, as the API's 422 lists them
             # (nothing is imported either way)
-            raise BadRequest("; ".join([*_labelled(found), *_file_problems(path.name, data)]))
+            raise BadRequest("; ".join([*_labelled(found),
+                                           *_content_problems(path.name, data, name)]))
         with session() as s:
             result = svc.import_dataset(
                 s, filename=path.name, data=data, name=name or None,

@@ -621,6 +621,33 @@ def test_a_bad_split_seed_is_named_beside_the_files_own_problems(settings, admin
         assert svc.list_datasets(s, limit=5)[1] == 0
 
 
+def test_a_bad_field_is_named_beside_a_taken_dataset_name(settings, admin, tmp_path,
+                                                         monkeypatch):
+    """With a bad Split seed, the file's problems were listed but a dataset name another
+    dataset has came up only once the seed was fixed. All three are in one message now, as
+    in the API's 422, and nothing is imported."""
+    from app.db import session_scope
+    from app.services import datasets as svc
+    from app.ui import datasets
+
+    folder = tmp_path / "gradio-uploads"
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(folder))
+    made = folder / "first" / "taken.txt"
+    made.parent.mkdir(parents=True)
+    made.write_text("a red fox\n")
+    status, *_ = datasets.upload(_token(admin), str(made), "", 0.0, 0)
+    assert 'id="dataset-ok"' in status, status
+    made = folder / "second" / "taken.txt"
+    made.parent.mkdir(parents=True)
+    made.write_bytes(b"a red fox\nan \x00owl\n")
+    status, *_ = datasets.upload(_token(admin), str(made), "", 0.0, 1.5)
+    assert "Split seed: a whole number" in status, status
+    assert "taken.txt: line 2" in status, status
+    assert "name: a dataset named &#x27;taken&#x27; already exists" in status, status
+    with session_scope() as s:
+        assert svc.list_datasets(s, limit=5)[1] == 1
+
+
 def test_the_rollouts_job_picker_lists_only_jobs_that_sample(settings, admin):
     """A fit_preference job has no rollout groups: picking it could only show nothing."""
     from app.db import session_scope
