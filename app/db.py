@@ -28,6 +28,10 @@ _sessionmaker: sessionmaker[Session] | None = None
 _first_use_lock = threading.Lock()
 
 
+def _unicode_lower(value: object) -> object:
+    return value.lower() if isinstance(value, str) else value
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
@@ -42,6 +46,11 @@ def make_engine(url: str) -> Engine:
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
+            # SQLite's own lower() folds ASCII letters only, so a prompt search (lower(text)
+            # LIKE the query lowered in Python) never found "Éclair" or "Über", typed exactly
+            # as stored; Python's lower() on both sides, as PostgreSQL's lower() in a UTF-8
+            # locale does it
+            dbapi_conn.create_function("lower", 1, _unicode_lower, deterministic=True)
 
         @event.listens_for(engine, "savepoint")
         def _savepoint_inside_a_transaction(conn, _name):

@@ -17,6 +17,7 @@ from app.config import Settings, get_settings
 from app.errors import Forbidden, ServiceError, Unauthorized
 from app.limits import MAX_ID
 from app.models import User
+from app.schemas import NUL_MESSAGE
 from app.services import auth
 from app.services.jobs import Enqueuer
 
@@ -151,6 +152,10 @@ def _prompt_length(value: str | None) -> str | None:
     # read per request, not fixed when the route is declared: a prompt the MAX_PROMPT_LENGTH
     # setting lets an upload hold can be searched for. An error of the query's own check (as
     # max_length says it), so it comes beside the other parameters' problems in one 422.
+    # a NUL is refused here too, not by the service once the other parameters passed: one 422
+    # then names it beside a bad split (SQLite ends a LIKE pattern at a NUL, matching all)
+    if value is not None and "\x00" in value:
+        raise PydanticCustomError("nul", NUL_MESSAGE)
     limit = get_settings().max_prompt_length
     if value is not None and len(value) > limit:
         raise PydanticCustomError("string_too_long",

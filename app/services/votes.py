@@ -639,8 +639,12 @@ def record_vote(session: Session, annotator: User, *, client_vote_id: str, sampl
         found = existing()
         if found is not None:
             return found, False
-        raise Conflict(f"you already judged the pair ({lo}, {hi})",
-                       field="sample_b_id") from None
+        # the vote that holds the pair, so that a client retrying under a new
+        # client_vote_id can find what it sent before (as the reused-id conflict names it)
+        judged = session.scalar(select(Vote.id).where(
+            Vote.annotator_id == annotator.id, Vote.pair_lo_id == lo, Vote.pair_hi_id == hi))
+        raise Conflict(f"you already judged the pair ({lo}, {hi}) in vote {judged}",
+                       field="sample_b_id", vote_id=judged) from None
     return vote, True
 
 

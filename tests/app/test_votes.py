@@ -69,6 +69,10 @@ def test_vote_is_idempotent_by_client_id_and_pairs_unique(client, annotator, mak
     swapped = {"a": pair["b"], "b": pair["a"], "selection": "within_group"}
     r3 = vote(client, annotator, swapped, "a", vid="vote-2")
     assert r3.status_code == 409
+    # naming the vote that holds the pair, for a client that retries under a new id
+    lo, hi = sorted((pair["a"]["sample_id"], pair["b"]["sample_id"]))
+    assert r3.json()["vote_id"] == v["id"], r3.json()
+    assert r3.json()["detail"] == f"you already judged the pair ({lo}, {hi}) in vote {v['id']}"
     assert session.scalar(select(func.count()).select_from(Vote)) == 1
 
 
