@@ -333,6 +333,13 @@ class JobIn(BaseModel):
     dataset_id: int | None = Field(None, ge=1, le=MAX_ID, strict=True)
 
 
+class ResumeIn(BaseModel):
+    """A resume's optional body: config fields to change first (a train job's micro-batches
+    and gradient checkpointing, app.services.jobs.RESUME_FIELDS)."""
+    model_config = ConfigDict(extra="forbid")
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
 class MetricPoint(ORM):
     iteration: int
     metrics: dict[str, Any]

@@ -17,7 +17,9 @@ The public API (`__all__`), by what it is for:
   `save_checkpoint` / `load_checkpoint`, `set_preference_model`, `track(directory, run_name)`:
   where `step()` and `run()` log for the config's `report_to` trackers, `finish_tracking()`:
   ends a run of `step()`s there), `latest_checkpoint`,
-  `load_model`, and the iteration functions it calls, `neighbor_grpo_iteration` (the
+  `load_model`, the errors `step()` stops with, each message saying what to change
+  (`TrainingDiverged`: a loss or gradient that is not finite; `TrainingOutOfMemory`: the
+  accelerator's memory, naming the settings that size an iteration), and the iteration functions it calls, `neighbor_grpo_iteration` (the
   algorithm, trainer/neighbor_grpo.py) and `sde_grpo_iteration` (the SDE baseline), each
   returning an `IterationResult` (images, rewards, advantages, anchors, metrics).
 - Models: `FlowModel`, the interface a model adapter implements (velocity, prompt encoder,
@@ -49,6 +51,8 @@ _EXPORTS: dict[str, str] = {
     "Trainer": "trainer.loop",
     "latest_checkpoint": "trainer.loop",
     "load_model": "trainer.loop",
+    "TrainingDiverged": "trainer.loop",
+    "TrainingOutOfMemory": "trainer.loop",
     "IterationResult": "trainer.grpo",
     "neighbor_grpo_iteration": "trainer.neighbor_grpo",
     "sde_grpo_iteration": "trainer.sde_grpo",
@@ -72,7 +76,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "TrainConfig", "PRESETS", "ConfigError", "ConfigErrors", "load_config",
-    "Trainer", "latest_checkpoint", "load_model",
+    "Trainer", "latest_checkpoint", "load_model", "TrainingDiverged", "TrainingOutOfMemory",
     "IterationResult", "neighbor_grpo_iteration", "sde_grpo_iteration",
     "FlowModel", "register_model", "ShapesDiT", "ShapesDiTConfig",
     "register_reward", "get_reward", "reward_names", "compute_rewards",
@@ -84,7 +88,13 @@ if TYPE_CHECKING:
     from trainer.config import PRESETS, ConfigError, ConfigErrors, TrainConfig, load_config
     from trainer.evaluation import evaluate, sample_images
     from trainer.grpo import IterationResult
-    from trainer.loop import Trainer, latest_checkpoint, load_model
+    from trainer.loop import (
+        Trainer,
+        TrainingDiverged,
+        TrainingOutOfMemory,
+        latest_checkpoint,
+        load_model,
+    )
     from trainer.models import register_model
     from trainer.models.base import FlowModel
     from trainer.models.shapes_dit import ShapesDiT, ShapesDiTConfig

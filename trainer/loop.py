@@ -56,6 +56,35 @@ class TrainingDiverged(RuntimeError):
     made the weights NaN or infinite, so the run stops before anything saves them."""
 
 
+class TrainingOutOfMemory(RuntimeError):
+    """An iteration that ran out of accelerator memory. The message names the settings that
+    decide how much an iteration holds at once, with the run's values, and what to change;
+    the iteration is not counted, so the run resumes from its last checkpoint."""
+
+
+def out_of_memory_message(config: TrainConfig, iteration: int, error: BaseException) -> str:
+    """What an out-of-memory error in iteration `iteration` means for `config`: torch's own
+    first line (how much was asked and what was free), then the knobs, each with its value,
+    in the order that costs least to turn. A FLUX run at 1,024 px with the flux-lora preset's
+    quarter of blocks checkpointed needs 94 GiB, for instance (docs/benchmarks.md)."""
+    said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    knobs = [f"train_batch_size {config.train_batch_size or '0 (all at once)'} and "
+             f"rollout_batch_size {config.rollout_batch_size or '0 (all at once)'} (set them "
+             "lower: the results do not change, only how many run at once)"]
+    if config.model != "shapes":
+        fraction = (f"gradient_checkpointing_fraction {config.gradient_checkpointing_fraction}"
+                    if config.gradient_checkpointing else "gradient_checkpointing false")
+        knobs.append(f"{fraction} (recomputing every block, gradient_checkpointing true with "
+                     "fraction 1.0, holds the fewest activations)")
+        if config.resolution:
+            knobs.append(f"resolution {config.resolution}")
+        knobs.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the worker's "
+                     "environment where the error says memory is reserved but unallocated")
+    return (f"iteration {iteration}: out of memory on {config.device} ({said}). What an "
+            f"iteration holds at once: {'; '.join(knobs)}. Change one and resume from the "
+            "last checkpoint.")
+
+
 def divergence(metrics: Mapping[str, Any]) -> str | None:
     """What is not finite in an iteration's update (`loss`, `grad_norm`), or None. An
     iteration with no optimizer step reports NaN statistics by design and is left alone."""
@@ -190,6 +219,15 @@ class Trainer:
         except ScoringStopped:
             self.generator.set_state(random_state)
             raise
+        except torch.OutOfMemoryError as exc:
+            self.generator.set_state(random_state)
+            message, result = out_of_memory_message(self.config, self.iteration + 1, exc), None
+        if result is None:
+            # raised outside the handler: torch's error and its traceback hold the frames of
+            # the iteration, and with them the tensors that filled the card
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            raise TrainingOutOfMemory(message)
         if (bad := divergence(result.metrics)) is None and result.metrics.get(
                 "optimizer_steps") and not _trainable_finite(self.model):
             # the last step's loss and gradients were finite, the step it took was not

@@ -37,7 +37,7 @@ from app.services import checkpoints, datasets, jobs, rollouts, storage
 from app.services import preference as pref_svc
 from trainer.config import ConfigError, TrainConfig
 from trainer.grpo import IterationResult
-from trainer.loop import Trainer, TrainingDiverged
+from trainer.loop import Trainer, TrainingDiverged, TrainingOutOfMemory
 from trainer.models import checkpoint_directory, checkpoint_weights_file, uses_model_directory
 from trainer.models.base import FlowModel
 from trainer.rewards.models import RewardWeightsMissing, RewardWeightsUnloadable
@@ -431,8 +431,8 @@ def prepare_trainer(job_id: int, model: FlowModel | None = None
 # errors whose message says it all, named the way the job's error shows them (no traceback):
 # what prepare_trainer and run_training turn into JobErrors, and a rank of a distributed job
 # reports as such (worker.distributed_train)
-SELF_EXPLAINING_ERRORS = (JobError, ConfigError, TrainingDiverged, RewardServerError,
-                          RewardWeightsMissing, RewardWeightsUnloadable)
+SELF_EXPLAINING_ERRORS = (JobError, ConfigError, TrainingDiverged, TrainingOutOfMemory,
+                          RewardServerError, RewardWeightsMissing, RewardWeightsUnloadable)
 
 def run_training(job_id: int, worker_name: str, shutdown: threading.Event | None = None) -> str:
     """Train in this process (the job is already claimed). Returns the final status."""
@@ -449,6 +449,11 @@ def run_training(job_id: int, worker_name: str, shutdown: threading.Event | None
                            "to go on from its last checkpoint)") from None
         except TrainingDiverged as exc:  # the message says what and what to do
             raise JobError(str(exc)) from None
+        except TrainingOutOfMemory as exc:  # the same, and how a studio job changes them
+            raise JobError(f"{exc} Here: POST /api/jobs/{job_id}/resume with a body such as "
+                           '{"config": {"train_batch_size": 1}} (the fields a resume may '
+                           "change: train_batch_size, rollout_batch_size, "
+                           "gradient_checkpointing, gradient_checkpointing_fraction).") from None
     if recorder.cancelled:
         return JobStatus.CANCELLED
     if recorder.requeued:

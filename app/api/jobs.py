@@ -16,7 +16,7 @@ from app.api.deps import (
 from app.api.strict_json import StrictJSONRoute
 from app.job_kinds import KINDS, KindName
 from app.models import Job, JobStatus
-from app.schemas import JobDetail, JobIn, JobOut, MetricPoint, Page
+from app.schemas import JobDetail, JobIn, JobOut, MetricPoint, Page, ResumeIn
 from app.services import jobs as svc
 from app.services import workers
 
@@ -80,8 +80,8 @@ def cancel_job(job_id: PathId, session: SessionDep, _admin: AdminDep) -> JobOut:
     return job_out(job)
 
 
-@router.post("/{job_id}/resume", response_model=JobOut, responses={404: {}, 409: {}})
+@router.post("/{job_id}/resume", response_model=JobOut, responses={404: {}, 409: {}, 422: {}})
 def resume_job(job_id: PathId, session: SessionDep, _admin: AdminDep,
-               enqueuer: EnqueuerDep) -> JobOut:
-    job = svc.relaunch_job(session, enqueuer, job_id)
+               enqueuer: EnqueuerDep, body: ResumeIn | None = None) -> JobOut:
+    job = svc.relaunch_job(session, enqueuer, job_id, body.config if body else None)
     return job_out(job, waiting=workers.waiting_for(session, [job]))

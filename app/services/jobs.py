@@ -1048,15 +1048,49 @@ def check_still_valid(session: Session, job: Job) -> None:
                        errors=[{"field": "checkpoint_id", "message": problem}])
 
 
-def resume_job(session: Session, job_id: int) -> Job:
+# what a resumed train job may change: how much of an iteration runs at once, never what it
+# computes (the micro-batches and the recomputed blocks give the same update). A job that ran
+# out of memory (trainer.loop.TrainingOutOfMemory names these) goes on from its checkpoint
+# with its optimizer state, as the CLI's `train --resume --set` does.
+RESUME_FIELDS = ("train_batch_size", "rollout_batch_size", "gradient_checkpointing",
+                 "gradient_checkpointing_fraction")
+
+
+def resumed_config(job: Job, changes: dict[str, Any]) -> dict[str, Any]:
+    """`job`'s config with `changes` (RESUME_FIELDS only, a train job only) applied and
+    validated as at submission: Invalid naming every problem at once."""
+    from trainer.config import ConfigErrors, TrainConfig
+
+    if job.kind != "train":
+        raise Invalid(f"config: a {job.kind} job resumes with its config as it is; only a "
+                      f"train job's {', '.join(RESUME_FIELDS)} change on resume",
+                      field="config")
+    errors = [{"field": f"config.{name}", "message": "cannot change on resume (what the run "
+               f"computes stays as it started); these can: {', '.join(RESUME_FIELDS)}"}
+              for name in changes if name not in RESUME_FIELDS]
+    if not errors:
+        try:
+            config = TrainConfig.from_layers(dict(job.config), dict(changes)).to_dict()
+        except ConfigErrors as exc:
+            errors = [{"field": f"config.{e.field}", "message": e.message} for e in exc.errors]
+    if errors:
+        raise Invalid("; ".join(f"{e['field']}: {e['message']}" for e in errors),
+                      field=errors[0]["field"], errors=errors)
+    return config
+
+
+def resume_job(session: Session, job_id: int, changes: dict[str, Any] | None = None) -> Job:
     """Put a failed or cancelled job back in the queue (the worker resumes from the newest
     checkpoint, `checkpoints.latest_checkpoint`). Enqueue after the commit. Its config is
     checked again as at submission: what it names (a dataset, a checkpoint, a file) may have
-    gone since, and the worker would fail on it (Conflict naming every problem)."""
+    gone since, and the worker would fail on it (Conflict naming every problem). `changes`:
+    RESUME_FIELDS to set first (`resumed_config`)."""
     job = get_job(session, job_id)
     if job.status not in (JobStatus.FAILED, JobStatus.CANCELLED):
         raise Conflict(f"job {job_id} cannot resume: its status is {job.status} (only failed, "
                        "cancelled or queued jobs resume)", field="job_id")
+    if changes:
+        job.config = resumed_config(job, changes)
     check_still_valid(session, job)
     job.status, job.cancel_requested, job.error, job.finished_at = (JobStatus.QUEUED, False,
                                                                      None, None)
@@ -1067,7 +1101,8 @@ def resume_job(session: Session, job_id: int) -> Job:
     return job
 
 
-def relaunch_job(session: Session, enqueuer: Enqueuer | None, job_id: int) -> Job:
+def relaunch_job(session: Session, enqueuer: Enqueuer | None, job_id: int,
+                 changes: dict[str, Any] | None = None) -> Job:
     """The one way a stopped job starts again (the API's resume and the UI's): resume_job's
     checks, the queued row committed, then the job enqueued, as launch_job does. A job still
     queued gets its message sent again: one a broker lost, or a worker that could not run it
@@ -1076,11 +1111,14 @@ def relaunch_job(session: Session, enqueuer: Enqueuer | None, job_id: int) -> Jo
     cannot be reached the job is left as it was and the caller gets a 503."""
     job = get_job(session, job_id)
     if job.status == JobStatus.QUEUED and not job.cancel_requested:
+        if changes:
+            raise Conflict(f"job {job_id} is queued: its config changes on resume only once it "
+                           "has stopped (cancel it first)", field="job_id")
         _send(enqueuer, job)
         return job
     before = {name: getattr(job, name) for name in
-              ("status", "cancel_requested", "error", "finished_at", "attempts")}
-    job = resume_job(session, job_id)
+              ("status", "cancel_requested", "error", "finished_at", "attempts", "config")}
+    job = resume_job(session, job_id, changes)
     session.commit()
     try:
         _send(enqueuer, job)

@@ -257,3 +257,56 @@ def test_a_stop_request_ends_the_periodic_evaluation_pass_at_a_solver_step():
     assert "reward_mean" in results[0].metrics
     short = Trainer(TrainConfig.from_dict({**TINY, "eval_every": 1, "eval_seeds": 1}))
     assert "eval_count_reward" in short.step(stop_requested=lambda: False).metrics
+
+
+def test_an_iteration_out_of_memory_stops_naming_the_settings_that_size_it():
+    """torch's OutOfMemoryError used to end a job as a traceback. step() raises
+    TrainingOutOfMemory instead: torch's first line, then the settings that decide how much an
+    iteration holds, with the run's values; the iteration is not counted and the random
+    stream is put back, so a resumed run draws what this one would have. The error is
+    injected by a reward (a CPU cannot run out of CUDA memory); it is what torch raises."""
+    import numpy as np
+
+    from trainer.loop import TrainingOutOfMemory
+    from trainer.rewards import register_reward
+
+    full = {"on": False}
+
+    def scored(images, prompts):
+        if full["on"]:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. "
+                                         "GPU 0 has a total capacity of 79.19 GiB\nmore")
+        return np.linspace(0.0, 1.0, len(prompts))
+
+    register_reward("test_out_of_memory", scored)
+    config = TrainConfig.from_dict({**PRESETS["tiny"], "device": "cpu",
+                                    "reward_weights": {"test_out_of_memory": 1.0},
+                                    "train_batch_size": 2})
+    trainer = Trainer(config)
+    trainer.step()
+    before = trainer.generator.get_state()
+    full["on"] = True
+    with pytest.raises(TrainingOutOfMemory) as err:
+        trainer.step()
+    message = str(err.value)
+    assert message.startswith("iteration 2: out of memory on cpu (CUDA out of memory. Tried "
+                              "to allocate 20.00 GiB. GPU 0 has a total capacity of 79.19 "
+                              "GiB)"), message
+    assert "train_batch_size 2 and rollout_batch_size 0 (all at once)" in message
+    assert "resume from the last checkpoint" in message and "more" not in message
+    assert "gradient_checkpointing" not in message  # the shapes model has none
+    assert trainer.iteration == 1 and torch.equal(trainer.generator.get_state(), before)
+    full["on"] = False
+    trainer.step()  # the card has room again: the run goes on from where it was
+    assert trainer.iteration == 2
+
+
+def test_out_of_memory_names_checkpointing_and_resolution_for_a_real_model():
+    from trainer.loop import out_of_memory_message
+
+    config = TrainConfig.from_dict({**PRESETS["flux-lora"], "model_path": "/models/flux",
+                                    "resolution": 1024, "device": "cuda"})
+    message = out_of_memory_message(config, 7, torch.OutOfMemoryError("CUDA out of memory."))
+    assert message.startswith("iteration 7: out of memory on cuda (CUDA out of memory.)")
+    assert "gradient_checkpointing_fraction 0.25" in message and "resolution 1024" in message
+    assert "expandable_segments:True" in message
