@@ -1518,8 +1518,15 @@ def _command(args: argparse.Namespace) -> int:
         # a reward server that is down or lacks a reward (checked as the job starts, before
         # --out is written): its message names the URL and what to do; any other
         # RuntimeError is a bug, traced back
+        from trainer.loop import TrainingDiverged, TrainingOutOfMemory
         from trainer.rewards.remote import RewardServerError
 
+        if isinstance(exc, (TrainingDiverged, TrainingOutOfMemory)):
+            # the run stopped before a bad or impossible iteration; its message names what to
+            # change, and `train --resume --set FIELD=VALUE` changes it
+            print(f"error: {exc} (train --resume --set FIELD=VALUE goes on from there)",
+                  file=sys.stderr)
+            return 1
         if not isinstance(exc, RewardServerError):
             raise
         print(f"error: {exc}", file=sys.stderr)

@@ -310,3 +310,29 @@ def test_out_of_memory_names_checkpointing_and_resolution_for_a_real_model():
     assert message.startswith("iteration 7: out of memory on cuda (CUDA out of memory.)")
     assert "gradient_checkpointing_fraction 0.25" in message and "resolution 1024" in message
     assert "expandable_segments:True" in message
+
+
+def test_the_cli_says_out_of_memory_in_one_line_and_how_to_go_on(tmp_path, capsys):
+    """`train` ended with a traceback; it prints the error's message and how a resume
+    changes a field, and exits 1, with the checkpoint before it kept."""
+    from trainer.cli import main
+    from trainer.rewards import register_reward
+
+    calls = {"n": 0}
+
+    def scored(images, prompts):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        return torch.linspace(0, 1, len(prompts)).numpy()
+
+    register_reward("test_cli_out_of_memory", scored)
+    out = tmp_path / "run"
+    code = main(["train", "--config", "tiny", "--out", str(out), "--no-progress",
+                 "--set", "device=cpu", "--set", "iterations=4", "--set",
+                 'reward_weights={"test_cli_out_of_memory": 1.0}'])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "error: iteration 3: out of memory on cpu (CUDA out of memory." in err, err
+    assert "train --resume --set FIELD=VALUE" in err and "Traceback" not in err
+    assert latest_checkpoint(out / "checkpoints").name == "iter-000002"
