@@ -12,6 +12,7 @@ import json
 import math
 import re
 import shutil
+import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,12 +63,24 @@ class TrainingOutOfMemory(RuntimeError):
     the iteration is not counted, so the run resumes from its last checkpoint."""
 
 
+def _trainer_frames(error: BaseException) -> str:
+    """Where in the trainer `error` was raised: its frames in this package, outermost first
+    (the iteration, then the phase: rollout, scoring, update), each as function:line, e.g.
+    "neighbor_grpo_iteration:88 > rollout:140 > decode:412"; the step that called them is
+    left out. The phase tells which setting to turn (a decode: rollout_batch_size)."""
+    package = str(Path(__file__).resolve().parent)
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if str(Path(f.filename).resolve()).startswith(package)]
+    return " > ".join(f"{f.name}:{f.lineno}" for f in frames if f.name not in ("_step", "step"))
+
+
 def out_of_memory_message(config: TrainConfig, iteration: int, error: BaseException) -> str:
     """What an out-of-memory error in iteration `iteration` means for `config`: torch's own
     first line (how much was asked and what was free), then the knobs, each with its value,
     in the order that costs least to turn. A FLUX run at 1,024 px with the flux-lora preset's
     quarter of blocks checkpointed needs 94 GiB, for instance (docs/benchmarks.md)."""
     said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    where = _trainer_frames(error)
     knobs = [f"train_batch_size {config.train_batch_size or '0 (all at once)'} and "
              f"rollout_batch_size {config.rollout_batch_size or '0 (all at once)'} (set them "
              "lower: the results do not change, only how many run at once)"]
@@ -78,9 +91,10 @@ def out_of_memory_message(config: TrainConfig, iteration: int, error: BaseExcept
                      "fraction 1.0, holds the fewest activations)")
         if config.resolution:
             knobs.append(f"resolution {config.resolution}")
-        knobs.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the worker's "
+        knobs.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the training process's "
                      "environment where the error says memory is reserved but unallocated")
-    return (f"iteration {iteration}: out of memory on {config.device} ({said}). What an "
+    return (f"iteration {iteration}: out of memory on {config.device}"
+            f"{f' in {where}' if where else ''} ({said}). What an "
             f"iteration holds at once: {'; '.join(knobs)}. Change one and resume from the "
             "last checkpoint.")
 

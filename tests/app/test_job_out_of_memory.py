@@ -35,9 +35,10 @@ def test_a_train_job_out_of_memory_fails_saying_what_to_change(client, admin):
     job_id = r.json()["id"]
     assert run_job(job_id, run_training) == "failed"
     job = client.get(f"/api/jobs/{job_id}", headers=admin).json()
-    assert job["error"].startswith("iteration 3: out of memory on cpu (CUDA out of memory. "
-                                   "Tried to allocate 9.00 GiB). What an iteration holds at "
-                                   "once: train_batch_size"), job["error"]
+    assert job["error"].startswith("iteration 3: out of memory on cpu in "
+                                   "neighbor_grpo_iteration:"), job["error"]
+    assert ("(CUDA out of memory. Tried to allocate 9.00 GiB). What an iteration holds at "
+            "once: train_batch_size") in job["error"], job["error"]
     assert "Traceback" not in job["error"] and job["iteration"] == 2
     assert f"POST /api/jobs/{job_id}/resume" in job["error"]
     # a resume may change how much runs at once, not what the run computes; every problem

@@ -1,5 +1,6 @@
 """The training loop: one iteration's bookkeeping, resume, and that it actually learns."""
 
+import re
 
 import pytest
 import torch
@@ -289,9 +290,11 @@ def test_an_iteration_out_of_memory_stops_naming_the_settings_that_size_it():
     with pytest.raises(TrainingOutOfMemory) as err:
         trainer.step()
     message = str(err.value)
-    assert message.startswith("iteration 2: out of memory on cpu (CUDA out of memory. Tried "
-                              "to allocate 20.00 GiB. GPU 0 has a total capacity of 79.19 "
-                              "GiB)"), message
+    # where: the iteration's frames down to the call that raised (here the reward)
+    assert re.match(r"iteration 2: out of memory on cpu in neighbor_grpo_iteration:\d+ > "
+                    r"score_groups:\d+ > compute_rewards:\d+ \(CUDA out of memory\. Tried "
+                    r"to allocate 20\.00 GiB\. GPU 0 has a total capacity of 79\.19 GiB\)",
+                    message), message
     assert "train_batch_size 2 and rollout_batch_size 0 (all at once)" in message
     assert "resume from the last checkpoint" in message and "more" not in message
     assert "gradient_checkpointing" not in message  # the shapes model has none
@@ -308,6 +311,7 @@ def test_out_of_memory_names_checkpointing_and_resolution_for_a_real_model():
                                     "resolution": 1024, "device": "cuda"})
     message = out_of_memory_message(config, 7, torch.OutOfMemoryError("CUDA out of memory."))
     assert message.startswith("iteration 7: out of memory on cuda (CUDA out of memory.)")
+    # raised outside the trainer (no traceback here): no place named
     assert "gradient_checkpointing_fraction 0.25" in message and "resolution 1024" in message
     assert "expandable_segments:True" in message
 
@@ -333,6 +337,7 @@ def test_the_cli_says_out_of_memory_in_one_line_and_how_to_go_on(tmp_path, capsy
                  'reward_weights={"test_cli_out_of_memory": 1.0}'])
     err = capsys.readouterr().err
     assert code == 1, err
-    assert "error: iteration 3: out of memory on cpu (CUDA out of memory." in err, err
+    assert "error: iteration 3: out of memory on cpu in neighbor_grpo_iteration:" in err, err
+    assert "(CUDA out of memory. Tried to allocate 1.00 GiB)" in err, err
     assert "train --resume --set FIELD=VALUE" in err and "Traceback" not in err
     assert latest_checkpoint(out / "checkpoints").name == "iter-000002"

@@ -66,7 +66,10 @@ HF_CLIP_FILES = (("config.json",), ("model.safetensors", "pytorch_model.bin"),
                  ("preprocessor_config.json", "processor_config.json"),
                  ("tokenizer.json", "vocab.json"))
 
-DEFAULT_BATCH_SIZE = 32
+# images per forward pass of a reward network: a FLUX iteration's 4 prompts x G = 12 in one
+# pass (issue 17 measures at batch 48); at 512 px under bf16 the largest, HPSv2's ViT-H-14,
+# peaked at 5.6 GiB in passes of 32 on an H100 (docs/benchmarks.md)
+DEFAULT_BATCH_SIZE = 48
 
 
 class RewardWeightsUnloadable(ValueError):
