@@ -6,6 +6,8 @@ MAX_ID = 2**31 - 1
 NAME_LENGTH = 200
 # an upload's original filename as stored on its dataset (longer names are cut)
 FILENAME_LENGTH = 300
+# why a worker takes no job for now (its STORAGE_DIR cannot be written; longer reasons are cut)
+HOLDING_LENGTH = 1000
 # a vote's selection reason (how its pair was chosen)
 SELECTION_LENGTH = 50
 # a vote's client_vote_id (the client's retry key): 1-64 URL-safe characters

@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from app.limits import FILENAME_LENGTH, NAME_LENGTH, SELECTION_LENGTH
+from app.limits import FILENAME_LENGTH, HOLDING_LENGTH, NAME_LENGTH, SELECTION_LENGTH
 
 
 def utcnow() -> datetime:
@@ -308,3 +308,5 @@ class WorkerRow(Base):
     device_names: Mapped[list[Any]] = mapped_column(JSON, default=list)
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    # why it takes no job for now (its STORAGE_DIR cannot be written), None when it takes jobs
+    holding: Mapped[str | None] = mapped_column(String(HOLDING_LENGTH), nullable=True)

@@ -155,13 +155,27 @@ def storage_writable(path: Path, free_at_failure: int | None = None) -> bool:
     return True
 
 
+# why this worker takes no job for now (`wait_for_storage`), None when it takes jobs; its
+# reaper thread reports it with the worker's row (`report_worker`), so that the jobs queued
+# behind the hold say what they wait for
+HOLDING: str | None = None
+
+
 def wait_for_storage(path: Path, free_at_failure: int | None = None) -> None:
     """Hold this worker (no job taken) until `path`'s directory can be written again (on a
     full disk: with more room free than `free_at_failure`), or until it shuts down: each
     job it took meanwhile would fail the same way (a full disk's job again and again, each
     resumed only to fail at its next checkpoint)."""
-    while not SHUTDOWN.is_set() and not storage_writable(path, free_at_failure):
-        SHUTDOWN.wait(STORAGE_RETRY_SECONDS)
+    global HOLDING
+    root = get_settings().resolved_storage_dir
+    HOLDING = (f"STORAGE_DIR {root} cannot be written"
+               + (" (the disk is full)" if free_at_failure is not None else "")
+               + f"; checked again every {STORAGE_RETRY_SECONDS:g} s")
+    try:
+        while not SHUTDOWN.is_set() and not storage_writable(path, free_at_failure):
+            SHUTDOWN.wait(STORAGE_RETRY_SECONDS)
+    finally:
+        HOLDING = None
     if not SHUTDOWN.is_set():
         log.info("STORAGE_DIR %s can be written again: taking jobs",
                  get_settings().resolved_storage_dir)
@@ -387,7 +401,7 @@ def report_worker(name: str, queues: list[str]) -> None:
         if SHUTDOWN.is_set():
             workers.forget(s, name)
         else:
-            workers.report(s, name, queues, len(devices), list(devices))
+            workers.report(s, name, queues, len(devices), list(devices), holding=HOLDING)
 
 
 @signals.worker_init.connect

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from app.config import get_settings
 from app.job_kinds import KINDS
-from app.limits import NAME_LENGTH
+from app.limits import HOLDING_LENGTH, NAME_LENGTH
 from app.models import Job, JobMetric, JobStatus, WorkerRow, utcnow
 
 
@@ -51,8 +51,9 @@ def live_seconds() -> float:
 
 
 def report(session: Session, name: str, queues: list[str], cuda_devices: int,
-           device_names: list[str]) -> WorkerRow:
-    """Insert or refresh this worker's row (flush, no commit)."""
+           device_names: list[str], holding: str | None = None) -> WorkerRow:
+    """Insert or refresh this worker's row (flush, no commit). `holding`: why it takes no job
+    for now (its STORAGE_DIR cannot be written), None when it takes jobs."""
     row = session.get(WorkerRow, stored_name(name))
     now = utcnow()
     if row is None:
@@ -60,6 +61,7 @@ def report(session: Session, name: str, queues: list[str], cuda_devices: int,
         session.add(row)
     row.queues, row.cuda_devices = sorted(set(queues)), int(cuda_devices)
     row.device_names, row.last_seen_at = list(device_names), now
+    row.holding = holding[:HOLDING_LENGTH] if holding else None
     session.flush()
     return row
 
@@ -169,6 +171,7 @@ def waiting_for(session: Session, jobs: list[Job]) -> dict[int, str]:
         queue = KINDS[job.kind].queue
         cuda = wants_cuda(job.config or {})
         can = able(session, job.kind, job.config or {}, workers)
+        free = [w for w in can if not w.holding]  # the others take no job for now
         need = " with a CUDA device" if cuda else ""
         if not can and job.status == JobStatus.QUEUED:
             out[job.id] = (f"waiting for a worker{need} on queue {queue!r}: none has reported "
@@ -178,7 +181,13 @@ def waiting_for(session: Session, jobs: list[Job]) -> dict[int, str]:
             # RDZV_JOIN_TIMEOUT) once its holder's rendezvous is over
             out[job.id] = (f"waiting for {hosts} hosts (train_nnodes): {len(can)} live worker(s)"
                            f"{need} on queue {queue!r}; start one on each other host")
-        elif job.status == JobStatus.QUEUED and (ahead := _ahead_of(job.id, can, running)):
+        elif job.status == JobStatus.QUEUED and not free:
+            # every worker that could take it holds (worker.tasks.wait_for_storage): without
+            # this the job sat queued with nothing said, as if it waited for no reason
+            out[job.id] = (f"waiting: every live worker{need} on queue {queue!r} takes no job "
+                           "for now (" + "; ".join(f"{w.name}: {w.holding}" for w in can)
+                           + "); it starts once one takes jobs again")
+        elif job.status == JobStatus.QUEUED and (ahead := _ahead_of(job.id, free, running)):
             out[job.id] = (f"queued behind job{'s' if len(ahead) > 1 else ''} "
                            f"{', '.join(f'#{i}' for i in ahead)}: every live worker{need} on "
                            f"queue {queue!r} is running one; it starts when one is free (or "

@@ -624,3 +624,30 @@ def test_a_queued_job_whose_message_was_lost_is_found_once_a_worker_that_takes_i
         assert jobs.request_cancel(s, lost_one).status == "cancelled"
         jobs.resume_job(s, lost_one)
     assert lost() == []
+
+
+def test_a_queued_job_says_its_only_worker_holds_and_why(settings, admin):
+    """A worker that cannot write STORAGE_DIR takes no job until it can (worker.tasks.
+    wait_for_storage). Its row says why; a queued job that only it could take said nothing
+    (a live worker, no job running: it seemed to wait for no reason). A worker that takes
+    jobs, busy or not, is what the job waits for instead."""
+    from app.db import session_scope
+    from app.services import jobs, workers
+
+    why = "STORAGE_DIR /data/storage cannot be written (the disk is full); checked again"
+    with session_scope() as s:
+        workers.report(s, "held", ["gpu", "cpu"], 0, [], holding=why)
+        job = jobs.create_job(s, "train", {"device": "cpu"}, preset="tiny")
+    with session_scope() as s:
+        said = workers.waiting_for(s, [job])[job.id]
+    assert said.startswith("waiting: every live worker on queue 'gpu' takes no job for now "
+                           f"(held: {why})"), said
+    with session_scope() as s:  # another worker, busy with a job of its own
+        workers.report(s, "busy", ["gpu", "cpu"], 0, [])
+        other = jobs.create_job(s, "train", {"device": "cpu"}, preset="tiny")
+        assert jobs.claim(s, other.id, workers.lease_name("busy"), timedelta(minutes=5))
+    with session_scope() as s:
+        said = workers.waiting_for(s, [job])[job.id]
+    assert said.startswith(f"queued behind job #{other.id}: "), said
+    with session_scope() as s:  # the hold is over: the row says it takes jobs again
+        assert workers.report(s, "held", ["gpu", "cpu"], 0, []).holding is None

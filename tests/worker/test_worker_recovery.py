@@ -26,6 +26,24 @@ def _status(job_id: int, *statuses: str):
     return job if job.status in statuses else None
 
 
+def _waiting(job_id: int) -> str:
+    """What the job's page says it waits for ("" for nothing)."""
+    from app.db import session_scope
+    from app.services import jobs, workers
+
+    with session_scope() as s:
+        return workers.waiting_for(s, [jobs.get_job(s, job_id)]).get(job_id, "")
+
+
+def _holding() -> list[str | None]:
+    """Why each live worker takes no job for now (None: it takes jobs)."""
+    from app.db import session_scope
+    from app.services import workers
+
+    with session_scope() as s:
+        return [w.holding for w in workers.live(s)]
+
+
 def _kill9(proc) -> None:
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -360,8 +378,14 @@ def test_an_unwritable_storage_dir_requeues_the_job_and_holds_the_worker(stack):
         lines = [line for line in log.splitlines() if "cannot be written" in line]
         assert len(lines) == 1 and f"STORAGE_DIR {storage}" in lines[0], log
         assert "Traceback" not in log
+        # the job's page says why nothing takes it (it said nothing: a queued job with a
+        # live, idle-looking worker), as would any other job queued meanwhile
+        said = wait_for(lambda: "takes no job for now" in (w := _waiting(job_id)) and w, 30,
+                        "the hold on the job's page", stack)
+        assert f"STORAGE_DIR {storage} cannot be written" in said, said
     job = wait_for(lambda: _status(job_id, "succeeded", "failed"), 120, "the resumed job", stack)
     assert job.status == "succeeded", job.error
+    assert _holding() == [None]  # taking jobs again: the row says so
     assert metric_iterations(job_id) == list(range(1, 41))
     assert "can be written again" in stack.logs[0].read_text(errors="replace")
     assert worker.poll() is None
