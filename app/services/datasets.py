@@ -8,6 +8,10 @@ first `MAX_REPORTED` in full, then how many more), so that one upload fixes them
 lines (of a .txt, .jsonl or .csv) are skipped and counted, not errors: they separate records,
 they are not records. An empty prompt in a record is an error.
 
+A record's own `split` (a csv column, a jsonl / json key, a parquet column: 'train', or 'eval'
+or 'test' for the held-out split) decides its prompt's split, as HPDv2-style files give it;
+then it is on every record, and the upload's `eval_fraction` stays 0.
+
 Metadata is stored and exported as strict JSON: non-finite numbers (NaN, 1e400) become null.
 """
 
@@ -62,12 +66,19 @@ class BadRecord:
     loc: dict[str, Any] = field(default_factory=dict)
 
 
+# a record's `split` value -> the prompt's split: 'test' is HPDv2's name for the held-out set
+GIVEN_SPLITS = {"train": "train", "eval": "eval", "test": "eval"}
+SPLIT_KEY = "split"
+
+
 @dataclass
 class ParsedUpload:
     format: str
     prompts: list[ParsedPrompt]  # unique, normalised
     duplicates_dropped: int
     blank_lines_skipped: int
+    # each prompt's split as its record gives it ('train' / 'eval'), None when none does
+    splits: list[str] | None = None
 
 
 @dataclass
@@ -481,6 +492,9 @@ def parse_upload(filename: str, data: bytes, *, max_prompt_length: int,
         while encoding and encoding[0].loc["line"] <= line:
             report.add(encoding.pop(0))
 
+    splits: list[str] = []
+    with_split: list[str] = []  # where records give a split, and where they do not
+    without_split: list[str] = []
     for record in records:
         line = record.loc.get("line")
         if line is not None:
@@ -495,16 +509,31 @@ def parse_upload(filename: str, data: bytes, *, max_prompt_length: int,
         if (problem := _prompt_problem(norm, max_prompt_length)) is not None:
             report.add(BadRecord(record.where, problem, record.loc))
             continue
+        given = (record.meta or {}).get(SPLIT_KEY)
+        (with_split if given is not None else without_split).append(record.where)
+        split = GIVEN_SPLITS.get(given.strip().lower()) if isinstance(given, str) else None
+        if given is not None and split is None:
+            report.add(BadRecord(record.where, f"{SPLIT_KEY} must be 'train', or 'eval' or "
+                                 f"'test' (the held-out split), got {given!r}", record.loc))
+            continue
         if report.count or norm in seen:  # nothing will be imported: keep no more prompts
             continue
         seen.add(norm)
         record.text = norm
         unique.append(record)
+        splits.append(split or "train")
     report_encoding_up_to(math.inf)
     report.check()
+    if with_split and without_split:
+        # half a file's splits is a file cut or pasted together: which split the rest is
+        # meant for is not ours to guess
+        raise Invalid(f"{filename}: {len(with_split)} record(s) give a {SPLIT_KEY} and "
+                      f"{len(without_split)} do not (first: {without_split[0]}); give it on "
+                      "every record or on none", file=filename, field="file")
     if not unique:
         raise Invalid(f"{filename}: no prompts found", file=filename)
-    return ParsedUpload(fmt, unique, total - len(unique), counts.blank)
+    return ParsedUpload(fmt, unique, total - len(unique), counts.blank,
+                        splits if with_split else None)
 
 
 def dataset_name(filename: str, name: str | None) -> str:
@@ -603,10 +632,19 @@ def import_dataset(session: Session, *, filename: str, data: bytes, name: str | 
         exc.details.setdefault("field", "file")
         raise
     prompts, dropped = parsed.prompts, parsed.duplicates_dropped
-    n_eval = round(len(prompts) * eval_fraction)
-    order = list(range(len(prompts)))
-    random.Random(seed).shuffle(order)
-    eval_idx = set(order[:n_eval])
+    if parsed.splits is not None:
+        if eval_fraction:
+            raise Invalid(f"eval_fraction: {filename} gives each prompt's {SPLIT_KEY}; leave "
+                          f"eval_fraction at 0 (got {eval_fraction:g}) or remove the "
+                          f"{SPLIT_KEY} column", field="eval_fraction")
+        eval_idx = {i for i, split in enumerate(parsed.splits) if split == "eval"}
+        n_eval = len(eval_idx)
+        eval_fraction = n_eval / len(prompts)  # what the file gave, as the dataset shows it
+    else:
+        n_eval = round(len(prompts) * eval_fraction)
+        order = list(range(len(prompts)))
+        random.Random(seed).shuffle(order)
+        eval_idx = set(order[:n_eval])
     ds = Dataset(name=name, filename=filename[:FILENAME_LENGTH], format=parsed.format, num_prompts=len(prompts),
                  num_eval=n_eval, duplicates_dropped=dropped,
                  blank_lines_skipped=parsed.blank_lines_skipped, eval_fraction=eval_fraction)

@@ -531,3 +531,42 @@ def test_an_overlong_line_is_refused_by_its_length_before_any_character_scan(cli
     r = upload(client, admin, "long.txt", b"x" * 100_000 + b"\none red circle\n")
     assert r.status_code == 422 and "prompt too long (100000 characters" in r.text, r.text
     assert scanned == [len("one red circle")]
+
+
+def test_a_split_column_decides_each_prompts_split(client, admin, session):
+    """A csv's `split` column (HPDv2-style files say which prompts are held out) was kept as
+    metadata while eval_fraction split the prompts at random: the preview showed a prompt the
+    file called eval in the train split. The column decides now ('test' is held out too)."""
+    data = ("prompt,split,notes\none red circle,train,a\ntwo blue squares,eval,b\n"
+            "\"three, green triangles\",TEST,c\nfour yellow squares,train,d\n").encode()
+    r = upload(client, admin, "hpd.csv", data)
+    assert r.status_code == 201, r.text
+    ds = r.json()
+    assert (ds["num_prompts"], ds["num_eval"]) == (4, 2) and ds["eval_fraction"] == 0.5
+    rows = client.get("/api/prompts", params={"dataset_id": ds["id"]}, headers=admin).json()
+    assert {p["text"]: p["split"] for p in rows["items"]} == {
+        "one red circle": "train", "two blue squares": "eval",
+        "three, green triangles": "eval", "four yellow squares": "train"}
+    jsonl = b'{"prompt": "a fox", "split": "test"}\n{"prompt": "an owl", "split": "train"}\n'
+    r = upload(client, admin, "hpd-test.jsonl", jsonl)
+    assert r.status_code == 201 and r.json()["num_eval"] == 1, r.text
+
+
+def test_a_split_column_is_checked_with_the_rest(client, admin, session):
+    before = counts(session)
+    bad = b"prompt,split\none,train\ntwo,bogus\nthree,\n"
+    r = upload(client, admin, "bad.csv", bad)
+    assert r.status_code == 422, r.text
+    messages = [e["message"] for e in r.json()["errors"]]
+    assert messages == ["split must be 'train', or 'eval' or 'test' (the held-out split), "
+                        "got 'bogus'", "split must be 'train', or 'eval' or 'test' (the "
+                        "held-out split), got ''"], messages
+    half = b'{"prompt": "a", "split": "eval"}\n{"prompt": "b"}\n'
+    r = upload(client, admin, "half.jsonl", half)
+    assert r.status_code == 422, r.text
+    assert "1 record(s) give a split and 1 do not (first: line 2)" in r.json()["detail"]
+    # the file says which prompts are held out: a fraction too would contradict it
+    r = upload(client, admin, "both.csv", b"prompt,split\none,train\ntwo,eval\n",
+               eval_fraction=0.5)
+    assert r.status_code == 422 and r.json()["field"] == "eval_fraction", r.text
+    assert counts(session) == before
