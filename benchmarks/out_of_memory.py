@@ -50,6 +50,10 @@ def attempt(adapter: torch.nn.Module, args: argparse.Namespace, changes: dict[st
     """One Trainer around `adapter`: the preset's settings with `changes`, one iteration."""
     config = TrainConfig.from_dict({**flux_scale.case_config("neighbor-8", args).to_dict(),
                                     **changes})
+    # the blocks to recompute are the model's, chosen when it is loaded (a resumed job loads
+    # it from the changed config); one model serves every attempt here, so it is told again
+    adapter.spec.gradient_checkpointing_fraction = config.gradient_checkpointing_fraction
+    adapter.set_gradient_checkpointing(config.gradient_checkpointing)
     gc.collect()
     row: dict[str, Any] = {"changes": changes,
                            "gradient_checkpointing_fraction":
