@@ -142,6 +142,11 @@ class Trainer:
     `config.preference_model` is a path: when it is a file (and reward_weights has
     "preference") the trainer loads it; otherwise the caller blends a preference model in
     with `set_preference_model` before the first step.
+
+    `model`: one already loaded (`load_model(config, device)` when left out). What is fixed
+    when a model loads stays as it was loaded: its LoRA, mixed precision, compiled blocks and
+    the blocks it recomputes (`gradient_checkpointing`, `..._fraction`); the config's other
+    fields (micro-batches, the algorithm) are read from `config` at each step.
     """
 
     def __init__(self, config: TrainConfig, model: FlowModel | None = None) -> None:
