@@ -4,6 +4,10 @@
 FROM python:3.11-slim
 
 ARG TORCH_VERSION=2.13.0
+# torchvision's release for that torch (its minor is torch's + 15): the `rewards` extra's
+# open-clip-torch imports torchvision, which imports only beside the torch it was built for;
+# left to pip it came from PyPI and replaced the torch above with PyPI's (see the Makefile)
+ARG TORCHVISION_VERSION=0.28.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # the package's extras; the reward server's image adds `rewards` (open_clip), see
 # docker-compose.yml; `tracking` lets jobs use report_to (TensorBoard, W&B, MLflow)
@@ -22,7 +26,9 @@ RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
 RUN useradd --create-home --uid 1000 studio
 WORKDIR /app
 
-RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
+RUN case ",${EXTRAS}," in *,rewards,*) vision="torchvision==${TORCHVISION_VERSION}";; \
+        *) vision="";; esac \
+    && pip install "torch==${TORCH_VERSION}" $vision --index-url "${TORCH_INDEX_URL}"
 # dependencies first (cached while only the code changes)
 COPY pyproject.toml README.md ./
 RUN mkdir -p app worker trainer && touch app/__init__.py worker/__init__.py trainer/__init__.py \

@@ -5,6 +5,7 @@ with an NVIDIA reservation, a CPU worker, one shared volume, health checks."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -98,3 +99,27 @@ def test_the_rewards_profile_serves_known_rewards_to_the_workers():
                for v in server["volumes"]), server["volumes"]
     assert "ports" not in server  # no authentication: never published
     assert f"http://reward-server:{args.port}" in (ROOT / "docker-compose.yml").read_text()
+
+
+def test_an_image_with_the_rewards_extra_installs_torchvision_beside_its_torch():
+    """open-clip-torch (the `rewards` extra: the reward server's image) imports torchvision,
+    which imports only beside the torch it was built for; pip took one from PyPI that replaced
+    the image's torch. The Dockerfile's install step, run here with `pip` echoed: torchvision
+    of the pair's release, from torch's own index, exactly when the extras hold `rewards`."""
+    text = (ROOT / "Dockerfile").read_text()
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, re.M))
+    torch_minor = int(args["TORCH_VERSION"].split(".")[1])
+    assert int(args["TORCHVISION_VERSION"].split(".")[1]) == torch_minor + 15, args
+    step = re.search(r"^RUN (case .*?--index-url \"\$\{TORCH_INDEX_URL\}\")$", text,
+                     re.M | re.S).group(1).replace("\\\n", " ")
+    for extras, wanted in (("server,clip,tracking", False), ("server,clip,rewards", True),
+                           ("rewards", True), ("server,rewardsx", False)):
+        out = subprocess.run(["sh", "-c", step.replace("pip install", "echo pip install")],
+                             env={**args, "EXTRAS": extras, "PATH": os.environ["PATH"]},
+                             capture_output=True, text=True, timeout=10)
+        assert out.returncode == 0, out.stderr
+        words = out.stdout.split()
+        assert f"torch=={args['TORCH_VERSION']}" in words, out.stdout
+        assert (f"torchvision=={args['TORCHVISION_VERSION']}" in words) is wanted, (extras,
+                                                                                  out.stdout)
+        assert words[-2:] == ["--index-url", args["TORCH_INDEX_URL"]], out.stdout
