@@ -537,8 +537,8 @@ def test_a_split_column_decides_each_prompts_split(client, admin, session):
     """A csv's `split` column (HPDv2-style files say which prompts are held out) was kept as
     metadata while eval_fraction split the prompts at random: the preview showed a prompt the
     file called eval in the train split. The column decides now ('test' is held out too)."""
-    data = ("prompt,split,notes\none red circle,train,a\ntwo blue squares,eval,b\n"
-            "\"three, green triangles\",TEST,c\nfour yellow squares,train,d\n").encode()
+    data = (b"prompt,split,notes\none red circle,train,a\ntwo blue squares,eval,b\n"
+            b"\"three, green triangles\",TEST,c\nfour yellow squares,train,d\n")
     r = upload(client, admin, "hpd.csv", data)
     assert r.status_code == 201, r.text
     ds = r.json()
