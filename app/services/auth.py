@@ -27,8 +27,10 @@ def hash_token(token: str) -> str:
 def create_user(session: Session, name: str, role: str) -> tuple[User, str]:
     """Create a user with one token. Returns (user, plaintext token). Flushes, no commit."""
     name = name.strip()
-    if not name or len(name) > 100:
-        raise Invalid("name must be 1-100 characters", field="name")
+    if not name:  # said so: "must be 1-100 characters" puzzled whoever typed three spaces
+        raise Invalid("name cannot be blank or only spaces", field="name")
+    if len(name) > 100:
+        raise Invalid("name must be at most 100 characters", field="name")
     refuse_hidden("name", name)  # the API's UserIn says the same; the UI and the CLI come here
     if role not in ROLES:
         raise Invalid(f"role must be one of {list(ROLES)}, got {role!r}", field="role")

@@ -147,11 +147,11 @@ def build_ui(enqueuer: Enqueuer | None = None) -> gr.Blocks:
         login.wire(pages, tabs, ui)
         assert set(ADMIN_TABS) <= set(pages)
         # the page script (app.ui.common) clicks these: a tab out of sight for a while lets
-        # go of its stream, and takes it back when shown
-        stream_pause = gr.Button("pause", elem_id="ngs-stream-pause",
-                                 elem_classes=["ngs-offscreen"])
-        stream_resume = gr.Button("resume", elem_id="ngs-stream-resume",
-                                  elem_classes=["ngs-offscreen"])
+        # go of its stream, and takes it back when shown. In the page but not shown
+        # (display: none): moved off-screen they were still reached by Tab, read out as
+        # "pause" and "resume" by screen readers, and in the page's text
+        stream_pause = gr.Button("pause", elem_id="ngs-stream-pause", visible="hidden")
+        stream_resume = gr.Button("resume", elem_id="ngs-stream-resume", visible="hidden")
         holds = [trigger(keep_event_stream_open, None, None, show_progress="hidden",
                          concurrency_limit=None, api_visibility="private")
                  for trigger in (ui.load, stream_resume.click)]

@@ -150,6 +150,11 @@ def _create_account(user_state: dict | None, name: str, role: str) -> tuple[str,
             f'now): <code id="new-token">{esc(token)}</code></div>'), True
 
 
+def forget_token() -> str:
+    """The Create user message, token included, taken off the page (`build_annotators`)."""
+    return ""
+
+
 def create_from_form(user_state: dict | None, name: str, role: str) -> tuple[str, Any]:
     """The Create user button: the message, and the Name field's new value: empty once the
     user exists, so that a second click does not try the same name again ("already
@@ -158,18 +163,32 @@ def create_from_form(user_state: dict | None, name: str, role: str) -> tuple[str
     return msg, "" if created else gr.skip()
 
 
-def revoke_account(user_state: dict | None, user_id: int | None) -> str:
+# Revoke's safeguard, as Delete's on the Datasets page (app.ui.datasets.CONFIRM_DELETE): a
+# revoked token never works again, so one click on the wrong name revokes nothing
+CONFIRM_REVOKE = "Yes, revoke their access (cannot be undone: their tokens stop working)"
+
+
+def revoke_account(user_state: dict | None, user_id: int | None, confirmed: bool) -> str:
+    """Revoke every token of the picked user, once `confirmed` (CONFIRM_REVOKE ticked)."""
+    return _revoke(user_state, user_id, confirmed)[0]
+
+
+def _revoke(user_state: dict | None, user_id: int | None,
+            confirmed: bool) -> tuple[str, bool]:
+    """`revoke_account`'s message, and whether the user was revoked."""
     try:
         admin = caller(user_state, "admin")
         if not user_id:
             raise BadRequest("pick a user")
+        if not confirmed:
+            raise BadRequest(f"tick “{CONFIRM_REVOKE}” first, then Revoke access")
         with session() as s:
             n = auth.revoke_user(s, int(user_id), by=admin)
             name = _user_name(s, int(user_id))
     except Exception as exc:  # noqa: BLE001
-        return notice(error_text(exc), "error")
+        return notice(error_text(exc), "error"), False
     return notice(f"{name} can no longer log in ({n} token(s) revoked; their votes stay).",
-                  "ok")
+                  "ok"), True
 
 
 def models_html(user_state: dict | None) -> str:
@@ -300,6 +319,8 @@ def build_annotators(user: gr.State, tab: gr.Tab | None = None,
             listing = gr.HTML(elem_id="users-list")
             with gr.Row(equal_height=True):
                 revoke_who = gr.Dropdown([], label="User", elem_id="users-revoke-pick", scale=2)
+                revoke_confirm = gr.Checkbox(False, label=CONFIRM_REVOKE,
+                                             elem_id="users-revoke-confirm")
                 revoke = gr.Button("Revoke access", variant="stop", elem_id="users-revoke")
             revoked = gr.HTML(elem_id="users-revoked")
             gr.Markdown("### Preference models")
@@ -336,6 +357,23 @@ def build_annotators(user: gr.State, tab: gr.Tab | None = None,
 
         create.click(create_and_refresh, [user, new_name, new_role],
                      [created, *shown, new_name], api_visibility="private")
-        revoke.click(lambda u, w: after(revoke_account(u, w), u), [user, revoke_who],
-                     [revoked, *shown], api_visibility="private")
+
+        def revoke_and_refresh(user_state: dict | None, user_id: int | None, confirmed: bool):
+            msg, done = _revoke(user_state, user_id, confirmed)
+            refreshed = after(msg, user_state)
+            if not done:  # the pick and its tick stay, to be corrected (as Delete dataset's)
+                return (*refreshed[:-1], gr.skip(), gr.skip())
+            # the confirmation is for one revocation: the next one is ticked again
+            return (*refreshed, False)
+
+        revoke.click(revoke_and_refresh, [user, revoke_who, revoke_confirm],
+                     [revoked, *shown, revoke_confirm], api_visibility="private")
+        # a confirmation is for the user it was given for: another pick takes a new one
+        revoke_who.change(lambda: False, None, revoke_confirm, api_visibility="private")
+        # the new user's token is shown once: any other action of the page (or a logout, or
+        # another admin's login in this tab) takes it off the screen, so it never stays
+        # beside a user since revoked, nor for whoever uses the page next
+        gr.on([user.change, refresh.click, apply.click, revoke.click, fit.click,
+               *([tab.select] if tab is not None else [])],
+              forget_token, None, created, show_progress="hidden", api_visibility="private")
     return page

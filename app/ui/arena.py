@@ -147,9 +147,26 @@ def load(user_state: dict | None, arena: dict | None):
     return pair_html(state["current"]), "", counters_html(state), state, _poll(state)
 
 
+def _current_totals(user_state: dict | None, arena: dict[str, Any]) -> Any:
+    """The counters with the totals as the database has them now, `arena` updated; skipped
+    (as they stand) for anyone but the arena session's own user (a login racing this)."""
+    try:
+        user = caller(user_state)
+    except Exception:  # noqa: BLE001 - the next vote or load shows what is wrong
+        return gr.skip()
+    if user.id != arena.get("user_id"):
+        return gr.skip()
+    with session() as s:
+        arena["my_total"] = votes.count_votes(s, user.id)
+        arena["all_total"] = votes.count_votes(s)
+    return counters_html(arena)
+
+
 def poll(user_state: dict | None, arena: dict | None):
     """The timer's tick and the tab's opening: look for a pair if none is on screen (the reveal
-    of a vote just made stays). Outputs as `load`.
+    of a vote just made stays). Outputs as `load`. With a pair on screen the totals are
+    re-read: votes made elsewhere (another tab, another device, other annotators) since the
+    last one here left "yours in total" behind until the next vote.
 
     Before the arena is set up it does nothing: the login sets it up (`load`, on the user's
     change), and the login's selection of the arena tab fires this at the same moment. Two
@@ -159,7 +176,7 @@ def poll(user_state: dict | None, arena: dict | None):
     if not (arena and arena.get("session_id")):
         return gr.skip(), gr.skip(), gr.skip(), arena, gr.skip()
     if arena.get("current") is not None:
-        return gr.skip(), gr.skip(), gr.skip(), arena, _poll(arena)
+        return gr.skip(), gr.skip(), _current_totals(user_state, arena), arena, _poll(arena)
     pair, _, counters, state, timer = load(user_state, arena)
     return pair, gr.skip(), counters, state, timer
 

@@ -17,6 +17,7 @@ import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -104,7 +105,7 @@ def whole_number(value: Any, label: str, minimum: int, maximum: int | None = Non
     x = _form_float(value, allowed)
     if not math.isfinite(x) or x != int(x) or x < minimum or (maximum is not None
                                                              and x > maximum):
-        raise BadRequest(f"{allowed}, got {x:g}")
+        raise BadRequest(f"{allowed}, got {as_typed(value, x)}")
     return int(x)
 
 
@@ -115,8 +116,39 @@ def number_below(value: Any, label: str, minimum: float, below: float) -> float:
     allowed = f"{label}: a number from {minimum:g} to under {below:g}"
     x = _form_float(value, allowed)
     if not math.isfinite(x) or not minimum <= x < below:
-        raise BadRequest(f"{allowed}, got {x:g}")
+        raise BadRequest(f"{allowed}, got {as_typed(value, x)}")
     return x + 0.0
+
+
+# a float holds every whole number below this exactly; the browser sends a number field's
+# value as a JavaScript number, so a longer one (99999999999999999) came already rounded
+EXACT_WHOLE = 2**53
+# an echoed value longer than this is cut (a text box can hold a page of digits)
+ECHO_CHARS = 40
+
+
+def as_typed(value: Any, x: float) -> str:
+    """A refused number (`value` as the form sent it, `x` as a float) the way the user typed
+    it, for "got ..." in a field's error: `{x:g}` wrote 99999999 as "1e+08" and
+    99999999999999999999999 as "1e+23". A text box's value is its text; a number field's is
+    written out in digits, whole ones without ".0", and one the browser may have rounded on
+    the way (beyond `EXACT_WHOLE`) says "about"."""
+    if isinstance(value, str):
+        text = value.strip()
+        return text if len(text) <= ECHO_CHARS else text[:ECHO_CHARS] + "…"
+    if not math.isfinite(x):
+        return str(x)  # inf, nan: a number field's script can send them, nobody types them
+    if isinstance(value, int) and not isinstance(value, bool):
+        digits = str(value)
+    else:
+        # the float's shortest round-trip digits (those the browser sent), without the
+        # exponent repr gives 0.0000001 ("1e-07") and 1e23, nor the ".0" of a whole one
+        digits = format(Decimal(repr(x)), "f")
+        if x == int(x):
+            digits = digits.removesuffix(".0")
+    if len(digits) > ECHO_CHARS:
+        digits = repr(x)  # 1e+300: three hundred digits would say no more
+    return f"about {digits}" if abs(x) >= EXACT_WHOLE else digits
 
 
 def _form_float(value: Any, allowed: str) -> float:
@@ -127,7 +159,7 @@ def _form_float(value: Any, allowed: str) -> float:
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise BadRequest(f"{allowed}, got {str(value)[:40]!r}") from None
+        raise BadRequest(f"{allowed}, got {str(value)[:ECHO_CHARS]!r}") from None
 
 
 def _range_left_to_the_handler(num: float, minimum: float | None,
@@ -381,7 +413,13 @@ CSS = """
 .ngs-progress { position: relative; height: 18px; background: #e4e4e7; border-radius: 4px;
   min-width: 120px; overflow: hidden; }
 .ngs-progress-fill { height: 100%; background: #22c55e; transition: width .3s; }
-.ngs-progress span { position: absolute; left: 6px; top: 0; font-size: 12px; line-height: 18px; }
+/* the label ("1/30") stands over the fill in dark text with a light halo, in either theme:
+   it took the page's text colour (the dark theme's is near white, on the light track), and
+   on a bar a few percent full half of it lay on the green. The theme's text colour comes
+   from a more specific rule than this one: hence !important */
+.ngs-progress span { position: absolute; left: 6px; top: 0; z-index: 1; font-size: 12px;
+  line-height: 18px; font-weight: 600; color: #18181b !important;
+  text-shadow: 0 0 2px #fff, 0 0 2px #fff, 0 0 3px #fff; white-space: nowrap; }
 .ngs-table-wrap { max-width: 100%; overflow-x: auto; -webkit-overflow-scrolling: touch; }
 .ngs-table { border-collapse: collapse; width: 100%; font-size: 0.92em; }
 .ngs-table th, .ngs-table td { border-bottom: 1px solid #e4e4e7; padding: 4px 6px;
@@ -404,6 +442,9 @@ CSS = """
 .ngs-axis { stroke: #a1a1aa; stroke-width: 1; }
 .ngs-band { fill: #93c5fd; opacity: 0.45; }
 .ngs-plots { display: flex; flex-wrap: wrap; }
+/* a message or count line that repeats what was typed (a 20,000-character prompt filter)
+   breaks anywhere rather than run off the right edge */
+.ngs-notice, .ngs-field-error, #rollouts-count, .ngs-group-head { overflow-wrap: anywhere; }
 .ngs-notice { padding: 6px 10px; border-radius: 6px; margin: 4px 0; }
 .ngs-info { background: #eff6ff; } .ngs-ok { background: #f0fdf4; }
 .ngs-error { background: #fef2f2; color: #991b1b; }
@@ -421,9 +462,6 @@ CSS = """
 #login-status { flex: 1 1 12em !important; min-width: 0 !important; }
 #logout { flex: 0 0 auto !important; width: auto !important; min-width: 0 !important;
   align-self: center; }
-/* the event stream's pause and resume buttons: clicked by the page script, never seen */
-.ngs-offscreen { position: absolute !important; left: -10000px !important; width: 1px !important;
-  height: 1px !important; overflow: hidden !important; }
 /* the "(?)" that says a field has help (its tooltip): the label of every kind of field, a
    number's, a dropdown's, a radio's (block-info) and a checkbox's (label-text) */
 .ngs-help label > span:first-child::after, .ngs-help .label-wrap span::after,

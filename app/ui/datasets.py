@@ -134,8 +134,22 @@ def _field_values(eval_fraction: Any, seed: Any) -> tuple[float, int, dict[str, 
     return fraction, split_seed, found
 
 
+# the file picker's problem (none chosen) in `_upload`'s problems by field: its box
+# `#dataset-err-file` is under the picker; the status says it without a label, as the API does
+FILE_FIELD = "file"
+
+
 def _labelled(found: dict[str, str]) -> list[str]:
     return [f"{UPLOAD_FIELDS[f]}: {m}" for f, m in found.items()]
+
+
+def with_retry(message: str) -> str:
+    """A refused upload's message, then how to retry: the picker was emptied (its copy is
+    deleted once read), and a rename and a second Upload met "choose a file first". The
+    messages end without a full stop ("line 5 (row 4): empty prompt"), and the retry ran on
+    as if it were the same sentence."""
+    stop = "" if message.rstrip().endswith((".", "!", "?")) else "."
+    return f"{message.rstrip()}{stop} Choose the file again to upload it once this is fixed."
 
 
 def _upload(user_state: dict | None, file: str | None, name: str, eval_fraction: Any,
@@ -150,7 +164,9 @@ def _upload(user_state: dict | None, file: str | None, name: str, eval_fraction:
             path = uploaded_file(file)
         except BadRequest as no_file:
             # the fields' problems beside it, as the API's 422 lists a missing file with them
-            raise BadRequest("; ".join([*_labelled(found), no_file.message])) from None
+            message = "; ".join([*_labelled(found), no_file.message])
+            found[FILE_FIELD] = no_file.message  # and in the picker's own box
+            raise BadRequest(message) from None
         limit = get_settings().max_upload_bytes
         try:
             with path.open("rb") as fh:
@@ -173,10 +189,9 @@ def _upload(user_state: dict | None, file: str | None, name: str, eval_fraction:
     except Exception as exc:  # noqa: BLE001 - the service's message, as the API returns it
         # the picker is emptied (its copy is deleted once read): say so, or a rename and a
         # second Upload met "choose a file first"
-        again = " Choose the file again to upload it once this is fixed." if file else ""
-        return ((f'<div class="ngs-notice ngs-error" id="dataset-error">{esc(error_text(exc))}'
-                 f"{again}</div>", "", gr.skip(), None if file else gr.skip(), gr.skip()),
-                found)
+        return ((f'<div class="ngs-notice ngs-error" id="dataset-error">'
+                 f"{esc(with_retry(error_text(exc)) if file else error_text(exc))}</div>",
+                 "", gr.skip(), None if file else gr.skip(), gr.skip()), found)
     status = (f'<div class="ngs-notice ngs-ok" id="dataset-ok" data-dataset="{ds_id}">'
               f"Imported dataset {ds_id}: {count} prompts, {dropped} duplicate(s) dropped, "
               f"{blank} blank line(s) skipped."
@@ -200,10 +215,12 @@ def upload(user_state: dict | None, file: str | None, name: str, eval_fraction: 
 
 def upload_form(user_state: dict | None, file: str | None, name: str, eval_fraction: Any,
                 seed: Any) -> tuple[Any, ...]:
-    """What Upload shows: `upload`'s outputs, then one error box per UPLOAD_FIELDS entry, in
-    its order (empty where the field is fine), as the launch form shows its fields' errors."""
+    """What Upload shows: `upload`'s outputs, the file picker's error box (no file chosen),
+    then one error box per UPLOAD_FIELDS entry, in its order (empty where the field is
+    fine), as the launch form shows its fields' errors."""
     outputs, found = _upload(user_state, file, name, eval_fraction, seed)
-    return (*outputs, *[field_error(found.get(f)) for f in UPLOAD_FIELDS])
+    return (*outputs, field_error(found.get(FILE_FIELD)),
+            *[field_error(found.get(f)) for f in UPLOAD_FIELDS])
 
 
 def show(user_state: dict | None, dataset_id: float | None) -> str:
@@ -314,10 +331,12 @@ def build_datasets(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
                     "other columns are kept as metadata. Whitespace is normalised and "
                     "duplicates dropped.")
         with gr.Row():
-            file = gr.File(label="Prompt file", file_types=[".txt", ".csv", ".jsonl",
-                                                            ".json", ".parquet"],
-                           type="filepath", elem_id="dataset-file")
-            discard_refused_types(file)
+            with gr.Column():
+                file = gr.File(label="Prompt file", file_types=[".txt", ".csv", ".jsonl",
+                                                                ".json", ".parquet"],
+                               type="filepath", elem_id="dataset-file")
+                discard_refused_types(file)
+                file_error = gr.HTML(elem_id=f"dataset-err-{FILE_FIELD}")
             with gr.Column():
                 name = gr.Textbox(label="Name (default: the file name)", elem_id="dataset-name")
                 # number fields, not a slider: Gradio's slider sent 0.95 for a typed 5 (its
@@ -349,7 +368,8 @@ def build_datasets(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
             delete_btn = gr.Button("Delete dataset", variant="stop", elem_id="dataset-delete")
         delete_status = gr.HTML(elem_id="dataset-delete-status")
         go.click(upload_form, [user, file, name, eval_fraction, seed],
-                 [status, prev, listing, file, pick, *[boxes[f] for f in UPLOAD_FIELDS]],
+                 [status, prev, listing, file, pick, file_error,
+                  *[boxes[f] for f in UPLOAD_FIELDS]],
                  api_visibility="private").then(delete_choices, user, doomed,
                                                 api_visibility="private")
         show_btn.click(show, [user, pick], prev, api_visibility="private")

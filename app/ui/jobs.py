@@ -13,16 +13,18 @@ import re
 from typing import Any
 
 import gradio as gr
+from sqlalchemy import select
 
 from app.errors import BadRequest
 from app.job_kinds import KINDS
-from app.models import JobStatus
+from app.models import ACTIVE_JOB_STATUSES, Checkpoint, JobStatus
 from app.services import checkpoints, rollouts, workers
 from app.services import jobs as svc
 from app.services.jobs import Enqueuer
 from app.ui.common import (
     Raw,
     admin_or_none,
+    as_typed,
     caller,
     dataset_options,
     error_text,
@@ -271,7 +273,7 @@ def parse_form(values: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
             if x is None:
                 errors[name] = "a whole number is required"
             elif x != int(x):
-                errors[name] = f"must be a whole number, got {x:g}"
+                errors[name] = f"must be a whole number, got {as_typed(v, x)}"
             else:
                 config[name] = int(x)
         elif d["type"] == "float":
@@ -354,10 +356,24 @@ def jobs_table(rows: list[Any]) -> str:
 _EVALUATED = re.compile(r"^checkpoint/(\d+)/(.+)$")
 
 
-def results_html(job: Any) -> str:
+def evaluated_ids(job: Any) -> list[int]:
+    """The checkpoints an evaluate job's metrics score."""
+    return sorted({int(m.group(1)) for key in (job.metrics or {})
+                   if (m := _EVALUATED.match(key))})
+
+
+def checkpoint_names(s: Any, ids: list[int]) -> dict[int, str]:
+    """Checkpoint id -> name, for those of `ids` that still exist."""
+    return {c.id: c.name for c in s.scalars(select(Checkpoint).where(Checkpoint.id.in_(ids)))}
+
+
+def results_html(job: Any, names: dict[int, str] | None = None) -> str:
     """What a rollout, evaluate or fit_preference job reports (its latest metrics), in place
     of a train job's curves, which these kinds never draw: an evaluate job's reward means as
-    a checkpoint x reward table, anything else as a table of names and values."""
+    a checkpoint x reward table, anything else as a table of names and values. `names`:
+    checkpoint id -> name, so that a checkpoint reads as the leaderboard names it
+    ("job2-it21 (#2)"; a deleted one as its id alone)."""
+    names = names or {}
     metrics = dict(job.metrics or {})
     if not metrics:
         waits = job.status in (JobStatus.QUEUED, JobStatus.RUNNING)
@@ -375,7 +391,8 @@ def results_html(job: Any) -> str:
         rewards = sorted({name for row in scored.values() for name in row})
         html += ("<h4>Reward means per checkpoint</h4>"
                  + table(["checkpoint", *rewards],
-                         [[f"#{c}", *[row.get(name) for name in rewards]]
+                         [[f"{names[c]} (#{c})" if c in names else f"#{c}",
+                           *[row.get(name) for name in rewards]]
                           for c, row in sorted(scored.items())], "ngs-evaluated"))
     if rest:
         html += ("<h4>Results</h4>"
@@ -461,10 +478,31 @@ def action_update(message: str | None, job: Any) -> Any:
     return job_notice(job, f"Job {job.id} is now {job.status}.")
 
 
+def action_buttons(job: Any | None, view: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """Cancel, Resume and Send as they apply to `job`: one that could only answer with an
+    error (Cancel on a finished job, Send on a fit_preference job) is not clickable. The
+    rules are the services' (`request_cancel`, `relaunch_job`, `send_to_arena`); with no job
+    picked each is clickable and says to pick one. Skipped while the job's status and kind
+    are as `view` last showed them (updated here)."""
+    key = None if job is None else [job.id, job.status, job.kind, bool(job.cancel_requested)]
+    if "actions" in view and view["actions"] == key:
+        return gr.skip(), gr.skip(), gr.skip()
+    view["actions"] = key
+    if job is None:
+        return tuple(gr.Button(interactive=True) for _ in range(3))
+    cancellable = job.status in ACTIVE_JOB_STATUSES
+    # a queued job's Resume sends its message again (relaunch_job); a stopped one restarts
+    resumable = (job.status in (JobStatus.FAILED, JobStatus.CANCELLED)
+                 or (job.status == JobStatus.QUEUED and not job.cancel_requested))
+    return (gr.Button(interactive=cancellable), gr.Button(interactive=resumable),
+            gr.Button(interactive=job.kind == "train"))
+
+
 def job_view(user_state: dict | None, job_id: int | None, view: dict | None,
              action_message: str | None = None):
-    """Outputs: list, header, plots, samples, view state, the action's message
-    (`action_update`: replaced once out of date). Unchanged parts are skipped."""
+    """Outputs: list, header, plots, samples, view state, the Cancel, Resume and Send buttons
+    (`action_buttons`), the action's message (`action_update`: replaced once out of date).
+    Unchanged parts are skipped."""
     view = dict(view or {})
     try:
         caller(user_state, "admin")
@@ -472,16 +510,19 @@ def job_view(user_state: dict | None, job_id: int | None, view: dict | None,
             rows, _ = svc.list_jobs(s, limit=50)
             listing = jobs_table(rows)
             if not job_id:
+                buttons = action_buttons(None, view)
                 return (listing, notice("Pick a job to see its curves and samples."), "", "",
-                        view, gr.skip())
+                        view, *buttons, gr.skip())
             job = svc.get_job(s, int(job_id))
             action = action_update(action_message, job)
+            buttons = action_buttons(job, view)
             header = job_header(job, workers.waiting_for(s, [job]).get(job.id))
             history = svc.metric_history(s, job.id)
             key_plots = (job.id, job.status, len(history),
                          history[-1].iteration if history else None)
             # a train job draws its curves; the other kinds report results, not curves
-            plots = ((plots_html(history) if job.kind == "train" else results_html(job))
+            plots = ((plots_html(history) if job.kind == "train" else results_html(
+                job, checkpoint_names(s, evaluated_ids(job))))
                      if view.get("plots") != list(key_plots) else gr.skip())
             newest, _ = rollouts.list_groups(s, job_id=job.id, limit=1)
             samples: Any = gr.skip()
@@ -499,8 +540,23 @@ def job_view(user_state: dict | None, job_id: int | None, view: dict | None,
                     samples = notice("No samples yet.")
             view.update(plots=list(key_plots), samples=key_samples)
     except Exception as exc:  # noqa: BLE001
-        return gr.skip(), notice(error_text(exc), "error"), gr.skip(), gr.skip(), view, gr.skip()
-    return listing, header, plots, samples, view, action
+        return (gr.skip(), notice(error_text(exc), "error"), gr.skip(), gr.skip(), view,
+                gr.skip(), gr.skip(), gr.skip(), gr.skip())
+    return listing, header, plots, samples, view, *buttons, action
+
+
+_LAUNCHED = re.compile(r'id="launched" data-job="(\d+)"')
+
+
+def launch_update(message: str | None, job_id: int | None = None) -> Any:
+    """Launch's message once the page has moved on: "Launched train job 3." stayed under
+    whatever was done next. Cleared when another job is picked (`job_id`) or an action is
+    taken (no `job_id`); kept while the launched job is the one picked (the launch picks it),
+    and the form's errors stay: they are about the form's values, which have not changed."""
+    launched = _LAUNCHED.search(message or "")
+    if launched is None or (job_id and int(launched.group(1)) == int(job_id)):
+        return gr.skip()
+    return ""
 
 
 def resumed_text(s: Any, job: Any) -> str:
@@ -517,8 +573,16 @@ def resumed_text(s: Any, job: Any) -> str:
             f"(iteration {ckpt.iteration}).")
 
 
+# Cancel's safeguard for a running job, as Delete's on the Datasets page
+# (app.ui.datasets.CONFIRM_DELETE): the iteration it is in is lost (a queued job loses nothing,
+# and is cancelled without it)
+CONFIRM_CANCEL = "Yes, cancel it (a running job loses the iteration in progress)"
+
+
 def act(enqueuer: Enqueuer | None, action: str, user_state: dict | None,
-        job_id: int | None) -> str:
+        job_id: int | None, confirmed: bool = False) -> str:
+    """Cancel, Resume or Send newest rollouts to the arena, on the picked job. A running job
+    is cancelled only once `confirmed` (CONFIRM_CANCEL ticked)."""
     try:
         # cancel and resume are an admin's (as their routes); sending to the arena launches a
         # rollout job: the kind's launch_role says who may (the registry's rule, as for train)
@@ -528,6 +592,9 @@ def act(enqueuer: Enqueuer | None, action: str, user_state: dict | None,
             raise BadRequest("pick a job first")
         with session() as s:
             if action == "cancel":
+                if not confirmed and svc.get_job(s, int(job_id)).status == JobStatus.RUNNING:
+                    raise BadRequest(f"job {int(job_id)} is running: tick “{CONFIRM_CANCEL}” "
+                                     "first, then Cancel")
                 job = svc.request_cancel(s, int(job_id))
                 s.commit()
                 return job_notice(job, f"Cancel requested for job {job.id} ({job.status}).")
@@ -639,6 +706,7 @@ def build_jobs(user: gr.State, tab: gr.Tab | None = None,
         listing = gr.HTML(elem_id="jobs-list")
         with gr.Row():
             pick = gr.Dropdown([], value=None, label="Job", elem_id="jobs-pick", scale=2)
+            cancel_confirm = gr.Checkbox(False, label=CONFIRM_CANCEL, elem_id="job-cancel-confirm")
             cancel = gr.Button("Cancel", variant="stop", elem_id="job-cancel")
             resume = gr.Button("Resume", elem_id="job-resume")
             send = gr.Button("Send newest rollouts to the arena", elem_id="job-send")
@@ -688,16 +756,29 @@ def build_jobs(user: gr.State, tab: gr.Tab | None = None,
                          [launch_status, dataset_err, *errors, pick,
                           *[acc for acc, _ in folds]],
                          api_visibility="private")
-        outputs = [listing, header, plots, samples, view, action_status]
+        outputs = [listing, header, plots, samples, view, cancel, resume, send, action_status]
         timer.tick(job_view, [user, pick, view, action_status], outputs, show_progress="hidden",
                    api_visibility="private")
         pick.change(lambda u, j: job_view(u, j, {}), [user, pick], outputs,
                     api_visibility="private")
-        # an action's message is about the job it was taken on: another job clears it
-        pick.change(lambda: "", None, action_status, api_visibility="private")
+        # an action's message and Cancel's confirmation are about the job they were given
+        # for: another job clears them, and launch's message unless it is about that job
+        pick.change(lambda: ("", False), None, [action_status, cancel_confirm],
+                    api_visibility="private")
+        pick.change(lambda j, m: launch_update(m, j), [pick, launch_status], launch_status,
+                    api_visibility="private")
         pick.focus(job_choices, user, pick, api_visibility="private")
-        for button, action in ((cancel, "cancel"), (resume, "resume"), (send, "send")):
+
+        def do_cancel(user_state: dict | None, job_id: int | None, confirmed: bool):
+            # the confirmation is for one cancellation: the next one is ticked again
+            return act(enqueuer, "cancel", user_state, job_id, confirmed), False
+
+        cancel.click(do_cancel, [user, pick, cancel_confirm], [action_status, cancel_confirm],
+                     api_visibility="private")
+        for button, action in ((resume, "resume"), (send, "send")):
             button.click(lambda u, j, a=action: act(enqueuer, a, u, j), [user, pick],
                          action_status, api_visibility="private")
+        gr.on([cancel.click, resume.click, send.click], launch_update, launch_status,
+              launch_status, show_progress="hidden", api_visibility="private")
         del tips
     return page

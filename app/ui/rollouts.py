@@ -12,6 +12,7 @@ from typing import Any
 
 import gradio as gr
 
+from app.errors import BadRequest
 from app.limits import MAX_ID
 from app.services import jobs as jobs_svc
 from app.services import rollouts
@@ -20,6 +21,7 @@ from app.ui.common import (
     caller,
     error_text,
     esc,
+    field_error,
     fmt,
     image_src,
     media_link,
@@ -130,15 +132,59 @@ def refresh_jobs(user_state: dict | None) -> Any:
     return gr.Dropdown(choices=job_choices())
 
 
+# The filter's checked fields -> the label the page shows. Each has an error box
+# `#rollouts-err-<field>` beside it (`build_rollouts`), as the upload and launch forms do.
+FILTER_FIELDS: dict[str, str] = {"iteration": "Iteration (empty: all)", "page": "Page"}
+# the prompt as the count line repeats it: a 20,000-character filter ran off the page
+PROMPT_ECHO_CHARS = 200
+
+
+def filter_values(iteration: str | None, page_no: Any) -> tuple[int | None, int,
+                                                                 dict[str, str]]:
+    """The filter's iteration (None: every one) and page under GET /api/rollouts' rules,
+    and each problem by field, its message without the label (the box beside the field
+    needs none): every problem at once, where the first one used to hide the others. An
+    empty Iteration box is every iteration (its label says so); an empty Page box is
+    refused, as every number field of the UI (the upload form's too): taking it for page 1
+    put a number the user never typed on the page."""
+    found: dict[str, str] = {}
+    iteration_no, page = None, 1
+    label = FILTER_FIELDS["page"]
+    try:
+        page = whole_number(page_no, label, 1, MAX_ID)
+    except BadRequest as exc:
+        found["page"] = exc.message.removeprefix(f"{label}: ")
+    typed = str(iteration or "").strip()
+    label = FILTER_FIELDS["iteration"]
+    if typed:
+        try:
+            iteration_no = whole_number(typed, label, 0, MAX_ID)
+        except BadRequest as exc:
+            found["iteration"] = exc.message.removeprefix(f"{label}: ")
+    # in the page's order, Iteration before Page
+    return iteration_no, page, {f: found[f] for f in FILTER_FIELDS if f in found}
+
+
+def filter_errors(iteration: str | None, page_no: Any) -> tuple[str, ...]:
+    """The error boxes beside Iteration and Page, in FILTER_FIELDS' order (empty: fine).
+    Run after `show`, which names the same problems with their labels."""
+    found = filter_values(iteration, page_no)[2]
+    return tuple(field_error(found.get(f)) for f in FILTER_FIELDS)
+
+
+def shortened(text: str, limit: int = PROMPT_ECHO_CHARS) -> str:
+    """`text` cut to `limit` characters, an ellipsis saying it was."""
+    return text if len(text) <= limit else text[:limit].rstrip() + "…"
+
+
 def show(user_state: dict | None, job_id: int | None, iteration: str | None,
          prompt: str, page_no: float | None) -> str:
     try:
         caller(user_state, "admin")
-        page_no = whole_number(1 if page_no is None else page_no, "Page", 1, MAX_ID)
-        it = str(iteration or "").strip()
-        query = {"job_id": int(job_id) if job_id else None,
-                 "iteration": whole_number(it, "Iteration (empty: all)", 0, MAX_ID) if it
-                 else None,
+        iteration_no, page_no, found = filter_values(iteration, page_no)
+        if found:
+            raise BadRequest("; ".join(f"{FILTER_FIELDS[f]}: {m}" for f, m in found.items()))
+        query = {"job_id": int(job_id) if job_id else None, "iteration": iteration_no,
                  "prompt": (prompt or "").strip() or None, "limit": PAGE_SIZE}
         with session() as s:
             groups, total = rollouts.list_groups(s, **query, offset=(page_no - 1) * PAGE_SIZE)
@@ -156,7 +202,7 @@ def show(user_state: dict | None, job_id: int | None, iteration: str | None,
     # prompt reads as "not in this job" rather than "never sampled"
     filters = [f"job {query['job_id']}" if query["job_id"] is not None else "",
                f"iteration {query['iteration']}" if query["iteration"] is not None else "",
-               f"prompt “{query['prompt']}”" if query["prompt"] else ""]
+               f"prompt “{shortened(query['prompt'])}”" if query["prompt"] else ""]
     under = ", ".join(f for f in filters if f)
     return (f'<div id="rollouts-count" data-total="{total}" data-page="{min(page_no, pages)}">'
             f"{total} group(s){esc(f' of {under}' if under else '')}; {where}</div>{body}")
@@ -167,7 +213,13 @@ def build_rollouts(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
         with gr.Row():
             job = gr.Dropdown(label="Job", choices=[ALL_JOBS_CHOICE], value=ALL_JOBS,
                               allow_custom_value=False, elem_id="rollouts-job")
-            iteration = gr.Textbox(label="Iteration (empty: all)", elem_id="rollouts-iteration")
+            boxes: dict[str, Any] = {}  # each checked field's error box, under it
+            # ngs-field: the field with an error under it takes the red border (common.CSS);
+            # as narrow as a field of the row may be (a Column's own minimum is 320 px)
+            with gr.Column(min_width=160, elem_classes=["ngs-field"]):
+                iteration = gr.Textbox(label=FILTER_FIELDS["iteration"],
+                                       elem_id="rollouts-iteration")
+                boxes["iteration"] = gr.HTML(elem_id="rollouts-err-iteration")
             # the filters combine (a group must match all of them, as in GET /api/rollouts): a
             # prompt within one job is how it changed over training; "(all jobs)" for every job
             prompt = gr.Textbox(label="Prompt (exact text; empty: all; combines with Job and "
@@ -175,7 +227,10 @@ def build_rollouts(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
             # its minimum guides the browser only: Gradio's own check of it answered 0 with a
             # toast naming no field and left the old results on screen; `show` says what
             # Page allows, as it does for 2.5 (common.number)
-            page_no = number(1, label="Page", minimum=1, elem_id="rollouts-page")
+            with gr.Column(min_width=160, elem_classes=["ngs-field"]):
+                page_no = number(1, label=FILTER_FIELDS["page"], minimum=1,
+                                 elem_id="rollouts-page")
+                boxes["page"] = gr.HTML(elem_id="rollouts-err-page")
             go = gr.Button("Show", variant="primary", elem_id="rollouts-show")
         gr.HTML("<small>Each group's members sorted by advantage (else reward); anchors are "
                 "outlined in orange; click an image for its details.</small>")
@@ -187,6 +242,10 @@ def build_rollouts(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
         if tab is not None:  # shown: the groups under the filters as they stand, no click
             triggers.append(tab.select)
         for trigger in triggers:
+            # the boxes beside the fields after the groups (or the problems, each after its
+            # field's label): `show` stays the one output of the page's filter
             trigger(show, [user, job, iteration, prompt, page_no], out,
-                    api_visibility="private")
+                    api_visibility="private").then(
+                filter_errors, [iteration, page_no], [boxes[f] for f in FILTER_FIELDS],
+                show_progress="hidden", api_visibility="private")
     return page

@@ -179,7 +179,7 @@ def test_revoke_and_exclude_name_the_user(settings, admin, make_user):
     assert "eve excluded;" in msg and f"#{eve_id}" not in msg
     msg, _ = annotators.set_excluded(alice, eve_id, False)
     assert "eve included again;" in msg
-    msg = annotators.revoke_account(alice, eve_id)
+    msg = annotators.revoke_account(alice, eve_id, True)
     assert "eve can no longer log in" in msg and f"#{eve_id}" not in msg
 
 

@@ -168,7 +168,7 @@ def test_a_cancel_message_is_replaced_once_the_job_is_cancelled(settings, admin)
         s.add_all([job, other])
         s.flush()
         job_id, other_id = job.id, other.id
-    message = jobs.act(None, "cancel", _token(admin), job_id)
+    message = jobs.act(None, "cancel", _token(admin), job_id, confirmed=True)
     assert "Cancel requested" in message
     assert jobs.job_view(_token(admin), job_id, None, message)[-1] == gr.skip()  # still true
     with session_scope() as s:

@@ -269,13 +269,13 @@ def test_annotators_page_creates_lists_and_revokes(settings, admin, annotator):
     assert "eve" in annotators.stats_html(eve)
     eve_id = next(i for label, i in annotators.account_choices(_token(admin)) if "eve" in label)
     assert "already exists" in annotators.create_from_form(_token(admin), "eve", "annotator")[0]
-    assert "can no longer log in" in annotators.revoke_account(_token(admin), eve_id)
+    assert "can no longer log in" in annotators.revoke_account(_token(admin), eve_id, True)
     assert 'data-user="eve">revoked' in annotators.users_html(_token(admin))
     assert "invalid or revoked" in annotators.stats_html(eve)
     assert all("eve" not in label for label, _ in annotators.account_choices(_token(admin)))
     # her votes still count, so her row stays in the admin's stats, marked
     assert "<td>annotator (revoked)</td>" in annotators.stats_html(_token(admin))
-    assert "pick a user" in annotators.revoke_account(_token(admin), None)
+    assert "pick a user" in annotators.revoke_account(_token(admin), None, True)
 
 
 def test_annotators_page_lists_preference_models_and_launches_a_fit(settings, admin, annotator,
@@ -662,3 +662,28 @@ def test_the_rollouts_job_picker_lists_only_jobs_that_sample(settings, admin):
         ids = {job.kind: job.id for job in made}
     listed = [value for _, value in rollouts.job_choices()[1:]]
     assert sorted(listed) == sorted(ids[k] for k in ("train", "rollout", "evaluate"))
+
+
+def test_an_evaluate_jobs_results_name_checkpoints_as_the_leaderboard_does(settings, admin):
+    """The job page labelled checkpoints "#2", "#17" where the leaderboard says
+    "job2-it21 (#2)": the same label now; a deleted checkpoint keeps its id alone."""
+    import re
+
+    from app.db import session_scope
+    from app.models import Job, JobStatus
+    from app.services.checkpoints import record_checkpoint
+    from app.ui import jobs
+
+    with session_scope() as s:
+        ckpt_id = record_checkpoint(s, None, 21, "checkpoints/x/model.safetensors",
+                                    name="job2-it21")
+        job = Job(kind="evaluate", config={"checkpoint_ids": [ckpt_id, ckpt_id + 100]},
+                  status=JobStatus.SUCCEEDED,
+                  metrics={f"checkpoint/{ckpt_id}/count": 0.5,
+                           f"checkpoint/{ckpt_id + 100}/count": 0.25})
+        s.add(job)
+        s.flush()
+        job_id = job.id
+    _, _, plots, *_ = jobs.job_view(_token(admin), job_id, None)
+    rows = re.findall(r"<tr><td>([^<]+)</td><td>([^<]*)</td></tr>", plots)
+    assert rows == [(f"job2-it21 (#{ckpt_id})", "0.500"), (f"#{ckpt_id + 100}", "0.250")], plots

@@ -131,7 +131,7 @@ def _revoked_admin(make_user, admin) -> dict[str, str]:
     carol = _token(make_user("carol", "admin"))
     carol_id = next(i for label, i in annotators.account_choices(_token(admin))
                     if "carol" in label)
-    assert "can no longer log in" in annotators.revoke_account(_token(admin), carol_id)
+    assert "can no longer log in" in annotators.revoke_account(_token(admin), carol_id, True)
     return {**carol, "name": "carol", "role": "admin"}  # her browser's state, unchanged
 
 

@@ -41,9 +41,10 @@ def test_arena_finds_new_pairs_after_none_were_left(settings, annotator, make_gr
     pair, reveal, _, state, timer = arena.poll(user, state)
     assert state["current"] is not None and f'data-nonce="{state["current"]["nonce"]}"' in pair
     assert timer.active is False and state["next"] is not None
-    # with a pair on screen the tick changes nothing
+    # with a pair on screen the tick keeps it (only the totals are read again)
     again = arena.poll(user, state)
-    assert again[0] == again[1] == again[2] == {"__type__": "update"}
+    assert again[0] == again[1] == {"__type__": "update"}
+    assert 'id="arena-counter-values"' in again[2]
     assert again[3]["current"] == state["current"] and again[4].active is False
 
 

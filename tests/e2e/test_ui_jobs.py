@@ -81,6 +81,7 @@ def test_launch_watch_and_cancel_quick_demo(server, page):
     assert page.locator(f"#jobs-list .job-progress-{job_id}").count() == 1
     page.locator("#job-samples .ngs-member img").first.wait_for(timeout=60_000)
     screenshot(page, "jobs")
+    page.locator("#job-cancel-confirm input").check()  # a running job's cancel is confirmed
     page.locator("#job-cancel").click()
     page.locator("#job-action-status").get_by_text("Cancel requested").wait_for()
     page.wait_for_function(
@@ -154,9 +155,13 @@ def test_defaults_launch_and_every_error_shows_at_once(server, page):
     page.wait_for_function(
         "(id) => { const d = document.querySelector('#job-detail');"
         " return d && d.dataset.job == id; }", arg=job_id)
+    page.locator("#job-cancel-confirm input").check()  # it may be running already
     page.locator("#job-cancel").click()
     message = page.locator("#job-action-status").get_by_text("Cancel requested")
     message.wait_for()
+    # the launch's message went with the action: the page has moved on
+    page.locator("#launched").wait_for(state="detached")
+    assert not page.locator("#job-cancel-confirm input").is_checked()  # one tick, one cancel
     # another job picked: the message about this one goes
     with session_scope() as s:
         other = jobs.create_job(s, "train", {"iterations": 1}).id

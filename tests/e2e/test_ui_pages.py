@@ -303,8 +303,16 @@ def test_admin_creates_lists_and_revokes_an_annotator(server, page, browser):
     screenshot(page, "annotators-accounts")
     page.locator("#users-revoke-pick input").fill(name)
     page.get_by_role("option", name=name).first.click()
+    # revoking cannot be undone: one click revokes nothing, and the message says what to tick
+    page.locator("#users-revoke").click()
+    page.locator("#users-revoked").get_by_text("first, then Revoke access").wait_for()
+    assert "Yes, revoke their access" in page.locator("#users-revoked").inner_text()
+    # the token, shown once, went with that action: it never stays beside a revoked user
+    token.wait_for(state="detached")
+    page.locator("#users-revoke-confirm input").check()
     page.locator("#users-revoke").click()
     page.locator("#users-revoked").get_by_text("can no longer log in").wait_for()
+    assert not page.locator("#users-revoke-confirm input").is_checked()
     page.locator(f".ngs-access[data-user='{name}']").get_by_text("revoked").wait_for()
     # the picker is cleared (it kept the revoked user, no longer a choice: a second click
     # made Gradio refuse the value and mark every control of the page with an error)
