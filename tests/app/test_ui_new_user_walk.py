@@ -3,7 +3,7 @@ the page's wiring matters): the Rollouts filter names every problem at once, eac
 field; a refused number is echoed as typed; the Datasets upload's messages read as sentences
 and a missing file is marked at the picker; a long prompt filter is shortened in the count
 line. The page's look (wrapping, the progress bar's label) is checked in chromium:
-tests/e2e/test_ui_new_user_walk.py."""
+tests/e2e/test_ui_new_user_walk_browser.py."""
 
 from __future__ import annotations
 
