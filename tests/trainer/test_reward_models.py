@@ -533,11 +533,13 @@ def test_aesthetic_preprocessing_is_the_clip_eval_transform(shape):
 
 
 @needs_open_clip
-@pytest.mark.parametrize("shape", [(512, 512, 3), (300, 500, 3), (501, 299, 3), (224, 224, 3)])
+@pytest.mark.parametrize("shape", [(512, 512, 3), (300, 500, 3), (501, 299, 3), (224, 224, 3),
+                                   (224, 160, 3), (100, 224, 3)])
 def test_hpsv2_preprocessing_is_hpsv2s_preprocess_val(shape):
     """hpsv2's batched preprocessing equals HPSv2's preprocess_val (light_augmentation=True:
     ToTensor, ResizeMaxSize(224, fill=0), Normalize), here rebuilt from the torchvision calls
-    of hpsv2/src/open_clip/transform.py."""
+    of hpsv2/src/open_clip/transform.py - except that a non-square image whose longest side
+    is already 224 is padded too (the reference leaves it non-square, which its ViT fails on)."""
     import torchvision.transforms.functional as TF
     from PIL import Image
     from torchvision.transforms import InterpolationMode, Normalize, ToTensor
@@ -549,9 +551,10 @@ def test_hpsv2_preprocessing_is_hpsv2s_preprocess_val(shape):
     if scale != 1.0:
         new_size = tuple(round(dim * scale) for dim in (height, width))
         x = TF.resize(x, new_size, InterpolationMode.BICUBIC)
-        pad_h, pad_w = 224 - new_size[0], 224 - new_size[1]
-        x = TF.pad(x, padding=[pad_w // 2, pad_h // 2, pad_w - pad_w // 2, pad_h - pad_h // 2],
-                   fill=0)
+    pad_h, pad_w = 224 - x.shape[1], 224 - x.shape[2]
+    x = TF.pad(x, padding=[pad_w // 2, pad_h // 2, pad_w - pad_w // 2, pad_h - pad_h // 2],
+               fill=0)
+    assert x.shape[1:] == (224, 224)
     reference = Normalize(reward_models.OPENAI_MEAN, reward_models.OPENAI_STD)(x)
     torch.testing.assert_close(reward_models._hpsv2_pixels(image[None], 224)[0], reference,
                                rtol=0, atol=1e-6)
@@ -575,10 +578,12 @@ def test_transformers_rewards_preprocess_with_pil_as_the_reference():
 @pytest.mark.parametrize("name", [
     "pickscore", "clip_score", "imagereward",
     pytest.param("hpsv2", marks=needs_open_clip), pytest.param("aesthetic", marks=needs_open_clip)])
-def test_thin_images_score_finitely(name):
+@pytest.mark.parametrize("size", [(1, 300), (32, 20)])
+def test_thin_images_score_finitely(name, size):
     """A 1x300 image rounded its short side to 0 pixels in hpsv2's resize (a 500 on the
-    reward server); every reward scores such an image."""
-    thin = _images(2, seed=3, size=(1, 300))
+    reward server); a 32x20 one, its longest side already the tiny models' 32, was handed
+    to the ViT unpadded; every reward scores such images."""
+    thin = _images(2, seed=3, size=size)
     assert np.isfinite(get_reward(name)(thin, PROMPTS[:2])).all()
 
 

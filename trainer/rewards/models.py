@@ -331,11 +331,14 @@ def _hpsv2_pixels(images: np.ndarray, size: int) -> torch.Tensor:
     *longest* side scaled to `size` (round(dim * scale)) with torchvision's tensor resize
     (bicubic; antialiased, torchvision's default since 0.17 - hpsv2 does not pin it), then
     zero-padded to a square (pad // 2 before, the rest after), before the normalisation. No
-    resize when the longest side is already `size`. Batched: every image of one call has one
-    shape."""
+    resize when the longest side is already `size`; a non-square image of that longest side is
+    still padded (the reference's ResizeMaxSize skips its pad there too and hands the model a
+    non-square image, which a ViT of fixed position embeddings fails on). Batched: every
+    image of one call has one shape."""
     x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float() / 255.0
     height, width = x.shape[-2:]
     scale = size / float(max(height, width))
+    new_h, new_w = height, width
     if scale != 1.0:
         # at least one pixel: an image over size:1 in aspect (1x300 at 224) would round its
         # short side to 0, which the reference's own resize fails on too
@@ -343,7 +346,8 @@ def _hpsv2_pixels(images: np.ndarray, size: int) -> torch.Tensor:
         # torchvision.transforms.functional.resize on a float tensor is exactly this call
         x = torch.nn.functional.interpolate(x, size=(new_h, new_w), mode="bicubic",
                                             align_corners=False, antialias=True)
-        pad_h, pad_w = size - new_h, size - new_w
+    pad_h, pad_w = size - new_h, size - new_w
+    if pad_h or pad_w:
         x = torch.nn.functional.pad(x, (pad_w // 2, pad_w - pad_w // 2,
                                         pad_h // 2, pad_h - pad_h // 2), value=0.0)
     mean = torch.tensor(OPENAI_MEAN).view(1, 3, 1, 1)
