@@ -76,6 +76,8 @@ SUBPROCESS = {
     "tests/trainer/test_cli.py::*",
     "tests/trainer/test_library.py::test_the_app_starts_without_torch",
     "tests/trainer/test_hitl_benchmarks.py::test_overoptimisation_probe_runs_and_reports_the_kl",
+    # the script's start (torch, the shapes world) before its refusal: 7-20 s
+    "tests/trainer/test_hitl_benchmarks.py::test_hitl_simulated_refuses_a_train_budget_it_never_fits",
     "tests/trainer/test_hitl_benchmarks.py::"
     "test_refits_benchmark_fits_both_ways_on_the_same_votes_and_summarises",
     "tests/trainer/test_reward_server.py::test_the_command_line_serves_and_refuses_unknown_rewards",

@@ -765,6 +765,7 @@ def _model_spec(args: argparse.Namespace):
                           "weights are the checkpoint's or built in); it is for --model "
                           f"{' or '.join(n for n in model_names() if uses_model_directory(n))}")
     args.model = spec.name
+    spec.inference_only = True  # sampled, never trained: no fp32 masters, gradients or compile
     return spec
 
 

@@ -27,6 +27,7 @@ one row per checkpoint, keyed by its index).
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -103,10 +104,7 @@ def sampling_spec(cfg: SamplingConfig, checkpoint_id: int | None) -> ModelSpec:
     incomplete model directory is a JobError, raised before anything loads."""
     model = cfg.model or "shapes"
     if checkpoint_id is None:
-        # the base in its own dtype, through a zero-initialised rank-1 adapter (peft's B = 0:
-        # the output is exactly the base's), where 'full' would copy the transformer to fp32
-        spec = ModelSpec(name=model, finetune="lora" if uses_model_directory(model) else "full",
-                         lora_rank=1, lora_alpha=1.0)
+        spec = ModelSpec(name=model)
     else:
         try:
             with session_scope() as s:
@@ -123,12 +121,21 @@ def sampling_spec(cfg: SamplingConfig, checkpoint_id: int | None) -> ModelSpec:
     if spec.path and (problem := resolution_limit_problem(spec.name, spec.path,
                                                           spec.resolution)) is not None:
         raise JobError(f"resolution: {problem}")  # submission checks it too
+    spec.inference_only = True  # sampled, never trained: in its loaded dtype, no gradients
     return spec
 
 
 def load_sampling_model(cfg: SamplingConfig, checkpoint_id: int | None) -> FlowModel:
     """The model `sampling_spec` describes, on this worker's device."""
     return load_flow_model(sampling_spec(cfg, checkpoint_id), device=resolve_device("auto"))
+
+
+def release_device_memory() -> None:
+    """Give the memory of models no longer referenced back to the device (a reference cycle
+    in a diffusers pipeline would otherwise keep it until the collector runs)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def reward_names(kind: str, cfg: RolloutConfig | EvaluateConfig) -> list[str]:
@@ -385,6 +392,10 @@ def run_evaluate(job_id: int, worker_name: str) -> str:
         for index, (ckpt_id, ckpt_iteration) in enumerate(ckpts, start=1):
             if index in history:  # done before a crash
                 continue
+            # the last checkpoint's model goes first: two FLUX transformers (48 GB in bf16)
+            # were on the card while the next loaded
+            model = None
+            release_device_memory()
             model = load_flow_model(specs[ckpt_id], device=resolve_device("auto"))
             before = done
             images = sample_images(model, [p for p, _ in pairs], [s for _, s in pairs],

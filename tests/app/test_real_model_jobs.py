@@ -511,9 +511,9 @@ def test_large_rollout_images_get_webp_thumbnails_in_the_grids(client, admin, se
 
 def test_a_base_model_rollout_samples_the_base_model_itself(settings, models):
     """What a rollout of the base FLUX (no checkpoint) loads: the model directory under
-    MODELS_DIR at the job's resolution and guidance, giving the base model's velocities (its
-    zero-initialised adapter changes nothing); a directory broken since submission is a
-    JobError naming the missing file."""
+    MODELS_DIR at the job's resolution and guidance, giving the base model's velocities,
+    loaded for sampling only (no adapters, nothing takes gradients); a directory broken since
+    submission is a JobError naming the missing file."""
     import torch
 
     from app.job_kinds import RolloutConfig
@@ -526,6 +526,8 @@ def test_a_base_model_rollout_samples_the_base_model_itself(settings, models):
     assert (spec.name, spec.path, spec.resolution, spec.guidance_scale) == (
         "flux", str(models / "tiny-flux"), 32, 2.0)
     sampled = load_sampling_model(cfg, None)
+    assert spec.inference_only and not any(
+        p.requires_grad or "lora" in n for n, p in sampled.transformer.named_parameters())
     base = load_flow_model(ModelSpec(name="flux", path=spec.path, resolution=32,
                                      guidance_scale=2.0))
     x = torch.randn(2, *base.latent_shape, generator=torch.Generator().manual_seed(0))

@@ -962,6 +962,39 @@ def test_bf16_base_trains_fp32_adapters(variant, request):
     assert all(p.dtype == torch.float32 for p in lora.values())  # still fp32 after the step
 
 
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_a_sampled_checkpoint_loads_in_the_compute_dtype_without_gradients(flux_dev, tmp_path,
+                                                                           finetune):
+    """What sample, evaluate and the studio's sampling jobs load (`inference_only`): under
+    bf16 the transformer stays bf16 (a full fine-tune's fp32 masters doubled FLUX's weights
+    on the card), nothing takes gradients and no block is checkpointed; a LoRA's adapters
+    hold the checkpoint's values in fp32, as the run trained them."""
+    trainer = Trainer(_config(flux_dev, "flux", finetune=finetune, mixed_precision="bf16",
+                              gradient_checkpointing=True))
+    trainer.step()
+    model = load_checkpoint_model(trainer.save_checkpoint(tmp_path))
+    assert model.spec.inference_only and not model.transformer.is_gradient_checkpointing
+    named = dict(model.transformer.named_parameters())
+    assert not any(p.requires_grad for p in named.values())
+    base = {n: p for n, p in named.items() if "lora" not in n}
+    assert base and all(p.dtype == torch.bfloat16 for p in base.values())
+    trained = {n: p for n, p in trainer.model.transformer.named_parameters() if p.requires_grad}
+    lora = {n: p for n, p in named.items() if "lora" in n}
+    if finetune == "lora":
+        assert lora.keys() == trained.keys()
+        assert all(p.dtype == torch.float32 and torch.equal(p, trained[n])
+                   for n, p in lora.items())
+    else:  # the fp32 masters, rounded to the compute dtype
+        assert not lora and all(torch.equal(base[n], p.detach().bfloat16())
+                                for n, p in trained.items())
+    # and the command line's sample / evaluate load the base the same way
+    from trainer.cli import _model_spec, build_parser
+
+    args = build_parser().parse_args(["sample", "--model", "flux", "--model-path",
+                                      str(flux_dev), "--prompts", "p.txt", "--out", "out"])
+    assert _model_spec(args).inference_only
+
+
 @pytest.mark.parametrize(("variant", "method"), [("flux_dev", "neighbor"), ("sd3", "neighbor"),
                                                  ("flux_schnell", "sde"), ("sd3", "sde")])
 def test_micro_batches_give_the_same_update(variant, method, request):

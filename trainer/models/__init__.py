@@ -47,6 +47,10 @@ class ModelSpec:
     gradient_checkpointing_fraction: float = 1.0
     torch_compile: bool = False
     seed: int = 0  # the run's seed: the LoRA adapters' initial weights come from it
+    # sampling only (sample, evaluate, the studio's rollout and evaluate jobs): the weights
+    # keep the dtype they load in and take no gradients, and neither gradient checkpointing
+    # nor compilation is set up (a full fine-tune's fp32 masters doubled FLUX's 24 GB)
+    inference_only: bool = False
 
     @classmethod
     def from_config(cls, config: Any, weights: str | Path | None = None) -> ModelSpec:
@@ -582,5 +586,8 @@ def starting_weights_problem(spec: ModelSpec, directory: str | Path) -> str | No
 
 
 def load_checkpoint_model(path: str | Path, device: torch.device | str = "cpu") -> FlowModel:
-    """The model of a checkpoint directory or weights file, ready to sample."""
-    return load_flow_model(checkpoint_spec(path), device=device)
+    """The model of a checkpoint directory or weights file, ready to sample (loaded
+    `inference_only`: to train on from a checkpoint, load its `checkpoint_spec`)."""
+    spec = checkpoint_spec(path)
+    spec.inference_only = True
+    return load_flow_model(spec, device=device)

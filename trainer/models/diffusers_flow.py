@@ -146,20 +146,17 @@ class DiffusersFlowModel(FlowModel):
 
     def _setup_training(self, staged: bool) -> None:
         spec = self.spec
-        if spec.finetune == "lora":
-            from peft import LoraConfig
-
+        if spec.inference_only:
+            # sampling: the transformer stays in the dtype it loaded in (bf16 on a GPU), with
+            # no gradients, checkpointing or compilation (compiling pays back only over a
+            # run's many iterations); a LoRA's adapters are there to load its checkpoint into
+            if spec.finetune == "lora":
+                self._add_lora_adapters()
             self.transformer.requires_grad_(False)
-            # lora_A starts random: drawn from the run's seed (not the global RNG), so that
-            # the same config trains the same adapters; the caller's RNG is left alone
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(spec.seed)
-                self.transformer.add_adapter(LoraConfig(
-                    r=spec.lora_rank, lora_alpha=spec.lora_alpha, init_lora_weights="gaussian",
-                    target_modules=list(spec.lora_target_modules) or _default_targets()))
-            for param in self.transformer.parameters():
-                if param.requires_grad:  # the adapters train in fp32 beside the bf16 base
-                    param.data = param.data.float()
+            return
+        if spec.finetune == "lora":
+            self.transformer.requires_grad_(False)
+            self._add_lora_adapters()
         else:
             # full fine-tuning keeps fp32 master weights; bf16 is the compute dtype (autocast).
             # Staged, they stay in the loaded dtype: a 12B fp32 copy is 48 GB of host memory
@@ -170,6 +167,22 @@ class DiffusersFlowModel(FlowModel):
         self.set_gradient_checkpointing(spec.gradient_checkpointing)
         if spec.torch_compile:
             compile_blocks(self.transformer)
+
+    def _add_lora_adapters(self) -> None:
+        """peft's LoRA adapters on the spec's target modules, in fp32 beside the base."""
+        from peft import LoraConfig
+
+        spec = self.spec
+        # lora_A starts random: drawn from the run's seed (not the global RNG), so that the
+        # same config trains the same adapters; the caller's RNG is left alone
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(spec.seed)
+            self.transformer.add_adapter(LoraConfig(
+                r=spec.lora_rank, lora_alpha=spec.lora_alpha, init_lora_weights="gaussian",
+                target_modules=list(spec.lora_target_modules) or _default_targets()))
+        for name, param in self.transformer.named_parameters():
+            if "lora_" in name:  # the adapters train (and sample) in fp32 beside the bf16 base
+                param.data = param.data.float()
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
         """Recompute the spec's share of the blocks in the backward pass (on), or none (off:
