@@ -73,13 +73,20 @@ CHECK_MARKERS = not slow and not postgres and not redis and not worker and not e
 
 # One torch thread per process: on a loaded 2-core box two OpenMP threads spin against the other
 # processes and the trainer tests take 5-10x longer (85 s instead of 8 s). The cores are used
-# instead by pytest-xdist, one test process each (CHECK_WORKERS, default auto: one per core):
+# instead by pytest-xdist, one test process each (CHECK_WORKERS, default one per core and one
+# more: a share of the tests waits on a served app or a reward server, and a third process keeps
+# two cores busy meanwhile: 108-123 s against 114-130 s with two, 2026-12-06, 1,167 tests):
 # 91 s on 2 cores against 127 s in one process (2026-11-27, 699 tests; 94 s for 713, then 106 s for 739, 2026-11-29;
 # 149 s for 820 on 2026-12-03, then 95 s for 817 with worksteal, the plugins below left out and three fits marked slow).
+#
+# PYTHONDONTWRITEBYTECODE emptied: where the environment sets it (this box does), every run
+# compiled the project and pytest rewrote every test file's asserts again, in each process:
+# 18 s of collection against 11 s from the caches of the run before (2026-12-06).
 check: $(REWARDS_STAMP)
 	$(BIN)/ruff check .
-	REQUIRE_OPEN_CLIP=1 OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q \
-	  -n $${CHECK_WORKERS:-auto} --dist worksteal -m "$(CHECK_MARKERS)" $(CHECK_SKIP_PLUGINS)
+	PYTHONDONTWRITEBYTECODE= REQUIRE_OPEN_CLIP=1 OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} \
+	  $(BIN)/python -m pytest -q \
+	  -n $${CHECK_WORKERS:-$$(( $$(nproc) + 1 ))} --dist worksteal -m "$(CHECK_MARKERS)" $(CHECK_SKIP_PLUGINS)
 
 # schemathesis (and the hypothesis it imports) serve only tests/app/test_fuzz.py, which is slow;
 # not loading them saves each test process a second or two of start-up
