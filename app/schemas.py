@@ -334,8 +334,8 @@ class JobIn(BaseModel):
 
 
 class ResumeIn(BaseModel):
-    """A resume's optional body: config fields to change first (a train job's micro-batches
-    and gradient checkpointing, app.services.jobs.RESUME_FIELDS)."""
+    """A resume's optional body: config fields to change first (a train job's micro-batches,
+    gradient checkpointing and where its rewards are scored, app.services.jobs.RESUME_FIELDS)."""
     model_config = ConfigDict(extra="forbid")
     config: dict[str, Any] = Field(default_factory=dict)
 

@@ -27,10 +27,12 @@ RUN_FILES = ("config.json", "metrics.jsonl", "reward_curve.png", "samples", "che
 # new learning rate or seed under an old optimizer state would be neither run). These change
 # where or how fast the same run goes, not what it computes: its budget, the device, the
 # model directory once moved (the same model: `moved_model_problem`), micro-batch sizes
-# (batching never changes the results), recomputation and compilation.
+# (batching never changes the results), recomputation and compilation, and where the same
+# reward models are (a reward server's address, or their weights' directories).
 RESUME_FIELDS = ("iterations", "device", "model_path", "rollout_batch_size",
                  "train_batch_size", "gradient_checkpointing",
-                 "gradient_checkpointing_fraction", "torch_compile")
+                 "gradient_checkpointing_fraction", "torch_compile", "reward_server_url",
+                 "reward_model_paths")
 
 
 def _transformer_config(directory: str | Path) -> dict | None:

@@ -348,6 +348,40 @@ def model_path_problem(model: str, value: str) -> str | None:
     return model_dir_problem(model, path)
 
 
+def model_directories() -> list[dict[str, Any]]:
+    """The model directories under MODELS_DIR, for a job's `model_path` (GET /api/models and
+    the launch form's picker): each subdirectory (one level, by name; hidden ones such as a
+    `.cache` left out) as `path`, the value a job's model_path takes (relative to
+    MODELS_DIR), `model`, the adapter its model_index.json's `_class_name` names (flux, sd3;
+    None when none), and `problem`: None when a job of that model can load it, else what
+    submission would say (`model_path_problem`: outside MODELS_DIR through a symlink,
+    incomplete, damaged), or why no model can be told. No MODELS_DIR directory: none."""
+    from trainer.models import directory_model
+
+    root = get_settings().resolved_models_dir
+    try:
+        entries = sorted(root.iterdir(), key=lambda p: p.name)
+    except OSError:  # no MODELS_DIR (the default DATA_DIR/models not made), not a directory
+        return []
+    out = []
+    for entry in entries:
+        try:
+            if entry.name.startswith(".") or not entry.is_dir():
+                continue
+        except OSError:  # a link to nowhere readable
+            continue
+        try:
+            full = storage.model_dir(entry.name)
+        except ValueError as exc:  # a link leaving MODELS_DIR: refused as submission would
+            out.append({"path": entry.name, "model": None, "problem": str(exc)})
+            continue
+        model, problem = directory_model(full)
+        if model is not None:
+            problem = model_path_problem(model, entry.name)
+        out.append({"path": entry.name, "model": model, "problem": problem})
+    return out
+
+
 def _checkpoint_specs(session: Session, ids: list[Any]) -> dict[int, Any]:
     """The model specs of the recorded checkpoints `ids` whose files can be read (a missing
     or unreadable file is the worker's to report, as before)."""
@@ -1048,12 +1082,14 @@ def check_still_valid(session: Session, job: Job) -> None:
                        errors=[{"field": "checkpoint_id", "message": problem}])
 
 
-# what a resumed train job may change: how much of an iteration runs at once, never what it
-# computes (the micro-batches and the recomputed blocks give the same update). A job that ran
-# out of memory (trainer.loop.TrainingOutOfMemory names these) goes on from its checkpoint
-# with its optimizer state, as the CLI's `train --resume --set` does.
+# what a resumed train job may change: how much of an iteration runs at once and where its
+# rewards are computed, never what it computes (the micro-batches and the recomputed blocks
+# give the same update; a reward server that moved, or reward models taken back from the
+# training card onto a server, score with the same models). A job that ran out of memory
+# (trainer.loop.TrainingOutOfMemory names these) goes on from its checkpoint with its
+# optimizer state, as the CLI's `train --resume --set` does.
 RESUME_FIELDS = ("train_batch_size", "rollout_batch_size", "gradient_checkpointing",
-                 "gradient_checkpointing_fraction")
+                 "gradient_checkpointing_fraction", "reward_server_url", "reward_model_paths")
 
 
 def resumed_config(job: Job, changes: dict[str, Any]) -> dict[str, Any]:

@@ -56,6 +56,22 @@ def test_reward_names_and_the_url_are_still_checked(client, admin):
         assert "spaces or control characters" in _errors(r)["reward_server_url"]
 
 
+def test_a_stopped_job_resumes_on_a_moved_reward_server(client, admin):
+    """Where the rewards are scored may change on resume (the same models: a server moved,
+    or reward models taken off the training card onto a server); checked as at submission."""
+    job_id = _post(client, admin, TRAIN).json()["id"]
+    assert client.post(f"/api/jobs/{job_id}/cancel", headers=admin).status_code == 200
+    r = client.post(f"/api/jobs/{job_id}/resume", headers=admin,
+                    json={"config": {"reward_server_url": "reward-server:8101"}})
+    assert r.status_code == 422 and "http" in _errors(r)["config.reward_server_url"], r.text
+    moved = "http://rewards.internal:8101"
+    r = client.post(f"/api/jobs/{job_id}/resume", headers=admin,
+                    json={"config": {"reward_server_url": moved}})
+    assert r.status_code == 200, r.text
+    assert r.json()["config"]["reward_server_url"] == moved
+    assert r.json()["config"]["reward_weights"] == TRAIN["reward_weights"]
+
+
 def test_the_worker_passes_no_local_weight_paths_with_a_server(settings):
     config = job_train_config(TRAIN)
     assert config.reward_model_paths == {}

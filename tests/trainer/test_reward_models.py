@@ -506,6 +506,31 @@ def test_group_blend_uses_the_config_weights():
     torch.testing.assert_close(blended, expected.to(blended.dtype))
 
 
+def test_the_iterations_advantages_weight_each_reward_as_the_config_says(tiny_model):
+    """What training does with reward_weights (trainer.grpo.score_groups): the advantages are
+    the group normalisation of the config's weighting of the per-group z-scored rewards, and
+    a different weighting gives different advantages (the logged reward_mean alone could not
+    tell)."""
+    from trainer.config import load_config
+    from trainer.grpo import blended_group_rewards, group_advantages, score_groups
+
+    weights = {"count": 3.0, "jpeg_compressibility": 0.5}
+    config = load_config("tiny", {"device": "cpu", "reward_weights": weights})
+    latents = torch.randn(2, 4, *tiny_model.latent_shape,
+                          generator=torch.Generator().manual_seed(1))
+    prompts = ["three red squares", "one blue circle"]
+    _, raw, advantages = score_groups(tiny_model, latents, prompts, config,
+                                      torch.Generator().manual_seed(0))
+    assert set(raw) == set(weights)
+    flat = {name: r.reshape(-1) for name, r in raw.items()}
+    expected = group_advantages(blended_group_rewards(flat, weights, (2, 4)),
+                                p=config.quasi_norm_p)
+    torch.testing.assert_close(advantages, expected)
+    even = group_advantages(blended_group_rewards(flat, dict.fromkeys(weights, 1.0), (2, 4)),
+                            p=config.quasi_norm_p)
+    assert not torch.allclose(advantages, even, atol=1e-3)
+
+
 def test_check_reward_models_ignores_other_rewards(monkeypatch, tmp_path):
     monkeypatch.setenv("REWARD_MODELS_DIR", str(tmp_path / "none"))
     check_reward_models({"count": 1.0, "jpeg_compressibility": 1.0})
