@@ -132,6 +132,20 @@ def test_configs_do_not_share_their_presets_lists_and_dicts():
     assert {name: dict(preset) for name, preset in PRESETS.items()} == before
 
 
+def test_the_papers_flux_objectives_are_presets_of_flux_loras_setting():
+    """HPSv2.1 alone and HPSv2.1 + PickScore + ImageReward at equal weights (the paper's two
+    FLUX.1-dev objectives), otherwise flux-lora's setting."""
+    from trainer.config import load_config
+
+    lora = load_config("flux-lora", {"model_path": "/models/flux"}).to_dict()
+    for name, weights in (("flux-hpsv2", {"hpsv2": 1.0}),
+                          ("flux-multi-reward", {"hpsv2": 1.0, "pickscore": 1.0,
+                                                 "imagereward": 1.0})):
+        config = load_config(name, {"model_path": "/models/flux"}).to_dict()
+        assert config.pop("reward_weights") == weights, name
+        assert config == {k: v for k, v in lora.items() if k != "reward_weights"}, name
+
+
 def test_the_rollouts_record_how_each_method_samples():
     """The rollouts pages show a group's solver and sigma: the SDE baseline's are its own
     stochastic steps and independent noises, not the Neighbor GRPO fields it never reads."""
