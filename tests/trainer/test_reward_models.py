@@ -558,6 +558,28 @@ def test_aesthetic_preprocessing_is_the_clip_eval_transform(shape):
 
 
 @needs_open_clip
+@pytest.mark.parametrize(("name", "save", "trained_with"), [
+    ("aesthetic", save_tiny_aesthetic, True), ("hpsv2", save_tiny_hpsv2, False)])
+def test_the_activation_is_the_weights_whatever_a_config_file_says(tmp_path, name, save,
+                                                                   trained_with):
+    """QuickGELU (OpenAI's CLIP under the aesthetic head) or GELU (HPSv2's ViT-H-14) belongs
+    to the weights: a config file beside them that leaves quick_gelu out, or says otherwise,
+    scores as the right one does."""
+    loader = {"aesthetic": reward_models._load_aesthetic, "hpsv2": reward_models._load_hpsv2}
+    directory = save(tmp_path / name)
+    images = _images(3, seed=5)
+    right = loader[name](directory, torch.device("cpu"))(images, PROMPTS[:3])
+    config_file = directory / OPEN_CLIP_CONFIG
+    written = json.loads(config_file.read_text())
+    assert written["model_cfg"]["quick_gelu"] is trained_with
+    for cfg in ({k: v for k, v in written["model_cfg"].items() if k != "quick_gelu"},
+                {**written["model_cfg"], "quick_gelu": not trained_with}):
+        config_file.write_text(json.dumps({"model_cfg": cfg}))
+        again = loader[name](directory, torch.device("cpu"))(images, PROMPTS[:3])
+        np.testing.assert_allclose(again, right, rtol=0, atol=1e-6)
+
+
+@needs_open_clip
 @pytest.mark.parametrize("shape", [(512, 512, 3), (300, 500, 3), (501, 299, 3), (224, 224, 3),
                                    (224, 160, 3), (100, 224, 3)])
 def test_hpsv2_preprocessing_is_hpsv2s_preprocess_val(shape):

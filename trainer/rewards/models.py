@@ -358,14 +358,18 @@ def _hpsv2_pixels(images: np.ndarray, size: int) -> torch.Tensor:
 def _open_clip_model(directory: Path, architecture: dict[str, Any], weights: Path,
                      device: torch.device):
     """An open_clip CLIP of `architecture` (or the directory's open_clip_config.json
-    model_cfg) with the state dict in `weights`, in eval mode on `device`."""
+    model_cfg) with the state dict in `weights`, in eval mode on `device`. The activation is
+    `architecture`'s whatever the file says: it belongs to how the weights were trained
+    (OpenAI's CLIP, the aesthetic predictor's backbone, with QuickGELU; HPSv2's LAION ViT-H-14
+    with GELU), and a hub config copied beside them without `quick_gelu` loaded without a
+    complaint and scored with the wrong one."""
     import open_clip
     from open_clip.model import CLIP
 
     config_file = directory / OPEN_CLIP_CONFIG
     cfg = json.loads(config_file.read_text())["model_cfg"] if config_file.is_file() \
         else architecture
-    model = CLIP(**cfg)
+    model = CLIP(**{**cfg, "quick_gelu": bool(architecture.get("quick_gelu", False))})
     # open_clip's loader: takes a checkpoint's "state_dict", strips DDP's "module." prefix,
     # reads safetensors or torch files (weights_only)
     open_clip.factory.load_checkpoint(model, str(weights), strict=True)
