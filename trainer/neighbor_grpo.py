@@ -233,6 +233,13 @@ def sample_anchor_steps(groups: Neighborhoods, config: TrainConfig,
 
 # ---------------------------------------------------------------------------------------
 # 4-6. The update: one optimizer step per anchor slot
+def policy_temperature(configured: float, latent_dim: int) -> float:
+    """The leaping policy's temperature: the configured one, or for 0 the flattened latent
+    dimension (the logits are then mean squared differences per element, alike in size for
+    every model and resolution)."""
+    return configured or float(latent_dim)
+
+
 # ---------------------------------------------------------------------------------------
 def update_policy(model: FlowModel, optimizer: torch.optim.Optimizer, batch: AnchorSteps,
                   advantages: torch.Tensor, config: TrainConfig,
@@ -241,7 +248,7 @@ def update_policy(model: FlowModel, optimizer: torch.optim.Optimizer, batch: Anc
     anchor slot the clipped objective of the leaping policy, averaged over the prompts' groups
     and their K timesteps (plus the KL penalty), and one optimizer step."""
     K = config.num_train_timesteps
-    temperature = config.temperature or float(batch.candidates.shape[-1])
+    temperature = policy_temperature(config.temperature, batch.candidates.shape[-1])
     use_reference = config.kl_coefficient > 0
     with torch.no_grad():
         ref_pred = (batch.predictions(reference, config.train_batch_size)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainer.grpo import clipped_objective, group_advantages, perturb_noise
-from trainer.neighbor_grpo import leaping_log_probs, reference_penalty
+from trainer.neighbor_grpo import leaping_log_probs, policy_temperature, reference_penalty
 
 
 # -- perturb_noise -------------------------------------------------------------------------
@@ -190,12 +190,13 @@ def test_the_default_temperature_keeps_the_policy_alike_at_flux_latent_size():
     (sigma 0.3) gets the same spread of probabilities for the shapes model's 3x32x32 latents
     and FLUX's 512 px packed latents (1,024 tokens x 64 = 64x64x16), instead of a one-hot
     policy whose ratios would be all or nothing."""
-    def probabilities(shape: tuple[int, ...], temperature: float | None = None) -> torch.Tensor:
+    def probabilities(shape: tuple[int, ...], temperature: float = 0.0) -> torch.Tensor:
         gen = torch.Generator().manual_seed(0)
         candidates = perturb_noise(torch.randn(shape, generator=gen), 12, 0.3, generator=gen)
         prediction = candidates[0] + 0.05 * torch.randn(shape, generator=gen)
-        dim = float(math.prod(shape))
-        return leaping_log_probs(candidates, prediction, temperature or dim).exp()
+        # what update_policy uses, from the flattened candidates it holds
+        used = policy_temperature(temperature, candidates.flatten(1).shape[-1])
+        return leaping_log_probs(candidates, prediction, used).exp()
 
     shapes, flux = probabilities((3, 32, 32)), probabilities((1024, 64))
     for p in (shapes, flux):
