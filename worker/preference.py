@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import logging
-import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict
@@ -43,6 +42,7 @@ from trainer.rewards.preference import (
     image_batch,
     warm_start_problem,
 )
+from worker.job_helpers import cancel_requested_poll, throttled
 from worker.lease import JobError, LeaseLost, require_lease
 
 log = logging.getLogger(__name__)
@@ -244,34 +244,10 @@ def newest_model(fit_config: FitConfig) -> PreferenceModel | None:
     return model
 
 
-# how often a running fit asks the database whether its job was cancelled (an epoch can be
-# milliseconds long: asking each one would load the database for nothing)
-CANCEL_POLL_SECONDS = 1.0
-
-
-def cancel_requested_poll(job_id: int, every: float = CANCEL_POLL_SECONDS
-                          ) -> Callable[[], bool]:
-    """A `should_stop` for a fit: whether the job's cancel was requested, read from the
-    database at most once every `every` seconds."""
-    last = -float("inf")
-
-    def should_stop() -> bool:
-        nonlocal last
-        if time.monotonic() - last < every:
-            return False
-        last = time.monotonic()
-        with session_scope() as s:
-            return jobs.is_cancel_requested(s, job_id)
-
-    return should_stop
-
-
 def run_fit_preference(job_id: int, worker_name: str) -> str:
     """The fit_preference job (already claimed by `worker.tasks.run_job`). A cancel stops the
     fit between epochs; nothing is saved then. Progress counts epochs over every ensemble
     member (written at most every PROGRESS_SECONDS): a fit can take minutes."""
-    from worker.sampling import throttled
-
     with session_scope() as s:
         cfg = FitPreferenceConfig.from_stored(jobs.get_job(s, job_id).config)
         # the fit says its total (a warm start trains fewer epochs) once it starts

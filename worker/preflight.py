@@ -98,17 +98,13 @@ def warn_of_foreign_storage(storage: Path) -> None:
     mounted) ran its jobs to `succeeded` with every image and checkpoint where the server
     never looks (404s, checkpoints that "lost their files"). Not refused: a storage wiped on
     purpose looks the same, and no worker could then ever start again."""
-    from sqlalchemy import select
-
     from app.db import session_scope
-    from app.models import Checkpoint, Sample
+    from app.services import checkpoints, rollouts
 
     try:
         with session_scope() as s:
-            recorded = [*s.scalars(select(Checkpoint.path).order_by(Checkpoint.id.desc())
-                                   .limit(RECORDED_FILES_LOOKED_FOR)),
-                        *s.scalars(select(Sample.image_path).order_by(Sample.id.desc())
-                                   .limit(RECORDED_FILES_LOOKED_FOR))]
+            recorded = [*checkpoints.newest_paths(s, RECORDED_FILES_LOOKED_FOR),
+                        *rollouts.newest_image_paths(s, RECORDED_FILES_LOOKED_FOR)]
     except Exception as exc:  # noqa: BLE001 - a check that informs; the worker may still run
         log.warning("could not compare STORAGE_DIR with the database's files: %s",
                     _first_line(exc))

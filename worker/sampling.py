@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -58,8 +57,14 @@ from trainer.rewards.models import RewardWeightsMissing, RewardWeightsUnloadable
 from trainer.rewards.remote import RewardServerError, Scorer, ScoringStopped, prepare_scorer
 from trainer.shapes.world import all_prompts
 from trainer.solvers import rollout
+from worker.job_helpers import (
+    cancel_requested_poll,
+    model_directory,
+    png_bytes,
+    reward_model_paths,
+    throttled,
+)
 from worker.lease import JobError, require_lease
-from worker.training import model_directory, png_bytes, reward_model_paths
 
 log = logging.getLogger(__name__)
 
@@ -76,25 +81,6 @@ def prompts_per_chunk(group_size: int) -> int:
 
 class Cancelled(Exception):
     pass
-
-
-# a job's progress inside a long step (a checkpoint's images, a fit's epochs) is written at most
-# this often: a batch or an epoch can take milliseconds, a database write each would not
-PROGRESS_SECONDS = 1.0
-
-
-def throttled(write: Callable[[int], None], every: float = PROGRESS_SECONDS
-              ) -> Callable[[int], None]:
-    """`write(done)` at most once every `every` seconds (the calls between are dropped)."""
-    last = time.monotonic()
-
-    def maybe(done: int) -> None:
-        nonlocal last
-        if time.monotonic() - last >= every:
-            last = time.monotonic()
-            write(done)
-
-    return maybe
 
 
 def sampling_spec(cfg: SamplingConfig, checkpoint_id: int | None) -> ModelSpec:
@@ -151,7 +137,7 @@ def prepare_rewards(names: list[str], given: dict[str, str] | None = None,
     now, before any sampling: a JobError when one cannot be scored. With `server_url`, the
     reward server there must be up and serve them all, and `stop_requested` (the job's
     `CancelCheck.requested`) may end a wait for its scores (ScoringStopped). Without, the
-    model-backed rewards point at their weights (worker.training.reward_model_paths) on this
+    model-backed rewards point at their weights (worker.job_helpers.reward_model_paths) on this
     worker's device."""
     if server_url:
         try:
@@ -212,14 +198,12 @@ def _progress(job_id: int, worker_name: str, done: int, total: int,
 
 class CancelCheck:
     """How a sampling job sees its cancel. `requested()`: whether it was asked (the flag read
-    at most once a second, worker.preference.cancel_requested_poll); asked before every
+    at most once a second, worker.job_helpers.cancel_requested_poll); asked before every
     solver step and, as the scorer's `stop_requested`, while a reward server scores. The
     check itself (calling it: a `before_step` for sampling) `stop()`s the job once it was, so
     that a cancel does not wait for the rest of a chunk (minutes of a large model's images)."""
 
     def __init__(self, job_id: int, worker_name: str) -> None:
-        from worker.preference import cancel_requested_poll
-
         self.job_id, self.worker_name = job_id, worker_name
         self.requested = cancel_requested_poll(job_id)
 

@@ -16,19 +16,16 @@ The same `TrainRecorder` runs in rank 0 of a torchrun launch (worker/distributed
 
 from __future__ import annotations
 
-import io
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
 from sqlalchemy.orm import Session
 
-from app.config import get_settings
 from app.db import session_scope
 from app.errors import NotFound
 from app.json_values import json_safe
@@ -43,22 +40,12 @@ from trainer.models.base import FlowModel
 from trainer.rewards.models import RewardWeightsMissing, RewardWeightsUnloadable
 from trainer.rewards.remote import RewardServerError, ScoringStopped
 from trainer.tracking import keeps_samples
+from worker.job_helpers import cancel_requested_poll, model_directory, png_bytes, reward_model_paths
 from worker.lease import JobError, require_lease
-from worker.preference import (
-    ImageCache,
-    cancel_requested_poll,
-    fit_and_record,
-    resolve_preference,
-)
+from worker.preference import ImageCache, fit_and_record, resolve_preference
 from worker.reaper import send_requeued
 
 log = logging.getLogger(__name__)
-
-
-def png_bytes(image: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(np.asarray(image, dtype=np.uint8)).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 def checkpoint_root(job_id: int) -> Path:
@@ -310,21 +297,6 @@ def maybe_refit_preference(trainer: Trainer, config: TrainConfig, job_id: int,
              "preference_heldout_accuracy": row["heldout_accuracy"]}, row["last_vote_id"])
 
 
-def model_directory(model: str, value: str) -> Path:
-    """A job's model directory (`model_path`) resolved the way submission checked it (under
-    MODELS_DIR, `storage.model_dir`) and still complete: JobError naming the directory and the
-    files it should hold otherwise, before anything loads."""
-    from trainer.models import model_dir_problem
-
-    try:
-        path = storage.model_dir(value)
-    except ValueError as exc:
-        raise JobError(f"model_path: {exc}") from None
-    if (problem := model_dir_problem(model, path)) is not None:
-        raise JobError(f"model_path: {problem}")
-    return path
-
-
 def train_config_of(session: Session, job: Job) -> TrainConfig:
     """The config a train job runs: its stored config (job_train_config), training on the
     train split of the job's dataset when it names one and the config gives no prompts
@@ -371,27 +343,6 @@ def job_train_config(config: dict[str, Any], prompts: list[str] | None = None) -
             raise JobError(f"base_checkpoint: {problem} (it changed after the job was "
                            "submitted)")
     return config
-
-
-def reward_model_paths(names: Iterable[str], given: dict[str, str] | None = None
-                       ) -> dict[str, str]:
-    """The weights directory of each model-backed reward among `names`: its `given`
-    (reward_model_paths) entry resolved inside REWARD_MODELS_DIR / MODELS_DIR, else
-    REWARD_MODELS_DIR/<name> (the studio's settings, which the trainer does not read). A
-    JobError naming reward_model_paths when an entry resolves outside those directories
-    (submission checked it, but the settings may have changed since)."""
-    from trainer.rewards.models import MODEL_REWARDS
-
-    root = get_settings().resolved_reward_models_dir
-    try:
-        out = {name: str(storage.reward_model_dir(path)) for name, path in
-               (given or {}).items()}
-    except ValueError as exc:
-        raise JobError(f"reward_model_paths: {exc}") from None
-    for name in names:
-        if name in MODEL_REWARDS and name not in out:
-            out[name] = str(root / name)
-    return out
 
 
 def prepare_trainer(job_id: int, model: FlowModel | None = None

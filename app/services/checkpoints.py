@@ -53,6 +53,12 @@ def latest_checkpoint(session: Session, job_id: int) -> Checkpoint | None:
     )
 
 
+def newest_paths(session: Session, limit: int) -> list[str]:
+    """The storage paths of the `limit` newest recorded checkpoints, newest first."""
+    return list(session.scalars(select(Checkpoint.path).order_by(Checkpoint.id.desc())
+                                .limit(limit)))
+
+
 def get_checkpoint(session: Session, checkpoint_id: int) -> Checkpoint:
     ckpt = session.get(Checkpoint, checkpoint_id)
     if ckpt is None:

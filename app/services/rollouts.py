@@ -139,6 +139,12 @@ def record_rollout_group(session: Session, *, job_id: int | None, iteration: int
     return group.id
 
 
+def newest_image_paths(session: Session, limit: int) -> list[str]:
+    """The storage paths of the `limit` newest recorded samples' images, newest first."""
+    return list(session.scalars(select(Sample.image_path).order_by(Sample.id.desc())
+                                .limit(limit)))
+
+
 def prompts_done(session: Session, job_id: int) -> set[int]:
     """The ids of the prompts a job has recorded a rollout group for (a resumed rollout job
     skips them)."""

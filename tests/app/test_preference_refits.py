@@ -322,7 +322,7 @@ def test_a_sampling_job_obeys_a_cancel_between_solver_steps(settings):
     from app.services import datasets, jobs
     from trainer.evaluation import sample_images
     from trainer.models.shapes_dit import ShapesDiT, ShapesDiTConfig
-    from worker.preference import CANCEL_POLL_SECONDS
+    from worker.job_helpers import CANCEL_POLL_SECONDS
     from worker.sampling import CancelCheck, Cancelled
 
     with session_scope() as s:

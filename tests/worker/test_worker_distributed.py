@@ -157,8 +157,8 @@ def _preference_v1_then_new_votes(fit_votes: int = 6, late_votes: int = 2) -> No
     from app.services import auth, rollouts, votes
     from trainer.rewards.preference import FitConfig
     from trainer.shapes.world import all_prompts, render
+    from worker.job_helpers import png_bytes
     from worker.preference import fit_and_record
-    from worker.training import png_bytes
 
     rng = np.random.default_rng(0)
     prompt = all_prompts()[0]

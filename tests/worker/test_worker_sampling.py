@@ -222,7 +222,7 @@ def test_progress_inside_a_long_step_is_written_at_most_once_a_second():
     a database write per batch or epoch; at most one a second goes through."""
     import time
 
-    from worker.sampling import throttled
+    from worker.job_helpers import throttled
 
     written: list[int] = []
     write = throttled(written.append, every=0.2)
