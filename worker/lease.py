@@ -58,6 +58,7 @@ class TaskOutcome(StrEnum):
     LOST = "lost"  # another worker took the job over mid-run; nothing written
     INTERRUPTED = "interrupted"  # the database went away mid-job; a reaper requeues it
     DONE = "done"  # a joining host's share of a multi-host job ended cleanly
+    GAVE_WAY = "gave way"  # a multi-host job requeued while another one gathers its hosts
 
 
 class LeaseLost(Exception):

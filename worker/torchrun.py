@@ -56,6 +56,9 @@ log = logging.getLogger(__name__)
 # ranks get this long to leave on their own before torchrun is stopped
 LOST_GRACE_SECONDS = 30.0
 POLL_SECONDS = 1.0
+# how long a multi-host job that gave way to another's gathering waits before its message
+# comes back to the queue (give_way)
+GIVE_WAY_SECONDS = 5.0
 
 # what worker.distributed_train logs when a node's processes have joined the job's process
 # group (local rank 0 of each node); the worker copies these lines into its own log
@@ -312,6 +315,8 @@ def run_torchrun(job_id: int, worker_name: str, config: TrainConfig, nproc: int,
     launch. The job is claimed and its heartbeat kept by the caller. Returns its status."""
     nnodes = config.train_nnodes
     check_world(config, nnodes, nproc)
+    if nnodes > 1 and (given_way := give_way(job_id, worker_name)) is not None:
+        return given_way
     rdzv = None
     if nnodes > 1:
         settings = get_settings()
@@ -346,6 +351,31 @@ def run_torchrun(job_id: int, worker_name: str, config: TrainConfig, nproc: int,
                        "(README \"Workers\"); relaunch with a smaller train_nnodes, or raise "
                        "RDZV_JOIN_TIMEOUT")
     raise failure(code, text)
+
+
+def give_way(job_id: int, holder: str) -> str | None:
+    """Requeue this multi-host job, claimed but not started, when another one gathers its hosts
+    ahead of it (app.services.workers.gathering_ahead), and return the task's outcome; None:
+    go on. Two holders waiting for joins at once waited for ever, each host busy holding a job
+    (two jobs of train_nnodes 2 on two hosts both failed after RDZV_JOIN_TIMEOUT): this worker
+    is then free to take the other job's join, and its own job's message comes back after
+    GIVE_WAY_SECONDS (not at once: the joins it waits for may all be taken already)."""
+    from app.queue import enqueue
+    from app.services import workers
+
+    with session_scope() as s:
+        ahead = workers.gathering_ahead(s, job_id)
+        if ahead is None:
+            return None
+        if not jobs.holds(s, job_id, holder):
+            return TaskOutcome.LOST
+        status = jobs.requeue(s, job_id).status
+    if status != JobStatus.QUEUED:  # a cancel asked meanwhile ended it
+        return status
+    log.info("job %s: job %s gathers its hosts first; requeued for %g s, this worker free to "
+             "join it", job_id, ahead.id, GIVE_WAY_SECONDS)
+    enqueue(job_id, "train", countdown=GIVE_WAY_SECONDS)
+    return TaskOutcome.GAVE_WAY
 
 
 def run_join(rdzv: Rendezvous, shutdown: threading.Event) -> str:

@@ -225,6 +225,27 @@ def starting_on_hosts(session: Session, jobs: list[Job]) -> set[int]:
             and (j.claimed_at is not None or j.iteration == 0)}
 
 
+def gathering_ahead(session: Session, job_id: int) -> Job | None:
+    """Another multi-host train job that gathers its hosts (`starting_on_hosts`) and was
+    claimed before `job_id` (the lower id on a tie), if any. Two holders that wait for each
+    other's hosts at once wait for ever (every worker holds one job and none takes a join): the
+    later claim gives way (worker/torchrun.py)."""
+    job = session.get(Job, job_id)
+    if job is None:
+        return None
+    running = list(session.scalars(select(Job).where(
+        Job.status == JobStatus.RUNNING, Job.kind == "train", Job.id != job_id)))
+    gathering = starting_on_hosts(session, running)
+    epoch = datetime.min.replace(tzinfo=UTC)
+
+    def order(j: Job) -> tuple[datetime, int]:
+        claimed = j.claimed_at or epoch
+        return (claimed if claimed.tzinfo else claimed.replace(tzinfo=UTC), j.id)
+
+    ahead = [j for j in running if j.id in gathering and order(j) < order(job)]
+    return min(ahead, key=order) if ahead else None
+
+
 def hosts_wanted(job: Job) -> int:
     """How many hosts a job runs on: a train job's train_nnodes, else one."""
     nnodes = (job.config or {}).get("train_nnodes", 1) if job.kind == "train" else 1

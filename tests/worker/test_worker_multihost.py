@@ -214,3 +214,26 @@ def test_a_warm_shutdown_of_the_joining_host_requeues_and_another_host_resumes(s
     assert job.status == "succeeded", (job.error, stack.log_text())
     assert sorted(_metrics(job_id)) == list(range(1, 13))
     assert checkpoint_iterations(job_id) == [saved[-1], 12]
+
+
+@pytest.mark.parametrize("stack", ["postgres-redis"], indirect=True)
+def test_two_multihost_jobs_on_two_hosts_run_one_after_the_other(stack):
+    """Two jobs of train_nnodes 2 and two hosts: each worker held one job and waited for the
+    other's join, which no worker was free to take, until both failed after
+    RDZV_JOIN_TIMEOUT. The later claim gives way (requeued), its worker joins the other job,
+    and both succeed."""
+    fast = {"RDZV_JOIN_TIMEOUT": "90"}
+    first, second = (create_train_job(iterations=1, prompts_per_iteration=2, sample_every=1,
+                                      checkpoint_every=1, train_nnodes=2) for _ in range(2))
+    stack.send(first)
+    stack.send(second)
+    stack.start_worker("h1", queues="gpu", extra_env={**fast, "WORKER_HOST": "127.0.0.1"})
+    stack.start_worker("h2", queues="gpu", extra_env={**fast, "WORKER_HOST": "127.0.0.2"})
+    wait_for(lambda: all(job_row(j).status in ("succeeded", "failed", "cancelled")
+                         for j in (first, second)), 240, "both jobs to finish", stack)
+    for job_id in (first, second):
+        job = job_row(job_id)
+        assert job.status == "succeeded", (job_id, job.error)
+        assert checkpoint_iterations(job_id) == [1]
+    logs = "".join(log.read_text(errors="replace") for log in stack.logs)
+    assert re.search(r"job \d+: job \d+ gathers its hosts first; requeued", logs), logs[-3000:]
