@@ -83,6 +83,8 @@ SUBPROCESS = {
     "tests/trainer/test_reward_server.py::test_the_command_line_serves_and_refuses_unknown_rewards",
     "tests/trainer/test_reward_models_benchmark.py::"
     "test_server_process_serves_the_same_scores_from_its_own_process",
+    # two spawned gloo processes per case (ddp, fsdp): 10-15 s each
+    "tests/trainer/test_gradient_sync.py::*",
 }
 # measured with --durations on the 2-core box (seconds, call + setup); `make check` stays < 2 min
 SLOW = {

@@ -36,7 +36,8 @@ from __future__ import annotations
 import atexit
 import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -181,6 +182,25 @@ class DistributedFlowModel(FlowModel):
     @property
     def inner(self) -> FlowModel:
         return self.sharded if self.ddp is None else self.ddp.module
+
+    @contextmanager
+    def no_gradient_sync(self) -> Iterator[None]:
+        """Under DDP, forwards and backwards inside add this process's gradients to its own
+        without averaging them over the processes; the next forward and backward outside
+        averages the whole sum at once. `optimizer_step` runs every micro-batch of a step but
+        the last inside, so a step costs one all-reduce of the gradients, not one per
+        micro-batch, and the gradients are the same (the average of the sums is the sum of
+        the averages). DDP decides in the forward whether the backward reduces (the forward
+        arms its reducer), so the forward runs inside too.
+        Under FSDP nothing changes: each micro-batch's backward still reduce-scatters. Skipped,
+        every unit would keep its whole unsharded gradient until the last micro-batch (a
+        whole model's gradients on each card: 48 GB for FLUX in fp32), and sharding is there
+        for full fine-tuning of models that only fit sharded."""
+        if self.ddp is None:
+            yield
+            return
+        with self.ddp.no_sync():
+            yield
 
     @property
     def writes_checkpoints(self) -> bool:

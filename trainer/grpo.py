@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sized
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -152,24 +154,51 @@ def clipped_objective(logp_new: torch.Tensor, logp_old: torch.Tensor, advantages
 
 
 def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                   loss: torch.Tensor | Iterable[torch.Tensor], max_grad_norm: float
-                   ) -> torch.Tensor:
+                   loss: torch.Tensor | Iterable[torch.Tensor], max_grad_norm: float,
+                   parts: int | None = None) -> torch.Tensor:
     """Zero the gradients, backward, clip their norm (when max_grad_norm > 0), step.
     `loss` may be the parts of one micro-batched loss (each weighted by its share of the rows,
     so they sum to the whole): a generator is consumed one part at a time, each part's
     backward done before the next is computed, so only one micro-batch's activations live.
+    `parts`: how many parts `loss` holds (a list or tuple tells by itself). A model trained
+    over several processes then averages its gradients over them once per step, in the last
+    part's backward, not once per part (`no_gradient_sync`); without it every part's backward
+    averages (the same gradients, at one all-reduce per micro-batch).
     Returns the gradient norm before clipping, a 0-dim tensor on the model's device: reading
     it would make the host wait for the GPU, which the update loop never does (UpdateStats
     reads everything once, after the last step)."""
     optimizer.zero_grad(set_to_none=True)
-    for part in [loss] if isinstance(loss, torch.Tensor) else loss:
+    if isinstance(loss, torch.Tensor):
+        loss, parts = [loss], 1
+    elif isinstance(loss, Sized):
+        parts = len(loss)
+    remaining = iter(loss)
+    # drawn inside the context too: a part's forward runs as it is drawn from a generator,
+    # and DDP decides there whether that part's backward all-reduces
+    with no_gradient_sync(model):
+        for part in islice(remaining, max((parts or 0) - 1, 0)):
+            part.backward()
+    synced = 0
+    for part in remaining:  # the last part (all of them, when `parts` is unknown)
         part.backward()
+        synced += 1
+    if parts and not synced:
+        # the accumulated gradients were never averaged: the processes would step apart
+        raise ValueError(f"loss had fewer parts than the {parts} announced")
     params = [p for p in model.parameters() if p.grad is not None]
     # clip_grad_norm_ also totals sharded gradients (FSDP's DTensors: full_tensor() then
     # reads the norm every shard agrees on); an infinite bound only measures
     norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else math.inf)
     optimizer.step()
     return (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).detach()
+
+
+def no_gradient_sync(model: torch.nn.Module) -> AbstractContextManager[None]:
+    """The model's `no_gradient_sync()` where it is trained over several processes
+    (trainer.distributed.DistributedFlowModel): backwards inside leave the gradients
+    unaveraged until one outside; a context that does nothing for a single process."""
+    skip = getattr(model, "no_gradient_sync", None)
+    return skip() if callable(skip) else nullcontext()
 
 
 class UpdateStats:

@@ -65,7 +65,13 @@ from trainer.grpo import (
     score_groups,
     wall_clock,
 )
-from trainer.models.base import FlowModel, index_cond, micro_batches, repeat_cond
+from trainer.models.base import (
+    FlowModel,
+    index_cond,
+    micro_batch_count,
+    micro_batches,
+    repeat_cond,
+)
 from trainer.solvers import euler_step, rollout
 
 
@@ -266,7 +272,8 @@ def update_policy(model: FlowModel, optimizer: torch.optim.Optimizer, batch: Anc
         slot = _SlotLoss(logp_old, ref_pred[:, b] if use_reference else None)
         grad_norm = optimizer_step(
             model, optimizer, slot.parts(model, batch, b, adv_pk, temperature, config),
-            config.max_grad_norm)
+            config.max_grad_norm,
+            parts=micro_batch_count(batch.rows, config.train_batch_size))
         stats.record(slot.loss, torch.cat(slot.logp_new), logp_old, grad_norm, slot.kl)
     return stats
 

@@ -34,7 +34,13 @@ from trainer.grpo import (
     score_groups,
     wall_clock,
 )
-from trainer.models.base import FlowModel, index_cond, micro_batches, repeat_cond
+from trainer.models.base import (
+    FlowModel,
+    index_cond,
+    micro_batch_count,
+    micro_batches,
+    repeat_cond,
+)
 
 
 def sde_step_distribution(x_t: torch.Tensor, velocity: torch.Tensor, t: torch.Tensor,
@@ -130,7 +136,8 @@ def update_sde_policy(model: FlowModel, optimizer: torch.optim.Optimizer, groups
         step = _StepLoss(rows, ks)
         grad_norm = optimizer_step(model, optimizer,
                                    step.parts(model, groups, advantages, logp_old, config, t_cap),
-                                   config.max_grad_norm)
+                                   config.max_grad_norm,
+                                   parts=micro_batch_count(len(rows), config.train_batch_size))
         stats.record(step.loss, torch.cat(step.logp_new), logp_old, grad_norm)
     return stats, len(chunks)
 

@@ -92,7 +92,8 @@ def test_a_failing_case_is_recorded_and_the_next_one_still_runs(tmp_path, monkey
 def test_half_the_blocks_checkpointed_and_the_sync_report(tmp_path):
     """--checkpoint-fraction 0.5: the recomputation counted in the hardware FLOPs is half of
     full checkpointing's; --sync-report runs one more iteration under the sync debug mode (on
-    a CPU nothing waits, so it finds nothing; on a GPU it lists where the host waits)."""
+    a CPU nothing waits, so it finds nothing; on a GPU it lists where the host waits: the
+    check that holds on a CPU is test_the_update_loop_never_reads_a_tensor_on_the_host)."""
     bench = load_benchmark("flux_scale")
     rows = {}
     for fraction in ("1.0", "0.5"):
@@ -130,3 +131,58 @@ def test_a_rerun_keeps_the_data_parallel_scaling_it_cannot_measure(tmp_path):
     single.write_text(json.dumps({"scaling": {"1": 0.1}}))
     bench.write({"cases": [row]}, single)
     assert json.loads(single.read_text())["scaling"] == {"1": pytest.approx(1 / 6.0)}
+
+
+# what makes the host wait for the device when called on a device tensor
+HOST_READS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__")
+
+
+def test_the_update_loop_never_reads_a_tensor_on_the_host(monkeypatch, tiny_model):
+    """The CPU stand-in for --sync-report's GPU count (the CUDA sync debug mode never engages
+    on a CPU): while update_policy runs (neighbor_grpo, its helpers, optimizer_step), no
+    trainer code reads a tensor's value on the host, which on a GPU would wait for every
+    queued kernel. torch's own code is left out (Adam reads its CPU step count)."""
+    import inspect
+    from pathlib import Path
+
+    import torch
+
+    from trainer import neighbor_grpo
+    from trainer.config import TrainConfig
+    from trainer.shapes.world import all_prompts
+
+    trainer_dir = str(Path(neighbor_grpo.__file__).resolve().parent)
+    updating, reads = [False], []
+
+    def recorded(name):
+        original = getattr(torch.Tensor, name)
+
+        def read(self, *args, **kwargs):
+            caller = inspect.currentframe().f_back
+            if updating[0] and caller.f_code.co_filename.startswith(trainer_dir):
+                reads.append(f"{name} at {Path(caller.f_code.co_filename).name}:"
+                             f"{caller.f_lineno}")
+            return original(self, *args, **kwargs)
+        return read
+
+    for name in HOST_READS:
+        monkeypatch.setattr(torch.Tensor, name, recorded(name))
+    update_policy = neighbor_grpo.update_policy
+
+    def update_only(*args, **kwargs):  # rollouts and scoring read rewards: not recorded
+        updating[0] = True
+        try:
+            return update_policy(*args, **kwargs)
+        finally:
+            updating[0] = False
+
+    monkeypatch.setattr(neighbor_grpo, "update_policy", update_only)
+    config = TrainConfig(device="cpu", group_size=4, rollout_steps=4, num_anchors=2,
+                         num_train_timesteps=2, prompts_per_iteration=2, train_batch_size=3,
+                         rollout_batch_size=8, kl_coefficient=0.1)
+    optimizer = torch.optim.Adam(tiny_model.trainable_parameters(), lr=1e-4)
+    result = neighbor_grpo.neighbor_grpo_iteration(
+        tiny_model, optimizer, all_prompts()[:2], config, torch.Generator().manual_seed(0),
+        reference=tiny_model.reference_model())
+    assert result.metrics["optimizer_steps"] == 2  # the update ran, micro-batched
+    assert reads == []

@@ -273,6 +273,11 @@ def micro_batches(rows: int, size: int) -> Iterator[slice]:
         yield slice(start, min(start + size, rows))
 
 
+def micro_batch_count(rows: int, size: int) -> int:
+    """How many slices `micro_batches(rows, size)` gives."""
+    return len(range(0, rows, size or rows)) if rows else 0
+
+
 def to_uint8(images: torch.Tensor) -> np.ndarray:
     """(N, 3, H, W) float in [0, 1] (any device) -> (N, H, W, 3) uint8 on the CPU, for rewards
     that take pixels and for storage."""
