@@ -208,12 +208,14 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
         datasets,
         jobs,
         media,
+        models,
         preference,
         rollouts,
         votes,
     )
 
-    for module in (auth, datasets, rollouts, media, votes, jobs, checkpoints, preference):
+    for module in (auth, datasets, rollouts, media, votes, jobs, models, checkpoints,
+                   preference):
         app.include_router(module.router, prefix="/api")
 
     @app.get("/favicon.ico", include_in_schema=False)

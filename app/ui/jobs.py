@@ -116,6 +116,12 @@ def field_component(d: dict[str, Any], value: Any) -> gr.components.Component:
         return gr.Checkbox(value=bool(value), **kw)
     if d["choices"]:
         return gr.Dropdown(choices=d["choices"], value=value, **kw)
+    if d["name"] == "model_path":
+        # the complete model directories under MODELS_DIR of the model chosen, filled at login
+        # and refreshed when the model changes or the tab is shown (model_path_choices); a
+        # path typed by hand is kept, and the server's error about it shows beside the field
+        return gr.Dropdown(choices=[], value=value, allow_custom_value=True, filterable=True,
+                           **kw)
     if d["type"] in ("int", "float"):
         # the field's range is the browser's min and max (its arrow keys stop there), checked
         # by the server, whose error names the field and shows beside it (common.number). A
@@ -646,6 +652,23 @@ def dataset_choices(user_state: dict | None) -> Any:
     return gr.Dropdown(choices=[NO_DATASET, *dataset_options()])
 
 
+def model_path_options(model: str | None) -> list[str]:
+    """The model_path picker's choices for `model`: the model directories under MODELS_DIR
+    holding that model and complete (`svc.model_directories`), as a job's model_path names
+    them; none for a model without a directory (shapes)."""
+    return [d["path"] for d in svc.model_directories()
+            if d["model"] == model and d["problem"] is None]
+
+
+def model_path_choices(user_state: dict | None, model: str | None) -> Any:
+    """The model_path picker's choices for the model chosen (admins; at login, when the model
+    changes and when the tab is shown: directories come and go as an operator installs
+    them). Its value is left alone: one typed by hand stays, to be judged at launch."""
+    if _admin(user_state) is None:
+        return gr.skip()
+    return gr.Dropdown(choices=model_path_options(model))
+
+
 def on_login(user_state: dict | None) -> tuple[Any, Any, Any]:
     """A login (or logout): the progress timer runs and the pickers fill for an admin only.
     Outputs: timer, job picker, dataset picker."""
@@ -729,6 +752,12 @@ def build_jobs(user: gr.State, tab: gr.Tab | None = None,
         comps["model"].change(model_changed, inputs,
                               [comps[d["name"]] for d in fields if d["name"] != "model"],
                               api_visibility="private")
+        # the model_path picker offers the new model's directories (its value is model_changed's)
+        model_dirs = ([user, comps["model"]], comps["model_path"])
+        comps["model"].change(model_path_choices, *model_dirs, show_progress="hidden",
+                              api_visibility="private")
+        user.change(model_path_choices, *model_dirs, show_progress="hidden",
+                    api_visibility="private")
         comps["finetune"].change(fields_for_model, inputs,
                                  [comps[n] for n in MODEL_DEPENDENT_FIELDS],
                                  api_visibility="private")
@@ -737,6 +766,8 @@ def build_jobs(user: gr.State, tab: gr.Tab | None = None,
         # shrinks while it is open, and the page then stops applying updates
         if tab is not None:
             tab.select(dataset_choices, user, dataset, show_progress="hidden",
+                       api_visibility="private")
+            tab.select(model_path_choices, *model_dirs, show_progress="hidden",
                        api_visibility="private")
 
         boxes = [DATASET_FIELD, *[d["name"] for d in fields]]  # launch's error boxes

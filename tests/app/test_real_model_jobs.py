@@ -393,7 +393,7 @@ def test_the_launch_form_renders_and_submits_the_real_model_fields(settings, adm
     assert kinds == {"model": gr.Dropdown, "finetune": gr.Dropdown,
                      "mixed_precision": gr.Dropdown, "gradient_checkpointing": gr.Checkbox,
                      "lora_target_modules": gr.Textbox, "lora_rank": gr.Number,
-                     "guidance_scale": gr.Number, "model_path": gr.Textbox}
+                     "guidance_scale": gr.Number, "model_path": gr.Dropdown}
     assert jobs.field_component(fields["model"], "flux").choices == [
         (c, c) for c in ("shapes", "flux", "sd3")]
 

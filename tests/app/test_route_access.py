@@ -62,6 +62,7 @@ ROUTES: dict[str, str] = {
     "POST /api/jobs": ADMIN,
     "GET /api/jobs": USER,
     "GET /api/jobs/config-schema": USER,
+    "GET /api/models": USER,
     "GET /api/jobs/{job_id}": USER,
     "POST /api/jobs/{job_id}/cancel": ADMIN,
     "POST /api/jobs/{job_id}/resume": ADMIN,

@@ -235,6 +235,31 @@ def _pipeline_problem(name: str, path: Path) -> str | None:
             f"{others[0]!r} for it, or point model_path at a {name!r} directory")
 
 
+def directory_model(path: str | Path) -> tuple[str | None, str | None]:
+    """The adapter (flux, sd3) whose pipeline class model_index.json's `_class_name` at
+    `path` names (`_PIPELINE_CLASSES`), and None; or None and why no adapter can be told
+    (no model_index.json, one that does not parse, another pipeline). Whether the directory
+    is complete for that adapter is `model_dir_problem`'s question."""
+    path = Path(path)
+    known = ", ".join(f"{cls} ({name})" for name, cls in _PIPELINE_CLASSES.items())
+    index = path / "model_index.json"
+    try:
+        if not index.is_file():
+            return None, (f"model directory {path} has no model_index.json (a diffusers-format "
+                          f"directory names its pipeline there: {known})")
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except OSError as exc:
+        return None, f"model directory {path} cannot be read ({exc.strerror or exc})"
+    except (UnicodeDecodeError, ValueError) as exc:
+        return None, f"model directory {path}: model_index.json is not JSON ({exc})"
+    found = data.get("_class_name") if isinstance(data, dict) else None
+    for name, cls in _PIPELINE_CLASSES.items():
+        if cls == found:
+            return name, None
+    return None, (f"model directory {path} holds a {found!r} pipeline (model_index.json's "
+                  f"_class_name), not one a job can load: {known}")
+
+
 def safetensors_header(path: str | Path) -> dict[str, Any]:
     """The JSON header of a safetensors file (every tensor's dtype and shape, and
     `__metadata__`), read alone (no torch, no tensors): ValueError when it is not safetensors."""
