@@ -411,11 +411,11 @@ def linked_schema(app):
     return schema
 
 
-GOALS = [("POST /api/datasets", (201,)), ("POST /api/jobs", (201,)),
+GOALS = [("POST /api/datasets", (201,)), ("POST /api/jobs", (201,)), ("GET /api/rollouts", (200,)),
          ("POST /api/votes", (200, 201))]
 
 
-def test_stateful_links_never_500(fuzz_app):
+def test_stateful_links_never_500(fuzz_app, make_group):
     schema = linked_schema(fuzz_app)
     headers = fuzz_app.state.fuzz_headers
     failures: list[str] = []
@@ -443,11 +443,12 @@ def test_stateful_links_never_500(fuzz_app):
                 failures.append(f"{case.method} {case.formatted_path} {case.query} "
                                 f"{str(case.body)[:300]} -> {response.status_code}")
 
-    def reached() -> bool:  # the chain was followed: uploaded, launched, voted
+    def reached() -> bool:  # the chain was followed: uploaded, launched, listed, voted
         return all(any(seen.get(f"{op} {code}") for code in codes) for op, codes in GOALS)
 
-    # The chain once by hand, every run: upload -> prompts -> launch -> pair -> vote (the links
-    # below are followed at random by schemathesis, a true-random coin, so they may not be).
+    # The chain once by hand, every run: upload -> prompts -> launch -> its rollouts -> vote on
+    # them -> pair -> vote (the links below are followed at random by schemathesis, a
+    # true-random coin, so they may not be).
     from fastapi.testclient import TestClient
 
     with TestClient(schema.app) as c:
@@ -461,8 +462,16 @@ def test_stateful_links_never_500(fuzz_app):
         ds = call("POST", "/api/datasets", "admin", data={"name": "chain"},
                   files={"file": ("chain.txt", PROMPTS, "text/plain")}).json()
         call("GET", "/api/prompts", "admin", params={"dataset_id": ds["id"]})
-        call("POST", "/api/jobs", "admin", json={"kind": "train", "preset": "tiny",
-                                                 "dataset_id": ds["id"]})
+        job = call("POST", "/api/jobs", "admin", json={"kind": "train", "preset": "tiny",
+                                                       "dataset_id": ds["id"]}).json()
+        # no worker runs here: its first iteration's group is recorded as the worker would
+        make_group(job["id"], g=3)
+        groups = call("GET", "/api/rollouts", "admin", params={"job_id": job["id"]}).json()
+        samples = groups["items"][0]["samples"]  # a pair of one group, as the UI's grid votes
+        # 201 itself: GOALS' vote is also met by the pair's vote below
+        assert call("POST", "/api/votes", "annotator", json={
+            "client_vote_id": "chain-rollouts", "sample_a_id": samples[0]["id"],
+            "sample_b_id": samples[1]["id"], "outcome": "b"}).status_code == 201
         pair = call("GET", "/api/votes/next", "annotator").json()
         call("POST", "/api/votes", "annotator", json={
             "client_vote_id": "chain", "sample_a_id": pair["a"]["sample_id"],
