@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,24 @@ def test_overoptimisation_probe_runs_and_reports_the_kl():
     assert trained[(0.0, 2)]["kl_to_reference"] is None
     assert trained[(10.0, 2)]["kl_to_reference"] > 0
     assert all(0.0 <= r["foreground"] <= 1.0 for r in trained.values())
+
+
+def test_the_default_learner_reaches_the_accuracy_target_from_1000_noisy_votes():
+    """Issue 19's target, on one preference and seed as a guard (the benchmark's table has the
+    mean over seeds and preferences): the default preference learner fitted on 1,000 random
+    within-prompt votes of the shipped base, 10% flipped, judges held-out pairs as the clean
+    preference does at least 85% of the time (0.897 when written: 2026-12-06), and its
+    probabilities beat a coin's log-loss. Its fit time is the benchmark's to report."""
+    out = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "hitl_simulated.py"), "--device", "cpu",
+         "--preferences", "upper", "--budgets", "1000", "--selections", "random",
+         "--iterations", "0", "--seeds", "0", "--pool-seeds", "4"],
+        capture_output=True, text=True, timeout=1200, check=True,
+        env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}).stdout
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    fitted = next(r for r in rows if r.get("votes") == 1000 and r.get("selection") == "random")
+    assert fitted["clean"] >= 0.85, fitted
+    assert fitted["log_loss_clean"] < 0.5, fitted  # a coin's is 0.693
 
 
 def test_hitl_simulated_refuses_a_train_budget_it_never_fits():
