@@ -239,8 +239,7 @@ def gathering_ahead(session: Session, job_id: int) -> Job | None:
     epoch = datetime.min.replace(tzinfo=UTC)
 
     def order(j: Job) -> tuple[datetime, int]:
-        claimed = j.claimed_at or epoch
-        return (claimed if claimed.tzinfo else claimed.replace(tzinfo=UTC), j.id)
+        return (_aware(j.claimed_at) if j.claimed_at else epoch, j.id)
 
     ahead = [j for j in running if j.id in gathering and order(j) < order(job)]
     return min(ahead, key=order) if ahead else None
