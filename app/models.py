@@ -310,3 +310,6 @@ class WorkerRow(Base):
     last_seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     # why it takes no job for now (its STORAGE_DIR cannot be written), None when it takes jobs
     holding: Mapped[str | None] = mapped_column(String(HOLDING_LENGTH), nullable=True)
+    # its TRAIN_NPROC: the processes a train job gets on it ('fsdp' jobs are checked against
+    # it at submission); NULL when reported by a worker from before migration 0015
+    train_nproc: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -424,8 +424,10 @@ class StudioArguments:
                                "rendezvous; the README says how). prompts_per_iteration "
                                "must be a multiple of it; each host runs up to its "
                                "TRAIN_NPROC processes, as many as split its share of the "
-                               "prompts evenly (a 'fsdp' job all of them, or it fails saying "
-                               "so). 1: one host alone.", min=1, max=1024, group="studio")
+                               "prompts evenly (a 'fsdp' job all of them: the studio refuses "
+                               "one that no live worker's TRAIN_NPROC fits, and a job that "
+                               "meets such a worker later fails saying so). 1: one host "
+                               "alone.", min=1, max=1024, group="studio")
 
 
 # Explicit text-direction controls (embeddings, overrides, isolates): in a prompt they

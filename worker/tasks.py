@@ -401,7 +401,8 @@ def report_worker(name: str, queues: list[str]) -> None:
         if SHUTDOWN.is_set():
             workers.forget(s, name)
         else:
-            workers.report(s, name, queues, len(devices), list(devices), holding=HOLDING)
+            workers.report(s, name, queues, len(devices), list(devices), holding=HOLDING,
+                           train_nproc=get_settings().train_nproc)
 
 
 @signals.worker_init.connect

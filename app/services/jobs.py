@@ -289,6 +289,10 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
     device = workers.device_problem(session, kind, out)
     if device:
         problems.append(("device", device))
+    # the fields it reads (parallelism, prompts_per_iteration, train_nnodes) as validated
+    if world := workers.world_problem(session, kind, {
+            k: v for k, v in config.items() if k not in malformed}):
+        problems.append(("prompts_per_iteration", world))
 
 
 def resolved_reward_model_paths(paths: dict[str, Any]) -> tuple[dict[str, str], Problems]:

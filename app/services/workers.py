@@ -5,7 +5,8 @@ so `live` is everyone seen within `live_seconds`; a worker that stops cleanly `f
 itself. A worker is named by its Celery node name (`-n gpu0@host`); a job it claims names it
 too, in the job's `worker` (`lease_name`, read back by `worker_of`). Submission uses the live
 ones to reject a config that no live worker could run (`device: "cuda"` where every live
-worker of the queue is CPU-only), and a queued job whose queue has no live worker at all is
+worker of the queue is CPU-only, or a 'fsdp' job whose prompts no live worker's TRAIN_NPROC
+splits evenly), and a queued job whose queue has no live worker at all is
 accepted but says what it waits for (`waiting_for`): workers may simply not have started yet.
 """
 
@@ -51,9 +52,11 @@ def live_seconds() -> float:
 
 
 def report(session: Session, name: str, queues: list[str], cuda_devices: int,
-           device_names: list[str], holding: str | None = None) -> WorkerRow:
+           device_names: list[str], holding: str | None = None,
+           train_nproc: int = 1) -> WorkerRow:
     """Insert or refresh this worker's row (flush, no commit). `holding`: why it takes no job
-    for now (its STORAGE_DIR cannot be written), None when it takes jobs."""
+    for now (its STORAGE_DIR cannot be written), None when it takes jobs; `train_nproc`: its
+    TRAIN_NPROC."""
     row = session.get(WorkerRow, stored_name(name))
     now = utcnow()
     if row is None:
@@ -62,6 +65,7 @@ def report(session: Session, name: str, queues: list[str], cuda_devices: int,
     row.queues, row.cuda_devices = sorted(set(queues)), int(cuda_devices)
     row.device_names, row.last_seen_at = list(device_names), now
     row.holding = holding[:HOLDING_LENGTH] if holding else None
+    row.train_nproc = int(train_nproc)
     session.flush()
     return row
 
@@ -96,6 +100,28 @@ def device_problem(session: Session, kind: str, config: dict[str, Any]) -> str |
     names = ", ".join(w.name for w in on_queue[:5])
     return (f"'cuda' but no live worker on queue {queue!r} has a CUDA device (CPU only: "
             f"{names}); use 'auto' or 'cpu', or start a worker on a GPU machine")
+
+
+def world_problem(session: Session, kind: str, config: dict[str, Any]) -> str | None:
+    """Why no live worker could start this 'fsdp' train job: it shards over train_nnodes x
+    the holder's TRAIN_NPROC processes, all of them (worker/torchrun.py: fewer would load the
+    whole model on each card), and prompts_per_iteration must split evenly over them. None
+    when a live worker of its queue (with the device it asks for) reports a TRAIN_NPROC that
+    fits, when none has reported (the job waits), and for every other job ('ddp' runs on as
+    many processes as split the prompts evenly)."""
+    if kind != "train" or config.get("parallelism") != "fsdp":
+        return None
+    prompts, nnodes = config.get("prompts_per_iteration"), config.get("train_nnodes", 1)
+    if not (isinstance(prompts, int) and isinstance(nnodes, int) and prompts > 0 < nnodes):
+        return None  # the config's own checks report these
+    reported = [w for w in able(session, kind, config) if w.train_nproc is not None]
+    if not reported or any(prompts % (nnodes * w.train_nproc) == 0 for w in reported):
+        return None
+    sizes = ", ".join(f"{w.name} ({w.train_nproc})" for w in reported[:5])
+    return (f"must be a multiple of train_nnodes ({nnodes}) x the TRAIN_NPROC of the worker "
+            f"that holds the job: 'fsdp' shards over all of its processes, and no live worker "
+            f"on queue {KINDS[kind].queue!r} fits {prompts} (TRAIN_NPROC: {sizes}); "
+            "use such a multiple, or parallelism 'ddp'")
 
 
 def able(session: Session, kind: str, config: dict[str, Any],

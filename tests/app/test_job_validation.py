@@ -955,3 +955,40 @@ def test_clip_features_without_a_path_name_both_places_it_may_be(client, admin):
     r = _post(client, admin, "fit_preference", {"features": "clip"})
     assert r.status_code == 422, r.text
     assert _errors(r)["clip_path"].endswith("under STORAGE_DIR or MODELS_DIR"), r.text
+
+
+def test_fsdp_prompts_are_checked_against_the_train_nproc_live_workers_report(client, admin,
+                                                                              session):
+    from app.db import session_scope
+    from app.services import workers
+
+    fsdp = {"parallelism": "fsdp", "finetune": "full", "prompts_per_iteration": 3}
+    # no worker has reported yet: accepted (it waits; a worker may start with any TRAIN_NPROC)
+    assert _post(client, admin, "train", fsdp, "tiny").status_code == 201
+    with session_scope() as s:
+        workers.report(s, "two-gpus", ["gpu"], 2, ["NVIDIA H100"] * 2, train_nproc=2)
+        workers.report(s, "cpu-only", ["cpu"], 0, [], train_nproc=1)  # not the train queue
+    r = _post(client, admin, "train", fsdp, "tiny")
+    assert r.status_code == 422 and _fields(r) == ["prompts_per_iteration"], r.text
+    message = _errors(r)["prompts_per_iteration"]
+    assert "two-gpus (2)" in message and "cpu-only" not in message and "'ddp'" in message
+    # every error at once: a second host doubles the world to 4, which 3 does not fit either
+    r = _post(client, admin, "train", {**fsdp, "train_nnodes": 2, "learning_rate": -1}, "tiny")
+    assert r.status_code == 422 and set(_fields(r)) >= {"learning_rate", "prompts_per_iteration"}
+    # what fits 2 processes is taken, and so is 'ddp' (it uses as many processes as fit)
+    assert _post(client, admin, "train", {**fsdp, "prompts_per_iteration": 4},
+                 "tiny").status_code == 201
+    assert _post(client, admin, "train", {**fsdp, "parallelism": "ddp"}, "tiny").status_code == 201
+    # one live worker that fits is enough
+    with session_scope() as s:
+        workers.report(s, "one-gpu", ["gpu"], 1, ["NVIDIA H100"], train_nproc=1)
+    assert _post(client, admin, "train", fsdp, "tiny").status_code == 201
+    # the worker process reports its own TRAIN_NPROC
+    from worker.tasks import report_worker
+
+    report_worker("reporting", ["gpu"])
+    session.expire_all()
+    from app.config import get_settings
+    from app.models import WorkerRow
+
+    assert session.get(WorkerRow, "reporting").train_nproc == get_settings().train_nproc
