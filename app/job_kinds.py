@@ -27,7 +27,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from app.limits import MAX_CONFIG_PROMPTS, MAX_ID
+from app.limits import EVALUATE_MAX_CHECKPOINTS, MAX_CONFIG_PROMPTS, MAX_ID
 from trainer.config import (  # one bound for every seed, one rule for sampling batches
     MAX_RESOLUTION,
     MAX_SEED,
@@ -199,8 +199,15 @@ class EvaluateConfig(SamplingConfig):
     cross-checkpoint votes, reward means are stored on each checkpoint (the leaderboard)."""
 
     checkpoint_ids: list[Annotated[int, Field(ge=1, le=MAX_ID)]] = Field(
-        min_length=1, max_length=64, description="Distinct checkpoints: each is scored with "
+        min_length=1, max_length=EVALUATE_MAX_CHECKPOINTS, description="Distinct checkpoints: each is scored with "
         "the rewards; two or more also give cross-checkpoint pairs to vote on.")
+    include_base: bool = Field(False, description="Also sample and score the base model the "
+                               "checkpoints were fine-tuned from (their model and model "
+                               "directory, without their weights), on the same prompts and "
+                               "seeds: it joins the leaderboard as a checkpoint named 'base "
+                               "<model> (<directory>)', and the arena pairs it with each "
+                               "checkpoint. Put first in checkpoint_ids at submission; the "
+                               "checkpoints must share one base.")
     dataset_id: int | None = Field(None, ge=1, le=MAX_ID, description="Dataset whose "
                                    "`split` prompts are evaluated when `prompts` is empty; "
                                    "neither given: the shapes world's 48 prompts, for the "

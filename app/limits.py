@@ -22,3 +22,6 @@ MAX_BOOTSTRAP = 2000
 # prompts a job's config may list itself (more belong in an uploaded dataset): a config is
 # stored whole on its job and returned in every job listing
 MAX_CONFIG_PROMPTS = 10_000
+# checkpoints one evaluate job samples (its include_base's base among them): each is a model
+# load and a full pass over the prompts and seeds
+EVALUATE_MAX_CHECKPOINTS = 64

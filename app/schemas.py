@@ -401,7 +401,9 @@ class CheckpointOut(ORM):
     scores: Annotated[dict[str, CheckpointScore], BeforeValidator(_no_scores_is_empty)] = Field(
         default_factory=dict, description="Automatic-reward evaluation by reward name; a "
         "later evaluate job with the same reward replaces its entry.")
-    download_url: str = ""
+    download_url: str = Field("", description="Its weights file; empty for a base model's row "
+                              "(format 'base:<model>', from an evaluate job's include_base): "
+                              "the model directory itself, no file of its own.")
 
 
 class Rating(BaseModel):

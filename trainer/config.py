@@ -425,9 +425,9 @@ class StudioArguments:
                                "must be a multiple of it; each host runs up to its "
                                "TRAIN_NPROC processes, as many as split its share of the "
                                "prompts evenly (a 'fsdp' job all of them: the studio refuses "
-                               "one that no live worker's TRAIN_NPROC fits, and a job that "
-                               "meets such a worker later fails saying so). 1: one host "
-                               "alone.", min=1, max=1024, group="studio")
+                               "one whose prompts no reported TRAIN_NPROC splits, and a "
+                               "host whose TRAIN_NPROC does not fit fails it saying so). 1: "
+                               "one host alone.", min=1, max=1024, group="studio")
 
 
 # Explicit text-direction controls (embeddings, overrides, isolates): in a prompt they

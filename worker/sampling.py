@@ -94,10 +94,12 @@ def sampling_spec(cfg: SamplingConfig, checkpoint_id: int | None) -> ModelSpec:
     else:
         try:
             with session_scope() as s:
-                path = checkpoints.checkpoint_file(s, checkpoint_id)
+                ckpt = checkpoints.get_checkpoint(s, checkpoint_id)
+                base = checkpoints.base_spec(ckpt) if checkpoints.is_base(ckpt) else None
+                path = checkpoints.stored_file(ckpt) if base is None else None
         except NotFound as exc:  # its files went after submission checked them
             raise JobError(exc.message) from None
-        spec = checkpoint_spec(path)
+        spec = base if base is not None else checkpoint_spec(path)
     if uses_model_directory(spec.name):
         spec.path = str(model_directory(spec.name, cfg.model_path or spec.path))
     if cfg.resolution:
@@ -334,12 +336,30 @@ def storage_label(path: str) -> str:
     return str(full.relative_to(root)) if full.is_relative_to(root) else str(full)
 
 
+def like_for_like(cfg: EvaluateConfig, specs: dict[int, ModelSpec], bases: set[int]) -> None:
+    """A base model among fine-tuned checkpoints samples at their resolution, guidance and
+    precision (where the job sets none), so that a (prompt, seed) of the two is one picture
+    drawn by each: the base's row knows only its model and directory."""
+    tuned = [spec for cid, spec in specs.items() if cid not in bases]
+    if not tuned:
+        return
+    for cid in bases & specs.keys():
+        spec = specs[cid]
+        if not cfg.resolution:
+            spec.resolution = tuned[0].resolution
+        if cfg.guidance_scale is None:
+            spec.guidance_scale = tuned[0].guidance_scale
+        spec.mixed_precision = tuned[0].mixed_precision
+
+
 def run_evaluate(job_id: int, worker_name: str) -> str:
     with session_scope() as s:
         job = jobs.get_job(s, job_id)
         cfg = EvaluateConfig.from_stored(job.config)
         history = {m.iteration: m.metrics for m in jobs.metric_history(s, job_id)}
-        ckpts = [(c, checkpoints.get_checkpoint(s, c).iteration) for c in cfg.checkpoint_ids]
+        rows = [checkpoints.get_checkpoint(s, c) for c in cfg.checkpoint_ids]
+        ckpts = [(c.id, c.iteration) for c in rows]
+        bases = {c.id for c in rows if checkpoints.is_base(c)}
     if cfg.prompts:
         prompts, source = list(cfg.prompts), "the job's prompts"
     elif cfg.dataset_id:
@@ -363,6 +383,7 @@ def run_evaluate(job_id: int, worker_name: str) -> str:
                   if "preference" in names else None)
     # every checkpoint's model directory checked before the first loads
     specs = {ckpt_id: sampling_spec(cfg, ckpt_id) for ckpt_id, _ in ckpts}
+    like_for_like(cfg, specs, bases)
     pairs = [(p, seed) for p in prompts for seed in cfg.seeds]
     summary: dict[str, Any] = {}
     for row in history.values():

@@ -21,7 +21,8 @@ router = APIRouter(tags=["checkpoints"], route_class=StrictJSONRoute)
 
 def ckpt_out(c: Checkpoint) -> CheckpointOut:
     out = CheckpointOut.model_validate(c)
-    out.download_url = f"/api/checkpoints/{c.id}/download"
+    # a base model's row (an evaluate job's include_base) has no files of its own
+    out.download_url = "" if svc.is_base(c) else f"/api/checkpoints/{c.id}/download"
     return out
 
 

@@ -17,6 +17,51 @@ from app.models import Checkpoint, Job, utcnow
 from app.schemas import utc_text
 from app.services import storage
 
+# A base model's row: not a file a job wrote but the pretrained model itself (the shipped
+# shapes base, or a model directory under MODELS_DIR), so that an evaluate job scores it and
+# the arena pairs it with fine-tuned checkpoints like any other (`include_base`). Its format
+# names the model ("base:flux"), its path the model directory relative to MODELS_DIR ("" for
+# shapes); it has no job, no files and no download.
+BASE_FORMAT = "base:"
+
+
+def is_base(ckpt: Checkpoint) -> bool:
+    return ckpt.format.startswith(BASE_FORMAT)
+
+
+def base_model(ckpt: Checkpoint) -> tuple[str, str]:
+    """(model, model_path) of a base model's row."""
+    return ckpt.format.removeprefix(BASE_FORMAT), ckpt.path
+
+
+def base_name(model: str, model_path: str) -> str:
+    return f"base {model} ({model_path or 'shipped'})"
+
+
+def base_spec(ckpt: Checkpoint) -> Any:
+    """The trainer.models.ModelSpec a base model's row samples: the model at its directory
+    (relative to MODELS_DIR, as a job's model_path), no weights on top."""
+    from trainer.models import ModelSpec
+
+    model, path = base_model(ckpt)
+    return ModelSpec(name=model, path=path)
+
+
+def base_checkpoint(session: Session, model: str, model_path: str) -> Checkpoint:
+    """The row of the base model `model` (at `model_path`, relative to MODELS_DIR; "" for
+    shapes), recorded the first time it is asked for (flush, no commit)."""
+    format = f"{BASE_FORMAT}{model}"
+    found = session.scalar(select(Checkpoint).where(
+        Checkpoint.format == format, Checkpoint.path == model_path, Checkpoint.job_id.is_(None))
+        .order_by(Checkpoint.id).limit(1))
+    if found is not None:
+        return found
+    ckpt = Checkpoint(job_id=None, iteration=0, path=model_path, format=format,
+                      name=base_name(model, model_path)[:NAME_LENGTH])
+    session.add(ckpt)
+    session.flush()
+    return ckpt
+
 
 def record_checkpoint(session: Session, job_id: int | None, iteration: int, path: str,
                       format: str = "safetensors", parent_id: int | None = None,
@@ -55,7 +100,9 @@ def latest_checkpoint(session: Session, job_id: int) -> Checkpoint | None:
 
 def newest_paths(session: Session, limit: int) -> list[str]:
     """The storage paths of the `limit` newest recorded checkpoints, newest first."""
-    return list(session.scalars(select(Checkpoint.path).order_by(Checkpoint.id.desc())
+    return list(session.scalars(select(Checkpoint.path)
+                                .where(Checkpoint.format.not_like(f"{BASE_FORMAT}%"))
+                                .order_by(Checkpoint.id.desc())
                                 .limit(limit)))
 
 
@@ -86,7 +133,13 @@ def checkpoint_file(session: Session, checkpoint_id: int) -> Path:
 
 
 def stored_file(ckpt: Checkpoint) -> Path:
-    """`ckpt`'s weights file inside the storage directory (checkpoint_file's NotFound)."""
+    """`ckpt`'s weights file inside the storage directory (checkpoint_file's NotFound; a
+    base model's row has none)."""
+    if is_base(ckpt):
+        model, path = base_model(ckpt)
+        raise NotFound(f"checkpoint {ckpt.id} ({ckpt.name}) is the base model {model!r} "
+                       + (f"in {path!r} under MODELS_DIR" if path else "the project ships")
+                       + ": it has no files of its own to download", field="checkpoint_id")
     try:
         return storage.resolve(ckpt.path)
     except NotFound:
@@ -101,7 +154,10 @@ def files_missing(ckpt: Checkpoint) -> str:
 
 def files_problem(ckpt: Checkpoint) -> str | None:
     """files_missing's message when the checkpoint's weights file is gone, else None:
-    submission and resume say it rather than a worker failing on it."""
+    submission and resume say it rather than a worker failing on it. None for a base
+    model's row (its model directory is checked as a model_path is)."""
+    if is_base(ckpt):
+        return None
     try:
         stored_file(ckpt)
     except NotFound as exc:

@@ -46,7 +46,7 @@ from app.config import get_settings
 from app.errors import Conflict, Invalid, NotFound, Unavailable
 from app.job_kinds import KIND_NAMES, KINDS
 from app.json_values import lone_surrogate
-from app.limits import MAX_CONFIG_PROMPTS, MAX_ID
+from app.limits import EVALUATE_MAX_CHECKPOINTS, MAX_CONFIG_PROMPTS, MAX_ID
 from app.models import (
     FINISHED_JOB_STATUSES,
     ROLES,
@@ -396,11 +396,39 @@ def _checkpoint_specs(session: Session, ids: list[Any]) -> dict[int, Any]:
         ckpt = session.get(Checkpoint, cid) if 1 <= cid <= MAX_ID else None
         if ckpt is None:
             continue
+        if checkpoints.is_base(ckpt):
+            specs[cid] = checkpoints.base_spec(ckpt)
+            continue
         try:
             specs[cid] = checkpoint_spec(storage.resolve(ckpt.path))
         except (NotFound, OSError, ValueError):
             continue
     return specs
+
+
+def evaluate_base(session: Session, config: dict[str, Any]) -> tuple[str, str] | str:
+    """The base model an evaluate config's checkpoints share, as (model, model directory
+    relative to MODELS_DIR, "" for shapes), for `include_base`; or why there is none (they
+    were fine-tuned from different model directories, or a directory is not usable)."""
+    model = config.get("model") or "shapes"
+    specs = _checkpoint_specs(session, config.get("checkpoint_ids") or [])
+    if model == "shapes":
+        return model, ""
+    given = config.get("model_path") or ""
+    dirs: dict[str, list[int]] = {}
+    for cid, spec in specs.items():
+        try:
+            rel = storage.model_dir(given or spec.path).relative_to(
+                get_settings().resolved_models_dir.resolve()).as_posix()
+        except ValueError:
+            return (f"checkpoint {cid}'s model directory {spec.path!r} is not under "
+                    "MODELS_DIR; give model_path")
+        dirs.setdefault(rel, []).append(cid)
+    if len(dirs) != 1:
+        listed = "; ".join(f"{d!r}: checkpoint(s) {ids}" for d, ids in sorted(dirs.items()))
+        return ("the checkpoints were fine-tuned from different model directories ("
+                f"{listed}): evaluate one base's checkpoints, or give model_path")
+    return model, next(iter(dirs))
 
 
 def _check_resolution_limit(model: str, model_path: str, resolution: Any,
@@ -528,6 +556,13 @@ def _check_model(session: Session, kind: str, config: dict[str, Any], problems: 
             problems.append(("reward_names", problem))
     if kind == "evaluate":
         _check_evaluate_preference(session, config, model, problems)
+        if config.get("include_base") is True and not malformed & {
+                "checkpoint_ids", "model_path", "include_base"}:
+            if isinstance(base := evaluate_base(session, config), str):
+                problems.append(("include_base", base))
+            elif len(config.get("checkpoint_ids") or []) >= EVALUATE_MAX_CHECKPOINTS:
+                problems.append(("include_base", f"the base joins checkpoint_ids, which "
+                                 f"hold at most {EVALUATE_MAX_CHECKPOINTS}: name one fewer"))
 
 
 def _check_evaluate_preference(session: Session, config: dict[str, Any], model: str,
@@ -557,7 +592,7 @@ def _run_rollout_batch_size(session: Session, checkpoint_id: int) -> int:
     from trainer.models import config_rollout_batch_size, run_rollout_batch_size
 
     ckpt = session.get(Checkpoint, checkpoint_id)
-    if ckpt is None:
+    if ckpt is None or checkpoints.is_base(ckpt):  # a base model ran no rollouts
         return 0
     job = session.get(Job, ckpt.job_id) if ckpt.job_id is not None else None
     if job is None:
@@ -875,6 +910,12 @@ def create_job(session: Session, kind: str, config: dict[str, Any] | None = None
     if ds is not None and session.scalar(select(Dataset.id).where(Dataset.id == ds)
                                          .with_for_update(read=True)) is None:
         raise gone
+    if kind == "evaluate" and full.get("include_base"):
+        # the base's row (made the first time) goes first: the stored config is the job's
+        # whole plan, and a resumed job finds it where it was
+        model, model_path = evaluate_base(session, full)  # type: ignore[misc] - validated
+        base = checkpoints.base_checkpoint(session, model, model_path).id
+        full["checkpoint_ids"] = [base, *(c for c in full["checkpoint_ids"] if c != base)]
     job = Job(kind=kind, status=JobStatus.QUEUED, config=full, dataset_id=ds, submitted_dataset_id=ds,
               created_by_id=user.id if user else None, total_iterations=total)
     session.add(job)

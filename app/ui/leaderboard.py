@@ -180,27 +180,28 @@ def dataset_choices() -> list[tuple[str, int]]:
 # document, and both forms have a dataset_id.
 EVALUATE_FIELDS: dict[str, str] = {
     "checkpoint_ids": "Checkpoints", "seeds": "Seeds per prompt", "reward_names": "Rewards",
-    "dataset_id": "Held-out prompts", "split": "Split"}
+    "dataset_id": "Held-out prompts", "split": "Split", "include_base": "Include the base model"}
 SEEDS_LABEL = EVALUATE_FIELDS["seeds"]
 
 
 def launch_evaluate(enqueuer: Enqueuer | None, user_state: dict | None, ids: list[int] | None,
                     seeds: float | None, rewards: str | None = None,
-                    dataset_id: float | None = None, split: str | None = None
-                    ) -> tuple[int | None, dict[str, list[str]]]:
+                    dataset_id: float | None = None, split: str | None = None,
+                    include_base: bool = False) -> tuple[int | None, dict[str, list[str]]]:
     """Launch an evaluate job from the form's values: the job id, or None and every problem
     at once by config field (the service's `validate_config` finds them, as for
     POST /api/jobs). `rewards` is a comma-separated list of reward names (empty: the model's
     defaults); `dataset_id` (0 or None: the shapes world's prompts) and its `split` are the
     held-out prompts (a FLUX or SD3 checkpoint is evaluated on a dataset's, as the paper on
-    HPDv2's test set). A caller who may not launch raises, as anything not about the form."""
+    HPDv2's test set); `include_base` also samples the checkpoints' base model, which joins
+    the board. A caller who may not launch raises, as anything not about the form."""
     user = caller(user_state, KINDS["evaluate"].launch_role)
     found: dict[str, list[str]] = {}
     if not ids:
         found["checkpoint_ids"] = ["pick one checkpoint to score, or two or more to compare"]
     names = [n.strip() for n in (rewards or "").split(",") if n.strip()]
     config: dict[str, Any] = {"checkpoint_ids": [int(i) for i in ids or []],
-                              "reward_names": names}
+                              "reward_names": names, "include_base": bool(include_base)}
     try:
         # the field's own limits: 0 used to become 4 (`seeds or 4`), and -2 an empty list the
         # service then named ("seeds: ...") though the user typed a count
@@ -225,7 +226,8 @@ def launch_evaluate(enqueuer: Enqueuer | None, user_state: dict | None, ids: lis
     return None, found
 
 
-def launched_html(job_id: int, n_checkpoints: int) -> str:
+def launched_html(job_id: int, n_checkpoints: int, include_base: bool = False) -> str:
+    n_checkpoints += bool(include_base)
     pairs = ("; its images go to the arena as cross-checkpoint pairs" if n_checkpoints > 1
              else "")
     return (f'<div class="ngs-notice ngs-ok" id="evaluate-launched" data-job="{job_id}">'
@@ -239,17 +241,17 @@ def _label(field: str) -> str:
 
 def evaluate(enqueuer: Enqueuer | None, user_state: dict | None, ids: list[int] | None,
              seeds: float | None, rewards: str | None = None, dataset_id: float | None = None,
-             split: str | None = None) -> str:
+             split: str | None = None, include_base: bool = False) -> str:
     """`launch_evaluate` as one notice: the job launched, or every problem after its field's
     label (`data-field` holds the config field). The page's form shows each problem beside
     its field instead (`evaluate_form`)."""
     try:
         job_id, found = launch_evaluate(enqueuer, user_state, ids, seeds, rewards, dataset_id,
-                                        split)
+                                        split, include_base)
     except Exception as exc:  # noqa: BLE001
         return notice(error_text(exc), "error")
     if job_id is not None:
-        return launched_html(job_id, len(ids or []))
+        return launched_html(job_id, len(ids or []), include_base)
     problems = "; ".join(f'<span data-field="{esc(f)}">{esc(_label(f))}</span>: {esc(m)}'
                          for f, messages in found.items() for m in messages)
     return f'<div class="ngs-notice ngs-error">{problems}</div>'
@@ -257,7 +259,8 @@ def evaluate(enqueuer: Enqueuer | None, user_state: dict | None, ids: list[int] 
 
 def evaluate_form(enqueuer: Enqueuer | None, user_state: dict | None, ids: list[int] | None,
                   seeds: float | None, rewards: str | None = None,
-                  dataset_id: float | None = None, split: str | None = None) -> list[str]:
+                  dataset_id: float | None = None, split: str | None = None,
+                  include_base: bool = False) -> list[str]:
     """What "Evaluate these checkpoints" shows: the status line, then one error box per
     EVALUATE_FIELDS entry, in its order. Every problem shows at once beside its field, and
     the status line names the fields by their labels; a problem with a field the form does
@@ -265,11 +268,11 @@ def evaluate_form(enqueuer: Enqueuer | None, user_state: dict | None, ids: list[
     blank = ["" for _ in EVALUATE_FIELDS]
     try:
         job_id, found = launch_evaluate(enqueuer, user_state, ids, seeds, rewards, dataset_id,
-                                        split)
+                                        split, include_base)
     except Exception as exc:  # noqa: BLE001
         return [notice(error_text(exc), "error"), *blank]
     if job_id is not None:
-        return [launched_html(job_id, len(ids or [])), *blank]
+        return [launched_html(job_id, len(ids or []), include_base), *blank]
     boxed = [_label(f) for f in EVALUATE_FIELDS if f in found]
     others = [f"{f}: {m}" for f, messages in found.items() if f not in EVALUATE_FIELDS
               for m in messages]
@@ -328,6 +331,11 @@ def build_leaderboard(user: gr.State, tab: gr.Tab | None = None,
                 pick = gr.CheckboxGroup([], label=EVALUATE_FIELDS["checkpoint_ids"],
                                         elem_id="leaderboard-ckpts")
                 error_box("checkpoint_ids")
+                with_base = gr.Checkbox(False, label=EVALUATE_FIELDS["include_base"],
+                                        info="sample the model they were fine-tuned from too: "
+                                        "it joins the board and the arena's pairs",
+                                        elem_id="leaderboard-include-base")
+                error_box("include_base")
             # ngs-field: a text or number field with an error beside it takes the red border
             # (common.CSS), as the job form's do
             with gr.Column(elem_classes=["ngs-field"]):
@@ -368,7 +376,8 @@ def build_leaderboard(user: gr.State, tab: gr.Tab | None = None,
         if tab is not None:
             tab.select(board_shown, [user, bootstrap], board_outputs, show_progress="hidden",
                        api_visibility="private")
-        go.click(lambda u, i, n, r, d, sp: evaluate_form(enqueuer, u, i, n, r, d, sp),
-                 [user, pick, seeds, rewards, prompt_set, split],
+        go.click(lambda u, i, n, r, d, sp, b=False: evaluate_form(enqueuer, u, i, n, r, d, sp,
+                                                                  b),
+                 [user, pick, seeds, rewards, prompt_set, split, with_base],
                  [status, *[errors[f] for f in EVALUATE_FIELDS]], api_visibility="private")
     return page

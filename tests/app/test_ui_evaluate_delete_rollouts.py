@@ -68,6 +68,16 @@ def test_evaluate_form_shows_every_error_at_once_beside_its_field(admin, enqueue
     out = button.fn(_token(admin), [ck], 2, "count", ds, "all")
     assert 'id="evaluate-launched"' in out[0] and not any(out[1:])
     assert [kind for _, kind in enqueuer.calls] == ["evaluate"]
+    # "Include the base model" ticked: the base's row joins the job's checkpoints
+    assert [i.elem_id for i in button.inputs][-1] == "leaderboard-include-base"
+    out = button.fn(_token(admin), [ck], 2, "count", ds, "all", True)
+    assert "for 2 checkpoint(s)" in out[0] and not any(out[1:])
+    from app.models import Checkpoint, Job
+
+    session.expire_all()
+    job = session.get(Job, int(out[0].split('data-job="')[1].split('"')[0]))
+    assert job.config["include_base"] and job.config["checkpoint_ids"][1] == ck
+    assert session.get(Checkpoint, job.config["checkpoint_ids"][0]).format == "base:shapes"
 
 
 def test_evaluate_notice_names_fields_by_their_labels(admin, enqueuer, session):

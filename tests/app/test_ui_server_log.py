@@ -61,22 +61,22 @@ def test_an_input_a_component_cannot_take_is_one_log_line_a_handler_error_a_trac
     url, blocks = served
     # the leaderboard's Evaluate: its checkpoint picker given null (the example was the
     # bootstrap slider given null; it is a number field now, whose handler checks anything)
-    inputs = ["state", "checkboxgroup", "number", "textbox", "dropdown", "radio"]
+    inputs = ["state", "checkboxgroup", "number", "textbox", "dropdown", "radio", "checkbox"]
     evaluate = _fn_index(blocks, "<lambda>", inputs)
-    _join(url, evaluate, [None, None, 4, "", 0, "eval"], "bad-input")
+    _join(url, evaluate, [None, None, 4, "", 0, "eval", False], "bad-input")
     reply = _stream(url, "bad-input")
     assert "Could not preprocess input component at index 1" in reply  # the page still learns why
     log = _log_after(capfd)
     assert "Traceback" not in log
     assert [r.getMessage() for r in caplog.records if r.name == "app.ui"] == [
         "refused the inputs of UI event '<lambda>': 'Could not preprocess input component at "
-        "index 1 (a `checkboxgroup` component) of the event handler with input components: [state, checkboxgroup, number, textbox, dropdown, radio].'"]
+        "index 1 (a `checkboxgroup` component) of the event handler with input components: [state, checkboxgroup, number, textbox, dropdown, radio, checkbox].'"]
 
     def broken_handler(*args):  # a real bug in a handler, reached with valid inputs
         raise RuntimeError("the handler itself failed")
 
     blocks.fns[evaluate].fn = broken_handler
-    _join(url, evaluate, [None, [], 4, "", 0, "eval"], "handler-error")
+    _join(url, evaluate, [None, [], 4, "", 0, "eval", False], "handler-error")
     _stream(url, "handler-error")
     log = _log_after(capfd)
     assert "Traceback" in log and "RuntimeError: the handler itself failed" in log

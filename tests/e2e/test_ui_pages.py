@@ -10,7 +10,7 @@ from stored_checkpoints import stored_checkpoint
 from ui_helpers import login, screenshot, seed_groups
 
 from app.db import session_scope
-from app.models import Sample, User
+from app.models import Checkpoint, Job, Sample, User
 from app.services import checkpoints, datasets, votes
 
 
@@ -203,8 +203,16 @@ def test_leaderboard_page(server, page):
     assert sorted(means) == ["0.710", "0.780", "0.840"]
     page.locator("#leaderboard-ckpts").get_by_text("demo-it0").click()
     page.locator("#leaderboard-ckpts").get_by_text("demo-it60").click()
+    page.locator("#leaderboard-include-base input").check()
     page.locator("#leaderboard-evaluate").click()
-    page.locator("#evaluate-launched").wait_for()
+    launched = page.locator("#evaluate-launched")
+    launched.wait_for()
+    # "Include the base model": the base's row is the job's first checkpoint
+    assert "for 3 checkpoint(s)" in launched.inner_text()
+    with session_scope() as s:
+        job = s.get(Job, int(launched.get_attribute("data-job")))
+        assert job.config["include_base"]
+        assert s.get(Checkpoint, job.config["checkpoint_ids"][0]).format == "base:shapes"
     screenshot(page, "leaderboard")
 
 
