@@ -59,7 +59,7 @@ from trainer.rewards.preference import (
     expected_calibration_error,
     fit_preference_model,
 )
-from trainer.rewards.shapes import foreground_mask
+from trainer.rewards.shapes import foreground_mask, picture_objects, same_objects
 from trainer.shapes.world import all_prompts
 from trainer.solvers import rollout
 
@@ -129,10 +129,16 @@ except ImportError:  # a bare GPU box with only the trainer's dependencies: the 
 
 def near_identical_pairs(group: np.ndarray) -> np.ndarray:
     """(G, G) bool: which members of one group (G, 32, 32, 3) the server would never pair,
-    as app.services.votes.near_identical judges them (fewer than 1% of pixels differ)."""
+    as app.services.votes.near_identical judges them (fewer than 1% of pixels differ, or the
+    same objects in the same places: trainer.rewards.shapes.same_objects)."""
     g = group.astype(np.int16)
     differs = np.abs(g[:, None] - g[None, :]).max(-1) > PIXEL_TOLERANCE
-    return differs.mean((-1, -2)) < NEAR_IDENTICAL_FRACTION
+    alike = differs.mean((-1, -2)) < NEAR_IDENTICAL_FRACTION
+    objects = [picture_objects(image) for image in group]
+    for i, j in itertools.combinations(range(len(group)), 2):
+        if not alike[i, j] and same_objects(objects[i], objects[j]):
+            alike[i, j] = alike[j, i] = True
+    return alike
 
 
 class Campaign:

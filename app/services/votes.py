@@ -51,6 +51,7 @@ from app.schemas import (
     utc_text,
 )
 from trainer.rewards.outcomes import OUTCOMES, TARGET_A
+from trainer.rewards.shapes import PictureObject, picture_objects, same_objects
 
 log = logging.getLogger(__name__)
 
@@ -132,14 +133,25 @@ NEAR_IDENTICAL_FRACTION = 0.01
 
 
 class _ImageCache:
-    """image path -> (32, 32, 3) int16 array, bounded (rollout images never change)."""
+    """image path -> its (32, 32, 3) int16 array and, for a shapes-world picture (drawn at
+    32x32 itself, not downsampled to it), its objects; bounded (rollout images never change)."""
 
     def __init__(self, max_size: int = 8192) -> None:
         self.max_size = max_size
-        self._items: dict[str, np.ndarray | None] = {}
+        self._items: dict[str, tuple[np.ndarray, list[PictureObject] | None] | None] = {}
         self._lock = threading.Lock()
 
     def get(self, rel_path: str) -> np.ndarray | None:
+        entry = self._entry(rel_path)
+        return entry[0] if entry is not None else None
+
+    def objects(self, rel_path: str) -> list[PictureObject] | None:
+        """The shapes-world objects of the image (None: not a 32x32 shapes picture
+        (`picture_objects`), or unreadable)."""
+        entry = self._entry(rel_path)
+        return entry[1] if entry is not None else None
+
+    def _entry(self, rel_path: str) -> tuple[np.ndarray, list[PictureObject] | None] | None:
         from PIL import Image
 
         from app.services import storage
@@ -152,20 +164,25 @@ class _ImageCache:
         key = str(path)  # absolute: one process may serve several storage roots (tests)
         if key in self._items:
             return self._items[key]
+        entry: tuple[np.ndarray, list[PictureObject] | None] | None
         try:
             with Image.open(path) as img:
                 img = img.convert("RGB")
-                if img.size != (COMPARE_SIZE, COMPARE_SIZE):
+                native = img.size == (COMPARE_SIZE, COMPARE_SIZE)
+                if not native:
                     img = img.resize((COMPARE_SIZE, COMPARE_SIZE), Image.Resampling.BOX)
-                arr: np.ndarray | None = np.asarray(img, dtype=np.int16)
+                arr = np.asarray(img, dtype=np.int16)
+            # a real model's image downsampled has blobs of a palette colour by chance: only
+            # the shapes world's own canvases are read as objects
+            entry = (arr, picture_objects(arr.astype(np.uint8)) if native else None)
         except Exception as exc:  # noqa: BLE001 - a missing or broken file is never "identical"
             log.warning("cannot compare image %s: %s", rel_path, exc)
-            arr = None
+            entry = None
         with self._lock:
             if len(self._items) >= self.max_size:
                 self._items.clear()
-            self._items[key] = arr
-        return arr
+            self._items[key] = entry
+        return entry
 
     def clear(self) -> None:
         with self._lock:
@@ -185,8 +202,15 @@ def differing_fraction(a_path: str, b_path: str) -> float | None:
 
 
 def near_identical(a_path: str, b_path: str) -> bool:
+    """Whether two images look the same: fewer than NEAR_IDENTICAL_FRACTION of their pixels
+    differ, or they are shapes-world pictures of the same objects in the same places
+    (trainer.rewards.shapes.same_objects: a few edge pixels apart can be more than 1%)."""
     frac = differing_fraction(a_path, b_path)
-    return frac is not None and frac < NEAR_IDENTICAL_FRACTION
+    if frac is None:
+        return False
+    if frac < NEAR_IDENTICAL_FRACTION:
+        return True
+    return same_objects(_images.objects(a_path), _images.objects(b_path))
 
 
 def _pick(session: Session, annotator_id: int, rng: random.Random,

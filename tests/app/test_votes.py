@@ -579,3 +579,45 @@ def test_a_session_id_with_hidden_characters_is_refused(client, annotator, make_
         assert r.status_code == 422 and r.json()["field"] == "session_id", r.text
     assert session.scalar(select(func.count()).select_from(Vote)) == 0
     assert vote(client, annotator, pair, session_id="tab-7").status_code == 201
+
+
+def test_a_shapes_picture_of_the_same_objects_a_pixel_over_is_nearly_identical(settings):
+    """Neighbours of one noise that drew one picture differ in edge pixels: over 1% of them
+    for a square a pixel over, which the pixel rule alone offered as a pair. A shapes-world
+    picture (32x32 as drawn) of the same objects in the same places is not offered; one
+    object recoloured or moved further is; a larger image (another model's, downsampled to
+    compare) is judged by its pixels alone."""
+    from PIL import Image
+
+    from app.db import session_scope
+    from app.models import Sample
+    from app.services import votes as svc
+    from app.services.rollouts import record_rollout_group
+
+    def png(image: Image.Image) -> bytes:
+        buf = io.BytesIO()
+        image.save(buf, format="PNG")
+        return buf.getvalue()
+
+    def large(corner: int) -> bytes:
+        image = Image.new("RGB", (64, 64), "white")
+        image.paste((220, 38, 38), (8, corner, 22, corner + 14))
+        return png(image)
+
+    blue = Image.new("RGB", (32, 32), "white")
+    blue.paste((37, 99, 235), (4, 5, 11, 12))
+    images = [_red_squares([(4, 4)]), _red_squares([(4, 5)]), _red_squares([(4, 8)]),
+              png(blue), large(8), large(10)]
+    with session_scope() as s:
+        record_rollout_group(s, job_id=None, iteration=0, prompt_text="one red square",
+                             solver="dpm++", steps=8, sigma=0.3, seed=1, purpose="rollout",
+                             samples=[{"png": p, "member_index": i, "rewards": {}}
+                                      for i, p in enumerate(images)])
+    with session_scope() as s:
+        paths = [r.image_path for r in s.scalars(select(Sample).order_by(Sample.id))]
+    assert svc.differing_fraction(paths[0], paths[1]) == 14 / 1024 > svc.NEAR_IDENTICAL_FRACTION
+    assert svc.near_identical(paths[0], paths[1])  # the same square, a pixel over
+    assert not svc.near_identical(paths[0], paths[2])  # four pixels over: moved
+    assert not svc.near_identical(paths[1], paths[3])  # the same place, another colour
+    assert svc.differing_fraction(paths[4], paths[5]) > svc.NEAR_IDENTICAL_FRACTION
+    assert not svc.near_identical(paths[4], paths[5])  # 64 px: pixels alone decide

@@ -147,6 +147,13 @@ def test_campaigns_never_pair_nearly_identical_images_as_the_server_does():
     pool[0, 2, 20:26, 20:26] = COLORS["red"]  # a second square: clearly different
     assert hitl.near_identical_pairs(pool[0]).tolist() == [
         [True, True, False], [True, True, False], [False, False, True]]
+    # the same square a pixel over: 12 of 1,024 pixels apart (over 1%), the same picture
+    moved = pool[0].copy()
+    moved[1] = BACKGROUND
+    moved[1, 5:11, 4:10] = COLORS["red"]
+    assert hitl.near_identical_pairs(moved)[0, 1]
+    moved[1, 5:11, 4:10] = COLORS["blue"]  # recoloured: another picture
+    assert not hitl.near_identical_pairs(moved)[0, 1]
     campaign = hitl.Campaign("left", seed=0, tie_band=0.05)
     campaign.set_pool(pool, ["one red square"], None)
     campaign.scores = np.array([[0.0, 0.0, 2.0]])  # (0, 1) has margin 0: least sure
