@@ -411,9 +411,9 @@ def evaluate_base(session: Session, config: dict[str, Any]) -> tuple[str, str] |
     relative to MODELS_DIR, "" for shapes), for `include_base`; or why there is none (they
     were fine-tuned from different model directories, or a directory is not usable)."""
     model = config.get("model") or "shapes"
-    specs = _checkpoint_specs(session, config.get("checkpoint_ids") or [])
-    if model == "shapes":
+    if model == "shapes":  # one base, shipped: no checkpoint file needs reading
         return model, ""
+    specs = _checkpoint_specs(session, config.get("checkpoint_ids") or [])
     given = config.get("model_path") or ""
     dirs: dict[str, list[int]] = {}
     for cid, spec in specs.items():

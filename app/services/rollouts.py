@@ -13,7 +13,7 @@ from app.errors import Invalid, NotFound
 from app.job_kinds import PURPOSES
 from app.models import Checkpoint, Job, Prompt, RolloutGroup, Sample
 from app.services import storage
-from app.services.checkpoints import BASE_FORMAT
+from app.services.checkpoints import is_base
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -204,7 +204,7 @@ def source_label(purpose: str, job_id: int | None, iteration: int,
     """Where a sample's image came from, in words: "training job N iteration I" (a train
     job's own rollouts), "checkpoint C of job N" (sampled from a checkpoint by a rollout or
     evaluate job; N is the checkpoint's training job) or "base model"."""
-    if checkpoint is not None and checkpoint.format.startswith(BASE_FORMAT):
+    if checkpoint is not None and is_base(checkpoint):
         return f"base model: {checkpoint.name.removeprefix('base ')} (#{checkpoint.id})"
     if checkpoint is not None:
         owner = f" of job {checkpoint.job_id}" if checkpoint.job_id is not None else ""
