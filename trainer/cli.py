@@ -749,9 +749,13 @@ def _model_spec(args: argparse.Namespace):
     if uses_model_directory(spec.name) and not spec.path:
         raise ConfigError("--model-path", f"--model {spec.name} needs --model-path, its "
                           "diffusers-format directory")
-    for option in ("resolution", "guidance_scale"):
+    for option in ("resolution", "guidance_scale", "mixed_precision"):
         if getattr(args, option, None) is not None:
             setattr(spec, option, getattr(args, option))
+    if spec.mixed_precision == "bf16" and not uses_model_directory(spec.name):
+        # as TrainConfig refuses it: the shapes model has no bf16 path (it would be ignored)
+        raise ConfigError("--mixed-precision", f"the {spec.name} model samples in fp32; use "
+                          "'auto' or 'no' ('bf16' is for flux and sd3)")
     # the rule TrainConfig and the studio's jobs apply to resolution (the shapes model's
     # images are its latents, drawn at the world's one size whatever is asked)
     if (problem := resolution_problem(spec.name, spec.resolution,
@@ -1143,6 +1147,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     result["setting"] = {"model": spec.name, "model_path": spec.path or None,
                          "resolution": spec.resolution or "the model's default",
                          "guidance_scale": spec.guidance_scale if real else None,
+                         "mixed_precision": spec.mixed_precision if real else None,
                          "solver": args.solver, "steps": args.steps,
                          "preference_model": (str(Path(args.preference_model).resolve())
                                               if args.preference_model else None)}
@@ -1243,6 +1248,10 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--guidance-scale", type=non_negative_float, default=None,
                         help="FLUX.1-dev guidance / SD3 CFG scale (default: the checkpoint's "
                         "run, else 3.5)")
+    parser.add_argument("--mixed-precision", choices=["auto", "no", "bf16"], default=None,
+                        help="weights and compute dtype, as the train config's mixed_precision: "
+                        "bf16, no (fp32), or auto (bf16 for flux / sd3 on CUDA, else fp32). "
+                        "Default: the checkpoint's run's, else auto")
     # < 1 is refused by the command (sampling_batch_size), as config field 'batch-size'
     parser.add_argument("--batch-size", type=int, default=None,
                         help="images solved and decoded per batch; the images do not change. "

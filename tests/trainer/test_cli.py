@@ -197,7 +197,7 @@ def test_evaluate_scores_held_out_prompts_with_any_rewards(tmp_path, tiny_clip_p
     # what it was measured with travels with the numbers
     assert result["setting"] == {"model": "shapes", "model_path": None,
                                  "resolution": "the model's default", "guidance_scale": None,
-                                 "solver": "dpm++", "steps": 2, "preference_model": None}
+                                 "mixed_precision": None, "solver": "dpm++", "steps": 2, "preference_model": None}
     for name in ("count", "clip_score"):
         assert f"mean {name}: " in proc.stderr
 

@@ -995,6 +995,42 @@ def test_a_sampled_checkpoint_loads_in_the_compute_dtype_without_gradients(flux_
     assert _model_spec(args).inference_only
 
 
+def test_sample_and_evaluate_take_the_runs_precision_unless_told_otherwise(flux_dev, lora_runs,
+                                                                          tmp_path, capsys):
+    """--mixed-precision, as the train config's field: left out, a checkpoint's run's (here
+    'auto', fp32 on the CPU); given, it decides the dtype the weights load in; evaluate's
+    JSON says which; the shapes model, which has no bf16 path, refuses bf16 in one line."""
+    from trainer.cli import _model_spec, build_parser
+
+    _, checkpoint = lora_runs["flux_dev"]
+    common = ["sample", "--checkpoint", str(checkpoint), "--prompts", "p.txt", "--out", "out"]
+    dtypes = {}
+    for given in (None, "bf16", "no"):
+        spec = _model_spec(build_parser().parse_args(
+            [*common, *(["--mixed-precision", given] if given else [])]))
+        assert spec.mixed_precision == (given or "auto")
+        model = load_flow_model(spec, device="cpu")
+        dtypes[given] = {p.dtype for n, p in model.transformer.named_parameters()
+                         if "lora" not in n}
+    assert dtypes == {None: {torch.float32}, "bf16": {torch.bfloat16}, "no": {torch.float32}}
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    out = tmp_path / "bf16.json"
+    assert cli_main(["evaluate", "--checkpoint", str(checkpoint), "--prompts-file", str(prompts),
+                     "--seeds", "1", "--steps", "1", "--device", "cpu", "--mixed-precision",
+                     "bf16", "--out", str(out)]) == 0, capsys.readouterr().err
+    assert json.loads(out.read_text())["setting"]["mixed_precision"] == "bf16"
+
+    capsys.readouterr()
+    assert cli_main(["sample", "--prompts", str(prompts), "--out", str(tmp_path / "shapes"),
+                     "--device", "cpu", "--mixed-precision", "bf16"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --mixed-precision: the shapes model samples in fp32; use 'auto' or 'no' "
+        "('bf16' is for flux and sd3)"]
+    assert not (tmp_path / "shapes").exists()
+
+
 @pytest.mark.parametrize(("variant", "method"), [("flux_dev", "neighbor"), ("sd3", "neighbor"),
                                                  ("flux_schnell", "sde"), ("sd3", "sde")])
 def test_micro_batches_give_the_same_update(variant, method, request):
