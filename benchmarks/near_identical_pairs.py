@@ -35,10 +35,11 @@ from trainer.solvers import rollout
 THRESHOLDS = (0.01, 0.015, 0.02, 0.03, 0.04, 0.05)
 
 
-def base_groups(seeds: int, group_size: int, device: str) -> np.ndarray:
-    """(groups, G, 32, 32, 3) uint8 from the shipped base."""
+def base_groups(seeds: int, group_size: int, device: str, prompts: int = 0) -> np.ndarray:
+    """(groups, G, 32, 32, 3) uint8 from the shipped base, for the first `prompts` shapes
+    prompts (0: all 48)."""
     model = load_flow_model(ModelSpec(name="shapes"), device=device)
-    prompts = all_prompts()
+    prompts = all_prompts()[:prompts or None]
     out = []
     for round_ in range(seeds):
         noise_seeds = [1000 + 500 * round_ + i for i in range(len(prompts))]
@@ -57,9 +58,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=2, help="groups per prompt")
     parser.add_argument("--group-size", type=int, default=12)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--prompts", type=int, default=0,
+                        help="the first N of the 48 shapes prompts (default 0: all of them)")
     args = parser.parse_args()
     start = time.perf_counter()
-    groups = base_groups(args.seeds, args.group_size, args.device)
+    groups = base_groups(args.seeds, args.group_size, args.device, args.prompts)
     fractions, same = [], []
     for group in groups:
         pixels = group.astype(np.int16)

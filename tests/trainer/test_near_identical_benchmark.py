@@ -18,10 +18,10 @@ def test_the_benchmark_counts_one_picture_pairs_the_pixel_rule_lets_through(monk
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     monkeypatch.setattr(sys, "argv", ["near_identical_pairs.py", "--seeds", "1",
-                                      "--group-size", "3"])
+                                      "--group-size", "4", "--prompts", "12"])
     module.main()
     summary = json.loads(capsys.readouterr().out.split("SUMMARY ", 1)[1])
-    assert (summary["groups"], summary["pairs"]) == (48, 48 * 3)
+    assert (summary["groups"], summary["pairs"]) == (12, 12 * 6)
     rows = {row["pixel_threshold"]: row for row in summary["thresholds"]}
     assert list(rows) == list(module.THRESHOLDS)
     skipped = [row["skipped"] for row in rows.values()]
@@ -30,3 +30,5 @@ def test_the_benchmark_counts_one_picture_pairs_the_pixel_rule_lets_through(monk
     assert summary["server_rule_skipped"] >= rows[0.01]["skipped"]
     assert summary["server_rule_skipped"] >= summary["same_picture_share"]
     assert summary["server_rule_same_picture_share_of_offered"] == 0.0
+    # which the pixel rule alone does not do (deterministic: fixed seeds, the shipped base)
+    assert rows[0.01]["same_picture_share_of_offered"] > 0.0
