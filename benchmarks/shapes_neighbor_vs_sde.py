@@ -154,7 +154,9 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
-    parser.add_argument("--ablations", action="store_true")
+    parser.add_argument("--ablations", nargs="*", choices=list(ABLATIONS), default=None,
+                        help="also run these ablations (with no names: all of them) on "
+                        "--ablation-seeds")
     parser.add_argument("--ablation-seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--learning-rate", type=float, default=None)
     parser.add_argument("--timing-iterations", type=int, default=20)
@@ -170,8 +172,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     variants = {k: METHODS[k] for k in args.methods}
-    if args.ablations:
-        variants.update(ABLATIONS)
+    if args.ablations is not None:
+        variants.update({k: ABLATIONS[k] for k in args.ablations or ABLATIONS})
     if args.learning_rate is not None:
         variants = {k: {**v, "learning_rate": args.learning_rate} for k, v in variants.items()}
 
@@ -193,8 +195,8 @@ def main() -> None:
     base_cmd = [sys.executable, __file__, "--out", str(out), "--iterations", str(args.iterations),
                 "--eval-every", str(args.eval_every), "--methods", *args.methods,
                 "--eval-prompts", str(args.eval_prompts), "--eval-seeds", str(args.eval_seeds)]
-    if args.ablations:
-        base_cmd.append("--ablations")
+    if args.ablations is not None:
+        base_cmd += ["--ablations", *args.ablations]
     if args.learning_rate is not None:
         base_cmd += ["--learning-rate", str(args.learning_rate)]
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}

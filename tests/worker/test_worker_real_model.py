@@ -2,8 +2,9 @@
 tiny FLUX.1-dev-like model under MODELS_DIR, submitted through the real HTTP API (uvicorn) and
 run by a real Celery worker; its rollout groups reach the arena (`GET /api/votes/next`) and take
 a vote; its checkpoint downloads as a diffusers-format LoRA; a rollout job samples that
-checkpoint; and a model directory that breaks after submission fails its job with the reason
-(the directory and the files it lacks), not a traceback. The tiny model is
+checkpoint; a model directory that breaks after submission fails its job with the reason
+(the directory and the files it lacks), not a traceback; and a LoRA job cancelled, then resumed
+through the API, goes on from its newest checkpoint. The tiny model is
 tests/tiny_diffusers.py's (`tiny_flux_path`, tests/conftest.py)."""
 
 from __future__ import annotations
@@ -183,3 +184,92 @@ def test_a_lora_job_on_a_tiny_flux_through_the_api_worker_and_arena(stack, tiny_
         assert group["checkpoint_id"] == newest["id"] and group["purpose"] == "rollout"
         assert len(group["samples"]) == 3
         assert all("jpeg_compressibility" in s["rewards"] for s in group["samples"])
+
+
+@pytest.mark.parametrize("stack", ["sqlite-fs"], indirect=True)
+def test_a_cancelled_lora_job_resumes_through_the_api_from_its_newest_checkpoint(
+        stack, tiny_flux_path):
+    """Cancelled at a checkpoint, resumed through the API: the run goes on from that checkpoint
+    (its LoRA loaded, iterations before it not redone) to a diffusers LoRA of the last one."""
+    import numpy as np
+    from safetensors import safe_open
+    from safetensors.numpy import load, load_file, save_file
+
+    from app.config import get_settings
+    from app.db import session_scope
+    from app.services import auth, checkpoints
+
+    models = get_settings().resolved_models_dir
+    models.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(tiny_flux_path, models / "tiny-flux")
+    with session_scope() as s:
+        _, token = auth.create_user(s, "admin", "admin")
+    admin = {"Authorization": f"Bearer {token}"}
+    client = _serve(stack)
+    stack.start_worker()
+    total = 3
+    r = client.post("/api/jobs", headers=admin, json={
+        "kind": "train", "preset": "tiny", "config": {**FLUX, "iterations": total}})
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+
+    # cancelled while it loads the model (seconds; an iteration takes a fraction of one): the
+    # iteration under way finishes with a checkpoint, then the job stops
+    wait_for(lambda: client.get(f"/api/jobs/{job_id}", headers=admin).json()["status"]
+             == "running", 60, "the job to start", stack)
+    r = client.post(f"/api/jobs/{job_id}/cancel", headers=admin)
+    assert r.status_code == 200, r.text
+    job = _finished(client, admin, job_id, 60, stack)
+    assert job["status"] == "cancelled", job["error"]
+    stopped = job["iteration"]
+    assert 1 <= stopped < total, stopped
+    before = job["metric_history"]
+    assert [m["iteration"] for m in before] == list(range(1, stopped + 1))
+    ckpts = client.get(f"/api/checkpoints?job_id={job_id}", headers=admin).json()["items"]
+    assert sorted(c["iteration"] for c in ckpts) == list(range(1, stopped + 1))
+    resumed_from = max(ckpts, key=lambda c: c["iteration"])
+    groups = client.get(f"/api/rollouts?job_id={job_id}", headers=admin).json()["items"]
+    kept_groups = {g["id"] for g in groups}
+
+    # a probe of the LoRA the resume loads: the newest checkpoint's lora_B moved by OFFSET, far
+    # more than the few updates left move them (the lr is 1e-6). A run that started again from
+    # the base model would end near the unmoved weights (it replays them: same seeds)
+    offset = 1e-4
+    with session_scope() as s:
+        path = checkpoints.checkpoint_file(s, resumed_from["id"])
+    with safe_open(str(path), framework="np") as f:
+        metadata = f.metadata()
+    probe = {k: v + offset if "lora_B" in k else v for k, v in load_file(path).items()}
+    save_file(probe, path, metadata=metadata)
+
+    r = client.post(f"/api/jobs/{job_id}/resume", headers=admin)
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "queued"
+    job = _finished(client, admin, job_id, 60, stack)
+    assert job["status"] == "succeeded", job["error"]
+    assert job["iteration"] == total and job["attempts"] == 1
+    assert (f"job {job_id} resumes from {path.parent} (iteration {stopped})"
+            in stack.logs[-1].read_text())
+
+    # (a) the metric history goes on from the checkpoint: the iterations before it were not
+    # run again (a rerun would re-record them with its own timings), each recorded once
+    after = job["metric_history"]
+    assert [m["iteration"] for m in after] == list(range(1, total + 1))
+    assert after[:stopped] == before
+    ckpts = client.get(f"/api/checkpoints?job_id={job_id}", headers=admin).json()["items"]
+    assert sorted(c["iteration"] for c in ckpts) == list(range(1, total + 1))
+    first_new = next(c for c in ckpts if c["iteration"] == stopped + 1)
+    assert first_new["parent_id"] == resumed_from["id"]  # its lineage runs through the resume
+    groups = client.get(f"/api/rollouts?job_id={job_id}", headers=admin).json()["items"]
+    assert len(groups) == 2 * total and kept_groups <= {g["id"] for g in groups}
+
+    # (b, c) the last checkpoint: a diffusers LoRA that went on from the probed one, changed
+    newest = max(ckpts, key=lambda c: c["iteration"])
+    r = client.get(newest["download_url"], headers=admin)
+    assert r.status_code == 200
+    final = load(r.content)
+    assert final.keys() == probe.keys() and any("lora_B" in k for k in final)
+    assert all(k.startswith("transformer.") for k in final)
+    assert any(not np.array_equal(final[k], probe[k]) for k in final)
+    drift = max(float(np.abs(final[k] - probe[k]).max()) for k in final)
+    assert drift < offset / 4, drift  # one or two updates from the probe, not from the base
