@@ -23,6 +23,12 @@ import numpy as np
 import pytest
 import torch
 from reward_server_helpers import ServerThread, held_reward
+from test_reward_models import (
+    needs_open_clip,
+    save_tiny_aesthetic,
+    save_tiny_hpsv2,
+    save_tiny_imagereward,
+)
 
 from trainer.config import PRESETS, ConfigErrors, TrainConfig
 from trainer.loop import Trainer
@@ -57,24 +63,76 @@ def _failing(images: np.ndarray, prompts: list[str]) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_clip_path, tmp_path_factory):
+def reward_models_root(tiny_clip_path, tmp_path_factory):
+    """The REWARD_MODELS_DIR of this module's servers and of its in-process scoring: one
+    setting, as they share the process (a reward reads it each time it scores). pickscore's
+    tiny CLIP is there from the start; model_server adds the other rewards' models."""
     root = tmp_path_factory.mktemp("reward_models")
     shutil.copytree(tiny_clip_path, root / "pickscore")
-    register_reward("test_slow", _slow_count)
-    register_reward("test_failing", _failing)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("REWARD_MODELS_DIR", str(root))
-        # a short wait keeps solo requests quick; the concurrency test queues its clients
-        # behind a slow request, so they are all waiting when the batch is gathered
-        app = create_app(SERVED, device="cpu", max_batch=64, max_wait_ms=30)
-        try:
-            with ServerThread(app) as running:
-                yield running
-        finally:
-            registry._REWARDS.pop("test_slow", None)
-            registry._REWARDS.pop("test_failing", None)
-            reward_models.configure_reward_models({}, "cpu")
-            reward_models.clear_cache()
+        yield root
+
+
+@pytest.fixture(scope="module")
+def server(reward_models_root):
+    register_reward("test_slow", _slow_count)
+    register_reward("test_failing", _failing)
+    # a short wait keeps solo requests quick; the concurrency test queues its clients
+    # behind a slow request, so they are all waiting when the batch is gathered
+    app = create_app(SERVED, device="cpu", max_batch=64, max_wait_ms=30)
+    try:
+        with ServerThread(app) as running:
+            yield running
+    finally:
+        registry._REWARDS.pop("test_slow", None)
+        registry._REWARDS.pop("test_failing", None)
+        reward_models.configure_reward_models({}, "cpu")
+        reward_models.clear_cache()
+
+
+# every model-backed reward the registry has (trainer/rewards/models.py)
+MODEL_REWARDS = sorted(reward_models.MODEL_REWARDS)
+
+
+def _save_tiny_clip_score(directory: Path) -> Path:
+    """clip_score's directory: a copy of pickscore's tiny CLIP whose two towers share their
+    projection and a common offset before it, so that image and text embeddings point one way
+    and every cosine is positive (56-68 as clip_score), as a trained CLIP's are. The random
+    CLIP's cosines of PROMPTS with the test's images are about 0 or negative, and clip_score,
+    100 * max(cos, 0), was 0 for most of them: equal scores that another reward's or other
+    images' zeros would have matched."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(directory.parent / "pickscore", directory)
+    weights = directory / "model.safetensors"
+    state = load_file(weights)
+    state["text_projection.weight"] = state["visual_projection.weight"].clone()
+    for norm in ("vision_model.post_layernorm.bias", "text_model.final_layer_norm.bias"):
+        state[norm] = state[norm] + 1.0
+    save_file(state, str(weights), metadata={"format": "pt"})
+    return directory
+
+
+@pytest.fixture(scope="module")
+def model_server(reward_models_root):
+    """A reward server of every model-backed reward, each a tiny random model saved in code in
+    its published layout under reward_models_root (tests/trainer/test_reward_models.py's
+    builders; nothing downloaded): about 2 s with open_clip's import. Its own server, not
+    `server`: the tests of `server` need hpsv2 to be a reward it does not serve."""
+    builders = {"hpsv2": save_tiny_hpsv2, "aesthetic": save_tiny_aesthetic,
+                "imagereward": save_tiny_imagereward, "clip_score": _save_tiny_clip_score,
+                "pickscore": lambda directory: directory}  # reward_models_root's own
+    assert sorted(builders) == MODEL_REWARDS, "a model-backed reward without a tiny model here"
+    for name, save in builders.items():
+        save(reward_models_root / name)
+    app = create_app(MODEL_REWARDS, device="cpu", max_wait_ms=0)
+    try:
+        with ServerThread(app) as running:
+            yield running
+    finally:
+        reward_models.configure_reward_models({}, "cpu")
+        reward_models.clear_cache()
 
 
 def _images(n: int, seed: int, size: int = 32) -> np.ndarray:
@@ -279,15 +337,34 @@ def test_health_names_the_rewards_and_device(server):
     assert health["device"] == "cpu"
 
 
-@pytest.mark.parametrize("names", [["count", "color", "jpeg_compressibility"], ["pickscore"]])
-def test_same_images_score_the_same_as_in_process(server, names):
-    images = _images(len(PROMPTS), seed=1)
+@pytest.mark.parametrize("served_by, names, size", [
+    pytest.param("server", ["count", "color", "jpeg_compressibility"], (32, 32), id="shapes"),
+    # (not the models' 32x32: each resizes and crops or pads as its reference does)
+    pytest.param("model_server", MODEL_REWARDS, (40, 48), id="models", marks=needs_open_clip),
+])
+def test_same_images_score_the_same_as_in_process(served_by, names, size, request):
+    """Exact, not close: the server scores a lone request's images in one call of the reward,
+    as compute_rewards does, on the same CPU with the same weights. In process the models are
+    loaded again from their files first (as a job's own process would), not the server's."""
+    server = request.getfixturevalue(served_by)
+    images = np.random.default_rng(1).integers(0, 256, (len(PROMPTS), *size, 3), dtype=np.uint8)
     served = RewardClient(server.url, timeout=30)(names, images, PROMPTS)
+    reward_models.clear_cache()
     local = compute_rewards(names, images, PROMPTS)
     assert list(served) == names
     for name in names:
         assert served[name].dtype == np.float64
-        np.testing.assert_array_equal(served[name], local[name])  # exact, not close
+        np.testing.assert_array_equal(served[name], local[name], err_msg=name)
+    # the scores are not one constant (each model's are four different numbers; of the
+    # shapes rewards on noise, color gives two images one score) and no two rewards score
+    # alike: a server that scored other images, in another order or with another reward
+    # would not match
+    for name in names:
+        different = len(np.unique(local[name]))
+        assert (different == len(PROMPTS) if served_by == "model_server" else different > 1), \
+            (name, local[name])
+        for other in names:
+            assert other == name or not np.allclose(served[name], local[other]), (name, other)
 
 
 def test_eight_concurrent_clients_are_batched_and_get_their_own_scores(server):
