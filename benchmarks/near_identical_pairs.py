@@ -35,11 +35,11 @@ from trainer.solvers import rollout
 THRESHOLDS = (0.01, 0.015, 0.02, 0.03, 0.04, 0.05)
 
 
-def base_groups(seeds: int, group_size: int, device: str, prompts: int = 0) -> np.ndarray:
-    """(groups, G, 32, 32, 3) uint8 from the shipped base, for the first `prompts` shapes
+def base_groups(seeds: int, group_size: int, device: str, prompt_count: int = 0) -> np.ndarray:
+    """(groups, G, 32, 32, 3) uint8 from the shipped base, for the first `prompt_count` shapes
     prompts (0: all 48)."""
     model = load_flow_model(ModelSpec(name="shapes"), device=device)
-    prompts = all_prompts()[:prompts or None]
+    prompts = all_prompts()[:prompt_count or None]
     out = []
     for round_ in range(seeds):
         noise_seeds = [1000 + 500 * round_ + i for i in range(len(prompts))]

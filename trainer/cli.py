@@ -752,8 +752,8 @@ def _model_spec(args: argparse.Namespace):
     for option in ("resolution", "guidance_scale", "mixed_precision"):
         if getattr(args, option, None) is not None:
             setattr(spec, option, getattr(args, option))
-    if spec.mixed_precision == "bf16" and not uses_model_directory(spec.name):
-        # as TrainConfig refuses it: the shapes model has no bf16 path (it would be ignored)
+    if spec.mixed_precision == "bf16" and spec.name == "shapes":
+        # TrainConfig's rule: the shapes model has no bf16 path (it would be ignored)
         raise ConfigError("--mixed-precision", f"the {spec.name} model samples in fp32; use "
                           "'auto' or 'no' ('bf16' is for flux and sd3)")
     # the rule TrainConfig and the studio's jobs apply to resolution (the shapes model's
@@ -1248,7 +1248,8 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--guidance-scale", type=non_negative_float, default=None,
                         help="FLUX.1-dev guidance / SD3 CFG scale (default: the checkpoint's "
                         "run, else 3.5)")
-    parser.add_argument("--mixed-precision", choices=["auto", "no", "bf16"], default=None,
+    precisions = TrainConfig.__dataclass_fields__["mixed_precision"].metadata["choices"]
+    parser.add_argument("--mixed-precision", choices=precisions, default=None,
                         help="weights and compute dtype, as the train config's mixed_precision: "
                         "bf16, no (fp32), or auto (bf16 for flux / sd3 on CUDA, else fp32). "
                         "Default: the checkpoint's run's, else auto")
