@@ -17,7 +17,7 @@ import textwrap
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from trainer.config import (
     PRESETS,
@@ -65,7 +65,7 @@ def positive_int(text: str) -> int:
     return value
 
 
-def _field_max(name: str) -> int:
+def _field_max(name: str) -> Any:
     """TrainConfig field `name`'s upper bound (its metadata's "max")."""
     import dataclasses
 
@@ -110,11 +110,15 @@ def finite_float(text: str) -> float:
     return _number(text, float)
 
 
-def non_negative_float(text: str) -> float:
-    """A finite float >= 0: a guidance scale (0 turns guidance off; below 0 means nothing)."""
+def guidance_scale(text: str) -> float:
+    """A guidance scale in the train config's guidance_scale range, [0, 100] (0 turns guidance
+    off; below 0 means nothing; `--guidance-scale 500` was taken where a run's config refuses
+    it)."""
     value = finite_float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    high = _field_max("guidance_scale")
+    if not 0 <= value <= high:
+        raise argparse.ArgumentTypeError(f"must be a finite number in [0, {high:g}] (the train "
+                                         f"config's guidance_scale range), got {text!r}")
     return value
 
 
@@ -1107,6 +1111,8 @@ def _raise_problems(problems: list[ConfigError]) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    import torch
+
     from trainer.evaluation import EVAL_SEEDS, evaluate
     from trainer.models import load_flow_model, uses_model_directory
 
@@ -1139,7 +1145,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     seeds = tuple(range(args.seeds)) if args.seeds else EVAL_SEEDS
     result = evaluate(model, prompts, seeds=seeds, solver=args.solver, steps=args.steps,
                       rewards=rewards, batch_size=batch_size, scorer=scorer)
-    result["checkpoint"] = str(args.checkpoint or "base")
+    # absolute: the JSON is read later, from other directories
+    result["checkpoint"] = str(Path(args.checkpoint).absolute()) if args.checkpoint else "base"
     result["batch_size"] = batch_size
     result["prompts"] = args.prompts_file or "the shapes prompts"
     # what the numbers were measured with, so two result files can be told apart
@@ -1148,6 +1155,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                          "resolution": spec.resolution or "the model's default",
                          "guidance_scale": spec.guidance_scale if real else None,
                          "mixed_precision": spec.mixed_precision if real else None,
+                         # what it came to ('auto' is bf16 on CUDA, fp32 on a CPU), so a CPU
+                         # result and a bf16 GPU one are told apart
+                         "dtype": str(model.compute_dtype or torch.float32).removeprefix("torch."),
                          "solver": args.solver, "steps": args.steps,
                          "preference_model": (str(Path(args.preference_model).resolve())
                                               if args.preference_model else None)}
@@ -1245,7 +1255,7 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resolution", type=positive_int, default=None, help="image side in "
                         "pixels (default: the checkpoint's run, else the model's; shapes: 32 "
                         "only)")
-    parser.add_argument("--guidance-scale", type=non_negative_float, default=None,
+    parser.add_argument("--guidance-scale", type=guidance_scale, default=None,
                         help="FLUX.1-dev guidance / SD3 CFG scale (default: the checkpoint's "
                         "run, else 3.5)")
     precisions = TrainConfig.__dataclass_fields__["mixed_precision"].metadata["choices"]
@@ -1339,8 +1349,67 @@ def fit_fields_epilog() -> str:
     return "fit fields (--set KEY=VALUE):\n" + "\n".join(lines)
 
 
+# a value argparse refused: parsing goes on to find the other options' mistakes
+_REFUSED = object()
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that says every option it refuses at once: a wrong --steps no longer hides a
+    wrong --seeds behind it (each was found only after the one before was fixed). Type and
+    choice errors are collected while parsing and said together, one `error:` line each,
+    after argparse's usage line, with its exit status 2. Subcommands' parsers are of this
+    class too (add_subparsers makes them of the parent's)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.refused: list[str] = []
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        try:
+            return super()._get_value(action, arg_string)
+        except argparse.ArgumentError as exc:
+            self.refused.append(str(exc))
+            return _REFUSED
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if value is _REFUSED:
+            return
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as exc:
+            self.refused.append(str(exc))
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed = super().parse_known_args(args, namespace)
+        if self.refused:
+            self.error(self.refused.pop())
+        return parsed
+
+    def error(self, message: str) -> NoReturn:
+        lines, self.refused = [*self.refused, message], []
+        self.print_usage(sys.stderr)
+        for line in dict.fromkeys(lines):
+            sys.stderr.write(f"{self.prog}: error: {line}\n")
+        sys.exit(2)
+
+
+class _Once(argparse.Action):
+    """An option a command takes once (--checkpoint of sample and evaluate): given twice,
+    argparse kept the last and dropped the first without a word, so `evaluate --checkpoint
+    A --checkpoint B` scored B alone."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        earlier = getattr(namespace, self.dest, None)
+        if earlier is not None and isinstance(parser, _Parser):
+            parser.refused.append(
+                f"argument {option_string}: given more than once ({earlier}, {values}); "
+                f"{parser.prog} takes one: run it once for each")
+        setattr(namespace, self.dest, values)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
+    parser = _Parser(prog="python -m trainer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     train_help = "Neighbor GRPO or the SDE baseline (model shapes, flux or sd3)"
@@ -1366,7 +1435,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sample_help = "deterministic ODE sampling, one PNG per (prompt, seed)"
     sample = sub.add_parser("sample", help=sample_help, description=sample_help)
-    sample.add_argument("--checkpoint", help="a checkpoint directory (checkpoints/iter-N) or a "
+    sample.add_argument("--checkpoint", action=_Once, help="a checkpoint directory (checkpoints/iter-N) or a "
                         "shapes model.safetensors; left out: the base model alone")
     sample.add_argument("--prompts", required=True, help="prompts file: .txt (one per line), "
                         ".jsonl with a \"prompt\" field, or .json (an array of strings or of "
@@ -1380,7 +1449,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate_help = ("each reward's mean over prompts x seeds (default: the shapes rewards and "
                      "exact-count accuracy, 48x20)")
     evaluate = sub.add_parser("evaluate", help=evaluate_help, description=evaluate_help)
-    evaluate.add_argument("--checkpoint", help="as for sample; left out: the base model")
+    evaluate.add_argument("--checkpoint", action=_Once, help="as for sample; left out: the base model")
     evaluate.add_argument("--out", help="also write the JSON here")
     evaluate.add_argument("--rewards", default=None, help="comma-separated reward names, e.g. "
                           "hpsv2,pickscore,clip_score,aesthetic (default: count, exact_count, "

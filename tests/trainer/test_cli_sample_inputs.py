@@ -260,3 +260,30 @@ def test_every_malformed_set_is_named_with_the_fields_problems(
         "error: --set: x=...: key 'a' given twice in one object (which value is meant?)"]
     assert len(lines) == 4 and f"'{field.split('=')[0]}'" in lines[3], lines
     assert not (tmp_path / "o").exists()
+
+
+def test_every_option_argparse_refuses_is_said_at_once(prompts: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A wrong --steps no longer hides a wrong --seeds and --guidance-scale behind it."""
+    out = tmp_path / "o"
+    lines = _errors(["sample", "--seeds", "0", "--steps", "0", "--guidance-scale", "500",
+                     "--model", "dalle", "--prompts", str(prompts), "--out", str(out)], capsys)
+    assert [line.split("error: argument ")[1].split(":")[0] for line in lines] == [
+        "--seeds", "--steps", "--guidance-scale", "--model"], lines
+    assert "must be a finite number in [0, 100]" in lines[2]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["sample", "evaluate"])
+def test_a_checkpoint_given_twice_is_refused_not_dropped(command: str, prompts: Path,
+                                                        tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse kept the last --checkpoint: `evaluate --checkpoint A --checkpoint B` scored B
+    alone and said nothing of A."""
+    extra = ["--prompts", str(prompts), "--out", str(tmp_path / "o")] \
+        if command == "sample" else ["--out", str(tmp_path / "e.json")]
+    lines = _errors([command, "--checkpoint", "runs/a", "--checkpoint", "runs/b", *extra],
+                    capsys)
+    assert len(lines) == 1 and "argument --checkpoint: given more than once (runs/a, runs/b)" \
+        in lines[0], lines
+    assert not (tmp_path / "o").exists() and not (tmp_path / "e.json").exists()

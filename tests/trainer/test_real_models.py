@@ -1020,7 +1020,12 @@ def test_sample_and_evaluate_take_the_runs_precision_unless_told_otherwise(flux_
     assert cli_main(["evaluate", "--checkpoint", str(checkpoint), "--prompts-file", str(prompts),
                      "--seeds", "1", "--steps", "1", "--device", "cpu", "--mixed-precision",
                      "bf16", "--out", str(out)]) == 0, capsys.readouterr().err
-    assert json.loads(out.read_text())["setting"]["mixed_precision"] == "bf16"
+    setting = json.loads(out.read_text())["setting"]
+    assert (setting["mixed_precision"], setting["dtype"]) == ("bf16", "bfloat16")
+    assert cli_main(["evaluate", "--checkpoint", str(checkpoint), "--prompts-file", str(prompts),
+                     "--seeds", "1", "--steps", "1", "--device", "cpu", "--out", str(out)]) == 0
+    setting = json.loads(out.read_text())["setting"]
+    assert (setting["mixed_precision"], setting["dtype"]) == ("auto", "float32")  # on a CPU
 
     capsys.readouterr()
     assert cli_main(["sample", "--prompts", str(prompts), "--out", str(tmp_path / "shapes"),
