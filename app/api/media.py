@@ -73,10 +73,14 @@ class HeadersOnly(Response):
 
 
 def as_requested(request: Request, response: Response) -> Response:
-    """`response` for GET; for HEAD, its headers only (see HeadersOnly)."""
-    if request.method == "HEAD" and not isinstance(response, FileResponse):
-        return HeadersOnly(response)
-    return response
+    """`response` for GET; for HEAD, its headers only (see HeadersOnly). A generated download
+    (an export, a zip) is made anew for each request, whole: it says `Accept-Ranges: none`
+    (RFC 9110 §14.3), so a download manager does not ask for a part, get the whole body
+    with a 200 and take it for one."""
+    if isinstance(response, FileResponse):
+        return response
+    response.headers["Accept-Ranges"] = "none"
+    return HeadersOnly(response) if request.method == "HEAD" else response
 
 
 def add_head_route(router: APIRouter, path: str, endpoint: Callable[..., Any], *,

@@ -116,6 +116,24 @@ def test_a_range_header_that_is_not_a_bytes_range_is_ignored(client, annotator, 
     assert client.get(url, headers={"Range": "bytes=0-3"}).status_code == 401
 
 
+@pytest.mark.parametrize(("which", "query"), [d for d in DOWNLOADS if d[0] in (
+    "dataset_export", "votes_export") or d[1] == "?format=zip"])
+def test_a_generated_download_says_it_takes_no_ranges(client, admin, stored, which, query):
+    """An export or a zip is made whole for each request: a Range gets the whole body with a
+    200 (never a 206 of a body that is not the part), and every answer says
+    `Accept-Ranges: none`, so a download manager does not ask for parts."""
+    url = getattr(stored, which) + query
+    whole = client.get(url, headers=admin)
+    assert whole.status_code == 200 and whole.headers["accept-ranges"] == "none"
+    for value in ("bytes=0-3", "bytes=999999999-"):
+        for method in ("GET", "HEAD"):
+            r = client.request(method, url, headers={**admin, "Range": value})
+            assert r.status_code == 200 and r.headers["accept-ranges"] == "none", (value, method)
+            assert "content-range" not in r.headers
+    # a stored file takes them, as before
+    assert client.get(stored.checkpoint, headers=admin).headers["accept-ranges"] == "bytes"
+
+
 def test_each_head_route_has_its_own_operation_id(client):
     """One route of two methods would give GET and HEAD one id in the schema."""
     spec = client.get("/openapi.json").json()
