@@ -20,6 +20,7 @@ from collections.abc import Callable, Coroutine
 from contextvars import ContextVar
 from types import UnionType
 from typing import Any, Union, get_args, get_origin
+from urllib.parse import unquote_to_bytes
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
@@ -114,7 +115,8 @@ def query_checker(
         unknown = [k for k in distinct if k not in declared]
         # FastAPI keeps the last of `?dataset_id=1&dataset_id=2` without a word
         repeated = [k for k in distinct if k in single and keys.count(k) > 1]
-        if not unknown and not repeated:
+        not_text = _not_utf8(request.scope.get("query_string", b""))
+        if not unknown and not repeated and not not_text:
             return []
         from app.api.deps import refused_caller
 
@@ -124,9 +126,29 @@ def query_checker(
                     for k in unknown]
         problems += [{"field": k, "message": f"given {keys.count(k)} times; this "
                       "parameter takes one value"} for k in repeated]
+        problems += [{"field": k[:100], "message": "must be UTF-8 text: its percent-encoded "
+                      "bytes are not (e.g. %E9 for é is Latin-1; UTF-8 writes it %C3%A9)"}
+                     for k in not_text if k not in unknown]
         return problems
 
     return check
+
+
+def _not_utf8(query_string: bytes) -> list[str]:
+    """The names of the query parameters whose name or value, percent-decoded, is not UTF-8.
+    Starlette decodes such bytes to U+FFFD without a word, so `?q=caf%E9` searched for
+    'caf\ufffd' and matched a prompt holding that character (a NUL is refused likewise,
+    by the parameter's own check)."""
+    bad = []
+    for pair in query_string.split(b"&"):
+        name, _, value = pair.partition(b"=")
+        try:
+            decoded = unquote_to_bytes(name.replace(b"+", b" ")).decode("utf-8")
+            unquote_to_bytes(value.replace(b"+", b" ")).decode("utf-8")
+        except UnicodeDecodeError:
+            decoded = unquote_to_bytes(name.replace(b"+", b" ")).decode("utf-8", "replace")
+            bad.append(decoded)
+    return list(dict.fromkeys(bad))
 
 
 def _query_params(route: APIRoute) -> dict[str, bool]:

@@ -914,6 +914,25 @@ def test_a_bad_query_string_is_named_beside_the_requests_other_problems(client, 
     assert client.post("/api/users?x=1", json={}).status_code == 401  # the caller's first
 
 
+def test_a_query_value_that_is_not_utf8_is_refused_not_replaced(client, admin, make_group):
+    """`?q=caf%E9` (Latin-1) was decoded to 'caf\ufffd' and matched a prompt holding that
+    character; `?prompt=%ff` answered an empty list as if it were a search."""
+    make_group()
+    r = client.post("/api/datasets", headers=admin, files={
+        "file": ("p.txt", "caf\ufffd menu\none red circle\n".encode(), "text/plain")})
+    assert r.status_code == 201, r.text
+    for url, field in (("/api/prompts?q=caf%E9", "q"), ("/api/rollouts?prompt=%ff", "prompt")):
+        r = client.get(url, headers=admin)
+        assert r.status_code == 422, (url, r.text)
+        assert set(_errors(r)) == {field}, r.text
+        assert "must be UTF-8 text" in _errors(r)[field]
+    assert client.get("/api/prompts?q=caf%E9").status_code == 401  # the caller's first
+    # UTF-8 still searches: 'é' is %C3%A9, and the replacement character is a character too
+    assert client.get("/api/prompts?q=caf%C3%A9", headers=admin).json()["total"] == 0
+    r = client.get("/api/prompts?q=caf%EF%BF%BD", headers=admin)
+    assert r.status_code == 200 and r.json()["total"] == 1, r.text
+
+
 def test_a_query_parameter_the_route_does_not_take_is_refused(client, admin, annotator,
                                                               make_group):
     """`?jobid=1` (job_id misspelt) answered with every rollout, `?fmt=csv` with JSONL:
