@@ -44,10 +44,13 @@ def test_a_train_job_out_of_memory_fails_saying_what_to_change(client, admin):
     # a resume may change how much runs at once, not what the run computes; every problem
     # of the body is named in one 422, and the job is left as it was
     r = client.post(f"/api/jobs/{job_id}/resume", headers=admin, json={"config": {
-        "train_batch_size": -1, "learning_rate": 1e-3, "group_size": 8}})
+        "train_batch_size": -1, "learning_rate": 1e-3, "group_size": 8, "bogus": 1}})
     assert r.status_code == 422, r.text
-    assert {e["field"] for e in r.json()["errors"]} == {"config.learning_rate",
-                                                        "config.group_size"}, r.json()
+    errors = {e["field"]: e["message"] for e in r.json()["errors"]}
+    assert set(errors) == {"config.learning_rate", "config.group_size", "config.bogus",
+                           "config.train_batch_size"}, r.json()
+    assert errors["config.bogus"].startswith("unknown field; these can change on resume: ")
+    assert errors["config.group_size"].startswith("cannot change on resume")
     r = client.post(f"/api/jobs/{job_id}/resume", headers=admin,
                     json={"config": {"train_batch_size": -1}})
     assert r.status_code == 422 and r.json()["field"] == "config.train_batch_size", r.text
