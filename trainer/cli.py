@@ -745,6 +745,11 @@ def _model_spec(args: argparse.Namespace):
     if bare_lora and not (args.model and uses_model_directory(args.model)):
         raise ConfigError("--model", f"{checkpoint} is a diffusers LoRA without its run's "
                               "state: name its base with --model (flux or sd3) and --model-path")
+    if spec is not None and spec.name and args.model and args.model != spec.name:
+        # applied anyway, another model's LoRA loaded wherever its layer names matched
+        raise ConfigError("--model", f"{checkpoint} is a checkpoint of model {spec.name!r}, "
+                          f"not {args.model!r}: leave --model out (the checkpoint's run's is "
+                          "taken) or give a checkpoint of that model")
     spec = spec or ModelSpec(args.model or "shapes")
     # the command line names the model and where it lives on this machine; the rest of the
     # options (LoRA rank, resolution, guidance) come from the checkpoint's run

@@ -54,7 +54,12 @@ def moved_model_problem(model: str, old: str, new: str, checkpoint: Path | None
     checkpoint's (a full fine-tune's); a LoRA run whose old directory has gone checks that
     every adapted layer is in the new transformer (the loader checks the shapes again). A new
     directory that is missing or incomplete is the model directory check's to say."""
-    from trainer.models import LORA_WEIGHTS, safetensors_header, transformer_layer_names
+    from trainer.models import (
+        LORA_WEIGHTS,
+        lora_down_modules,
+        safetensors_header,
+        transformer_layer_names,
+    )
 
     fresh = _transformer_config(new)
     if fresh is None:
@@ -75,8 +80,7 @@ def moved_model_problem(model: str, old: str, new: str, checkpoint: Path | None
     if lora is None or not lora.is_file() or layers is None:
         return None
     try:
-        adapted = {k.removeprefix("transformer.").removesuffix(".lora_A.weight")
-                   for k in safetensors_header(lora) if k.endswith(".lora_A.weight")}
+        adapted = set(lora_down_modules(safetensors_header(lora)))
     except (OSError, ValueError):
         return None
     if missing := sorted(adapted - layers):

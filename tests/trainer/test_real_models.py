@@ -619,6 +619,15 @@ def test_cli_samples_flux_with_and_without_a_checkpoint(flux_dev, lora_runs, tmp
                      str(tmp_path / "none"), "--device", "cpu"]) == 2
     assert "model-path" in capsys.readouterr().err
     assert not (tmp_path / "none").exists()
+    # an SD3 run's checkpoint under --model flux: refused, not applied to FLUX wherever the
+    # tiny models' layer names happen to match
+    _, sd3_checkpoint = lora_runs["sd3"]
+    assert cli_main([*common, "--checkpoint", str(sd3_checkpoint), "--out",
+                     str(tmp_path / "other")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: --model: {sd3_checkpoint} is a checkpoint of model 'sd3', not 'flux': leave "
+        "--model out (the checkpoint's run's is taken) or give a checkpoint of that model")
+    assert not (tmp_path / "other").exists()
 
 
 def test_cli_samples_a_checkpoint_alone_and_a_taken_away_lora(flux_dev, lora_runs, tmp_path,
@@ -706,6 +715,41 @@ def test_cli_samples_a_lora_file_as_the_checkpoint_download_names_it(flux_dev, l
     assert cli_main([*common, "--out", str(tmp_path / "no")]) == 2
     err = capsys.readouterr().err
     assert "diffusers LoRA" in err and "--model" in err and not (tmp_path / "no").exists()
+
+
+def test_a_lora_in_diffusers_older_key_format_samples_as_the_same_lora(flux_dev, lora_runs,
+                                                                       tmp_path, capsys):
+    """A LoRA whose tensors are named as diffusers' convert_state_dict_to_diffusers names them
+    (`.lora.down.weight` / `.lora.up.weight`, which load_lora_weights reads) was refused as
+    another model's LoRA; it samples what the same LoRA in peft's names does."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from trainer.models import LORA_WEIGHTS, bare_lora_spec
+
+    _, checkpoint = lora_runs["flux_dev"]
+    with safe_open(str(checkpoint / LORA_WEIGHTS), "pt") as f:
+        metadata = f.metadata()
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    renamed = {k.replace(".lora_A.weight", ".lora.down.weight")
+               .replace(".lora_B.weight", ".lora.up.weight"): v
+               for k, v in load_file(str(checkpoint / LORA_WEIGHTS)).items()}
+    assert not any("lora_A" in k or "lora_B" in k for k in renamed)
+    save_file(renamed, str(legacy / LORA_WEIGHTS), metadata=metadata)
+    trained, spec = checkpoint_spec(checkpoint), bare_lora_spec(legacy)
+    assert (spec.lora_rank, spec.lora_alpha, spec.lora_target_modules) == \
+        (trained.lora_rank, trained.lora_alpha, sorted(trained.lora_target_modules))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    out = tmp_path / "out"
+    assert cli_main(["sample", "--prompts", str(prompts), "--seeds", "1", "--resolution",
+                     str(SIZE), "--steps", "2", "--device", "cpu", "--model", "flux",
+                     "--model-path", str(flux_dev), "--checkpoint", str(legacy),
+                     "--out", str(out)]) == 0, capsys.readouterr().err
+    images = np.stack([np.asarray(Image.open(f)) for f in sorted(out.glob("*.png"))])
+    expected = sample_images(load_checkpoint_model(checkpoint), PROMPTS, [0, 0], "dpm++", 2)
+    assert np.abs(images.astype(int) - expected.astype(int)).max() <= 1
 
 
 # ---------------------------------------------------------------------------------------

@@ -438,14 +438,43 @@ def checkpoint_spec(path: str | Path) -> ModelSpec:
     return ModelSpec(name="shapes", weights=str(path))
 
 
+# diffusers' older LoRA key format (what convert_state_dict_to_diffusers writes, and
+# load_lora_weights still reads): `<module>.lora.down.weight` / `.lora.up.weight` for peft's
+# `<module>.lora_A.weight` / `.lora_B.weight`
+_LEGACY_LORA_SUFFIXES = {".lora.down.weight": ".lora_A.weight", ".lora.up.weight": ".lora_B.weight"}
+
+
+def peft_lora_key(key: str) -> str:
+    """A LoRA tensor's name as peft keys it: one in diffusers' older format (`lora.down` /
+    `lora.up`) renamed, any other as it is. A LoRA another tool saved that way loads as
+    load_lora_weights loads it (it was refused as "another model's" LoRA)."""
+    for old, new in _LEGACY_LORA_SUFFIXES.items():
+        if key.endswith(old):
+            return key[:-len(old)] + new
+    return key
+
+
+def lora_down_modules(keys: Any) -> dict[str, str]:
+    """The transformer layers a diffusers LoRA file adapts, from its tensors' names (`keys`,
+    e.g. its safetensors header): {layer: the key of its down (lora_A) matrix}, in either key
+    format."""
+    modules = {}
+    for key in keys:
+        name = peft_lora_key(key)
+        if name.startswith("transformer.") and name.endswith(".lora_A.weight"):
+            modules[name.removeprefix("transformer.").removesuffix(".lora_A.weight")] = key
+    return modules
+
+
 def _is_diffusers_lora(path: Path) -> bool:
     """Whether the safetensors file `path` holds a transformer LoRA as diffusers saves one
-    (keys 'transformer.<module>.lora_A.weight'), from its header alone."""
+    (keys 'transformer.<module>.lora_A.weight', or the older '.lora.down.weight'), from its
+    header alone."""
     try:
         header = safetensors_header(path)
     except (OSError, ValueError):
         return False
-    return any(k.startswith("transformer.") and k.endswith(".lora_A.weight") for k in header)
+    return bool(lora_down_modules(header))
 
 
 def lora_weights_path(path: str | Path) -> Path:
@@ -492,12 +521,11 @@ def bare_lora_spec(directory: str | Path) -> ModelSpec:
     holds no LoRA layers of a transformer."""
     lora = lora_weights_path(directory)
     header = safetensors_header(lora)
-    down = {k.removeprefix("transformer.").removesuffix(".lora_A.weight"): v["shape"]
-            for k, v in header.items()
-            if k.startswith("transformer.") and k.endswith(".lora_A.weight")}
+    down = {module: header[key]["shape"] for module, key in lora_down_modules(header).items()}
     if not down:
         raise ValueError(f"{lora} holds no transformer LoRA layers (keys "
-                         "'transformer.<module>.lora_A.weight', as diffusers saves them)")
+                         "'transformer.<module>.lora_A.weight', as diffusers saves them, or "
+                         "diffusers' older '.lora.down.weight')")
     rank = int(next(iter(down.values()))[0])
     spec = ModelSpec(name="", weights=str(directory), finetune="lora", lora_rank=rank,
                      lora_alpha=float(rank), lora_target_modules=sorted(down))
@@ -595,10 +623,7 @@ def starting_weights_problem(spec: ModelSpec, directory: str | Path) -> str | No
                 f"adapters have rank {spec.lora_rank} (lora_rank)")
     if (problem := lora_alpha_problem(lora.lora_alpha, spec.lora_alpha)) is not None:
         return f"{directory / LORA_WEIGHTS} {problem}"
-    header = safetensors_header(directory / LORA_WEIGHTS)
-    modules = sorted({k.removeprefix("transformer.").removesuffix(".lora_A.weight")
-                      for k in header if k.startswith("transformer.")
-                      and k.endswith(".lora_A.weight")})
+    modules = sorted(lora_down_modules(safetensors_header(directory / LORA_WEIGHTS)))
     from trainer.config import DEFAULT_LORA_TARGETS
 
     targets = list(spec.lora_target_modules) or list(DEFAULT_LORA_TARGETS)

@@ -375,8 +375,10 @@ class DiffusersFlowModel(FlowModel):
                                         "checkpoint); this run has finetune='lora'")
             from peft import set_peft_model_state_dict
 
-            state = {k.removeprefix("transformer."): v for k, v in load_file(str(lora)).items()
-                     if k.startswith("transformer.")}
+            from trainer.models import peft_lora_key
+
+            state = {peft_lora_key(k).removeprefix("transformer."): v
+                     for k, v in load_file(str(lora)).items() if k.startswith("transformer.")}
             # checked here: set_peft_model_state_dict's load_state_dict would fail on a shape
             # with a RuntimeError listing hundreds of tensors, which says neither why nor which
             # file
