@@ -404,25 +404,31 @@ def model_card(trainer: Trainer) -> str:
     # counts (iteration, passes) exactly: .4g writes 12345 as 1.234e+04
     rows = "\n".join(f"| {k} | {v if isinstance(v, int) else format(v, '.4g')} |"
                      for k, v in sorted(metrics.items()))
+    pipeline = {"flux": "FluxPipeline", "sd3": "StableDiffusion3Pipeline"}.get(
+        config.model, "DiffusionPipeline")
+    # sampled as it was trained: a pipeline's own defaults differ (SD3's CFG 7.0 against
+    # the 4.5 a run may have trained with), and the model learned at this scale and size
+    side = config.resolution or DIFFUSERS_DEFAULT_RESOLUTION
+    guidance = f", guidance_scale={config.guidance_scale}" if config.model != "shapes" else ""
+    # where the card's directory ends up (a download, a copy) is the reader's: one line to set
+    here = 'checkpoint = "path/to/this/directory"  # where this README.md is\n'
+    sample = (f'image = pipe("a prompt", height={side}, width={side}{guidance}).images[0]\n'
+              f"```\n\nTrained with rollouts of {config.rollout_steps} steps; the pipeline's "
+              "own step count gives sharper images at more cost.")
     if config.finetune == "lora":
-        pipeline = {"flux": "FluxPipeline", "sd3": "StableDiffusion3Pipeline"}.get(
-            config.model, "DiffusionPipeline")
-        # sampled as it was trained: a pipeline's own defaults differ (SD3's CFG 7.0 against
-        # the 4.5 a run may have trained with), and the LoRA learned at this scale and size
-        side = config.resolution or DIFFUSERS_DEFAULT_RESOLUTION
-        guidance = f", guidance_scale={config.guidance_scale}" if config.model != "shapes" else ""
-        usage = (f"```python\nfrom diffusers import {pipeline}\n\npipe = {pipeline}."
-                 f"from_pretrained({config.model_path!r})\npipe.load_lora_weights(\"this "
-                 f"directory\")\nimage = pipe(\"a prompt\", height={side}, width={side}"
-                 f"{guidance}).images[0]\n```\n\nTrained with rollouts of "
-                 f"{config.rollout_steps} steps; the pipeline's own step count gives sharper "
-                 "images at more cost.")
+        usage = (f"```python\nfrom diffusers import {pipeline}\n\n{here}pipe = {pipeline}."
+                 f"from_pretrained({config.model_path!r})\npipe.load_lora_weights(checkpoint)\n"
+                 + sample)
     elif config.model == "shapes":
         usage = "`python -m trainer sample --checkpoint THIS_DIRECTORY --prompts FILE --out DIR`"
     else:
-        usage = ("The trained transformer is in `transformer/`: load it with "
-                 "`from_pretrained(this_directory, subfolder=\"transformer\")` and put it in "
-                 "the base pipeline.")
+        transformer = {"flux": "FluxTransformer2DModel", "sd3": "SD3Transformer2DModel"}.get(
+            config.model, "AutoModel")
+        usage = (f"The trained transformer is in `transformer/`, the rest is the base's:\n\n"
+                 f"```python\nfrom diffusers import {pipeline}, {transformer}\n\n{here}"
+                 f"transformer = {transformer}.from_pretrained(checkpoint, "
+                 f"subfolder=\"transformer\")\npipe = {pipeline}.from_pretrained("
+                 f"{config.model_path!r}, transformer=transformer)\n" + sample)
     return f"""# {config.model} {config.finetune} fine-tune, Neighbor GRPO studio
 
 - base model: `{config.model}` from `{base}`{continued}

@@ -330,6 +330,21 @@ def test_full_finetune_checkpoint_restores_the_transformer(flux_dev, tmp_path):
     # its model card names the checkpoint it continued from beside the base model
     card = model_card(restarted)
     assert f"from `{flux_dev}`\n- continued from the checkpoint `{checkpoint}`" in card
+    # the card's snippet runs as it is, once its one line says where the directory is
+    ran = run_card_snippet((checkpoint / "README.md").read_text(), checkpoint)
+    _assert_same_state(ran["transformer"], trainer.model.transformer)
+    assert ran["image"].size == (SIZE, SIZE)
+
+
+def run_card_snippet(card: str, checkpoint: Path) -> dict:
+    """The python block of a checkpoint's model card, run with its checkpoint line pointing
+    at `checkpoint`: its variables (pipe, image, ...)."""
+    code = card.split("```python\n", 1)[1].split("\n```", 1)[0]
+    placeholder = 'checkpoint = "path/to/this/directory"'
+    assert code.count(placeholder) == 1, code
+    scope: dict = {}
+    exec(code.replace(placeholder, f"checkpoint = {str(checkpoint)!r}"), scope)
+    return scope
 
 
 @pytest.mark.parametrize("method", ["neighbor", "sde"])
@@ -804,6 +819,8 @@ def test_cli_trains_a_flux_lora_the_stock_pipeline_loads_and_resumes_it(cli_flux
                 f'width={saved["resolution"] or 512}, guidance_scale={saved["guidance_scale"]})'
                 in card), card
         assert f"{int(name.split('-')[1])} of 2 iterations" in card
+    ran = run_card_snippet(card, directory)  # the LoRA card's snippet runs as it is
+    assert ran["image"].size == (saved["resolution"], saved["resolution"])
     metrics = [json.loads(line) for line in
                (cli_flux_run / "metrics.jsonl").read_text().splitlines()]
     assert [m["iteration"] for m in metrics] == [1, 2]
