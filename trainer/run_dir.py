@@ -56,10 +56,17 @@ def moved_model_problem(model: str, old: str, new: str, checkpoint: Path | None
     directory that is missing or incomplete is the model directory check's to say."""
     from trainer.models import (
         LORA_WEIGHTS,
+        directory_model,
         lora_down_modules,
         safetensors_header,
         transformer_layer_names,
     )
+
+    found, _ = directory_model(new)
+    if found is not None and found != model:
+        # said as a fresh run says it: the transformer configs' dozen differences were no clue
+        return (f"{new} holds a {found!r} model (its model_index.json), not the run's "
+                f"{model!r}; a resumed run moves to a directory of the same model only")
 
     fresh = _transformer_config(new)
     if fresh is None:

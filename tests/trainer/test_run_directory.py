@@ -176,6 +176,14 @@ def test_a_resume_follows_its_model_directory_to_a_new_place(tmp_path, tiny_flux
     assert [e.field for e in problems] == ["model_path"]
     assert "holds another flux transformer than the run's" in problems[0].message
     assert "differs in num_layers" in problems[0].message
+    # another model's directory is named as such, not by a dozen config differences
+    index = json.loads((other / "model_index.json").read_text())
+    (other / "model_index.json").write_text(
+        json.dumps({**index, "_class_name": "StableDiffusion3Pipeline"}))
+    problems = RunDirectory.run_problems(out, config, resume=True, given=given)
+    assert [(e.field, e.message) for e in problems] == [("model_path", (
+        f"{other} holds a 'sd3' model (its model_index.json), not the run's 'flux'; a resumed "
+        "run moves to a directory of the same model only"))]
     # the same model, moved: taken
     moved = old.rename(tmp_path / "new")
     config = load_config("tiny", {**fields, "iterations": 9, "model_path": str(moved)})
