@@ -18,6 +18,7 @@ from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import db, queue
+from app.api.methods import HeadWhereGetAnswers
 from app.config import UI_PATH, Settings, get_settings
 from app.errors import ServiceError
 from app.json_values import EscapingJSONResponse
@@ -241,6 +242,8 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
         app.add_middleware(EndedSessionStreams, ui_path=UI_PATH)
         # a logged-in UI session acts only for its own browser (app/ui/sessions.py)
         app.add_middleware(UiSessionGuard, ui_path=UI_PATH)
+    # HEAD wherever GET answers (app/api/methods.py)
+    app.add_middleware(HeadWhereGetAnswers, ui_path=UI_PATH)
     # stored files need a token on the UI's routes too (app/api/media.py says the rule)
     app.add_middleware(media.StoredFilesGuard, ui_path=UI_PATH)
     # no body passes its limit on its way to either of the above (app/api/body_limit.py)
