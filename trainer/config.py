@@ -482,6 +482,29 @@ def missing_prompts_problem(model: str, prompts: list, dataset: bool = False,
             "the shapes model's")
 
 
+# what a field of each type takes, said with the form to write it in: a list or an object
+# given as plain text (`--set prompts=a,b`) was "must be of type list", with no hint that it
+# is written as JSON, in a job's config and on the command line alike
+_TYPE_TEXT = {"int": "a whole number", "float": "a number", "str": "a string",
+              "bool": "true or false", "list": "a JSON array", "dict": "a JSON object"}
+
+
+def _type_text(field: dataclasses.Field) -> str:
+    """What `field` takes, with an example of a list or an object in JSON (its default when
+    that is not empty)."""
+    text = _TYPE_TEXT[str(field.type)]
+    if str(field.type) not in ("list", "dict"):
+        return text
+    default = field.default_factory() if callable(field.default_factory) else field.default
+    if isinstance(default, list) and default:
+        example = json.dumps(default[:2])
+    elif isinstance(default, dict) and default:
+        example = json.dumps(dict(list(default.items())[:2]))
+    else:
+        example = '["one", "two"]' if str(field.type) == "list" else '{"name": 1.0}'
+    return f"{text}, e.g. {example}"
+
+
 @dataclass
 class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArguments):
     """The one description of a training run (fields in the order of the groups: model,
@@ -513,7 +536,7 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
             if isinstance(value, bool) and str(f.type) in ("int", "float"):
                 out.append(ConfigError(f.name, f"must be a number, got {value!r}"))
             elif not isinstance(value, expected):
-                out.append(ConfigError(f.name, f"must be of type {f.type}, got {value!r}"))
+                out.append(ConfigError(f.name, f"must be {_type_text(f)}, got {value!r}"))
             elif isinstance(value, float) and not math.isfinite(value):
                 out.append(ConfigError(f.name, f"must be a finite number, got {value!r}"))
             elif isinstance(value, str) and len(value) > MAX_TEXT:

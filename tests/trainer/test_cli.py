@@ -736,3 +736,20 @@ def test_sample_reads_a_jsonl_prompts_file_and_a_byte_order_mark_stays_out(tmp_p
                  "--device", "cpu", "--out", str(out)]) == 0
     manifest = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
     assert [row["prompt"] for row in manifest] == ["one red circle", "two red circles"]
+
+
+def test_a_list_or_object_field_given_as_plain_text_says_to_write_json(tmp_path, capsys):
+    """`--set prompts=a,b` was "must be of type list, got 'a,b'", with no hint that a list
+    is written as JSON; each such field now says so, with an example, all at once."""
+    from trainer.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--out", str(out), "--set", "prompts=a,b", "--set",
+                 "reward_weights=count", "--set", "iterations=x"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert "error: config field 'prompts': must be a JSON array, e.g. [\"one\", \"two\"], " \
+        "got 'a,b'" in lines, lines
+    assert "error: config field 'reward_weights': must be a JSON object, e.g. " \
+        "{\"count\": 1.0}, got 'count'" in lines, lines
+    assert "error: config field 'iterations': must be a whole number, got 'x'" in lines, lines
+    assert not out.exists()
