@@ -123,6 +123,10 @@ def test_rollouts_page(server, page):
         "two red circles")
     page.locator("#rollouts-iteration textarea, #rollouts-iteration input").first.fill("5")
     page.locator("#rollouts-show").click()
+    # the filtered list replaces the unfiltered one (whose groups were already there): wait
+    # for its count, not for a group, or a loaded server reads the count before the refresh
+    page.wait_for_function(
+        "() => document.querySelector('#rollouts-count')?.dataset.total === '1'")
     page.locator("#rollouts-groups .ngs-group").first.wait_for()
     assert page.locator("#rollouts-count").get_attribute("data-total") == "1"
     assert group_members_of_first(page) == 6
