@@ -141,13 +141,12 @@ def _not_utf8(query_string: bytes) -> list[str]:
     by the parameter's own check)."""
     bad = []
     for pair in query_string.split(b"&"):
-        name, _, value = pair.partition(b"=")
+        name, value = (unquote_to_bytes(part.replace(b"+", b" "))
+                       for part in pair.partition(b"=")[::2])
         try:
-            decoded = unquote_to_bytes(name.replace(b"+", b" ")).decode("utf-8")
-            unquote_to_bytes(value.replace(b"+", b" ")).decode("utf-8")
+            name.decode("utf-8"), value.decode("utf-8")
         except UnicodeDecodeError:
-            decoded = unquote_to_bytes(name.replace(b"+", b" ")).decode("utf-8", "replace")
-            bad.append(decoded)
+            bad.append(name.decode("utf-8", "replace"))  # named as Starlette reads it
     return list(dict.fromkeys(bad))
 
 
