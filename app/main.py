@@ -18,7 +18,7 @@ from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import db, queue
-from app.api.methods import HeadWhereGetAnswers
+from app.api.methods import HeadWhereGetAnswers, allowed_methods
 from app.config import UI_PATH, Settings, get_settings
 from app.errors import ServiceError
 from app.json_values import EscapingJSONResponse
@@ -130,6 +130,12 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
                             errors=[{"field": "body", "message": message}])
             return EscapingJSONResponse(body.model_dump(), status_code=400,
                                         headers=getattr(exc, "headers", None))
+        if exc.status_code == 405 and (allowed := allowed_methods(app.openapi(),
+                                                                  request.url.path)):
+            # Starlette's Allow names the first matching route's methods only
+            exc = StarletteHTTPException(405, exc.detail,
+                                         headers={**(exc.headers or {}),
+                                                  "Allow": ", ".join(allowed)})
         return await http_exception_handler(request, exc)
 
     @app.exception_handler(DataError)

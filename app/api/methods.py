@@ -11,6 +11,9 @@ router's tables, whose layout FastAPI changes between versions.
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.config import UI_PATH
@@ -38,6 +41,35 @@ class HeadWhereGetAnswers:
                 await send(message)
             return
         await self.app({**scope, "method": "GET"}, _no_body(receive), _without_body(send))
+
+
+# an OpenAPI path template's parameter: `{job_id}`, or `{path:path}` that spans slashes
+_PARAMETER = re.compile(r"\{[^}:]+(:path)?\}")
+
+
+def _template_pattern(template: str) -> re.Pattern[str]:
+    parts, at = [], 0
+    for m in _PARAMETER.finditer(template):
+        parts += [re.escape(template[at:m.start()]), ".+" if m.group(1) else "[^/]+"]
+        at = m.end()
+    return re.compile("".join(parts + [re.escape(template[at:])]) + "$")
+
+
+def allowed_methods(schema: dict[str, Any], path: str) -> list[str]:
+    """Every method the app's routes answer at `path`, for a 405's `Allow` (RFC 9110 §15.5.6
+    says the header lists the target's methods, all of them). Starlette's 405 names those of
+    the first route whose path matched, so `PUT /api/jobs` said `Allow: POST` although GET
+    answers there too. Read from the OpenAPI schema (`schema`, the app's `openapi()`), the
+    routes' public description; HEAD wherever GET answers (HeadWhereGetAnswers)."""
+    found: set[str] = set()
+    for template, operations in schema.get("paths", {}).items():
+        if _template_pattern(template).match(path):
+            found |= {method.upper() for method in operations
+                      if method in ("get", "head", "post", "put", "patch", "delete")}
+    if "GET" in found:
+        found.add("HEAD")
+    order = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+    return [m for m in order if m in found]
 
 
 def _no_body(receive: Receive) -> Receive:

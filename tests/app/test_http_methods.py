@@ -32,3 +32,16 @@ def test_head_where_no_get_answers_is_still_a_405(client, admin):
     assert client.head("/api/nothing-here", headers=admin).status_code == 404
     # a download's own HEAD route answers as before (tests/app/test_download_heads_ranges.py)
     assert client.head("/api/media/missing.png", headers=admin).status_code == 404
+
+
+@pytest.mark.parametrize(("method", "path", "allow"), [
+    ("PUT", "/api/jobs", "GET, HEAD, POST"),      # Starlette said POST: the first route's
+    ("DELETE", "/api/datasets", "GET, HEAD, POST"),
+    ("POST", "/api/jobs/1", "GET, HEAD"),
+    ("PUT", "/api/votes", "POST")])
+def test_a_405_allows_every_method_the_path_answers(client, admin, method, path, allow):
+    r = client.request(method, path, headers=admin)
+    assert r.status_code == 405 and r.headers["allow"] == allow, (r.status_code, r.headers)
+    for listed in allow.split(", "):  # and each one it lists is answered, not a 405
+        if listed in ("GET", "HEAD"):
+            assert client.request(listed, path, headers=admin).status_code != 405
