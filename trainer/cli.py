@@ -288,6 +288,15 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
             and uses_model_directory(model) \
             and (problem := model_dir_problem(model, model_path)) is not None:
         problems.append(ConfigError("model_path", problem))  # cmd_train's check, said now too
+    if config is None and not any(e.field in ("prompts", "--prompts-file") for e in problems):
+        # cmd_train's "flux trains on prompts you give", said beside the fields' problems: it
+        # came only once they were fixed (a flux run without model_path, then without prompts)
+        preset = PRESETS.get(spec, {}) if isinstance(spec, str) else {}
+        given = {**preset, **_config_file_fields(args), **overrides}
+        prompts = given.get("prompts") or []
+        if isinstance(given.get("model"), str) and isinstance(prompts, list) and (
+                problem := missing_prompts_problem(given["model"], prompts)) is not None:
+            problems += _prompts_file_named(args, [ConfigError("prompts", problem)])
     raise ConfigErrors(problems) if len(problems) > 1 else problems[0]
 
 

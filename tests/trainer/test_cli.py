@@ -588,6 +588,25 @@ def test_train_refuses_lora_fields_a_full_fine_tune_would_ignore(tmp_path, capsy
     assert not out.exists()
 
 
+@pytest.mark.parametrize("config", [["--set", "model=flux"], ["--config", "flux-lora"]])
+def test_train_names_missing_prompts_beside_the_fields_problems(tmp_path, capsys, config):
+    """A flux run with no model_path and no prompts said the model_path alone; the prompts
+    came on the next try. Both in one answer, with a bad field beside them, nothing written."""
+    out = tmp_path / "run"
+    lines = cli_errors(["train", *config, "--set", "learning_rate=-1", "--out", str(out)],
+                       capsys)
+    fields = [line.split("'")[1] for line in lines]
+    assert fields == ["learning_rate", "model_path", "prompts"], lines
+    assert "model 'flux' trains on prompts you give" in lines[2]
+    assert not out.exists()
+    # a prompts file given is not called missing, though the other problems stay
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red fox\n")
+    lines = cli_errors(["train", *config, "--set", "learning_rate=-1", "--prompts-file",
+                        str(prompts), "--out", str(out)], capsys)
+    assert [line.split("'")[1] for line in lines] == ["learning_rate", "model_path"], lines
+
+
 def test_train_names_reward_weights_that_do_not_load_before_any_rollout(tmp_path,
                                                                         tiny_clip_path, capsys):
     """As evaluate: a train run whose clip_score weights are whole files of the wrong shapes
