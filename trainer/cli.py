@@ -232,7 +232,7 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
     overrides = absolute_paths(overrides)
     model = overrides.get("model", "shapes")
     spec = args.config or default_preset(model if isinstance(model, str) else "shapes")
-    saved = _resumed_config(args)
+    saved = _resumed_config(args, problems)
     if saved is not None:
         # a resume's fields are the run's own, the command line's on top (a config file's
         # keys too: a preset is not applied): checked against the shapes preset's defaults,
@@ -352,17 +352,23 @@ def _first_interrupt_stops() -> Iterator[Callable[[], bool]]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _resumed_config(args: argparse.Namespace) -> dict[str, Any] | None:
+def _resumed_config(args: argparse.Namespace,
+                    problems: list[ConfigError]) -> dict[str, Any] | None:
     """The saved config.json of the run `train --resume --out` continues, or None (no
-    --resume, or no run there yet: RunDirectory.check says so)."""
+    --resume, or no run there yet: RunDirectory.check says so). One that is not a valid
+    config (edited or damaged) adds its --resume problem, naming the file, to `problems`."""
+    from trainer.run_dir import saved_run_config
+
     if not getattr(args, "resume", False) or not args.out:
         return None
     saved = Path(args.out) / "config.json"
+    if not saved.is_file():
+        return None
     try:
-        data = loads_strict(saved.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # missing or unreadable: the run directory's own check names it
-    return data if isinstance(data, dict) else None
+        return saved_run_config(saved).to_dict()
+    except ConfigError as exc:
+        problems.append(exc)
+        return None
 
 
 def _config_file_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -459,10 +465,22 @@ def _weights_file_problems(fields: dict[str, Any], *, fits_run: bool = True,
 def _damaged_checkpoint_problem(out: Path) -> ConfigError | None:
     """Why the newest checkpoint a `--resume` of `out` loads is damaged (a file truncated or
     emptied, by a full disk or a partial copy), naming it and the way on; None when whole."""
-    from trainer.loop import checkpoint_files_problem, latest_checkpoint
+    from trainer.loop import CHECKPOINT_DIR_RE, checkpoint_files_problem
+    from trainer.models import TRAINER_STATE
 
-    newest = latest_checkpoint(out / "checkpoints")
-    if newest is None or (problem := checkpoint_files_problem(newest)) is None:
+    # every iter-N directory, whole or not: a checkpoint is written whole or not at all
+    # (saved beside it, then renamed), so one without its trainer state was damaged after;
+    # latest_checkpoint passes over it, and the resume went on from the one before without a
+    # word, then wrote over it
+    root = out / "checkpoints"
+    found = [(int(m.group(1)), p) for p in (root.iterdir() if root.is_dir() else ())
+             if p.is_dir() and (m := CHECKPOINT_DIR_RE.match(p.name))]
+    if not found:
+        return None
+    newest = max(found)[1]
+    problem = (f"{newest / TRAINER_STATE} is missing" if not (newest / TRAINER_STATE).is_file()
+               else checkpoint_files_problem(newest))
+    if problem is None:
         return None
     return ConfigError("--resume", f"the newest checkpoint, {newest.name}, is damaged: "
                        f"{problem}; delete {newest} to resume from the checkpoint before it "
@@ -509,11 +527,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not finished:
         newest = latest_checkpoint(run.checkpoints_dir)
         if newest is None:  # stopped inside the first iteration: nothing to continue from
+            # `train`'s words, a demo's run included: demo has no --resume
             print("interrupted before the first iteration finished: no checkpoint yet; "
-                  f"--resume --out {out} starts it again", file=sys.stderr)
+                  f"`python -m trainer train --resume --out {out}` starts it again",
+                  file=sys.stderr)
         else:
             print(f"interrupted at iteration {run.trainer.iteration}: checkpoint "
-                  f"{newest}; continue with --resume --out {out}", file=sys.stderr)
+                  f"{newest}; continue with `python -m trainer train --resume --out {out}`",
+                  file=sys.stderr)
         return 130
     print(f"metrics:      {run.metrics_path}")
     print(f"reward curve: {run.curve_path}")

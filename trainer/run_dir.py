@@ -13,7 +13,9 @@ import numpy as np
 from trainer.config import PATH_FIELDS, ConfigError, ConfigErrors, TrainConfig, absolute_paths
 from trainer.grpo import IterationResult
 from trainer.loop import CHECKPOINT_DIR_RE, Trainer, latest_checkpoint
+from trainer.models import TRAINER_STATE
 from trainer.rewards.remote import ScoringStopped
+from trainer.strict_json import loads_strict
 from trainer.tracking import keeps_samples
 
 # Sample grids blow small images up so a 32 px shapes canvas is legible in a viewer; images
@@ -147,6 +149,23 @@ def plot_reward_curve(records: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def saved_run_config(path: Path) -> TrainConfig:
+    """The config.json a run wrote, or a ConfigError of --resume naming the file when it
+    cannot be the run's (not JSON, not an object, fields this version has not or values it
+    refuses: edited or damaged since). It said "Expecting property name ..." or named a
+    field the user never gave, as if the command line were wrong."""
+    try:
+        return TrainConfig.from_dict(loads_strict(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, ConfigError) as exc:
+        why = ("; ".join(f"{e.field}: {e.message}" for e in exc.errors)
+               if isinstance(exc, ConfigErrors) else
+               f"{exc.field}: {exc.message}" if isinstance(exc, ConfigError) else str(exc))
+        raise ConfigError("--resume", f"{path}, the config of the run being resumed, cannot "
+                          f"be read ({why}); put the run's config back (each checkpoint's "
+                          f"{TRAINER_STATE} holds it as its 'train_config' metadata) or start a "
+                          "new run in a new --out") from None
+
+
 class RunDirectory:
     """A run's directory: a new run (`resume` False) writes into a directory that holds no
     run (`run_problems`); a resumed one continues from its newest checkpoint with its saved
@@ -185,7 +204,7 @@ class RunDirectory:
         saved_config = out / "config.json"
         if resume and saved_config.exists():
             taken = {k: getattr(config, k) for k in RESUME_FIELDS if k in given}
-            return TrainConfig.from_dict({**json.loads(saved_config.read_text()), **taken})
+            return TrainConfig.from_dict({**saved_run_config(saved_config).to_dict(), **taken})
         return config
 
     @staticmethod
@@ -214,8 +233,10 @@ class RunDirectory:
             problems.append(ConfigError("--resume", f"{out} holds no run to continue "
                                         f"({missing}); leave --resume out to start one"))
             return problems
-        saved = absolute_paths(TrainConfig.from_dict(json.loads(saved_config.read_text()))
-                                .to_dict())
+        try:
+            saved = absolute_paths(saved_run_config(saved_config).to_dict())
+        except ConfigError as exc:
+            return [exc]
         new = absolute_paths(config.to_dict())
         how = given if isinstance(given, Mapping) else {}
         newest = latest_checkpoint(out / "checkpoints")

@@ -162,6 +162,52 @@ def test_a_resume_from_a_damaged_checkpoint_names_the_file_and_the_checkpoint(
                                f"damaged: {state} is empty;")
 
 
+@pytest.mark.parametrize("damage", ["state removed", "emptied"])
+def test_a_resume_names_a_newest_checkpoint_missing_its_trainer_state(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str) -> None:
+    """A checkpoint is written whole (beside, then renamed), so an iter-N directory without its
+    trainer state was damaged after. The resume passed over it to the one before without a
+    word and then wrote over it; it is refused, naming it, and nothing is written."""
+    out = tmp_path / "run"
+    checkpoint = _run_with_checkpoint(out)
+    state = checkpoint / "trainer_state.safetensors"
+    for path in ([state] if damage == "state removed" else
+                 sorted(checkpoint.rglob("*"), reverse=True)):
+        path.unlink() if path.is_file() else path.rmdir()
+    before = _tree(out)
+    lines = cli_errors(["train", "--resume", "--out", str(out), "--set", "iterations=4",
+                        "--no-progress"], capsys)
+    assert lines == [f"error: --resume: the newest checkpoint, {checkpoint.name}, is damaged: "
+                     f"{state} is missing; delete {checkpoint} to resume from the checkpoint "
+                     "before it (or from the start when there is none)"], lines
+    assert _tree(out) == before
+
+
+@pytest.mark.parametrize(("saved", "why"), [
+    ("{not json", "Expecting property name"),
+    ("[1, 2]", "config: must be a JSON object"),
+    ({"old_field": 1}, "old_field: unknown field")])
+def test_a_resume_names_a_saved_config_that_cannot_be_the_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], saved, why: str) -> None:
+    """An edited or damaged config.json said "Expecting property name ...", or named a field
+    (`config`, `old_field`) the command line never gave. It names the file and --resume, with
+    a bad --set beside it, and nothing is written."""
+    out = tmp_path / "run"
+    _run_with_checkpoint(out)
+    config = out / "config.json"
+    if isinstance(saved, dict):
+        saved = json.dumps({**json.loads(config.read_text()), **saved})
+    config.write_text(saved)
+    before = _tree(out)
+    lines = cli_errors(["train", "--resume", "--out", str(out), "--set", "iterations=4",
+                        "--set", "sigma=7"], capsys)
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"error: --resume: {config}, the config of the run being "
+                               f"resumed, cannot be read ({why}"), lines
+    assert lines[1].startswith("error: config field 'sigma': must be in [0.0, 1.0]"), lines
+    assert _tree(out) == before
+
+
 def test_a_preset_given_on_resume_is_said_to_be_not_applied(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`train --config shapes-benchmark --resume` went on with the run's saved config without a
