@@ -846,6 +846,18 @@ def _sample_out(path: str) -> Path:
     return out
 
 
+def _check_shapes_prompts(problems: list[ConfigError], model: str | None,
+                          prompts: list[str] | None, flag: str, path: str | None) -> None:
+    """The prompts read from `path` (`flag`'s file) that the shapes model cannot draw, added
+    to `problems` when it is the model: each named, with the rest of the command's problems
+    (the model refused the first alone, when it loaded, naming neither the flag nor the
+    file)."""
+    from trainer.shapes.world import shapes_prompt_problem
+
+    if model == "shapes" and prompts and (problem := shapes_prompt_problem(prompts)):
+        problems.append(ConfigError(flag, f"{path}: {problem}"))
+
+
 def _check_model_dir(problems: list[ConfigError], spec: Any, args: argparse.Namespace) -> None:
     """The model directory of the model named (the checkpoint's, else --model's) added to
     `problems` when it is missing or incomplete, with the files it must hold."""
@@ -954,6 +966,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
     if spec is None and args.batch_size is not None and args.batch_size < 1:
         problems.append(ConfigError("--batch-size", "must be >= 1"))  # said without a model too
     _check_model_dir(problems, spec, args)
+    _check_shapes_prompts(problems, spec.name if spec is not None else args.model, prompts,
+                          "--prompts", args.prompts)
     _raise_problems(problems)
     model = load_flow_model(spec, device=device)
     total = len(prompts) * args.seeds
@@ -982,16 +996,21 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
-def _reward_list(args: argparse.Namespace) -> tuple[list[str], Any]:
+def _reward_list(args: argparse.Namespace, device: Any) -> tuple[list[str], Any]:
     """--rewards as registry names (default: the shapes rewards for the shapes model,
     jpeg_compressibility for flux / sd3, as the studio's evaluate job) and what scores them:
     the reward server at --reward-server-url (up and serving them), else this process, the
     model-backed ones pointed at --reward-model-path or REWARD_MODELS_DIR; checked before any
-    sampling."""
+    sampling, every problem at once (an unknown name hid a bad --reward-model-path and the
+    missing weights until the next run). `device`: where the rewards load, resolved by the
+    caller (None when --device itself is refused, said by the caller: the weights' files are
+    still checked, nothing loads)."""
     from trainer.config import default_reward_names, reward_server_problems
     from trainer.rewards import reward_names, shapes_only_problem
+    from trainer.rewards.models import MODEL_REWARDS, weights_problem
     from trainer.rewards.remote import prepare_scorer
 
+    problems: list[ConfigError] = []
     names = [n.strip() for n in (args.rewards or "").split(",") if n.strip()]
     # "--rewards ," or "--rewards ''" (an unset shell variable) is a slip, not a wish for the
     # defaults: they are what leaving --rewards out gives (its default is None, not "")
@@ -1002,18 +1021,19 @@ def _reward_list(args: argparse.Namespace) -> tuple[list[str], Any]:
     asked_preference = "preference" in names
     names = [n for n in names if n != "preference"]
     if asked_preference and not args.preference_model:
-        raise ConfigError("--rewards", "'preference' is scored by a fitted preference model: "
-                          "give its file with --preference-model (fit-preference's --out, or "
-                          "the studio's STORAGE_DIR/preference/vN.safetensors)")
+        problems.append(ConfigError("--rewards", "'preference' is scored by a fitted "
+                                    "preference model: give its file with --preference-model "
+                                    "(fit-preference's --out, or the studio's "
+                                    "STORAGE_DIR/preference/vN.safetensors)"))
     if not names and not asked_preference:
         names = default_reward_names("evaluate", args.model or "")
-    unknown = [n for n in names if n not in reward_names()]
-    if unknown:
-        raise ConfigError("--rewards", f"unknown reward(s) {unknown}; known: {reward_names()}")
+    if unknown := [n for n in names if n not in reward_names()]:
+        problems.append(ConfigError("--rewards", f"unknown reward(s) {unknown}; known: "
+                                    f"{reward_names()}"))
     # the rule train's config applies: the shapes rewards mean nothing on FLUX's or SD3's images
-    if (problem := shapes_only_problem(names, args.model or "shapes")) is not None:
-        raise ConfigError("--rewards", problem)
-    problems: list[ConfigError] = []  # every --reward-model-path problem said at once
+    known = [n for n in names if n not in unknown]
+    if (problem := shapes_only_problem(known, args.model or "shapes")) is not None:
+        problems.append(ConfigError("--rewards", problem))
     paths = {}
     for pair in args.reward_model_path:
         name, sep, path = pair.partition("=")
@@ -1025,31 +1045,25 @@ def _reward_list(args: argparse.Namespace) -> tuple[list[str], Any]:
                                         f"rewards evaluated ({', '.join(names)})"))
         else:
             paths[name] = path
-    if not names:  # --rewards preference: the preference model alone scores
-        _raise_problems(problems)
-        return [], None
-    if args.reward_server_url:  # the rules of a job's reward_server_url, in the CLI's names
+    if args.reward_server_url and known:  # a job's reward_server_url rules, the CLI's names
         flags = {"reward_server_url": "--reward-server-url",
                  "reward_model_paths": "--reward-model-path"}
         problems += [ConfigError(flags[p.field], p.message)
                      for p in reward_server_problems(args.reward_server_url, paths)]
-        if problems:
-            raise ConfigErrors(problems)
+        _raise_problems(problems)
         # RewardServerError (down, or lacking a reward) names the URL: one line (main)
         return names, prepare_scorer(names, args.reward_server_url)
     # a weights directory's problems name the flag typed, not the config field a job's has
     setting = "--reward-model-path {name}=..."
-    if problems:  # said with every weights directory that is missing or incomplete too
-        from trainer.rewards.models import MODEL_REWARDS, weights_problem
-
-        problems += [ConfigError("", problem) for n in names if n in MODEL_REWARDS
-                     and (problem := weights_problem(n, paths, paths_setting=setting))]
-        raise ConfigErrors(problems)
+    problems += [ConfigError("", problem) for n in known if n in MODEL_REWARDS
+                 and (problem := weights_problem(n, paths, paths_setting=setting))]
+    _raise_problems(problems)
+    if not names or device is None:  # --rewards preference: the preference model alone
+        return names, None
     # RewardWeightsMissing names the reward and the files; weights that are there but do not
     # load (empty, truncated) are one line naming the reward and its directory, before any
     # sampling rather than after it
-    return names, prepare_scorer(names, "", paths, available_device(args.device, "--device"),
-                                 paths_setting=setting)
+    return names, prepare_scorer(names, "", paths, device, paths_setting=setting)
 
 
 def _preference_fit_problem(path: str, model: Any) -> str | None:
@@ -1160,16 +1174,19 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     device = _checked(problems, available_device, args.device, "--device")
     # before the model loads: a bad name costs nothing (the default rewards follow the model,
     # unknown while a checkpoint that names it cannot be read and --model is not given)
-    rewards, scorer = (_checked(problems, _reward_list, args)
+    rewards, scorer = (_checked(problems, _reward_list, args, device)
                        if spec is not None or args.model else None) or (None, None)
     if args.preference_model:
         problems += _preference_model_problems(args.preference_model,
                                                spec.name if spec else args.model)
     prompts = _checked(problems, _prompt_list, args.prompts_file)
-    # flux, sd3: the 48 shapes prompts (evaluate's default) are the shapes model's, as train
-    if spec is not None and args.prompts_file is None and (
-            problem := missing_prompts_problem(spec.name, [], evaluate=True)) is not None:
+    # flux, sd3: the 48 shapes prompts (evaluate's default) are the shapes model's, as train;
+    # said with a bad --resolution beside it too (the model is --model's then)
+    model = spec.name if spec is not None else args.model
+    if model and args.prompts_file is None and (
+            problem := missing_prompts_problem(model, [], evaluate=True)) is not None:
         problems.append(ConfigError("--prompts-file", problem))
+    _check_shapes_prompts(problems, model, prompts, "--prompts-file", args.prompts_file)
     _raise_problems(problems)
     if args.preference_model:
         from trainer.rewards.preference import PreferenceModel

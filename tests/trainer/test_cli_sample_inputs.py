@@ -287,3 +287,53 @@ def test_a_checkpoint_given_twice_is_refused_not_dropped(command: str, prompts: 
     assert len(lines) == 1 and "argument --checkpoint: given more than once (runs/a, runs/b)" \
         in lines[0], lines
     assert not (tmp_path / "o").exists() and not (tmp_path / "e.json").exists()
+
+
+def test_prompts_the_shapes_model_cannot_draw_are_named_with_the_flag_and_the_rest(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """sample said "not a shapes prompt: 'a cat'" when the model loaded, after every other
+    check had passed, naming neither --prompts nor the file, and the first bad prompt alone;
+    evaluate likewise. Now each names its flag, the file and every bad prompt, beside the
+    command's other problems."""
+    cats = tmp_path / "cats.txt"
+    cats.write_text("a cat\none red circle\na dog\nfive red circles\n")
+    taken = tmp_path / "taken.txt"
+    taken.write_text("x")
+    said = (f"{cats}: model 'shapes' draws only shapes prompts ('<one..four> "
+            "<red|green|blue|yellow> <circle|square|triangle>[s]'); 3 of 4 are not: 'a cat', "
+            "'a dog', 'five red circles'")
+    lines = _errors(["sample", "--prompts", str(cats), "--out", str(taken)], capsys)
+    assert lines == [f"error: --out: {taken} is an existing file, not a directory",
+                     f"error: --prompts: {said}"], lines
+    lines = _errors(["evaluate", "--prompts-file", str(cats), "--seeds", "1",
+                     "--rewards", "count,nope"], capsys)
+    assert f"error: --prompts-file: {said}" in lines, lines
+    assert any(line.startswith("error: --rewards: unknown reward(s) ['nope']")
+               for line in lines), lines
+
+
+def test_evaluate_says_every_reward_problem_and_the_device_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An unknown reward hid a bad --reward-model-path and the missing weights until the next
+    run, and a refused --device was said twice (by the command and by the reward loader)."""
+    empty = tmp_path / "hps"
+    empty.mkdir()
+    lines = _errors(["evaluate", "--rewards", "hpsv2,nope", "--reward-model-path", "bad",
+                     "--reward-model-path", f"hpsv2={empty}", "--device", "cuda:99"], capsys)
+    assert sum(line.startswith("error: --device: ") for line in lines) == 1, lines
+    assert any(line.startswith("error: --rewards: unknown reward(s) ['nope']")
+               for line in lines), lines
+    assert "error: --reward-model-path: must look like NAME=DIR, got 'bad'" in lines, lines
+    assert any(line.startswith(f"error: reward 'hpsv2': weights directory '{empty}'")
+               for line in lines), lines
+
+
+def test_evaluate_names_missing_prompts_beside_a_bad_resolution(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`evaluate --model sd3 --resolution 500` without --prompts-file said the resolution, and
+    the missing prompts only once it was fixed (the check waited for the model's spec)."""
+    lines = _errors(["evaluate", "--model", "sd3", "--model-path", str(tmp_path),
+                     "--resolution", "500", "--device", "cpu"], capsys)
+    flags = [line.split(":")[1].strip() for line in lines]
+    assert "--resolution" in flags and flags[-1] == "--prompts-file", lines
+    assert "model 'sd3' is evaluated on prompts you give" in lines[-1]
