@@ -78,14 +78,17 @@ class StudioBlocks(gr.Blocks):
             keep_instance_overrides(block_fn.inputs, state)
         try:
             return await super().preprocess_data(block_fn, inputs, state, explicit_call)
-        except gr.Error:
-            raise
-        except ValueError as exc:
-            # every failure of the inputs' checks is a ValueError: a component's (Gradio's
-            # ComponentProcessingError), too few values, a payload its data model refuses
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        except (gr.Error, ValueError) as exc:
+            # every failure of the inputs' checks is a ValueError (a component's: Gradio's
+            # ComponentProcessingError, too few values, a payload its data model refuses) or
+            # a gr.Error a component raises itself, printed in full by default (a dropdown
+            # given a value not among its choices)
+            if isinstance(exc, gr.Error) and not exc.print_exception:
+                raise
+            message = exc.message if isinstance(exc, gr.Error) else str(exc)
+            first = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
             log.warning("refused the inputs of UI event %r: %r", block_fn.name, first[:300])
-            raise gr.Error(str(exc), print_exception=False) from exc
+            raise gr.Error(message, print_exception=False) from exc
 
 
 def keep_instance_overrides(inputs: list[Any], state: Any) -> None:

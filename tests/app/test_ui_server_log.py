@@ -72,6 +72,17 @@ def test_an_input_a_component_cannot_take_is_one_log_line_a_handler_error_a_trac
         "refused the inputs of UI event '<lambda>': 'Could not preprocess input component at "
         "index 1 (a `checkboxgroup` component) of the event handler with input components: [state, checkboxgroup, number, textbox, dropdown, radio, checkbox].'"]
 
+    caplog.clear()
+    # a value a dropdown does not offer: Gradio's own gr.Error, which it printed in full
+    job_view = _fn_index(blocks, "job_view", ["state", "dropdown", "state", "html"])
+    _join(url, job_view, [None, 0, 1, ""], "not-a-choice")
+    assert "is not in the list of choices" in _stream(url, "not-a-choice")
+    log = _log_after(capfd)
+    assert "Traceback" not in log, log
+    assert [r.getMessage() for r in caplog.records if r.name == "app.ui"] == [
+        "refused the inputs of UI event 'job_view': 'Value: 0 is not in the list of choices: "
+        "[]'"], caplog.records
+
     def broken_handler(*args):  # a real bug in a handler, reached with valid inputs
         raise RuntimeError("the handler itself failed")
 
