@@ -523,7 +523,12 @@ def parse_upload(filename: str, data: bytes, *, max_prompt_length: int,
         unique.append(record)
         splits.append(split or "train")
     report_encoding_up_to(math.inf)
-    report.check()
+    try:
+        report.check()
+    except Invalid as exc:
+        # whether the file gives splits, for an eval_fraction beside it (not part of the answer)
+        exc.splits_given = bool(with_split)  # type: ignore[attr-defined]
+        raise
     if with_split and without_split:
         # half a file's splits is a file cut or pasted together: which split the rest is
         # meant for is not ours to guess
@@ -603,6 +608,25 @@ def upload_content_problems(session: Session, *, filename: str, data: bytes,
     return problems
 
 
+def eval_fraction_problem(filename: str, eval_fraction: float, splits_given: bool,
+                          num_prompts: int | None) -> str | None:
+    """Why an upload's `eval_fraction` cannot split its file, or None: the file gives each
+    prompt's split itself, or the share would put every prompt in eval (2 prompts at 0.75:
+    the train split was empty, and a train job on it refused later)."""
+    if not eval_fraction:
+        return None
+    if splits_given:
+        return (f"{filename} gives each prompt's {SPLIT_KEY}; leave eval_fraction at 0 (got "
+                f"{eval_fraction:g}) or remove the {SPLIT_KEY} column")
+    if num_prompts and round(num_prompts * eval_fraction) >= num_prompts:
+        most = ("leave it at 0" if num_prompts == 1 else
+                # rounded down: a share shown rounded up (0.99999 as 1) would fail again
+                f"give at most {math.floor((num_prompts - 1) / num_prompts * 1e4) / 1e4:g}")
+        return (f"{eval_fraction:g} of {filename}'s {num_prompts} prompt(s) puts every one in "
+                f"the eval split, leaving none to train on; {most}")
+    return None
+
+
 def import_dataset(session: Session, *, filename: str, data: bytes, name: str | None = None,
                    eval_fraction: float = 0.0, seed: int = 0, max_prompt_length: int = 2000,
                    max_bytes: int = 50 * 1024 * 1024) -> ImportResult:
@@ -613,30 +637,42 @@ def import_dataset(session: Session, *, filename: str, data: bytes, name: str | 
     filename = _own_filename(filename)
     refuse_hidden("file", filename)  # stored and shown beside the dataset; NUL fails PostgreSQL
     name = dataset_name(filename, name)
+    # every problem at once: the name's, the content's and eval_fraction's against the file
+    conflict: Conflict | None = None
     try:
         check_name_free(session, name)
-    except Conflict as conflict:
-        # a taken name alone is the 409; with the content's problems beside it, one 422 that
-        # lists them all, so the second try is not refused for the file
-        try:
-            parse_upload(filename, data, max_prompt_length=max_prompt_length,
-                         max_bytes=max_bytes)
-        except Invalid as exc:
-            raise Invalid(f"{conflict.message}; {exc.message}", field="name",
-                          errors=_problems(conflict, "name") + _problems(exc, "file")) from None
-        raise
+    except Conflict as exc:
+        conflict = exc
+    parsed: ParsedUpload | None = None
+    problems: list[dict[str, Any]] = []
+    said: list[str] = []  # the answer's detail: each error's own message, places and all
     try:
         parsed = parse_upload(filename, data, max_prompt_length=max_prompt_length,
                               max_bytes=max_bytes)
     except Invalid as exc:  # whatever is wrong with the content, the field to fix is the file
         exc.details.setdefault("field", "file")
-        raise
+        if conflict is None and not eval_fraction:
+            raise
+        problems += _problems(exc, "file")
+        said.append(exc.message)
+        splits_given = getattr(exc, "splits_given", False)
+    else:
+        splits_given = parsed.splits is not None
+    if (problem := eval_fraction_problem(filename, eval_fraction, splits_given,
+                                         len(parsed.prompts) if parsed else None)) is not None:
+        problems.append({"field": "eval_fraction", "message": problem})
+        said.append(f"eval_fraction: {problem}")
+    if conflict is not None:
+        if not problems:
+            raise conflict  # a taken name alone is the 409
+        # with the other problems beside it, one 422 that lists them all, so the second try
+        # is not refused for the file
+        problems, said = _problems(conflict, "name") + problems, [conflict.message, *said]
+    if problems:
+        raise Invalid("; ".join(said), field=problems[0]["field"], errors=problems)
+    assert parsed is not None
     prompts, dropped = parsed.prompts, parsed.duplicates_dropped
     if parsed.splits is not None:
-        if eval_fraction:
-            raise Invalid(f"eval_fraction: {filename} gives each prompt's {SPLIT_KEY}; leave "
-                          f"eval_fraction at 0 (got {eval_fraction:g}) or remove the "
-                          f"{SPLIT_KEY} column", field="eval_fraction")
         eval_idx = {i for i, split in enumerate(parsed.splits) if split == "eval"}
         n_eval = len(eval_idx)
         eval_fraction = n_eval / len(prompts)  # what the file gave, as the dataset shows it
