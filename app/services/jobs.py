@@ -1137,9 +1137,13 @@ RESUME_FIELDS = ("train_batch_size", "rollout_batch_size", "gradient_checkpointi
                  "gradient_checkpointing_fraction", "reward_server_url", "reward_model_paths")
 
 
-def resumed_config(job: Job, changes: dict[str, Any]) -> dict[str, Any]:
+def resumed_config(job: Job, changes: dict[str, Any],
+                   session: Session | None = None) -> dict[str, Any]:
     """`job`'s config with `changes` (RESUME_FIELDS only, a train job only) applied and
-    validated as at submission: Invalid naming every problem at once."""
+    validated as at submission: Invalid naming every problem at once. With `session`, the
+    changed fields' submission checks too (a reward_model_paths directory outside
+    REWARD_MODELS_DIR was a 409 "can no longer run", said only once the other fields passed);
+    the unchanged fields' are check_still_valid's (what has gone since is a 409)."""
     from trainer.config import ConfigErrors, TrainConfig
 
     if job.kind != "train":
@@ -1159,6 +1163,18 @@ def resumed_config(job: Job, changes: dict[str, Any]) -> dict[str, Any]:
         config = TrainConfig.from_layers(dict(job.config), allowed).to_dict()
     except ConfigErrors as exc:
         errors += [{"field": f"config.{e.field}", "message": e.message} for e in exc.errors]
+    if session is not None and allowed:
+        # the changed fields' own rules are said above; their checks against the server
+        # (directories, the reward server) from submission's validation of the whole config
+        said = {e["field"] for e in errors}
+        try:
+            validate_config(session, "train", {**job.config, **allowed},
+                            dataset_id=job.dataset_id)
+        except Invalid as exc:
+            for e in exc.details.get("errors") or []:
+                name = str(e.get("field", "")).removeprefix("config.")
+                if name in allowed and f"config.{name}" not in said:
+                    errors.append({"field": f"config.{name}", "message": e["message"]})
     if errors:
         raise Invalid("; ".join(f"{e['field']}: {e['message']}" for e in errors),
                       field=errors[0]["field"], errors=errors)
@@ -1176,7 +1192,7 @@ def resume_job(session: Session, job_id: int, changes: dict[str, Any] | None = N
         raise Conflict(f"job {job_id} cannot resume: its status is {job.status} (only failed, "
                        "cancelled or queued jobs resume)", field="job_id")
     if changes:
-        job.config = resumed_config(job, changes)
+        job.config = resumed_config(job, changes, session)
     check_still_valid(session, job)
     job.status, job.cancel_requested, job.error, job.finished_at = (JobStatus.QUEUED, False,
                                                                      None, None)

@@ -78,6 +78,19 @@ def test_only_a_stopped_train_job_changes_its_config_on_resume(client, admin, en
     assert client.post(f"/api/jobs/{job_id}/cancel", headers=admin).status_code == 200
     r = client.post(f"/api/jobs/{job_id}/resume", headers=admin, json={"cfg": {}})
     assert r.status_code == 422, r.text  # the body's own fields are checked too
+    # a changed path the server refuses is the request's problem (422), said beside a bad
+    # value: it was a 409 "can no longer run", and only once the value was fixed
+    r = client.post(f"/api/jobs/{job_id}/resume", headers=admin, json={"config": {
+        "train_batch_size": -1, "reward_model_paths": {"hpsv2": "/etc"}}})
+    assert r.status_code == 422, r.text
+    errors = {e["field"]: e["message"] for e in r.json()["errors"]}
+    assert set(errors) == {"config.train_batch_size", "config.reward_model_paths"}, errors
+    assert "'/etc' is not a directory under REWARD_MODELS_DIR" in \
+        errors["config.reward_model_paths"], errors
+    r = client.post(f"/api/jobs/{job_id}/resume", headers=admin,
+                    json={"config": {"reward_model_paths": {"hpsv2": "/etc"}}})
+    assert r.status_code == 422 and r.json()["field"] == "config.reward_model_paths", r.text
+    assert client.get(f"/api/jobs/{job_id}", headers=admin).json()["status"] == "cancelled"
     r = client.post(f"/api/jobs/{job_id}/resume", headers=admin,
                     json={"config": {"gradient_checkpointing": False}})
     assert r.status_code == 200 and r.json()["config"]["gradient_checkpointing"] is False
