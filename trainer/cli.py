@@ -487,21 +487,16 @@ def _damaged_checkpoint_problem(out: Path) -> ConfigError | None:
                        "(or from the start when there is none)")
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    from trainer.loop import latest_checkpoint
+def _run_file_problems(args: argparse.Namespace, out: Path,
+                       run_config: TrainConfig) -> list[ConfigError]:
+    """What the Trainer would refuse once the model loads, said before the run directory is
+    touched: a missing preference model, prompts, the model directory (a resumed run's is its
+    saved config's), a damaged newest checkpoint to resume from, the reward models' weights
+    (missing or incomplete, as the reward loader names them; a reward server's are its own),
+    naming the files expected as the API's 422 does."""
     from trainer.models import lora_targets_problem, model_dir_problem, uses_model_directory
-    from trainer.run_dir import RunDirectory
+    from trainer.rewards.models import MODEL_REWARDS, weights_problem
 
-    config = train_config_of(args)  # validated before anything is written
-    out = _out_path(args.out, directory=True)
-    # the fields the command line set: a resume takes its budget and device from them, and
-    # refuses other changes to the saved run
-    given = _given_fields(args)
-    RunDirectory.check(out, config, args.resume, given)
-    run_config = RunDirectory.run_config(out, config, args.resume, given)
-    # what the Trainer would refuse once the model loads, said now, together, before the run
-    # directory is touched: a missing preference model, prompts, and the model directory (a
-    # resumed run's is its saved config's), naming the files expected as the API's 422 does
     problems = _weights_file_problems(run_config.to_dict(), resumed=args.resume)
     if args.resume and (problem := _damaged_checkpoint_problem(out)) is not None:
         problems.append(problem)
@@ -514,9 +509,41 @@ def cmd_train(args: argparse.Namespace) -> int:
             problem := lora_targets_problem(run_config.model_path,
                                             list(run_config.lora_target_modules))):
         problems.append(ConfigError("lora_target_modules", problem))
-    if problems:
-        raise ConfigErrors(problems)
-    available_device(run_config.device)  # the Trainer resolves it again, once the model is loading
+    if not run_config.reward_server_url:
+        paths = dict(run_config.reward_model_paths or {})
+        problems += [ConfigError("", problem) for name in run_config.reward_weights
+                     if name in MODEL_REWARDS and (problem := weights_problem(name, paths))]
+    return problems
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from trainer.loop import latest_checkpoint
+    from trainer.run_dir import RunDirectory
+
+    # every problem at once, before anything is written: the config's fields (with the files
+    # they name), --out and the run there, the device, the reward models' weights; each of
+    # these was said only once the ones before it were fixed
+    problems: list[ConfigError] = []
+    config = _checked(problems, train_config_of, args)
+    out = _checked(problems, _out_path, args.out, directory=True)
+    # the fields the command line set: a resume takes its budget and device from them, and
+    # refuses other changes to the saved run (read once the --set values parse)
+    given = _given_fields(args) if config is not None else {}
+    run_config = None
+    if out is not None and config is not None:
+        problems += RunDirectory.run_problems(out, config, args.resume, given)
+        run_config = RunDirectory.run_config(out, config, args.resume, given)
+    elif out is not None and not args.resume:  # an earlier run there, whatever the config
+        problems += RunDirectory.run_problems(out, TrainConfig(), False)
+    if run_config is not None:
+        problems += _run_file_problems(args, out, run_config)
+    # the device asked for (the Trainer resolves it again, once the model is loading)
+    device = (run_config.device if run_config is not None else
+              {**_config_file_fields(args), **_parse_overrides(args.set, [])}.get("device"))
+    if isinstance(device, str) and not any(p.field == "device" for p in problems):
+        _checked(problems, available_device, device)
+    _raise_problems(problems)
+    assert out is not None and config is not None
     if args.resume and args.config in PRESETS:  # taken silently, it looked applied
         print(f"note: --config {args.config} is not applied on --resume: the run goes on with "
               f"its saved {out / 'config.json'} (--set changes what a resume may change)",

@@ -609,6 +609,38 @@ def test_train_names_missing_prompts_beside_the_fields_problems(tmp_path, capsys
     assert [line.split("'")[1] for line in lines] == ["learning_rate", "model_path"], lines
 
 
+def test_train_says_the_run_directory_files_device_and_reward_weights_at_once(tmp_path,
+                                                                              capsys):
+    """An --out holding a run, a preference model that is no safetensors file, a device this
+    machine lacks and a reward's missing weights were each said only once the ones before
+    them were fixed (five tries for five problems)."""
+    import torch
+
+    # a CUDA device where there is none (on a machine with one, the rest are still said)
+    device = [] if torch.cuda.is_available() else ["--set", "device=cuda"]
+    said_device = [] if torch.cuda.is_available() else ["config field 'device'"]
+    taken = tmp_path / "taken"
+    (taken / "checkpoints").mkdir(parents=True)
+    (taken / "config.json").write_text("{}")
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"x")
+    lines = cli_errors(["train", "--config", "tiny", *device, "--set",
+                        f"preference_model={junk}", "--set",
+                        'reward_weights={"preference": 1, "aesthetic": 1}', "--set",
+                        f"reward_model_paths={{\"aesthetic\": \"{tmp_path / 'none'}\"}}",
+                        "--out", str(taken)], capsys)
+    assert [line.split(":")[1].strip() for line in lines] == [
+        "--out", "config field 'preference_model'", "reward 'aesthetic'", *said_device], lines
+    assert f"{taken} holds an earlier run" in lines[0]
+    assert f"weights directory '{tmp_path / 'none'}'" in lines[2]
+    # a bad field beside them: the run there is still said, and the device
+    lines = cli_errors(["train", "--config", "tiny", "--set", "sigma=9", *device,
+                        "--out", str(taken)], capsys)
+    assert [line.split(":")[1].strip() for line in lines] == [
+        "config field 'sigma'", "--out", *said_device], lines
+    assert sorted(p.name for p in taken.iterdir()) == ["checkpoints", "config.json"]
+
+
 def test_train_names_reward_weights_that_do_not_load_before_any_rollout(tmp_path,
                                                                         tiny_clip_path, capsys):
     """As evaluate: a train run whose clip_score weights are whole files of the wrong shapes
