@@ -220,6 +220,14 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
     top, validated (ConfigErrors name every bad field)."""
     problems: list[ConfigError] = []  # every one at once, a bad prompts file's included
     overrides = _parse_overrides(args.set, problems)
+    # a field given twice on the command line, two ways, with two values: which one was meant
+    # is not ours to pick (the option won without a word)
+    if args.method and "method" in overrides and overrides["method"] != args.method:
+        problems.append(ConfigError("--method", f"{args.method!r} contradicts --set "
+                                    f"method={overrides['method']!r}: give one of them"))
+    if getattr(args, "prompts_file", None) and "prompts" in overrides:
+        problems.append(ConfigError("--prompts-file", "--set prompts=... gives the prompts "
+                                    "too: give one of them"))
     if args.method:
         overrides["method"] = args.method
     if getattr(args, "prompts_file", None):

@@ -337,3 +337,23 @@ def test_evaluate_names_missing_prompts_beside_a_bad_resolution(
     flags = [line.split(":")[1].strip() for line in lines]
     assert "--resolution" in flags and flags[-1] == "--prompts-file", lines
     assert "model 'sd3' is evaluated on prompts you give" in lines[-1]
+
+
+def test_train_refuses_a_field_given_twice_two_ways(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`--set method=sde --method neighbor` trained neighbor, and `--set prompts=[...]` beside
+    --prompts-file took the file, each without a word."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("one red circle\n")
+    out = tmp_path / "run"
+    lines = _errors(["train", "--config", "tiny", "--set", "method=sde", "--method", "neighbor",
+                     "--set", 'prompts=["two blue squares"]', "--prompts-file", str(prompts),
+                     "--out", str(out)], capsys)
+    assert lines == ["error: --method: 'neighbor' contradicts --set method='sde': give one of "
+                     "them", "error: --prompts-file: --set prompts=... gives the prompts too: "
+                     "give one of them"], lines
+    assert not out.exists()
+    # the same value both ways is no contradiction
+    config = cli.train_config_of(build_parser().parse_args(
+        ["train", "--config", "tiny", "--set", "method=sde", "--method", "sde", "--out", str(out)]))
+    assert config.method == "sde"
