@@ -806,6 +806,7 @@ def _model_spec(args: argparse.Namespace):
         spec = checkpoint_spec(checkpoint) if checkpoint is not None else None
     except ValueError as exc:  # a LoRA file whose layers cannot be read
         raise ConfigError("--checkpoint", str(exc)) from None
+    problems: list[ConfigError] = []  # the options' problems at once, not one a run
     bare_lora = spec is not None and not spec.name  # its base is the user's to name
     if bare_lora and not (args.model and uses_model_directory(args.model)):
         raise ConfigError("--model", f"{checkpoint} is a diffusers LoRA without its run's "
@@ -821,27 +822,28 @@ def _model_spec(args: argparse.Namespace):
     spec.name = args.model or spec.name
     spec.path = args.model_path or (spec.path if uses_model_directory(spec.name) else "")
     if uses_model_directory(spec.name) and not spec.path:
-        raise ConfigError("--model-path", f"--model {spec.name} needs --model-path, its "
-                          "diffusers-format directory")
+        problems.append(ConfigError("--model-path", f"--model {spec.name} needs --model-path, "
+                                    "its diffusers-format directory"))
     for option in ("resolution", "guidance_scale", "mixed_precision"):
         if getattr(args, option, None) is not None:
             setattr(spec, option, getattr(args, option))
     if spec.mixed_precision == "bf16" and spec.name == "shapes":
         # TrainConfig's rule: the shapes model has no bf16 path (it would be ignored)
-        raise ConfigError("--mixed-precision", f"the {spec.name} model samples in fp32; use "
-                          "'auto' or 'no' ('bf16' is for flux and sd3)")
+        problems.append(ConfigError("--mixed-precision", f"the {spec.name} model samples in "
+                                    "fp32; use 'auto' or 'no' ('bf16' is for flux and sd3)"))
     # the rule TrainConfig and the studio's jobs apply to resolution (the shapes model's
     # images are its latents, drawn at the world's one size whatever is asked)
-    if (problem := resolution_problem(spec.name, spec.resolution,
-                                      default="--resolution left out")) is not None:
-        raise ConfigError("--resolution", problem)
-    if spec.path and (problem := resolution_limit_problem(spec.name, spec.path,
-                                                          spec.resolution)) is not None:
-        raise ConfigError("--resolution", problem)
+    problem = resolution_problem(spec.name, spec.resolution, default="--resolution left out")
+    if problem is None and spec.path:  # what the model directory's transformer can draw
+        problem = resolution_limit_problem(spec.name, spec.path, spec.resolution)
+    if problem is not None:
+        problems.append(ConfigError("--resolution", problem))
     if args.model_path and not uses_model_directory(spec.name):  # was silently ignored
-        raise ConfigError("--model-path", f"the {spec.name} model takes no --model-path (its "
-                          "weights are the checkpoint's or built in); it is for --model "
-                          f"{' or '.join(n for n in model_names() if uses_model_directory(n))}")
+        problems.append(ConfigError("--model-path", f"the {spec.name} model takes no "
+                                    "--model-path (its weights are the checkpoint's or built "
+                                    "in); it is for --model "
+                                    f"{' or '.join(n for n in model_names() if uses_model_directory(n))}"))
+    _raise_problems(problems)
     args.model = spec.name
     spec.inference_only = True  # sampled, never trained: no fp32 masters, gradients or compile
     return spec

@@ -357,3 +357,15 @@ def test_train_refuses_a_field_given_twice_two_ways(tmp_path: Path,
     config = cli.train_config_of(build_parser().parse_args(
         ["train", "--config", "tiny", "--set", "method=sde", "--method", "sde", "--out", str(out)]))
     assert config.method == "sde"
+
+
+def test_sample_says_every_model_option_problem_at_once(
+        prompts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--mixed-precision bf16, --resolution 64 and --model-path on the shapes model were said
+    one a run, three runs for three problems."""
+    lines = _errors(["sample", "--prompts", str(prompts), "--out", str(tmp_path / "s"),
+                     "--model-path", str(tmp_path), "--mixed-precision", "bf16",
+                     "--resolution", "64", "--device", "cpu"], capsys)
+    assert [line.split(":")[1].strip() for line in lines] == [
+        "--mixed-precision", "--resolution", "--model-path"], lines
+    assert not (tmp_path / "s").exists()
