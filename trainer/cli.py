@@ -1292,7 +1292,17 @@ def cmd_train_base(args: argparse.Namespace) -> int:
         raise ConfigError("--out", f"{out} holds an earlier train-base run ({shown}); give a "
                           "new --out, or delete it to train there again")
     device = available_device(args.device, "--device")
-    path = train_base(out, config, model_config, device=str(device))
+    try:
+        path = train_base(out, config, model_config, device=str(device))
+    except KeyboardInterrupt as exc:
+        # said what was kept (the EMA so far) and how to go on: the same command was refused
+        # for the directory it had left, and nothing said why
+        partial = getattr(exc, "partial", None)
+        kept = (f"the EMA of the steps done is in {partial} (a base_checkpoint for train, a "
+                "--checkpoint for sample)" if partial else "no step had finished: nothing kept")
+        print(f"interrupted: {kept}; base.safetensors was not written. train-base starts "
+              f"over in a new --out (or in {out} once emptied)", file=sys.stderr)
+        return 130
     print(f"base checkpoint: {path}")
     return 0
 

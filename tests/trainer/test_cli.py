@@ -451,6 +451,41 @@ def test_train_base_refuses_values_that_train_nothing(bad, option, tmp_path, cap
     assert not out.exists()
 
 
+def test_an_interrupted_train_base_keeps_the_ema_so_far_and_says_where(tmp_path):
+    """Ctrl-C on train-base exited with "interrupted" alone: no base written, nothing said
+    about what was kept, and the same command then refused the directory it had left."""
+    import signal
+    import time
+
+    from safetensors import safe_open
+
+    out = tmp_path / "base"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer", "train-base", "--out", str(out), "--steps", "100000",
+         "--batch-size", "2", "--pool-size", "0", "--width", "8", "--depth", "1",
+         "--save-every", "3", "--device", "cpu"],  # a file every 3 steps: progress seen
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not (out / "base-step3.safetensors").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+
+    def training(path):
+        with safe_open(str(path), "pt") as f:
+            return json.loads(f.metadata()["base_training"])
+
+    kept = [p for p in out.glob("base-step*.safetensors") if training(p).get("interrupted")]
+    assert len(kept) == 1, sorted(p.name for p in out.iterdir())
+    assert f"interrupted: the EMA of the steps done is in {kept[0]}" in err, err
+    assert "base.safetensors was not written" in err and not (out / "base.safetensors").exists()
+    steps = int(kept[0].stem.removeprefix("base-step"))
+    assert training(kept[0])["steps"] == steps and steps >= 3
+
+
 def test_train_base_width_must_split_into_its_heads(tmp_path, capsys):
     out = tmp_path / "base"
     line = cli_error(["train-base", "--out", str(out), "--steps", "1", "--batch-size", "2",

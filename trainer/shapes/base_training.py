@@ -61,7 +61,9 @@ def render_pool(size: int, rng: np.random.Generator, device: str | torch.device
 
 def train_base(out: str | Path, config: BaseTrainingConfig, model_config: ShapesDiTConfig | None = None,
                device: str = "cpu", log: Callable[[dict], None] = print) -> Path:
-    """Train from scratch; writes out/base.safetensors and out/train_base_log.jsonl."""
+    """Train from scratch; writes out/base.safetensors and out/train_base_log.jsonl. A
+    KeyboardInterrupt saves the EMA of the steps done as out/base-step{N}.safetensors (the
+    exception's `partial`) before it is raised again."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
@@ -88,44 +90,56 @@ def train_base(out: str | Path, config: BaseTrainingConfig, model_config: Shapes
     with log_path.open("w") as log_file:
         log_file.write(json.dumps({"config": asdict(config), "model": asdict(model.config)}) + "\n")
         running = torch.zeros((), device=device)  # summed on the device: no sync per step
-        for step in range(1, config.steps + 1):
-            if pool is not None:
-                rows = torch.randint(0, config.pool_size, (config.batch_size,), device=device,
-                                     generator=sampler)
-                x0, tokens = pixels_to_latents(pool[0][rows]), pool[1][rows]
-            else:
-                texts = [prompts[i] for i in rng.integers(0, len(prompts), config.batch_size)]
-                x0 = images_to_latents(render_batch(texts, rng)).to(device)
-                tokens = model.encode_prompts(texts)
-            noise = torch.randn_like(x0)
-            if config.time_sampling == "logit_normal":
-                t = torch.sigmoid(torch.randn(x0.shape[0], device=device))
-            else:  # uniform: the high-noise steps, where layout and count are decided, get their share
-                t = torch.rand(x0.shape[0], device=device)
-            x_t = (1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * noise
-            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16,
-                                enabled=config.bf16):
-                velocity = model(x_t, t, tokens)
-            loss = (velocity.float() - (noise - x0)).pow(2).mean()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            schedule.step()
-            with torch.no_grad():
-                torch._foreach_lerp_(ema_params, model_params, 1 - config.ema_decay)
-            running += loss.detach()
-            if step % config.log_every == 0 or step == config.steps:
-                steps_logged = step - (step - 1) // config.log_every * config.log_every
-                record = {"step": step, "loss": running.item() / steps_logged,
-                          "seconds": round(time.perf_counter() - start, 1)}
-                running.zero_()
-                log_file.write(json.dumps(record) + "\n")
-                log_file.flush()
-                log(record)
-            if config.save_every and step % config.save_every == 0 and step != config.steps:
-                ema.save(out / f"base-step{step}.safetensors",
-                           extra_metadata={"base_training": json.dumps({**asdict(config), "steps": step})})
+        done = 0  # the steps whose update reached the EMA
+        try:
+            for step in range(1, config.steps + 1):
+                if pool is not None:
+                    rows = torch.randint(0, config.pool_size, (config.batch_size,), device=device,
+                                         generator=sampler)
+                    x0, tokens = pixels_to_latents(pool[0][rows]), pool[1][rows]
+                else:
+                    texts = [prompts[i] for i in rng.integers(0, len(prompts), config.batch_size)]
+                    x0 = images_to_latents(render_batch(texts, rng)).to(device)
+                    tokens = model.encode_prompts(texts)
+                noise = torch.randn_like(x0)
+                if config.time_sampling == "logit_normal":
+                    t = torch.sigmoid(torch.randn(x0.shape[0], device=device))
+                else:  # uniform: the high-noise steps, where layout and count are decided, get their share
+                    t = torch.rand(x0.shape[0], device=device)
+                x_t = (1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * noise
+                with torch.autocast(torch.device(device).type, dtype=torch.bfloat16,
+                                    enabled=config.bf16):
+                    velocity = model(x_t, t, tokens)
+                loss = (velocity.float() - (noise - x0)).pow(2).mean()
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                schedule.step()
+                with torch.no_grad():
+                    torch._foreach_lerp_(ema_params, model_params, 1 - config.ema_decay)
+                done = step
+                running += loss.detach()
+                if step % config.log_every == 0 or step == config.steps:
+                    steps_logged = step - (step - 1) // config.log_every * config.log_every
+                    record = {"step": step, "loss": running.item() / steps_logged,
+                              "seconds": round(time.perf_counter() - start, 1)}
+                    running.zero_()
+                    log_file.write(json.dumps(record) + "\n")
+                    log_file.flush()
+                    log(record)
+                if config.save_every and step % config.save_every == 0 and step != config.steps:
+                    ema.save(out / f"base-step{step}.safetensors",
+                               extra_metadata={"base_training": json.dumps({**asdict(config), "steps": step})})
+        except KeyboardInterrupt as exc:
+            # a Ctrl-C kept nothing of hours of training: the EMA so far is saved as the
+            # checkpoint of the last step done (usable as a base_checkpoint), and named
+            if done:
+                partial = out / f"base-step{done}.safetensors"
+                ema.save(partial, extra_metadata={"base_training": json.dumps(
+                    {**asdict(config), "steps": done, "interrupted": True})})
+                exc.partial = partial  # type: ignore[attr-defined]
+            raise
     path = out / "base.safetensors"
     ema.save(path, extra_metadata={"base_training": json.dumps(asdict(config))})
     return path
