@@ -724,19 +724,22 @@ def cmd_fit_preference(args: argparse.Namespace) -> int:
         # so `--set device=banana` fitted on the CPU): refused, not guessed between the two
         problems.append(ConfigError("device", f"give it with --device (auto, cpu, cuda or "
                                     f"cuda:N), not --set device={overrides.pop('device')}"))
-    overrides["device"] = str(available_device(args.device, "--device"))
-    try:
-        config = fit_config_from(overrides)  # every bad field named before any image loads
-    except ConfigErrors as exc:
-        problems += exc.errors
-    if problems:
-        raise ConfigErrors(problems) if len(problems) > 1 else problems[0]
-    out = _out_path(args.out, directory=False)
+    device = _checked(problems, available_device, args.device, "--device")
+    overrides["device"] = str(device) if device is not None else "cpu"
+    config = _checked(problems, fit_config_from, overrides)  # before any image loads
+    # the files, said with the fields (each was found only once the ones before it passed)
+    out = _checked(problems, _out_path, args.out, directory=False)
     votes = Path(args.votes)
     images = Path(args.images) if args.images else votes.parent
+    if not votes.is_file():
+        problems.append(ConfigError("--votes", f"{votes} is not a file"))
     if not images.is_dir():  # one line, not one per image of every vote
-        raise ConfigError("--images", f"{images} is not a directory (the one the votes' "
-                          "image paths are relative to)")
+        problems.append(ConfigError("--images", f"{images} is not a directory (the one the "
+                                    "votes' image paths are relative to)"))
+    if args.warm_start and not Path(args.warm_start).is_file():
+        problems.append(ConfigError(f"--warm-start {args.warm_start}", "is not a file"))
+    _raise_problems(problems)
+    assert config is not None and out is not None
     excluded: list[int] = []  # the lines of the votes the file marks excluded, left out
     pairs, unreadable = readable_pairs(
         read_votes(votes, images, args.include_excluded, excluded), config.features, votes)

@@ -248,6 +248,7 @@ def test_every_malformed_set_is_named_with_the_fields_problems(
     """The first malformed --set stopped the command alone: the next run met the next one,
     and a bad field's value after them. Now all are named in one refusal."""
     field = "sigma=5" if command == "train" else "epochs=0"
+    (tmp_path / "v.jsonl").write_text("")  # there: a missing one is named too
     args = (["train", "--config", "tiny"] if command == "train"
             else ["fit-preference", "--votes", str(tmp_path / "v.jsonl")])
     lines = _errors([*args, "--set", "=3", "--set", "foo", "--set", 'x={"a": 1, "a": 2}',
@@ -369,3 +370,15 @@ def test_sample_says_every_model_option_problem_at_once(
     assert [line.split(":")[1].strip() for line in lines] == [
         "--mixed-precision", "--resolution", "--model-path"], lines
     assert not (tmp_path / "s").exists()
+
+
+def test_fit_preference_says_every_field_and_file_problem_at_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A bad field, an --out that is a directory, a missing votes file, images directory and
+    warm-start model were said one a run: five runs for five problems."""
+    lines = _errors(["fit-preference", "--votes", str(tmp_path / "nope.jsonl"), "--out",
+                     str(tmp_path), "--images", str(tmp_path / "nodir"), "--warm-start",
+                     str(tmp_path / "nofile"), "--set", "epochs=0", "--device", "cpu"], capsys)
+    assert [line.split(":")[1].strip() for line in lines] == [
+        "config field 'epochs'", "--out", "--votes", "--images",
+        f"--warm-start {tmp_path / 'nofile'}"], lines
