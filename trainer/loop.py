@@ -373,7 +373,18 @@ class Trainer:
         # traceback that named neither the file nor the checkpoint
         if (problem := checkpoint_files_problem(directory)) is not None:
             raise ValueError(f"checkpoint {directory} is damaged: {problem}")
-        self.model.load_weights(directory)
+        try:
+            self.model.load_weights(directory)
+        except RuntimeError as exc:
+            if not str(exc).startswith("Error(s) in loading state_dict"):
+                raise
+            # torch's message lists every mismatched tensor, a traceback on a resume: weights
+            # of another network (another base's width or depth) put in this run's directory
+            shown = "; ".join(line.strip() for line in str(exc).splitlines()[1:3])
+            raise ValueError(f"checkpoint {directory} does not fit this run's model (weights "
+                             f"of another base or network size: {shown} ...); delete it to "
+                             "resume from the checkpoint before it, or resume the run it "
+                             "came from") from None
         state_path = directory / TRAINER_STATE
         with safe_open(str(state_path), framework="pt") as f:
             metadata = f.metadata()

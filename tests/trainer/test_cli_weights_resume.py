@@ -333,3 +333,29 @@ def test_demo_on_a_taken_out_says_what_demo_does(
                         "a new run each time: give a new --out, or leave --out out (runs/demo, "
                         f"then runs/demo-2, -3 ...); `train --out {out} --resume` continues "
                         "that one")
+
+
+def test_a_resume_onto_another_networks_checkpoint_is_one_line_naming_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A newest checkpoint of another network (a run from a narrower train-base base, copied
+    in) stopped the resume with torch's size-mismatch traceback."""
+    import shutil
+
+    small = tmp_path / "small"
+    assert main(["train-base", "--out", str(small), "--steps", "1", "--batch-size", "2",
+                 "--pool-size", "0", "--width", "8", "--depth", "1", "--device", "cpu"]) == 0
+    other, run = tmp_path / "other", tmp_path / "run"
+    tiny = ["--config", "tiny", "--set", "iterations=1", "--set", "device=cpu", "--no-progress"]
+    assert main(["train", *tiny, "--set", f"base_checkpoint={small / 'base.safetensors'}",
+                 "--out", str(other)]) == 0
+    assert main(["train", *tiny, "--out", str(run)]) == 0
+    foreign = run / "checkpoints" / "iter-000002"
+    shutil.copytree(other / "checkpoints" / "iter-000001", foreign)
+    capsys.readouterr()
+    before = _tree(run)
+    lines = cli_errors(["train", "--resume", "--out", str(run), "--set", "iterations=3",
+                        "--no-progress"], capsys)
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: checkpoint {foreign} does not fit this run's model"), lines
+    assert "delete it to resume from the checkpoint before it" in lines[0]
+    assert _tree(run) == before
