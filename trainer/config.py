@@ -603,7 +603,12 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
                 out.append(ConfigError("report_to", f"must not repeat a tracker: {repeated}"))
         out += self._model_problems(bad)
         if "prompts" not in bad and not all(isinstance(p, str) for p in self.prompts):
-            out.append(ConfigError("prompts", "must be a list of strings"))
+            # numbered from 1, each named with what it is, as a prompt's text problems are
+            wrong = [f"prompt {i + 1} is {json.dumps(p, default=repr)[:40]}" for i, p in
+                     enumerate(self.prompts) if not isinstance(p, str)]
+            more = f" and {len(wrong) - 5} more" if len(wrong) > 5 else ""
+            out.append(ConfigError("prompts", "must be a list of strings: "
+                                   + "; ".join(wrong[:5]) + more))
         elif "prompts" not in bad:
             texts = {i: prompt_text_problem(p) for i, p in enumerate(self.prompts)}
             # numbered from 1, as an upload's items and a prompts file's lines are

@@ -178,3 +178,14 @@ def test_cli_overrides_turning_checkpointing_off_drop_the_presets_fraction():
     assert config.gradient_checkpointing_fraction == 1.0
     assert load_config("flux-lora", {"model_path": "/nowhere", "prompts": ["a"]}
                        ).gradient_checkpointing_fraction == 0.25  # on: the preset's share
+
+
+def test_prompts_that_are_not_strings_are_each_named():
+    """`prompts: ["a", null, 5]` said "must be a list of strings", naming none of them."""
+    from trainer.config import ConfigErrors, load_config
+
+    with pytest.raises(ConfigErrors) as caught:
+        load_config("tiny", {"prompts": ["one red circle", None, 5, ["x"]]})
+    said = {e.field: e.message for e in caught.value.errors}
+    assert said["prompts"] == ("must be a list of strings: prompt 2 is null; prompt 3 is 5; "
+                               'prompt 4 is ["x"]'), said
