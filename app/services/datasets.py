@@ -608,22 +608,13 @@ def upload_content_problems(session: Session, *, filename: str, data: bytes,
     return problems
 
 
-def eval_fraction_problem(filename: str, eval_fraction: float, splits_given: bool,
-                          num_prompts: int | None) -> str | None:
+def eval_fraction_problem(filename: str, eval_fraction: float, splits_given: bool) -> str | None:
     """Why an upload's `eval_fraction` cannot split its file, or None: the file gives each
-    prompt's split itself, or the share would put every prompt in eval (2 prompts at 0.75:
-    the train split was empty, and a train job on it refused later)."""
-    if not eval_fraction:
-        return None
-    if splits_given:
+    prompt's split itself. (A share that puts every prompt in eval is taken: such a dataset
+    evaluates; a train job on it is refused at submission, and the UI's upload says so.)"""
+    if eval_fraction and splits_given:
         return (f"{filename} gives each prompt's {SPLIT_KEY}; leave eval_fraction at 0 (got "
                 f"{eval_fraction:g}) or remove the {SPLIT_KEY} column")
-    if num_prompts and round(num_prompts * eval_fraction) >= num_prompts:
-        most = ("leave it at 0" if num_prompts == 1 else
-                # rounded down: a share shown rounded up (0.99999 as 1) would fail again
-                f"give at most {math.floor((num_prompts - 1) / num_prompts * 1e4) / 1e4:g}")
-        return (f"{eval_fraction:g} of {filename}'s {num_prompts} prompt(s) puts every one in "
-                f"the eval split, leaving none to train on; {most}")
     return None
 
 
@@ -658,8 +649,7 @@ def import_dataset(session: Session, *, filename: str, data: bytes, name: str | 
         splits_given = getattr(exc, "splits_given", False)
     else:
         splits_given = parsed.splits is not None
-    if (problem := eval_fraction_problem(filename, eval_fraction, splits_given,
-                                         len(parsed.prompts) if parsed else None)) is not None:
+    if (problem := eval_fraction_problem(filename, eval_fraction, splits_given)) is not None:
         problems.append({"field": "eval_fraction", "message": problem})
         said.append(f"eval_fraction: {problem}")
     if conflict is not None:

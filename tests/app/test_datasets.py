@@ -587,22 +587,3 @@ def test_eval_fraction_is_judged_beside_the_files_and_the_names_problems(client,
     assert r.status_code == 422, r.text
     assert [e["field"] for e in r.json()["errors"]] == ["name", "file", "eval_fraction"], r.text
     assert counts(session) == before
-
-
-@pytest.mark.parametrize(("prompts", "fraction", "most"), [
-    (2, 0.75, "give at most 0.5"), (1, 0.6, "leave it at 0"), (3, 0.9, "give at most 0.6666")])
-def test_an_eval_fraction_that_leaves_no_train_prompt_is_refused(client, admin, session,
-                                                                  prompts, fraction, most):
-    """2 prompts at 0.75 went all to eval (201): a train job on the dataset was refused later
-    for its empty train split."""
-    before = counts(session)
-    data = "".join(f"prompt {i}\n" for i in range(prompts)).encode()
-    r = upload(client, admin, "m.txt", data, eval_fraction=fraction)
-    assert r.status_code == 422 and r.json()["field"] == "eval_fraction", r.text
-    assert r.json()["errors"][0]["message"] == (
-        f"{fraction:g} of m.txt's {prompts} prompt(s) puts every one in the eval split, "
-        f"leaving none to train on; {most}"), r.text
-    assert counts(session) == before
-    if prompts > 1:  # the share it names is taken, and leaves a prompt to train on
-        r = upload(client, admin, "m.txt", data, eval_fraction=float(most.split()[-1]))
-        assert r.status_code == 201 and r.json()["num_eval"] == prompts - 1, r.text
