@@ -221,8 +221,17 @@ def launch_evaluate(enqueuer: Enqueuer | None, user_state: dict | None, ids: lis
     except Invalid as exc:
         for err in exc.details.get("errors") or [{"field": exc.details.get("field") or "config",
                                                   "message": exc.message}]:
-            if err["field"] not in own:
-                found.setdefault(err["field"], []).append(err["message"])
+            field, message = err["field"], err["message"]
+            if field == "preference_model":
+                # the form has no such field: 'preference' typed in Rewards asked for it, so
+                # it is said there, in the page's words
+                field = "reward_names"
+                message = message.replace("reward_names has 'preference'", "'preference' is "
+                                          "among the rewards").replace(
+                    "run a fit_preference job first", "fit one on the Annotators page (\"Fit "
+                    "preference model from the votes\"), or leave 'preference' out")
+            if field not in own:
+                found.setdefault(field, []).append(message)
     return None, found
 
 

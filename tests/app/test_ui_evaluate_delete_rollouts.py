@@ -64,6 +64,16 @@ def test_evaluate_form_shows_every_error_at_once_beside_its_field(admin, enqueue
     assert "unknown reward 'nope'" in boxes["reward_names"]
     assert _text(out[0]) == "2 field(s) need fixing: Checkpoints, Rewards"
 
+    # 'preference' with no model fitted: said beside Rewards in the page's words (it named
+    # preference_model and reward_names, fields the form does not have, in the status alone)
+    out = button.fn(_token(admin), [ck], 2, "preference", 0, "eval")
+    boxes = dict(zip(EVALUATE_FIELDS, map(_text, out[1:]), strict=True))
+    assert boxes["reward_names"] == (
+        "'preference' is among the rewards but no preference model has been fitted yet: fit "
+        "one on the Annotators page (\"Fit preference model from the votes\"), or leave "
+        "'preference' out"), boxes
+    assert _text(out[0]) == "1 field(s) need fixing: Rewards", out[0]
+
     # fixed: the job launches and every box clears
     out = button.fn(_token(admin), [ck], 2, "count", ds, "all")
     assert 'id="evaluate-launched"' in out[0] and not any(out[1:])
