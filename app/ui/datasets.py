@@ -91,15 +91,21 @@ def discard_refused_types(picker: gr.File) -> None:
     picker._process_single_file = checked
 
 
-def _content_problems(filename: str, data: bytes, name: str) -> list[str]:
+def _content_problems(filename: str, data: bytes, name: str,
+                      by_field: dict[str, str] | None = None) -> list[str]:
     """What is wrong with the dataset name an upload gives (a name another dataset has) and
     with its file (its type, size, lines), as the import would say each; [] for an upload it
     would take. Read only: for a form whose own fields are wrong, so that one message lists
-    everything to fix, as the API's 422 does."""
+    everything to fix, as the API's 422 does. The name's problems also go to `by_field`
+    (for the box beside the Name field)."""
     settings = get_settings()
     with session() as s:
         taken = svc.name_problems(s, filename=filename, name=name or None)
-    found = [f"{p['field']}: {p['message']}" for p in taken]
+    found = [f"{NAME_LABEL if p['field'] == NAME_FIELD else p['field']}: {p['message']}"
+             for p in taken]
+    if by_field is not None and (named := [p["message"] for p in taken
+                                           if p["field"] == NAME_FIELD]):
+        by_field[NAME_FIELD] = "; ".join(named)
     try:
         svc.parse_upload(filename, data, max_prompt_length=settings.max_prompt_length,
                          max_bytes=settings.max_upload_bytes)
@@ -137,6 +143,20 @@ def _field_values(eval_fraction: Any, seed: Any) -> tuple[float, int, dict[str, 
 # the file picker's problem (none chosen) in `_upload`'s problems by field: its box
 # `#dataset-err-file` is under the picker; the status says it without a label, as the API does
 FILE_FIELD = "file"
+# the Name field: a name another dataset has is said in `#dataset-err-name` beside it
+NAME_FIELD, NAME_LABEL = "name", "Name"
+
+
+def _name_problems_of(exc: Exception) -> str | None:
+    """The dataset name's problems in an import's refusal (a name taken: the 409 alone, or
+    beside the file's problems in one 422), for the Name field's box; None when none."""
+    if not isinstance(exc, ServiceError):
+        return None
+    errors = exc.details.get("errors") or [{"field": exc.details.get("field"),
+                                            "message": exc.message}]
+    named = [str(e["message"]).removeprefix(f"{NAME_FIELD}: ") for e in errors
+             if isinstance(e, dict) and e.get("field") == NAME_FIELD]
+    return "; ".join(named) or None
 
 
 def _labelled(found: dict[str, str]) -> list[str]:
@@ -177,7 +197,7 @@ def _upload(user_state: dict | None, file: str | None, name: str, eval_fraction:
             # the file's own problems in the same message, as the API's 422 lists them
             # (nothing is imported either way)
             raise BadRequest("; ".join([*_labelled(found),
-                                           *_content_problems(path.name, data, name)]))
+                                           *_content_problems(path.name, data, name, found)]))
         with session() as s:
             result = svc.import_dataset(
                 s, filename=path.name, data=data, name=name or None,
@@ -187,10 +207,15 @@ def _upload(user_state: dict | None, file: str | None, name: str, eval_fraction:
             blank = result.blank_lines_skipped
             count, n_eval = result.dataset.num_prompts, result.dataset.num_eval
     except Exception as exc:  # noqa: BLE001 - the service's message, as the API returns it
+        if (named := _name_problems_of(exc)) is not None:
+            found[NAME_FIELD] = named
+        text = error_text(exc)
+        if text.startswith(f"{NAME_FIELD}: "):  # the field by the label the page shows
+            text = f"{NAME_LABEL}: {text.removeprefix(f'{NAME_FIELD}: ')}"
         # the picker is emptied (its copy is deleted once read): say so, or a rename and a
         # second Upload met "choose a file first"
         return ((f'<div class="ngs-notice ngs-error" id="dataset-error">'
-                 f"{esc(with_retry(error_text(exc)) if file else error_text(exc))}</div>",
+                 f"{esc(with_retry(text) if file else text)}</div>",
                  "", gr.skip(), None if file else gr.skip(), gr.skip()), found)
     status = (f'<div class="ngs-notice ngs-ok" id="dataset-ok" data-dataset="{ds_id}">'
               f"Imported dataset {ds_id}: {count} prompts, {dropped} duplicate(s) dropped, "
@@ -216,10 +241,10 @@ def upload(user_state: dict | None, file: str | None, name: str, eval_fraction: 
 def upload_form(user_state: dict | None, file: str | None, name: str, eval_fraction: Any,
                 seed: Any) -> tuple[Any, ...]:
     """What Upload shows: `upload`'s outputs, the file picker's error box (no file chosen),
-    then one error box per UPLOAD_FIELDS entry, in its order (empty where the field is
-    fine), as the launch form shows its fields' errors."""
+    the Name field's (a name taken), then one error box per UPLOAD_FIELDS entry, in its order
+    (empty where the field is fine), as the launch form shows its fields' errors."""
     outputs, found = _upload(user_state, file, name, eval_fraction, seed)
-    return (*outputs, field_error(found.get(FILE_FIELD)),
+    return (*outputs, field_error(found.get(FILE_FIELD)), field_error(found.get(NAME_FIELD)),
             *[field_error(found.get(f)) for f in UPLOAD_FIELDS])
 
 
@@ -338,7 +363,10 @@ def build_datasets(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
                 discard_refused_types(file)
                 file_error = gr.HTML(elem_id=f"dataset-err-{FILE_FIELD}")
             with gr.Column():
-                name = gr.Textbox(label="Name (default: the file name)", elem_id="dataset-name")
+                with gr.Column(elem_classes=["ngs-field"]):
+                    name = gr.Textbox(label="Name (default: the file name)",
+                                      elem_id="dataset-name")
+                    name_error = gr.HTML(elem_id=f"dataset-err-{NAME_FIELD}")
                 # number fields, not a slider: Gradio's slider sent 0.95 for a typed 5 (its
                 # box still showing 5) and 0 for -1. The handler checks the API's range
                 # ([0, 1); the arrow keys stop at 0.95) and says what is wrong beside the
@@ -368,7 +396,7 @@ def build_datasets(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
             delete_btn = gr.Button("Delete dataset", variant="stop", elem_id="dataset-delete")
         delete_status = gr.HTML(elem_id="dataset-delete-status")
         go.click(upload_form, [user, file, name, eval_fraction, seed],
-                 [status, prev, listing, file, pick, file_error,
+                 [status, prev, listing, file, pick, file_error, name_error,
                   *[boxes[f] for f in UPLOAD_FIELDS]],
                  api_visibility="private").then(delete_choices, user, doomed,
                                                 api_visibility="private")

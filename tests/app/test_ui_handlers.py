@@ -643,7 +643,7 @@ def test_a_bad_field_is_named_beside_a_taken_dataset_name(settings, admin, tmp_p
     status, *_ = datasets.upload(_token(admin), str(made), "", 0.0, 1.5)
     assert "Split seed: a whole number" in status, status
     assert "taken.txt: line 2" in status, status
-    assert "name: a dataset named &#x27;taken&#x27; already exists" in status, status
+    assert "Name: a dataset named &#x27;taken&#x27; already exists" in status, status
     with session_scope() as s:
         assert svc.list_datasets(s, limit=5)[1] == 1
 

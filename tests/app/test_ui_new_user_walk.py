@@ -168,12 +168,12 @@ def test_upload_without_a_file_marks_the_file_picker(settings, admin):
         datasets.build_datasets(gr.State(None))
     upload = next(f for f in page.fns.values() if f.fn is datasets.upload_form)
     assert [b.elem_id for b in upload.outputs[5:]] == [
-        "dataset-err-file", "dataset-err-eval_fraction", "dataset-err-seed"]
+        "dataset-err-file", "dataset-err-name", "dataset-err-eval_fraction", "dataset-err-seed"]
     out = _run(page, upload, [None, None, "", 0.5, 0], _token(admin))
     assert "choose a file first" in out[0]
     assert out[5] == datasets.field_error("choose a file first")
-    assert out[6] == out[7] == ""
+    assert out[6] == out[7] == out[8] == ""
     # a bad field too: both in the status, each beside its own field
     out = _run(page, upload, [None, None, "", 5, 0], _token(admin))
     assert "Eval fraction: a number from 0 to under 1, got 5; choose a file first" in out[0]
-    assert "choose a file first" in out[5] and "got 5" in out[6] and out[7] == ""
+    assert "choose a file first" in out[5] and "got 5" in out[7] and out[6] == out[8] == ""

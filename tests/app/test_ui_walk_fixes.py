@@ -219,6 +219,31 @@ def test_upload_names_a_bad_eval_fraction_or_seed_beside_its_field(
     assert _datasets_stored() == []
 
 
+def test_a_taken_dataset_name_is_said_beside_the_name_field(settings, admin, tmp_path,
+                                                            monkeypatch):
+    """A name another dataset has was said in the status alone, as "name: ...", with no box
+    beside the Name field; alone (the 409) and beside a bad field, it is in that box now,
+    by the field's label in the status, and a good upload clears it."""
+    folder = tmp_path / "gradio-uploads"
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(folder))
+    from app.ui import datasets
+
+    page, user = _studio_page(lambda user: datasets.build_datasets(user))
+    run = _events(page, user, _token(admin))
+    upload = _fn(page, first_output="dataset-status")
+    assert [b.elem_id for b in upload.outputs[-3:]] == [
+        "dataset-err-name", "dataset-err-eval_fraction", "dataset-err-seed"]
+    assert 'id="dataset-ok"' in run(upload, [None, _prompt_file(folder), "taken", 0, 0])[0]
+    for fraction, seed in ((0, 0), (0.5, 1.5)):  # alone, and beside a bad split seed
+        out = run(upload, [None, _prompt_file(folder), "taken", fraction, seed])
+        assert 'id="dataset-error"' in out[0], out[0]
+        assert "a dataset named &#x27;taken&#x27; already exists" in out[-3], out[-3]
+        assert "Name: a dataset named" in out[0] and "name: " not in out[0], out[0]
+        assert (out[-1] != "") is (seed == 1.5)
+    out = run(upload, [None, _prompt_file(folder), "fresh", 0, 0])
+    assert 'id="dataset-ok"' in out[0] and out[-3:] == ["", "", ""], out
+
+
 def test_upload_takes_any_eval_fraction_the_api_takes(settings, admin, tmp_path, monkeypatch):
     """The API takes an eval fraction up to (not including) 1; the slider refused 0.97 (its
     maximum was 0.95). A good upload clears the fields' error boxes."""
