@@ -59,6 +59,27 @@ def test_launch_form_shows_every_error_at_once(settings, admin, enqueuer):
     assert sum(bool(v) for v in errors.values()) == 3 and enqueuer.calls == []
 
 
+def test_launch_form_compares_nothing_with_an_emptied_fields_default(settings, admin,
+                                                                     enqueuer):
+    """group_size emptied and num_anchors 100: num_anchors said "must be <= group_size (12)",
+    a number the user never entered (the default that stood in for the empty field)."""
+    from app.ui import jobs
+
+    names = [d["name"] for d in jobs.describe()]
+    values = jobs.form_values("tiny")
+    values[names.index("group_size")] = None
+    values[names.index("num_anchors")] = 100
+    values[names.index("learning_rate")] = -1  # a problem of its own is still said
+    job_id, out = jobs.launch(enqueuer, _token(admin), None, *values)
+    errors = dict(zip(names, out[1:], strict=True))
+    assert job_id is None and errors["group_size"] and errors["learning_rate"], errors
+    assert not errors["num_anchors"], errors["num_anchors"]
+    values[names.index("group_size")] = 4  # read now: the comparison is said, with its value
+    job_id, out = jobs.launch(enqueuer, _token(admin), None, *values)
+    errors = dict(zip(names, out[1:], strict=True))
+    assert "group_size (4)" in errors["num_anchors"], errors["num_anchors"]
+
+
 def test_job_page_says_what_a_queued_job_waits_for(settings, admin, enqueuer):
     from app.ui import jobs
 
