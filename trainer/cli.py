@@ -1295,6 +1295,10 @@ def cmd_train_base(args: argparse.Namespace) -> int:
         raise ConfigError("--out", f"{out} holds an earlier train-base run ({shown}); give a "
                           "new --out, or delete it to train there again")
     device = available_device(args.device, "--device")
+    # Ctrl-C raises KeyboardInterrupt even where the shell that started the command ignores
+    # SIGINT (a background job's does, and Python then leaves it ignored), as train's own
+    # handler does: the run stops with its EMA kept rather than running on for hours
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         path = train_base(out, config, model_config, device=str(device))
     except KeyboardInterrupt as exc:
@@ -1306,6 +1310,8 @@ def cmd_train_base(args: argparse.Namespace) -> int:
         print(f"interrupted: {kept}; base.safetensors was not written. train-base starts "
               f"over in a new --out (or in {out} once emptied)", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
     print(f"base checkpoint: {path}")
     return 0
 

@@ -464,7 +464,10 @@ def test_an_interrupted_train_base_keeps_the_ema_so_far_and_says_where(tmp_path)
         [sys.executable, "-m", "trainer", "train-base", "--out", str(out), "--steps", "100000",
          "--batch-size", "2", "--pool-size", "0", "--width", "8", "--depth", "1",
          "--save-every", "3", "--device", "cpu"],  # a file every 3 steps: progress seen
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # started as a background job's child is (SIGINT ignored, which Python keeps): the
+        # Ctrl-C still stops it (it ran on until killed)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     deadline = time.monotonic() + 300
     while not (out / "base-step3.safetensors").exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
