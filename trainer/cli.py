@@ -473,19 +473,15 @@ def _weights_file_problems(fields: dict[str, Any], *, fits_run: bool = True,
 def _damaged_checkpoint_problem(out: Path) -> ConfigError | None:
     """Why the newest checkpoint a `--resume` of `out` loads is damaged (a file truncated or
     emptied, by a full disk or a partial copy), naming it and the way on; None when whole."""
-    from trainer.loop import CHECKPOINT_DIR_RE, checkpoint_files_problem
+    from trainer.loop import checkpoint_files_problem, latest_checkpoint
     from trainer.models import TRAINER_STATE
 
-    # every iter-N directory, whole or not: a checkpoint is written whole or not at all
+    # the newest iter-N directory, whole or not: a checkpoint is written whole or not at all
     # (saved beside it, then renamed), so one without its trainer state was damaged after;
-    # latest_checkpoint passes over it, and the resume went on from the one before without a
-    # word, then wrote over it
-    root = out / "checkpoints"
-    found = [(int(m.group(1)), p) for p in (root.iterdir() if root.is_dir() else ())
-             if p.is_dir() and (m := CHECKPOINT_DIR_RE.match(p.name))]
-    if not found:
+    # the resume passed over it to the one before without a word, then wrote over it
+    newest = latest_checkpoint(out / "checkpoints", whole_only=False)
+    if newest is None:
         return None
-    newest = max(found)[1]
     problem = (f"{newest / TRAINER_STATE} is missing" if not (newest / TRAINER_STATE).is_file()
                else checkpoint_files_problem(newest))
     if problem is None:
@@ -542,7 +538,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         problems += RunDirectory.run_problems(out, config, args.resume, given)
         run_config = RunDirectory.run_config(out, config, args.resume, given)
     elif out is not None and not args.resume:  # an earlier run there, whatever the config
-        problems += RunDirectory.run_problems(out, TrainConfig(), False)
+        problems += RunDirectory.earlier_run_problems(out)
     if run_config is not None:
         problems += _run_file_problems(args, out, run_config)
     # the device asked for (the Trainer resolves it again, once the model is loading)

@@ -474,12 +474,15 @@ def checkpoint_files_problem(directory: str | Path) -> str | None:
     return None
 
 
-def latest_checkpoint(root: str | Path) -> Path | None:
+def latest_checkpoint(root: str | Path, whole_only: bool = True) -> Path | None:
+    """The newest iter-N directory under `root` holding its trainer state, or with
+    `whole_only` False the newest whatever it holds (one damaged since it was written)."""
     root = Path(root)
     if not root.is_dir():
         return None
     found = [(int(m.group(1)), p) for p in root.iterdir()
-             if (m := CHECKPOINT_DIR_RE.match(p.name)) and (p / "trainer_state.safetensors").exists()]
+             if (m := CHECKPOINT_DIR_RE.match(p.name)) and p.is_dir()
+             and (not whole_only or (p / TRAINER_STATE).exists())]
     return max(found)[1] if found else None
 
 

@@ -208,6 +208,15 @@ class RunDirectory:
         return config
 
     @staticmethod
+    def earlier_run_problems(out: Path) -> list[ConfigError]:
+        """A new run's refusal when `out` holds an earlier one (its checkpoints would be kept
+        and a later --resume would load them), whatever the new run's config."""
+        if found := [name for name in RUN_FILES if (out / name).exists()]:
+            return [ConfigError("--out", f"{out} holds an earlier run ({', '.join(found)}); "
+                                "--resume continues it, or give a new --out")]
+        return []
+
+    @staticmethod
     def run_problems(out: Path, config: TrainConfig, resume: bool,
                      given: Collection[str] = ()) -> list[ConfigError]:
         """Why a run cannot start in `out`, every reason at once, before anything is
@@ -221,11 +230,7 @@ class RunDirectory:
         how each was given ("--set", "--config FILE"), which the refusal names."""
         problems = []
         if not resume:
-            if found := [name for name in RUN_FILES if (out / name).exists()]:
-                problems.append(ConfigError("--out", f"{out} holds an earlier run "
-                                            f"({', '.join(found)}); --resume continues it, or "
-                                            "give a new --out"))
-            return problems
+            return RunDirectory.earlier_run_problems(out)
         saved_config = out / "config.json"
         if not saved_config.is_file():
             # a mistyped --out silently started a new run (exit 0) instead of continuing one
