@@ -502,3 +502,32 @@ def test_a_save_the_system_refuses_is_an_oserror_naming_the_file(tmp_path):
     with pytest.raises(OSError) as raised:
         PreferenceModel(FitConfig(ensemble=1)).save(target)
     assert raised.value.errno == errno.EISDIR and raised.value.filename == str(target)
+
+
+def test_a_save_that_fails_midway_leaves_the_model_already_there_whole(tmp_path, monkeypatch):
+    """fit-preference --out refits in place: a write cut off (a full disk part-way through)
+    keeps the earlier model loadable and leaves no partial file beside it."""
+    import errno
+
+    import trainer.rewards.preference as preference
+
+    target = tmp_path / "model.safetensors"
+    earlier = PreferenceModel(FitConfig(ensemble=1))
+    earlier.save(target, metadata={"votes_file": "earlier.jsonl"})
+    real_save_file = preference.save_file
+
+    def disk_fills(state, filename, metadata=None):
+        real_save_file(state, filename, metadata=metadata)
+        with open(filename, "r+b") as f:  # what a full disk leaves: the file cut short
+            f.truncate(64)
+        raise RuntimeError("No space left on device (os error 28)")
+
+    monkeypatch.setattr(preference, "save_file", disk_fills)
+    with pytest.raises(OSError) as raised:
+        PreferenceModel(FitConfig(ensemble=1)).save(target, metadata={"votes_file": "new.jsonl"})
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+    PreferenceModel.load(target)  # still whole
+    from safetensors import safe_open
+    with safe_open(str(target), framework="pt") as f:
+        assert f.metadata()["votes_file"] == "earlier.jsonl"

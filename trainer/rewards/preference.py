@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -329,9 +330,17 @@ class PreferenceModel:
                 "report": json.dumps(asdict(self.report)) if self.report else "null"}
         meta.update(metadata or {})
         state = {k: v.detach().contiguous().cpu() for k, v in self.net.state_dict().items()}
+        # written beside `path`, then renamed over it: a full disk or an interrupt mid-write
+        # leaves the model already there (fit-preference --out refits in place) whole
+        path = Path(path)
+        partial = path.with_name(f".{path.name}.partial")
         try:
-            save_file(state, str(path), metadata=meta)
-        except Exception as exc:  # a full disk or a read-only one: the OSError it is
+            save_file(state, str(partial), metadata=meta)
+            os.replace(partial, path)
+        except BaseException as exc:  # a full disk or a read-only one: the OSError it is
+            partial.unlink(missing_ok=True)
+            if isinstance(exc, OSError) and exc.errno is not None:  # the rename's: path named
+                raise OSError(exc.errno, exc.strerror, str(path)) from exc
             if (os_error := as_os_error(exc, path)) is not None:
                 raise os_error from exc
             raise
