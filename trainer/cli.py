@@ -1539,7 +1539,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sample_help = "deterministic ODE sampling, one PNG per (prompt, seed)"
     sample = sub.add_parser("sample", help=sample_help, description=sample_help)
-    sample.add_argument("--checkpoint", action=_Once, help="a checkpoint directory (checkpoints/iter-N) or a "
+    sample.add_argument("--checkpoint", action=_Once, help="a checkpoint directory (checkpoints/iter-000050) or a "
                         "shapes model.safetensors; left out: the base model alone")
     sample.add_argument("--prompts", required=True, help="prompts file: .txt (one per line), "
                         ".jsonl with a \"prompt\" field, or .json (an array of strings or of "

@@ -317,8 +317,12 @@ class AlgorithmArguments:
                                    "(squared distance of their one-step predictions over the "
                                    "temperature). Keeps the policy near the base, where a learned "
                                    "reward can be trusted; costs one more forward pass per "
-                                   "anchor step. 0 disables it (the paper's setting). Neighbor "
-                                   "GRPO only.", min=0.0, max=1e6, group="algorithm")
+                                   "anchor step. The base is the weights the run starts from, "
+                                   "except under finetune 'lora': the model at model_path with "
+                                   "the adapters switched off (no second copy), even when "
+                                   "base_checkpoint continues an earlier LoRA. 0 disables it "
+                                   "(the paper's setting). Neighbor GRPO only.",
+                                   min=0.0, max=1e6, group="algorithm")
     # --- SDE baseline --------------------------------------------------------------------
     eta: float = _field(0.7, "SDE baseline: noise level eta of the SDE sampler "
                         "(sigma_t = eta * sqrt(t / (1 - t))).", min=0.0, max=5.0,

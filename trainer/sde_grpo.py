@@ -66,18 +66,28 @@ def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) ->
 
 @torch.no_grad()
 def sde_rollout(model: FlowModel, noise: torch.Tensor, cond: Any, steps: int, eta: float,
-                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                generator: torch.Generator, batch_size: int = 0,
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Latents (T+1, N, *D), timesteps (T+1,) on the model's shifted schedule, old log-probs
-    (T, N) of each step taken."""
+    (T, N) of each step taken. The model runs `batch_size` rows at a time (0: all), each step
+    over every micro-batch in turn; each step's noise is drawn for all N rows at once, so the
+    trajectories do not depend on how the rows are split (rollout_batch_size's promise)."""
     timesteps = model.sigmas(steps).to(noise.device, torch.float32)
     t_cap = float(timesteps[1])
     x, latents, log_probs = noise, [noise], []
     for k in range(steps):
-        t, s = timesteps[k].expand(x.shape[0]), timesteps[k + 1].expand(x.shape[0])
-        mean, std = sde_step_distribution(x, model(x, t, cond), t, s, eta, t_cap)
         z = torch.randn(x.shape, generator=generator).to(x.device)
-        x = mean + std * z
-        log_probs.append(gaussian_log_prob(x, mean, std))
+        step, step_log_probs = [], []
+        for rows in micro_batches(x.shape[0], batch_size):
+            part = x[rows]
+            t = timesteps[k].expand(part.shape[0])
+            s = timesteps[k + 1].expand(part.shape[0])
+            mean, std = sde_step_distribution(part, model(part, t, index_cond(cond, rows)),
+                                              t, s, eta, t_cap)
+            step.append(mean + std * z[rows])
+            step_log_probs.append(gaussian_log_prob(step[-1], mean, std))
+        x = torch.cat(step)
+        log_probs.append(torch.cat(step_log_probs))
         latents.append(x)
     return torch.stack(latents), timesteps, torch.stack(log_probs)
 
@@ -107,12 +117,9 @@ def rollout_sde_groups(model: FlowModel, prompts: list[str], config: TrainConfig
     noises = group_noises(noise_seeds, G, 1.0, model.latent_shape, device).flatten(0, 1)
     model.eval()
     member_cond = repeat_cond(cond, G)
-    parts = [sde_rollout(model, noises[rows], index_cond(member_cond, rows), T, config.eta,
-                         generator)
-             for rows in micro_batches(noises.shape[0], config.rollout_batch_size)]
-    latents = torch.cat([latents for latents, _, _ in parts], dim=1)  # (T+1, P*G, *D)
-    old_log_probs = torch.cat([log_probs for _, _, log_probs in parts], dim=1)  # (T, P*G)
-    return SDEGroups(noise_seeds, member_cond, latents, parts[0][1], old_log_probs)
+    latents, timesteps, old_log_probs = sde_rollout(  # (T+1, P*G, *D), (T+1,), (T, P*G)
+        model, noises, member_cond, T, config.eta, generator, config.rollout_batch_size)
+    return SDEGroups(noise_seeds, member_cond, latents, timesteps, old_log_probs)
 
 
 def update_sde_policy(model: FlowModel, optimizer: torch.optim.Optimizer, groups: SDEGroups,
