@@ -68,14 +68,18 @@ def describe_error(exc: BaseException) -> str:
 # a job this worker cannot run while another live worker of its queue can goes back to the
 # queue after this long: time for the able worker to take it, no busy loop between CPU workers
 PASS_ON_SECONDS = 5.0
+# ... and while none can (no worker with a GPU has reported yet), after this long: the job
+# waits queued, as its page says, until a GPU worker starts and takes it
+WAIT_FOR_DEVICE_SECONDS = 30.0
 
 
 def missing_device(config: dict) -> str | None:
     """Why this worker cannot run a config (it asks for CUDA and there is none here), or None.
-    Submission refuses such configs while the queue's live workers report the same. Where a
-    live worker of the queue can run it (CPU and GPU workers sharing a queue), the job is
-    passed on (`run_job`); a job accepted before any worker reported fails with this, not a
-    traceback."""
+    Submission refuses such configs while the queue's live workers report the same. A queued
+    job is passed back to its queue (`_claim`): at once where a live worker of the queue can
+    run it (CPU and GPU workers sharing a queue), every WAIT_FOR_DEVICE_SECONDS while none
+    can (it was accepted before any worker reported, and its page says it waits for a GPU
+    worker); a job that is no longer queued fails with this, not a traceback."""
     if config.get("device") != "cuda":
         return None
     import torch
@@ -290,10 +294,15 @@ def _claim(lease: JobLease) -> str | None:
         job = jobs.get_job(s, job_id)
         config, kind, queued = dict(job.config or {}), job.kind, job.status == JobStatus.QUEUED
         problem = missing_device(config)
-        if problem and queued and workers.able(s, kind, config):
-            # a worker that can run it serves the same queue: leave the job untouched for it
-            log.info("job %s: %s; passed on to the queue's able workers", job_id, problem)
-            enqueue(job_id, kind, countdown=PASS_ON_SECONDS)
+        if problem and queued:
+            # left untouched for a worker that can run it: one of the queue's live workers,
+            # or the first GPU worker to start (the job waits, as its page says)
+            able = workers.able(s, kind, config)
+            log.info("job %s: %s; %s", job_id, problem,
+                     "passed on to the queue's able workers" if able else
+                     f"no live worker has one: it waits, offered again in "
+                     f"{WAIT_FOR_DEVICE_SECONDS:.0f} s")
+            enqueue(job_id, kind, countdown=PASS_ON_SECONDS if able else WAIT_FOR_DEVICE_SECONDS)
             return TaskOutcome.PASSED_ON
     if not lease.claim():
         log.info("job %s is finished, cancelled or held by another worker: skipped", job_id)

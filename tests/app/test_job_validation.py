@@ -669,36 +669,47 @@ def test_a_misspelt_field_is_named_with_the_field_meant(client, admin):
     assert r.json()["errors"] == [{"field": "zzz", "message": "unknown field"}]
 
 
-def test_a_cuda_job_on_a_worker_without_cuda_fails_with_a_clear_reason(settings, session):
-    import torch
-
-    from app.models import Job
-    from app.services import jobs
-    from worker.tasks import run_job
-
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA: the job would run")
-    job = jobs.create_job(session, "train", {"device": "cuda"}, preset="tiny")
-    session.commit()
-    ran = []
-    assert run_job(job.id, lambda jid, name: ran.append(jid) or "succeeded") == "failed"
-    session.expire_all()
-    row = session.get(Job, job.id)
-    assert ran == [] and row.status == "failed"
-    assert "no CUDA device" in row.error and "Traceback" not in row.error
-
-
-def test_a_cuda_job_is_passed_on_to_a_gpu_worker_of_its_queue_not_failed(settings, session,
-                                                                         monkeypatch):
-    """CPU and GPU workers sharing the `gpu` queue (the demo's worker beside a GPU box): the
-    CPU worker that receives a cuda job sends it back to the queue for the GPU worker,
-    leaving the job untouched; with no able worker left it fails as above."""
+def test_a_cuda_job_that_no_worker_can_run_waits_queued_not_failed(settings, session,
+                                                                   monkeypatch):
+    """A cuda job accepted before any worker reported (its page says it waits for a GPU
+    worker): a CPU worker that receives it offers it again later, the job untouched and
+    still queued, its page still saying what it waits for, rather than failing it."""
     import torch
 
     import worker.tasks
     from app.models import Job
     from app.services import jobs, workers
-    from worker.tasks import PASS_ON_SECONDS, run_job
+    from worker.tasks import WAIT_FOR_DEVICE_SECONDS, run_job
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the job would run")
+    job = jobs.create_job(session, "train", {"device": "cuda"}, preset="tiny")
+    session.commit()
+    workers.report(session, "cpu-box", ["gpu", "cpu"], 0, [])  # started after the job
+    session.commit()
+    sent, ran = [], []
+    monkeypatch.setattr(worker.tasks, "enqueue", lambda *a, **kw: sent.append((a, kw)))
+    for _ in range(2):
+        assert run_job(job.id, lambda jid, name: ran.append(jid) or "succeeded") == "passed on"
+    assert sent == [((job.id, "train"), {"countdown": WAIT_FOR_DEVICE_SECONDS})] * 2
+    session.expire_all()
+    row = session.get(Job, job.id)
+    assert ran == [] and row.status == "queued" and row.worker is None
+    assert row.attempts == 0 and not row.error
+    assert "waiting for a worker with a CUDA device" in workers.waiting_for(session, [row])[job.id]
+
+
+def test_a_cuda_job_is_passed_on_to_a_gpu_worker_of_its_queue_not_failed(settings, session,
+                                                                         monkeypatch):
+    """CPU and GPU workers sharing the `gpu` queue (the demo's worker beside a GPU box): the
+    CPU worker that receives a cuda job sends it back to the queue for the GPU worker at once,
+    leaving the job untouched; with no able worker left it waits for one, as above."""
+    import torch
+
+    import worker.tasks
+    from app.models import Job
+    from app.services import jobs, workers
+    from worker.tasks import PASS_ON_SECONDS, WAIT_FOR_DEVICE_SECONDS, run_job
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the job would run")
@@ -716,8 +727,10 @@ def test_a_cuda_job_is_passed_on_to_a_gpu_worker_of_its_queue_not_failed(setting
     assert row.status == "queued" and row.worker is None and row.attempts == 0 and not row.error
     session.delete(session.get(workers.WorkerRow, "gpu-box"))  # the GPU box went away
     session.commit()
-    assert run_job(job.id, lambda jid, name: ran.append(jid) or "succeeded") == "failed"
-    assert len(sent) == 1 and ran == []
+    assert run_job(job.id, lambda jid, name: ran.append(jid) or "succeeded") == "passed on"
+    assert sent[1] == ((job.id, "train"), {"countdown": WAIT_FOR_DEVICE_SECONDS}) and ran == []
+    session.expire_all()
+    assert session.get(Job, job.id).status == "queued"
 
 
 def test_a_task_says_what_it_did_with_a_message_it_does_not_run(settings, session, monkeypatch):
