@@ -284,7 +284,9 @@ def _parse_csv(filename: str, text: str, counts: _Counts) -> Records:
             yield BadRecord(f"line {reader.line_num}", f"malformed CSV ({exc})",
                             {"line": reader.line_num})
             continue
-        if not row:  # an empty line: the csv module gives no fields at all
+        if not any(cell.strip() for cell in row):
+            # a blank line (no fields, or whitespace, as in a text file), or a spreadsheet's
+            # ",," row: nothing in any cell
             counts.blank += 1
             continue
         row_no += 1
