@@ -56,6 +56,20 @@ def _vote(page, button: str) -> None:
             return
 
 
+# every reveal's visibility and opacity when it appears or changes (vote id, visibility,
+# opacity), recorded by a MutationObserver: its callback runs before the next frame
+RECORD_REVEAL_STYLES_JS = """() => {
+  window.__revealStyles = [];
+  new MutationObserver(() => {
+    for (const e of document.querySelectorAll('#arena-reveal .ngs-reveal')) {
+      const c = getComputedStyle(e);
+      window.__revealStyles.push([e.dataset.vote, c.visibility, Number(c.opacity)]);
+    }
+  }).observe(document.body, {subtree: true, childList: true, attributes: true,
+                             characterData: true});
+}"""
+
+
 def _wait_reveal(page, vote_id: int) -> None:
     page.locator(f"#arena-reveal .ngs-reveal[data-vote='{vote_id}']").wait_for(state="attached")
 
@@ -94,12 +108,16 @@ def test_every_votes_reveal_shows_and_bold_text_takes_one_font(server, page):
     _wait_reveal(page, first.id)
     # past the first reveal's fade (3.5 s): the animation has run out
     time.sleep(max(0.0, first_at + 4.2 - time.monotonic()))
+    # the reveal's style as the page patches it in, read in the same task as the change: a
+    # loaded machine that answers seconds later would see the new fade run out (the bug this
+    # guards against is a reveal that is hidden from its first frame)
+    page.evaluate(RECORD_REVEAL_STYLES_JS)
     _vote(page, "#vote-b")
     second = _nth_vote_of("reveal-voter", 2)
     assert second.id != first.id
     _wait_reveal(page, second.id)
-    style = page.locator("#arena-reveal .ngs-reveal").evaluate(
-        "e => { const c = getComputedStyle(e); return [c.visibility, Number(c.opacity)]; }")
+    styles = page.evaluate("() => window.__revealStyles")
+    style = next(s[1:] for s in styles if s[0] == str(second.id))
     assert style[0] == "visible" and style[1] > 0.5, style
     # "B is better" in bold: every letter from one font (the B came from another)
     assert "B is better" in page.locator("#arena-reveal .ngs-reveal b").nth(1).inner_text()
