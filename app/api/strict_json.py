@@ -9,7 +9,8 @@ key (`body: malformed JSON (key 'iterations' given twice in one object at charac
 after the caller's own 401 or 403, as any malformed body is (app.main). The query string is
 held to the same rule: a parameter the route does not declare (`?jobid=1` for `job_id`) or
 a one-valued parameter given twice is a 422 naming it, in the same answer as the request's
-other problems (its parameters' and body's), and the route's work is never done.
+other problems (its parameters' and body's), and the route's work is never done. So is a
+body sent to a route that takes none (`unexpected_body`), which FastAPI would never read.
 """
 
 from __future__ import annotations
@@ -55,9 +56,17 @@ class StrictJSONRoute(APIRoute):
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
         check_query = query_checker(self)
+        takes_body = self.body_field is not None
 
         async def strict(request: Request) -> Response:
             problems = await check_query(request)
+            if not takes_body and (unread := await unexpected_body(request)) is not None:
+                if not problems:  # with problems, check_query refused the caller already
+                    from app.api.deps import refused_caller
+
+                    if (refused := await refused_caller(request)) is not None:
+                        raise refused
+                problems = [*problems, unread]
             if problems:
                 request.scope[QUERY_PROBLEMS] = problems
             token = _pending_query_problems.set(problems or None)
@@ -67,6 +76,25 @@ class StrictJSONRoute(APIRoute):
                 _pending_query_problems.reset(token)
 
         return strict
+
+
+# what a client may send to a route that takes no body, meaning none: some send an empty
+# JSON object or null with every POST
+NOTHING_SENT = (b"", b"{}", b"null")
+
+
+async def unexpected_body(request: Request) -> dict[str, str] | None:
+    """The problem of a body sent to a route that takes none (`POST /jobs/1/cancel` with
+    `{"force": true}` was answered as if the option had been taken), or None. The body is
+    read only when one is announced, and RequestBodyLimit bounds it."""
+    headers = request.headers
+    if headers.get("content-length", "0") == "0" and "transfer-encoding" not in headers:
+        return None
+    body = await request.body()
+    if body.strip() in NOTHING_SENT:
+        return None
+    return {"field": "body", "message": f"this route takes no body ({len(body)} bytes sent); "
+            "its options, where it has any, are query parameters"}
 
 
 def query_invalid(problems: list[dict[str, str]]) -> Invalid:

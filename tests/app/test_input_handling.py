@@ -967,3 +967,35 @@ def test_a_query_parameter_the_route_does_not_take_is_refused(client, admin, ann
     assert client.get(group["samples"][0]["image_url"], headers=admin).status_code == 200
     assert client.get("/api/votes/next?exclude=1&exclude=2", headers=annotator).status_code in (
         200, 204)
+
+
+def test_a_body_sent_to_a_route_that_takes_none_is_refused(client, admin, session):
+    """`POST /api/jobs/1/cancel` with `{"force": true}` was answered as if the option had been
+    taken: FastAPI never reads the body of a route that declares none. Such a body is a 422
+    naming it (beside the query string's problems), after the caller's own 401, and the
+    route's work is not done; an empty body, `{}` or `null` (what some clients send with
+    every POST) means none."""
+    from app.models import Job
+    from app.services import jobs
+
+    job = jobs.create_job(session, "train", {}, preset="tiny")
+    session.commit()
+    url = f"/api/jobs/{job.id}/cancel"
+    r = client.post(url, headers=admin, json={"force": True})
+    assert r.status_code == 422, r.text
+    assert _errors(r) == {"body": "this route takes no body (14 bytes sent); its options, "
+                                  "where it has any, are query parameters"}
+    session.expire_all()
+    row = session.get(Job, job.id)
+    assert row.status == "queued" and not row.cancel_requested
+    r = client.post(url + "?now=1", headers=admin, content=b"force")
+    assert r.status_code == 422 and set(_errors(r)) == {"now", "body"}, r.text
+    assert client.post(url, json={"force": True}).status_code == 401  # the caller's first
+    r = client.request("GET", "/api/jobs", headers=admin, content=b'{"status": "queued"}')
+    assert r.status_code == 422 and set(_errors(r)) == {"body"}, r.text
+    for nothing in (b"", b"{}", b"null", b" {} \n"):
+        r = client.request("GET", "/api/jobs", headers=admin, content=nothing)
+        assert r.status_code == 200, (nothing, r.text)
+    assert client.post(url, headers=admin, json={}).status_code == 200
+    session.expire_all()
+    assert session.get(Job, job.id).status == "cancelled"

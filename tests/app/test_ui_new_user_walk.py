@@ -149,7 +149,7 @@ def test_a_refused_upload_says_its_problem_then_how_to_retry_in_sentences(
 
     made = folder / "prompts-csv" / "prompts.csv"
     made.parent.mkdir(parents=True)
-    made.write_text("prompt\na red fox\nan owl\nthree dots\n\"\"\n")
+    made.write_text("prompt,k\na red fox,1\nan owl,2\nthree dots,3\n,4\n")
     status = datasets.upload(_token(admin), str(made), "", 0.0, 0)[0]
     text = _text(status)
     assert re.search(r"empty prompt\. Choose the file again to upload it once this is fixed\.$",
