@@ -56,7 +56,7 @@ demo: $(STAMP)
 	$(BIN)/python -m app serve
 
 # one more worker on this machine's DATA_DIR / BROKER_URL / DATABASE_URL (see README: Workers)
-worker: setup
+worker: $(STAMP)
 	$(BIN)/celery -A worker.celery_app worker -Q gpu,cpu --pool solo -l INFO --without-gossip --without-mingle --without-heartbeat
 
 # the whole suite, as CI runs it (.ci/run); needs PostgreSQL, Redis and chromium

@@ -241,6 +241,7 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
     model = overrides.get("model", "shapes")
     spec = args.config or default_preset(model if isinstance(model, str) else "shapes")
     saved = _resumed_config(args, problems)
+    saved_run = dict(saved) if saved is not None else None  # as the run saved it
     if saved is not None:
         # a resume's fields are the run's own, the command line's on top (a config file's
         # keys too: a preset is not applied): checked against the shapes preset's defaults,
@@ -264,7 +265,10 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
         config = load_config(spec, overrides)
     except ConfigErrors as exc:
         # "prompts: required" beside a prompts file that could not be read says it twice
-        problems += [e for e in exc.errors if not (problems and e.field == "prompts")]
+        errors = [e for e in exc.errors if not (problems and e.field == "prompts")]
+        if saved_run is not None:
+            errors = _resume_refusals_first(args, saved_run, errors)
+        problems += errors
     except ConfigError as exc:
         # the option the user gave
         problems.append(ConfigError("--config", exc.message) if exc.field == "config" else exc)
@@ -377,6 +381,26 @@ def _resumed_config(args: argparse.Namespace,
     except ConfigError as exc:
         problems.append(exc)
         return None
+
+
+def _resume_refusals_first(args: argparse.Namespace, saved: dict[str, Any],
+                           errors: list[ConfigError]) -> list[ConfigError]:
+    """A resume whose merged config did not parse: where the command line changes fields a
+    resume keeps (`--method sde` on a run of `sigma` 0.1), those refusals, and the problems
+    of the fields it gave, not the saved run's fields that the change made invalid ("sigma:
+    applies only to method 'neighbor'" named a field the command never gave)."""
+    from trainer.run_dir import changed_on_resume
+
+    given = _given_fields(args)
+    asked = absolute_paths({**_config_file_fields(args), **_parse_overrides(args.set, [])})
+    if args.method:
+        asked["method"] = args.method
+    refusals = changed_on_resume(absolute_paths(saved), asked, given,
+                                 Path(args.out) / "config.json")
+    if not refusals:
+        return errors
+    refused = {e.field for e in refusals}
+    return refusals + [e for e in errors if e.field in given and e.field not in refused]
 
 
 def _config_file_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -1534,7 +1558,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "shapes: its 48 prompts)")
     train.add_argument("--out", required=True, help="run directory")
     train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
-    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar: a plain "
+                       "line every 10 iterations instead (logs, CI)")
     train.set_defaults(func=cmd_train)
 
     sample_help = "deterministic ODE sampling, one PNG per (prompt, seed)"

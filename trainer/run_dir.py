@@ -4,6 +4,7 @@ report_to trackers' logs (tracking/)."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ RUN_FILES = ("config.json", "metrics.jsonl", "reward_curve.png", "samples", "che
 # model directory once moved (the same model: `moved_model_problem`), micro-batch sizes
 # (batching never changes the results), recomputation and compilation, and where the same
 # reward models are (a reward server's address, or their weights' directories).
+# `train --no-progress` prints a line every this many iterations (and the first and last)
+LOG_EVERY = 10
 RESUME_FIELDS = ("iterations", "device", "model_path", "rollout_batch_size",
                  "train_batch_size", "gradient_checkpointing",
                  "gradient_checkpointing_fraction", "torch_compile", "reward_server_url",
@@ -166,6 +169,27 @@ def saved_run_config(path: Path) -> TrainConfig:
                           "new run in a new --out") from None
 
 
+def changed_on_resume(saved: Mapping[str, Any], new: Mapping[str, Any],
+                      given: Collection[str] | Mapping[str, str],
+                      saved_config: Path) -> list[ConfigError]:
+    """A resume's refusals: each field the command line gave (`given`; a Mapping also says
+    how, "--set" or "--method") other than RESUME_FIELDS whose value in `new` is not the
+    saved run's. `new` may be the command line's values alone (the whole config did not
+    parse: a changed method makes the run's own sigma "applies only to method 'neighbor'")."""
+    how = given if isinstance(given, Mapping) else {}
+    problems = []
+    for key in sorted(set(given) - set(RESUME_FIELDS)):
+        if key in new and new[key] != saved.get(key) \
+                and not _same_file(key, new[key], saved.get(key)):
+            by = f" by {how[key]}" if how.get(key) else ""
+            problems.append(ConfigError(key, f"is {saved.get(key)!r} in the run being "
+                                        f"resumed ({saved_config}), given {new[key]!r}{by}: a "
+                                        "resumed run keeps its config; only "
+                                        f"{', '.join(RESUME_FIELDS)} can change (or start a "
+                                        "new run in a new --out)"))
+    return problems
+
+
 class RunDirectory:
     """A run's directory: a new run (`resume` False) writes into a directory that holds no
     run (`run_problems`); a resumed one continues from its newest checkpoint with its saved
@@ -243,21 +267,12 @@ class RunDirectory:
         except ConfigError as exc:
             return [exc]
         new = absolute_paths(config.to_dict())
-        how = given if isinstance(given, Mapping) else {}
         newest = latest_checkpoint(out / "checkpoints")
         if "model_path" in given and new["model_path"] != saved["model_path"] and (
                 problem := moved_model_problem(saved["model"], saved["model_path"],
                                                new["model_path"], newest)) is not None:
             problems.append(ConfigError("model_path", problem))
-        for key in sorted(set(given) - set(RESUME_FIELDS)):
-            if key in new and new[key] != saved.get(key) \
-                    and not _same_file(key, new[key], saved.get(key)):
-                by = f" by {how[key]}" if how.get(key) else ""
-                problems.append(ConfigError(key, f"is {saved.get(key)!r} in the run being "
-                                            f"resumed ({saved_config}), given {new[key]!r}{by}: a "
-                                            "resumed run keeps its config; only "
-                                            f"{', '.join(RESUME_FIELDS)} can change (or start a "
-                                            "new run in a new --out)"))
+        problems += changed_on_resume(saved, new, given, saved_config)
         budget = config.iterations if "iterations" in given else saved["iterations"]
         if newest is not None and (m := CHECKPOINT_DIR_RE.match(newest.name)) \
                 and int(m.group(1)) >= budget:
@@ -320,6 +335,13 @@ class RunDirectory:
             m = result.metrics
             bar.set_postfix(reward=f"{m['reward_mean']:.3f}", s_it=f"{m['seconds']:.2f}")
             bar.update(1)
+            if not progress and (trainer.iteration % LOG_EVERY == 0 or trainer.iteration == 1
+                                 or trainer.iteration == self.config.iterations):
+                # without the bar (logs, CI), a line now and then: a long run was silent
+                # until its end
+                print(f"iteration {trainer.iteration}/{self.config.iterations}: reward "
+                      f"{m['reward_mean']:.4f}, loss {m['loss']:.4g}, {m['seconds']:.2f} s",
+                      file=sys.stderr, flush=True)
             if stop_requested is not None and stop_requested() \
                     and trainer.iteration < self.config.iterations:
                 self._checkpoint_unless_saved()

@@ -70,6 +70,11 @@ def test_train_writes_metrics_curve_samples_checkpoints_and_resumes(tmp_path):
     assert proc.returncode == 0, proc.stderr
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in records] == [1, 2, 3, 4, 5]
+    # --no-progress: no bar, a plain line for the last iteration (and every 10th, the first)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("iteration ")]
+    assert lines == [f"iteration 5/5: reward {records[-1]['reward_mean']:.4f}, loss "
+                     f"{records[-1]['loss']:.4g}, {records[-1]['seconds']:.2f} s"], proc.stderr
+    assert "it/s" not in proc.stderr and "s/it" not in proc.stderr
 
 
 def test_a_first_ctrl_c_ends_the_iteration_with_a_checkpoint_and_a_second_stops_at_once(

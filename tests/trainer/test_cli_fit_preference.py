@@ -83,6 +83,9 @@ def test_fit_preference_names_every_bad_field_and_line(tmp_path, capsys):
     assert "'epochs': must be >= 1" in err and "'features': must be one of" in err
     assert "'colour': unknown field" in err and not out.exists()
     assert "did you mean" not in err  # nothing like "colour" among the fields
+    # the fields --set takes: device is --device's
+    listed = err.split("'colour': unknown field; the fields are ")[1].splitlines()[0]
+    assert "features" in listed.split(", ") and "device" not in listed.split(", ")
     # --set device was overwritten by --device's default: `device=banana` fitted on the CPU
     assert main(["fit-preference", "--votes", str(votes), "--images", str(storage), "--out",
                  str(out), "--set", "device=banana", "--set", "epochs=1"]) == 2

@@ -189,3 +189,27 @@ def test_a_resume_follows_its_model_directory_to_a_new_place(tmp_path, tiny_flux
     config = load_config("tiny", {**fields, "iterations": 9, "model_path": str(moved)})
     assert RunDirectory.run_problems(out, config, resume=True, given=given) == []
     assert RunDirectory.run_config(out, config, True, given=given).model_path == str(moved)
+
+
+def test_a_resume_that_changes_the_method_names_the_method_not_the_runs_own_fields(
+        tmp_path, capsys):
+    """`--method sde` on a run trained with sigma 0.1: the merged config did not parse
+    ("sigma: applies only to method 'neighbor'", a field this command never gave), so the
+    refusal of the change itself, and the other changes given with it, went unsaid."""
+    out = tmp_path / "run"
+    _saved_run(out, iterations=3, sigma=0.1)
+    before = _tree(out)
+    assert main(["train", "--out", str(out), "--resume", "--set", "iterations=5",
+                 "--method", "sde", "--set", "learning_rate=2e-5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2, err
+    assert err[0].startswith("error: config field 'learning_rate': is ")
+    assert err[1].startswith("error: config field 'method': is 'neighbor' in the run being "
+                             "resumed") and "given 'sde' by --method" in err[1]
+    assert not any("sigma" in line for line in err)
+    assert _tree(out) == before
+    # a problem of a field the command gave is still said beside them
+    assert main(["train", "--out", str(out), "--resume", "--method", "sde",
+                 "--set", "iterations=-1"]) == 2
+    err = capsys.readouterr().err
+    assert "config field 'method'" in err and "config field 'iterations'" in err

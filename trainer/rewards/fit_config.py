@@ -94,8 +94,11 @@ def fit_config_problems(values: dict[str, Any]) -> list[tuple[str, str]]:
         if f is None:
             from trainer.config import unknown_field_message  # torch-free, as this module
 
-            problems.append((name, f"{unknown_field_message(name, list(fields))}; "
-                                   f"the fields are {', '.join(fields)}"))
+            # device is no field anyone sets by name: fit-preference's --device and the
+            # studio's jobs give it
+            named = [n for n in fields if n != "device"]
+            problems.append((name, f"{unknown_field_message(name, named)}; "
+                                   f"the fields are {', '.join(named)}"))
             continue
         kind = type(f.default)
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
