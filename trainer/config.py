@@ -317,11 +317,10 @@ class AlgorithmArguments:
                                    "(squared distance of their one-step predictions over the "
                                    "temperature). Keeps the policy near the base, where a learned "
                                    "reward can be trusted; costs one more forward pass per "
-                                   "anchor step. The base is the weights the run starts from, "
-                                   "except under finetune 'lora': the model at model_path with "
-                                   "the adapters switched off (no second copy), even when "
-                                   "base_checkpoint continues an earlier LoRA. 0 disables it "
-                                   "(the paper's setting). Neighbor GRPO only.",
+                                   "anchor step. The base is the weights the run starts from "
+                                   "(base_checkpoint's, an earlier LoRA's included; under "
+                                   "finetune 'lora' no second copy of the transformer). 0 "
+                                   "disables it (the paper's setting). Neighbor GRPO only.",
                                    min=0.0, max=1e6, group="algorithm")
     # --- SDE baseline --------------------------------------------------------------------
     eta: float = _field(0.7, "SDE baseline: noise level eta of the SDE sampler "

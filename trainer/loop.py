@@ -174,7 +174,7 @@ class Trainer:
         self._iterate = ITERATIONS[config.method]
         # the frozen base model the KL penalty measures against (taken before any update or
         # resume, so a resumed run keeps the same reference; with LoRA it is the same model
-        # with its adapters disabled, not a copy)
+        # with its adapters disabled, or switched to the earlier LoRA it continues, not a copy)
         self.reference: FlowModel | None = None
         if config.kl_coefficient > 0:
             self.reference = self.model.reference_model()

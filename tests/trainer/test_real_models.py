@@ -1188,6 +1188,58 @@ def test_lora_kl_reference_is_the_same_model_with_its_adapters_off(variant, requ
         torch.testing.assert_close(model(x, t, cond), after)  # adapters back on
 
 
+def test_a_lora_continued_from_an_earlier_lora_is_held_to_where_it_started(flux_dev, tmp_path):
+    """base_checkpoint naming an earlier LoRA, with a KL penalty: the reference is that LoRA
+    on the base (a frozen second adapter), as a full fine-tune's is its base_checkpoint, not
+    the base alone with the adapters off; it stays so while the run trains and after a
+    resume, and the checkpoints hold the trained adapter alone."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    earlier = Trainer(_config(flux_dev, "flux", learning_rate=1e-2))
+    for _ in range(3):
+        earlier.step()
+    start = earlier.save_checkpoint(tmp_path / "earlier")
+    config = _config(flux_dev, "flux", kl_coefficient=0.1, learning_rate=1e-2,
+                     base_checkpoint=str(start))
+    trainer = Trainer(config)
+    model, reference = trainer.model, trainer.reference
+    x = _noise(model)
+    t = torch.full((x.shape[0],), 0.5)
+    cond = model.encode_prompts(PROMPTS[:1] * x.shape[0])
+    with torch.no_grad():
+        started = model(x, t, cond)
+        torch.testing.assert_close(reference(x, t, cond), started)  # where the run starts
+        model.transformer.disable_adapters()
+        base = model(x, t, cond)
+        model.transformer.enable_adapters()
+        assert (started - base).abs().max() > 1e-3  # the earlier LoRA moved it from the base
+    trained = {n for n, p in model.transformer.named_parameters() if p.requires_grad}
+    assert trained and all(".default." in n for n in trained)
+    assert {id(p) for p in model.trainable_parameters()} == {
+        id(p) for n, p in model.transformer.named_parameters() if n in trained}
+    for _ in range(2):
+        trainer.step()
+    assert {n for n, p in model.transformer.named_parameters() if p.requires_grad} == trained
+    with torch.no_grad():
+        moved = model(x, t, cond)
+        assert (moved - started).abs().max() > 1e-3
+        torch.testing.assert_close(reference(x, t, cond), started)  # the reference did not
+        torch.testing.assert_close(model(x, t, cond), moved)  # the trained adapter is back
+    checkpoint = trainer.save_checkpoint(tmp_path / "run")
+    saved = load_file(str(checkpoint / LORA_WEIGHTS))
+    assert saved.keys() == load_file(str(start / LORA_WEIGHTS)).keys()
+    assert not any("reference" in k for k in saved)
+    # a resume loads its checkpoint into the trained adapter; the reference stays the start
+    resumed = Trainer(config)
+    resumed.load_checkpoint(checkpoint)
+    with torch.no_grad():
+        torch.testing.assert_close(resumed.model(x, t, cond), moved)
+        torch.testing.assert_close(resumed.reference(x, t, cond), started)
+    assert get_peft_model_state_dict(resumed.model.transformer).keys() == \
+        get_peft_model_state_dict(model.transformer).keys()
+
+
 @pytest.mark.parametrize("finetune", ["lora", "full"])
 def test_a_staged_model_is_set_up_for_its_device_with_its_weights_in_cpu_memory(finetune,
                                                                               flux_dev):

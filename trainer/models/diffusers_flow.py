@@ -52,6 +52,8 @@ DEFAULT_RESOLUTION = DIFFUSERS_DEFAULT_RESOLUTION  # a config's resolution 0
 # (512 T5 tokens x 4,096 x bf16 = 4 MB each), so a run that keeps to a set of that size
 # encodes each prompt once, and one on a 100k-prompt set (HPDv2's train split) stays bounded.
 PROMPT_CACHE_BYTES = 4 * 2**30
+# the frozen adapter a LoRA run continued from an earlier LoRA keeps as its KL reference
+REFERENCE_ADAPTER = "reference"
 
 
 def _weight_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
@@ -321,15 +323,34 @@ class DiffusersFlowModel(FlowModel):
 
     # -- training --------------------------------------------------------------------------------
     def reference_model(self, *, empty: bool = False) -> FlowModel:
-        """LoRA: this very transformer with its adapters disabled (no second copy of the
-        weights); full fine-tuning: a frozen copy of the transformer alone, in the compute
+        """LoRA: this very transformer with its adapters disabled, or switched to a frozen
+        copy of the earlier LoRA the run continues (no second copy of the weights); full
+        fine-tuning: a frozen copy of the transformer alone, in the compute
         dtype (bf16 under mixed precision: autocast casts the fp32 masters to it for every
         matrix product anyway, and a frozen model needs no masters). `empty`: the copy's
         tensors on the meta device, for the caller to fill."""
         if self.spec.finetune == "lora":
+            if self.spec.weights and REFERENCE_ADAPTER not in self.transformer.peft_config:
+                self._add_reference_adapter(Path(self.spec.weights))
             return _ReferencePolicy(self, None)
         return _ReferencePolicy(self, frozen_copy(self.transformer, self.compute_dtype,
                                                   empty=empty))
+
+    def _add_reference_adapter(self, weights: Path) -> None:
+        """A LoRA run continued from an earlier LoRA (base_checkpoint): the KL reference is
+        where the run starts, that LoRA on the base, as a full fine-tune's frozen copy of its
+        base_checkpoint is, not the base alone (the adapters switched off). A second adapter,
+        frozen, holds the earlier LoRA read again from its file (a resume has loaded its own
+        checkpoint into the trained one by then); the reference's forward switches to it."""
+        from copy import deepcopy
+
+        self.transformer.add_adapter(deepcopy(self.transformer.peft_config["default"]),
+                                     adapter_name=REFERENCE_ADAPTER)
+        self._load_lora(weights, REFERENCE_ADAPTER)
+        self.transformer.set_adapter("default")  # trains it; the reference's stay frozen
+        for name, param in self.transformer.named_parameters():
+            if f".{REFERENCE_ADAPTER}." in name:
+                param.requires_grad_(False)
 
     def save_weights(self, directory: Path, metadata: dict[str, str],
                      state: dict[str, torch.Tensor] | None = None) -> Path:
@@ -361,38 +382,44 @@ class DiffusersFlowModel(FlowModel):
                                          max_shard_size="1000GB")
         return directory / FULL_TRANSFORMER
 
-    def load_weights(self, directory: Path) -> None:
+    def _load_lora(self, directory: Path, adapter: str) -> None:
+        """The LoRA of checkpoint `directory` (or a LoRA's file itself) into `adapter`,
+        checked against this model's adapters first."""
+        from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
-        from trainer.models import lora_weights_path
+        from trainer.models import (
+            bare_lora_spec,
+            lora_alpha_problem,
+            lora_weights_path,
+            peft_lora_key,
+        )
 
+        lora = lora_weights_path(directory)
+        if not lora.is_file():
+            raise FileNotFoundError(f"{directory} holds no {LORA_WEIGHTS} (a LoRA run's "
+                                    "checkpoint); this run has finetune='lora'")
+        state = {peft_lora_key(k).removeprefix("transformer."): v
+                 for k, v in load_file(str(lora)).items() if k.startswith("transformer.")}
+        # checked here: set_peft_model_state_dict's load_state_dict would fail on a shape
+        # with a RuntimeError listing hundreds of tensors, which says neither why nor which
+        # file
+        if (problem := self._lora_problem(state)) is not None:
+            raise WeightsMismatch(f"{lora} {problem}")
+        if (problem := lora_alpha_problem(bare_lora_spec(directory).lora_alpha,
+                                          self.spec.lora_alpha)) is not None:
+            raise WeightsMismatch(f"{lora} {problem}")
+        result = set_peft_model_state_dict(self.transformer, state, adapter_name=adapter)
+        if getattr(result, "unexpected_keys", None):
+            raise ValueError(f"{lora} does not fit this model's adapters: unexpected keys "
+                             f"{result.unexpected_keys[:5]}")
+
+    def load_weights(self, directory: Path) -> None:
         directory = Path(directory)
         # `directory` is a checkpoint directory, or a LoRA's file itself (checkpoint_spec)
-        lora, full = lora_weights_path(directory), directory / FULL_TRANSFORMER
+        full = directory / FULL_TRANSFORMER
         if self.spec.finetune == "lora":
-            if not lora.is_file():
-                raise FileNotFoundError(f"{directory} holds no {LORA_WEIGHTS} (a LoRA run's "
-                                        "checkpoint); this run has finetune='lora'")
-            from peft import set_peft_model_state_dict
-
-            from trainer.models import peft_lora_key
-
-            state = {peft_lora_key(k).removeprefix("transformer."): v
-                     for k, v in load_file(str(lora)).items() if k.startswith("transformer.")}
-            # checked here: set_peft_model_state_dict's load_state_dict would fail on a shape
-            # with a RuntimeError listing hundreds of tensors, which says neither why nor which
-            # file
-            if (problem := self._lora_problem(state)) is not None:
-                raise WeightsMismatch(f"{lora} {problem}")
-            from trainer.models import bare_lora_spec, lora_alpha_problem
-
-            if (problem := lora_alpha_problem(bare_lora_spec(directory).lora_alpha,
-                                              self.spec.lora_alpha)) is not None:
-                raise WeightsMismatch(f"{lora} {problem}")
-            result = set_peft_model_state_dict(self.transformer, state, adapter_name="default")
-            if getattr(result, "unexpected_keys", None):
-                raise ValueError(f"{lora} does not fit this model's adapters: unexpected keys "
-                                 f"{result.unexpected_keys[:5]}")
+            self._load_lora(directory, "default")
             for param in self.transformer.parameters():
                 if param.requires_grad:
                     param.data = param.data.float()
@@ -524,9 +551,22 @@ def compile_blocks(transformer: nn.Module) -> int:
     return len(blocks)
 
 
+def _activate_adapter(transformer: nn.Module, name: str) -> None:
+    """The LoRA layers of `transformer` compute with adapter `name` from now on. Set on each
+    layer directly: peft's set_adapter also flips requires_grad (the active adapter
+    trainable, the others not), which a switch for one no-grad forward must not do to the
+    trained adapter's parameters (the optimizer's, and DDP's gradient hooks')."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for module in transformer.modules():
+        if isinstance(module, BaseTunerLayer):
+            module._active_adapter = [name]
+
+
 class _ReferencePolicy(FlowModel):
     """The frozen base policy for the KL penalty: the adapter's velocity with its LoRA
-    disabled, or with a frozen copy of its transformer. Holds the adapter outside the module
+    disabled (or switched to the frozen LoRA the run started from), or with a frozen copy of
+    its transformer. Holds the adapter outside the module
     tree, so its parameters are not counted twice."""
 
     def __init__(self, model: DiffusersFlowModel, transformer: nn.Module | None) -> None:
@@ -554,11 +594,18 @@ class _ReferencePolicy(FlowModel):
                 if next(self.frozen.parameters()).device != x.device:  # made on the CPU
                     self.frozen.to(x.device)
                 return model._velocity(self.frozen, x, t, cond).float()
-            model.transformer.disable_adapters()
+            transformer = model.transformer
+            if REFERENCE_ADAPTER in transformer.peft_config:  # the LoRA the run started from
+                _activate_adapter(transformer, REFERENCE_ADAPTER)
+                try:
+                    return model._velocity(transformer, x, t, cond).float()
+                finally:
+                    _activate_adapter(transformer, "default")
+            transformer.disable_adapters()
             try:
-                return model._velocity(model.transformer, x, t, cond).float()
+                return model._velocity(transformer, x, t, cond).float()
             finally:
-                model.transformer.enable_adapters()
+                transformer.enable_adapters()
 
 
 def _default_targets() -> list[str]:
