@@ -986,6 +986,18 @@ ARENA_ROLLOUT_MAX_GROUP = 16
 SHAPES_DATASET = "shapes"  # the built-in prompts, loaded by `python -m app serve`
 
 
+def _next_arena_seed(session: Session, checkpoint_id: int | None, dataset_id: int) -> int:
+    """One past the largest seed of the rollout jobs already sampled from this checkpoint
+    (None: the base model) on this dataset: each send draws new noises. With the same seed
+    a second send sampled the very same images again, and the arena offered each pair
+    twice."""
+    seeds = [int((job.config or {}).get("seed", 0)) for job in session.scalars(
+        select(Job).where(Job.kind == "rollout"))
+        if (job.config or {}).get("checkpoint_id") == checkpoint_id
+        and (job.config or {}).get("dataset_id") == dataset_id]
+    return max(seeds) + 1 if seeds else 0
+
+
 def send_to_arena(session: Session, enqueuer: Enqueuer | None, source_job_id: int,
                   user: User | None = None) -> tuple[Job, Checkpoint | None]:
     """Launch a rollout job from a train job's newest checkpoint (the base model before the
@@ -1020,8 +1032,10 @@ def send_to_arena(session: Session, enqueuer: Enqueuer | None, source_job_id: in
     from trainer.config import TrainConfig
 
     run = TrainConfig.from_stored(cfg)  # a train job's stored config holds every field
+    ckpt_id = ckpt.id if ckpt else None
     config = {
-        "dataset_id": ds_id, "checkpoint_id": ckpt.id if ckpt else None,
+        "dataset_id": ds_id, "checkpoint_id": ckpt_id,
+        "seed": _next_arena_seed(session, ckpt_id, ds_id),
         "max_prompts": ARENA_ROLLOUT_PROMPTS,
         "group_size": max(2, min(run.group_size, ARENA_ROLLOUT_MAX_GROUP)),
         "sigma": run.sigma,

@@ -83,6 +83,16 @@ def test_send_to_arena_uses_the_jobs_group_size_capped(settings, session, enqueu
     assert job.config["group_size"] == jobs.ARENA_ROLLOUT_MAX_GROUP
     assert job.config["max_prompts"] == jobs.ARENA_ROLLOUT_PROMPTS
     assert enqueuer.calls[-1] == (job.id, "rollout")
+    # each send draws new noises: the same seed sampled the same images again, and the arena
+    # offered each pair twice; a rollout job launched by hand counts, another checkpoint not
+    assert job.config["seed"] == 0
+    assert jobs.send_to_arena(session, enqueuer, src.id)[0].config["seed"] == 1
+    jobs.launch_job(session, enqueuer, "rollout", {**job.config, "seed": 7})
+    assert jobs.send_to_arena(session, enqueuer, src.id)[0].config["seed"] == 8
+    other = datasets.import_dataset(session, filename="o.txt", data=b"two blue squares\n",
+                                    name="other").dataset.id
+    jobs.launch_job(session, enqueuer, "rollout", {**job.config, "seed": 20, "dataset_id": other})
+    assert jobs.send_to_arena(session, enqueuer, src.id)[0].config["seed"] == 9
 
 
 def test_send_to_arena_samples_only_the_prompts_the_job_trained_on(settings, session, enqueuer):
