@@ -242,10 +242,15 @@ def upload_form(user_state: dict | None, file: str | None, name: str, eval_fract
                 seed: Any) -> tuple[Any, ...]:
     """What Upload shows: `upload`'s outputs, the file picker's error box (no file chosen),
     the Name field's (a name taken), then one error box per UPLOAD_FIELDS entry, in its order
-    (empty where the field is fine), as the launch form shows its fields' errors."""
+    (empty where the field is fine), as the launch form shows its fields' errors, and the
+    Name box (emptied after an import)."""
     outputs, found = _upload(user_state, file, name, eval_fraction, seed)
+    imported = 'id="dataset-ok"' in outputs[0]
+    # the Name box emptied once its dataset is imported (its label says "default: the file
+    # name"): kept, the next file's upload met "a dataset named ... already exists"
     return (*outputs, field_error(found.get(FILE_FIELD)), field_error(found.get(NAME_FIELD)),
-            *[field_error(found.get(f)) for f in UPLOAD_FIELDS])
+            *[field_error(found.get(f)) for f in UPLOAD_FIELDS],
+            "" if imported else gr.skip())
 
 
 def show(user_state: dict | None, dataset_id: float | None) -> str:
@@ -397,7 +402,7 @@ def build_datasets(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
         delete_status = gr.HTML(elem_id="dataset-delete-status")
         go.click(upload_form, [user, file, name, eval_fraction, seed],
                  [status, prev, listing, file, pick, file_error, name_error,
-                  *[boxes[f] for f in UPLOAD_FIELDS]],
+                  *[boxes[f] for f in UPLOAD_FIELDS], name],
                  api_visibility="private").then(delete_choices, user, doomed,
                                                 api_visibility="private")
         show_btn.click(show, [user, pick], prev, api_visibility="private")

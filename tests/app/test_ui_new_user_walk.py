@@ -168,7 +168,8 @@ def test_upload_without_a_file_marks_the_file_picker(settings, admin):
         datasets.build_datasets(gr.State(None))
     upload = next(f for f in page.fns.values() if f.fn is datasets.upload_form)
     assert [b.elem_id for b in upload.outputs[5:]] == [
-        "dataset-err-file", "dataset-err-name", "dataset-err-eval_fraction", "dataset-err-seed"]
+        "dataset-err-file", "dataset-err-name", "dataset-err-eval_fraction", "dataset-err-seed",
+        "dataset-name"]
     out = _run(page, upload, [None, None, "", 0.5, 0], _token(admin))
     assert "choose a file first" in out[0]
     assert out[5] == datasets.field_error("choose a file first")
@@ -177,3 +178,28 @@ def test_upload_without_a_file_marks_the_file_picker(settings, admin):
     out = _run(page, upload, [None, None, "", 5, 0], _token(admin))
     assert "Eval fraction: a number from 0 to under 1, got 5; choose a file first" in out[0]
     assert "choose a file first" in out[5] and "got 5" in out[7] and out[6] == out[8] == ""
+
+
+def test_a_successful_upload_empties_the_name_box_and_a_refused_one_keeps_it(
+        settings, admin, tmp_path, monkeypatch):
+    """The Name box kept the last import's name, so the next file's upload met "a dataset
+    named ... already exists" and lost its chosen file; it is emptied after an import now
+    (its label says "default: the file name"), and kept for a fix when the upload is refused."""
+    import gradio as gr
+
+    folder = tmp_path / "gradio-uploads"
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(folder))
+    from app.ui import datasets
+
+    def made(name: str, text: str) -> str:
+        path = folder / name.replace(".", "-") / name
+        path.parent.mkdir(parents=True)
+        path.write_text(text)
+        return str(path)
+
+    out = datasets.upload_form(_token(admin), made("a.txt", "one red circle\n"), "my set",
+                               0.0, 0)
+    assert 'id="dataset-ok"' in out[0] and out[-1] == ""
+    out = datasets.upload_form(_token(admin), made("b.txt", "two red circles\n"), "my set",
+                               0.0, 0)
+    assert "already exists" in out[0] and out[-1] == gr.skip()

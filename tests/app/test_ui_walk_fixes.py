@@ -205,11 +205,12 @@ def test_upload_names_a_bad_eval_fraction_or_seed_beside_its_field(
     page, user = _studio_page(lambda user: datasets.build_datasets(user))
     run = _events(page, user, _token(admin))
     upload = _fn(page, first_output="dataset-status")
-    assert [b.elem_id for b in upload.outputs[-2:]] == ["dataset-err-eval_fraction",
-                                                       "dataset-err-seed"]
+    # the fields' boxes, then the Name box (emptied after an import)
+    assert [b.elem_id for b in upload.outputs[-3:]] == ["dataset-err-eval_fraction",
+                                                       "dataset-err-seed", "dataset-name"]
     out = run(upload, [None, _prompt_file(folder), "", fraction, seed])
     assert 'id="dataset-error"' in out[0], out[0]
-    for label, box, want in zip(("Eval fraction", "Split seed"), out[-2:], boxes,
+    for label, box, want in zip(("Eval fraction", "Split seed"), out[-3:-1], boxes,
                                 strict=True):
         if want:
             assert "ngs-field-error" in box and want in box, box
@@ -231,17 +232,18 @@ def test_a_taken_dataset_name_is_said_beside_the_name_field(settings, admin, tmp
     page, user = _studio_page(lambda user: datasets.build_datasets(user))
     run = _events(page, user, _token(admin))
     upload = _fn(page, first_output="dataset-status")
-    assert [b.elem_id for b in upload.outputs[-3:]] == [
-        "dataset-err-name", "dataset-err-eval_fraction", "dataset-err-seed"]
+    assert [b.elem_id for b in upload.outputs[-4:]] == [
+        "dataset-err-name", "dataset-err-eval_fraction", "dataset-err-seed", "dataset-name"]
     assert 'id="dataset-ok"' in run(upload, [None, _prompt_file(folder), "taken", 0, 0])[0]
     for fraction, seed in ((0, 0), (0.5, 1.5)):  # alone, and beside a bad split seed
         out = run(upload, [None, _prompt_file(folder), "taken", fraction, seed])
         assert 'id="dataset-error"' in out[0], out[0]
-        assert "a dataset named &#x27;taken&#x27; already exists" in out[-3], out[-3]
+        assert "a dataset named &#x27;taken&#x27; already exists" in out[-4], out[-4]
         assert "Name: a dataset named" in out[0] and "name: " not in out[0], out[0]
-        assert (out[-1] != "") is (seed == 1.5)
+        assert (out[-2] != "") is (seed == 1.5)
+        assert out[-1] == {"__type__": "update"}  # the name kept, to be fixed
     out = run(upload, [None, _prompt_file(folder), "fresh", 0, 0])
-    assert 'id="dataset-ok"' in out[0] and out[-3:] == ["", "", ""], out
+    assert 'id="dataset-ok"' in out[0] and out[-4:] == ["", "", "", ""], out
 
 
 def test_upload_takes_any_eval_fraction_the_api_takes(settings, admin, tmp_path, monkeypatch):
@@ -255,7 +257,7 @@ def test_upload_takes_any_eval_fraction_the_api_takes(settings, admin, tmp_path,
     run = _events(page, user, _token(admin))
     out = run(_fn(page, first_output="dataset-status"),
               [None, _prompt_file(folder), "", 0.97, 3])
-    assert 'id="dataset-ok"' in out[0] and out[-2:] == ["", ""], out
+    assert 'id="dataset-ok"' in out[0] and out[-3:] == ["", "", ""], out
     assert _datasets_stored() == [("p", 0.97)]
 
 
