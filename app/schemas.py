@@ -515,3 +515,8 @@ class UserCreated(BaseModel):
     role: str
     created_at: UTCDateTime  # as GET /api/users gives it
     token: str = Field(description="shown once")
+
+
+class UserTokenReplaced(UserCreated):
+    tokens_revoked: int = Field(description="the user's earlier tokens and UI sessions, "
+                                "revoked")

@@ -20,6 +20,7 @@ from app.schemas import (
     UserOut,
     UserPatch,
     UserRevoked,
+    UserTokenReplaced,
 )
 from app.services import annotators, auth, storage
 from app.services import preference as svc
@@ -88,6 +89,18 @@ def revoke_user(user_id: PathId, session: SessionDep, admin: AdminDep) -> UserRe
     n = auth.revoke_user(session, user_id, by=admin)
     session.commit()
     return UserRevoked(id=user_id, tokens_revoked=n)
+
+
+@router.post("/users/{user_id}/token", response_model=UserTokenReplaced, status_code=201,
+             responses={404: {}, 422: {}})
+def replace_token(user_id: PathId, session: SessionDep, admin: AdminDep) -> UserTokenReplaced:
+    """A new API token for the user (shown once), for one lost or leaked, or to give a
+    revoked user access again: their earlier tokens and UI sessions are revoked. Not your
+    own."""
+    user, token, revoked = auth.replace_token(session, user_id, by=admin)
+    session.commit()
+    return UserTokenReplaced(id=user.id, name=user.name, role=user.role,
+                             created_at=user.created_at, token=token, tokens_revoked=revoked)
 
 
 @router.patch("/users/{user_id}", response_model=UserExcluded, responses={404: {}, 422: {}})

@@ -127,6 +127,23 @@ def revoke_user(session: Session, user_id: int, *, by: User | None = None) -> in
     return len(tokens)
 
 
+def replace_token(session: Session, user_id: int, *, by: User | None = None
+                  ) -> tuple[User, str, int]:
+    """A new API token for a user whose token was lost or leaked (it is shown once), or to
+    give a revoked user access again: every live token and UI session of theirs is revoked
+    and one new token issued. Returns (user, plaintext token, tokens revoked). Not an admin's
+    own (their UI session would end with it). Flushes, no commit."""
+    user = session.get(User, user_id)
+    if user is None:
+        raise NotFound(f"user {user_id} not found")
+    if by is not None and by.id == user.id:
+        raise Invalid("you cannot replace your own token here (your session would end with "
+                      "it): another admin can, or `python -m app create-user` makes a new "
+                      "admin", field="user_id")
+    revoked = revoke_user(session, user.id)
+    return user, issue_token(session, user), revoked
+
+
 class _TokenCache:
     """token hash -> (detached User, whether the token is a UI session's, expiry): saves a
     query on every request. A revoked token or a role change takes effect within `ttl`

@@ -1,7 +1,8 @@
 """Annotators: votes per annotator, median decision time, agreement with the majority and with
 the automatic reward on shared pairs (`app.services.annotators.stats`). Admins see everyone and
 the switch that excludes an annotator's votes from fitting, and the accounts: create a user
-(its token shown once), list them, revoke one; annotators see their own row. The stats are
+(its token shown once), list them, revoke one, give one a new token (shown once: a lost or
+leaked one, or access given back); annotators see their own row. The stats are
 re-read whenever the page is shown, so an annotator's own vote count is current after voting.
 Admins also see the fitted preference models and launch a fit from the votes."""
 
@@ -148,6 +149,38 @@ def _create_account(user_state: dict | None, name: str, role: str) -> tuple[str,
     return (f'<div class="ngs-notice ngs-ok" id="user-created" data-user="{uid}">Created '
             f"{esc(urole)} <b>{esc(uname)}</b> (#{uid}). Their API token, shown once (copy it "
             f'now): <code id="new-token">{esc(token)}</code></div>'), True
+
+
+def token_choices(user_state: dict | None) -> Any:
+    """Every user, revoked ones too (a new token gives them access again), for the New token
+    picker: admins only; nothing picked."""
+    try:
+        caller(user_state, "admin")
+    except Exception:  # noqa: BLE001 - the accounts are the admins'; on_login says the error
+        return gr.skip()
+    with session() as s:
+        rows = auth.list_users(s)
+    return gr.Dropdown(choices=[(f"{r['name']} (#{r['id']}, {r['role']}"
+                                 + (", revoked)" if r["revoked"] else ")"), r["id"])
+                                for r in rows], value=None)
+
+
+def replace_account_token(user_state: dict | None, user_id: int | None) -> str:
+    """The New token button: a new API token for the picked user (shown once, in the Create
+    user box), their earlier tokens and sessions revoked; a revoked user can log in again."""
+    try:
+        admin = caller(user_state, "admin")
+        if not user_id:
+            raise BadRequest("pick a user")
+        with session() as s:
+            user, token, revoked = auth.replace_token(s, int(user_id), by=admin)
+            uid, uname = user.id, user.name
+    except Exception as exc:  # noqa: BLE001
+        return notice(error_text(exc), "error")
+    return (f'<div class="ngs-notice ngs-ok" id="user-token-replaced" data-user="{uid}">New '
+            f"token for <b>{esc(uname)}</b> (#{uid}); their {revoked} earlier token(s) and "
+            "sessions no longer work. The token, shown once (copy it now): "
+            f'<code id="new-token">{esc(token)}</code></div>')
 
 
 def forget_token() -> str:
@@ -323,6 +356,10 @@ def build_annotators(user: gr.State, tab: gr.Tab | None = None,
                                              elem_id="users-revoke-confirm")
                 revoke = gr.Button("Revoke access", variant="stop", elem_id="users-revoke")
             revoked = gr.HTML(elem_id="users-revoked")
+            with gr.Row(equal_height=True):
+                # a lost or leaked token (shown once), or access given back after a revoke
+                token_who = gr.Dropdown([], label="User", elem_id="users-token-pick", scale=2)
+                new_token = gr.Button("New token", elem_id="users-new-token")
             gr.Markdown("### Preference models")
             with gr.Row(equal_height=True):
                 fit = gr.Button("Fit preference model from the votes", variant="primary",
@@ -333,6 +370,8 @@ def build_annotators(user: gr.State, tab: gr.Tab | None = None,
         shown = [out, admin_row, who, accounts, listing, revoke_who]
         user.change(on_login, user, shown, api_visibility="private")
         refresh.click(on_login, user, shown, api_visibility="private")
+        gr.on([user.change, refresh.click, *([tab.select] if tab is not None else [])],
+              token_choices, user, token_who, show_progress="hidden", api_visibility="private")
         user.change(models_html, user, models, api_visibility="private")
         refresh.click(models_html, user, models, api_visibility="private")
         refresh.click(fit_update, [user, fitted], fitted, api_visibility="private")
@@ -353,10 +392,10 @@ def build_annotators(user: gr.State, tab: gr.Tab | None = None,
 
         def create_and_refresh(user_state: dict | None, name: str, role: str):
             msg, name_field = create_from_form(user_state, name, role)
-            return (*after(msg, user_state), name_field)
+            return (*after(msg, user_state), name_field, token_choices(user_state))
 
         create.click(create_and_refresh, [user, new_name, new_role],
-                     [created, *shown, new_name], api_visibility="private")
+                     [created, *shown, new_name, token_who], api_visibility="private")
 
         def revoke_and_refresh(user_state: dict | None, user_id: int | None, confirmed: bool):
             msg, done = _revoke(user_state, user_id, confirmed)
@@ -365,6 +404,13 @@ def build_annotators(user: gr.State, tab: gr.Tab | None = None,
                 return (*refreshed[:-1], gr.skip(), gr.skip())
             # the confirmation is for one revocation: the next one is ticked again
             return (*refreshed, False)
+
+        def new_token_and_refresh(user_state: dict | None, user_id: int | None):
+            msg = replace_account_token(user_state, user_id)
+            return (*after(msg, user_state), token_choices(user_state))
+
+        new_token.click(new_token_and_refresh, [user, token_who], [created, *shown, token_who],
+                        api_visibility="private")
 
         revoke.click(revoke_and_refresh, [user, revoke_who, revoke_confirm],
                      [revoked, *shown, revoke_confirm], api_visibility="private")

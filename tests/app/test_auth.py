@@ -85,3 +85,38 @@ def test_admin_lists_and_revokes_users(client, admin, annotator):
     own = client.post(f"/api/users/{users['alice']['id']}/revoke", headers=admin)
     assert own.status_code == 422 and "your own" in own.json()["detail"]
     assert client.post("/api/users/999999/revoke", headers=admin).status_code == 404
+
+
+def test_a_new_token_replaces_a_lost_one_and_gives_a_revoked_user_access_again(
+        client, admin, annotator):
+    """A token is shown once: one lost (or leaked) left its user nothing but a new account
+    under another name, splitting their votes, and a revoked user could never come back.
+    POST /api/users/{id}/token issues a new one (admins only, not their own), revoking the
+    user's earlier tokens and UI sessions."""
+    r = client.post("/api/users", json={"name": "dave", "role": "annotator"}, headers=admin)
+    dave_id, first = r.json()["id"], {"Authorization": f"Bearer {r.json()['token']}"}
+    session_token = client.post("/api/auth/session", headers=first).cookies
+    assert session_token
+    assert client.post(f"/api/users/{dave_id}/token", headers=annotator).status_code == 403
+    r = client.post(f"/api/users/{dave_id}/token", headers=admin)
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert (body["id"], body["name"], body["role"]) == (dave_id, "dave", "annotator")
+    assert body["tokens_revoked"] == 2  # the API token and the UI session
+    assert client.get("/api/auth/me", headers=first).status_code == 401
+    client.cookies.clear()
+    second = {"Authorization": f"Bearer {body['token']}"}
+    assert client.get("/api/auth/me", headers=second).json()["name"] == "dave"
+    # revoked, then given access again under the same name (their votes stay theirs)
+    assert client.post(f"/api/users/{dave_id}/revoke", headers=admin).json()["tokens_revoked"] == 1
+    assert client.get("/api/auth/me", headers=second).status_code == 401
+    third = client.post(f"/api/users/{dave_id}/token", headers=admin).json()
+    assert third["tokens_revoked"] == 0
+    assert client.get("/api/auth/me", headers={
+        "Authorization": f"Bearer {third['token']}"}).json()["name"] == "dave"
+    users = {u["name"]: u for u in client.get("/api/users", headers=admin).json()}
+    assert users["dave"]["active_tokens"] == 1 and not users["dave"]["revoked"]
+    own = client.post(f"/api/users/{users['alice']['id']}/token", headers=admin)
+    assert own.status_code == 422 and "your own" in own.json()["detail"]
+    assert client.get("/api/auth/me", headers=admin).status_code == 200  # still works
+    assert client.post("/api/users/999999/token", headers=admin).status_code == 404

@@ -708,3 +708,32 @@ def test_an_evaluate_jobs_results_name_checkpoints_as_the_leaderboard_does(setti
     _, _, plots, *_ = jobs.job_view(_token(admin), job_id, None)
     rows = re.findall(r"<tr><td>([^<]+)</td><td>([^<]*)</td></tr>", plots)
     assert rows == [(f"job2-it21 (#{ckpt_id})", "0.500"), (f"#{ckpt_id + 100}", "0.250")], plots
+
+
+def test_annotators_page_gives_a_revoked_user_a_new_token(settings, admin, annotator):
+    """An admin could not replace a token once it was off the screen, nor let a revoked user
+    back in: "already exists" for the name, and only a new account under another name. New
+    token (its picker lists revoked users too) shows a new one once."""
+    import re
+
+    import gradio as gr
+
+    from app.ui import annotators
+
+    msg, _ = annotators.create_from_form(_token(admin), "dave", "annotator")
+    first = {"token": re.search(r'<code id="new-token">([^<]+)</code>', msg).group(1)}
+    dave_id = next(i for label, i in annotators.account_choices(_token(admin)) if "dave" in label)
+    assert "can no longer log in" in annotators.revoke_account(_token(admin), dave_id, True)
+    picker = annotators.token_choices(_token(admin))
+    assert (f"dave (#{dave_id}, annotator, revoked)", dave_id) in picker.choices
+    assert picker.value is None
+    assert annotators.token_choices(_token(annotator)) == gr.skip()
+    assert "needs role admin" in annotators.replace_account_token(_token(annotator), dave_id)
+    assert "pick a user" in annotators.replace_account_token(_token(admin), None)
+    msg = annotators.replace_account_token(_token(admin), dave_id)
+    assert 'id="user-token-replaced"' in msg and "dave" in msg
+    second = {"token": re.search(r'<code id="new-token">([^<]+)</code>', msg).group(1)}
+    assert second != first
+    assert "invalid or revoked" in annotators.stats_html(first)
+    assert "dave" in annotators.stats_html(second)  # back in, under the same name
+    assert 'data-user="dave">active' in annotators.users_html(_token(admin))
