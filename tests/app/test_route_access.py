@@ -78,6 +78,7 @@ ROUTES: dict[str, str] = {
     "POST /api/users": ADMIN,
     "GET /api/users": ADMIN,
     "POST /api/users/{user_id}/revoke": ADMIN,
+    "POST /api/users/{user_id}/token": ADMIN,
     "PATCH /api/users/{user_id}": ADMIN,
 }
 _UI_SHELL = """
