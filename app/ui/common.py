@@ -394,6 +394,10 @@ CSS = """
   #arena-buttons { gap: 8px !important; }
   #arena-buttons > .ngs-vote { flex: 1 1 calc(50% - 8px) !important; min-width: 0 !important; }
 }
+/* "No pairs left": nothing on screen to judge, so the vote buttons look and act disabled
+   (they stayed coloured and did nothing visible); the page looks for new pairs by itself */
+body:has(#arena-pair .ngs-empty) #arena-buttons > .ngs-vote {
+  opacity: 0.4; pointer-events: none; filter: grayscale(1); }
 .ngs-side-label { font-weight: 700; font-size: 1.1em; margin: 4px 0; }
 .ngs-prompt { font-size: 1.35em; text-align: center; margin: 6px 0 10px; }
 .ngs-counters { text-align: center; color: #52525b; }

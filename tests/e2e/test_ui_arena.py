@@ -403,6 +403,13 @@ def test_reveal_names_training_rollouts_and_checkpoints(server, page):
             assert "base model" not in text and f"job {eval_id}" not in text, text
             seen.append((v.selection, text))
         assert len(_votes_of("carol-reveal")) == len(pairs) + 5
+        # nothing left to judge: the vote buttons look and act disabled (they stayed
+        # coloured, and a click did nothing visible)
+        page.locator("#arena-pair .ngs-empty").wait_for(state="attached")
+        assert page.locator("#vote-a").evaluate("e => getComputedStyle(e).pointerEvents") \
+            == "none"
+        page.wait_for_function(  # greyed out (through the button's own transition)
+            "() => Number(getComputedStyle(document.querySelector('#vote-a')).opacity) < 0.5")
         assert any(f"training job {train_id} iteration 10" in t for _, t in seen), seen
         cross = [t for selection, t in seen if selection == "cross_checkpoint"]
         assert cross, seen
