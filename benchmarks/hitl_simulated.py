@@ -360,11 +360,13 @@ def train_images(weights, iterations, device, lr, eval_prompts, eval_seeds,
     against base samples), refit on all the votes and blend the new model in, as a train job
     with preference_refit_every does while annotators keep voting.
     `overrides`: more TrainConfig fields (e.g. the method or sigma)."""
-    cfg = TrainConfig(iterations=iterations, learning_rate=lr, device=device,
-                      reward_weights=weights, prompts_per_iteration=4, group_size=12,
-                      checkpoint_every=10**6, sample_every=10**6,
-                      preference_uncertainty_penalty=uncertainty_penalty, kl_coefficient=kl,
-                      **(overrides or {}))
+    # the overrides replace any of these (group_size, say), rather than clash with them
+    cfg = TrainConfig(**{**dict(iterations=iterations, learning_rate=lr, device=device,
+                                reward_weights=weights, prompts_per_iteration=4,
+                                group_size=12, checkpoint_every=10**6, sample_every=10**6,
+                                preference_uncertainty_penalty=uncertainty_penalty,
+                                kl_coefficient=kl),
+                         **(overrides or {})})
     trainer = Trainer(cfg)
     if preference_model is not None:
         trainer.set_preference_model(preference_model)
