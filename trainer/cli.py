@@ -242,6 +242,7 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
     spec = args.config or default_preset(model if isinstance(model, str) else "shapes")
     saved = _resumed_config(args, problems)
     saved_run = dict(saved) if saved is not None else None  # as the run saved it
+    asked: dict[str, Any] = {}  # what the command line gives a resume
     if saved is not None:
         # a resume's fields are the run's own, the command line's on top (a config file's
         # keys too: a preset is not applied): checked against the shapes preset's defaults,
@@ -267,7 +268,7 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
         # "prompts: required" beside a prompts file that could not be read says it twice
         errors = [e for e in exc.errors if not (problems and e.field == "prompts")]
         if saved_run is not None:
-            errors = _resume_refusals_first(args, saved_run, errors)
+            errors = _resume_refusals_first(args, saved_run, asked, errors)
         problems += errors
     except ConfigError as exc:
         # the option the user gave
@@ -384,18 +385,17 @@ def _resumed_config(args: argparse.Namespace,
 
 
 def _resume_refusals_first(args: argparse.Namespace, saved: dict[str, Any],
+                           asked: dict[str, Any],
                            errors: list[ConfigError]) -> list[ConfigError]:
-    """A resume whose merged config did not parse: where the command line changes fields a
-    resume keeps (`--method sde` on a run of `sigma` 0.1), those refusals, and the problems
-    of the fields it gave, not the saved run's fields that the change made invalid ("sigma:
-    applies only to method 'neighbor'" named a field the command never gave)."""
+    """A resume whose merged config did not parse: where the command line's fields (`asked`)
+    change fields a resume keeps (`--method sde` on a run of `sigma` 0.1), those refusals,
+    and the problems of the fields it gave, not the saved run's fields that the change made
+    invalid ("sigma: applies only to method 'neighbor'" named a field the command never
+    gave)."""
     from trainer.run_dir import changed_on_resume
 
     given = _given_fields(args)
-    asked = absolute_paths({**_config_file_fields(args), **_parse_overrides(args.set, [])})
-    if args.method:
-        asked["method"] = args.method
-    refusals = changed_on_resume(absolute_paths(saved), asked, given,
+    refusals = changed_on_resume(absolute_paths(saved), absolute_paths(asked), given,
                                  Path(args.out) / "config.json")
     if not refusals:
         return errors

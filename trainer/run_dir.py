@@ -26,14 +26,14 @@ GRID_UPSCALE_MAX_SIDE = 64
 # what a run writes into its directory: a directory holding any of them holds a run
 RUN_FILES = ("config.json", "metrics.jsonl", "reward_curve.png", "samples", "checkpoints",
              "tracking")
+# `train --no-progress` prints a line every this many iterations (and the first and last)
+LOG_EVERY = 10
 # the fields a resumed run takes from the command line; the rest are its saved config's (a
 # new learning rate or seed under an old optimizer state would be neither run). These change
 # where or how fast the same run goes, not what it computes: its budget, the device, the
 # model directory once moved (the same model: `moved_model_problem`), micro-batch sizes
 # (batching never changes the results), recomputation and compilation, and where the same
 # reward models are (a reward server's address, or their weights' directories).
-# `train --no-progress` prints a line every this many iterations (and the first and last)
-LOG_EVERY = 10
 RESUME_FIELDS = ("iterations", "device", "model_path", "rollout_batch_size",
                  "train_batch_size", "gradient_checkpointing",
                  "gradient_checkpointing_fraction", "torch_compile", "reward_server_url",

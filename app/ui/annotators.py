@@ -133,8 +133,13 @@ def account_choices(user_state: dict | None) -> list[tuple[str, int]]:
     """Users that can still log in, for the Revoke picker (admins only)."""
     caller(user_state, "admin")
     with session() as s:
-        return [(f"{r['name']} (#{r['id']}, {r['role']})", r["id"]) for r in auth.list_users(s)
-                if not r["revoked"]]
+        return [(_account_label(r), r["id"]) for r in auth.list_users(s) if not r["revoked"]]
+
+
+def _account_label(row: dict[str, Any]) -> str:
+    """A user as the account pickers name them: "eve (#3, annotator)", ", revoked" added."""
+    return (f"{row['name']} (#{row['id']}, {row['role']}"
+            + (", revoked)" if row["revoked"] else ")"))
 
 
 def _create_account(user_state: dict | None, name: str, role: str) -> tuple[str, bool]:
@@ -160,9 +165,7 @@ def token_choices(user_state: dict | None) -> Any:
         return gr.skip()
     with session() as s:
         rows = auth.list_users(s)
-    return gr.Dropdown(choices=[(f"{r['name']} (#{r['id']}, {r['role']}"
-                                 + (", revoked)" if r["revoked"] else ")"), r["id"])
-                                for r in rows], value=None)
+    return gr.Dropdown(choices=[(_account_label(r), r["id"]) for r in rows], value=None)
 
 
 def replace_account_token(user_state: dict | None, user_id: int | None) -> str:

@@ -342,24 +342,20 @@ def test_txt_blank_lines_are_skipped_and_counted(client, admin):
 
 
 def test_jsonl_and_csv_blank_lines_are_skipped_and_counted(client, admin):
-    r = upload(client, admin, "g.jsonl", b'\n{"prompt": "a"}\n   \n\n{"prompt": "b"}\n\n')
-    assert r.status_code == 201, r.text
-    assert (r.json()["num_prompts"], r.json()["blank_lines_skipped"]) == (2, 4)
-    r = upload(client, admin, "h.csv", b"prompt,k\na,1\n\nb,2\n\n")
-    assert r.status_code == 201, r.text
-    assert (r.json()["num_prompts"], r.json()["blank_lines_skipped"]) == (2, 2)
-    # a spreadsheet's export: rows with nothing in any cell (",,"), whitespace alone as in a
-    # text file, CRLF; a row with metadata but no prompt is still an error (e.csv above)
-    r = upload(client, admin, "s.csv", b"prompt,k\r\na,1\r\n,\r\n  , \r\nb,2\r\n,\r\n,\r\n")
-    assert r.status_code == 201, r.text
-    assert (r.json()["num_prompts"], r.json()["blank_lines_skipped"]) == (2, 4)
-    r = upload(client, admin, "one.csv", b"prompt\nok\n  \n\"\"\nfine\n")
-    assert r.status_code == 201, r.text
-    assert (r.json()["num_prompts"], r.json()["blank_lines_skipped"]) == (2, 2)
-    # a JSON string may hold U+2028 (a line break to str.splitlines, not to JSON lines)
-    r = upload(client, admin, "u.jsonl", '{"prompt": "a\u2028b"}\n{"prompt": "c"}\n'.encode())
-    assert r.status_code == 201, r.text
-    assert (r.json()["num_prompts"], r.json()["blank_lines_skipped"]) == (2, 0)
+    cases = [  # (file, bytes, blank lines skipped); two prompts each
+        ("g.jsonl", b'\n{"prompt": "a"}\n   \n\n{"prompt": "b"}\n\n', 4),
+        ("h.csv", b"prompt,k\na,1\n\nb,2\n\n", 2),
+        # a spreadsheet's export: rows with nothing in any cell (",,"), whitespace alone as in
+        # a text file, CRLF; a row with metadata but no prompt is still an error (e.csv above)
+        ("s.csv", b"prompt,k\r\na,1\r\n,\r\n  , \r\nb,2\r\n,\r\n,\r\n", 4),
+        ("one.csv", b"prompt\nok\n  \n\"\"\nfine\n", 2),
+        # a JSON string may hold U+2028 (a line break to str.splitlines, not to JSON lines)
+        ("u.jsonl", '{"prompt": "a\u2028b"}\n{"prompt": "c"}\n'.encode(), 0),
+    ]
+    for name, data, blank in cases:
+        r = upload(client, admin, name, data)
+        assert r.status_code == 201, (name, r.text)
+        assert (r.json()["num_prompts"], r.json()["blank_lines_skipped"]) == (2, blank), name
 
 
 def test_upload_without_a_filename_names_the_field(client, admin, session):

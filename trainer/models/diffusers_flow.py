@@ -347,10 +347,8 @@ class DiffusersFlowModel(FlowModel):
         self.transformer.add_adapter(deepcopy(self.transformer.peft_config["default"]),
                                      adapter_name=REFERENCE_ADAPTER)
         self._load_lora(weights, REFERENCE_ADAPTER)
-        self.transformer.set_adapter("default")  # trains it; the reference's stay frozen
-        for name, param in self.transformer.named_parameters():
-            if f".{REFERENCE_ADAPTER}." in name:
-                param.requires_grad_(False)
+        # active and trainable again (peft's set_adapter freezes every other adapter)
+        self.transformer.set_adapter("default")
 
     def save_weights(self, directory: Path, metadata: dict[str, str],
                      state: dict[str, torch.Tensor] | None = None) -> Path:
