@@ -5,7 +5,11 @@ samples from different checkpoints. Ratings are fitted by the MM algorithm (Hunt
 the win matrix, with a small symmetric pseudo-count (0.1 wins each way per compared pair) so a
 checkpoint that never won still gets a finite rating, and reported on the Elo scale
 (1000 + 400 log10 strength, mean strength 1). The 95% interval is the 2.5-97.5 percentile of
-ratings refitted on bootstrap resamples of the votes.
+ratings refitted on bootstrap resamples of the votes, widened where needed to the normal
+approximation (1.96 standard errors from the fitted model's Fisher information, pseudo-counts
+included): with few votes, all one way, every resample holds the same votes, and the
+percentile interval alone had zero width ("1208 – 1208" after one vote), certainty from
+nothing. With many votes the bootstrap is the wider of the two and stands as it was.
 
 Beside each rating stand the checkpoint's automatic-reward means from evaluate jobs
 (`Checkpoint.scores`). A checkpoint evaluated but never voted on is listed too, below the rated
@@ -66,6 +70,23 @@ def elo(p: np.ndarray) -> np.ndarray:
     return 1000.0 + 400.0 * np.log10(p)
 
 
+ELO_PER_LOG_STRENGTH = 400.0 / np.log(10.0)
+
+
+def normal_half_widths(wins: np.ndarray, p: np.ndarray, z: float = 1.96) -> np.ndarray:
+    """z standard errors of each Elo rating of `fit_bt(wins)` = p, from the observed Fisher
+    information of the log-strengths under the same pseudo-counts (a graph Laplacian with
+    weights games_ij * P(i beats j) * P(j beats i)); its pseudo-inverse is the covariance with
+    the ratings' mean held fixed, as fit_bt holds it."""
+    w = wins + PSEUDO * ((wins + wins.T) > 0)
+    games = w + w.T
+    beats = p[:, None] / (p[:, None] + p[None, :])  # P(i beats j)
+    info = games * beats * beats.T
+    laplacian = np.diag(info.sum(axis=1)) - info
+    variance = np.clip(np.diag(np.linalg.pinv(laplacian)), 0.0, None)
+    return z * ELO_PER_LOG_STRENGTH * np.sqrt(variance)
+
+
 def _scored(session: Session) -> dict[int, tuple[str, dict[str, float], dict[str, str]]]:
     """{checkpoint id: (name, {reward: mean}, {reward: prompt set it was scored on})} of
     every checkpoint an evaluate job scored."""
@@ -104,14 +125,19 @@ def compute(session: Session, *, bootstrap: int = DEFAULT_BOOTSTRAP, seed: int =
 
     ones = np.ones(len(votes))
     wins = wins_of(ones)
-    rating = elo(fit_bt(wins))
+    strength = fit_bt(wins)
+    rating = elo(strength)
     rng = np.random.default_rng(seed)
     boots = np.empty((bootstrap, n))
     for k in range(bootstrap):
         counts = rng.multinomial(len(votes), np.full(len(votes), 1.0 / len(votes)))
         boots[k] = elo(fit_bt(wins_of(counts.astype(float))))
-    lo, hi = (np.percentile(boots, [2.5, 97.5], axis=0) if bootstrap > 0
-              else (rating, rating))
+    if bootstrap > 0:
+        lo, hi = np.percentile(boots, [2.5, 97.5], axis=0)
+        half = normal_half_widths(wins, strength)
+        lo, hi = np.minimum(lo, rating - half), np.maximum(hi, rating + half)
+    else:  # no resamples asked for: no interval
+        lo, hi = rating, rating
     games = wins + wins.T
     out = []
     for c, i in index.items():

@@ -419,6 +419,11 @@ def build_annotators(user: gr.State, tab: gr.Tab | None = None,
                      [revoked, *shown, revoke_confirm], api_visibility="private")
         # a confirmation is for the user it was given for: another pick takes a new one
         revoke_who.change(lambda: False, None, revoke_confirm, api_visibility="private")
+        # a message is about the user it was given for: the admin picking another takes it
+        # off the screen (`.input`: the user's picks only; a revoke's own update of the list
+        # keeps its answer)
+        revoke_who.input(lambda: "", None, revoked, api_visibility="private")
+        who.input(lambda: "", None, status, api_visibility="private")
         # the new user's token is shown once: any other action of the page (or a logout, or
         # another admin's login in this tab) takes it off the screen, so it never stays
         # beside a user since revoked, nor for whoever uses the page next

@@ -228,6 +228,14 @@ def _upload(user_state: dict | None, file: str | None, name: str, eval_fraction:
     return (status, preview(ds_id), dataset_list(), None, ds_id), {}
 
 
+def clear_refusal(status: str | None) -> tuple[Any, str]:
+    """A new file chosen: the last upload's refusal (and the picker's "choose a file first")
+    goes, since it was about another file; an import's message stays. Outputs: the Upload
+    message, the picker's error box."""
+    refused = 'id="dataset-error"' in (status or "")
+    return ("" if refused else gr.skip()), ""
+
+
 def upload(user_state: dict | None, file: str | None, name: str, eval_fraction: Any,
            seed: Any) -> tuple[str, str, Any, Any, Any]:
     """Outputs: status, preview, list, the file picker (emptied: the server read the file and
@@ -413,6 +421,11 @@ def build_datasets(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
                        api_visibility="private")
         # a confirmation is for the dataset it was given for: another pick takes a new one
         doomed.change(lambda: False, None, confirm, api_visibility="private")
+        # a message is about the file or dataset it was given for: the user picking another
+        # (`.upload`/`.input` fire for the user's picks only, not for the handlers' own
+        # updates, so an answer is never wiped the moment it shows)
+        file.upload(clear_refusal, status, [status, file_error], api_visibility="private")
+        doomed.input(lambda: "", None, delete_status, api_visibility="private")
         delete_btn.click(delete, [user, doomed, confirm, pick, prev, status],
                          [delete_status, prev, listing, pick, doomed, confirm, status],
                          api_visibility="private")

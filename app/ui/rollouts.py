@@ -238,7 +238,9 @@ def build_rollouts(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
 
         user.change(refresh_jobs, user, job, api_visibility="private")
         job.focus(refresh_jobs, user, job, api_visibility="private")
-        triggers = [go.click, prompt.submit]
+        # Enter in any filter box, or a job picked from the list (by the user: the list's
+        # own refreshes change no filter), applies the filters as Show does
+        triggers = [go.click, prompt.submit, iteration.submit, page_no.submit, job.input]
         if tab is not None:  # shown: the groups under the filters as they stand, no click
             triggers.append(tab.select)
         for trigger in triggers:

@@ -202,3 +202,51 @@ def test_leaderboard_evaluates_on_a_datasets_held_out_split(admin, enqueuer, ses
     assert 'id="evaluate-launched"' in out and job.config.get("dataset_id") is None
     refused = evaluate(enqueuer, user, [ck], 1, "", 999_999, "eval")
     assert "dataset_id" in refused and "evaluate-launched" not in refused
+
+
+def test_an_interval_from_one_or_two_unanimous_votes_is_wide_not_zero():
+    """With votes all one way every bootstrap resample holds the same votes, and the
+    percentile interval alone read "1208 – 1208" after one vote (the UI walk, 2026-12-07):
+    certainty from one vote. The normal approximation's width is the floor; it narrows as
+    votes come in, and with many votes the bootstrap's percentile interval stands."""
+    from app.services.leaderboard import elo, fit_bt, normal_half_widths
+
+    def half_width(wins: list[list[float]]) -> np.ndarray:
+        w = np.array(wins, dtype=float)
+        return normal_half_widths(w, fit_bt(w))
+
+    one, two = half_width([[0, 1], [0, 0]]), half_width([[0, 2], [0, 0]])
+    assert one[0] > 300 and two[0] > 200, (one, two)  # hundreds of Elo points either way
+    assert two[0] < one[0]
+    many = half_width([[0, 600], [400, 0]])
+    assert 10 < many[0] < 40, many  # 1,000 votes 60/40: about +-22 points
+    assert np.allclose(many, many[0])  # two checkpoints: the same uncertainty each
+    # a third checkpoint met only once is the least sure (the ratings are centred on their
+    # mean, so its uncertainty moves the others' too, as in the bootstrap)
+    three = half_width([[0, 600, 1], [400, 0, 0], [0, 0, 0]])
+    assert three[2] > 1.5 * max(three[0], three[1]) and three[2] > 600, three
+    assert elo(fit_bt(np.array([[0, 1], [0, 0]], float)))[0] > 1000
+
+
+def test_the_board_widens_a_unanimous_vote_s_interval(client, annotator, make_group, session):
+    from app.models import User
+    from app.services.votes import record_vote
+
+    ck = [stored_checkpoint(session, None, 0, f"ck/{i}.safetensors", name=f"ckpt{i}")
+          for i in range(2)]
+    session.commit()
+    ga = make_group(None, prompt="p", g=1, checkpoint_id=ck[0], seed=0, purpose="evaluate")
+    gb = make_group(None, prompt="p", g=1, checkpoint_id=ck[1], seed=0, purpose="evaluate")
+    sa = client.get(f"/api/rollouts/{ga}", headers=annotator).json()["samples"][0]["id"]
+    sb = client.get(f"/api/rollouts/{gb}", headers=annotator).json()["samples"][0]["id"]
+    voter = session.scalars(select(User).where(User.role == "annotator")).first()
+    record_vote(session, voter, client_vote_id="one", sample_a_id=sa, sample_b_id=sb,
+                outcome="b")
+    session.commit()
+    board = client.get("/api/leaderboard", params={"bootstrap": 50}, headers=annotator).json()
+    for row in board["checkpoints"]:
+        assert row["ci_high"] - row["ci_low"] > 600, row  # was 0: every resample the same
+        assert row["ci_low"] < row["rating"] < row["ci_high"]
+    # no resamples asked for: still no interval
+    plain = client.get("/api/leaderboard", params={"bootstrap": 0}, headers=annotator).json()
+    assert all(r["ci_low"] == r["rating"] == r["ci_high"] for r in plain["checkpoints"])
