@@ -544,8 +544,12 @@ def parse_upload(filename: str, data: bytes, *, max_prompt_length: int,
 
 
 def dataset_name(filename: str, name: str | None) -> str:
-    """The name a dataset gets: the given one, else the file's stem."""
-    name = (name or "").strip() or PurePath(filename).stem or "dataset"
+    """The name a dataset gets: the given one (at most NAME_LENGTH characters: a longer one is
+    refused, not cut, since the user chose it), else the file's stem (cut to fit)."""
+    given = (name or "").strip()
+    if len(given) > NAME_LENGTH:
+        raise Invalid(f"name: at most {NAME_LENGTH} characters (got {len(given)})", field="name")
+    name = given or PurePath(filename).stem or "dataset"
     refuse_hidden("name", name)
     return name[:NAME_LENGTH]
 
@@ -629,12 +633,12 @@ def import_dataset(session: Session, *, filename: str, data: bytes, name: str | 
         raise Invalid("eval_fraction must be in [0, 1)", field="eval_fraction")
     filename = _own_filename(filename)
     refuse_hidden("file", filename)  # stored and shown beside the dataset; NUL fails PostgreSQL
-    name = dataset_name(filename, name)
     # every problem at once: the name's, the content's and eval_fraction's against the file
-    conflict: Conflict | None = None
+    conflict: Conflict | Invalid | None = None  # what is wrong with the name
     try:
+        name = dataset_name(filename, name)
         check_name_free(session, name)
-    except Conflict as exc:
+    except (Conflict, Invalid) as exc:
         conflict = exc
     parsed: ParsedUpload | None = None
     problems: list[dict[str, Any]] = []
@@ -656,7 +660,7 @@ def import_dataset(session: Session, *, filename: str, data: bytes, name: str | 
         said.append(f"eval_fraction: {problem}")
     if conflict is not None:
         if not problems:
-            raise conflict  # a taken name alone is the 409
+            raise conflict  # a taken name alone is the 409 (a name too long, the 422)
         # with the other problems beside it, one 422 that lists them all, so the second try
         # is not refused for the file
         problems, said = _problems(conflict, "name") + problems, [conflict.message, *said]

@@ -508,6 +508,39 @@ def test_an_upload_lists_the_forms_the_names_and_the_contents_problems_at_once(c
     assert upload(client, admin, "b.txt", b"two\n", name="mine").status_code == 409
 
 
+def test_a_name_too_long_is_refused_beside_the_files_problems_not_cut(client, admin, session):
+    """A 300-character name was cut to 200 without a word (the UI walk, 2026-12-07): the name
+    the user chose is refused, naming the limit, with the file's own problems in one answer;
+    a file's long stem, the default name, is still cut to fit."""
+    from app.limits import NAME_LENGTH
+
+    long = "n" * (NAME_LENGTH + 100)
+    r = upload(client, admin, "a.txt", b"one\n", name=long)
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == "name", r.text
+    assert f"at most {NAME_LENGTH} characters" in r.json()["detail"], r.text
+    r = upload(client, admin, "e.txt", b"", name=long)
+    assert [e["field"] for e in r.json()["errors"]] == ["name", "file"], r.text
+    assert counts(session) == (0, 0)
+    fits = upload(client, admin, "a.txt", b"one\n", name="m" * NAME_LENGTH)
+    assert fits.status_code == 201 and fits.json()["name"] == "m" * NAME_LENGTH, fits.text
+    stem = upload(client, admin, "s" * (NAME_LENGTH + 20) + ".txt", b"one\n")
+    assert stem.status_code == 201 and stem.json()["name"] == "s" * NAME_LENGTH, stem.text
+    # the UI's Upload calls the service itself, which cut the name: it refuses it too, with
+    # the file's problems beside it
+    from app.errors import Invalid
+    from app.services import datasets as svc
+
+    with pytest.raises(Invalid) as refused:
+        svc.import_dataset(session, filename="e.txt", data=b"", name=long)
+    assert [e["field"] for e in refused.value.details["errors"]] == ["name", "file"]
+    assert f"at most {NAME_LENGTH} characters (got {NAME_LENGTH + 100})" in refused.value.message
+    with pytest.raises(Invalid, match="at most"):
+        svc.import_dataset(session, filename="a.txt", data=b"one\n", name=long)
+    session.rollback()
+    assert counts(session) == (2, 2)
+
+
 def test_txt_with_classic_mac_line_ends_is_one_prompt_a_line(client, admin):
     """A lone "\\r" ends a line, as it does in .jsonl and .csv uploads: "a\\rb\\rc\\r" was one
     prompt, "one red circle two red circles three red circles"."""
