@@ -19,6 +19,9 @@ SQL_BATCH = 5000
 # default, and the most one request may ask for (each is a full fit)
 DEFAULT_BOOTSTRAP = 200
 MAX_BOOTSTRAP = 2000
+# problems one 422 lists (the rest counted): a body with 300,000 unknown keys answered with a
+# 31 MB list, built in the event loop for 30 s, the whole server waiting
+MAX_PROBLEMS_LISTED = 100
 # prompts a job's config may list itself (more belong in an uploaded dataset): a config is
 # stored whole on its job and returned in every job listing
 MAX_CONFIG_PROMPTS = 10_000

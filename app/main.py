@@ -22,6 +22,7 @@ from app.api.methods import HeadWhereGetAnswers, allowed_methods
 from app.config import UI_PATH, Settings, get_settings
 from app.errors import ServiceError
 from app.json_values import EscapingJSONResponse
+from app.limits import MAX_PROBLEMS_LISTED
 from app.migrate import migrations_current
 from app.same_origin import SameOriginGuard, no_cross_origin_sharing, parse_allowed_origins
 from app.schemas import Problems, validation_problem
@@ -57,6 +58,19 @@ def _document_problems(app: FastAPI) -> None:
 BODY_PARSE_ERROR = "There was an error parsing the body"
 
 
+
+def capped_problems(problems: list[tuple[str, str]], unlisted: int = 0
+                    ) -> list[tuple[str, str]]:
+    """The first MAX_PROBLEMS_LISTED problems, then one saying how many more there are
+    (`unlisted` more were never worded): enough to fix a request by, and bounded, however
+    many keys a body holds."""
+    more = unlisted + max(0, len(problems) - MAX_PROBLEMS_LISTED)
+    kept = problems[:MAX_PROBLEMS_LISTED]
+    if more:
+        kept.append(("body", f"{more} more problem(s) not listed (the first "
+                             f"{MAX_PROBLEMS_LISTED} are)"))
+    return kept
+
 def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = None,
                mount_ui: bool = True) -> FastAPI:
     """Build the app. `settings` rebinds the database engine (tests); `enqueuer(job_id, kind)`
@@ -89,6 +103,12 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
     async def service_error(_request: Request, exc: ServiceError) -> EscapingJSONResponse:
         body: dict[str, object] = {"detail": exc.message}
         body.update({k: v for k, v in exc.details.items() if v is not None})
+        listed = body.get("errors")
+        if isinstance(listed, list) and len(listed) > MAX_PROBLEMS_LISTED:
+            # a config with 100,000 unknown reward names: the first ones, and how many more
+            kept = capped_problems([(e.get("field", "body"), e.get("message", "")) for e in listed])
+            body["errors"] = [{"field": f, "message": m} for f, m in kept]
+            body["detail"] = "; ".join(f"{f}: {m}" for f, m in kept)
         if exc.status_code in (400, 409, 413, 422) and body.get("errors"):
             # every answer about the request's content has the shape of a validation error's
             # (README): `field` is the first problem's
@@ -160,7 +180,10 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
         # the query string's own problems (an unknown or repeated parameter) first, then
         # the parameters' and the body's: one answer with all of them
         query = [(p["field"], p["message"]) for p in request.scope.get(QUERY_PROBLEMS, [])]
-        problems = [validation_problem(err) for err in exc.errors()]
+        errors = exc.errors()
+        # worded for the first ones only (each costs; the rest are counted at the end)
+        problems = [validation_problem(err) for err in errors[:MAX_PROBLEMS_LISTED]]
+        unworded = len(errors) - len(problems)
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if (problems and problems[0][0] == "body" and request.method in ("POST", "PUT", "PATCH")
                 and content_type != "application/json"):
@@ -201,6 +224,7 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
                                              invalid | {p["field"] for p in found})
             problems += [(p["field"], p["message"]) for p in found]
         problems = list(dict.fromkeys(query + problems)) or [("body", "invalid request")]
+        problems = capped_problems(problems, unworded)
         body = Problems(detail="; ".join(f"{f}: {m}" for f, m in problems),
                         field=problems[0][0],
                         errors=[{"field": f, "message": m} for f, m in problems])

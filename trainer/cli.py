@@ -614,9 +614,10 @@ def read_votes(path: Path, images: Path, include_excluded: bool = False,
     import numpy as np
     from PIL import Image
 
-    from trainer.evaluation import decode_lines, listed_problems
+    from trainer.evaluation import listed_problems
     from trainer.rewards.outcomes import OUTCOMES
     from trainer.rewards.preference import PreferencePair
+    from trainer.text_files import decode_lines
 
     if not path.is_file():
         raise FileNotFoundError(f"--votes: {path} is not a file")

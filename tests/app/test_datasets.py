@@ -541,6 +541,27 @@ def test_a_name_too_long_is_refused_beside_the_files_problems_not_cut(client, ad
     assert counts(session) == (2, 2)
 
 
+def test_reading_a_file_that_is_not_utf8_loads_no_torch(tmp_path):
+    """The upload's line-by-line decoding came from trainer.evaluation, which imports torch:
+    the server's first upload with a bad byte paid seconds of imports (14 s on a busy box)
+    inside the request. It reads such a file now without torch loaded."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, app.services.datasets as d\n"
+            "try:\n"
+            "    d.parse_upload('a.txt', b'caf\\xe9\\nok\\n', max_prompt_length=9, max_bytes=99)\n"
+            "except Exception as exc:\n"
+            "    print(exc)\n"
+            "print('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "DATA_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "a.txt: line 1: bad encoding (not UTF-8: byte 0xe9 at offset 3)", "False"], out.stdout
+
+
 def test_txt_with_classic_mac_line_ends_is_one_prompt_a_line(client, admin):
     """A lone "\\r" ends a line, as it does in .jsonl and .csv uploads: "a\\rb\\rc\\r" was one
     prompt, "one red circle two red circles three red circles"."""

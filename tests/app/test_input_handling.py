@@ -999,3 +999,39 @@ def test_a_body_sent_to_a_route_that_takes_none_is_refused(client, admin, sessio
     assert client.post(url, headers=admin, json={}).status_code == 200
     session.expire_all()
     assert session.get(Job, job.id).status == "cancelled"
+
+
+def test_a_body_with_thousands_of_problems_lists_the_first_hundred_and_counts_the_rest(
+        client, admin, annotator):
+    """A vote with 300,000 unknown keys answered after 30 s with a 31 MB list, built in the
+    event loop while every other request waited (the API audit, 2026-12-07); an admin's job
+    config with 100,000 unknown reward names gave 58 MB. Both list MAX_PROBLEMS_LISTED now,
+    then one line with how many more."""
+    from app.limits import MAX_PROBLEMS_LISTED
+
+    extra = MAX_PROBLEMS_LISTED + 250
+    vote = {"client_vote_id": "x", "sample_a_id": 1, "sample_b_id": 2, "outcome": "a",
+            **{f"k{i}": 1 for i in range(extra)}}
+    r = client.post("/api/votes", json=vote, headers=annotator)
+    assert r.status_code == 422, r.text
+    errors = r.json()["errors"]
+    assert len(errors) == MAX_PROBLEMS_LISTED + 1, len(errors)
+    assert errors[0]["field"] == "k0" and "not permitted" in errors[0]["message"], errors[0]
+    # the unknown keys beyond the first hundred, and the two samples that do not exist
+    assert errors[-1] == {"field": "body", "message": f"{extra + 2 - MAX_PROBLEMS_LISTED} "
+                          f"more problem(s) not listed (the first {MAX_PROBLEMS_LISTED} are)"}
+    assert r.json()["detail"].endswith(errors[-1]["message"])
+
+    weights = {f"r{i}": 1.0 for i in range(extra)}
+    r = client.post("/api/jobs", json={"kind": "train", "config": {
+        "reward_weights": weights}}, headers=admin)
+    assert r.status_code == 422, r.text
+    errors = r.json()["errors"]
+    assert len(errors) == MAX_PROBLEMS_LISTED + 1, len(errors)
+    assert "more problem(s) not listed" in errors[-1]["message"]
+    assert len(r.content) < 100_000, len(r.content)
+    # a few problems: every one listed, no count line
+    r = client.post("/api/votes", json={**{k: vote[k] for k in list(vote)[:4]}, "k1": 1,
+                                        "k2": 2}, headers=annotator)
+    assert [e["field"] for e in r.json()["errors"]] == ["k1", "k2", "sample_a_id",
+                                                        "sample_b_id"], r.text
