@@ -128,9 +128,17 @@ class _Report:
                       error_count=self.count)
 
 
+# characters that show nothing and mean nothing in a prompt: a byte-order mark left inside a
+# file (two files joined), a zero-width space, a word joiner. Kept, "\ufeffone red circle"
+# was a second prompt beside "one red circle", which looks the same, and not a shapes prompt.
+# (Zero-width joiners and non-joiners stay: emoji sequences and some scripts need them.)
+INVISIBLE = dict.fromkeys(map(ord, "\ufeff\u200b\u2060"))
+
+
 def normalise(text: str) -> str:
-    """Collapse runs of whitespace to one space and strip the ends."""
-    return " ".join(text.split())
+    """Drop the INVISIBLE characters, collapse runs of whitespace to one space and strip the
+    ends."""
+    return " ".join(text.translate(INVISIBLE).split())
 
 
 def detect_format(filename: str) -> str:

@@ -562,6 +562,20 @@ def test_reading_a_file_that_is_not_utf8_loads_no_torch(tmp_path):
         "a.txt: line 1: bad encoding (not UTF-8: byte 0xe9 at offset 3)", "False"], out.stdout
 
 
+def test_invisible_characters_make_no_second_prompt(client, admin):
+    """A byte-order mark inside a file (two files joined) or a zero-width space made
+    "one red circle" a second prompt that looks the same, which a shapes job then refused
+    (the API audit, 2026-12-07): they are dropped as whitespace is normalised."""
+    data = ("one red circle\n\ufeffone red circle\n\u200bone red\u2060 circle\n"
+            "two blue squares\u200b\n").encode()
+    r = upload(client, admin, "joined.txt", data)
+    assert r.status_code == 201, r.text
+    assert (r.json()["num_prompts"], r.json()["duplicates_dropped"]) == (2, 2), r.text
+    items = client.get("/api/prompts", params={"dataset_id": r.json()["id"]},
+                       headers=admin).json()["items"]
+    assert [p["text"] for p in items] == ["one red circle", "two blue squares"]
+
+
 def test_txt_with_classic_mac_line_ends_is_one_prompt_a_line(client, admin):
     """A lone "\\r" ends a line, as it does in .jsonl and .csv uploads: "a\\rb\\rc\\r" was one
     prompt, "one red circle two red circles three red circles"."""
