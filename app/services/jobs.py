@@ -181,6 +181,13 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
     names = [n for n in out.get("reward_names") or [] if isinstance(n, str)]
     if repeated := sorted({n for n in names if names.count(n) > 1}):
         problems.append(("reward_names", f"must not repeat a reward: {repeated}"))
+    if kind in ("rollout", "evaluate") and isinstance(model, str) and names:
+        from trainer.rewards import shapes_only_problem
+
+        # beside the names' other problems (checked in _check_model, it marked the field
+        # malformed and an unknown or repeated name went unsaid)
+        if (problem := shapes_only_problem(list(dict.fromkeys(names)), model)) is not None:
+            problems.append(("reward_names", problem))
     # with a reward server (any kind that scores) the server holds the weights: the worker
     # asks it at the job's start (it may be down now; submission does not call it)
     if config.get("reward_server_url"):
@@ -547,13 +554,6 @@ def _check_model(session: Session, kind: str, config: dict[str, Any], problems: 
         # 0 is "all at once": the shapes model's 32 px canvases fit, but 256 evaluate images
         # (or 16 prompts x G) of a real model at 512 px would not fit one card's memory
         config["batch_size"] = real_model_sampling_batch(session, model, list(specs))
-    names = config.get("reward_names")
-    if isinstance(names, list) and "reward_names" not in malformed:
-        from trainer.rewards import shapes_only_problem
-
-        problem = shapes_only_problem([n for n in names if isinstance(n, str)], model)
-        if problem is not None:
-            problems.append(("reward_names", problem))
     if kind == "evaluate":
         _check_evaluate_preference(session, config, model, problems)
         if config.get("include_base") is True and not malformed & {

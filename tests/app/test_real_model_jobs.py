@@ -280,6 +280,15 @@ def test_rollout_of_a_base_model_names_its_directory_and_scores_image_rewards(
                                          "reward_names": ["jpeg_compressibility", "count"]})
     assert set(_errors(r)) == {"reward_names"}, r.text
     assert "['count'] score only the shapes model's" in r.text
+    # beside an unknown name and a repeated one, all three said (the shapes-only check ran
+    # first and marked the field, and the other two went unsaid: the API audit, 2026-12-07)
+    r = _post(client, admin, "rollout", {"dataset_id": ds, "model": "flux",
+                                         "model_path": "tiny-flux", "resolution": 32,
+                                         "reward_names": ["count", "zzz", "count"]})
+    said = [e["message"] for e in r.json()["errors"] if e["field"] == "reward_names"]
+    assert len(said) == 3, r.text
+    assert "unknown reward 'zzz'" in said[0] and "must not repeat a reward: ['count']" in said[1]
+    assert "['count'] score only the shapes model's" in said[2]
     r = _post(client, admin, "train", {**FLUX, "reward_weights": {"color": 1.0}})
     assert set(_errors(r)) == {"reward_weights"}, r.text
     # the shapes world is unchanged: its base model and its rewards, on prompts it can draw
