@@ -30,7 +30,7 @@ from trainer.rewards.remote import ScoringStopped
 from trainer.sde_grpo import sde_grpo_iteration
 from trainer.shapes.world import all_prompts
 from trainer.tracking import RunTracking
-from trainer.write_errors import as_os_error
+from trainer.write_errors import as_os_error, readable_as_umask_allows
 
 if TYPE_CHECKING:  # imported where used: it pulls in the preference network
     from trainer.rewards.preference import PreferenceModel
@@ -353,6 +353,7 @@ class Trainer:
             save_file(tensors, str(tmp / TRAINER_STATE),
                       metadata={**meta, "optimizer": json.dumps(opt_meta)})
             (tmp / "README.md").write_text(model_card(self))
+            readable_as_umask_allows(tmp)  # safetensors' own files are 0600
         except Exception as exc:
             # a half-written checkpoint is no use to anyone: on a full disk its files would
             # hold the space a retry needs. A write the system refused is raised as an

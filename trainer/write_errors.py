@@ -31,3 +31,17 @@ def as_os_error(exc: BaseException, path: str | Path) -> OSError | None:
         return None
     code = int(match.group(1))
     return OSError(code, os.strerror(code), str(path))
+
+
+def readable_as_umask_allows(path: str | Path) -> None:
+    """Give `path` (a file, or every file under a directory) the permissions open() would
+    have given it under this process's umask (0o666 & ~umask): safetensors writes through a
+    temporary file created 0600 (safetensors issue #782), so a checkpoint, a LoRA or a
+    preference model was readable by its writer alone, and the model card's
+    `load_lora_weights` failed for a colleague or another container's user."""
+    umask = os.umask(0)
+    os.umask(umask)
+    path = Path(path)
+    for file in ([path] if path.is_file() else path.rglob("*")):
+        if file.is_file() and not file.is_symlink():
+            os.chmod(file, 0o666 & ~umask)

@@ -20,6 +20,7 @@ from torch import nn
 
 from trainer.models.base import FlowModel
 from trainer.shapes.world import IMAGE_SIZE, PROMPT_LENGTH, VOCAB, tokenize
+from trainer.write_errors import readable_as_umask_allows
 
 
 @dataclass
@@ -190,6 +191,7 @@ class ShapesDiT(FlowModel):
         state = self.state_dict() if state is None else state
         save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(path),
                   metadata=metadata)
+        readable_as_umask_allows(path)  # safetensors' own files are 0600 (train-base's base)
 
     def save_weights(self, directory: Path, metadata: dict[str, str],
                      state: dict[str, torch.Tensor] | None = None) -> Path:

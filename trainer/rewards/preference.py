@@ -43,7 +43,7 @@ from torch import nn
 from trainer.rewards.fit_config import MIN_FIT_VOTES, FitConfig
 from trainer.rewards.outcomes import LABELLED_OUTCOMES, OUTCOMES, TARGET_A, Outcome
 from trainer.shapes.world import IMAGE_SIZE, PROMPT_LENGTH, VOCAB, not_shapes_prompts, tokenize
-from trainer.write_errors import as_os_error
+from trainer.write_errors import as_os_error, readable_as_umask_allows
 
 
 @dataclass
@@ -336,6 +336,7 @@ class PreferenceModel:
         partial = path.with_name(f".{path.name}.partial")
         try:
             save_file(state, str(partial), metadata=meta)
+            readable_as_umask_allows(partial)  # safetensors' own files are 0600
             os.replace(partial, path)
         except BaseException as exc:  # a full disk or a read-only one: the OSError it is
             partial.unlink(missing_ok=True)
