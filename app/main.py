@@ -58,7 +58,6 @@ def _document_problems(app: FastAPI) -> None:
 BODY_PARSE_ERROR = "There was an error parsing the body"
 
 
-
 def capped_problems(problems: list[tuple[str, str]], unlisted: int = 0
                     ) -> list[tuple[str, str]]:
     """The first MAX_PROBLEMS_LISTED problems, then one saying how many more there are
@@ -70,6 +69,7 @@ def capped_problems(problems: list[tuple[str, str]], unlisted: int = 0
         kept.append(("body", f"{more} more problem(s) not listed (the first "
                              f"{MAX_PROBLEMS_LISTED} are)"))
     return kept
+
 
 def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = None,
                mount_ui: bool = True) -> FastAPI:

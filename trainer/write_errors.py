@@ -39,9 +39,24 @@ def readable_as_umask_allows(path: str | Path) -> None:
     temporary file created 0600 (safetensors issue #782), so a checkpoint, a LoRA or a
     preference model was readable by its writer alone, and the model card's
     `load_lora_weights` failed for a colleague or another container's user."""
-    umask = os.umask(0)
-    os.umask(umask)
+    umask = _umask()
     path = Path(path)
     for file in ([path] if path.is_file() else path.rglob("*")):
         if file.is_file() and not file.is_symlink():
             os.chmod(file, 0o666 & ~umask)
+
+
+def _umask() -> int:
+    """This process's umask, read (Linux: /proc/self/status) rather than set and set back:
+    os.umask(0) would, for that moment, give every file another thread of the process (the
+    embedded worker's, the server's) creates the permissions 0o666."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    umask = os.umask(0o077)  # elsewhere: set (to the stricter value) and set back
+    os.umask(umask)
+    return umask

@@ -643,12 +643,12 @@ def import_dataset(session: Session, *, filename: str, data: bytes, name: str | 
     filename = _own_filename(filename)
     refuse_hidden("file", filename)  # stored and shown beside the dataset; NUL fails PostgreSQL
     # every problem at once: the name's, the content's and eval_fraction's against the file
-    conflict: Conflict | Invalid | None = None  # what is wrong with the name
+    name_problem: Conflict | Invalid | None = None  # a name taken, or too long
     try:
         name = dataset_name(filename, name)
         check_name_free(session, name)
     except (Conflict, Invalid) as exc:
-        conflict = exc
+        name_problem = exc
     parsed: ParsedUpload | None = None
     problems: list[dict[str, Any]] = []
     said: list[str] = []  # the answer's detail: each error's own message, places and all
@@ -657,7 +657,7 @@ def import_dataset(session: Session, *, filename: str, data: bytes, name: str | 
                               max_bytes=max_bytes)
     except Invalid as exc:  # whatever is wrong with the content, the field to fix is the file
         exc.details.setdefault("field", "file")
-        if conflict is None and not eval_fraction:
+        if name_problem is None and not eval_fraction:
             raise
         problems += _problems(exc, "file")
         said.append(exc.message)
@@ -667,12 +667,13 @@ def import_dataset(session: Session, *, filename: str, data: bytes, name: str | 
     if (problem := eval_fraction_problem(filename, eval_fraction, splits_given)) is not None:
         problems.append({"field": "eval_fraction", "message": problem})
         said.append(f"eval_fraction: {problem}")
-    if conflict is not None:
+    if name_problem is not None:
         if not problems:
-            raise conflict  # a taken name alone is the 409 (a name too long, the 422)
+            raise name_problem  # a taken name alone is the 409 (a name too long, the 422)
         # with the other problems beside it, one 422 that lists them all, so the second try
         # is not refused for the file
-        problems, said = _problems(conflict, "name") + problems, [conflict.message, *said]
+        problems = _problems(name_problem, "name") + problems
+        said = [name_problem.message, *said]
     if problems:
         raise Invalid("; ".join(said), field=problems[0]["field"], errors=problems)
     assert parsed is not None

@@ -46,11 +46,16 @@ def _cross_votes(session: Session) -> list[tuple[int, int, str]]:
     return [(int(a), int(b), o) for a, b, o in rows]
 
 
+def with_pseudo_counts(wins: np.ndarray) -> np.ndarray:
+    """`wins` with PSEUDO wins each way added for every pair that met: what the fit and its
+    standard errors both read."""
+    return wins + PSEUDO * ((wins + wins.T) > 0)
+
+
 def fit_bt(wins: np.ndarray, iters: int = 200, tol: float = 1e-9) -> np.ndarray:
     """Strengths p (geometric mean 1) from wins[i, j] = wins of i over j (ties as 0.5 each)."""
     n = wins.shape[0]
-    games = wins + wins.T
-    w = wins + PSEUDO * (games > 0)
+    w = with_pseudo_counts(wins)
     games = w + w.T
     total_wins = w.sum(axis=1)
     p = np.ones(n)
@@ -78,7 +83,7 @@ def normal_half_widths(wins: np.ndarray, p: np.ndarray, z: float = 1.96) -> np.n
     information of the log-strengths under the same pseudo-counts (a graph Laplacian with
     weights games_ij * P(i beats j) * P(j beats i)); its pseudo-inverse is the covariance with
     the ratings' mean held fixed, as fit_bt holds it."""
-    w = wins + PSEUDO * ((wins + wins.T) > 0)
+    w = with_pseudo_counts(wins)
     games = w + w.T
     beats = p[:, None] / (p[:, None] + p[None, :])  # P(i beats j)
     info = games * beats * beats.T
