@@ -48,8 +48,8 @@ def readable_as_umask_allows(path: str | Path) -> None:
 
 def _umask() -> int:
     """This process's umask, read (Linux: /proc/self/status) rather than set and set back:
-    os.umask(0) would, for that moment, give every file another thread of the process (the
-    embedded worker's, the server's) creates the permissions 0o666."""
+    os.umask(0) would, for that moment, give every file another thread of the process
+    creates (a server's, a job runner's) the permissions 0o666."""
     try:
         with open("/proc/self/status") as status:
             for line in status:
