@@ -122,7 +122,7 @@ SLOW = {
     "tests/trainer/test_config_fields.py::"
     "test_eval_every_logs_evaluation_metrics_without_touching_training",
     # a served app with the UI mounted and a body streamed slowly (5), a forged upload (3)
-    "tests/app/test_body_limit.py::test_a_chunked_body_without_a_token_is_cut_off_at_the_limit",
+    "tests/app/test_body_limit.py::test_a_chunked_body_is_401_without_a_token_and_413_past_the_limit",
     "tests/app/test_ui_security.py::test_a_forged_file_payload_never_reaches_the_handler",
     # ten annotators voting on a served app until every pair is judged: 6 on SQLite
     "tests/app/test_concurrent_annotators.py::"

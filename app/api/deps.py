@@ -110,13 +110,22 @@ def _dependency_calls(dependant: Any) -> set[Any]:
     return calls
 
 
+# the dependencies that check the caller's token
+CALLER_CHECKS = {current_user, file_reader}
+
+
+def needs_caller(dependant: Any) -> bool:
+    """Whether a route's dependencies (`dependant`) check the caller's token."""
+    return bool(_dependency_calls(dependant) & CALLER_CHECKS)
+
+
 async def refused_caller(request: Request) -> ServiceError | None:
     """The 401 or 403 the matched route's own dependencies would have answered, for a request
     refused before they ran: FastAPI parses a JSON body before it resolves dependencies, so a
     malformed body would otherwise tell a caller without a token (or without the role) how
     the route reads its input. None when the caller may call the route."""
     calls = _dependency_calls(getattr(request.scope.get("route"), "dependant", None))
-    if not calls & {current_user, file_reader}:
+    if not calls & CALLER_CHECKS:
         return None
     creds = await bearer(request)
     try:

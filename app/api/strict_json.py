@@ -55,17 +55,21 @@ class StrictJSONRoute(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        from app.api.deps import needs_caller, refused_caller
+
         check_query = query_checker(self)
         takes_body = self.body_field is not None
+        # FastAPI reads and parses a body before it solves the dependencies that check the
+        # token, so an anonymous client could make the server take in (up to the body limit)
+        # and parse what it sent before its 401: the caller is judged here, before a byte of
+        # the body is read
+        judge_caller = needs_caller(self.dependant)
 
         async def strict(request: Request) -> Response:
+            if judge_caller and (refused := await refused_caller(request)) is not None:
+                raise refused
             problems = await check_query(request)
             if not takes_body and (unread := await unexpected_body(request)) is not None:
-                if not problems:  # with problems, check_query refused the caller already
-                    from app.api.deps import refused_caller
-
-                    if (refused := await refused_caller(request)) is not None:
-                        raise refused
                 problems = [*problems, unread]
             if problems:
                 request.scope[QUERY_PROBLEMS] = problems

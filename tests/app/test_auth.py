@@ -120,3 +120,39 @@ def test_a_new_token_replaces_a_lost_one_and_gives_a_revoked_user_access_again(
     assert own.status_code == 422 and "your own" in own.json()["detail"]
     assert client.get("/api/auth/me", headers=admin).status_code == 200  # still works
     assert client.post("/api/users/999999/token", headers=admin).status_code == 404
+
+
+def test_a_request_without_a_token_is_refused_before_its_body_is_read(client, annotator):
+    """Every route that takes a token answers 401 (and a role-gated one 403) without reading
+    the body: FastAPI parsed a JSON body whole before it checked the token, so an anonymous
+    client could make the server read and parse what it sent. Streamed, so that a chunk the
+    server asked for is seen."""
+    from fastapi.routing import iter_route_contexts
+
+    from app.api.deps import _dependency_calls, admin_user, current_user, file_reader
+
+    writes = {"POST", "PUT", "PATCH", "DELETE"}
+    routes = [ctx for ctx in iter_route_contexts(client.app.routes)
+              if ctx.methods and ctx.methods & writes
+              and _dependency_calls(getattr(ctx.route, "dependant", None))
+              & {current_user, file_reader}]
+    assert {"/api/jobs", "/api/votes", "/api/datasets"} <= {ctx.path for ctx in routes}
+    for ctx in routes:
+        path = ctx.path
+        for param in ctx.route.param_convertors:
+            path = path.replace(f"{{{param}}}", "1")
+        for method in ctx.methods & writes:
+            cases = [({}, 401), ({"Authorization": "Bearer nope"}, 401)]
+            if admin_user in _dependency_calls(ctx.route.dependant):
+                cases.append((annotator, 403))
+            for headers, status in cases:
+                read: list[int] = []
+
+                def body(read: list[int] = read):
+                    for i in range(3):  # malformed JSON and multipart alike
+                        read.append(i)
+                        yield b'{"kind": "train", --xx\r\n'
+
+                r = client.request(method, path, content=body(), headers={
+                    **headers, "Content-Type": "application/json"})
+                assert (r.status_code, read) == (status, []), (method, ctx.path, r.text)
