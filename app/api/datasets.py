@@ -10,7 +10,9 @@ from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi.responses import Response, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import WithJsonSchema
+from python_multipart.multipart import parse_options_header
 from sqlalchemy.orm import Session
+from starlette.types import Message
 
 from app import db
 from app.api.body_limit import FORM_OVERHEAD
@@ -69,7 +71,31 @@ UPLOAD_FIELDS = ("file", "name", "eval_fraction", "seed")
 FILE_REQUIRED = "a file with a name is required (.txt, .csv, .jsonl, .json or .parquet)"
 
 
-async def _known_form_fields(request: Request) -> None:
+class _ClosingBoundaryWatch:
+    """Watches a multipart body, as it is received, for its close delimiter (CRLF
+    `--boundary--`). Starlette's parser takes a body cut off mid-part without a word and drops
+    the unfinished part, so a truncated upload was answered "file: Field required" as if the
+    client had sent no file. `receive` replaces the request's own."""
+
+    def __init__(self, request: Request) -> None:
+        _, options = parse_options_header(request.headers.get("content-type", ""))
+        boundary = options.get(b"boundary")
+        self.delimiter = b"\r\n--" + boundary + b"--" if boundary else None
+        self.seen = False
+        self._tail = b"\r\n"  # the body's start counts as a line's: no preamble before it
+        self._receive = request.receive
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] == "http.request" and self.delimiter and not self.seen:
+            # the last bytes of the chunk before are kept: a delimiter may span two chunks
+            data = self._tail + message.get("body", b"")
+            self.seen = self.delimiter in data
+            self._tail = data[-len(self.delimiter):]
+        return message
+
+
+async def _known_form_fields(request: Request, watch: _ClosingBoundaryWatch) -> None:
     """Every problem with the upload's form that FastAPI's validation of the declared fields
     does not see: a form field the upload does not take (a misspelt `eval_fracton` was dropped
     without a word, as JSON bodies' unknown keys are not), one given twice, a file without a
@@ -80,6 +106,15 @@ async def _known_form_fields(request: Request) -> None:
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         return
     form = await request.form()
+    if watch.delimiter and not watch.seen:
+        # what the parser took of a cut-off body would be judged as if it were all there
+        await form.close()
+        if "file" in form:
+            raise BadRequest("body: malformed multipart: the body ended before its closing "
+                             "boundary (cut off?); send the whole form", field="body")
+        raise BadRequest("file: the upload was cut off: the multipart body ended before its "
+                         "closing boundary, so the file's part is missing or incomplete; "
+                         "send the whole file", field="file")
     unknown = sorted({key for key in form if key not in UPLOAD_FIELDS})
     problems = [{"field": key[:100], "message": "unknown field; the upload takes "
                  f"{', '.join(UPLOAD_FIELDS)}"} for key in unknown]
@@ -174,7 +209,9 @@ class _CheckedBeforeBody(APIRoute):
             await _admin_within_limit(request)
             if problems := await check_query(request):
                 raise query_invalid(problems)
-            await _known_form_fields(request)
+            watch = _ClosingBoundaryWatch(request)
+            request = Request(request.scope, watch.receive)
+            await _known_form_fields(request, watch)
             return await handler(request)
 
         return checked_first

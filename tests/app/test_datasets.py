@@ -658,3 +658,26 @@ def test_eval_fraction_is_judged_beside_the_files_and_the_names_problems(client,
     assert r.status_code == 422, r.text
     assert [e["field"] for e in r.json()["errors"]] == ["name", "file", "eval_fraction"], r.text
     assert counts(session) == before
+
+
+def test_a_cut_off_upload_says_so_and_not_that_the_file_is_missing(client, admin, session):
+    """A multipart body cut off mid-part (its Content-Length the cut body's) was parsed as if
+    whole, its unfinished file part dropped, and answered "file: Field required"."""
+    boundary = "cut-off-boundary"
+    whole = (f'--{boundary}\r\nContent-Disposition: form-data; name="name"\r\n\r\nmine\r\n'
+             f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="p.txt"\r\n'
+             f'Content-Type: text/plain\r\n\r\none red circle\ntwo blue squares\n\r\n'
+             f'--{boundary}\r\nContent-Disposition: form-data; name="seed"\r\n\r\n3\r\n'
+             f'--{boundary}--\r\n').encode()
+    headers = {**admin, "Content-Type": f"multipart/form-data; boundary={boundary}"}
+    in_file = whole.index(b"two blue")  # in the file's part, and in the field after it
+    for cut, field in ((in_file, "file"), (len(whole) - 30, "body"), (len(whole) - 3, "body")):
+        r = client.post("/api/datasets", content=whole[:cut], headers=headers)
+        assert (r.status_code, r.json()["field"]) == (400, field), (cut, r.text)
+        assert "cut off" in r.json()["detail"] and "Field required" not in r.json()["detail"]
+    assert counts(session) == (0, 0)
+    # in chunks whose border splits the closing boundary, the whole body is taken
+    chunks = (whole[i:i + 7] for i in range(0, len(whole), 7))
+    r = client.post("/api/datasets", content=chunks, headers=headers)
+    assert r.status_code == 201, r.text
+    assert (r.json()["name"], r.json()["num_prompts"]) == ("mine", 2)
