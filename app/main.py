@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app import db, queue
 from app.api.methods import HeadWhereGetAnswers, allowed_methods
 from app.config import UI_PATH, Settings, get_settings
+from app.docs import add_docs_routes
 from app.errors import ServiceError
 from app.json_values import EscapingJSONResponse
 from app.limits import MAX_PROBLEMS_LISTED
@@ -93,7 +94,8 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
     # every JSON answer, an error's or a route's, survives text UTF-8 cannot hold
     app = FastAPI(title="Neighbor GRPO Studio", version="0.1.0", lifespan=lifespan,
                   default_response_class=EscapingJSONResponse,
-                  description="Datasets, rollouts, pairwise votes, jobs and checkpoints.")
+                  description="Datasets, rollouts, pairwise votes, jobs and checkpoints.",
+                  docs_url=None, redoc_url=None)  # add_docs_routes: served without a CDN
     app.state.settings = settings
     app.state.enqueuer = enqueuer or queue.enqueue
 
@@ -248,6 +250,8 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
     for module in (auth, datasets, rollouts, media, votes, jobs, models, checkpoints,
                    preference):
         app.include_router(module.router, prefix="/api")
+
+    add_docs_routes(app)
 
     @app.get("/favicon.ico", include_in_schema=False)
     def favicon() -> FileResponse:

@@ -40,6 +40,9 @@ ROUTES: dict[str, str] = {
     "GET /docs": PUBLIC, "HEAD /docs": PUBLIC,
     "GET /docs/oauth2-redirect": PUBLIC, "HEAD /docs/oauth2-redirect": PUBLIC,
     "GET /redoc": PUBLIC, "HEAD /redoc": PUBLIC,
+    # the docs pages' scripts and styles (app/docs.py)
+    "GET /docs/assets/swagger-ui-bundle.js": PUBLIC, "GET /docs/assets/swagger-ui.css": PUBLIC,
+    "GET /docs/assets/redoc.standalone.js": PUBLIC,
     "GET /healthz": PUBLIC,
     "GET /favicon.ico": PUBLIC,  # the studio's icon, no user data
     "DELETE /api/auth/session": PUBLIC,  # logging out needs no token (it only clears a cookie)
