@@ -1503,6 +1503,17 @@ class _Parser(argparse.ArgumentParser):
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         if value is _REFUSED:
             return
+        if isinstance(action, argparse._SubParsersAction):
+            # an unknown command ends the parse here: collected and let through, the
+            # subparsers action refused it again ("unknown parser"), a second line for one typo
+            if value not in action.choices:
+                import difflib
+
+                close = difflib.get_close_matches(value, list(action.choices), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise argparse.ArgumentError(action, f"invalid choice: {value!r} (choose from "
+                                             f"{', '.join(action.choices)}){hint}")
+            return
         try:
             super()._check_value(action, value)
         except argparse.ArgumentError as exc:

@@ -344,6 +344,20 @@ def cli_error(argv: list[str], capsys) -> str:
     return line
 
 
+def test_a_misspelt_command_is_one_error_line_with_the_nearest_command(capsys):
+    """`python -m trainer trian` printed two error lines for one typo (argparse's "invalid
+    choice" and then its subparsers' "unknown parser")."""
+    from trainer.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["trian", "--out", "x"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert [x for x in err.splitlines() if "error:" in x] == [
+        "python -m trainer: error: argument command: invalid choice: 'trian' (choose from "
+        "train, sample, evaluate, train-base, demo, fit-preference); did you mean 'train'?"]
+
+
 @pytest.fixture
 def prompts_file(tmp_path):
     path = tmp_path / "ok.txt"
