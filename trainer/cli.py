@@ -289,8 +289,13 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
 
     # cmd_train's weights file checks, said now too, with the fields they read as far as
     # they are valid (a bad model or LoRA field: the files are judged by the model alone)
-    fields = config.to_dict() if config is not None else overrides
-    problems += _weights_file_problems(fields, fits_run=config is not None)
+    # (the preset's and the config file's fields under the overrides: a config file's
+    # preference_model beside the preset's reward_weights was not seen)
+    preset_fields = PRESETS.get(spec, {}) if isinstance(spec, str) else {}
+    fields = (config.to_dict() if config is not None
+              else {**preset_fields, **_config_file_fields(args), **overrides})
+    problems += _weights_file_problems(fields, fits_run=config is not None,
+                                       resumed=saved is not None)
     problems = _prompts_file_named(args, problems)
 
     if config is not None:  # the preset's model (flux-lora) when the overrides name none
@@ -474,7 +479,8 @@ def _weights_file_problems(fields: dict[str, Any], *, fits_run: bool = True,
                        "shipped base")
         if problem is not None:
             problems.append(ConfigError("base_checkpoint", problem))
-    weights_of = fields.get("reward_weights")
+    # (left out: TrainConfig's default, which blends no preference)
+    weights_of = fields.get("reward_weights", {})
     preference = fields.get("preference_model", "")
     if isinstance(weights_of, dict) and "preference" in weights_of \
             and isinstance(preference, str):
@@ -491,6 +497,14 @@ def _weights_file_problems(fields: dict[str, Any], *, fits_run: bool = True,
                        or _preference_fit_problem(preference, model))
         if problem is not None:
             problems.append(ConfigError("preference_model", problem))
+    elif isinstance(weights_of, dict) and isinstance(preference, str) and preference.strip() \
+            and not resumed:
+        # the run would never read it (the studio refuses it too); a run saved so before is
+        # resumed as it was started, not refused now
+        problems.append(ConfigError("preference_model", "names a preference model, but "
+                                    "reward_weights has no 'preference' weight to blend it "
+                                    "with: add one (e.g. \"preference\": 1) or leave "
+                                    "preference_model empty"))
     return problems
 
 

@@ -88,6 +88,31 @@ def test_a_preference_model_that_is_no_preference_model_is_named(
     assert not out.exists()
 
 
+def test_a_preference_model_without_a_preference_weight_is_refused_with_the_other_problems(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--set preference_model=...` with no 'preference' in reward_weights was stored and
+    never read (the run trained on the other rewards alone, exit 0); the studio refuses it.
+    Said with the config's other problems, from --set or a config file."""
+    out = tmp_path / "run"
+    why = ("names a preference model, but reward_weights has no 'preference' weight to blend "
+           "it with: add one (e.g. \"preference\": 1) or leave preference_model empty")
+    lines = cli_errors(["train", "--config", "tiny", "--set", "preference_model=p.safetensors",
+                        "--out", str(out)], capsys)
+    assert lines == [f"error: config field 'preference_model': {why}"]
+    lines = cli_errors(["train", "--config", "tiny", "--set", "preference_model=p.safetensors",
+                        "--set", "sigma=9", "--out", str(out)], capsys)
+    assert [line.split(":")[1].strip() for line in lines] == [
+        "config field 'sigma'", "config field 'preference_model'"], lines
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"preference_model": "p.safetensors",
+                                  "reward_weights": {"count": 1}}))
+    lines = cli_errors(["train", "--config", str(config), "--set", "iterations=0",
+                        "--out", str(out)], capsys)
+    assert [line.split(":")[1].strip() for line in lines] == [
+        "config field 'iterations'", "config field 'preference_model'"], lines
+    assert not out.exists()
+
+
 def test_a_relative_preference_model_is_stored_absolute_and_the_same_file_is_no_change(
         tmp_path: Path, preference_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
