@@ -1496,7 +1496,7 @@ def fit_fields_epilog() -> str:
 _REFUSED = object()
 
 
-class _Parser(argparse.ArgumentParser):
+class AllErrorsParser(argparse.ArgumentParser):
     """argparse that says every option it refuses at once: a wrong --steps no longer hides a
     wrong --seeds behind it (each was found only after the one before was fixed). Type and
     choice errors are collected while parsing and said together, one `error:` line each,
@@ -1555,7 +1555,7 @@ class _Once(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:
         earlier = getattr(namespace, self.dest, None)
-        if earlier is not None and isinstance(parser, _Parser):
+        if earlier is not None and isinstance(parser, AllErrorsParser):
             parser.refused.append(
                 f"argument {option_string}: given more than once ({earlier}, {values}); "
                 f"{parser.prog} takes one: run it once for each")
@@ -1563,7 +1563,7 @@ class _Once(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m trainer", description=__doc__)
+    parser = AllErrorsParser(prog="python -m trainer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     train_help = "Neighbor GRPO or the SDE baseline (model shapes, flux or sd3)"

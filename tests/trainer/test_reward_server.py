@@ -791,6 +791,41 @@ def test_the_servers_bad_options_are_one_line_and_exit_2(argv, message, capsys, 
     assert message in err.strip().splitlines()[-1], err
 
 
+def test_the_servers_bad_options_are_said_all_at_once(capsys, monkeypatch):
+    """Several bad options were said one a start: only the first, the next once it was
+    fixed. Malformed ones are said together (argparse's lines), and so are a port that is
+    taken, a device this machine lacks, unknown rewards and weights paths of rewards not
+    served; nothing loads (hpsv2 has no weights here)."""
+    from trainer.rewards.serve import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(SystemExit) as exited:
+        main(["--rewards", "hpsv2", "--port", "99999", "--max-batch", "0", "--max-wait-ms",
+              "nan"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "Traceback" not in err
+    said = [line.split(": error: ")[1] for line in err.splitlines() if ": error: " in line]
+    assert said == ["argument --port: must be a port number 0-65535, got '99999'",
+                    "argument --max-batch: must be an integer >= 1, got '0'",
+                    "argument --max-wait-ms: must be a finite number >= 0, got 'nan'"], err
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        with pytest.raises(SystemExit) as exited:
+            main(["--rewards", "hpsv2,nope", "--port", str(port), "--device", "cuda",
+                  "--reward-model-paths", "aesthetic=/nowhere"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 4 and all(line.startswith("reward server: ") for line in lines), err
+    assert f"cannot listen on 127.0.0.1:{port} (--host/--port)" in lines[0]
+    assert "--device: device 'cuda' requested but CUDA is not available" in lines[1]
+    assert "unknown reward 'nope'; a server serves: [" in lines[2]
+    assert "--reward-model-paths names ['aesthetic'], which --rewards does not serve" in lines[3]
+
+
 def test_serving_preference_is_refused_with_one_reason_and_the_servable_names():
     from trainer.rewards.serve import load_rewards
 

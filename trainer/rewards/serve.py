@@ -59,7 +59,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from trainer.cli import available_device, device_name, positive_int
+from trainer.cli import AllErrorsParser, available_device, device_name, positive_int
 from trainer.rewards import get_reward, reward_names, shapes_only_rewards
 from trainer.rewards.registry import shapes_image_problem
 from trainer.rewards.remote import LOCAL_REWARDS, decode_images, decode_score_request
@@ -275,6 +275,28 @@ class Batcher:
         return scores
 
 
+def reward_names_problems(names: Iterable[str], paths: dict[str, str] | None = None
+                          ) -> list[str]:
+    """Why the rewards `names` (with weights directories `paths`) cannot be served, from the
+    names alone (nothing loads): the names that are no servable reward, in one line, and the
+    paths of rewards not served (a typo in one of the lists), in another."""
+    names = list(dict.fromkeys(names))
+    if not names:
+        return ["name at least one reward to serve"]
+    known = reward_names()
+    problems = []
+    wrong = [f"{n!r} is the training job's own model from votes; it is scored in the job"
+             if n in LOCAL_REWARDS else f"unknown reward {n!r}"
+             for n in names if n not in known or n in LOCAL_REWARDS]
+    if wrong:
+        problems.append(f"{'; '.join(wrong)}; a server serves: "
+                        f"{[n for n in known if n not in LOCAL_REWARDS]}")
+    if stray := [n for n in (paths or {}) if n not in names]:
+        problems.append(f"--reward-model-paths names {stray}, which --rewards does not "
+                        f"serve ({', '.join(names)})")
+    return problems
+
+
 def load_rewards(names: Iterable[str], paths: dict[str, str] | None = None,
                  device: str = "auto") -> list[str]:
     """Check `names` and load each model-backed one now (weights from REWARD_MODELS_DIR or
@@ -290,18 +312,8 @@ def load_rewards(names: Iterable[str], paths: dict[str, str] | None = None,
     )
 
     names = list(dict.fromkeys(names))
-    if not names:
-        raise ValueError("name at least one reward to serve")
-    known = reward_names()
-    problems = [f"{n!r} is the training job's own model from votes; it is scored in the job"
-                if n in LOCAL_REWARDS else f"unknown reward {n!r}"
-                for n in names if n not in known or n in LOCAL_REWARDS]
-    if problems:
-        raise ValueError(f"{'; '.join(problems)}; a server serves: "
-                         f"{[n for n in known if n not in LOCAL_REWARDS]}")
-    if stray := [n for n in (paths or {}) if n not in names]:  # a typo in one of the lists
-        raise ValueError(f"--reward-model-paths names {stray}, which --rewards does not "
-                         f"serve ({', '.join(names)})")
+    if problems := reward_names_problems(names, paths):
+        raise ValueError(problems[0])
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     # messages name the flag the user typed, not the config field a job's path comes from
@@ -666,7 +678,7 @@ def _port(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """`python -m trainer.rewards.serve`'s options (docker-compose.yml's reward-server runs it)."""
-    parser = argparse.ArgumentParser(
+    parser = AllErrorsParser(
         prog="python -m trainer.rewards.serve",
         description="Serve rewards over HTTP to the jobs that name this server's URL "
                     "(their reward_server_url: train, rollout, evaluate).")
@@ -705,24 +717,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # every malformed option at once (AllErrorsParser)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import uvicorn
 
-    # the port first: one taken by another process was uvicorn's error and exit code 3, and
-    # only after every reward model had loaded (minutes for HPSv2's ViT-H)
+    from trainer.config import ConfigError
+
+    # what the options ask that this machine or the reward list cannot give, every problem
+    # at once (each was said only once the one before it was fixed), before any reward model
+    # loads. The port first: one taken by another process was uvicorn's error and exit code
+    # 3, and only after every reward model had loaded (minutes for HPSv2's ViT-H)
+    problems, listening = [], None
     try:
         listening = listening_socket(args.host, args.port)
     except OSError as exc:
-        parser.exit(2, f"reward server: cannot listen on {args.host}:{args.port} "
-                       f"(--host/--port): {exc.strerror or exc}; is another server on it? "
-                       "Choose another --port, or 0 for any free one\n")
+        problems.append(f"cannot listen on {args.host}:{args.port} (--host/--port): "
+                        f"{exc.strerror or exc}; is another server on it? Choose another "
+                        "--port, or 0 for any free one")
     try:
-        # a device this machine lacks is one line, as the trainer's CLI says it, before any
-        # reward model loads
+        # a device this machine lacks, said as the trainer's CLI says it
         available_device(args.device, "--device")
-        app = create_app([n.strip() for n in args.rewards.split(",") if n.strip()],
+    except ConfigError as exc:
+        problems.append(f"{exc.field}: {exc.message}")
+    names = [n.strip() for n in args.rewards.split(",") if n.strip()]
+    problems += reward_names_problems(names, args.reward_model_paths)
+    if problems:
+        if listening is not None:
+            listening.close()
+        parser.exit(2, "".join(f"reward server: {problem}\n" for problem in problems))
+    try:
+        app = create_app(names,
                          device=args.device, reward_model_paths=args.reward_model_paths,
                          max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                          max_request_bytes=args.max_request_mb * 2**20,
