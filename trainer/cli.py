@@ -454,9 +454,11 @@ def _weights_file_problems(fields: dict[str, Any], *, fits_run: bool = True,
     checkpoint is held against the run's adapters too. `resumed`: the paths are the saved
     run's."""
     from trainer.models import (
+        BASE_CHECKPOINT_TAKES,
         SHAPES_WEIGHTS,
         ModelSpec,
         base_checkpoint_problem,
+        model_directory_as_checkpoint_problem,
         model_names,
         uses_model_directory,
         weights_problem,
@@ -474,7 +476,10 @@ def _weights_file_problems(fields: dict[str, Any], *, fits_run: bool = True,
             weights = Path(base) / SHAPES_WEIGHTS if Path(base).is_dir() else Path(base)
             problem = (base_checkpoint_problem(ModelSpec(name=model), weights)
                        if weights.is_file() else
-                       f"{weights} is not a file; give a {SHAPES_WEIGHTS} (a checkpoint's, or "
+                       # a diffusers model directory: said as one, not as a shapes checkpoint
+                       # that lacks its file
+                       model_directory_as_checkpoint_problem(base, BASE_CHECKPOINT_TAKES)
+                       or f"{weights} is not a file; give a {SHAPES_WEIGHTS} (a checkpoint's, or "
                        "train-base's base.safetensors), or leave base_checkpoint out for the "
                        "shipped base")
         if problem is not None:
@@ -808,13 +813,24 @@ def cmd_fit_preference(args: argparse.Namespace) -> int:
 def _checkpoint_of(args: argparse.Namespace) -> Path | None:
     """--checkpoint checked: a weights file, or a directory that holds model weights, whose
     safetensors header reads (any other file would fail in the loader's own words)."""
-    from trainer.models import checkpoint_weights_file, safetensors_header
+    from trainer.models import (
+        checkpoint_weights_file,
+        model_directory_as_checkpoint_problem,
+        safetensors_header,
+    )
 
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
     if checkpoint is None:
         return None
     if not checkpoint.exists():
         raise ConfigError("--checkpoint", f"{checkpoint} does not exist")
+    # a model directory's transformer weights made it pass for a checkpoint, of the shapes
+    # model (its run's state missing): the user meant the base model
+    if problem := model_directory_as_checkpoint_problem(
+            checkpoint, "--model-path (with --model {model}); --checkpoint is a checkpoint of "
+            "a run (its checkpoints/iter-N directory) or a LoRA file, left out for the base "
+            "model alone"):
+        raise ConfigError("--checkpoint", problem)
     weights = checkpoint_weights_file(checkpoint) if checkpoint.is_dir() else checkpoint
     if weights is None:
         raise ConfigError("--checkpoint", f"{checkpoint} holds no model weights")

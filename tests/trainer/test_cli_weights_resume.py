@@ -68,6 +68,44 @@ def test_a_base_checkpoint_that_is_no_weights_file_is_named_with_the_other_probl
     assert not out.exists()
 
 
+def test_a_diffusers_model_directory_given_as_a_checkpoint_says_where_it_goes(
+        sd3: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A model directory (save_pretrained's) as sample's or evaluate's --checkpoint, or as
+    train's base_checkpoint, passed for a full fine-tune's checkpoint (its transformer's
+    weights file) of the shapes model: "is a checkpoint of model 'shapes'", or a missing
+    model.safetensors. It is named as a model directory, with the option that takes it."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("one red circle\n")
+    out = tmp_path / "out"
+    said = (f"{sd3} is a diffusers 'sd3' model directory (it holds model_index.json), not a "
+            "checkpoint of a run: give it as ")
+    for argv in (["sample", "--checkpoint", str(sd3), "--prompts", str(prompts), "--out",
+                  str(out)],
+                 ["evaluate", "--checkpoint", str(sd3), "--model", "sd3", "--model-path",
+                  str(sd3), "--prompts-file", str(prompts)]):
+        lines = cli_errors(argv, capsys)
+        assert lines[0].startswith(f"error: --checkpoint: {said}--model-path (with --model "
+                                   "'sd3'); --checkpoint is a checkpoint of a run"), lines
+        assert not any("shapes" in line for line in lines), lines
+    weights = sd3 / "transformer" / "diffusion_pytorch_model.safetensors"
+    lines = cli_errors(["evaluate", "--checkpoint", str(weights)], capsys)
+    assert lines == [f"error: --checkpoint: {sd3} is a diffusers 'sd3' model directory (it "
+                     f"holds model_index.json; {weights} is a file inside it), not a "
+                     "checkpoint of a run: give it as --model-path (with --model 'sd3'); "
+                     "--checkpoint is a checkpoint of a run (its checkpoints/iter-N "
+                     "directory) or a LoRA file, left out for the base model alone"]
+    base = (f"error: config field 'base_checkpoint': {said}model_path (with model 'sd3'); "
+            "base_checkpoint is an earlier run's checkpoint, or left empty to start from the "
+            "base model")
+    for model in (["--config", "tiny"], ["--set", "model=sd3", "--set", f"model_path={sd3}",
+                                         "--set", "resolution=64", "--prompts-file",
+                                         str(prompts)]):
+        lines = cli_errors(["train", *model, "--set", f"base_checkpoint={sd3}", "--out",
+                            str(out)], capsys)
+        assert lines == [base], lines
+    assert not out.exists()
+
+
 def test_a_preference_model_that_is_no_preference_model_is_named(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     text = tmp_path / "text.txt"

@@ -260,6 +260,34 @@ def directory_model(path: str | Path) -> tuple[str | None, str | None]:
                   f"_class_name), not one a job can load: {known}")
 
 
+# what a model directory given as base_checkpoint is to be given as instead
+BASE_CHECKPOINT_TAKES = ("model_path (with model {model}); base_checkpoint is an earlier "
+                         "run's checkpoint, or left empty to start from the base model")
+
+
+def model_directory_as_checkpoint_problem(path: str | Path, takes: str) -> str | None:
+    """Why `path`, given where a checkpoint of a run goes (base_checkpoint, --checkpoint), is
+    a diffusers model directory instead (one holding model_index.json, or a weights file in
+    one of its model folders), naming `takes`, what to give it as; None when it is not one.
+    `{model}` in `takes` becomes the model it is ('sd3'), or the models that load one. Its
+    transformer/diffusion_pytorch_model.safetensors made it look like a full fine-tune's
+    checkpoint without its run's state, which was then taken for a shapes checkpoint."""
+    path = Path(path)
+    try:
+        candidates = [path] if path.is_dir() else [path.parent, path.parent.parent]
+        directory = next((d for d in candidates if (d / "model_index.json").is_file()), None)
+    except OSError:  # unreadable: the checks that follow say why
+        return None
+    if directory is None:
+        return None
+    name, _ = directory_model(directory)
+    what = f"a diffusers {name!r} model directory" if name else "a diffusers model directory"
+    inside = "" if directory == path else f"; {path} is a file inside it"
+    model = repr(name) if name else " or ".join(repr(n) for n in _PIPELINE_CLASSES)
+    return (f"{directory} is {what} (it holds model_index.json{inside}), not a checkpoint of "
+            f"a run: give it as {takes.format(model=model)}")
+
+
 def safetensors_header(path: str | Path) -> dict[str, Any]:
     """The JSON header of a safetensors file (every tensor's dtype and shape, and
     `__metadata__`), read alone (no torch, no tensors): ValueError when it is not safetensors."""
@@ -377,7 +405,9 @@ def base_checkpoint_problem(spec: ModelSpec, path: str | Path, *, fits_run: bool
     (weights_problem) and, with `fits_run` for a model with a directory, weights that do not
     fit the run's adapters (starting_weights_problem). Asked before a run is accepted and
     again when it starts: the file may have changed in between."""
-    problem = weights_problem(spec.name, path)
+    problem = model_directory_as_checkpoint_problem(path, BASE_CHECKPOINT_TAKES)
+    if problem is None:
+        problem = weights_problem(spec.name, path)
     if problem is None and fits_run and uses_model_directory(spec.name):
         problem = starting_weights_problem(spec, path)
     return problem
