@@ -106,6 +106,38 @@ def test_a_diffusers_model_directory_given_as_a_checkpoint_says_where_it_goes(
     assert not out.exists()
 
 
+@pytest.mark.parametrize("folder, key, value, gist", [
+    # diffusers' ValueError named neither the directory nor the folder ("Cannot load  because")
+    ("transformer", "num_layers", 2, "transformer_blocks.0.norm1_context.linear.bias expected "
+                                     "shape torch.Size([96]), but got torch.Size([32])"),
+    # transformers' RuntimeError came as a traceback
+    ("text_encoder", "hidden_size", 64, "tensors of other shapes than the config's"),
+])
+def test_a_model_directory_whose_weights_do_not_match_its_config_is_one_line(
+        folder: str, key: str, value: int, gist: str, sd3: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A config.json edited to another size than its folder's weights: one error naming the
+    directory, the folder and the loader's words, exit 2, nothing written."""
+    import shutil
+
+    model = tmp_path / "sd3"
+    shutil.copytree(sd3, model)
+    config = model / folder / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), key: value}))
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("one red circle\n")
+    out = tmp_path / "out"
+    code = main(["sample", "--model", "sd3", "--model-path", str(model), "--resolution", "64",
+                 "--prompts", str(prompts), "--seeds", "1", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"error: model directory {model}: the weights in {folder}/ do not "
+                           f"match {folder}/config.json ("), err
+    assert gist in line and "restore the folder's config.json and weights" in line, line
+    assert not out.exists()
+
+
 def test_a_preference_model_that_is_no_preference_model_is_named(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     text = tmp_path / "text.txt"

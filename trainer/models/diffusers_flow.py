@@ -56,6 +56,40 @@ PROMPT_CACHE_BYTES = 4 * 2**30
 REFERENCE_ADAPTER = "reference"
 
 
+# how diffusers, transformers and torch word a weights file whose tensors are not the shapes
+# its config.json builds
+_SHAPE_MISMATCH = ("expected shape", "ignore_mismatched_sizes", "size mismatch",
+                   "Error(s) in loading state_dict")
+
+
+def _weights_config_mismatch(path: str | Path, exc: BaseException) -> ValueError | None:
+    """The one-line error for a model directory whose weights do not fit its config.json (an
+    edited config, another model's weights), naming the directory, the model folder that
+    failed and the loader's own words without its advice to drop the weights; None for any
+    other error (a bug, traced back). The loaders' own errors named neither the directory nor
+    the folder (diffusers: "Cannot load  because ..."), or only pointed at a report logged
+    above a traceback (transformers)."""
+    message = " ".join(str(exc).split())
+    if not any(marker in message for marker in _SHAPE_MISMATCH):
+        return None
+    # the pipeline loads folder by folder in diffusers' load_sub_model, whose `name` is the
+    # folder; read from the traceback, as no error carries it
+    folder, tb = None, exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "load_sub_model":
+            folder = tb.tb_frame.f_locals.get("name", folder)
+        tb = tb.tb_next
+    gist = message.split(" If you want to instead")[0].replace("Cannot load because ", "")
+    if "ignore_mismatched_sizes" in gist:  # transformers': the tensors are in the log above
+        gist = "tensors of other shapes than the config's; the loader's report is above"
+    config = f"{folder}/config.json" if isinstance(folder, str) else "its config.json"
+    where = f"{folder}/" if isinstance(folder, str) else "a model folder"
+    return ValueError(f"model directory {path}: the weights in {where} do not match "
+                      f"{config} ({gist.rstrip('.')}); restore the folder's config.json and "
+                      "weights as saved together (an edited config.json, or another model's "
+                      "weights)")
+
+
 def _weight_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
     if spec.mixed_precision == "bf16" or (spec.mixed_precision == "auto" and device.type == "cuda"):
         return torch.bfloat16
@@ -130,8 +164,13 @@ class DiffusersFlowModel(FlowModel):
             raise ConfigError("resolution", problem)
         device = torch.device(device)
         dtype = _weight_dtype(spec, device)
-        pipeline = cls._pipeline().from_pretrained(spec.path, torch_dtype=dtype,
-                                                      local_files_only=True)
+        try:
+            pipeline = cls._pipeline().from_pretrained(spec.path, torch_dtype=dtype,
+                                                          local_files_only=True)
+        except (ValueError, RuntimeError) as exc:
+            if (mismatch := _weights_config_mismatch(spec.path, exc)) is None:
+                raise
+            raise mismatch from None
         model = cls(pipeline, spec, device, staged=stage_on_cpu)
         if spec.weights:
             if stage_on_cpu and spec.finetune == "full":
