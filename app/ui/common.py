@@ -47,11 +47,15 @@ def session() -> Iterator[Session]:
         yield s
 
 
+# what `caller` says to a page no one is logged into (a login that ended says why it ended)
+LOG_IN_FIRST = "log in first"
+
+
 def caller(user_state: dict | None, *roles: str) -> User:
     """The logged-in user of this browser session; Unauthorized/Forbidden as in the API."""
     token = (user_state or {}).get("token")
     if not token:
-        raise Unauthorized("log in first")
+        raise Unauthorized(LOG_IN_FIRST)
     with db.new_session() as s:
         user = auth.authenticate(s, token)
     if roles:
@@ -71,12 +75,22 @@ def admin_or_none(user_state: dict | None) -> User | None:
     return user if user.role == "admin" else None
 
 
+def login_ended(exc: Exception) -> bool:
+    """Whether `exc` says the page's login ended under it: its token revoked or replaced, its
+    session expired or logged out elsewhere (not a page no one logged into)."""
+    return isinstance(exc, Unauthorized) and exc.message != LOG_IN_FIRST
+
+
 def admin_or_toast(user_state: dict | None) -> User | None:
-    """`admin_or_none` for a picker's refresh, whose outputs have no place for a message: a
-    revoked or unknown token is Gradio's error toast."""
+    """`admin_or_none` for a picker's refresh, whose outputs have no place for a message:
+    None (the picker is left alone) for a login that ended, which the login area says once
+    (app.ui.login's check when a tab is shown): a toast each picker raised put two or three
+    red "Error" toasts on every tab the user opened. Any other failure is Gradio's toast."""
     try:
         return admin_or_none(user_state)
     except Exception as exc:  # noqa: BLE001 - shown to the user
+        if login_ended(exc):
+            return None
         raise gr.Error(error_text(exc)) from None
 
 
@@ -85,7 +99,7 @@ def error_text(exc: Exception) -> str:
     `BadRequest` for a user's mistake caught in a handler) is the user's to fix: its message
     as it is. Anything else is a bug or the server's trouble: its text can name server paths
     (an OSError's does), so it goes to the log and the page gets only its kind."""
-    if isinstance(exc, Unauthorized) and exc.message != "log in first":
+    if login_ended(exc):
         # a login that ended under the page (revoked, expired): what to do about it
         return (f"{exc.message}: reload the page and log in again (with a new token from an "
                 "admin if yours was revoked)")

@@ -23,7 +23,7 @@ from app.services import jobs as svc
 from app.services.jobs import Enqueuer
 from app.ui.common import (
     Raw,
-    admin_or_none,
+    admin_or_toast,
     as_typed,
     caller,
     dataset_options,
@@ -625,12 +625,10 @@ def act(enqueuer: Enqueuer | None, action: str, user_state: dict | None,
 
 
 def _admin(user_state: dict | None) -> Any:
-    """The admin behind `user_state` (re-authenticated), None for anyone else; a revoked or
-    unknown token is an error shown as Gradio's toast (these handlers' outputs are pickers)."""
-    try:
-        return admin_or_none(user_state)
-    except Exception as exc:  # noqa: BLE001 - shown to the user
-        raise gr.Error(error_text(exc)) from None
+    """The admin behind `user_state` (re-authenticated), None for anyone else and for a login
+    that ended (the login area says so); these handlers' outputs are pickers, so any other
+    failure is Gradio's toast (`admin_or_toast`)."""
+    return admin_or_toast(user_state)
 
 
 def _job_options() -> list[tuple[str, int]]:

@@ -11,11 +11,15 @@ import gradio as gr
 from app.api.deps import session_cookie
 from app.errors import Unauthorized
 from app.services import auth
-from app.ui.common import caller, error_text, esc, notice, session
+from app.ui.common import caller, error_text, esc, login_ended, notice, session
 from app.ui.sessions import forget_login, remember_login
 
 ANNOTATOR_TABS = ("arena", "annotators")  # annotators see their own stats on the last one
 ADMIN_TABS = ("arena", "rollouts", "jobs", "leaderboard", "datasets", "annotators")
+# the login area's message for a page whose login ended under it (`Login.wire`'s check)
+LOGIN_ENDED = ("Your sign-in has expired or was ended elsewhere (logged out, or the token "
+               "revoked or replaced): log in again below (with a new token from an admin if "
+               "yours was revoked).")
 
 
 # Before the server checks the token, the browser trades it for the HttpOnly session cookie
@@ -92,6 +96,30 @@ class Login:
             trigger(login, [self.token, self.user], outputs, api_visibility="private",
                     js=START_SESSION_JS)
         self.logout.click(logout, None, outputs, api_visibility="private")
+
+        def check(state: dict | None, request: gr.Request):
+            """A tab shown: a login that ended under the page (its token revoked or replaced,
+            its session expired or logged out elsewhere) logs the page out, with one message
+            in the login area, which shows the login box again. Each tab's own handlers said
+            it in their way, with two or three red "Error" toasts on every tab opened, while
+            the header still said "Logged in as"; they now leave a login that ended to this
+            (`common.admin_or_toast`). A login that holds, or none, changes nothing."""
+            if not (state or {}).get("token"):
+                return tuple(gr.skip() for _ in outputs)
+            try:
+                caller(state)
+            except Exception as exc:  # noqa: BLE001 - only an ended login is this one's
+                if not login_ended(exc):
+                    return tuple(gr.skip() for _ in outputs)
+                forget_login(getattr(request, "session_hash", None))
+                return (None, f'<div id="login-ended">{notice(LOGIN_ENDED, "error")}</div>',
+                        gr.update(visible=True), gr.update(visible=False), gr.skip(),
+                        *[gr.update(visible=False) for _ in keys], "")
+            return tuple(gr.skip() for _ in outputs)
+
+        for page in pages.values():
+            page.select(check, self.user, outputs, show_progress="hidden",
+                        api_visibility="private")
 
         def restore(state: dict | None, request: gr.Request):
             """A reload keeps the login: the session cookie set at login (HttpOnly, so only

@@ -141,10 +141,13 @@ def test_a_revoked_admins_open_session_gets_errors(settings, admin, make_user):
     from app.ui import annotators, datasets, jobs, leaderboard, rollouts
 
     carol = _revoked_admin(make_user, admin)
-    for handler in (jobs.job_choices, jobs.dataset_choices, jobs.on_login,
-                    rollouts.refresh_jobs):
-        with pytest.raises(gr.Error, match="invalid or revoked"):
-            handler(carol)
+    # the pickers' refreshes (outputs with no place for a message) show nothing and raise no
+    # toast: the login area says the login ended, once (app.ui.login's check, and
+    # tests/e2e/test_ui_login_ended.py in a browser)
+    for handler in (jobs.job_choices, jobs.dataset_choices, rollouts.refresh_jobs):
+        assert handler(carol) == gr.skip()
+    timer, pick, dataset = jobs.on_login(carol)
+    assert timer.active is False and pick == gr.skip() and dataset == gr.skip()
     board, pick, prompt_set = leaderboard.on_login(carol, 0)
     assert "invalid or revoked" in board and pick == gr.skip() and prompt_set == gr.skip()
     stats, admin_row, who, accounts, listing, revoke_who = annotators.on_login(carol)
@@ -155,6 +158,36 @@ def test_a_revoked_admins_open_session_gets_errors(settings, admin, make_user):
     assert "invalid or revoked" in listing and preview_pick is None
     # and the page says what to do: the login ended under it
     assert "reload the page and log in again" in listing and "new token" in listing
+
+
+def test_a_tab_opened_after_the_login_ended_logs_the_page_out_with_one_message(
+        settings, admin, make_user):
+    """Each tab a revoked admin opened showed red "Error" toasts (one per picker it refreshes)
+    while the header still said "Logged in as": the tab's select now checks the login, and
+    one that ended empties the session state, shows the login box and says why there."""
+    import gradio as gr
+    from starlette.requests import Request
+
+    from app.ui import build_ui
+    from app.ui.login import LOGIN_ENDED
+
+    ui = build_ui()
+    checks = [f for f in ui.fns.values() if getattr(f.fn, "__qualname__", "")
+              == "Login.wire.<locals>.check"]
+    tabs = {f.targets[0] for f in checks}
+    assert len(checks) == len(tabs) == 6 and all(t[1] == "select" for t in tabs)
+    request = gr.Request(request=Request({"type": "http", "method": "POST", "path": "/ui/",
+                                          "headers": [], "query_string": b""}),
+                         session_hash="probe-session")
+    check = checks[0].fn
+    # a login that holds, and no login: nothing changes
+    assert all(v == gr.skip() for v in check(_token(admin), request))
+    assert all(v == gr.skip() for v in check(None, request))
+    state, status, box, logout, _, *pages, token = check(_revoked_admin(make_user, admin),
+                                                         request)
+    assert state is None and 'id="login-ended"' in status and LOGIN_ENDED in status
+    assert box["visible"] is True and logout["visible"] is False and token == ""
+    assert len(pages) == 6 and all(p["visible"] is False for p in pages)
 
 
 def test_an_annotator_claiming_admin_in_the_session_state_gets_nothing(settings, annotator,
