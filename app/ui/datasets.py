@@ -1,5 +1,6 @@
 """Datasets: upload (the API's formats, checks and error messages: `datasets.import_dataset`),
-the counts (prompts, eval split, duplicates dropped), a preview of the first rows, the list,
+the counts (prompts, eval split, duplicates dropped), a preview of the rows a page at a time,
+the list,
 and Delete (`datasets.delete_dataset`, as DELETE /api/datasets/{id}: refused while an active
 job uses the dataset), which takes a ticked confirmation so that one click deletes nothing."""
 
@@ -7,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +36,8 @@ from app.ui.common import (
     whole_number,
 )
 
-PREVIEW_ROWS = 10
+PREVIEW_ROWS = 10  # a preview page's rows
+PAGE_LABEL = "Page"
 CONFIRM_DELETE = "Yes, delete it and its prompts (cannot be undone)"
 
 
@@ -49,19 +53,36 @@ def dataset_list() -> str:
              for d in rows], "ngs-datasets")
 
 
-def preview(dataset_id: int) -> str:
+def preview(dataset_id: int, page: int = 1) -> str:
+    """The dataset's counts and its rows on `page` (PREVIEW_ROWS a page, as GET /api/prompts
+    pages them), with "rows X–Y of N"; a page past the end shows the last one, saying so (as
+    the Rollouts page does). The preview showed the first rows only: a user could not see
+    row 11 of a dataset. `data-page` is the page shown, which Previous/Next turn from."""
     with session() as s:
         ds = svc.get_dataset(s, dataset_id)
-        rows, _ = svc.list_prompts(s, dataset_id=dataset_id, limit=PREVIEW_ROWS)
+        rows, total = svc.list_prompts(s, dataset_id=dataset_id, limit=PREVIEW_ROWS,
+                                       offset=(page - 1) * PREVIEW_ROWS)
+        pages = max(1, math.ceil(total / PREVIEW_ROWS))
+        shown = min(page, pages)
+        if shown != page:
+            rows, total = svc.list_prompts(s, dataset_id=dataset_id, limit=PREVIEW_ROWS,
+                                           offset=(shown - 1) * PREVIEW_ROWS)
         body = table(["#", "prompt", "split", "metadata"],
                      [[p.position + 1, p.text, p.split,
                        json.dumps(p.meta, ensure_ascii=False) if p.meta else ""] for p in rows],
                      "ngs-preview")
-        return (f'<div id="dataset-preview" data-dataset="{ds.id}"><b>{esc(ds.name)}</b> '
+        first = (shown - 1) * PREVIEW_ROWS + 1
+        where = (f"Rows {first}–{first + len(rows) - 1} of {total}" if rows
+                 else f"No rows of {total}")
+        where += (f", page {shown} of {pages} (page {page} is past the end)" if shown != page
+                  else f", page {shown} of {pages}")
+        return (f'<div id="dataset-preview" data-dataset="{ds.id}" data-page="{shown}" '
+                f'data-pages="{pages}"><b>{esc(ds.name)}</b> '
                 f"(#{ds.id}, {esc(ds.filename)}): {ds.num_prompts} prompts &middot; "
                 f"train {ds.num_prompts - ds.num_eval} / eval {ds.num_eval} &middot; "
                 f"{ds.duplicates_dropped} duplicate(s) dropped, {ds.blank_lines_skipped} blank "
-                f"line(s) skipped. First rows:{body}</div>")
+                f'line(s) skipped. <span id="dataset-rows">{where}</span>:'
+                f"{body}</div>")
 
 
 def _discard_upload(path: Path) -> None:
@@ -261,14 +282,43 @@ def upload_form(user_state: dict | None, file: str | None, name: str, eval_fract
             "" if imported else gr.skip())
 
 
-def show(user_state: dict | None, dataset_id: float | None) -> str:
+def show(user_state: dict | None, dataset_id: float | None, page: Any = 1) -> str:
+    """Preview (or Enter in its fields): the dataset's rows on the page asked for."""
     try:
         caller(user_state, "admin")
         if dataset_id is None:
             raise BadRequest("enter a dataset id")
-        return preview(whole_number(dataset_id, "Preview dataset #", 1, MAX_ID))
+        dataset_no = whole_number(dataset_id, "Preview dataset #", 1, MAX_ID)
+        return preview(dataset_no, whole_number(page, PAGE_LABEL, 1, MAX_ID))
     except Exception as exc:  # noqa: BLE001
         return notice(error_text(exc), "error")
+
+
+_SHOWN = re.compile(
+    r'id="dataset-preview" data-dataset="(\d+)" data-page="(\d+)" data-pages="(\d+)"')
+
+
+def shown_page(shown: str | None) -> int:
+    """The page of the preview on screen (1 without one): the Page field follows the preview
+    an upload or a deletion put there, so that Preview and Next go on from what is shown."""
+    found = _SHOWN.search(shown or "")
+    return int(found.group(2)) if found else 1
+
+
+def turn(user_state: dict | None, shown: str | None, step: int) -> tuple[str | Any, Any]:
+    """Previous (`step` -1) or Next (+1): the page before or after the preview on screen, of
+    the dataset it shows (whatever "Preview dataset #" holds now), staying on the first or
+    last page at either end. Outputs: the preview, the Page field (the page now shown)."""
+    found = _SHOWN.search(shown or "")
+    try:
+        caller(user_state, "admin")
+        if not found:
+            raise BadRequest("preview a dataset first")
+        dataset_id, page, pages = (int(g) for g in found.groups())
+        html = preview(dataset_id, min(max(1, page + step), pages))
+    except Exception as exc:  # noqa: BLE001
+        return notice(error_text(exc), "error"), gr.skip()
+    return html, shown_page(html)
 
 
 def newest_dataset_id() -> int | None:
@@ -400,7 +450,10 @@ def build_datasets(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
         with gr.Row():
             # the login fills it (listing_for); its minimum guides the browser, `show` checks
             pick = number(None, label="Preview dataset #", minimum=1, elem_id="dataset-pick")
+            page_no = number(1, label=PAGE_LABEL, minimum=1, elem_id="dataset-page")
             show_btn = gr.Button("Preview", elem_id="dataset-show")
+            back = gr.Button("◀ Previous", elem_id="dataset-prev")
+            forward = gr.Button("Next ▶", elem_id="dataset-next")
         listing = gr.HTML(elem_id="dataset-list")
         with gr.Row(equal_height=False):
             doomed = gr.Dropdown([], value=None, label="Dataset to delete", scale=3,
@@ -412,8 +465,21 @@ def build_datasets(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
                  [status, prev, listing, file, pick, file_error, name_error,
                   *[boxes[f] for f in UPLOAD_FIELDS], name],
                  api_visibility="private").then(delete_choices, user, doomed,
-                                                api_visibility="private")
-        show_btn.click(show, [user, pick], prev, api_visibility="private")
+                                                api_visibility="private").then(
+            shown_page, prev, page_no, show_progress="hidden", api_visibility="private")
+        for trigger in (show_btn.click, pick.submit, page_no.submit):
+            trigger(show, [user, pick, page_no], prev, api_visibility="private")
+        # another dataset typed in: its preview starts at its first page
+        pick.input(lambda: 1, None, page_no, api_visibility="private")
+
+        def previous(u: dict | None, shown: str | None) -> tuple[Any, Any]:
+            return turn(u, shown, -1)
+
+        def following(u: dict | None, shown: str | None) -> tuple[Any, Any]:
+            return turn(u, shown, 1)
+
+        back.click(previous, [user, prev], [prev, page_no], api_visibility="private")
+        forward.click(following, [user, prev], [prev, page_no], api_visibility="private")
         user.change(listing_for, user, [listing, pick], api_visibility="private")
         user.change(delete_choices, user, doomed, api_visibility="private")
         if tab is not None:  # shown again: datasets uploaded or deleted elsewhere meanwhile
@@ -428,5 +494,6 @@ def build_datasets(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
         doomed.input(lambda: "", None, delete_status, api_visibility="private")
         delete_btn.click(delete, [user, doomed, confirm, pick, prev, status],
                          [delete_status, prev, listing, pick, doomed, confirm, status],
-                         api_visibility="private")
+                         api_visibility="private").then(
+            shown_page, prev, page_no, show_progress="hidden", api_visibility="private")
     return page

@@ -39,7 +39,9 @@ NO_USER_STATE = {
     "model_changed": "the launch form's fields for a model (static)",
     "fields_for_model": "the launch form's fields for a finetune mode (static)",
     "launch_update": "re-renders the launch status the page already holds",
-    "build_datasets.<locals>.<lambda>": "clears the delete confirmation checkbox or message",
+    "build_datasets.<locals>.<lambda>": "clears the delete confirmation checkbox or message, "
+                                        "or puts the preview's Page back to 1",
+    "shown_page": "the page of the dataset preview the page already holds",
     "build_annotators.<locals>.<lambda>": "clears the revoke confirmation checkbox or a message",
     "clear_refusal": "takes the last upload's refusal, which the page already holds, off it",
     "forget_token": "clears the shown new token from the page",

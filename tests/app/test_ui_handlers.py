@@ -737,3 +737,41 @@ def test_annotators_page_gives_a_revoked_user_a_new_token(settings, admin, annot
     assert "invalid or revoked" in annotators.stats_html(first)
     assert "dave" in annotators.stats_html(second)  # back in, under the same name
     assert 'data-user="dave">active' in annotators.users_html(_token(admin))
+
+
+def test_dataset_preview_pages_past_the_first_ten_rows(settings, admin, session):
+    """The preview showed a dataset's first 10 rows and no more: row 11 of a dataset could
+    not be seen on the page. It pages now (Page, Previous, Next), saying which rows show."""
+    import re
+
+    from app.services.datasets import import_dataset
+    from app.ui import datasets
+
+    data = "".join(f"prompt number {k}\n" for k in range(1, 26)).encode()
+    ds_id = import_dataset(session, filename="many.txt", data=data).dataset.id
+    session.commit()
+
+    def rows(html: str) -> list[str]:
+        return re.findall(r"<td>(prompt number \d+)</td>", html)
+
+    first = datasets.show(_token(admin), ds_id, 1)
+    assert "Rows 1–10 of 25, page 1 of 3" in first
+    second = datasets.show(_token(admin), ds_id, 2)
+    assert "Rows 11–20 of 25, page 2 of 3" in second
+    assert rows(second) == [f"prompt number {k}" for k in range(11, 21)]
+    # past the end: the last page, saying so
+    past = datasets.show(_token(admin), ds_id, 9)
+    assert "Rows 21–25 of 25, page 3 of 3 (page 9 is past the end)" in past
+    assert rows(past) == [f"prompt number {k}" for k in range(21, 26)]
+    assert "Page: a whole number from 1" in datasets.show(_token(admin), ds_id, 0)
+    # Next and Previous turn the preview on screen, and the Page field follows
+    html, page = datasets.turn(_token(admin), first, 1)
+    assert rows(html) == rows(second) and page == 2
+    html, page = datasets.turn(_token(admin), past, 1)  # the last page stays
+    assert rows(html) == rows(past) and page == 3
+    html, page = datasets.turn(_token(admin), second, -1)
+    assert rows(html) == rows(first) and page == 1
+    html, page = datasets.turn(_token(admin), first, -1)  # so does the first
+    assert rows(html) == rows(first) and page == 1
+    assert "preview a dataset first" in datasets.turn(_token(admin), "", 1)[0]
+    assert datasets.shown_page(second) == 2 and datasets.shown_page("") == 1

@@ -74,8 +74,11 @@ def test_preview_field_names_itself_after_a_failed_upload(settings, admin, typed
     out = run(upload, [None, None, "", 0.0, 0])  # Upload with no file chosen
     assert "choose a file first" in out[0]
     assert out[4] == {"__type__": "update"}  # the preview field was skipped: an update
-    shown, = run(show, [None, typed])
+    shown, = run(show, [None, typed, 1])
     assert "Preview dataset #: a whole number from 1 to" in shown and f"got {typed}" in shown
+    run(_fn(page, datasets.shown_page), [""])  # the Page field follows the preview: an update
+    shown, = run(show, [None, 1, typed])
+    assert "Page: a whole number from 1 to" in shown and f"got {typed}" in shown
 
 
 def test_launch_form_names_a_field_out_of_range_after_a_finetune_change(settings, admin,
