@@ -561,6 +561,26 @@ HEAD = """
     }
   }
   window.ngsTooltips = (help) => { Object.assign(window.ngsHelp, help); applyTips(); };
+  // a page whose login is no longer its browser's (Log out or another login in another tab,
+  // the session cookie expired): the server refuses each of its events (app/ui/sessions.py),
+  // which Gradio showed as red "Error" toasts and badges on every tab, under "Logged in as".
+  // The page reloads once instead: the browser's login as it now is, or the login box, which
+  // says why (login_ended: app.ui.login's restore). Not more than once a minute: never a loop
+  const fetch0 = window.fetch;
+  window.fetch = async (...args) => {
+    const response = await fetch0(...args);
+    const url = String((args[0] && args[0].url) || args[0]);
+    if (response.status === 401 && url.includes("/gradio_api/queue/join")) {
+      let detail = "";
+      try { detail = (await response.clone().json()).detail; } catch (e) { /* not ours */ }
+      const last = Number(sessionStorage.getItem("ngsLoginEndedAt") || 0);
+      if (detail === __LOGIN_NOT_THIS_BROWSERS__ && Date.now() - last > 60000) {
+        sessionStorage.setItem("ngsLoginEndedAt", String(Date.now()));
+        location.replace(location.pathname + "?login_ended=1");
+      }
+    }
+    return response;
+  };
   // a tab out of sight for a while lets go of its event stream and takes it back when shown
   // (app.ui.keep_event_stream_open says why it is held and what holding it costs)
   let pauseTimer = null, streamPaused = false;
@@ -591,10 +611,14 @@ HEAD = """
 def page_head(vote_keys: Mapping[str, str], stream_pause_ms: int) -> str:
     """HEAD with the arena's shortcuts bound: each outcome's key, as its button shows it
     ("space": the space bar), clicks the button of id vote-<outcome>; a tab out of sight for
-    `stream_pause_ms` lets go of its event stream."""
+    `stream_pause_ms` lets go of its event stream; a page whose login the server no longer
+    takes for its browser's reloads."""
+    from app.ui.sessions import SESSION_NOT_THIS_BROWSERS
+
     keys = {" " if key == "space" else key: f"vote-{outcome}" for outcome, key in vote_keys.items()}
     return (HEAD.replace("__VOTE_KEYS__", json.dumps(keys))
-            .replace("__STREAM_PAUSE_MS__", str(int(stream_pause_ms))))
+            .replace("__STREAM_PAUSE_MS__", str(int(stream_pause_ms)))
+            .replace("__LOGIN_NOT_THIS_BROWSERS__", json.dumps(SESSION_NOT_THIS_BROWSERS)))
 
 
 

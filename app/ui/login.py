@@ -27,6 +27,9 @@ LOGIN_ENDED = ("Your sign-in has expired or was ended elsewhere (logged out, or 
 # gets no cookie and the server's answer below says why.
 START_SESSION_JS = """async (token, state) => {
   const t = (token || "").trim();
+  // a page reloaded because its login ended (app.ui.common's page script): logged in again,
+  // a later reload need not say so
+  if (location.search.includes("login_ended")) history.replaceState(null, "", location.pathname);
   if (t) {
     try {
       await fetch("/api/auth/session", {method: "POST", credentials: "same-origin",
@@ -35,6 +38,11 @@ START_SESSION_JS = """async (token, state) => {
   }
   return [token, state];
 }"""
+
+
+def ended_notice() -> str:
+    """The login area's message for a page whose login ended under it."""
+    return f'<div id="login-ended">{notice(LOGIN_ENDED, "error")}</div>'
 
 
 @dataclass
@@ -112,7 +120,7 @@ class Login:
                 if not login_ended(exc):
                     return tuple(gr.skip() for _ in outputs)
                 forget_login(getattr(request, "session_hash", None))
-                return (None, f'<div id="login-ended">{notice(LOGIN_ENDED, "error")}</div>',
+                return (None, ended_notice(),
                         gr.update(visible=True), gr.update(visible=False), gr.skip(),
                         *[gr.update(visible=False) for _ in keys], "")
             return tuple(gr.skip() for _ in outputs)
@@ -124,12 +132,18 @@ class Login:
         def restore(state: dict | None, request: gr.Request):
             """A reload keeps the login: the session cookie set at login (HttpOnly, so only
             the server reads it) names the token. Without a valid one, or once someone has
-            logged in on this page (a click can beat this load event), nothing changes."""
+            logged in on this page (a click can beat this load event), nothing changes, but
+            for a page the page script reloaded because its login ended under it
+            (`?login_ended`, app.ui.common): the login area says so."""
             token = session_cookie(dict(request.cookies)) if request is not None else None
+            ended = request is not None and "login_ended" in request.query_params
+            unchanged = tuple(gr.skip() for _ in outputs)
+            if ended and not state:
+                unchanged = (gr.skip(), ended_notice(), *unchanged[2:])
             if state or not token:
-                return tuple(gr.skip() for _ in outputs)
+                return unchanged
             out = login(token, None, request, quiet=True)
-            return out if out[0] else tuple(gr.skip() for _ in outputs)
+            return out if out[0] else unchanged
 
         def closed(request: gr.Request) -> None:
             forget_login(getattr(request, "session_hash", None))

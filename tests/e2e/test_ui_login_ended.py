@@ -49,3 +49,34 @@ def test_a_login_replaced_elsewhere_says_so_once_in_the_login_area(server, page)
     page.get_by_role("tab", name="Jobs").click()
     page.locator("#jobs-launch").wait_for()
     assert page.locator(".toast-body").count() == 0
+
+
+def test_a_page_logged_out_in_another_tab_reloads_to_the_login_saying_why(server, page):
+    """Log out in another tab of the same browser (or an expired session cookie): the server
+    refuses every event of the page (app/ui/sessions.py), and each tab opened showed red
+    "Error" toasts and badges under "Logged in as". The page reloads instead, to the login
+    box saying why."""
+    name = f"eli-{time.monotonic_ns()}"
+    with session_scope() as s:
+        token = auth.create_user(s, name, "admin")[1]
+    login(page, server, token)
+    other = page.context.new_page()
+    other.goto(server.ui)
+    other.locator("#whoami").wait_for()  # the same browser: its cookie logs the tab in
+    other.locator("#logout").click()
+    other.locator("#login-button").wait_for()
+    other.close()
+    page.get_by_role("tab", name="Rollouts").click()
+    ended = page.locator("#login-ended")
+    ended.wait_for()
+    assert "log in again" in ended.inner_text() and "login_ended" in page.url
+    assert page.locator("#whoami").count() == 0
+    time.sleep(2)
+    assert page.locator(".toast-body").count() == 0, page.locator(".toast-body").all_inner_texts()
+    # logging in again: the pages are back, and a later reload says nothing of an ended login
+    page.locator("#login-token input").fill(token)
+    page.locator("#login-button").click()
+    page.locator("#whoami").wait_for()
+    assert page.locator("#login-ended").count() == 0 and "login_ended" not in page.url
+    page.get_by_role("tab", name="Rollouts").click()
+    page.locator("#rollouts-count").wait_for()
