@@ -78,10 +78,14 @@ class _ClosingBoundaryWatch:
     client had sent no file. `receive` replaces the request's own."""
 
     def __init__(self, request: Request) -> None:
-        _, options = parse_options_header(request.headers.get("content-type", ""))
+        media_type, options = parse_options_header(request.headers.get("content-type", ""))
+        # lower-cased by the parser, as Starlette's form parser reads it: `Multipart/Form-Data`
+        # is parsed as a form too, so it is watched and checked as one
+        self.multipart = media_type == b"multipart/form-data"
         boundary = options.get(b"boundary")
         self.delimiter = b"\r\n--" + boundary + b"--" if boundary else None
         self.seen = False
+        self.received = 0  # bytes: an empty body is a form without its file, not a cut-off one
         self._tail = b"\r\n"  # the body's start counts as a line's: no preamble before it
         self._receive = request.receive
 
@@ -90,6 +94,7 @@ class _ClosingBoundaryWatch:
         if message["type"] == "http.request" and self.delimiter and not self.seen:
             # the last bytes of the chunk before are kept: a delimiter may span two chunks
             data = self._tail + message.get("body", b"")
+            self.received += len(message.get("body", b""))
             self.seen = self.delimiter in data
             self._tail = data[-len(self.delimiter):]
         return message
@@ -103,10 +108,10 @@ async def _known_form_fields(request: Request, watch: _ClosingBoundaryWatch) -> 
     422 handler, app.main), so a bad `eval_fraction` and a `.pdf` are answered in one 422
     rather than in turn. The parsed form is kept on the request, so the route's own
     parameters read it without parsing it again."""
-    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+    if not watch.multipart:
         return
     form = await request.form()
-    if watch.delimiter and not watch.seen:
+    if watch.delimiter and not watch.seen and watch.received:
         # what the parser took of a cut-off body would be judged as if it were all there
         await form.close()
         if "file" in form:

@@ -676,6 +676,17 @@ def test_a_cut_off_upload_says_so_and_not_that_the_file_is_missing(client, admin
         assert (r.status_code, r.json()["field"]) == (400, field), (cut, r.text)
         assert "cut off" in r.json()["detail"] and "Field required" not in r.json()["detail"]
     assert counts(session) == (0, 0)
+    # the media type in any case (the form parser reads `Multipart/Form-Data` too): the cut
+    # name after a whole file was stored as an upload named from its file
+    mixed = {**admin, "Content-Type": f"Multipart/Form-Data; boundary={boundary}"}
+    for cut, field in ((in_file, "file"), (len(whole) - 30, "body")):
+        r = client.post("/api/datasets", content=whole[:cut], headers=mixed)
+        assert (r.status_code, r.json()["field"]) == (400, field), (cut, r.text)
+    assert counts(session) == (0, 0)
+    # an empty body was cut off from nothing: no file was sent
+    r = client.post("/api/datasets", content=b"", headers=headers)
+    assert r.status_code == 422 and "cut off" not in r.text, r.text
+    assert [e["field"] for e in r.json()["errors"]] == ["file"], r.text
     # in chunks whose border splits the closing boundary, the whole body is taken
     chunks = (whole[i:i + 7] for i in range(0, len(whole), 7))
     r = client.post("/api/datasets", content=chunks, headers=headers)
