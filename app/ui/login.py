@@ -28,8 +28,10 @@ LOGIN_ENDED = ("Your sign-in has expired or was ended elsewhere (logged out, or 
 START_SESSION_JS = """async (token, state) => {
   const t = (token || "").trim();
   // a page reloaded because its login ended (app.ui.common's page script): logged in again,
-  // a later reload need not say so
+  // a later reload need not say so, and a login that ends again reloads again (the script
+  // reloads once a minute at most, against a loop no login can end: a login is a user's act)
   if (location.search.includes("login_ended")) history.replaceState(null, "", location.pathname);
+  sessionStorage.removeItem("ngsLoginEndedAt");
   if (t) {
     try {
       await fetch("/api/auth/session", {method: "POST", credentials: "same-origin",
@@ -37,6 +39,11 @@ START_SESSION_JS = """async (token, state) => {
     } catch (e) { /* the server-side login reports any problem */ }
   }
   return [token, state];
+}"""
+
+
+FORGET_LOGIN_ENDED_JS = """() => {
+  if (location.search.includes("login_ended")) history.replaceState(null, "", location.pathname);
 }"""
 
 
@@ -149,8 +156,11 @@ class Login:
             forget_login(getattr(request, "session_hash", None))
 
         if ui is not None:
+            # once restore has read it, `?login_ended` goes from the address: a reload that
+            # restored another login (the browser's, logged in in another tab) kept it, and a
+            # later reload after a chosen Log out said the login had ended
             ui.load(restore, self.user, outputs, api_visibility="private",
-                    show_progress="hidden")
+                    show_progress="hidden").then(None, js=FORGET_LOGIN_ENDED_JS)
             ui.unload(closed)  # the page closed: its session id binds nothing any more
 
 
