@@ -305,6 +305,14 @@ def shown_page(shown: str | None) -> int:
     return int(found.group(2)) if found else 1
 
 
+def page_of_preview(shown: str | None) -> int | Any:
+    """After Preview: the Page field says the page shown (the last for a page past the end, the
+    field stayed at 9 beside "page 3 of 3"); left as typed when the answer was an error about
+    it."""
+    found = _SHOWN.search(shown or "")
+    return int(found.group(2)) if found else gr.skip()
+
+
 def turn(user_state: dict | None, shown: str | None, step: int) -> tuple[str | Any, Any]:
     """Previous (`step` -1) or Next (+1): the page before or after the preview on screen, of
     the dataset it shows (whatever "Preview dataset #" holds now), staying on the first or
@@ -468,7 +476,8 @@ def build_datasets(user: gr.State, tab: gr.Tab | None = None) -> gr.Blocks:
                                                 api_visibility="private").then(
             shown_page, prev, page_no, show_progress="hidden", api_visibility="private")
         for trigger in (show_btn.click, pick.submit, page_no.submit):
-            trigger(show, [user, pick, page_no], prev, api_visibility="private")
+            trigger(show, [user, pick, page_no], prev, api_visibility="private").then(
+                page_of_preview, prev, page_no, show_progress="hidden", api_visibility="private")
         # another dataset typed in: its preview starts at its first page
         pick.input(lambda: 1, None, page_no, api_visibility="private")
 

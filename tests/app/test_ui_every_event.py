@@ -42,6 +42,7 @@ NO_USER_STATE = {
     "build_datasets.<locals>.<lambda>": "clears the delete confirmation checkbox or message, "
                                         "or puts the preview's Page back to 1",
     "shown_page": "the page of the dataset preview the page already holds",
+    "page_of_preview": "the page of the dataset preview the page already holds",
     "build_annotators.<locals>.<lambda>": "clears the revoke confirmation checkbox or a message",
     "clear_refusal": "takes the last upload's refusal, which the page already holds, off it",
     "forget_token": "clears the shown new token from the page",

@@ -744,8 +744,11 @@ def test_dataset_preview_pages_past_the_first_ten_rows(settings, admin, session)
     not be seen on the page. It pages now (Page, Previous, Next), saying which rows show."""
     import re
 
+    import gradio as gr
+
     from app.services.datasets import import_dataset
     from app.ui import datasets
+    from app.ui.common import notice
 
     data = "".join(f"prompt number {k}\n" for k in range(1, 26)).encode()
     ds_id = import_dataset(session, filename="many.txt", data=data).dataset.id
@@ -775,3 +778,6 @@ def test_dataset_preview_pages_past_the_first_ten_rows(settings, admin, session)
     assert rows(html) == rows(first) and page == 1
     assert "preview a dataset first" in datasets.turn(_token(admin), "", 1)[0]
     assert datasets.shown_page(second) == 2 and datasets.shown_page("") == 1
+    # after Preview the Page field says the page shown, and keeps what was typed on an error
+    assert datasets.page_of_preview(past) == 3 and datasets.page_of_preview(second) == 2
+    assert isinstance(datasets.page_of_preview(notice("Page: bad", "error")), type(gr.skip()))

@@ -52,3 +52,9 @@ def test_the_dataset_preview_pages_past_the_first_ten_rows(server, page):
     field.press("Enter")
     _wait_rows(page, "Rows 1–10 of 25, page 1 of 3")
     assert _rows(page)[0] == "paged prompt 1"
+    # a page past the end: the last shows, and the field says so (it stayed at 9)
+    field.fill("9")
+    page.locator("#dataset-show").click()
+    _wait_rows(page, "page 9 is past the end")
+    page.wait_for_function(
+        "() => document.querySelector('#dataset-page input').value === '3'")
