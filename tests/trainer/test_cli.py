@@ -111,19 +111,27 @@ def test_a_first_ctrl_c_ends_the_iteration_with_a_checkpoint_and_a_second_stops_
     assert [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()] == \
         list(range(1, done[-1] + 2))
 
-    # two presses: the second interrupts the iteration, one line, no traceback
+    # two presses: the second interrupts the iteration, one line, no traceback. Iterations of
+    # seconds (a tiny one took 0.6 s: a first press late in one let it end, and the run with
+    # it, before a second 0.3 s later), the second press sent once the first was taken
     proc = subprocess.Popen(
         [sys.executable, "-m", "trainer", "train", "--config", "tiny", "--set", "iterations=500",
+         "--set", "checkpoint_every=1000", "--set", "rollout_steps=40", "--set", "group_size=16",
          "--set", 'device="cpu"', "--out", str(tmp_path / "two"), "--no-progress"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while not ((tmp_path / "two" / "metrics.jsonl").exists()
                and (tmp_path / "two" / "metrics.jsonl").read_text().count("\n") >= 1):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.2)
+    time.sleep(0.5)  # into the second iteration, past the border where a first press ends it
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.3)
+    taken = []
+    while not any("stopping at the end of this iteration" in line for line in taken):
+        assert (line := proc.stderr.readline()), "".join(taken)
+        taken.append(line)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=300)
+    _, rest = proc.communicate(timeout=300)
+    err = "".join(taken) + rest
     assert proc.returncode == 130 and "Traceback" not in err, err
     assert err.rstrip().endswith("interrupted"), err
 
