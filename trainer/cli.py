@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from trainer.config import (
+    PREFERENCE_WITHOUT_WEIGHT,
     PRESETS,
     REAL_MODEL_SAMPLE_BATCH,
     SHAPES_SAMPLE_BATCH,
@@ -506,10 +507,7 @@ def _weights_file_problems(fields: dict[str, Any], *, fits_run: bool = True,
             and not resumed:
         # the run would never read it (the studio refuses it too); a run saved so before is
         # resumed as it was started, not refused now
-        problems.append(ConfigError("preference_model", "names a preference model, but "
-                                    "reward_weights has no 'preference' weight to blend it "
-                                    "with: add one (e.g. \"preference\": 1) or leave "
-                                    "preference_model empty"))
+        problems.append(ConfigError("preference_model", PREFERENCE_WITHOUT_WEIGHT))
     return problems
 
 

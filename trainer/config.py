@@ -461,6 +461,13 @@ def prompt_text_problem(text: str) -> str | None:
     return None
 
 
+# a train config's preference_model beside reward_weights without 'preference': the run would
+# never read it (said by the CLI and the studio alike)
+PREFERENCE_WITHOUT_WEIGHT = ("names a preference model, but reward_weights has no 'preference' "
+                             "weight to blend it with: add one (e.g. \"preference\": 1) or "
+                             "leave preference_model empty")
+
+
 def missing_prompts_problem(model: str, prompts: list, dataset: bool = False,
                             studio: bool = False, evaluate: bool = False) -> str | None:
     """Why a run of `model` cannot train on `prompts`, or None: a real model's (flux, sd3)

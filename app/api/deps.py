@@ -114,17 +114,21 @@ def _dependency_calls(dependant: Any) -> set[Any]:
 CALLER_CHECKS = {current_user, file_reader}
 
 
-def needs_caller(dependant: Any) -> bool:
-    """Whether a route's dependencies (`dependant`) check the caller's token."""
-    return bool(_dependency_calls(dependant) & CALLER_CHECKS)
+def route_checks(dependant: Any) -> set[Any]:
+    """What of the caller a route's dependencies (`dependant`) check: its token
+    (CALLER_CHECKS) and its role (admin_user, job_launcher); empty for a public route."""
+    return _dependency_calls(dependant) & {*CALLER_CHECKS, admin_user, job_launcher}
 
 
-async def refused_caller(request: Request) -> ServiceError | None:
+async def refused_caller(request: Request, calls: set[Any] | None = None
+                         ) -> ServiceError | None:
     """The 401 or 403 the matched route's own dependencies would have answered, for a request
     refused before they ran: FastAPI parses a JSON body before it resolves dependencies, so a
     malformed body would otherwise tell a caller without a token (or without the role) how
-    the route reads its input. None when the caller may call the route."""
-    calls = _dependency_calls(getattr(request.scope.get("route"), "dependant", None))
+    the route reads its input. None when the caller may call the route. `calls`: the
+    route's `route_checks`, found when it was built (else from the matched route now)."""
+    if calls is None:
+        calls = _dependency_calls(getattr(request.scope.get("route"), "dependant", None))
     if not calls & CALLER_CHECKS:
         return None
     creds = await bearer(request)

@@ -55,7 +55,7 @@ class StrictJSONRoute(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
-        from app.api.deps import needs_caller, refused_caller
+        from app.api.deps import refused_caller, route_checks
 
         check_query = query_checker(self)
         takes_body = self.body_field is not None
@@ -63,10 +63,10 @@ class StrictJSONRoute(APIRoute):
         # token, so an anonymous client could make the server take in (up to the body limit)
         # and parse what it sent before its 401: the caller is judged here, before a byte of
         # the body is read
-        judge_caller = needs_caller(self.dependant)
+        checks = route_checks(self.dependant)  # once: every request of the route asks
 
         async def strict(request: Request) -> Response:
-            if judge_caller and (refused := await refused_caller(request)) is not None:
+            if checks and (refused := await refused_caller(request, checks)) is not None:
                 raise refused
             problems = await check_query(request)
             if not takes_body and (unread := await unexpected_body(request)) is not None:

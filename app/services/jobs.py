@@ -243,9 +243,9 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
         # the worker would ignore it: say so rather than store a model (or any server path)
         # that the run never reads
         problem = preference_problem(session, out["preference_model"])
-        problems.append(("preference_model", "names a preference model, but reward_weights "
-                         "has no 'preference' weight to blend it with: add one (e.g. "
-                         "\"preference\": 1) or leave preference_model empty"
+        from trainer.config import PREFERENCE_WITHOUT_WEIGHT
+
+        problems.append(("preference_model", PREFERENCE_WITHOUT_WEIGHT
                          + (f"; also: {problem}" if problem else "")))
     refit_every = config.get("preference_refit_every")
     blends_preference = any(n in RUN_TIME_REWARDS for n in out.get("reward_weights", {}))

@@ -301,16 +301,19 @@ _SHOWN = re.compile(
 def shown_page(shown: str | None) -> int:
     """The page of the preview on screen (1 without one): the Page field follows the preview
     an upload or a deletion put there, so that Preview and Next go on from what is shown."""
-    found = _SHOWN.search(shown or "")
-    return int(found.group(2)) if found else 1
+    return _page_shown_or(shown, 1)
 
 
 def page_of_preview(shown: str | None) -> int | Any:
     """After Preview: the Page field says the page shown (the last for a page past the end, the
     field stayed at 9 beside "page 3 of 3"); left as typed when the answer was an error about
     it."""
+    return _page_shown_or(shown, gr.skip())
+
+
+def _page_shown_or(shown: str | None, otherwise: Any) -> int | Any:
     found = _SHOWN.search(shown or "")
-    return int(found.group(2)) if found else gr.skip()
+    return int(found.group(2)) if found else otherwise
 
 
 def turn(user_state: dict | None, shown: str | None, step: int) -> tuple[str | Any, Any]:

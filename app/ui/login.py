@@ -91,6 +91,11 @@ class Login:
                     gr.Tabs(selected="arena"), *[gr.update(visible=k in allowed) for k in keys],
                     "")  # the box forgets the token: it lives in `state` only
 
+        def logged_out(message: str) -> tuple:
+            # no user, `message` in the login area, the login box shown and the pages hidden
+            return (None, message, gr.update(visible=True), gr.update(visible=False),
+                    gr.skip(), *[gr.update(visible=False) for _ in keys], "")
+
         def logout(request: gr.Request):
             """The server ends the login: this session's binding and the browser's session
             token (revoked here, from the cookie this request carries; the cookie left
@@ -102,8 +107,7 @@ class Login:
             if token:
                 with session() as s:
                     auth.end_session(s, token)
-            return (None, "", gr.update(visible=True), gr.update(visible=False), gr.skip(),
-                    *[gr.update(visible=False) for _ in keys], "")
+            return logged_out("")
 
         outputs = [self.user, self.status, self.box, self.logout, tabs, *pages.values(),
                    self.token]
@@ -127,9 +131,7 @@ class Login:
                 if not login_ended(exc):
                     return tuple(gr.skip() for _ in outputs)
                 forget_login(getattr(request, "session_hash", None))
-                return (None, ended_notice(),
-                        gr.update(visible=True), gr.update(visible=False), gr.skip(),
-                        *[gr.update(visible=False) for _ in keys], "")
+                return logged_out(ended_notice())
             return tuple(gr.skip() for _ in outputs)
 
         for page in pages.values():
