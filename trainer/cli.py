@@ -1548,13 +1548,34 @@ class AllErrorsParser(argparse.ArgumentParser):
             self.refused.append(str(exc))
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._given = list(sys.argv[1:] if args is None else args)
         parsed = super().parse_known_args(args, namespace)
         if self.refused:
             self.error(self.refused.pop())
         return parsed
 
+    def _unknown_options(self) -> list[str]:
+        """One line for each option given that this parser has no such option (nor one it
+        abbreviates), with the nearest it has: argparse says unknown options only after the
+        parse, so a required option misspelt (`--rewadrs count`) was said as missing alone."""
+        import difflib
+
+        known = list(self._option_string_actions)
+        lines = []
+        for given in getattr(self, "_given", []):
+            name = str(given).split("=", 1)[0]
+            if (not name.startswith("--") or name == "--"
+                    or any(option.startswith(name) for option in known)):
+                continue
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            lines.append(f"unrecognized arguments: {name}{hint}")
+        return lines
+
     def error(self, message: str) -> NoReturn:
         lines, self.refused = [*self.refused, message], []
+        if message.startswith("the following arguments are required"):
+            lines += self._unknown_options()
         self.print_usage(sys.stderr)
         for line in dict.fromkeys(lines):
             sys.stderr.write(f"{self.prog}: error: {line}\n")

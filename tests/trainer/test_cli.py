@@ -366,6 +366,38 @@ def test_a_misspelt_command_is_one_error_line_with_the_nearest_command(capsys):
         "train, sample, evaluate, train-base, demo, fit-preference); did you mean 'train'?"]
 
 
+@pytest.mark.parametrize("argv, lines", [
+    # a required option misspelt was said as missing alone: the typo was never named
+    (["sample", "--promts", "p.txt", "--seeds", "1", "--out", "o"], [
+        "python -m trainer sample: error: the following arguments are required: --prompts",
+        "python -m trainer sample: error: unrecognized arguments: --promts; did you mean "
+        "--prompts?"]),
+    # an abbreviation argparse takes is no typo; one with no near option gets no hint
+    (["sample", "--prom", "p.txt", "--zzz=1"], [
+        "python -m trainer sample: error: the following arguments are required: --out",
+        "python -m trainer sample: error: unrecognized arguments: --zzz"]),
+])
+def test_a_misspelt_option_is_named_beside_the_required_one_it_leaves_out(argv, lines, capsys):
+    from trainer.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert [x for x in err.splitlines() if "error:" in x] == lines
+
+
+def test_the_reward_server_names_a_misspelt_rewards_option(capsys):
+    from trainer.rewards.serve import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--rewadrs", "count"])
+    assert [x.split(": error: ")[1] for x in capsys.readouterr().err.splitlines()
+            if ": error: " in x] == ["the following arguments are required: --rewards",
+                                      "unrecognized arguments: --rewadrs; did you mean "
+                                      "--rewards?"]
+
+
 @pytest.fixture
 def prompts_file(tmp_path):
     path = tmp_path / "ok.txt"

@@ -138,6 +138,40 @@ def test_a_model_directory_whose_weights_do_not_match_its_config_is_one_line(
     assert not out.exists()
 
 
+@pytest.mark.parametrize("key, value, said", [
+    # a layer more than the weights hold: diffusers started it random, with a logged warning
+    ("num_layers", 2, "(32 tensors it builds are not in the weights and would start random, "
+                      "e.g. transformer_blocks.1."),
+    # a layer fewer: the weights of the one left out were dropped, with a logged warning
+    ("num_single_layers", 0, "(the weights hold 14 tensors it has no place for, "
+                             "e.g. single_transformer_blocks.0."),
+])
+def test_a_model_directory_whose_config_has_another_layer_count_is_refused(
+        key: str, value: int, said: str, tiny_flux_path: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A config.json edited to another layer count than its weights (no tensor of another
+    shape, so no loader error): the load is refused in one line naming the directory, the
+    folder and what would have been random or dropped, nothing written."""
+    import shutil
+
+    model = tmp_path / "flux"
+    shutil.copytree(tiny_flux_path, model)
+    config = model / "transformer" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), key: value}))
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("one red circle\n")
+    out = tmp_path / "out"
+    code = main(["sample", "--model", "flux", "--model-path", str(model), "--resolution", "64",
+                 "--prompts", str(prompts), "--seeds", "1", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"error: model directory {model}: the weights in transformer/ do "
+                           "not match transformer/config.json ("), line
+    assert said in line and "restore the folder's config.json and weights" in line, line
+    assert not out.exists()
+
+
 def test_a_preference_model_that_is_no_preference_model_is_named(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     text = tmp_path / "text.txt"

@@ -33,6 +33,7 @@ def _rank(rank: int, port: int, out: str) -> None:
                    "backward_passes": 3, "loss": float(rank), "note": "text"}
         averaged = _average_metrics(metrics, torch.device("cpu"))
         Path(out, f"{rank}.json").write_text(json.dumps(averaged))
+        dist.barrier()  # both ranks done before either tears its group down
     finally:
         dist.destroy_process_group()
 

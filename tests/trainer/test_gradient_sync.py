@@ -91,6 +91,10 @@ def _rank(rank: int, port: int, out: str, parallelism: str) -> None:
         optimizer_step(model, optimizer, sum(_parts(model, x, t, target)), max_grad_norm=0.0)
         Path(out, f"{rank}.json").write_text(json.dumps(
             {"micro_batched": micro_batched, "one_round": reductions[0], "weights": weights}))
+        # both ranks past their last collective before either leaves: a rank that tore its
+        # group down while the other's reduce-scatter was still in flight died in gloo's
+        # threads ("terminate called without an active exception", SIGABRT) in one CI run
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -24,10 +24,14 @@ adapter's business (`mixed_precision`).
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
+import logging
 import math
+import re
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -88,6 +92,62 @@ def _weights_config_mismatch(path: str | Path, exc: BaseException) -> ValueError
                       f"{config} ({gist.rstrip('.')}); restore the folder's config.json and "
                       "weights as saved together (an edited config.json, or another model's "
                       "weights)")
+
+
+class _KeysOutsideConfig(logging.Handler):
+    """Collects what diffusers only logs while a pipeline loads: tensors a model folder's
+    config.json builds that its weights lack (diffusers starts them random: "newly
+    initialized") and tensors in its weights the config has no place for ("were not used"),
+    as after a config.json edited to another layer count. Diffusers' own lists are read,
+    after its renames and ignore lists, so a folder it loads whole is never named."""
+
+    _LOGGER = "diffusers.models.modeling_utils"
+    _UNUSED = re.compile(r"model checkpoint at (.+) were not used when initializing \S+: "
+                         r"\n (\[.*\])$", re.S)
+    _MISSING = re.compile(r"from the model checkpoint at (.+) and are newly initialized: "
+                          r"(\[.*?\])\nYou should", re.S)
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.problems: list[tuple[str, str, list[str]]] = []  # (folder path, which, keys)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if (found := self._UNUSED.search(message)):
+            # one string of comma-joined names in a list
+            keys = [k for k in ast.literal_eval(found[2])[0].split(", ") if k]
+            self.problems.append((found[1], "unused", keys))
+        elif (found := self._MISSING.search(message)):
+            self.problems.append((found[1], "missing", list(ast.literal_eval(found[2]))))
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[_KeysOutsideConfig]:
+        logger = logging.getLogger(self._LOGGER)
+        level = logger.level
+        # heard even where DIFFUSERS_VERBOSITY silences warnings
+        logger.setLevel(min(level or logging.WARNING, logging.WARNING))
+        logger.addHandler(self)
+        try:
+            yield self
+        finally:
+            logger.removeHandler(self)
+            logger.setLevel(level)
+
+    def error(self, path: str | Path) -> ValueError | None:
+        """The one-line error naming every such folder, or None where there is none."""
+        if not self.problems:
+            return None
+        parts = []
+        for where, which, keys in self.problems:
+            folder = Path(where).name
+            what = (f"{len(keys)} tensors it builds are not in the weights and would start "
+                    "random" if which == "missing" else
+                    f"the weights hold {len(keys)} tensors it has no place for")
+            parts.append(f"the weights in {folder}/ do not match {folder}/config.json "
+                         f"({what}, e.g. {keys[0] if keys else '?'})")
+        return ValueError(f"model directory {path}: {'; '.join(parts)}; restore the folder's "
+                          "config.json and weights as saved together (an edited config.json, "
+                          "or another model's weights)")
 
 
 def _weight_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
@@ -165,12 +225,15 @@ class DiffusersFlowModel(FlowModel):
         device = torch.device(device)
         dtype = _weight_dtype(spec, device)
         try:
-            pipeline = cls._pipeline().from_pretrained(spec.path, torch_dtype=dtype,
-                                                          local_files_only=True)
+            with _KeysOutsideConfig().watching() as outside_config:
+                pipeline = cls._pipeline().from_pretrained(spec.path, torch_dtype=dtype,
+                                                              local_files_only=True)
         except (ValueError, RuntimeError) as exc:
             if (mismatch := _weights_config_mismatch(spec.path, exc)) is None:
                 raise
             raise mismatch from None
+        if (mismatch := outside_config.error(spec.path)) is not None:
+            raise mismatch
         model = cls(pipeline, spec, device, staged=stage_on_cpu)
         if spec.weights:
             if stage_on_cpu and spec.finetune == "full":
