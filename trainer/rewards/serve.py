@@ -278,8 +278,9 @@ class Batcher:
 def reward_names_problems(names: Iterable[str], paths: dict[str, str] | None = None
                           ) -> list[str]:
     """Why the rewards `names` (with weights directories `paths`) cannot be served, from the
-    names alone (nothing loads): the names that are no servable reward, in one line, and the
-    paths of rewards not served (a typo in one of the lists), in another."""
+    names alone (nothing loads): the names that are no servable reward, in one line, the
+    paths of rewards not served (a typo in one of the lists) in another, and the paths of
+    served rewards that read no weights in a third. reward_problems adds the weights."""
     names = list(dict.fromkeys(names))
     if not names:
         return ["name at least one reward to serve"]
@@ -294,6 +295,33 @@ def reward_names_problems(names: Iterable[str], paths: dict[str, str] | None = N
     if stray := [n for n in (paths or {}) if n not in names]:
         problems.append(f"--reward-model-paths names {stray}, which --rewards does not "
                         f"serve ({', '.join(names)})")
+    from trainer.rewards.models import MODEL_REWARDS
+
+    # a served reward that reads no weights: configure_reward_models refused it only once
+    # the names were right, and by the config field's name rather than the flag typed
+    if weightless := [n for n in (paths or {}) if n in names and n in known
+                      and n not in MODEL_REWARDS and n not in LOCAL_REWARDS]:
+        problems.append(f"--reward-model-paths names {weightless}, which read no weights; "
+                        f"those that do: {sorted(MODEL_REWARDS)}")
+    return problems
+
+
+def reward_problems(names: Iterable[str], paths: dict[str, str] | None = None) -> list[str]:
+    """Every reason the rewards `names` (weights directories `paths`) cannot be served, one
+    line each, before anything loads: reward_names_problems, then one line per servable
+    model-backed reward whose weights directory is missing, incomplete or damaged (or whose
+    package is missing). The weights were checked only once every name was right, so a
+    start said one and the next start the other."""
+    from trainer.rewards.models import MODEL_REWARDS, weights_problem
+
+    names = list(dict.fromkeys(names))
+    problems = reward_names_problems(names, paths)
+    known = reward_names()
+    for name in names:
+        if name in known and name in MODEL_REWARDS and name not in LOCAL_REWARDS and (
+                problem := weights_problem(name, paths or {},
+                                           paths_setting="--reward-model-paths {name}=...")):
+            problems.append(problem)
     return problems
 
 
@@ -741,7 +769,7 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         problems.append(f"{exc.field}: {exc.message}")
     names = [n.strip() for n in args.rewards.split(",") if n.strip()]
-    problems += reward_names_problems(names, args.reward_model_paths)
+    problems += reward_problems(names, args.reward_model_paths)
     if problems:
         if listening is not None:
             listening.close()
