@@ -344,6 +344,9 @@ class AlgorithmArguments:
                                  "(and sampling, evaluation); the SDE baseline's rollouts are "
                                  "its own stochastic Euler steps.",
                                  choices=("dpm++", "euler"), group="algorithm")
+    # at least 2: the SDE baseline's last step (to t=0) has no noise, so its likelihood is
+    # undefined (0/0) and a 1-step rollout leaves no step to train; sample and evaluate
+    # (trainer/cli.py's --steps) take 1, a deterministic image needing no likelihood
     rollout_steps: int = _field(8, "T: solver steps per rollout.", min=2, max=1000,
                                 group="algorithm")
     # --- rewards -------------------------------------------------------------------------
