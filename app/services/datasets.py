@@ -282,24 +282,34 @@ def _parse_csv(filename: str, text: str, counts: _Counts) -> Records:
             line=1,
         )
     col = header.index("prompt")
-    row_no = 0
+    row_no, last_line = 0, reader.line_num
     while True:
+        # a row is named by the line it begins on: reader.line_num is the last line read,
+        # which for a quoted field spanning lines (or a quote never closed, read to the end
+        # of the file) is not where the row is
+        start = last_line + 1
         try:
             row = next(reader)
         except StopIteration:
             break
         except csv.Error as exc:  # the reader goes on at the next line
-            yield BadRecord(f"line {reader.line_num}", f"malformed CSV ({exc})",
-                            {"line": reader.line_num})
+            # a row all the same, named as a row with the wrong field count is (it was
+            # "line N: malformed CSV (...)" with N the end of the file for an open quote, and
+            # no row number, and the rows after it were numbered one short)
+            row_no, last_line = row_no + 1, reader.line_num
+            span = f" (the row runs from line {start} to line {last_line})" \
+                if last_line > start else ""
+            yield BadRecord(f"line {start} (row {row_no})", f"malformed row: {exc}{span}",
+                            {"line": start, "row": row_no})
             continue
+        last_line = reader.line_num
         if not any(cell.strip() for cell in row):
             # a blank line (no fields, or whitespace, as in a text file), or a spreadsheet's
             # ",," row: nothing in any cell
             counts.blank += 1
             continue
         row_no += 1
-        where, loc = f"line {reader.line_num} (row {row_no})", {"line": reader.line_num,
-                                                                 "row": row_no}
+        where, loc = f"line {start} (row {row_no})", {"line": start, "row": row_no}
         if len(row) != len(header):
             yield BadRecord(where, f"malformed row: expected {len(header)} fields, got "
                                    f"{len(row)}", loc)

@@ -152,7 +152,8 @@ BAD = [
     ("dup2.csv", b"prompt,prompt\na,b\n", 422,
      "dup2.csv: line 1: repeated column name(s) 'prompt'"),
     ("dup3.csv", b"prompt,,\nhello,1,2\n", 422, "dup3.csv: line 1: repeated column name(s) ''"),
-    ("q.csv", b'prompt\n"unterminated\n', 422, "q.csv: line"),
+    ("q.csv", b'prompt\n"unterminated\n', 422,
+     "q.csv: line 2 (row 1): malformed row: unexpected end of data"),
     ("enc.txt", b"fine\nbad \xff\xfe byte\n", 422, "enc.txt: line 2: bad encoding"),
     ("m.jsonl", b'{"prompt": "ok"}\n{"prompt": oops}\n', 422, "m.jsonl: line 2: malformed JSON"),
     ("k.jsonl", b'{"prompt": "ok"}\n{"text": "x"}\n', 422, "k.jsonl: line 2: missing key 'prompt'"),
@@ -208,6 +209,24 @@ def test_every_undecodable_line_is_named_beside_the_files_other_problems(client,
     assert r.status_code == 422 and [e["where"] for e in r.json()["errors"]] == ["line 3"]
     assert "byte 0x80 at offset 14" in r.json()["detail"], r.text
     assert session.scalar(select(func.count()).select_from(Dataset)) == 0
+
+
+def test_a_csv_row_the_reader_cannot_parse_is_named_as_any_bad_row(client, admin, session):
+    """A quote never closed was "line 3: malformed CSV (unexpected end of data)": the end of
+    the file rather than the line the row begins on, no row number, and another wording
+    than a row with the wrong field count ("line 3 (row 2): malformed row: ..."); the rows
+    after a quote error were numbered one short."""
+    r = upload(client, admin, "broken.csv", b'prompt,x\n"a red,1\nb,2\n')
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"] == ("broken.csv: line 2 (row 1): malformed row: unexpected end "
+                                  "of data (the row runs from line 2 to line 3)"), r.text
+    r = upload(client, admin, "two.csv", b'prompt,x\na,1\n"b"c,2\n\n"d\ne",3,4\n')
+    assert r.status_code == 422, r.text
+    errors = r.json()["errors"]
+    assert [e["where"] for e in errors] == ["line 3 (row 2)", "line 5 (row 3)"], r.text
+    assert errors[0]["message"] == "malformed row: ',' expected after '\"'", r.text
+    assert errors[1]["message"] == "malformed row: expected 2 fields, got 3", r.text
+    assert counts(session) == (0, 0)
 
 
 @pytest.mark.parametrize("name,data,status,message", BAD, ids=[b[0] for b in BAD])
