@@ -694,7 +694,8 @@ def test_the_command_line_serves_and_refuses_unknown_rewards(tmp_path):
 
 
 def test_a_port_another_process_holds_is_one_line_before_any_reward_loads(capsys,
-                                                                         monkeypatch):
+                                                                         monkeypatch,
+                                                                         tmp_path):
     """uvicorn's own error and exit code 3 came only once every reward model had loaded
     (minutes for HPSv2): the port is bound first. hpsv2 has no weights here: that is said
     beside it, from the directory alone, and no model is loaded."""
@@ -705,6 +706,8 @@ def test_a_port_another_process_holds_is_one_line_before_any_reward_loads(capsys
         raise AssertionError(f"loaded {names} before the start was refused")
 
     monkeypatch.setattr(models, "load_reward_models", no_loading)
+    # (this module's servers' directory holds a tiny hpsv2: one without it)
+    monkeypatch.setenv("REWARD_MODELS_DIR", str(tmp_path))
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen(1)
@@ -800,13 +803,15 @@ def test_the_servers_bad_options_are_one_line_and_exit_2(argv, message, capsys, 
     assert any(message in line for line in err.strip().splitlines()), err
 
 
-def test_the_servers_bad_options_are_said_all_at_once(capsys, monkeypatch):
+def test_the_servers_bad_options_are_said_all_at_once(capsys, monkeypatch, tmp_path):
     """Several bad options were said one a start: only the first, the next once it was
     fixed. Malformed ones are said together (argparse's lines), and so are a port that is
     taken, a device this machine lacks, unknown rewards, weights paths of rewards not
     served and the missing weights of hpsv2 (none here); nothing loads."""
     from trainer.rewards.serve import main
 
+    # (this module's servers' directory holds a tiny hpsv2: one without it)
+    monkeypatch.setenv("REWARD_MODELS_DIR", str(tmp_path))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     with pytest.raises(SystemExit) as exited:
