@@ -297,6 +297,8 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
               else {**preset_fields, **_config_file_fields(args), **overrides})
     problems += _weights_file_problems(fields, fits_run=config is not None,
                                        resumed=saved is not None)
+    # the reward models' weights too (cmd_train's check, which runs on a valid config only)
+    problems += _reward_weights_problems(fields)
     problems = _prompts_file_named(args, problems)
 
     if config is not None:  # the preset's model (flux-lora) when the overrides name none
@@ -511,6 +513,24 @@ def _weights_file_problems(fields: dict[str, Any], *, fits_run: bool = True,
     return problems
 
 
+def _reward_weights_problems(fields: dict[str, Any]) -> list[ConfigError]:
+    """The weights of the model-backed rewards a train config's reward_weights blend, missing
+    or incomplete where they are looked for (reward_model_paths, else REWARD_MODELS_DIR), as
+    the reward loader names them. None with a reward_server_url (the server's weights are its
+    own), nor while reward_weights or reward_model_paths is malformed: the config's own checks
+    say that, and the directories it would name are not the ones meant."""
+    from trainer.rewards.models import MODEL_REWARDS, weights_problem
+
+    weights = fields.get("reward_weights", {})
+    paths = fields.get("reward_model_paths") or {}
+    if fields.get("reward_server_url") or not isinstance(weights, dict) \
+            or not isinstance(paths, dict) \
+            or not all(isinstance(path, str) for path in paths.values()):
+        return []
+    return [ConfigError("", problem) for name in weights
+            if name in MODEL_REWARDS and (problem := weights_problem(name, dict(paths)))]
+
+
 def _damaged_checkpoint_problem(out: Path) -> ConfigError | None:
     """Why the newest checkpoint a `--resume` of `out` loads is damaged (a file truncated or
     emptied, by a full disk or a partial copy), naming it and the way on; None when whole."""
@@ -532,18 +552,18 @@ def _damaged_checkpoint_problem(out: Path) -> ConfigError | None:
                        "(or from the start when there is none)")
 
 
-def _run_file_problems(args: argparse.Namespace, out: Path,
+def _run_file_problems(args: argparse.Namespace, out: Path | None,
                        run_config: TrainConfig) -> list[ConfigError]:
     """What the Trainer would refuse once the model loads, said before the run directory is
     touched: a missing preference model, prompts, the model directory (a resumed run's is its
-    saved config's), a damaged newest checkpoint to resume from, the reward models' weights
-    (missing or incomplete, as the reward loader names them; a reward server's are its own),
-    naming the files expected as the API's 422 does."""
+    saved config's), a damaged newest checkpoint to resume from (`out` None: --out itself is
+    refused), the reward models' weights (missing or incomplete, as the reward loader names
+    them; a reward server's are its own), naming the files expected as the API's 422 does."""
     from trainer.models import lora_targets_problem, model_dir_problem, uses_model_directory
-    from trainer.rewards.models import MODEL_REWARDS, weights_problem
 
     problems = _weights_file_problems(run_config.to_dict(), resumed=args.resume)
-    if args.resume and (problem := _damaged_checkpoint_problem(out)) is not None:
+    if args.resume and out is not None \
+            and (problem := _damaged_checkpoint_problem(out)) is not None:
         problems.append(problem)
     if (problem := run_config.prompts_problem()) is not None:
         problems += _prompts_file_named(args, [problem])
@@ -554,10 +574,7 @@ def _run_file_problems(args: argparse.Namespace, out: Path,
             problem := lora_targets_problem(run_config.model_path,
                                             list(run_config.lora_target_modules))):
         problems.append(ConfigError("lora_target_modules", problem))
-    if not run_config.reward_server_url:
-        paths = dict(run_config.reward_model_paths or {})
-        problems += [ConfigError("", problem) for name in run_config.reward_weights
-                     if name in MODEL_REWARDS and (problem := weights_problem(name, paths))]
+    problems += _reward_weights_problems(run_config.to_dict())
     return problems
 
 
@@ -582,6 +599,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         problems += RunDirectory.earlier_run_problems(out)
     if run_config is not None:
         problems += _run_file_problems(args, out, run_config)
+    elif config is not None:  # --out refused: the files the config names are said beside it
+        problems += _run_file_problems(args, None, config)
     # the device asked for (the Trainer resolves it again, once the model is loading)
     device = (run_config.device if run_config is not None else
               {**_config_file_fields(args), **_parse_overrides(args.set, [])}.get("device"))
@@ -776,11 +795,13 @@ def cmd_fit_preference(args: argparse.Namespace) -> int:
                                     "votes' image paths are relative to)"))
     if args.warm_start and not Path(args.warm_start).is_file():
         problems.append(ConfigError(f"--warm-start {args.warm_start}", "is not a file"))
-    _raise_problems(problems)
-    assert config is not None and out is not None
+    # the votes' lines, said with the options' problems (a bad --set hid every one of them)
     excluded: list[int] = []  # the lines of the votes the file marks excluded, left out
-    pairs, unreadable = readable_pairs(
-        read_votes(votes, images, args.include_excluded, excluded), config.features, votes)
+    voted = (_checked(problems, read_votes, votes, images, args.include_excluded, excluded)
+             if votes.is_file() and images.is_dir() else None)
+    _raise_problems(problems)
+    assert config is not None and out is not None and voted is not None
+    pairs, unreadable = readable_pairs(voted, config.features, votes)
     warm = _warm_start_model(Path(args.warm_start), config.device) if args.warm_start else None
     if warm is not None and (problem := _warm_start_unused(warm, config, pairs)):
         # asked for, and silently not done: the fit ran from scratch for every epoch
@@ -844,7 +865,10 @@ def _model_spec(args: argparse.Namespace):
     --checkpoint on top. A checkpoint of this trainer carries its run's model options, so
     --model and --model-path default to its run's; a bare diffusers LoRA (a checkpoint's
     zip download, another tool's LoRA) carries its rank and targets but not its base, which
-    --model and --model-path name. Sets args.model to the model loaded."""
+    --model and --model-path name. Sets args.model to the model named (the checkpoint's,
+    --model's, else shapes) once the checkpoint reads, the options refused or not: the
+    command's other checks (rewards, prompts) judge by it beside these problems; it stays
+    None when the checkpoint cannot tell (unreadable, and no --model given)."""
     from trainer.models import (
         ModelSpec,
         checkpoint_spec,
@@ -895,8 +919,8 @@ def _model_spec(args: argparse.Namespace):
                                     "--model-path (its weights are the checkpoint's or built "
                                     "in); it is for --model "
                                     f"{' or '.join(n for n in model_names() if uses_model_directory(n))}"))
-    _raise_problems(problems)
     args.model = spec.name
+    _raise_problems(problems)
     spec.inference_only = True  # sampled, never trained: no fp32 masters, gradients or compile
     return spec
 
@@ -907,9 +931,7 @@ def sampling_batch_size(args: argparse.Namespace, model: str) -> int:
     images: each has its own seed's noise."""
     from trainer.models import run_rollout_batch_size, uses_model_directory
 
-    if args.batch_size is not None:
-        if args.batch_size < 1:
-            raise ConfigError("--batch-size", "must be >= 1")
+    if args.batch_size is not None:  # >= 1: argparse's check (positive_int)
         return args.batch_size
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
     return default_sampling_batch(model, [run_rollout_batch_size(checkpoint)],
@@ -1052,9 +1074,9 @@ def cmd_sample(args: argparse.Namespace) -> int:
     device = _checked(problems, available_device, args.device, "--device")
     spec = _checked(problems, _model_spec, args)  # sets args.model to the model named
     batch_size = _checked(problems, sampling_batch_size, args, spec.name) if spec else None
-    if spec is None and args.batch_size is not None and args.batch_size < 1:
-        problems.append(ConfigError("--batch-size", "must be >= 1"))  # said without a model too
     _check_model_dir(problems, spec, args)
+    # the model named (args.model, set by _model_spec) even where one of its options is
+    # refused: a bad --resolution hid the prompts the shapes model cannot draw
     _check_shapes_prompts(problems, spec.name if spec is not None else args.model, prompts,
                           "--prompts", args.prompts)
     _raise_problems(problems)
@@ -1085,19 +1107,24 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
-def _reward_list(args: argparse.Namespace, device: Any) -> tuple[list[str], Any]:
+# how evaluate's messages about a reward's weights directory name the flag typed, not the
+# config field a job's has
+REWARD_PATH_SETTING = "--reward-model-path {name}=..."
+
+
+def _reward_list(args: argparse.Namespace, model: str | None
+                 ) -> tuple[list[str], dict[str, str]]:
     """--rewards as registry names (default: the shapes rewards for the shapes model,
-    jpeg_compressibility for flux / sd3, as the studio's evaluate job) and what scores them:
-    the reward server at --reward-server-url (up and serving them), else this process, the
-    model-backed ones pointed at --reward-model-path or REWARD_MODELS_DIR; checked before any
-    sampling, every problem at once (an unknown name hid a bad --reward-model-path and the
-    missing weights until the next run). `device`: where the rewards load, resolved by the
-    caller (None when --device itself is refused, said by the caller: the weights' files are
-    still checked, nothing loads)."""
+    jpeg_compressibility for flux / sd3, as the studio's evaluate job) and the
+    --reward-model-path directories, checked before any sampling with every problem at once
+    (an unknown name hid a bad --reward-model-path and the missing weights until the next
+    run): the model-backed ones' weights where they are looked for, or the reward server's
+    rules. `model`: the model evaluated, None when unknown (a checkpoint that cannot be read
+    names it): the checks that follow from it (its default rewards, the shapes-only rewards)
+    are left out. Nothing loads here (_reward_scorer)."""
     from trainer.config import default_reward_names, reward_server_problems
     from trainer.rewards import reward_names, shapes_only_problem
     from trainer.rewards.models import MODEL_REWARDS, weights_problem
-    from trainer.rewards.remote import prepare_scorer
 
     problems: list[ConfigError] = []
     names = [n.strip() for n in (args.rewards or "").split(",") if n.strip()]
@@ -1114,14 +1141,14 @@ def _reward_list(args: argparse.Namespace, device: Any) -> tuple[list[str], Any]
                                     "preference model: give its file with --preference-model "
                                     "(fit-preference's --out, or the studio's "
                                     "STORAGE_DIR/preference/vN.safetensors)"))
-    if not names and not asked_preference:
-        names = default_reward_names("evaluate", args.model or "")
+    if not names and not asked_preference:  # args.rewards is None: the caller knows `model`
+        names = default_reward_names("evaluate", model or "")
     if unknown := [n for n in names if n not in reward_names()]:
         problems.append(ConfigError("--rewards", f"unknown reward(s) {unknown}; known: "
                                     f"{reward_names()}"))
     # the rule train's config applies: the shapes rewards mean nothing on FLUX's or SD3's images
     known = [n for n in names if n not in unknown]
-    if (problem := shapes_only_problem(known, args.model or "shapes")) is not None:
+    if model is not None and (problem := shapes_only_problem(known, model)) is not None:
         problems.append(ConfigError("--rewards", problem))
     paths = {}
     for pair in args.reward_model_path:
@@ -1139,20 +1166,31 @@ def _reward_list(args: argparse.Namespace, device: Any) -> tuple[list[str], Any]
                  "reward_model_paths": "--reward-model-path"}
         problems += [ConfigError(flags[p.field], p.message)
                      for p in reward_server_problems(args.reward_server_url, paths)]
-        _raise_problems(problems)
-        # RewardServerError (down, or lacking a reward) names the URL: one line (main)
-        return names, prepare_scorer(names, args.reward_server_url)
-    # a weights directory's problems name the flag typed, not the config field a job's has
-    setting = "--reward-model-path {name}=..."
-    problems += [ConfigError("", problem) for n in known if n in MODEL_REWARDS
-                 and (problem := weights_problem(n, paths, paths_setting=setting))]
+    else:
+        problems += [ConfigError("", problem) for n in known if n in MODEL_REWARDS
+                     and (problem := weights_problem(n, paths,
+                                                     paths_setting=REWARD_PATH_SETTING))]
     _raise_problems(problems)
-    if not names or device is None:  # --rewards preference: the preference model alone
-        return names, None
+    return names, paths
+
+
+def _reward_scorer(args: argparse.Namespace, names: list[str], paths: dict[str, str],
+                   device: Any) -> Any:
+    """What scores the rewards `names` (_reward_list's, checked): the reward server at
+    --reward-server-url (up and serving them: RewardServerError names the URL, one line), else
+    this process, the model-backed ones loaded from `paths` or REWARD_MODELS_DIR on `device`;
+    None for none (--rewards preference: the preference model alone). Called once every
+    other problem of the command is ruled out: the reward models load for nothing no more."""
+    from trainer.rewards.remote import prepare_scorer
+
+    if args.reward_server_url and names:
+        return prepare_scorer(names, args.reward_server_url)
+    if not names:
+        return None
     # RewardWeightsMissing names the reward and the files; weights that are there but do not
     # load (empty, truncated) are one line naming the reward and its directory, before any
     # sampling rather than after it
-    return names, prepare_scorer(names, "", paths, device, paths_setting=setting)
+    return prepare_scorer(names, "", paths, device, paths_setting=REWARD_PATH_SETTING)
 
 
 def _preference_fit_problem(path: str, model: Any) -> str | None:
@@ -1261,22 +1299,26 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     batch_size = _checked(problems, sampling_batch_size, args, spec.name) if spec else None
     _check_model_dir(problems, spec, args)
     device = _checked(problems, available_device, args.device, "--device")
-    # before the model loads: a bad name costs nothing (the default rewards follow the model,
-    # unknown while a checkpoint that names it cannot be read and --model is not given)
-    rewards, scorer = (_checked(problems, _reward_list, args, device)
-                       if spec is not None or args.model else None) or (None, None)
+    # the model the checks below judge by: the one named (args.model, which _model_spec sets
+    # even where it refuses an option: a bad --resolution hid every rewards and prompts
+    # problem), None only when a checkpoint that cannot be read would name it
+    model_name = spec.name if spec is not None else args.model
+    # before the model loads: a bad name costs nothing (the default rewards follow the model:
+    # with none known, only the rewards given are checked)
+    rewards, reward_paths = (_checked(problems, _reward_list, args, model_name)
+                             if model_name is not None or args.rewards is not None
+                             else None) or (None, None)
     if args.preference_model:
-        problems += _preference_model_problems(args.preference_model,
-                                               spec.name if spec else args.model)
+        problems += _preference_model_problems(args.preference_model, model_name)
     prompts = _checked(problems, _prompt_list, args.prompts_file)
     # flux, sd3: the 48 shapes prompts (evaluate's default) are the shapes model's, as train;
-    # said with a bad --resolution beside it too (the model is --model's then)
-    model = spec.name if spec is not None else args.model
-    if model and args.prompts_file is None and (
-            problem := missing_prompts_problem(model, [], evaluate=True)) is not None:
+    # said with a bad --resolution beside it too
+    if model_name and args.prompts_file is None and (
+            problem := missing_prompts_problem(model_name, [], evaluate=True)) is not None:
         problems.append(ConfigError("--prompts-file", problem))
-    _check_shapes_prompts(problems, model, prompts, "--prompts-file", args.prompts_file)
+    _check_shapes_prompts(problems, model_name, prompts, "--prompts-file", args.prompts_file)
     _raise_problems(problems)
+    scorer = _reward_scorer(args, rewards, reward_paths, device)
     if args.preference_model:
         from trainer.rewards.preference import PreferenceModel
 
@@ -1293,7 +1335,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     # what the numbers were measured with, so two result files can be told apart
     real = uses_model_directory(spec.name)
     result["setting"] = {"model": spec.name, "model_path": spec.path or None,
-                         "resolution": spec.resolution or "the model's default",
+                         # the pixels drawn: the model's own default resolved (the words "the
+                         # model's default" told two result files' sizes apart by nothing)
+                         "resolution": getattr(model, "resolution", None) or spec.resolution,
                          "guidance_scale": spec.guidance_scale if real else None,
                          "mixed_precision": spec.mixed_precision if real else None,
                          # what it came to ('auto' is bf16 on CUDA, fp32 on a CPU), so a CPU
@@ -1316,6 +1360,19 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 TRAIN_BASE_FILES = ("base.safetensors", "train_base_log.jsonl")
 
 
+def _train_base_out(path: str) -> Path:
+    """train-base's --out: a directory that holds no earlier train-base run (a second one
+    there replaced base.safetensors and the log and left the first run's base-stepN files
+    beside the new ones, as if one run had written them all)."""
+    out = _out_path(path, directory=True)
+    if found := sorted(p.name for p in out.glob("*") if p.name in TRAIN_BASE_FILES
+                       or re.fullmatch(r"base-step\d+\.safetensors", p.name)):
+        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+        raise ConfigError("--out", f"{out} holds an earlier train-base run ({shown}); give a "
+                          "new --out, or delete it to train there again")
+    return out
+
+
 def cmd_train_base(args: argparse.Namespace) -> int:
     from trainer.models.shapes_dit import ShapesDiTConfig
     from trainer.shapes.base_training import BaseTrainingConfig, train_base
@@ -1331,19 +1388,18 @@ def cmd_train_base(args: argparse.Namespace) -> int:
         width=args.width, depth=args.depth, patch_size=args.patch_size,
         position_embedding=args.position_embedding, mlp_conv=args.mlp_conv,
         xavier_init=args.xavier_init))
+    # every problem at once (the width, --out and the device were each said only once the
+    # ones before them were fixed)
+    problems: list[ConfigError] = []
     # the attention heads split the width, and the 2D sine-cosine positions quarter it
     multiple = math.lcm(model_config.heads, 4)
     if model_config.width % multiple:
-        raise ConfigError("--width", f"must be a multiple of {multiple}, got {model_config.width}")
-    out = _out_path(args.out, directory=True)
-    # a second train-base there replaced base.safetensors and the log and left the first
-    # run's base-stepN files beside the new ones, as if one run had written them all
-    if found := sorted(p.name for p in out.glob("*") if p.name in TRAIN_BASE_FILES
-                       or re.fullmatch(r"base-step\d+\.safetensors", p.name)):
-        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
-        raise ConfigError("--out", f"{out} holds an earlier train-base run ({shown}); give a "
-                          "new --out, or delete it to train there again")
-    device = available_device(args.device, "--device")
+        problems.append(ConfigError("--width", f"must be a multiple of {multiple}, got "
+                                    f"{model_config.width}"))
+    out = _checked(problems, _train_base_out, args.out)
+    device = _checked(problems, available_device, args.device, "--device")
+    _raise_problems(problems)
+    assert out is not None and device is not None
     # Ctrl-C raises KeyboardInterrupt even where the shell that started the command ignores
     # SIGINT (a background job's does, and Python then leaves it ignored), as train's own
     # handler does: the run stops with its EMA kept rather than running on for hours
@@ -1420,8 +1476,9 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
                         help="weights and compute dtype, as the train config's mixed_precision: "
                         "bf16, no (fp32), or auto (bf16 for flux / sd3 on CUDA, else fp32). "
                         "Default: the checkpoint's run's, else auto")
-    # < 1 is refused by the command (sampling_batch_size), as config field 'batch-size'
-    parser.add_argument("--batch-size", type=int, default=None,
+    # < 1 refused as it is parsed, with the other options' type errors (the command's own
+    # check said it only once they were fixed)
+    parser.add_argument("--batch-size", type=positive_int, default=None,
                         help="images solved and decoded per batch; the images do not change. "
                         f"Default: {SHAPES_SAMPLE_BATCH} for shapes; for flux / sd3 the "
                         "checkpoint's run's rollout_batch_size, else the model's preset's "
@@ -1549,20 +1606,28 @@ class AllErrorsParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         self._given = list(sys.argv[1:] if args is None else args)
-        parsed = super().parse_known_args(args, namespace)
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras and self._subparsers is None:
+            # a command's parser (one with no commands under it) says what it does not know
+            # itself, beside its other refusals: handed up, the top parser said it in its own
+            # usage and name, the values with the options ("python -m trainer: error:
+            # unrecognized arguments: --confg tiny"), with no nearest option of the command
+            self.refused += (self._unknown_options(extras)
+                             or [f"unrecognized arguments: {' '.join(extras)}"])
         if self.refused:
             self.error(self.refused.pop())
-        return parsed
+        return parsed, extras
 
-    def _unknown_options(self) -> list[str]:
-        """One line for each option given that this parser has no such option (nor one it
-        abbreviates), with the nearest it has: argparse says unknown options only after the
-        parse, so a required option misspelt (`--rewadrs count`) was said as missing alone."""
+    def _unknown_options(self, arguments: list[str] | None = None) -> list[str]:
+        """One line for each option among `arguments` (default: every argument given) that
+        this parser has no such option (nor one it abbreviates), with the nearest it has:
+        argparse says unknown options only after the parse, so a required option misspelt
+        (`--rewadrs count`) was said as missing alone."""
         import difflib
 
         known = list(self._option_string_actions)
         lines = []
-        for given in getattr(self, "_given", []):
+        for given in getattr(self, "_given", []) if arguments is None else arguments:
             name = str(given).split("=", 1)[0]
             if (not name.startswith("--") or name == "--"
                     or any(option.startswith(name) for option in known)):

@@ -211,7 +211,7 @@ def test_evaluate_scores_held_out_prompts_with_any_rewards(tmp_path, tiny_clip_p
     assert "exact_count_accuracy" not in result  # not asked for
     # what it was measured with travels with the numbers
     assert result["setting"] == {"model": "shapes", "model_path": None,
-                                 "resolution": "the model's default", "guidance_scale": None,
+                                 "resolution": 32, "guidance_scale": None,
                                  "mixed_precision": None, "dtype": "float32", "solver": "dpm++",
                                  "steps": 2, "preference_model": None}
     for name in ("count", "clip_score"):
@@ -396,6 +396,34 @@ def test_the_reward_server_names_a_misspelt_rewards_option(capsys):
             if ": error: " in x] == ["the following arguments are required: --rewards",
                                       "unrecognized arguments: --rewadrs; did you mean "
                                       "--rewards?"]
+
+
+@pytest.mark.parametrize("argv, lines", [
+    # said by the top parser, in its usage, the value with it: "python -m trainer: error:
+    # unrecognized arguments: --confg tiny", naming none of train's options
+    (["train", "--confg", "tiny", "--out", "x"], [
+        "python -m trainer train: error: unrecognized arguments: --confg; did you mean "
+        "--config?"]),
+    # one line each, beside the command's type errors; a stray word as argparse says it
+    (["sample", "--prompts", "p.txt", "--out", "o", "--stesp", "2", "--seeds", "0",
+      "--modle=flux"], [
+        "python -m trainer sample: error: argument --seeds: must be an integer >= 1, got '0'",
+        "python -m trainer sample: error: unrecognized arguments: --stesp; did you mean "
+        "--steps?",
+        "python -m trainer sample: error: unrecognized arguments: --modle; did you mean "
+        "--model?"]),
+    (["evaluate", "stray"], [
+        "python -m trainer evaluate: error: unrecognized arguments: stray"]),
+])
+def test_a_misspelt_option_is_said_by_its_command(argv, lines, capsys):
+    from trainer.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert err.startswith(f"usage: python -m trainer {argv[0]} "), err  # the command's usage
+    assert [x for x in err.splitlines() if "error:" in x] == lines
 
 
 @pytest.fixture
@@ -630,11 +658,28 @@ def test_evaluate_says_every_missing_input_at_once(tmp_path, capsys, monkeypatch
 
 def test_sample_says_every_bad_input_at_once(tmp_path, capsys):
     lines = cli_errors(["sample", "--model", "sd3", "--model-path", str(tmp_path / "sd3"),
-                        "--prompts", str(tmp_path / "p.txt"), "--batch-size", "0",
+                        "--prompts", str(tmp_path / "p.txt"),
                         "--out", str(tmp_path / "out"), "--device", "cpu"], capsys)
-    assert [line.split(":")[1].strip() for line in lines] == [
-        "--prompts", "--batch-size", "--model-path"], lines
+    assert [line.split(":")[1].strip() for line in lines] == ["--prompts", "--model-path"], lines
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["sample", "evaluate"])
+def test_a_batch_size_below_one_is_said_with_the_other_options_type_errors(command, tmp_path,
+                                                                          prompts_file, capsys):
+    """--batch-size -1 was the command's own check, said only once argparse's refusals (a
+    --steps 0 beside it) were fixed."""
+    from trainer.cli import main
+
+    out = tmp_path / "x"
+    extra = ["--prompts", str(prompts_file), "--out", str(out)] if command == "sample" else []
+    with pytest.raises(SystemExit) as exc:
+        main([command, *extra, "--steps", "0", "--batch-size", "-1", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and not out.exists()
+    assert [line.split(": error: ")[1] for line in err.splitlines() if ": error: " in line] == [
+        "argument --steps: must be an integer >= 1, got '0'",
+        "argument --batch-size: must be an integer >= 1, got '-1'"], err
 
 
 def test_a_bad_config_or_set_option_names_the_option(tmp_path, capsys):
@@ -903,3 +948,85 @@ def test_a_list_or_object_field_given_as_plain_text_says_to_write_json(tmp_path,
         "{\"count\": 1.0}, got 'count'" in lines, lines
     assert "error: config field 'iterations': must be a whole number, got 'x'" in lines, lines
     assert not out.exists()
+
+
+@pytest.fixture
+def mixed_prompts(tmp_path):
+    """A prompts file whose second prompt the shapes model cannot draw."""
+    path = tmp_path / "p.txt"
+    path.write_text("two red circles\nseven purple hexagons\n")
+    return path
+
+
+@pytest.mark.parametrize("model_option, said", [
+    (["--resolution", "64"], "--resolution"), (["--mixed-precision", "bf16"], "--mixed-precision"),
+    (["--model-path", "/nonexistent-flux"], "--model-path")])
+def test_evaluate_says_the_rewards_and_prompts_beside_a_refused_model_option(
+        model_option, said, mixed_prompts, tmp_path, capsys, monkeypatch):
+    """A refused option of the (default shapes) model hid every rewards and prompts problem:
+    they were judged only once the model's options passed."""
+    monkeypatch.setenv("REWARD_MODELS_DIR", str(tmp_path / "rewards"))
+    lines = cli_errors(["evaluate", "--rewards", "count,foo,hpsv2", "--seeds", "1",
+                        "--prompts-file", str(mixed_prompts), *model_option, "--device", "cpu",
+                        "--reward-model-path", f"pickscore={tmp_path / 'none'}",
+                        "--reward-model-path", "bad"], capsys)
+    assert [line.split(":")[1].strip() for line in lines] == [
+        said, "--rewards", "--reward-model-path", "--reward-model-path", "reward 'hpsv2'",
+        "--prompts-file"], lines
+    assert "unknown reward(s) ['foo']" in lines[1]
+    assert "'pickscore' is not among the rewards evaluated" in lines[2]
+    assert "must look like NAME=DIR, got 'bad'" in lines[3]
+    assert "'seven purple hexagons'" in lines[5]
+
+
+def test_evaluate_says_the_rewards_given_beside_a_missing_checkpoint(tmp_path, capsys):
+    """The checkpoint names the model: while it is missing, the rewards given are still
+    judged (the ones a model decides, and its prompts, wait for it)."""
+    missing = tmp_path / "iter-000005"
+    lines = cli_errors(["evaluate", "--checkpoint", str(missing), "--rewards", "count,foo",
+                        "--seeds", "1", "--device", "cpu"], capsys)
+    assert len(lines) == 2 and lines[0] == f"error: --checkpoint: {missing} does not exist"
+    assert lines[1].startswith("error: --rewards: unknown reward(s) ['foo']"), lines
+
+
+def test_sample_says_the_prompts_beside_a_refused_model_option(mixed_prompts, tmp_path,
+                                                                capsys):
+    out = tmp_path / "s3"
+    lines = cli_errors(["sample", "--prompts", str(mixed_prompts), "--out", str(out),
+                        "--seeds", "1", "--device", "cpu", "--resolution", "64"], capsys)
+    assert [line.split(":")[1].strip() for line in lines] == ["--resolution", "--prompts"]
+    assert "'seven purple hexagons'" in lines[1] and not out.exists()
+
+
+def test_train_says_missing_reward_weights_beside_bad_fields_or_out(mixed_prompts, tmp_path,
+                                                                    capsys, monkeypatch):
+    """The reward models' weights were judged once the config and --out were valid: a bad
+    field hid them (three runs for three problems)."""
+    monkeypatch.setenv("REWARD_MODELS_DIR", str(tmp_path / "rewards"))
+    out = tmp_path / "run"
+    weights = ["--set", 'reward_weights={"count": 1, "hpsv2": 1}']
+    lines = cli_errors(["train", "--config", "tiny", "--out", str(out), "--set", "sigma=5",
+                        *weights, "--prompts-file", str(mixed_prompts)], capsys)
+    assert [line.split(":")[1].strip() for line in lines] == [
+        "config field 'sigma'", "--prompts-file", "reward 'hpsv2'"], lines
+    assert not out.exists()
+    taken = tmp_path / "taken"
+    taken.write_text("a file\n")
+    lines = cli_errors(["train", "--config", "tiny", "--out", str(taken), *weights], capsys)
+    assert [line.split(":")[1].strip() for line in lines] == ["--out", "reward 'hpsv2'"], lines
+
+
+def test_train_base_says_the_width_out_and_device_at_once(tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "base"
+    out.mkdir()
+    (out / "base.safetensors").write_bytes(b"earlier")
+    lines = cli_errors(["train-base", "--out", str(out), "--width", "10", "--device", "cuda"],
+                       capsys)
+    assert lines == ["error: --width: must be a multiple of 4, got 10",
+                     f"error: --out: {out} holds an earlier train-base run (base.safetensors); "
+                     "give a new --out, or delete it to train there again",
+                     "error: --device: device 'cuda' requested but CUDA is not available"]
+    assert [p.name for p in out.iterdir()] == ["base.safetensors"]

@@ -109,6 +109,20 @@ def test_fit_preference_names_every_bad_field_and_line(tmp_path, capsys):
     assert "missing.png" in err and not out.exists()
 
 
+def test_fit_preference_says_a_bad_set_and_the_votes_files_lines_at_once(tmp_path, capsys):
+    """A bad --set hid every problem of the votes file: its lines were read only once the
+    fields passed."""
+    votes, storage, _ = _export(tmp_path, n=4)
+    votes.write_text(votes.read_text() + "not json\n")
+    out = tmp_path / "pref.safetensors"
+    assert main(["fit-preference", "--votes", str(votes), "--images", str(storage), "--out",
+                 str(out), "--device", "cpu", "--set", "epochs=0"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("error: config field 'epochs': "), lines
+    assert lines[1].startswith(f"error: --votes {votes}: ") and "line 5: not JSON" in lines[1]
+    assert not out.exists()
+
+
 def test_fit_preference_refuses_repeated_vote_ids(tmp_path, capsys):
     # two exports concatenated: every vote_id twice. Each copy falls on the same side of the
     # split by key, and a fit could be left with nothing to train on; the lines are named

@@ -161,6 +161,12 @@ class ShapesDiT(FlowModel):
         """Pixels are the latents: (3, 32, 32)."""
         return (self.config.channels, self.config.image_size, self.config.image_size)
 
+    @property
+    def resolution(self) -> int:
+        """The image side it draws, in pixels, as the diffusers models' `resolution` (what
+        evaluate's result records)."""
+        return self.config.image_size
+
     def encode_prompts(self, prompts: list[str]) -> torch.Tensor:
         return torch.from_numpy(tokenize(prompts)).to(self.patch_pos.device)  # (N, 3)
 
