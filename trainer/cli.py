@@ -84,18 +84,20 @@ MAX_SEEDS = 1000
 
 
 def _bounded_count(maximum: int, whose: str) -> Callable[[str], int]:
-    """An argparse type: an integer in [1, maximum], `whose` bound it is said to be."""
+    """An argparse type: an integer in [1, maximum]; `whose` says where the maximum comes
+    from."""
     def count(text: str) -> int:
         value = positive_int(text)
         if value > maximum:
-            raise argparse.ArgumentTypeError(f"must be an integer in [1, {maximum}] ({whose}), "
-                                             f"got {text!r}")
+            raise argparse.ArgumentTypeError(f"must be an integer in [1, {maximum}] "
+                                             f"({maximum}: {whose}), got {text!r}")
         return value
     return count
 
 
-solver_steps = _bounded_count(MAX_SOLVER_STEPS, "rollout_steps' bound")
-seed_count = _bounded_count(MAX_SEEDS, "the studio's evaluate job's bound")
+# only the upper bound is training's: a sample of one Euler step is fine (see above)
+solver_steps = _bounded_count(MAX_SOLVER_STEPS, "the most training's rollout_steps takes")
+seed_count = _bounded_count(MAX_SEEDS, "the most the studio's evaluate job takes")
 
 
 def non_negative_int(text: str) -> int:
@@ -1632,7 +1634,8 @@ class AllErrorsParser(argparse.ArgumentParser):
             if (not name.startswith("--") or name == "--"
                     or any(option.startswith(name) for option in known)):
                 continue
-            close = difflib.get_close_matches(name, known, n=1)
+            # a close cutoff: --promts finds --prompts, but --bogus no --host
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
             hint = f"; did you mean {close[0]}?" if close else ""
             lines.append(f"unrecognized arguments: {name}{hint}")
         return lines

@@ -414,6 +414,9 @@ def test_the_reward_server_names_a_misspelt_rewards_option(capsys):
         "--model?"]),
     (["evaluate", "stray"], [
         "python -m trainer evaluate: error: unrecognized arguments: stray"]),
+    # nothing near: no hint (a loose match offered --host for --bogus)
+    (["sample", "--prompts", "p.txt", "--out", "o", "--bogus"], [
+        "python -m trainer sample: error: unrecognized arguments: --bogus"]),
 ])
 def test_a_misspelt_option_is_said_by_its_command(argv, lines, capsys):
     from trainer.cli import main
