@@ -921,8 +921,10 @@ def test_cli_evaluates_flux_lora_checkpoints_in_batches(cli_flux_run, flux_dev, 
     assert batches == [min(4, preset_batch)]
 
     capsys.readouterr()
-    assert cli_main([*common, "--checkpoint", str(checkpoint), "--batch-size", "0"]) == 2
-    assert "error: --batch-size: " in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # argparse's, with the other options' types
+        cli_main([*common, "--checkpoint", str(checkpoint), "--batch-size", "0"])
+    assert refused.value.code == 2
+    assert "error: argument --batch-size: must be an integer >= 1" in capsys.readouterr().err
 
 
 def test_cli_sample_takes_a_batch_size(cli_flux_run, tmp_path, capsys, monkeypatch):
@@ -941,8 +943,10 @@ def test_cli_sample_takes_a_batch_size(cli_flux_run, tmp_path, capsys, monkeypat
     assert images["default"].shape == (4, SIZE, SIZE, 3)
     assert np.abs(images["two"].astype(int) - images["default"].astype(int)).max() <= 1
     capsys.readouterr()
-    assert cli_main([*common, "--batch-size", "0", "--out", str(tmp_path / "no")]) == 2
-    assert "error: --batch-size: " in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        cli_main([*common, "--batch-size", "0", "--out", str(tmp_path / "no")])
+    assert refused.value.code == 2
+    assert "error: argument --batch-size: must be an integer >= 1" in capsys.readouterr().err
     assert not (tmp_path / "no").exists()
 
 
