@@ -1614,31 +1614,47 @@ class AllErrorsParser(argparse.ArgumentParser):
             # itself, beside its other refusals: handed up, the top parser said it in its own
             # usage and name, the values with the options ("python -m trainer: error:
             # unrecognized arguments: --confg tiny"), with no nearest option of the command
-            self.refused += (self._unknown_options(extras)
-                             or [f"unrecognized arguments: {' '.join(extras)}"])
+            self.refused += self._unknown_options(extras)
         if self.refused:
             self.error(self.refused.pop())
         return parsed, extras
 
-    def _unknown_options(self, arguments: list[str] | None = None) -> list[str]:
-        """One line for each option among `arguments` (default: every argument given) that
-        this parser has no such option (nor one it abbreviates), with the nearest it has:
-        argparse says unknown options only after the parse, so a required option misspelt
-        (`--rewadrs count`) was said as missing alone."""
+    def _option_like(self, token: str) -> bool:
+        """Whether argparse takes `token` for an option, not a value: a dash first, no space
+        (`--prompts "--my prompts.txt"` is a value), no negative number."""
+        return (token.startswith("-") and token not in ("-", "--") and " " not in token
+                and not self._negative_number_matcher.match(token))
+
+    def _unknown_options(self, extras: list[str] | None = None) -> list[str]:
+        """The lines saying what this parser does not know, each with the nearest option it
+        has. From argparse's `extras` (every argument it left): one line per unknown option
+        with the values after it, and one for stray words before any. Without them, from the
+        arguments given (a parse that stopped at a missing required option, before argparse
+        said what it did not know, so `--rewadrs count` was said as missing alone): one line
+        per option that is no option of this parser nor one it abbreviates."""
         import difflib
 
         known = list(self._option_string_actions)
-        lines = []
-        for given in getattr(self, "_given", []) if arguments is None else arguments:
-            name = str(given).split("=", 1)[0]
-            if (not name.startswith("--") or name == "--"
-                    or any(option.startswith(name) for option in known)):
-                continue
+
+        def line(words: list[str]) -> str:
+            name = words[0].split("=", 1)[0]
             # a close cutoff: --promts finds --prompts, but --bogus no --host
-            close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+            close = (difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+                     if self._option_like(name) else [])
             hint = f"; did you mean {close[0]}?" if close else ""
-            lines.append(f"unrecognized arguments: {name}{hint}")
-        return lines
+            return f"unrecognized arguments: {' '.join(words)}{hint}"
+
+        if extras is not None:
+            groups: list[list[str]] = []
+            for token in map(str, extras):
+                if self._option_like(token) or not groups:
+                    groups.append([token])
+                else:
+                    groups[-1].append(token)
+            return [line(group) for group in groups]
+        return [line([name]) for name in (str(token).split("=", 1)[0]
+                                          for token in getattr(self, "_given", []))
+                if self._option_like(name) and not any(o.startswith(name) for o in known)]
 
     def error(self, message: str) -> NoReturn:
         lines, self.refused = [*self.refused, message], []

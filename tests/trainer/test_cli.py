@@ -372,6 +372,9 @@ def test_a_misspelt_command_is_one_error_line_with_the_nearest_command(capsys):
         "python -m trainer sample: error: the following arguments are required: --prompts",
         "python -m trainer sample: error: unrecognized arguments: --promts; did you mean "
         "--prompts?"]),
+    # a value with a space that starts with dashes is a value, as argparse takes it
+    (["sample", "--prompts", "--my prompts.txt"], [
+        "python -m trainer sample: error: the following arguments are required: --out"]),
     # an abbreviation argparse takes is no typo; one with no near option gets no hint
     (["sample", "--prom", "p.txt", "--zzz=1"], [
         "python -m trainer sample: error: the following arguments are required: --out",
@@ -402,21 +405,24 @@ def test_the_reward_server_names_a_misspelt_rewards_option(capsys):
     # said by the top parser, in its usage, the value with it: "python -m trainer: error:
     # unrecognized arguments: --confg tiny", naming none of train's options
     (["train", "--confg", "tiny", "--out", "x"], [
-        "python -m trainer train: error: unrecognized arguments: --confg; did you mean "
+        "python -m trainer train: error: unrecognized arguments: --confg tiny; did you mean "
         "--config?"]),
     # one line each, beside the command's type errors; a stray word as argparse says it
     (["sample", "--prompts", "p.txt", "--out", "o", "--stesp", "2", "--seeds", "0",
       "--modle=flux"], [
         "python -m trainer sample: error: argument --seeds: must be an integer >= 1, got '0'",
-        "python -m trainer sample: error: unrecognized arguments: --stesp; did you mean "
+        "python -m trainer sample: error: unrecognized arguments: --stesp 2; did you mean "
         "--steps?",
-        "python -m trainer sample: error: unrecognized arguments: --modle; did you mean "
-        "--model?"]),
+        "python -m trainer sample: error: unrecognized arguments: --modle=flux; did you "
+        "mean --model?"]),
     (["evaluate", "stray"], [
         "python -m trainer evaluate: error: unrecognized arguments: stray"]),
-    # nothing near: no hint (a loose match offered --host for --bogus)
-    (["sample", "--prompts", "p.txt", "--out", "o", "--bogus"], [
-        "python -m trainer sample: error: unrecognized arguments: --bogus"]),
+    # nothing near: no hint (a loose match offered --host for --bogus); a stray word and a
+    # one-dash option are said too, each on its line
+    (["sample", "--prompts", "p.txt", "stray", "--out", "o", "--bogus", "-x"], [
+        "python -m trainer sample: error: unrecognized arguments: stray",
+        "python -m trainer sample: error: unrecognized arguments: --bogus",
+        "python -m trainer sample: error: unrecognized arguments: -x"]),
 ])
 def test_a_misspelt_option_is_said_by_its_command(argv, lines, capsys):
     from trainer.cli import main

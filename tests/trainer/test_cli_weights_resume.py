@@ -172,6 +172,35 @@ def test_a_model_directory_whose_config_has_another_layer_count_is_refused(
     assert not out.exists()
 
 
+def test_a_layer_count_refusal_keeps_warnings_the_user_silenced_silent(
+        tiny_flux_path: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Under DIFFUSERS_VERBOSITY=error the refusal is the one thing said (diffusers' warning
+    it is read from stays off the terminal), and diffusers' logger is left as it was."""
+    import logging
+    import shutil
+
+    from diffusers.utils import logging as diffusers_logging
+
+    from trainer.models import ModelSpec, load_flow_model
+
+    model = tmp_path / "flux"
+    shutil.copytree(tiny_flux_path, model)
+    config = model / "transformer" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "num_layers": 2}))
+    logger = logging.getLogger("diffusers.models.modeling_utils")
+    verbosity = diffusers_logging.get_verbosity()
+    diffusers_logging.set_verbosity_error()
+    before = (logger.level, logger.propagate, list(logger.handlers))
+    try:
+        with pytest.raises(ValueError, match="would start random"):
+            load_flow_model(ModelSpec("flux", path=str(model), resolution=64), device="cpu")
+        after = (logger.level, logger.propagate, list(logger.handlers))
+    finally:
+        diffusers_logging.set_verbosity(verbosity)
+    assert "Some weights" not in capfd.readouterr().err
+    assert after == before
+
+
 def test_a_preference_model_that_is_no_preference_model_is_named(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     text = tmp_path / "text.txt"

@@ -30,6 +30,7 @@ import functools
 import logging
 import math
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,6 +95,9 @@ def _weights_config_mismatch(path: str | Path, exc: BaseException) -> ValueError
                       "weights)")
 
 
+_LOADING = threading.Lock()
+
+
 class _KeysOutsideConfig(logging.Handler):
     """Collects what diffusers only logs while a pipeline loads: tensors a model folder's
     config.json builds that its weights lack (diffusers starts them random: "newly
@@ -122,16 +126,23 @@ class _KeysOutsideConfig(logging.Handler):
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[_KeysOutsideConfig]:
+        """Listening while a pipeline loads; one load at a time in a process, so that what is
+        heard is this load's (diffusers' loads from two threads at once fail anyway)."""
         logger = logging.getLogger(self._LOGGER)
-        level = logger.level
-        # heard even where DIFFUSERS_VERBOSITY silences warnings
-        logger.setLevel(min(level or logging.WARNING, logging.WARNING))
-        logger.addHandler(self)
-        try:
-            yield self
-        finally:
-            logger.removeHandler(self)
-            logger.setLevel(level)
+        with _LOADING:
+            level, propagate = logger.level, logger.propagate
+            if not logger.isEnabledFor(logging.WARNING):
+                # DIFFUSERS_VERBOSITY=error: the warnings are made for this handler alone,
+                # kept from the user's terminal, as they asked
+                logger.setLevel(logging.WARNING)
+                logger.propagate = False
+            logger.addHandler(self)
+            try:
+                yield self
+            finally:
+                logger.removeHandler(self)
+                logger.setLevel(level)
+                logger.propagate = propagate
 
     def error(self, path: str | Path) -> ValueError | None:
         """The one-line error naming every such folder, or None where there is none."""
