@@ -366,6 +366,16 @@ def test_a_misspelt_command_is_one_error_line_with_the_nearest_command(capsys):
         "train, sample, evaluate, train-base, demo, fit-preference); did you mean 'train'?"]
 
 
+def _argparse_refusal(argv: list[str], capsys) -> str:
+    """What `main(argv)` writes to stderr as argparse refuses it (exit 2)."""
+    from trainer.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, lines", [
     # a required option misspelt was said as missing alone: the typo was never named
     (["sample", "--promts", "p.txt", "--seeds", "1", "--out", "o"], [
@@ -381,12 +391,7 @@ def test_a_misspelt_command_is_one_error_line_with_the_nearest_command(capsys):
         "python -m trainer sample: error: unrecognized arguments: --zzz"]),
 ])
 def test_a_misspelt_option_is_named_beside_the_required_one_it_leaves_out(argv, lines, capsys):
-    from trainer.cli import main
-
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    err = capsys.readouterr().err
-    assert exc.value.code == 2
+    err = _argparse_refusal(argv, capsys)
     assert [x for x in err.splitlines() if "error:" in x] == lines
 
 
@@ -425,12 +430,7 @@ def test_the_reward_server_names_a_misspelt_rewards_option(capsys):
         "python -m trainer sample: error: unrecognized arguments: -x"]),
 ])
 def test_a_misspelt_option_is_said_by_its_command(argv, lines, capsys):
-    from trainer.cli import main
-
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    err = capsys.readouterr().err
-    assert exc.value.code == 2
+    err = _argparse_refusal(argv, capsys)
     assert err.startswith(f"usage: python -m trainer {argv[0]} "), err  # the command's usage
     assert [x for x in err.splitlines() if "error:" in x] == lines
 

@@ -106,6 +106,31 @@ def test_a_diffusers_model_directory_given_as_a_checkpoint_says_where_it_goes(
     assert not out.exists()
 
 
+def _edited_copy(source: Path, model: Path, folder: str, key: str, value: int) -> Path:
+    """A copy of the model directory `source` at `model`, its `folder`'s config.json with
+    `key` set to `value` (the weights left as they were)."""
+    import shutil
+
+    shutil.copytree(source, model)
+    config = model / folder / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), key: value}))
+    return model
+
+
+def _sample_refusal(model: Path, name: str, tmp_path: Path,
+                    capsys: pytest.CaptureFixture[str]) -> tuple[str, Path]:
+    """`sample` of the model directory `model` refused (exit 2, no traceback): its last error
+    line and the --out it was given."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("one red circle\n")
+    out = tmp_path / "out"
+    code = main(["sample", "--model", name, "--model-path", str(model), "--resolution", "64",
+                 "--prompts", str(prompts), "--seeds", "1", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    return err.strip().splitlines()[-1], out
+
+
 @pytest.mark.parametrize("folder, key, value, gist", [
     # diffusers' ValueError named neither the directory nor the folder ("Cannot load  because")
     ("transformer", "num_layers", 2, "transformer_blocks.0.norm1_context.linear.bias expected "
@@ -118,22 +143,10 @@ def test_a_model_directory_whose_weights_do_not_match_its_config_is_one_line(
         capsys: pytest.CaptureFixture[str]) -> None:
     """A config.json edited to another size than its folder's weights: one error naming the
     directory, the folder and the loader's words, exit 2, nothing written."""
-    import shutil
-
-    model = tmp_path / "sd3"
-    shutil.copytree(sd3, model)
-    config = model / folder / "config.json"
-    config.write_text(json.dumps({**json.loads(config.read_text()), key: value}))
-    prompts = tmp_path / "p.txt"
-    prompts.write_text("one red circle\n")
-    out = tmp_path / "out"
-    code = main(["sample", "--model", "sd3", "--model-path", str(model), "--resolution", "64",
-                 "--prompts", str(prompts), "--seeds", "1", "--out", str(out)])
-    err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err, err
-    line = err.strip().splitlines()[-1]
+    model = _edited_copy(sd3, tmp_path / "sd3", folder, key, value)
+    line, out = _sample_refusal(model, "sd3", tmp_path, capsys)
     assert line.startswith(f"error: model directory {model}: the weights in {folder}/ do not "
-                           f"match {folder}/config.json ("), err
+                           f"match {folder}/config.json ("), line
     assert gist in line and "restore the folder's config.json and weights" in line, line
     assert not out.exists()
 
@@ -152,20 +165,8 @@ def test_a_model_directory_whose_config_has_another_layer_count_is_refused(
     """A config.json edited to another layer count than its weights (no tensor of another
     shape, so no loader error): the load is refused in one line naming the directory, the
     folder and what would have been random or dropped, nothing written."""
-    import shutil
-
-    model = tmp_path / "flux"
-    shutil.copytree(tiny_flux_path, model)
-    config = model / "transformer" / "config.json"
-    config.write_text(json.dumps({**json.loads(config.read_text()), key: value}))
-    prompts = tmp_path / "p.txt"
-    prompts.write_text("one red circle\n")
-    out = tmp_path / "out"
-    code = main(["sample", "--model", "flux", "--model-path", str(model), "--resolution", "64",
-                 "--prompts", str(prompts), "--seeds", "1", "--out", str(out)])
-    err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err, err
-    line = err.strip().splitlines()[-1]
+    model = _edited_copy(tiny_flux_path, tmp_path / "flux", "transformer", key, value)
+    line, out = _sample_refusal(model, "flux", tmp_path, capsys)
     assert line.startswith(f"error: model directory {model}: the weights in transformer/ do "
                            "not match transformer/config.json ("), line
     assert said in line and "restore the folder's config.json and weights" in line, line
@@ -177,16 +178,12 @@ def test_a_layer_count_refusal_keeps_warnings_the_user_silenced_silent(
     """Under DIFFUSERS_VERBOSITY=error the refusal is the one thing said (diffusers' warning
     it is read from stays off the terminal), and diffusers' logger is left as it was."""
     import logging
-    import shutil
 
     from diffusers.utils import logging as diffusers_logging
 
     from trainer.models import ModelSpec, load_flow_model
 
-    model = tmp_path / "flux"
-    shutil.copytree(tiny_flux_path, model)
-    config = model / "transformer" / "config.json"
-    config.write_text(json.dumps({**json.loads(config.read_text()), "num_layers": 2}))
+    model = _edited_copy(tiny_flux_path, tmp_path / "flux", "transformer", "num_layers", 2)
     logger = logging.getLogger("diffusers.models.modeling_utils")
     verbosity = diffusers_logging.get_verbosity()
     diffusers_logging.set_verbosity_error()
