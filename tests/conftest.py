@@ -156,8 +156,47 @@ SLOW = {
 SLOW_PARAMS = {"tests/trainer/test_real_models.py": {"flux_schnell", "sd35"}}
 
 
-def _listed(table: set[str], path: str, name: str) -> bool:
+# The longest tests of `make test` (seconds, each parametrization, measured with --durations in
+# its three pytest-xdist processes on the 2-core box, 2026-12-07): started first, so that they
+# run beside the many short ones instead of after them. In the order pytest collects them they
+# came last, and the suite's final 8 of its 31 minutes ran one test on one core.
+LONGEST = {
+    "tests/trainer/test_hitl_benchmarks.py::"
+    "test_the_default_learner_reaches_the_accuracy_target_from_1000_noisy_votes": 457,
+    "tests/worker/test_worker_hitl.py::test_votes_fit_active_selection_and_blended_training": 434,
+    "tests/trainer/test_real_models.py::test_compiled_blocks_match_eager_and_train": 233,
+    "tests/trainer/test_shapes_benchmark.py::"
+    "test_the_shapes_benchmark_runs_every_method_from_one_base_and_counts_their_passes": 206,
+    "tests/trainer/test_training.py::"
+    "test_short_cpu_run_raises_reward_while_shuffled_control_does_not": 109,
+    "tests/trainer/test_flux_ddp_scaling_benchmark.py::"
+    "test_full_fine_tuning_sharded_and_compiled_trains_like_eager": 108,
+    "tests/trainer/test_hitl_benchmarks.py::test_overoptimisation_probe_runs_and_reports_the_kl": 90,
+    "tests/trainer/test_cli.py::test_evaluate_reports_accuracy_on_48x20": 90,
+    "tests/trainer/test_preference.py::test_default_fit_learns_a_left_right_preference": 83,
+    "tests/worker/test_worker_serve.py::test_serve_starts_everything_and_ctrl_c_stops_it": 77,
+    "tests/trainer/test_preference.py::test_fit_learns_an_unknown_preference_and_round_trips": 74,
+    "tests/trainer/test_solvers.py::"
+    "test_dpm_solver_8_steps_is_closer_to_the_reference_than_euler_8": 67,
+}
+
+
+def _listed(table: set[str] | dict[str, int], path: str, name: str) -> bool:
     return f"{path}::{name}" in table or f"{path}::*" in table
+
+
+def _longest_first(items: list, root: Path) -> None:
+    """Moves LONGEST's tests to the front, longest first: `make test`'s `--dist load` deals the
+    front of the list out one test per process in turn."""
+    def seconds(item) -> int:
+        try:
+            path = item.path.resolve().relative_to(root).as_posix()
+        except ValueError:
+            return 0
+        name = getattr(item, "originalname", None) or item.name.split("[", 1)[0]
+        return LONGEST.get(f"{path}::{name}", 0)
+
+    items.sort(key=lambda item: -seconds(item))  # stable: the rest keep their order
 
 
 def pytest_collection_modifyitems(config, items):
@@ -184,6 +223,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.subprocess)
         if _listed(SLOW, path, name) or SLOW_PARAMS.get(path, set()) & set(values):
             item.add_marker(pytest.mark.slow)
+    if hasattr(config, "workerinput"):  # a pytest-xdist process (`make check` selects none)
+        _longest_first(items, root)
 
 
 def pytest_configure(config):
