@@ -67,7 +67,8 @@ worker: $(STAMP)
 # browser tests in one process, with nothing else loading the box: they wait on a served page,
 # and beside three busy processes a vote's round trip outlasted their minute (2026-12-07).
 # Both always run; it fails if either failed. In one process the suite took 34-88 minutes on
-# this 2-core box (CI's limit is 90); in three, 31 (2026-12-07, README).
+# this 2-core box (CI's limit is 90); in three processes 28, then the browser tests 5 (2026-12-07,
+# README).
 TEST_WORKERS ?= 3
 test: setup $(REWARDS_STAMP)
 	$(BIN)/ruff check .
