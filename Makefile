@@ -65,7 +65,8 @@ worker: $(STAMP)
 # In two runs: everything but the browser tests in TEST_WORKERS pytest-xdist processes (one
 # torch thread each, as `make check`; the longest tests first, tests/conftest.py), then the
 # browser tests in one process, with nothing else loading the box: they wait on a served page,
-# and beside three busy processes a vote's round trip outlasted their minute (2026-12-07).
+# and beside three busy processes the arena's double-click test waited out its minute for the
+# vote's count (2026-12-07).
 # Both always run; it fails if either failed. In one process the suite took 34-88 minutes on
 # this 2-core box (CI's limit is 90); in three processes 28, then the browser tests 5 (2026-12-07,
 # README).
