@@ -174,7 +174,10 @@ def poll(user_state: dict | None, arena: dict | None):
     while the session kept the other's state, and every vote on it was then taken for a
     repeat of an old one: the arena ignored every key until a reload."""
     if not (arena and arena.get("session_id")):
-        return gr.skip(), gr.skip(), gr.skip(), arena, gr.skip()
+        # the state is left as it is, not written back: this event read it before the login's
+        # `load` set it up, and on a loaded server its None landed after `load`'s arena and
+        # dropped it (the page kept `load`'s pair; the first vote on it was lost)
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
     if arena.get("current") is not None:
         return gr.skip(), gr.skip(), _current_totals(user_state, arena), arena, _poll(arena)
     pair, _, counters, state, timer = load(user_state, arena)
@@ -191,16 +194,20 @@ def vote(outcome: str, meta: str, user_state: dict | None, arena: dict | None):
             raise BadRequest(f"unknown outcome {outcome!r}")
         info = json.loads(meta or "{}")
     except Exception as exc:  # noqa: BLE001 - shown to the user
-        yield gr.skip(), notice(error_text(exc), "error"), gr.skip(), arena, gr.skip()
+        yield gr.skip(), notice(error_text(exc), "error"), gr.skip(), gr.skip(), gr.skip()
         return
     # a session of someone else (a vote racing a login as another user) holds no pair of
     # this user's: a fresh one, which looks for a pair below instead of recording a vote
     state = arena_for(user.id, arena)
     cur = state.get("current")
     if cur is None:
-        # nothing on screen to judge ("No pairs left"): look again, new rollouts may be in
+        # nothing on screen to judge ("No pairs left"): look again, new rollouts may be in.
+        # A page that showed a pair (a nonce) the session does not hold (its arena was set
+        # up again since) is told that its vote did not count, as for a replaced pair
         pair, _, counters, state, timer = load(user_state, state)
-        yield pair, gr.skip(), counters, state, timer
+        said = (notice(STALE_PAIR, "error")
+                if info.get("nonce") and state and state.get("current") else gr.skip())
+        yield pair, said, counters, state, timer
         return
     if info.get("nonce") != cur["nonce"]:
         if info.get("shown", cur["nonce"]) == cur["nonce"]:
@@ -271,7 +278,7 @@ def dispatch(meta: str, user_state: dict | None, arena: dict | None):
     if outcome is None:
         # a deferred trigger whose click the event before it already took (two clicks in
         # one tick): nothing to record
-        yield gr.skip(), gr.skip(), gr.skip(), arena, gr.skip()
+        yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
         return
     yield from vote(outcome, meta, user_state, arena)
 

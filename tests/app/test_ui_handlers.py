@@ -357,15 +357,48 @@ def test_demo_queues_arena_rollouts_before_the_training_job(settings, enqueuer):
 def test_opening_the_arena_tab_before_the_login_sets_it_up_draws_no_pair(settings, annotator,
                                                                           make_group):
     """The login's selection of the arena tab fires `poll` beside the login's `load`: only
-    `load` sets the arena up, so the page and the session cannot end up holding two pairs."""
+    `load` sets the arena up, so the page and the session cannot end up holding two pairs.
+    And `poll` leaves the state alone (a skip, which Gradio does not store): its None, landing
+    after `load`'s arena on a loaded server, dropped the arena and lost the first vote."""
     from app.ui import arena
 
     make_group(g=4)
     user = _token(annotator)
     pair, _, _, state, _ = arena.poll(user, None)
-    assert state is None and not isinstance(pair, str)  # skipped: no pair drawn
+    assert not isinstance(pair, str)  # skipped: no pair drawn
+    assert state == {"__type__": "update"}, state  # gr.skip(): not written back
     state = arena.load(user, None)[3]
     assert state["current"] is not None
+
+
+def test_a_vote_from_a_page_showing_a_pair_the_session_lost_says_it_did_not_count(
+        settings, annotator, make_group):
+    """The page shows a pair but the session holds none (its arena state was dropped or set up
+    again): the vote is not recorded and the notice says so, instead of a new pair appearing
+    as if the vote had counted; the pair then shown takes the next vote."""
+    import json
+
+    from app.db import session_scope
+    from app.services import votes
+    from app.ui import arena
+
+    make_group(g=4)
+    user = _token(annotator)
+    meta = json.dumps({"client_vote_id": "v1", "nonce": "shown", "shown": "shown",
+                       "outcome": "a"})
+    steps = list(arena.dispatch(meta, user, None))
+    assert len(steps) == 1
+    pair, said, _, state, _ = steps[0]
+    assert arena.STALE_PAIR in said.replace("&#x27;", "'"), said
+    held = state["current"]["nonce"]
+    assert f'data-nonce="{held}"' in pair
+    with session_scope() as s:
+        assert votes.count_votes(s) == 0
+    meta = json.dumps({"client_vote_id": "v2", "nonce": held, "shown": held, "outcome": "a"})
+    steps = list(arena.dispatch(meta, user, state))
+    assert steps[-1][3]["session_votes"] == 1
+    with session_scope() as s:
+        assert votes.count_votes(s) == 1
 
 
 def test_a_vote_on_a_pair_the_session_does_not_hold_shows_the_one_it_holds(settings, annotator,
