@@ -181,32 +181,20 @@ LONGEST = {
 }
 
 
-def _listed(table: set[str] | dict[str, int], path: str, name: str) -> bool:
+def _listed(table: set[str], path: str, name: str) -> bool:
     return f"{path}::{name}" in table or f"{path}::*" in table
-
-
-def _longest_first(items: list, root: Path) -> None:
-    """Moves LONGEST's tests to the front, longest first: `make test`'s `--dist load` deals the
-    front of the list out one test per process in turn."""
-    def seconds(item) -> int:
-        try:
-            path = item.path.resolve().relative_to(root).as_posix()
-        except ValueError:
-            return 0
-        name = getattr(item, "originalname", None) or item.name.split("[", 1)[0]
-        return LONGEST.get(f"{path}::{name}", 0)
-
-    items.sort(key=lambda item: -seconds(item))  # stable: the rest keep their order
 
 
 def pytest_collection_modifyitems(config, items):
     root = Path(__file__).resolve().parent.parent
+    seconds: dict[str, int] = {}  # LONGEST's figure of each item listed there, by nodeid
     for item in items:
         try:
             path = item.path.resolve().relative_to(root).as_posix()
         except ValueError:
             continue
         name = getattr(item, "originalname", None) or item.name.split("[", 1)[0]
+        seconds[item.nodeid] = LONGEST.get(f"{path}::{name}", 0)
         params = getattr(item, "callspec", None)
         values = [str(v) for v in params.params.values()] if params else []
         backend = " ".join(v for v in values if v.startswith(("sqlite", "postgres")))
@@ -224,7 +212,9 @@ def pytest_collection_modifyitems(config, items):
         if _listed(SLOW, path, name) or SLOW_PARAMS.get(path, set()) & set(values):
             item.add_marker(pytest.mark.slow)
     if hasattr(config, "workerinput"):  # a pytest-xdist process (`make check` selects none)
-        _longest_first(items, root)
+        # LONGEST's tests first, longest first: `make test`'s `--dist load` deals the front of
+        # the list out one test per process in turn (a stable sort: the rest keep their order)
+        items.sort(key=lambda item: -seconds.get(item.nodeid, 0))
 
 
 def pytest_configure(config):
