@@ -28,3 +28,7 @@ MAX_CONFIG_PROMPTS = 10_000
 # checkpoints one evaluate job samples (its include_base's base among them): each is a model
 # load and a full pass over the prompts and seeds
 EVALUATE_MAX_CHECKPOINTS = 64
+# how deeply a job config's values may nest (a field is a value, a list or an object of values:
+# 1; deeper is refused by the field's type): a train config nested 500 deep overflowed Python's
+# stack in the copy TrainConfig makes (a 500)
+MAX_CONFIG_DEPTH = 16

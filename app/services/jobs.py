@@ -43,10 +43,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.config import get_settings
+from app.db import write_lock
 from app.errors import Conflict, Invalid, NotFound, Unavailable
 from app.job_kinds import KIND_NAMES, KINDS
 from app.json_values import lone_surrogate
-from app.limits import EVALUATE_MAX_CHECKPOINTS, MAX_CONFIG_PROMPTS, MAX_ID
+from app.limits import EVALUATE_MAX_CHECKPOINTS, MAX_CONFIG_DEPTH, MAX_CONFIG_PROMPTS, MAX_ID
 from app.models import (
     FINISHED_JOB_STATUSES,
     ROLES,
@@ -61,7 +62,7 @@ from app.models import (
 from app.queue import broker_unreachable
 from app.schemas import validation_message
 from app.services import auth, checkpoints, storage, workers
-from app.services.datasets import normalise, prompt_texts
+from app.services.datasets import nesting_depth, normalise, prompt_texts
 from trainer.config import prompt_text_problem, resolution_problem
 from trainer.shapes.world import shapes_prompt_problem
 
@@ -96,6 +97,17 @@ def _train_config(config: dict[str, Any], preset: str | None, top: Problems,
     except ConfigErrors as exc:
         problems.extend((e.field, e.message) for e in exc.errors)
     return {**TrainConfig().to_dict(), **base, **config}  # the server's own checks still run
+
+
+def _shallow_fields(config: dict[str, Any], problems: Problems) -> dict[str, Any]:
+    """`config` without the fields whose values nest deeper than MAX_CONFIG_DEPTH, each named
+    in `problems`: the checks after this one (a train config's copy, the path and name
+    checks) recurse into values, and a value 500 levels deep overflowed Python's stack."""
+    deep = [key for key, value in config.items()
+            if nesting_depth(value, MAX_CONFIG_DEPTH) > MAX_CONFIG_DEPTH]
+    problems.extend((key, f"nests more than {MAX_CONFIG_DEPTH} levels deep (a config field is a "
+                          "value, a list or an object of values)") for key in deep)
+    return {key: value for key, value in config.items() if key not in deep}
 
 
 def _kind_config(kind: str, config: dict[str, Any], problems: Problems) -> dict[str, Any]:
@@ -190,14 +202,20 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
             problems.append(("reward_names", problem))
     # with a reward server (any kind that scores) the server holds the weights: the worker
     # asks it at the job's start (it may be down now; submission does not call it)
+    paths = out.get("reward_model_paths") or {}
+    if not paths and isinstance(given_paths := config.get("reward_model_paths"), dict):
+        from trainer.rewards.models import MODEL_REWARDS
+
+        # TrainConfig marks the whole field malformed for one unknown key: the paths of the
+        # rewards it does know are judged in the same answer (they were said only once the
+        # unknown key was taken out)
+        paths = {name: path for name, path in given_paths.items() if name in MODEL_REWARDS}
     if config.get("reward_server_url"):
         pass
     elif kind == "train":
-        problems.extend(reward_model_problems(out.get("reward_weights") or {},
-                                              out.get("reward_model_paths") or {}))
+        problems.extend(reward_model_problems(out.get("reward_weights") or {}, paths))
     else:
         # an evaluate job may place a model-backed reward's weights (reward_model_paths)
-        paths = out.get("reward_model_paths") or {}
         problems.extend(reward_model_path_key_problems(paths))
         problems.extend((field if field == "reward_model_paths" else "reward_names", message)
                         for field, message in reward_model_problems(
@@ -787,6 +805,7 @@ def validate_config(session: Session, kind: str, config: dict[str, Any] | None,
             # the request's dataset is the one the kind samples when its config names none
             config["dataset_id"] = dataset_id
     problems: Problems = []  # the config's
+    config = _shallow_fields(config, problems)
     if _takes_field(kind, "prompts"):
         normalise_config_prompts(config)
     # text no database holds, in any field's value (prompts: their own rule says so)
@@ -1170,6 +1189,9 @@ def resumed_config(job: Job, changes: dict[str, Any],
         "cannot change on resume (what the run computes stays as it started); " + can
         if name in fields else f"unknown field; {can}")}
         for name in changes if name not in RESUME_FIELDS]
+    deep: Problems = []
+    changes = _shallow_fields(changes, deep)
+    errors += [{"field": f"config.{name}", "message": message} for name, message in deep]
     # the fields that may change are judged too, in the same answer: a bad value beside a
     # field that may not change was found only once that one was taken out
     allowed = {name: value for name, value in changes.items() if name in RESUME_FIELDS}
@@ -1201,7 +1223,14 @@ def resume_job(session: Session, job_id: int, changes: dict[str, Any] | None = N
     checked again as at submission: what it names (a dataset, a checkpoint, a file) may have
     gone since, and the worker would fail on it (Conflict naming every problem). `changes`:
     RESUME_FIELDS to set first (`resumed_config`)."""
-    job = get_job(session, job_id)
+    # resumes sent at once take turns, the later ones finding the job queued (SQLite has no
+    # row locks: six at once all passed the check below, answered 200 with their own config,
+    # and the last to commit won)
+    write_lock(session, Job, job_id)
+    job = _locked_job(session, job_id)
+    if job.status == JobStatus.QUEUED and not job.cancel_requested:
+        raise Conflict(f"job {job_id} was resumed by another request meanwhile: it is queued",
+                       field="job_id")
     if job.status not in (JobStatus.FAILED, JobStatus.CANCELLED):
         raise Conflict(f"job {job_id} cannot resume: its status is {job.status} (only failed, "
                        "cancelled or queued jobs resume)", field="job_id")

@@ -1006,3 +1006,86 @@ def test_fsdp_prompts_are_checked_against_the_train_nproc_live_workers_report(cl
     from app.models import WorkerRow
 
     assert session.get(WorkerRow, "reporting").train_nproc == get_settings().train_nproc
+
+
+def test_a_config_value_nested_hundreds_deep_is_a_422_naming_its_field(client, admin, session,
+                                                                       enqueuer):
+    # 500 levels parse, then overflowed Python's stack in the train config's copy: a 500
+    deep = _nested_list(500)
+    before = _job_count(session)
+    for kind in ("train", "evaluate"):
+        r = _post(client, admin, kind, {"prompts": deep, "learning_rate": -1})
+        assert r.status_code == 422, r.text
+        assert "prompts" in _fields(r) and "nests more than 16 levels deep" in \
+            _errors(r)["prompts"], r.text
+    assert "learning_rate" in _fields(r := _post(client, admin, "train",
+                                                 {"prompts": deep, "learning_rate": -1})), r.text
+    assert _job_count(session) == before
+    job_id = _post(client, admin, "train", {"device": "cpu"}, preset="tiny").json()["id"]
+    assert client.post(f"/api/jobs/{job_id}/cancel", headers=admin).status_code == 200
+    r = client.post(f"/api/jobs/{job_id}/resume", headers=admin,
+                    json={"config": {"reward_model_paths": deep, "train_batch_size": -1}})
+    assert r.status_code == 422, r.text
+    assert set(_fields(r)) == {"config.reward_model_paths", "config.train_batch_size"}, r.text
+
+
+def _nested_list(depth: int) -> list:
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def test_an_unknown_reward_model_key_leaves_the_known_keys_paths_judged(client, admin, enqueuer):
+    # the unknown key marked the whole field malformed, and '/etc' went unsaid until it was
+    # taken out
+    r = _post(client, admin, "train", {"reward_model_paths": {"hpsv2": "/etc", "nope": "x"}})
+    assert r.status_code == 422, r.text
+    messages = [e["message"] for e in r.json()["errors"] if e["field"] == "reward_model_paths"]
+    assert any("'nope' is not a model-backed reward" in m for m in messages), messages
+    assert any("'/etc' is not a directory under REWARD_MODELS_DIR" in m for m in messages), \
+        messages
+
+
+def test_resumes_sent_at_once_resume_the_job_once(client, admin, enqueuer, monkeypatch):
+    import contextlib
+    import threading
+
+    from app.db import session_scope
+    from app.errors import Conflict
+    from app.services import jobs
+
+    job_id = _post(client, admin, "train", {"device": "cpu"}, preset="tiny").json()["id"]
+    assert client.post(f"/api/jobs/{job_id}/cancel", headers=admin).status_code == 200
+    # each resume waits after its checks until the other has made its own (they passed them
+    # both, then both wrote; when the second is held back, the first's wait times out)
+    both_checked = threading.Barrier(2)
+    still_valid = jobs.check_still_valid
+
+    def check_then_meet(session, job):
+        still_valid(session, job)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            both_checked.wait(timeout=3)
+
+    monkeypatch.setattr(jobs, "check_still_valid", check_then_meet)
+    answers: dict[int, object] = {}
+
+    def resume(size: int) -> None:
+        try:  # as the route: a refusal rolls back what its session wrote
+            with session_scope() as s:
+                job = jobs.relaunch_job(s, enqueuer, job_id, {"train_batch_size": size})
+                answers[size] = job.config["train_batch_size"]
+        except Conflict as exc:
+            answers[size] = exc
+
+    threads = [threading.Thread(target=resume, args=(size,)) for size in (1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    resumed = [size for size, answer in answers.items() if answer == size]
+    refused = [answer for answer in answers.values() if isinstance(answer, Conflict)]
+    assert len(resumed) == 1 and len(refused) == 1, answers
+    job = client.get(f"/api/jobs/{job_id}", headers=admin).json()
+    assert (job["status"], job["config"]["train_batch_size"]) == ("queued", resumed[0])
+    assert enqueuer.calls.count((job_id, "train")) == 2  # at submission and the one resume
