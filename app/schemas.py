@@ -15,6 +15,7 @@ from app.errors import Invalid
 from app.job_kinds import KindName
 from app.limits import CLIENT_VOTE_ID_PATTERN, MAX_ID, SELECTION_LENGTH
 from app.models import JobStatus
+from trainer.config import decimal_point_message
 from trainer.rewards.outcomes import OUTCOMES
 
 T = TypeVar("T")
@@ -194,6 +195,8 @@ def validation_message(err: Mapping[str, Any]) -> str:
             err.get("type") in (*_COMPARISONS, "int_type") and isinstance(value, float)
             and not math.isfinite(value)):
         return "must be a finite number"
+    if err.get("type") == "int_type" and isinstance(value, float) and value.is_integer():
+        return decimal_point_message(value)
     message = str(err.get("msg", "invalid value"))
     return message.removeprefix("Value error, ")
 

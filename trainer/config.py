@@ -502,6 +502,12 @@ _TYPE_TEXT = {"int": "a whole number", "float": "a number", "str": "a string",
               "bool": "true or false", "list": "a JSON array", "dict": "a JSON object"}
 
 
+def decimal_point_message(value: float) -> str:
+    """What a whole number written with a decimal point (`5.0` for an integer field) is told:
+    "must be a whole number, got 5.0" read as a contradiction."""
+    return f"must be a whole number written without a decimal point ({int(value)}, not {value!r})"
+
+
 def _type_text(field: dataclasses.Field) -> str:
     """What `field` takes, with an example of a list or an object in JSON (its default when
     that is not empty)."""
@@ -548,6 +554,9 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
                         "list": list, "dict": dict}[str(f.type)]
             if isinstance(value, bool) and str(f.type) in ("int", "float"):
                 out.append(ConfigError(f.name, f"must be a number, got {value!r}"))
+            elif (str(f.type) == "int" and isinstance(value, float) and math.isfinite(value)
+                  and value.is_integer()):
+                out.append(ConfigError(f.name, decimal_point_message(value)))
             elif not isinstance(value, expected):
                 out.append(ConfigError(f.name, f"must be {_type_text(f)}, got {value!r}"))
             elif isinstance(value, float) and not math.isfinite(value):

@@ -1089,3 +1089,17 @@ def test_resumes_sent_at_once_resume_the_job_once(client, admin, enqueuer, monke
     job = client.get(f"/api/jobs/{job_id}", headers=admin).json()
     assert (job["status"], job["config"]["train_batch_size"]) == ("queued", resumed[0])
     assert enqueuer.calls.count((job_id, "train")) == 2  # at submission and the one resume
+
+
+def test_a_whole_number_written_with_a_decimal_point_is_told_how_to_write_it(client, admin,
+                                                                             enqueuer):
+    # "must be a whole number, got 5.0" read as a contradiction
+    r = _post(client, admin, "train", {"iterations": 5.0, "group_size": 2.5})
+    assert r.status_code == 422, r.text
+    errors = _errors(r)
+    assert errors["iterations"] == "must be a whole number written without a decimal point " \
+                                   "(5, not 5.0)", errors
+    assert errors["group_size"].startswith("must be a whole number, got 2.5"), errors
+    r = _post(client, admin, "evaluate", {"checkpoint_ids": [1, 2], "seeds": [3.0]})
+    assert _errors(r)["seeds"] == "0: must be a whole number written without a decimal " \
+                                  "point (3, not 3.0)", r.text
