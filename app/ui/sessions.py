@@ -8,8 +8,12 @@ log, a shared screen) could join the queue under it and run any handler as them.
 in session is bound to the credential its browser holds, the HttpOnly session cookie set at
 login: `UiSessionGuard` refuses a request naming a logged-in session unless it carries a
 token (that cookie, or an Authorization header) of the same user. Sessions no one is logged
-into (the login box's own events) pass, as do sessions whose login no longer authenticates
-(revoked or expired: their handlers answer with that, and there is nothing to take over).
+into (the login box's own events) pass. A session whose login no longer authenticates (Log
+out in another tab revoked the session token a restored page rests on; an admin revoked the
+user) is refused, with the answer that reloads its page to the login box
+(`SESSION_NOT_THIS_BROWSERS`), and its first refused event unbinds it: there is nothing to take
+over, and a page that may not reload again yet goes on as the login box's, its handlers saying
+the login ended.
 
 The table lives in this process's memory, as Gradio's session states do.
 """
@@ -106,9 +110,17 @@ def _may_act_for_all(sessions: list[str], scope: Scope) -> bool:
     caller: Any = _UNREAD
     for session_hash in dict.fromkeys(sessions):
         login = login_of(session_hash)
-        owner = authenticated(login) if login is not None else None
-        if owner is None:  # no login, or one revoked or expired: nothing to take over
+        if login is None:  # no login: the login box's own events
             continue
+        owner = authenticated(login)
+        if owner is None:
+            # its login ended under the page: passed on, each handler said "invalid or
+            # revoked token" beside a header still saying "Logged in as", vote after vote.
+            # Unbound by the refused event (the page script reloads on that one), not by its
+            # heartbeat or stream, which the script does not hear
+            if scope.get("path", "").endswith("/queue/join"):
+                forget_login(session_hash)
+            return False
         if caller is _UNREAD:
             caller = authenticated(request_token(scope))
         if caller is None or caller.id != owner.id:

@@ -217,9 +217,13 @@ def served(settings, monkeypatch):
     from fastapi.testclient import TestClient
 
     from app.config import get_settings
+    from app.ui import sessions
 
     monkeypatch.setenv("MAX_UPLOAD_BYTES", "2000")
     get_settings.cache_clear()
+    # the process's session bindings: a test's "tab-a" bound to a token of an earlier test's
+    # database is a login that has ended here
+    monkeypatch.setattr(sessions, "_logins", {})
     app, blocks = _mounted_blocks(get_settings())
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client, blocks
@@ -385,6 +389,35 @@ def test_a_logged_in_ui_session_acts_only_for_its_own_browser(served, admin, ann
     assert login_of("victim") is None
     assert client.get("/api/media/x.png", headers=cookie).status_code == 401
     assert _join(client, logout_fn, [], "victim").status_code == 200
+
+
+def test_a_page_restored_from_a_login_that_ended_is_sent_to_reload(served, admin):
+    """Log out in one tab revokes the session token the browser's other tabs were restored
+    from (the cookie's). Their events went on to the handlers, each saying "invalid or revoked
+    token" under a header still saying "Logged in as", vote after vote: now the first is
+    refused with the answer the page script reloads on (to the login box), and the binding
+    goes with it, so that a page that may not reload again yet still runs its events."""
+    client, blocks = served
+    from app.ui.sessions import SESSION_NOT_THIS_BROWSERS, login_of, remember_login
+
+    fns = {fn.name: fn._id for fn in blocks.fns.values()}
+    cookie_token = client.post("/api/auth/session", headers=admin).cookies["ngs_session"]
+    cookie = {"Cookie": f"ngs_session={cookie_token}"}
+    client.cookies.clear()
+    # the second tab: its page load restores the login from the cookie
+    assert _join(client, fns["restore"], [None], "tab2", cookie).status_code == 200
+    assert _completed(client, "tab2", cookie)["success"] is True
+    assert login_of("tab2") == cookie_token
+    # the first tab logs out: the cookie's session token is revoked
+    assert client.delete("/api/auth/session", headers=cookie).status_code == 204
+    r = _join(client, fns["logout"], [], "tab2", cookie)
+    assert r.status_code == 401 and r.json()["detail"] == SESSION_NOT_THIS_BROWSERS, r.text
+    assert login_of("tab2") is None
+    assert _join(client, fns["logout"], [], "tab2", cookie).status_code == 200
+    # a heartbeat, which the page script does not hear, is refused without unbinding
+    remember_login("tab3", cookie_token)
+    assert client.get("/ui/gradio_api/heartbeat/tab3", headers=cookie).status_code == 401
+    assert login_of("tab3") == cookie_token
 
 
 def test_the_access_log_hides_ui_session_ids_in_paths_and_queries():

@@ -120,3 +120,28 @@ def test_a_reload_that_restores_the_browsers_new_login_forgets_the_ended_one(ser
     page.locator("#login-button").wait_for()
     time.sleep(1)
     assert page.locator("#login-ended").count() == 0
+
+
+def test_a_tab_restored_from_the_cookie_reloads_when_another_tab_logs_out(server, page):
+    """A second tab of the browser logs in from the cookie; Log out in the first revokes
+    that cookie's session token, the second tab's own login. Its events went on to the
+    handlers: the header still said "Logged in as", and the Jobs page's timer and every vote
+    said "invalid or revoked token" under it. It reloads to the login box instead."""
+    name = f"finn-{time.monotonic_ns()}"
+    with session_scope() as s:
+        token = auth.create_user(s, name, "admin")[1]
+    login(page, server, token)
+    second = page.context.new_page()
+    second.goto(server.ui)
+    second.locator("#whoami").wait_for()  # restored from the cookie
+    second.get_by_role("tab", name="Jobs").click()
+    second.locator("#jobs-launch").wait_for()
+    page.locator("#logout").click()
+    page.locator("#login-button").wait_for()
+    # no click in the second tab: the Jobs page's own timer finds the login ended
+    second.locator("#login-ended").wait_for(timeout=20_000)
+    assert "log in again" in second.locator("#login-ended").inner_text()
+    assert second.locator("#whoami").count() == 0
+    time.sleep(2)
+    assert second.locator(".toast-body").count() == 0, \
+        second.locator(".toast-body").all_inner_texts()
