@@ -983,15 +983,12 @@ def model_preset(model: str) -> str | None:
 
 
 def load_config(spec: str | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """A preset name or a JSON file path, then overrides; validated. No spec: the field
-    defaults, except that overrides naming flux or sd3 start from that model's preset
-    (`default_preset`: LoRA and its batch sizes, not a full fine-tune of 12B weights), as
-    the CLI and the job API do."""
+    """A preset name or a JSON file path, then overrides; validated. No preset: the field
+    defaults, except that a file or overrides naming flux or sd3 start from that model's
+    preset (`default_preset`: LoRA and its batch sizes, not a full fine-tune of 12B weights),
+    as the CLI and the job API do."""
     base: dict[str, Any] = {}  # the preset's fields
     data: dict[str, Any] = {}  # the user's own: a JSON file's, then the overrides
-    model = (overrides or {}).get("model")
-    if not spec and isinstance(model, str):
-        spec = model_preset(model)
     if spec:
         if spec in PRESETS:
             base.update(PRESETS[spec])
@@ -1015,6 +1012,11 @@ def load_config(spec: str | None, overrides: dict[str, Any] | None = None) -> Tr
                                   f"got a JSON {kind}")
             data.update(loaded)
     data.update(overrides or {})
+    # a file naming flux started from the field defaults (a full fine-tune at lr 1e-6, no
+    # checkpointing) where --set model=flux started from flux-lora
+    if (spec not in PRESETS and isinstance(model := data.get("model"), str)
+            and (preset := model_preset(model))):
+        base.update(PRESETS[preset])
     return TrainConfig.from_layers(base, data)
 
 

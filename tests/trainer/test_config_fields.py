@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import json
 import re
 from pathlib import Path
 
@@ -189,3 +190,24 @@ def test_prompts_that_are_not_strings_are_each_named():
     said = {e.field: e.message for e in caught.value.errors}
     assert said["prompts"] == ("must be a list of strings: prompt 2 is null; prompt 3 is 5; "
                                'prompt 4 is ["x"]'), said
+
+
+def test_a_config_file_naming_flux_or_sd3_starts_from_its_lora_preset(tmp_path):
+    """A JSON --config file naming "model": "flux" started from the field defaults (a full
+    fine-tune of the 12B transformer at lr 1e-6, no checkpointing), where --set model=flux
+    started from flux-lora; the file's own fields still win over the preset's."""
+    from trainer.config import PRESETS, load_config
+
+    for model in ("flux", "sd3"):
+        file = tmp_path / f"{model}.json"
+        file.write_text(json.dumps({"model": model, "model_path": "/models/m", "prompts": ["a"],
+                                    "group_size": 6}))
+        from_file = load_config(str(file))
+        from_set = load_config(None, {"model": model, "model_path": "/models/m",
+                                      "prompts": ["a"], "group_size": 6})
+        assert from_file.to_dict() == from_set.to_dict()
+        assert from_file.finetune == "lora" == PRESETS[f"{model}-lora"]["finetune"]
+        assert from_file.learning_rate == PRESETS[f"{model}-lora"]["learning_rate"]
+        assert from_file.group_size == 6
+    # a preset named on the command line stays the base: the file is not read for one
+    assert load_config("tiny", {"model": "shapes"}).iterations == PRESETS["tiny"]["iterations"]
