@@ -588,6 +588,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     # they name), --out and the run there, the device, the reward models' weights; each of
     # these was said only once the ones before it were fixed
     problems: list[ConfigError] = []
+    if (world := os.environ.get("WORLD_SIZE", "1")) != "1":
+        # every process ran the whole run into the one --out, each renaming the same
+        # checkpoint files, without a word
+        problems.append(ConfigError("", f"train runs as one process, not under torchrun "
+                                    f"(WORLD_SIZE={world}): each process would run "
+                                    "the whole run into the same --out. Several GPUs train a "
+                                    "studio job (a worker with TRAIN_NPROC=N launches torchrun; "
+                                    "README, Workers)"))
     config = _checked(problems, train_config_of, args)
     out = _checked(problems, _out_path, args.out, directory=True)
     # the fields the command line set: a resume takes its budget and device from them, and
@@ -894,7 +902,12 @@ def _model_spec(args: argparse.Namespace):
         raise ConfigError("--model", f"{checkpoint} is a checkpoint of model {spec.name!r}, "
                           f"not {args.model!r}: leave --model out (the checkpoint's run's is "
                           "taken) or give a checkpoint of that model")
-    spec = spec or ModelSpec(args.model or "shapes")
+    # no run's options: the base's guidance (sd3 sampled at 3.5 and its runs' checkpoints at
+    # sd3-lora's 4.5, so a before-and-after comparison changed two things)
+    if spec is None:
+        spec = ModelSpec.base(args.model or "shapes")
+    elif bare_lora:
+        spec.guidance_scale = ModelSpec.base(args.model).guidance_scale
     # the command line names the model and where it lives on this machine; the rest of the
     # options (LoRA rank, resolution, guidance) come from the checkpoint's run
     spec.name = args.model or spec.name

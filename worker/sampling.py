@@ -90,7 +90,7 @@ def sampling_spec(cfg: SamplingConfig, checkpoint_id: int | None) -> ModelSpec:
     incomplete model directory is a JobError, raised before anything loads."""
     model = cfg.model or "shapes"
     if checkpoint_id is None:
-        spec = ModelSpec(name=model)
+        spec = ModelSpec.base(model)
     else:
         try:
             with session_scope() as s:

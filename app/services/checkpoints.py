@@ -44,7 +44,7 @@ def base_spec(ckpt: Checkpoint) -> Any:
     from trainer.models import ModelSpec
 
     model, path = base_model(ckpt)
-    return ModelSpec(name=model, path=path)
+    return ModelSpec.base(model, path)
 
 
 def base_checkpoint(session: Session, model: str, model_path: str) -> Checkpoint:

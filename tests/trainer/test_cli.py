@@ -1039,3 +1039,23 @@ def test_train_base_says_the_width_out_and_device_at_once(tmp_path, capsys, monk
                      "give a new --out, or delete it to train there again",
                      "error: --device: device 'cuda' requested but CUDA is not available"]
     assert [p.name for p in out.iterdir()] == ["base.safetensors"]
+
+
+def test_train_under_torchrun_is_refused_before_anything_is_written(tmp_path, monkeypatch,
+                                                                    capsys):
+    """`torchrun --nproc_per_node 2 -m trainer train` ran the whole run once per process into
+    the one --out (metrics written twice, the same checkpoint files renamed by both)."""
+    from trainer.cli import main
+
+    out = tmp_path / "run"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["train", "--config", "tiny", "--set", "device=cpu", "--set", "iterations=0",
+                 "--out", str(out)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0].startswith("error: train runs as one process, not under torchrun "
+                               "(WORLD_SIZE=2)"), lines
+    assert any("'iterations'" in line for line in lines[1:]), lines  # said beside the rest
+    assert not out.exists()
+    monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun's one process: a run as any other
+    assert main(["train", "--config", "tiny", "--set", "device=cpu", "--set", "iterations=1",
+                 "--out", str(out), "--no-progress"]) == 0

@@ -1295,3 +1295,21 @@ def test_a_sharded_transformer_missing_a_shard_is_named_before_it_loads(flux_dev
     assert problem is not None and f"missing transformer/{shards[1].name}" in problem, problem
     with pytest.raises(FileNotFoundError, match=re.escape(shards[1].name)):
         load_flow_model(ModelSpec(name="flux", path=str(sharded), finetune="lora"))
+
+
+def test_a_base_model_samples_at_the_guidance_its_runs_sample_at(sd3, flux_dev):
+    """sample / evaluate of the sd3 base used the field default 3.5, its runs' checkpoints
+    sd3-lora's 4.5: a before-and-after comparison changed the guidance too. (The studio's base
+    rows and a base's rollouts take ModelSpec.base too.)"""
+    from trainer.cli import _model_spec, build_parser
+    from trainer.models import ModelSpec
+
+    assert PRESETS["sd3-lora"]["guidance_scale"] != ModelSpec().guidance_scale
+    for model, path in (("sd3", sd3), ("flux", flux_dev)):
+        want = PRESETS[f"{model}-lora"]["guidance_scale"]
+        common = ["evaluate", "--model", model, "--model-path", str(path), "--resolution", "32",
+                  "--prompts-file", "p.txt"]
+        assert _model_spec(build_parser().parse_args(common)).guidance_scale == want, model
+        given = _model_spec(build_parser().parse_args([*common, "--guidance-scale", "2"]))
+        assert given.guidance_scale == 2.0
+        assert ModelSpec.base(model, str(path)).guidance_scale == want

@@ -53,6 +53,18 @@ class ModelSpec:
     inference_only: bool = False
 
     @classmethod
+    def base(cls, name: str, path: str = "") -> ModelSpec:
+        """The base model `name` (at `path`) as its runs sample it: at the guidance of the
+        model's LoRA preset (sd3-lora's 4.5, where the field default is FLUX.1-dev's 3.5),
+        so that the base and the checkpoints of a run compare at one guidance."""
+        from trainer.config import PRESETS, model_preset
+
+        spec = cls(name=name, path=path)
+        spec.guidance_scale = PRESETS.get(model_preset(name) or "", {}).get(
+            "guidance_scale", spec.guidance_scale)
+        return spec
+
+    @classmethod
     def from_config(cls, config: Any, weights: str | Path | None = None) -> ModelSpec:
         """From a TrainConfig (or its dict); `weights` replaces its base_checkpoint."""
         data = config if isinstance(config, dict) else config.to_dict()
