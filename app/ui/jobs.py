@@ -546,8 +546,10 @@ def job_view(user_state: dict | None, job_id: int | None, view: dict | None,
                     at = (f"iteration {newest[0].iteration}" if job.kind == "train" else
                           f"checkpoint #{ckpt_id}" if ckpt_id is not None else "the base model")
                     samples = f"<h4>Newest samples ({at})</h4>" + groups_html(groups, s)
-                else:
+                elif KINDS[job.kind].stores_samples:
                     samples = notice("No samples yet.")
+                else:  # a preference fit samples nothing: "yet" promised some
+                    samples = ""
             view.update(plots=list(key_plots), samples=key_samples)
     except Exception as exc:  # noqa: BLE001
         return (gr.skip(), notice(error_text(exc), "error"), gr.skip(), gr.skip(), view,

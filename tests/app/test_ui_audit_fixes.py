@@ -249,3 +249,18 @@ def test_choosing_shapes_after_the_flux_lora_preset_launches(settings, admin, en
     assert [c.elem_id for c in event.outputs] == [f"cfg-{n}" for n in names if n != "model"]
     assert jobs.model_changed(*values) == values[:names.index("model")] + values[
         names.index("model") + 1:]
+
+
+def test_a_preference_fit_jobs_page_promises_no_samples(settings, admin):
+    """A fit job's page said "No samples yet.": a fit samples nothing, ever."""
+    from app.db import session_scope
+    from app.models import Job
+    from app.ui import jobs
+
+    with session_scope() as s:
+        fit, train = Job(kind="fit_preference", config={}), Job(kind="train", config={})
+        s.add_all([fit, train])
+        s.flush()
+        fit_id, train_id = fit.id, train.id
+    assert "No samples yet" not in _text(jobs.job_view(_token(admin), fit_id, None)[3])
+    assert "No samples yet" in _text(jobs.job_view(_token(admin), train_id, None)[3])
