@@ -594,8 +594,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         problems.append(ConfigError("", f"train runs as one process, not under torchrun "
                                     f"(WORLD_SIZE={world}): each process would run "
                                     "the whole run into the same --out. Several GPUs train a "
-                                    "studio job (a worker with TRAIN_NPROC=N launches torchrun; "
-                                    "README, Workers)"))
+                                    "studio job, which launches torchrun itself (TRAIN_NPROC=N "
+                                    "in the README)"))
     config = _checked(problems, train_config_of, args)
     out = _checked(problems, _out_path, args.out, directory=True)
     # the fields the command line set: a resume takes its budget and device from them, and

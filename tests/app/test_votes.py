@@ -90,10 +90,11 @@ def test_vote_validation(client, annotator, make_group):
     assert vote(client, annotator, pair(g1[0]["id"], g1[1]["id"]), "meh").status_code == 422
     # ids and the latency as strings, floats or booleans are a client's bug, not converted
     a, b = g1[0]["id"], g1[1]["id"]
-    for wrong in ({"a": {"sample_id": str(a)}, "b": {"sample_id": b}},
-                  {"a": {"sample_id": a}, "b": {"sample_id": float(b)}}):
+    for wrong, said in (({"a": {"sample_id": str(a)}, "b": {"sample_id": b}}, "integer"),
+                        ({"a": {"sample_id": a}, "b": {"sample_id": float(b)}},
+                         f"whole number written without a decimal point ({b}, not {b}.0)")):
         r = vote(client, annotator, wrong)
-        assert r.status_code == 422 and "integer" in r.text, r.text
+        assert r.status_code == 422 and said in r.text, r.text
     r = vote(client, annotator, pair(a, b), latency_ms="12")
     assert r.status_code == 422 and "latency_ms" in r.text
     assert vote(client, annotator, pair(g1[0]["id"], g1[1]["id"]), "both_bad").status_code == 201
