@@ -796,6 +796,11 @@ def cmd_fit_preference(args: argparse.Namespace) -> int:
     config = _checked(problems, fit_config_from, overrides)  # before any image loads
     # the files, said with the fields (each was found only once the ones before it passed)
     out = _checked(problems, _out_path, args.out, directory=False)
+    if out is not None and out.is_file() and (problem := _not_a_preference_model(out)):
+        # a refit replaces its model in place; any other file (`--out notes.txt`) was
+        # overwritten without a word
+        problems.append(ConfigError("--out", f"{out} exists and {problem}: a fit replaces only "
+                                    "a preference model; give a new path"))
     votes = Path(args.votes)
     images = Path(args.images) if args.images else votes.parent
     if not votes.is_file():
@@ -837,6 +842,20 @@ def cmd_fit_preference(args: argparse.Namespace) -> int:
     model.save(out, metadata={"votes_file": str(votes)})
     print(json.dumps({"out": str(out), **asdict(model.report)}))
     return 0
+
+
+def _not_a_preference_model(path: Path) -> str | None:
+    """Why the file at `path` is not a saved preference model (read from its header), or
+    None when it is one."""
+    from trainer.rewards.preference import saved_fit_fields
+
+    try:
+        saved_fit_fields(path)
+    except ValueError:
+        return "is not a preference model"
+    except Exception as exc:  # noqa: BLE001 - safetensors' own error for a file that is none
+        return f"is not a safetensors file ({exc})"
+    return None
 
 
 def _checkpoint_of(args: argparse.Namespace) -> Path | None:

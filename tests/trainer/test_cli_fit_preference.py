@@ -220,3 +220,21 @@ def test_fit_preference_says_what_it_left_out_and_what_it_could_not_do(tmp_path,
     from trainer.rewards.preference import clip_dir_problem
 
     assert clip_dir_problem("").startswith("clip_path is empty: features 'clip' needs")
+
+
+def test_fit_preference_replaces_only_a_preference_model_at_out(tmp_path, capsys):
+    """A refit replaces its model in place; `--out notes.txt` was overwritten as well."""
+    votes, storage, _ = _export(tmp_path, n=12)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    common = ["fit-preference", "--votes", str(votes), "--images", str(storage), "--device",
+              "cpu", "--set", "epochs=1", "--set", "ensemble=1"]
+    assert main([*common, "--out", str(notes)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --out: {notes} exists and is not a safetensors file" in err, err
+    assert notes.read_text() == "my notes\n"
+    model = tmp_path / "pref.safetensors"
+    assert main([*common, "--out", str(model)]) == 0
+    first = model.read_bytes()
+    assert main([*common, "--set", "seed=1", "--out", str(model)]) == 0  # refitted in place
+    assert model.read_bytes() != first
