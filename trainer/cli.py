@@ -608,7 +608,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     elif out is not None and not args.resume:  # an earlier run there, whatever the config
         problems += RunDirectory.earlier_run_problems(out)
     if run_config is not None:
-        problems += _run_file_problems(args, out, run_config)
+        # a resume's model directory of another model was said twice: refused as the run's
+        # change, then as a directory of the wrong model
+        said = {p.field for p in problems}
+        problems += [p for p in _run_file_problems(args, out, run_config)
+                     if not (p.field == "model_path" and "model_path" in said)]
     elif config is not None:  # --out refused: the files the config names are said beside it
         problems += _run_file_problems(args, None, config)
     # the device asked for (the Trainer resolves it again, once the model is loading)

@@ -153,7 +153,8 @@ def test_a_resume_takes_smaller_micro_batches(tmp_path, capsys):
             for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
-def test_a_resume_follows_its_model_directory_to_a_new_place(tmp_path, tiny_flux_path):
+def test_a_resume_follows_its_model_directory_to_a_new_place(tmp_path, tiny_flux_path,
+                                                              capsys):
     """`--resume --set model_path=/new/place` was refused ("is '/old' in the run being
     resumed"): a run whose model directory moved could not go on. The new directory must
     hold the run's model (the same transformer config.json)."""
@@ -184,6 +185,14 @@ def test_a_resume_follows_its_model_directory_to_a_new_place(tmp_path, tiny_flux
     assert [(e.field, e.message) for e in problems] == [("model_path", (
         f"{other} holds a 'sd3' model (its model_index.json), not the run's 'flux'; a resumed "
         "run moves to a directory of the same model only"))]
+    # and the command says it once (the model directory check said it again)
+    from trainer.cli import main
+
+    assert main(["train", "--out", str(out), "--resume", "--set", "iterations=9", "--set",
+                 f"model_path={other}"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert [line for line in errors if "model_path" in line] == [
+        f"error: config field 'model_path': {problems[0].message}"], errors
     # the same model, moved: taken
     moved = old.rename(tmp_path / "new")
     config = load_config("tiny", {**fields, "iterations": 9, "model_path": str(moved)})
