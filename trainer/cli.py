@@ -851,13 +851,15 @@ def cmd_fit_preference(args: argparse.Namespace) -> int:
 def _not_a_preference_model(path: Path) -> str | None:
     """Why the file at `path` is not a saved preference model (read from its header), or
     None when it is one."""
+    from safetensors import SafetensorError
+
     from trainer.rewards.preference import saved_fit_fields
 
     try:
         saved_fit_fields(path)
-    except ValueError:
+    except (ValueError, KeyError):
         return "is not a preference model"
-    except Exception as exc:  # noqa: BLE001 - safetensors' own error for a file that is none
+    except (SafetensorError, OSError) as exc:
         return f"is not a safetensors file ({exc})"
     return None
 

@@ -1093,11 +1093,14 @@ def metric_history(session: Session, job_id: int) -> list[JobMetric]:
 
 
 def _locked_job(session: Session, job_id: int) -> Job:
-    """The job's row as it is now, locked until the transaction ends (PostgreSQL: FOR
-    UPDATE), so that a cancel and a requeue of one job take turns: each sees what the other
-    wrote. Read unlocked, a cancel that landed while a worker requeued the job (or the reaper
-    did) left it queued with its cancel flag set, which no worker would take, for ever."""
-    job = session.get(Job, job_id, with_for_update=True, populate_existing=True)
+    """The job's row as it is now, locked until the transaction ends (`write_lock`: the row
+    on PostgreSQL, the database's write lock on SQLite, which has no row locks), so that a
+    cancel, a requeue and a resume of one job take turns: each sees what the other wrote.
+    Read unlocked, a cancel that landed while a worker requeued the job (or the reaper did)
+    left it queued with its cancel flag set, which no worker would take, for ever; and six
+    resumes sent at once all answered 200, the last to commit winning."""
+    write_lock(session, Job, job_id)
+    job = session.get(Job, job_id, populate_existing=True)
     if job is None:
         raise NotFound(f"job {job_id} not found")
     return job
@@ -1223,11 +1226,7 @@ def resume_job(session: Session, job_id: int, changes: dict[str, Any] | None = N
     checked again as at submission: what it names (a dataset, a checkpoint, a file) may have
     gone since, and the worker would fail on it (Conflict naming every problem). `changes`:
     RESUME_FIELDS to set first (`resumed_config`)."""
-    # resumes sent at once take turns, the later ones finding the job queued (SQLite has no
-    # row locks: six at once all passed the check below, answered 200 with their own config,
-    # and the last to commit won)
-    write_lock(session, Job, job_id)
-    job = _locked_job(session, job_id)
+    job = _locked_job(session, job_id)  # resumes sent at once take turns
     if job.status == JobStatus.QUEUED and not job.cancel_requested:
         raise Conflict(f"job {job_id} was resumed by another request meanwhile: it is queued",
                        field="job_id")
