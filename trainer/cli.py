@@ -1749,9 +1749,11 @@ def build_parser() -> argparse.ArgumentParser:
     sample = sub.add_parser("sample", help=sample_help, description=sample_help)
     sample.add_argument("--checkpoint", action=_Once, help="a checkpoint directory (checkpoints/iter-000050) or a "
                         "shapes model.safetensors; left out: the base model alone")
-    sample.add_argument("--prompts", required=True, help="prompts file: .txt (one per line), "
-                        ".jsonl with a \"prompt\" field, or .json (an array of strings or of "
-                        "such objects)")
+    # --prompts-file too: train and evaluate spell it so, and a user who learnt it there
+    # was told "the following arguments are required: --prompts"
+    sample.add_argument("--prompts", "--prompts-file", dest="prompts", required=True,
+                        help="prompts file: .txt (one per line), .jsonl with a \"prompt\" "
+                        "field, or .json (an array of strings or of such objects)")
     sample.add_argument("--seeds", type=seed_count, default=4,
                         help=f"seeds 0..N-1 per prompt, N at most {MAX_SEEDS} (default 4)")
     sample.add_argument("--out", required=True, help="directory for the PNGs")

@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import json
 import math
+import re
 import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -396,7 +397,8 @@ class RunArguments:
                              "disables.", min=0, max=1_000_000, group="run")
     eval_seeds: int = _field(4, "Fixed seeds per prompt in periodic evaluation (eval_every).",
                              min=1, max=1000, group="run")
-    device: str = _field("auto", "Torch device: 'auto' (CUDA if present), 'cpu' or 'cuda'.",
+    device: str = _field("auto", "Torch device: 'auto' (CUDA if present), 'cpu' or 'cuda' "
+                         "(the first visible GPU: choose one with CUDA_VISIBLE_DEVICES).",
                          choices=("auto", "cpu", "cuda"), group="run")
     rollout_batch_size: int = _field(0, "Rollouts solved (and decoded) per batch; 0: all P x G "
                                      "at once. Lower it when a large model runs out of memory; "
@@ -565,8 +567,12 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
                 out.append(ConfigError(f.name, f"must be at most {MAX_TEXT} characters, got "
                                                f"{len(value)}"))
             elif (choices := _choices(meta)) and value not in choices:
+                # a GPU index is the launcher's to give (torchrun ranks take their own card)
+                hint = ("; to run on another GPU, set CUDA_VISIBLE_DEVICES (e.g. "
+                        "CUDA_VISIBLE_DEVICES=1 with device 'cuda')"
+                        if f.name == "device" and re.fullmatch(r"cuda:\d+", value) else "")
                 out.append(ConfigError(f.name, f"must be one of {list(choices)}, "
-                                               f"got {value!r}"))
+                                               f"got {value!r}{hint}"))
             elif ((meta["min"] is not None and value < meta["min"])
                   or (meta["max"] is not None and value > meta["max"])):
                 out.append(ConfigError(f.name, f"must be in [{meta['min']}, {meta['max']}], "
@@ -612,6 +618,14 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
                 out.append(ConfigError("reward_weights", problem))
         if "reward_model_paths" not in bad:
             out += _reward_model_path_problems(self.reward_model_paths)
+            if "reward_weights" not in bad:
+                # a path for a reward the run does not score is never read: it looked applied
+                # (a reward named in one field and not the other is mostly a slip)
+                out += [ConfigError("reward_model_paths", f"{name!r} is not among "
+                                    f"reward_weights ({', '.join(map(str, self.reward_weights))}):"
+                                    " its weights would never load; add it to reward_weights "
+                                    "or take its path out")
+                        for name in self.reward_model_paths if name not in self.reward_weights]
         if "reward_server_url" not in bad and self.reward_server_url:
             out += reward_server_problems(self.reward_server_url, self.reward_model_paths)
         if "report_to" not in bad:

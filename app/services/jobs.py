@@ -45,7 +45,7 @@ from sqlalchemy.orm import Session
 from app.config import get_settings
 from app.db import write_lock
 from app.errors import Conflict, Invalid, NotFound, Unavailable
-from app.job_kinds import KIND_NAMES, KINDS
+from app.job_kinds import KIND_NAMES, KINDS, default_reward_names
 from app.json_values import lone_surrogate
 from app.limits import EVALUATE_MAX_CHECKPOINTS, MAX_CONFIG_DEPTH, MAX_CONFIG_PROMPTS, MAX_ID
 from app.models import (
@@ -215,8 +215,19 @@ def _check_paths_and_names(session: Session, kind: str, config: dict[str, Any],
     elif kind == "train":
         problems.extend(reward_model_problems(out.get("reward_weights") or {}, paths))
     else:
-        # an evaluate job may place a model-backed reward's weights (reward_model_paths)
+        # an evaluate job may place a model-backed reward's weights (reward_model_paths),
+        # of the rewards it scores (a path for another one would never be read, as a train
+        # config's check says too)
+        from trainer.rewards.models import MODEL_REWARDS
+
         problems.extend(reward_model_path_key_problems(paths))
+        if "reward_names" not in malformed and kind in ("rollout", "evaluate"):
+            scored = names or default_reward_names(kind, model if isinstance(model, str)
+                                                   else "shapes")
+            problems.extend(("reward_model_paths", f"{name!r} is not among the rewards the "
+                             f"job scores ({', '.join(scored)}): its weights would never "
+                             "load; add it to reward_names or take its path out")
+                            for name in paths if name in MODEL_REWARDS and name not in scored)
         problems.extend((field if field == "reward_model_paths" else "reward_names", message)
                         for field, message in reward_model_problems(
                             dict.fromkeys(out.get("reward_names") or []), paths))

@@ -85,7 +85,8 @@ def test_only_a_stopped_train_job_changes_its_config_on_resume(client, admin, en
     assert r.status_code == 422, r.text
     errors = {e["field"]: e["message"] for e in r.json()["errors"]}
     assert set(errors) == {"config.train_batch_size", "config.reward_model_paths"}, errors
-    assert "'/etc' is not a directory under REWARD_MODELS_DIR" in \
+    # reward_weights stay as the run started (count): a path for hpsv2 would never be read
+    assert "'hpsv2' is not among reward_weights (count)" in \
         errors["config.reward_model_paths"], errors
     r = client.post(f"/api/jobs/{job_id}/resume", headers=admin,
                     json={"config": {"reward_model_paths": {"hpsv2": "/etc"}}})

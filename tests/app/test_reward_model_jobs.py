@@ -184,6 +184,11 @@ def test_evaluate_takes_any_registered_reward_and_checks_model_weights(
     r = post({"reward_names": ["clip_score"], "reward_model_paths": {"clip_score": "clip-l14"}})
     assert r.status_code == 201, r.text
     assert r.json()["config"]["reward_model_paths"] == {"clip_score": "clip-l14"}
+    # a path for a reward the job does not score was taken and never read
+    r = post({"reward_names": ["count"], "reward_model_paths": {"clip_score": "clip-l14"}})
+    assert r.status_code == 422 and _errors(r) == {"reward_model_paths": (
+        "'clip_score' is not among the rewards the job scores (count): its weights would "
+        "never load; add it to reward_names or take its path out")}, r.text
     shutil.copytree(tiny_clip_path, reward_root / "clip_score")
     assert post({"reward_names": ["clip_score", "count"]}).status_code == 201
 
@@ -214,6 +219,10 @@ def test_rollout_takes_reward_model_paths_and_its_worker_scores_with_them(
     r = post({"reward_model_paths": {"count": "x"}})
     assert r.status_code == 422 and "not a model-backed reward" in \
         _errors(r)["reward_model_paths"]
+    # left out, reward_names are the model's defaults (shapes: no model-backed reward)
+    r = post({"reward_names": [], "reward_model_paths": {"clip_score": "clip-l14"}})
+    assert r.status_code == 422 and "is not among the rewards the job scores (count, " in \
+        _errors(r)["reward_model_paths"], r.text
     r = post({"reward_model_paths": {"clip_score": "clip"},
               "reward_server_url": "http://reward-server:8100"})
     assert r.status_code == 422 and list(_errors(r)) == ["reward_model_paths"]

@@ -379,14 +379,15 @@ def _argparse_refusal(argv: list[str], capsys) -> str:
 @pytest.mark.parametrize("argv, lines", [
     # a required option misspelt was said as missing alone: the typo was never named
     (["sample", "--promts", "p.txt", "--seeds", "1", "--out", "o"], [
-        "python -m trainer sample: error: the following arguments are required: --prompts",
+        "python -m trainer sample: error: the following arguments are required: "
+        "--prompts/--prompts-file",
         "python -m trainer sample: error: unrecognized arguments: --promts; did you mean "
         "--prompts?"]),
     # a value with a space that starts with dashes is a value, as argparse takes it
     (["sample", "--prompts", "--my prompts.txt"], [
         "python -m trainer sample: error: the following arguments are required: --out"]),
     # an abbreviation argparse takes is no typo; one with no near option gets no hint
-    (["sample", "--prom", "p.txt", "--zzz=1"], [
+    (["sample", "--prompts", "p.txt", "--see", "1", "--zzz=1"], [
         "python -m trainer sample: error: the following arguments are required: --out",
         "python -m trainer sample: error: unrecognized arguments: --zzz"]),
 ])
@@ -1059,3 +1060,25 @@ def test_train_under_torchrun_is_refused_before_anything_is_written(tmp_path, mo
     monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun's one process: a run as any other
     assert main(["train", "--config", "tiny", "--set", "device=cpu", "--set", "iterations=1",
                  "--out", str(out), "--no-progress"]) == 0
+
+
+def test_sample_takes_prompts_file_as_train_and_evaluate_spell_it(tmp_path):
+    """--prompts-file (train's and evaluate's name) was refused by sample with "the following
+    arguments are required: --prompts"."""
+    from trainer.cli import main
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("one red circle\n")
+    out = tmp_path / "o"
+    assert main(["sample", "--prompts-file", str(prompts), "--seeds", "1", "--steps", "2",
+                 "--device", "cpu", "--out", str(out)]) == 0
+    manifest = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    assert [row["prompt"] for row in manifest] == ["one red circle"]
+
+
+def test_a_gpu_index_in_the_train_config_says_how_to_pick_the_gpu(tmp_path, capsys):
+    out = tmp_path / "run"
+    line = cli_error(["train", "--config", "tiny", "--set", "device=cuda:1", "--out", str(out),
+                      "--no-progress"], capsys)
+    assert "config field 'device': must be one of ['auto', 'cpu', 'cuda'], got 'cuda:1'" in line
+    assert "CUDA_VISIBLE_DEVICES=1" in line and not out.exists()

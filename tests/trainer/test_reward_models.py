@@ -437,11 +437,25 @@ def test_imagereward_matches_the_equations_on_the_original_weights():
 def test_config_validates_reward_model_paths():
     from trainer.config import ConfigErrors, TrainConfig
 
-    TrainConfig.from_dict({"reward_model_paths": {"hpsv2": "/weights/hps"}})
+    TrainConfig.from_dict({"reward_weights": {"hpsv2": 1.0},
+                           "reward_model_paths": {"hpsv2": "/weights/hps"}})
     for bad in ({"count": "/x"}, {"hpsv2": ""}, {"hpsv2": 3}):
         with pytest.raises(ConfigErrors) as error:
-            TrainConfig.from_dict({"reward_model_paths": bad})
+            TrainConfig.from_dict({"reward_weights": {"hpsv2": 1.0}, "reward_model_paths": bad})
         assert error.value.field == "reward_model_paths"
+
+
+def test_a_reward_model_path_for_a_reward_the_run_does_not_score_is_refused():
+    """reward_model_paths {"pickscore": ...} beside reward_weights {"hpsv2": 1} was taken and
+    never read: the run scored hpsv2 from REWARD_MODELS_DIR while the path looked applied."""
+    from trainer.config import ConfigErrors, TrainConfig
+
+    with pytest.raises(ConfigErrors) as error:
+        TrainConfig.from_dict({"reward_weights": {"hpsv2": 1.0, "count": 1.0},
+                               "reward_model_paths": {"pickscore": "/weights/pick"}})
+    assert [(e.field, e.message) for e in error.value.errors] == [(
+        "reward_model_paths", "'pickscore' is not among reward_weights (hpsv2, count): its "
+        "weights would never load; add it to reward_weights or take its path out")]
 
 
 def test_trainer_init_fails_on_missing_weights(tmp_path, tiny_model):

@@ -630,6 +630,7 @@ def test_config_takes_an_http_url_and_no_local_weight_paths():
         assert [e.field for e in error.value.errors] == ["reward_server_url"], bad
     with pytest.raises(ConfigErrors) as error:
         TrainConfig.from_dict({"reward_server_url": "http://rewards:8100",
+                               "reward_weights": {"hpsv2": 1.0},
                                "reward_model_paths": {"hpsv2": "/weights/hps"}})
     assert [e.field for e in error.value.errors] == ["reward_model_paths"]
     assert reward_scorer("") is compute_rewards
