@@ -1241,10 +1241,13 @@ def _preference_fit_problem(path: str, model: Any) -> str | None:
     from trainer.rewards.preference import (
         clip_dir_problem,
         model_features_problem,
+        model_file_problem,
         saved_fit_fields,
     )
 
     fields = saved_fit_fields(path)  # weights_problem has read this header whole
+    if (problem := model_file_problem(path)) is not None:  # damaged inside: said, not traced
+        return problem
     features = fields.get("features", "shapes")
     if isinstance(model, str) and (problem := model_features_problem(features, model)):
         return f"{path} {problem}"

@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     if rank != 0:
         trainer, ckpt_id, last_vote = Trainer(config, model=model), None, 0
         attach_preference(trainer, config, latest=version)
+        # rank 0 may have resumed with a version other than the config's (its checkpoint's)
+        follow_preference(trainer, version)
         if (directory := recorded_checkpoint_dir(job_id)) is not None:
             trainer.load_checkpoint(directory)
     make_distributed(trainer)

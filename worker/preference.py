@@ -24,6 +24,7 @@ from PIL import Image
 from sqlalchemy.exc import IntegrityError
 
 from app.db import session_scope
+from app.errors import NotFound
 from app.job_kinds import FitPreferenceConfig
 from app.json_values import json_safe
 from app.services import jobs, storage
@@ -75,6 +76,15 @@ class ImageCache:
             self.nbytes -= dropped.nbytes
         return image
 
+    def shape(self, rel_path: str) -> tuple[int, ...] | None:
+        """The image's (H, W, 3), or None when its file is gone or does not decode (a fit
+        leaves its votes out, counted, rather than failing on the first such file)."""
+        try:
+            return self.get(rel_path).shape
+        except (OSError, ValueError, NotFound) as exc:  # PIL's UnidentifiedImageError: OSError
+            log.warning("stored image %s cannot be read: %s", rel_path, exc)
+            return None
+
 
 def fit_config_for_job(cfg: FitPreferenceConfig) -> FitConfig:
     """The trainer's FitConfig of a fit_preference job: its fields, the device resolved on
@@ -106,6 +116,12 @@ def fit_and_record(fit_config: FitConfig, *, job_id: int | None = None, min_vote
     # skip and both_bad votes carry no label: their images are not loaded, only counted
     rows = [r for r in votes if r["outcome"] in LABELLED_OUTCOMES]
     unlabelled = Counter(r["outcome"] for r in votes if r["outcome"] not in LABELLED_OUTCOMES)
+    # votes whose image files are gone or damaged (deleted by hand, a disk restored from an
+    # older backup) are left out and counted: one such file failed the whole fit, and a
+    # train job's online refit with it
+    present = [r for r in rows
+               if images.shape(r["a_path"]) is not None and images.shape(r["b_path"]) is not None]
+    missing, rows = len(rows) - len(present), present
     # votes on images the features cannot read (a flux or sd3 sample for the shapes
     # features) are left out and counted: the same vote teaches a CLIP-features fit
     rows, unreadable = pref_svc.readable_votes(rows, fit_config.features,
@@ -121,6 +137,8 @@ def fit_and_record(fit_config: FitConfig, *, job_id: int | None = None, min_vote
                        + f"; need at least {needed}")
     if unreadable:
         unlabelled["unreadable_images"] = unreadable
+    if missing:
+        unlabelled["missing_images"] = missing
     pairs = [PreferencePair(images.get(r["a_path"]), images.get(r["b_path"]), r["prompt"],
                             r["outcome"], key=str(r["vote_id"])) for r in rows]
     with session_scope() as s:
@@ -207,9 +225,12 @@ def score_all_samples(model: PreferenceModel, version: int, images: ImageCache |
     for rows in batches:
         # only the samples its features read (the shapes world's, for the shapes features)
         features = model.config.features
+        # (and those whose file is gone or damaged: left unscored, not a failed job after
+        # its model was recorded)
         rows = [(sid, path, prompt) for sid, path, prompt in rows
                 if features_problem(features, prompt) is None  # before its image loads
-                and features_problem(features, prompt, images.get(path).shape) is None]
+                and (shape := images.shape(path)) is not None
+                and features_problem(features, prompt, shape) is None]
         if not rows:
             continue
         pixels = image_batch([images.get(path) for _, path, _ in rows])
@@ -313,11 +334,20 @@ def resolve_preference_spec(text: str, latest: int | None = None, named_in: str 
                 raise ValueError(f"{named_in} has 'preference' but no preference model has "
                                  "been fitted yet: run a fit_preference job first")
         elif spec.kind == "version":
-            row = pref_svc.get_model(s, spec.version)
+            try:
+                row = pref_svc.get_model(s, spec.version)
+            except NotFound as exc:  # deleted while the job waited in the queue
+                raise JobError(f"preference_model: {exc.message}") from None
         else:
             try:
                 full = storage.job_path(spec.path)
             except ValueError as exc:
                 raise FileNotFoundError(f"preference_model: {exc}") from None
             return str(full), None, 0
-        return str(storage.resolve(row.path)), row.version, row.last_vote_id
+        try:
+            full = storage.resolve(row.path)
+        except NotFound as exc:  # deleted by hand while the job waited in the queue
+            raise JobError(f"preference_model: preference model v{row.version}'s file "
+                           f"{row.path} is gone ({exc.message}) from STORAGE_DIR; fit a new "
+                           "one or name another version") from None
+        return str(full), row.version, row.last_vote_id

@@ -41,7 +41,7 @@ from trainer.rewards.models import RewardWeightsMissing, RewardWeightsUnloadable
 from trainer.rewards.remote import RewardServerError, ScoringStopped
 from trainer.tracking import keeps_samples
 from worker.job_helpers import cancel_requested_poll, model_directory, png_bytes, reward_model_paths
-from worker.lease import JobError, require_lease
+from worker.lease import JobError, LeaseLost, require_lease
 from worker.preference import ImageCache, fit_and_record, resolve_preference
 from worker.reaper import send_requeued
 
@@ -225,9 +225,15 @@ class TrainRecorder:
 
 
 def _blend_preference(trainer: Trainer, path: str | Path, version: int | None) -> None:
+    from safetensors import SafetensorError
+
     from trainer.rewards.preference import PreferenceModel
 
-    trainer.set_preference_model(PreferenceModel.load(path, str(trainer.device)), version)
+    try:
+        model = PreferenceModel.load(path, str(trainer.device))
+    except (SafetensorError, OSError, ValueError) as exc:  # damaged since submission
+        raise JobError(f"preference_model: {exc}") from None
+    trainer.set_preference_model(model, version)
     log.info("blending preference model %s (v%s)", path, version)
 
 
@@ -285,6 +291,15 @@ def maybe_refit_preference(trainer: Trainer, config: TrainConfig, job_id: int,
             should_stop=cancel_requested_poll(job_id))
     except FitStopped:
         return {"preference_refit": 0}, last
+    except LeaseLost:  # the job is another worker's now: nothing more of it is ours
+        raise
+    except Exception as exc:  # noqa: BLE001 - a refit that fails costs the refit, not the run
+        # (votes excluded meanwhile below a fit's minimum, a full disk, a lost image): the
+        # run goes on with the model in use and tries again at the next refit
+        log.warning("job %s: online preference refit failed at iteration %d, training goes "
+                    "on with the model in use: %s", job_id, trainer.iteration, exc,
+                    exc_info=not isinstance(exc, JobError))
+        return {"preference_refit": 0, "preference_refit_failed": 1}, last
     trainer.set_preference_model(model, row["version"])
     # the new votes the fit read, up to its last vote: votes go on arriving while it starts,
     # so the count that decided to refit is short of them
@@ -376,7 +391,34 @@ def prepare_trainer(job_id: int, model: FlowModel | None = None
         log.info("job %s resumes from %s (iteration %d)", job_id, directory, trainer.iteration)
     with session_scope() as s:  # iterations after the checkpoint are redone and re-recorded
         jobs.truncate_history(s, job_id, trainer.iteration)
+        in_use = (jobs.get_job(s, job_id).metrics or {}).get("preference_model_version")
+    if ckpt_path is not None:
+        last_vote = _resume_preference(trainer, config, job_id, in_use, last_vote)
     return trainer, config, ckpt_id, last_vote
+
+
+def _resume_preference(trainer: Trainer, config: TrainConfig, job_id: int, in_use: Any,
+                       last_vote: int) -> int:
+    """A resumed job goes on with the preference model it used at its checkpoint (version
+    `in_use`, from the checkpoint iteration's metrics), not the one its config resolves to
+    now: "latest" was a newer fit by then, and an online refit's version (recorded by this
+    job) was forgotten, so the run went back to its first model and refitted on the same
+    votes again. Returns the newest vote id the model in use saw."""
+    if (not isinstance(in_use, int) or isinstance(in_use, bool) or in_use < 1
+            or in_use == trainer.preference_version):
+        return last_vote
+    with session_scope() as s:
+        try:
+            row = pref_svc.get_model(s, in_use)
+        except NotFound:
+            return last_vote  # deleted since: the config's model, as at a first start
+        refitted_here, row_last_vote = row.job_id == job_id, row.last_vote_id
+    # a model given by path carries a version of its own report, not a recorded one's
+    if pref_svc.parse_spec(config.preference_model).kind == "path" and not refitted_here:
+        return last_vote
+    attach_preference_version(trainer, in_use)
+    log.info("job %s resumes with preference model v%d, in use at its checkpoint", job_id, in_use)
+    return row_last_vote
 
 
 # errors whose message says it all, named the way the job's error shows them (no traceback):

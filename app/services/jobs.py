@@ -648,7 +648,11 @@ def preference_problem(session: Session, spec: str, model: str = "shapes",
     run's `model` (a shapes-features model reads the shapes world alone), or None."""
     from app.services import preference as pref_svc
     from trainer.models import weights_problem
-    from trainer.rewards.preference import model_features_problem, saved_features
+    from trainer.rewards.preference import (
+        model_features_problem,
+        model_file_problem,
+        saved_features,
+    )
 
     parsed = pref_svc.parse_spec(spec)
     if parsed.kind == "latest":
@@ -676,6 +680,8 @@ def preference_problem(session: Session, spec: str, model: str = "shapes",
         features = saved_features(path)
     except (OSError, ValueError, KeyError, TypeError) as exc:  # a header without fit settings
         return f"{name}: {path} holds no readable fit settings ({exc!r})"
+    if (problem := model_file_problem(path)) is not None:  # damaged inside (the weights)
+        return f"{name}: {problem}"
     if (problem := model_features_problem(features, model)) is not None:
         return f"{name} {problem}"
     return None

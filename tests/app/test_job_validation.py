@@ -186,6 +186,22 @@ def test_base_checkpoint_must_be_weights_of_the_model(client, admin, settings):
     r = _post(client, admin, "train", {"reward_weights": {"count": 1, "preference": 1},
                                        "preference_model": "pref.safetensors"}, "tiny")
     assert r.status_code == 201, r.text
+    # one damaged inside (NaN weights; its header reads) was a 201 and a job that failed
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from trainer.rewards.preference import saved_fit_fields
+
+    state = {k: v.fill_(float("nan")) for k, v in
+             load_file(str(models / "pref.safetensors")).items()}
+    meta = {"format": "preference-model", "report": "null",
+            "fit_config": json.dumps(saved_fit_fields(models / "pref.safetensors"))}
+    save_file(state, str(models / "nan.safetensors"), metadata=meta)
+    r = _post(client, admin, "train", {"reward_weights": {"count": 1, "preference": 1},
+                                       "preference_model": "nan.safetensors"}, "tiny")
+    assert r.status_code == 422 and _fields(r) == ["preference_model"], r.text
+    assert "is a damaged preference model: NaN or infinite weights" in r.text
 
 
 

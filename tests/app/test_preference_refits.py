@@ -373,3 +373,113 @@ def test_a_train_jobs_online_refit_obeys_its_cancel(settings):
     assert get_reward("preference") is in_use
     with session_scope() as s:
         assert pref_svc.latest_model(s) is None
+
+
+def _image_file(sample_id: int):
+    from app.models import Sample
+
+    with session_scope() as s:
+        return storage.resolve(s.get(Sample, sample_id).image_path)
+
+
+def test_a_fit_leaves_out_the_votes_whose_images_are_gone_and_scores_the_rest(settings):
+    """One voted image moved away failed the whole fit with "no such file" (naming no file),
+    and an image no vote used failed the job after its model was recorded as the newest: the
+    votes on a missing image are left out and counted, its sample left unscored."""
+    from sqlalchemy import select
+
+    from app.models import Sample
+    from worker.preference import fit_and_record
+
+    voter_id, pairs = _stored_group(np.random.default_rng(3))
+    for n in range(12):
+        _vote(voter_id, pairs, n, "ab"[n % 2])
+    gone = pairs[0][0]  # the group's first sample: in 5 of its pairs, all of them voted on
+    _image_file(gone).unlink()
+    model, row = fit_and_record(FitConfig(width=8, epochs=1, ensemble=1))
+    touching = sum(gone in pair for pair in pairs[:12])
+    assert touching == 5 and row["votes_used"] == 12 - touching
+    assert row["report"]["votes_ignored"] == {"missing_images": touching}
+    with session_scope() as s:
+        scored = dict(s.execute(select(Sample.id, Sample.preference_version)).all())
+        assert pref_svc.latest_model(s).version == row["version"] == 1
+    assert scored.pop(gone) is None and set(scored.values()) == {1}
+
+
+def test_an_online_refit_that_fails_keeps_training_on_the_model_in_use(settings):
+    """A refit that cannot fit (here every voted image is gone, so no vote is left) failed
+    the whole train job at its first refit: it is counted as failed and the run goes on with
+    the model it had, trying again at the next refit."""
+    from trainer.loop import Trainer
+    from trainer.rewards import get_reward
+    from trainer.rewards.preference import PreferenceModel
+    from worker.training import maybe_refit_preference
+
+    _voter_id, pairs, config, job_id = _claimed_refitting_job(4)
+    for sample_id in {i for pair in pairs for i in pair}:
+        _image_file(sample_id).unlink()
+    in_use = PreferenceModel(FitConfig(width=8, ensemble=1, epochs=1))
+    trainer = Trainer(config)
+    trainer.set_preference_model(in_use, None)
+    metrics, last = maybe_refit_preference(trainer, config, job_id, 0)
+    assert metrics == {"preference_refit": 0, "preference_refit_failed": 1} and last == 0
+    assert get_reward("preference") is in_use
+    with session_scope() as s:
+        assert pref_svc.latest_model(s) is None
+
+
+def test_a_resumed_train_job_goes_on_with_the_model_in_use_at_its_checkpoint(settings):
+    """A resume re-resolved the config's preference_model: the job's own online refit (v2,
+    in use at its checkpoint) was forgotten, the run went back to v1 and refitted on the same
+    votes again. A model given by path stays the path's unless this job refitted it."""
+    from app.services import jobs
+    from trainer.config import TrainConfig
+    from trainer.loop import Trainer
+    from trainer.rewards.preference import PreferenceModel
+    from worker.training import _resume_preference
+
+    with session_scope() as s:
+        job_id = jobs.create_job(s, "train", {"device": "cpu"}, preset="tiny").id
+        other = jobs.create_job(s, "train", {"device": "cpu"}, preset="tiny").id
+    for version, owner, last_vote in ((1, None, 5), (2, job_id, 9), (3, other, 12)):
+        path = pref_svc.model_path(version)
+        (storage.storage_root() / path).parent.mkdir(parents=True, exist_ok=True)
+        PreferenceModel(FitConfig(width=8, ensemble=1)).save(storage.storage_root() / path)
+        with session_scope() as s:
+            pref_svc.record_model(s, version=version, path=path, report={}, job_id=owner,
+                                  last_vote_id=last_vote)
+
+    def trainer_with(spec: str) -> tuple[Trainer, TrainConfig]:
+        config = TrainConfig.from_dict({"device": "cpu", "preference_model": spec,
+                                        "reward_weights": {"count": 1.0, "preference": 1.0}})
+        trainer = Trainer(config)
+        trainer.set_preference_model(PreferenceModel(FitConfig(width=8, ensemble=1)), 1)
+        return trainer, config
+
+    trainer, config = trainer_with("v1")
+    assert _resume_preference(trainer, config, job_id, 2, 5) == 9
+    assert trainer.preference_version == 2
+    trainer, config = trainer_with("latest")  # a newer fit (v3) does not replace it either
+    assert _resume_preference(trainer, config, job_id, 1, 5) == 5
+    assert trainer.preference_version == 1
+    trainer, config = trainer_with("mine/model.safetensors")
+    assert _resume_preference(trainer, config, job_id, 3, 0) == 0  # another job's v3
+    assert trainer.preference_version == 1
+    assert _resume_preference(trainer, config, job_id, 2, 0) == 9  # this job's refit
+    assert trainer.preference_version == 2
+
+
+def test_a_queued_jobs_preference_model_whose_file_went_is_said_without_a_traceback(settings):
+    import pytest
+
+    from worker.lease import JobError
+    from worker.preference import resolve_preference_spec
+
+    path = pref_svc.model_path(1)
+    with session_scope() as s:
+        pref_svc.record_model(s, version=1, path=path, report={})
+    with pytest.raises(JobError, match=r"^preference_model: preference model v1's file "
+                       r"preference/v1\.safetensors is gone"):
+        resolve_preference_spec("v1")
+    with pytest.raises(JobError, match=r"^preference_model: preference model v7 not found"):
+        resolve_preference_spec("v7")

@@ -150,6 +150,26 @@ def test_fit_preference_names_a_warm_start_that_is_no_preference_model(tmp_path,
         assert f"error: --warm-start {warm}: {says}" in err and not out.exists()
 
 
+def test_fit_preference_refuses_a_warm_start_damaged_inside(tmp_path, capsys):
+    """A warm start with NaN weights (its header whole) fitted an all-NaN model, exit 0."""
+    from safetensors.torch import load_file, save_file
+
+    from trainer.rewards.preference import FitConfig, PreferenceModel, saved_fit_fields
+
+    votes, storage, _ = _export(tmp_path, n=12)
+    good = tmp_path / "good.safetensors"
+    PreferenceModel(FitConfig()).save(good)
+    warm = tmp_path / "nan.safetensors"
+    save_file({k: v.fill_(float("nan")) for k, v in load_file(str(good)).items()}, str(warm),
+              metadata={"format": "preference-model", "report": "null",
+                        "fit_config": json.dumps(saved_fit_fields(good))})
+    out = tmp_path / "pref.safetensors"
+    assert main(["fit-preference", "--votes", str(votes), "--images", str(storage), "--out",
+                 str(out), "--device", "cpu", "--warm-start", str(warm)]) == 2
+    err = capsys.readouterr().err
+    assert "is a damaged preference model: NaN or infinite weights" in err and not out.exists()
+
+
 def test_fit_preference_leaves_out_votes_the_shapes_features_cannot_read(tmp_path, capsys):
     """As the studio's fit_preference job does (worker/preference.py): a vote on images that
     are not the shapes world's 32x32 ones is left out and counted as unreadable_images. The CLI

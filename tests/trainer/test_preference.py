@@ -531,3 +531,43 @@ def test_a_save_that_fails_midway_leaves_the_model_already_there_whole(tmp_path,
     from safetensors import safe_open
     with safe_open(str(target), framework="pt") as f:
         assert f.metadata()["votes_file"] == "earlier.jsonl"
+
+
+def _damaged_copies(tmp_path):
+    """A saved model rewritten four ways whose header still reads: (name, path, what the
+    refusal says)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    good = tmp_path / "good.safetensors"
+    PreferenceModel(FitConfig(width=8, ensemble=1)).save(good)
+    with safe_open(str(good), framework="pt") as f:
+        meta = f.metadata()
+    state = load_file(str(good))
+    fields = json.loads(meta["fit_config"])
+    out = []
+    for name, tensors, changed, says in (
+            ("width", state, {**fields, "width": 16}, "not of the network its fit settings"),
+            ("missing", dict(list(state.items())[1:]), fields, "not of the network"),
+            ("future", state, {**fields, "future_field": 1}, "saved settings do not read"),
+            ("nan", {k: v.clone().fill_(float("nan")) if v.is_floating_point() else v
+                     for k, v in state.items()}, fields, "NaN or infinite weights")):
+        path = tmp_path / f"{name}.safetensors"
+        save_file(tensors, str(path), metadata={**meta, "fit_config": json.dumps(changed)})
+        out.append((name, path, says))
+    return good, out
+
+
+def test_a_preference_model_damaged_inside_is_refused_naming_the_file(tmp_path):
+    """Weights of another width, a tensor missing, a field this version does not know and
+    NaN weights all passed the header checks: load_state_dict's RuntimeError, a TypeError or
+    a NaN reward came once a fit, a run or a job had started."""
+    from trainer.rewards.preference import model_file_problem
+
+    good, damaged = _damaged_copies(tmp_path)
+    assert model_file_problem(good) is None
+    for name, path, says in damaged:
+        with pytest.raises(ValueError, match=f"{path} is a damaged preference model") as error:
+            PreferenceModel.load(path)
+        assert says in str(error.value), name
+        assert model_file_problem(path) == str(error.value), name

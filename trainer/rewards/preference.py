@@ -348,24 +348,66 @@ class PreferenceModel:
 
     @classmethod
     def load(cls, path: str | Path, device: str = "cpu") -> PreferenceModel:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-        if meta.get("format") != "preference-model":
-            raise ValueError(f"{path} is not a preference model")
+        """The model saved at `path`; ValueError naming the file when it is not a preference
+        model or is damaged inside (settings that do not parse, weights of another network,
+        NaN or infinite weights): a whole header passed every check before, and the
+        traceback of load_state_dict came only once a job or a command had started."""
+        config, report, state = _read_saved(path, device)
+        model = cls(config, report=report)
+        try:
+            model.net.load_state_dict(state)
+        except RuntimeError as exc:  # missing, unexpected or differently shaped tensors
+            detail = str(exc).splitlines()[-1].strip() if str(exc) else "?"
+            raise ValueError(f"{path} is a damaged preference model: its weights are not of "
+                             f"the network its fit settings describe ({detail})") from None
+        return model
+
+
+def _read_saved(path: str | Path, device: str) -> tuple[FitConfig, FitReport | None,
+                                                         dict[str, torch.Tensor]]:
+    """The fit settings, report and weights saved at `path`, each checked (ValueError naming
+    the file and what is wrong)."""
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    if meta.get("format") != "preference-model":
+        raise ValueError(f"{path} is not a preference model")
+    try:
         fields = json.loads(meta["fit_config"])
-        state = load_file(str(path), device=device)
         # saved before shared features: whole networks; before ensembles: one network
         fields.setdefault("shared_features", False)
         fields.setdefault("label_smoothing", 0.0)
         fields.setdefault("spread_pooling", False)
+        state = load_file(str(path), device=device)
         if not any(k.startswith(("members.", "first.")) for k in state):
             state = {f"members.0.{k}": v for k, v in state.items()}
             fields["ensemble"] = 1
         config = FitConfig(**{**fields, "device": device})
-        report_data = json.loads(meta["report"])
-        model = cls(config, report=FitReport(**report_data) if report_data else None)
-        model.net.load_state_dict(state)
-        return model
+        report_data = json.loads(meta.get("report", "null"))
+        report = FitReport(**report_data) if report_data else None
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        # a field this version does not know (a newer version's file), or a header edited
+        raise ValueError(f"{path} is a damaged preference model: its saved settings do not "
+                         f"read ({type(exc).__name__}: {exc})") from None
+    if bad := [k for k, v in state.items() if v.is_floating_point() and not v.isfinite().all()]:
+        raise ValueError(f"{path} is a damaged preference model: NaN or infinite weights in "
+                         f"{', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} (a diverged "
+                         "fit?); refit it")
+    return config, report, state
+
+
+def model_file_problem(path: str | Path) -> str | None:
+    """Why the preference model at `path` would not load (PreferenceModel.load's message),
+    or None. One on CLIP features is read without its network: building that loads the CLIP
+    encoder (clip_dir_problem checks its directory)."""
+    from safetensors import SafetensorError
+
+    try:
+        config, _, _ = _read_saved(path, "cpu")
+        if config.features == "shapes":
+            PreferenceModel.load(path, "cpu")
+    except (SafetensorError, OSError, ValueError) as exc:
+        return str(exc)
+    return None
 
 
 # what CLIPModel.from_pretrained and CLIPProcessor.from_pretrained read from a local directory
