@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from app.errors import ServiceError
 
@@ -64,7 +65,35 @@ def setup_problem(exc: Exception) -> str | None:
     if isinstance(exc, OperationalError):
         return f"the database (DATABASE_URL) cannot be reached: {first}"
     if isinstance(exc, OSError):
+        # Gradio's upload folder is the server's one path outside DATA_DIR and STORAGE_DIR
+        gradio = os.environ.get("GRADIO_TEMP_DIR")
+        failed = [str(f) for f in (exc.filename, exc.filename2) if f]
+        if gradio and any(_under(f, gradio) for f in failed):
+            return f"GRADIO_TEMP_DIR: {exc}"
         return f"{exc} (check DATA_DIR and STORAGE_DIR)"
+    return None
+
+
+def _under(path: str, folder: str) -> bool:
+    try:
+        return Path(path).resolve().is_relative_to(Path(folder).resolve())
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
+def serve_problem() -> str | None:
+    """One line for a directory serve must write and cannot, before it prints its banner and
+    migrates: STORAGE_DIR (the lifespan's mkdir ended serve in a 70-line traceback) and a
+    GRADIO_TEMP_DIR the operator named (Gradio's upload folder, made when the UI mounts). The
+    worker checks STORAGE_DIR the same way (worker/preflight.py)."""
+    from app.config import get_settings
+    from app.services.storage import unwritable
+
+    if (problem := unwritable(get_settings().resolved_storage_dir, "the server")) is not None:
+        return f"STORAGE_DIR: {problem}"
+    if (gradio := os.environ.get("GRADIO_TEMP_DIR")) and (
+            problem := unwritable(Path(gradio), "the server")) is not None:
+        return f"GRADIO_TEMP_DIR: {problem}"
     return None
 
 
@@ -72,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        from app.config import get_settings
+
+        # the settings first: a malformed one is said before anything starts, and a .env
+        # key no setting reads is warned of (app.config) before Alembic configures logging
+        get_settings()
         return _run(parser, args)
     except Exception as exc:
         problem = setup_problem(exc)
@@ -85,7 +119,11 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "serve":
         from app.serve import serve
 
-        return serve(args.host, _port(parser, args.port), worker=not args.no_worker,
+        port = _port(parser, args.port)
+        if (problem := serve_problem()) is not None:
+            print(f"error: {problem}", file=sys.stderr)
+            return 1
+        return serve(args.host, port, worker=not args.no_worker,
                      demo_job=not args.no_demo_job)
 
     if args.command == "migrate":

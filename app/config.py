@@ -8,6 +8,9 @@ transport under `DATA_DIR/broker`).
 
 from __future__ import annotations
 
+import difflib
+import logging
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,15 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 # where the Gradio UI is mounted: the UI, and the stored-files guard and body limit that
 # watch its routes, all read it here (app.ui imports gradio, too heavy for the middleware)
 UI_PATH = "/ui"
+
+log = logging.getLogger(__name__)
+
+# the longest period a worker's timing setting (JOB_HEARTBEAT_SECONDS, JOB_STALE_SECONDS,
+# REAPER_INTERVAL_SECONDS) may have: a week, as BROKER_VISIBILITY_TIMEOUT's default. An
+# infinite or huge one does not mean "never": it overflowed the dates computed from it (every
+# job submission a 500 after its job was queued, the reaper a traceback each round) and
+# Event.wait (the reaper thread died)
+MAX_PERIOD_SECONDS = 7 * 24 * 3600
 
 
 class Settings(BaseSettings):
@@ -73,21 +85,23 @@ class Settings(BaseSettings):
         "redelivers an unacknowledged task; keep it longer than the longest job, or a running "
         "job's message reaches a second worker. Read only with a BROKER_URL; default a week.")
     job_heartbeat_seconds: float = Field(
-        10.0, gt=0, description="JOB_HEARTBEAT_SECONDS: a running job's heartbeat period in seconds "
-        "(a thread beats, so a long iteration never looks like a dead worker).")
+        10.0, gt=0, le=MAX_PERIOD_SECONDS, allow_inf_nan=False, description="JOB_HEARTBEAT_SECONDS: "
+        "a running job's heartbeat period in seconds (a thread beats, so a long iteration never "
+        "looks like a dead worker); at most a week.")
     job_stale_seconds: float = Field(
-        120.0, gt=0, description="JOB_STALE_SECONDS: a running job with no heartbeat for this many "
+        120.0, gt=0, le=MAX_PERIOD_SECONDS, allow_inf_nan=False, description="JOB_STALE_SECONDS: a running job with no heartbeat for this many "
         "seconds has lost its worker: the reaper requeues it (or fails it after "
         "JOB_MAX_ATTEMPTS runs) and another worker may claim it. Also the least time an "
-        "unseen worker still counts as live.")
+        "unseen worker still counts as live. At most a week.")
     job_max_attempts: int = Field(
         3, ge=1, description="JOB_MAX_ATTEMPTS: runs of one job that may lose their worker (the "
         "reaper requeues the job after each) before the reaper marks it failed. A worker's "
         "own shutdown (SIGTERM) does not count, and a resume starts the count again.")
     reaper_interval_seconds: float = Field(
-        30.0, gt=0, description="REAPER_INTERVAL_SECONDS: how often each worker looks for stale jobs "
-        "and reports itself live; a worker unseen for three intervals (and JOB_STALE_SECONDS) "
-        "is no longer counted.")
+        30.0, gt=0, le=MAX_PERIOD_SECONDS, allow_inf_nan=False, description=(
+            "REAPER_INTERVAL_SECONDS: how often each worker looks for stale jobs and reports "
+            "itself live; a worker unseen for three intervals (and JOB_STALE_SECONDS) is no "
+            "longer counted. At most a week."))
     train_nproc: int = Field(
         1, ge=1, description="TRAIN_NPROC: processes (GPUs) per train job on this worker; above 1 "
         "the job runs under torchrun (DDP). A multi-host job runs train_nnodes x TRAIN_NPROC "
@@ -162,6 +176,10 @@ class Settings(BaseSettings):
                 problem := allowed_origins_problem(allowed)) is not None:
             problems.append(InitErrorDetails(type=PydanticCustomError(
                 "value_error", f"ALLOWED_ORIGINS: {problem}"), loc=(), input=data))
+        if isinstance(broker := values.get("broker_url"), str) and (
+                problem := broker_url_problem(broker)) is not None:
+            problems.append(InitErrorDetails(type=PydanticCustomError(
+                "value_error", f"BROKER_URL: {problem}"), loc=(), input=data))
         if problems:
             raise ValidationError.from_exception_data(cls.__name__, problems)
         return settings
@@ -185,6 +203,69 @@ class Settings(BaseSettings):
         return (self.reward_models_dir or self.data_dir / "reward_models").resolve()
 
 
+def broker_url_problem(url: str) -> str | None:
+    """Why `url` cannot be a Celery broker's URL: a scheme no kombu transport has (http://...),
+    or none at all. Such a URL failed only at the first job's send, and was then reported as an
+    outage ("try again when it is back") at every submission; it is a setting to fix, refused
+    at start. `transport+url` (sqla+postgresql://) counts by its transport. Never echoes the
+    URL, which may hold a password. Empty: unset (the embedded broker)."""
+    if not url:
+        return None
+    from kombu.transport import TRANSPORT_ALIASES
+
+    scheme = url.partition("://")[0] if "://" in url else ""
+    if scheme.partition("+")[0] in TRANSPORT_ALIASES:
+        return None
+    said = (f"the scheme {scheme!r} is no Celery transport's" if scheme
+            else "not a URL (no scheme://)")
+    schemes = ", ".join(sorted({alias.lower() for alias in TRANSPORT_ALIASES}))
+    return (f"{said}: use e.g. redis://host:6379/0 (the schemes: {schemes}), or leave "
+            "BROKER_URL unset for the embedded broker")
+
+
+# variables a .env may hold for docker compose, which reads the same file for the ${...} in
+# docker-compose.yml: not settings of the studio, and not misspelt ones
+COMPOSE_FILE = Path(__file__).resolve().parent.parent / "docker-compose.yml"
+
+
+def _compose_variables() -> set[str]:
+    try:
+        text = COMPOSE_FILE.read_text(encoding="utf-8")
+    except OSError:
+        return set()
+    return set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", text))
+
+
+def env_file_unknown_keys(env_file: Path | str | None = None) -> str | None:
+    """One line naming the keys of the .env file that no setting reads, each with the nearest
+    setting's name: `extra="ignore"` dropped them silently, and a DATABSE_URL there left the
+    studio on its SQLite default without a word. A warning, not a refusal: the file is shared
+    with docker compose, and an unread key stops nothing. Only the file's keys: the process
+    environment holds many variables that are no setting (PATH, HOME, ...). None when every
+    key is known or there is no file."""
+    from dotenv import dotenv_values
+
+    path = Path(env_file or Settings.model_config.get("env_file") or ".env")
+    if not path.is_file():
+        return None
+    try:
+        keys = list(dotenv_values(path, encoding="utf-8"))
+    except (OSError, UnicodeError):  # pydantic-settings names an unreadable file itself
+        return None
+    known = [name.upper() for name in Settings.model_fields]
+    ignored = _compose_variables()
+    said = []
+    for key in keys:
+        upper = key.upper()  # the settings are read case-insensitively
+        if upper in known or upper in ignored or upper.startswith("COMPOSE_"):
+            continue
+        near = difflib.get_close_matches(upper, known, n=1)
+        said.append(f"{key} (did you mean {near[0]}?)" if near else key)
+    if not said:
+        return None
+    return (f"{path} holds key(s) no setting reads, ignored: {', '.join(said)}")
+
+
 def settings_problem(exc: ValidationError) -> str:
     """One line naming every setting the environment got wrong: a field's error names its
     variable; a rule over several (a model validator) names them in its own message, pydantic's
@@ -196,4 +277,8 @@ def settings_problem(exc: ValidationError) -> str:
 
 @lru_cache
 def get_settings() -> Settings:
+    # once per process (cached): every start reads the settings here, the server's commands,
+    # uvicorn's app and the worker alike
+    if (unknown := env_file_unknown_keys()) is not None:
+        log.warning("warning: %s", unknown)
     return Settings()

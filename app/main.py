@@ -14,7 +14,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response
-from sqlalchemy.exc import DataError
+from sqlalchemy import text
+from sqlalchemy.exc import DataError, OperationalError, SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import db, queue
@@ -70,6 +71,16 @@ def capped_problems(problems: list[tuple[str, str]], unlisted: int = 0
         kept.append(("body", f"{more} more problem(s) not listed (the first "
                              f"{MAX_PROBLEMS_LISTED} are)"))
     return kept
+
+
+def database_problem(exc: SQLAlchemyError) -> str:
+    """The one line a request (503) and the log say when the database failed it: its driver's
+    first line, naming the setting, or the migration to run when it has no tables."""
+    lines = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    first = lines[0] if lines else type(exc).__name__
+    if "no such table" in first:  # SQLite's, a database never migrated
+        return f"the database has no tables yet ({first}): run `python -m app migrate`"
+    return f"the database (DATABASE_URL) cannot be reached: {first}; try again when it is back"
 
 
 def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = None,
@@ -166,6 +177,15 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
         return EscapingJSONResponse({"detail": f"value out of range: {exc.orig}"},
                                     status_code=422)
 
+    @app.exception_handler(OperationalError)
+    async def database_away(request: Request, exc: OperationalError) -> EscapingJSONResponse:
+        # the database refused or dropped the connection (stopped, restarted, the network):
+        # an outage, as the broker's is (a 503, app.services.jobs), not a bug; each request
+        # was a plain-text 500 and a 220-line traceback in the log
+        detail = database_problem(exc)
+        log.warning("%s %s: %s", request.method, request.url.path, detail)
+        return EscapingJSONResponse({"detail": detail, "field": "database"}, status_code=503)
+
     @app.exception_handler(RequestValidationError)
     async def request_invalid(request: Request,
                               exc: RequestValidationError) -> EscapingJSONResponse:
@@ -259,8 +279,19 @@ def create_app(settings: Settings | None = None, *, enqueuer: Enqueuer | None = 
         return FileResponse(FAVICON, media_type="image/svg+xml",
                             headers={"Cache-Control": "public, max-age=86400"})
 
-    @app.get("/healthz", tags=["health"])
-    def healthz() -> dict[str, str]:
+    @app.get("/healthz", tags=["health"], response_model=dict[str, str], responses={
+        503: {"description": "the database cannot be reached (`detail` says why)"}})
+    def healthz() -> Any:
+        """200 while the server can reach its database, else 503: what docker-compose's health
+        check asks. One `SELECT 1` on a pooled connection; no token needed."""
+        try:
+            with db.get_engine().connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except SQLAlchemyError as exc:
+            detail = database_problem(exc)
+            log.warning("GET /healthz: %s", detail)
+            return EscapingJSONResponse({"status": "unavailable", "detail": detail},
+                                        status_code=503)
         return {"status": "ok"}
 
     if mount_ui:  # the Gradio UI at /ui (gradio is a server dependency: a missing one is an error)

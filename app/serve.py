@@ -30,6 +30,7 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
+from app.config import Settings
 from app.errors import Unavailable
 from app.parent_death import die_with_parent
 from app.services.jobs import SHAPES_DATASET, Enqueuer
@@ -231,16 +232,27 @@ class _RedactSessionIds(logging.Filter):
         return True
 
 
+def settings_banner(settings: Settings) -> list[str]:
+    """serve's first lines: where its data, database and broker are, with no password (a
+    terminal's scrollback and a service's log keep them): the database's credentials are left
+    out, the broker's password written as ** (kombu's own masking, as Celery's banner does)."""
+    from kombu.utils.url import maybe_sanitize_url
+
+    broker = (maybe_sanitize_url(settings.broker_url) if settings.broker_url
+              else "embedded (filesystem, under DATA_DIR/broker)")
+    return [f"data directory: {Path(settings.data_dir).resolve()}",
+            f"database:       {settings.resolved_database_url.split('@')[-1]}",
+            f"broker:         {broker}"]
+
+
 def serve(host: str = "127.0.0.1", port: int = 8000, worker: bool = True,
           demo_job: bool = True) -> int:
     import uvicorn
 
     from app.config import get_settings
 
-    settings = get_settings()
-    print(f"data directory: {Path(settings.data_dir).resolve()}")
-    print(f"database:       {settings.resolved_database_url.split('@')[-1]}")
-    print(f"broker:         {settings.broker_url or 'embedded (filesystem, under DATA_DIR/broker)'}")
+    for line in settings_banner(get_settings()):
+        print(line)
     info = bootstrap(demo_job=demo_job)
     print(f"dataset:        '{SHAPES_DATASET}' (id {info.dataset_id}), the 48 shapes prompts")
     if info.admin_token:

@@ -16,6 +16,22 @@ def storage_root(root: Path | None = None) -> Path:
     return root
 
 
+def unwritable(directory: Path, who: str = "this process") -> str | None:
+    """Why `directory` cannot take this process's files (made if missing, a file created in
+    it), or None: a path under a file (NotADirectoryError), a read-only or full disk. A start
+    that checks it says so in one line naming the setting; found later, it was a traceback
+    (the server's lifespan: 70 lines) or a failure in every job."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        lines = str(exc).strip().splitlines()
+        return (f"{directory} is not a directory {who} can write "
+                f"({type(exc).__name__}: {lines[0] if lines else ''})")
+    return None
+
+
 def resolve(rel_path: str, root: Path | None = None) -> Path:
     """The file `rel_path` names inside the storage root; NotFound for anything outside it
     (absolute paths, `..`, symlinks that leave the root) or missing."""
