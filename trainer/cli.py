@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from trainer.config import (
+    PATH_FIELDS,
     PREFERENCE_WITHOUT_WEIGHT,
     PRESETS,
     REAL_MODEL_SAMPLE_BATCH,
@@ -205,12 +206,18 @@ def _parse_overrides(pairs: list[str], problems: list[ConfigError] | None = None
                                    "then its value as JSON or text)"))
         else:
             try:
-                out[key] = loads_strict(value)
+                parsed = loads_strict(value)
             except RepeatedKeyError as exc:  # JSON all the same: which value was meant?
                 bad.append(ConfigError("--set", f"{key}=...: {exc.msg} (which value is "
                                        "meant?)"))
+                continue
             except json.JSONDecodeError:
-                out[key] = value
+                parsed = value
+            if key in out and out[key] != parsed:
+                # the last one won without a word, as --method beside --set method= did
+                bad.append(ConfigError(f"--set {key}", f"given twice, {out[key]!r} and "
+                                       f"{parsed!r}: which one is meant? give it once"))
+            out[key] = parsed
     if bad and problems is None:
         raise ConfigErrors(bad) if len(bad) > 1 else bad[0]
     if problems is not None:
@@ -259,6 +266,12 @@ def train_config_of(args: argparse.Namespace) -> TrainConfig:
             # for a preset's, rather than refused as a value this command never gave
             saved.pop("gradient_checkpointing_fraction", None)
         spec, overrides = None, {**saved, **overrides}
+    else:
+        # a JSON --config file's paths are kept absolute too, as --set's are (they were
+        # saved as typed: a relative model_path broke `sample --checkpoint` and `--resume`
+        # from any other directory); relative to where the command runs, as --set's
+        overrides = {**{k: v for k, v in absolute_paths(_config_file_fields(args)).items()
+                        if k in PATH_FIELDS}, **overrides}
     # the fields only the studio's train jobs act on, given on the command line: refused
     given = {**_config_file_fields(args), **_parse_overrides(args.set, [])}  # bad ones said
     problems += [ConfigError(name, f"{why}; leave {name} out (or {default!r})")
@@ -626,9 +639,22 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"note: --config {args.config} is not applied on --resume: the run goes on with "
               f"its saved {out / 'config.json'} (--set changes what a resume may change)",
               file=sys.stderr)
-    run = RunDirectory(out, config, resume=args.resume, given=given)
-    with _first_interrupt_stops() as stop_requested:
-        finished = run.train(progress=not args.no_progress, stop_requested=stop_requested)
+    from trainer.rewards.remote import RewardServerError
+
+    run = RunDirectory(out, config, resume=args.resume, given=given)  # a server down: exit 2
+    try:
+        with _first_interrupt_stops() as stop_requested:
+            finished = run.train(progress=not args.no_progress, stop_requested=stop_requested)
+    except RewardServerError as exc:
+        # gone mid-run: a failure of the run (exit 1, as an out-of-memory stop), not of the
+        # command line (2), and the run goes on from its newest checkpoint
+        newest = latest_checkpoint(run.checkpoints_dir)
+        print(f"error: {exc} (at iteration {run.trainer.iteration + 1}; "
+              + (f"checkpoint {newest}; " if newest is not None else "no checkpoint yet; ")
+              + f"continue with `python -m trainer train --resume --out {out}` once the "
+              "server is back, or with --set reward_server_url= to score in this process)",
+              file=sys.stderr)
+        return 1
     if not finished:
         newest = latest_checkpoint(run.checkpoints_dir)
         if newest is None:  # stopped inside the first iteration: nothing to continue from
@@ -1199,6 +1225,9 @@ def _reward_list(args: argparse.Namespace, model: str | None
         elif name not in names:  # a typo in either list would otherwise go unnoticed
             problems.append(ConfigError("--reward-model-path", f"{name!r} is not among the "
                                         f"rewards evaluated ({', '.join(names)})"))
+        elif name in paths and paths[name] != path:  # the last one won without a word
+            problems.append(ConfigError("--reward-model-path", f"{name!r} given twice, "
+                                        f"{paths[name]!r} and {path!r}: give it once"))
         else:
             paths[name] = path
     if args.reward_server_url and known:  # a job's reward_server_url rules, the CLI's names
@@ -1374,7 +1403,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     # absolute: the JSON is read later, from other directories
     result["checkpoint"] = str(Path(args.checkpoint).absolute()) if args.checkpoint else "base"
     result["batch_size"] = batch_size
-    result["prompts"] = args.prompts_file or "the shapes prompts"
+    # absolute, as the checkpoint: the JSON is read from other directories
+    result["prompts"] = (str(Path(args.prompts_file).absolute()) if args.prompts_file
+                         else "the shapes prompts")
     # what the numbers were measured with, so two result files can be told apart
     real = uses_model_directory(spec.name)
     result["setting"] = {"model": spec.name, "model_path": spec.path or None,
@@ -1513,7 +1544,7 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
                         "only)")
     parser.add_argument("--guidance-scale", type=guidance_scale, default=None,
                         help="FLUX.1-dev guidance / SD3 CFG scale (default: the checkpoint's "
-                        "run, else 3.5)")
+                        "run, else the model's preset: 3.5 for flux, 4.5 for sd3)")
     precisions = TrainConfig.__dataclass_fields__["mixed_precision"].metadata["choices"]
     parser.add_argument("--mixed-precision", choices=precisions, default=None,
                         help="weights and compute dtype, as the train config's mixed_precision: "

@@ -560,7 +560,11 @@ class TrainConfig(StudioArguments, RunArguments, AlgorithmArguments, ModelArgume
                   and value.is_integer()):
                 out.append(ConfigError(f.name, decimal_point_message(value)))
             elif not isinstance(value, expected):
-                out.append(ConfigError(f.name, f"must be {_type_text(f)}, got {value!r}"))
+                # 'inf' and 'nan' are text to JSON (--set sigma=inf): said as the number
+                # they mean, not as "must be a number"
+                out.append(ConfigError(f.name, f"must be a finite number, got {value!r}"
+                                       if str(f.type) == "float" and _non_finite_text(value)
+                                       else f"must be {_type_text(f)}, got {value!r}"))
             elif isinstance(value, float) and not math.isfinite(value):
                 out.append(ConfigError(f.name, f"must be a finite number, got {value!r}"))
             elif isinstance(value, str) and len(value) > MAX_TEXT:
@@ -1037,6 +1041,14 @@ def load_config(spec: str | None, overrides: dict[str, Any] | None = None) -> Tr
 # preference_model too: a relative one stored as typed was looked for from the directory a
 # --resume ran in, and the absolute path that named the same file was refused as a change
 PATH_FIELDS = ("model_path", "base_checkpoint", "preference_model")
+
+
+def _non_finite_text(value: Any) -> bool:
+    """Whether `value` is text naming a non-finite number ('inf', '-Infinity', 'nan')."""
+    try:
+        return isinstance(value, str) and not math.isfinite(float(value))
+    except ValueError:
+        return False
 
 
 def absolute_paths(config: dict) -> dict:

@@ -514,3 +514,19 @@ def test_a_resume_onto_another_networks_checkpoint_is_one_line_naming_it(
         f"error: checkpoint {foreign} does not fit this run's model"), lines
     assert "delete it to resume from the checkpoint before it" in lines[0]
     assert _tree(run) == before
+
+
+def test_a_config_files_relative_paths_are_stored_absolute_as_sets_are(
+        tmp_path: Path, preference_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A JSON --config file's preference_model (model_path, base_checkpoint alike) was saved
+    as typed: `--resume` and `sample --checkpoint` from another directory could not find it.
+    Relative to the directory the command runs in, as --set's paths."""
+    monkeypatch.chdir(tmp_path)
+    config_file = tmp_path / "cfg" / "c.json"
+    config_file.parent.mkdir()
+    config_file.write_text(json.dumps({
+        "reward_weights": {"count": 1, "preference": 1},
+        "preference_model": preference_file.name, "iterations": 2}))
+    config = train_config_of(build_parser().parse_args(
+        ["train", "--config", str(config_file), "--out", str(tmp_path / "run")]))
+    assert config.preference_model == str(preference_file) and config.iterations == 2

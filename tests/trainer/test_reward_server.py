@@ -1035,3 +1035,34 @@ def test_evaluate_scores_through_a_reward_server_as_in_process(server, tmp_path,
     assert "--reward-server-url" in capsys.readouterr().err
     assert main([*common[:-1], "count,hpsv2", "--reward-server-url", server.url]) == 2
     assert "does not serve ['hpsv2']" in capsys.readouterr().err
+
+
+def test_a_server_that_fails_mid_run_stops_train_with_exit_1_and_the_resume(tmp_path, capsys):
+    """A server lost mid-run was exit 2 (a command-line mistake's) with no word of the run's
+    checkpoint: the run failed, and `--resume` goes on from where it stopped."""
+    from trainer.cli import main
+
+    calls = []
+
+    def fails_after_the_first_iteration(images: np.ndarray, prompts: list[str]) -> np.ndarray:
+        calls.append(len(images))
+        if len(calls) > 1:
+            raise RuntimeError("the scoring card went away")
+        return np.zeros(len(images), dtype=np.float32)
+
+    register_reward("test_fails_later", fails_after_the_first_iteration)
+    try:
+        with ServerThread(create_app(["count", "test_fails_later"], device="cpu",
+                                     max_wait_ms=0)) as running:
+            out = tmp_path / "run"
+            code = main(["train", "--config", "tiny", "--set", "device=cpu", "--set",
+                         "iterations=3", "--set", "checkpoint_every=1", "--set",
+                         f"reward_server_url={running.url}", "--set",
+                         'reward_weights={"count": 1.0, "test_fails_later": 1.0}',
+                         "--out", str(out), "--no-progress"])
+    finally:
+        registry._REWARDS.pop("test_fails_later", None)
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err, err
+    assert "(at iteration 2; checkpoint " in err and "iter-000001" in err, err
+    assert f"continue with `python -m trainer train --resume --out {out}`" in err
