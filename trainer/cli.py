@@ -699,7 +699,11 @@ def read_votes(path: Path, images: Path, include_excluded: bool = False,
         raise FileNotFoundError(f"--votes: {path} is not a file")
     # read as bytes: a line that is not UTF-8 is one more bad line, named with the others
     # (decoding the whole file raised "'utf-8' codec can't decode ..." naming no file)
-    lines, bad_encoding = decode_lines(path.read_bytes())
+    data = path.read_bytes()
+    if data.startswith(b"PAR1"):  # the studio's other export: one line per byte run, said
+        raise ValueError(f"--votes: {path} is a Parquet file; fit-preference reads JSON lines: "
+                         "export the votes with format=jsonl (GET /api/votes/export?format=jsonl)")
+    lines, bad_encoding = decode_lines(data)
     pairs, problems = [], list(bad_encoding.values())
     decoded: dict[str, np.ndarray] = {}
     vote_lines: dict[str, int] = {}  # vote_id -> the line that first gave it

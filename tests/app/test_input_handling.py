@@ -228,8 +228,8 @@ def test_superscript_preference_versions_are_a_422_not_a_500(client, admin):
 def test_the_worker_reads_the_spec_as_submission_does(settings):
     import pytest
 
-    from app.errors import NotFound
     from trainer.config import TrainConfig
+    from worker.lease import JobError
     from worker.preference import resolve_preference
 
     def config(spec: str) -> TrainConfig:
@@ -239,8 +239,9 @@ def test_the_worker_reads_the_spec_as_submission_does(settings):
     for spec in ("²", "v²"):
         with pytest.raises(FileNotFoundError, match="preference_model"):
             resolve_preference(config(spec))
-    for spec in ("v3", f"v{2**40}"):
-        with pytest.raises(NotFound):
+    for spec in ("v3", f"v{2**40}"):  # gone while the job waited: said, not traced back
+        with pytest.raises(JobError, match=r"^preference_model: preference model v\d+ not "
+                           "found"):
             resolve_preference(config(spec))
 
 

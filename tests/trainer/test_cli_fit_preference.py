@@ -258,3 +258,19 @@ def test_fit_preference_replaces_only_a_preference_model_at_out(tmp_path, capsys
     first = model.read_bytes()
     assert main([*common, "--set", "seed=1", "--out", str(model)]) == 0  # refitted in place
     assert model.read_bytes() != first
+
+
+def test_fit_preference_names_a_parquet_export_in_one_line(tmp_path, capsys):
+    """The studio's parquet export was read as text: a wall of "line N: bad encoding"."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    votes = tmp_path / "votes.parquet"
+    pq.write_table(pa.table({"vote_id": [1, 2], "outcome": ["a", "b"]}), votes)
+    out = tmp_path / "pref.safetensors"
+    assert main(["fit-preference", "--votes", str(votes), "--images", str(tmp_path), "--out",
+                 str(out), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: --votes: {votes} is a Parquet file; fit-preference reads JSON "
+                   "lines: export the votes with format=jsonl (GET /api/votes/export?"
+                   "format=jsonl)") and not out.exists()

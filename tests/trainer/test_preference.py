@@ -571,3 +571,14 @@ def test_a_preference_model_damaged_inside_is_refused_naming_the_file(tmp_path):
             PreferenceModel.load(path)
         assert says in str(error.value), name
         assert model_file_problem(path) == str(error.value), name
+
+
+def test_a_fit_on_ties_alone_has_no_training_accuracy_rather_than_zero():
+    """With no decisive vote to be right or wrong about, train_accuracy was 0.0 (the held-out
+    accuracy said null for the same reason)."""
+    rng = np.random.default_rng(0)
+    pairs = [PreferencePair(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8),
+                            rng.integers(0, 255, (32, 32, 3), dtype=np.uint8),
+                            "one red circle", "tie", key=str(i)) for i in range(12)]
+    report = fit_preference_model(pairs, FitConfig(width=8, epochs=1, ensemble=1)).report
+    assert report.train_accuracy is None and report.heldout_accuracy is None, report

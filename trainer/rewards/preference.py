@@ -68,7 +68,7 @@ class FitReport:
     heldout_pairs: int
     heldout_accuracy: float | None  # on decisive held-out pairs
     heldout_log_loss: float | None
-    train_accuracy: float
+    train_accuracy: float | None  # None: no decisive (a or b) vote among those trained on
     seconds: float
     # on the decisive held-out pairs, against the votes: how far the model's confidence is
     # from how often it is right (0: calibrated); None in files fitted before it was reported
@@ -678,7 +678,7 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
     model.report = FitReport(
         version=version, votes_total=len(pairs), votes_fitted=len(usable), votes_ignored=ignored,
         train_pairs=len(train), heldout_pairs=len(held), heldout_accuracy=held_acc,
-        heldout_log_loss=held_loss, train_accuracy=train_acc or 0.0,
+        heldout_log_loss=held_loss, train_accuracy=train_acc,
         seconds=time.perf_counter() - start, heldout_calibration_error=held_calibration,
         extra={"split": split, "epochs": config.epochs, "warm_start": warm_from is not None,
                "warm_start_version": warm_from})
