@@ -62,17 +62,12 @@ def bootstrap(demo_job: bool = True, enqueuer: Enqueuer | None = None) -> Bootst
     from app.db import session_scope
     from app.migrate import upgrade
     from app.models import Job, User
-    from app.services import auth, datasets, jobs
-    from trainer.shapes.world import all_prompts
+    from app.services import auth, jobs
 
     upgrade(quiet=True)
     token = job_id = arena_id = None
     with session_scope() as s:
-        ds_id = jobs.shapes_dataset_id(s)
-        if ds_id is None:
-            data = ("\n".join(all_prompts()) + "\n").encode()
-            ds_id = datasets.import_dataset(s, filename="shapes.txt", data=data,
-                                            name=SHAPES_DATASET).dataset.id
+        ds_id = jobs.ensure_shapes_dataset(s)
         if s.scalar(select(User.id).where(User.role == "admin").limit(1)) is None:
             _, token = auth.create_user(s, "admin", "admin")
         if demo_job and not s.scalar(select(func.count()).select_from(Job)):

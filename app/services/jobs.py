@@ -977,6 +977,20 @@ def shapes_dataset_id(session: Session) -> int | None:
                           .order_by(Dataset.id).limit(1))
 
 
+def ensure_shapes_dataset(session: Session) -> int:
+    """The built-in prompts' dataset (SHAPES_DATASET), loaded when it is not there: by
+    `python -m app serve` at its start, and on demand where a deployment never ran it (the
+    compose api runs `migrate` and uvicorn) or it was deleted."""
+    from app.services.datasets import import_dataset
+    from trainer.shapes.world import all_prompts
+
+    if (ds_id := shapes_dataset_id(session)) is not None:
+        return ds_id
+    data = ("\n".join(all_prompts()) + "\n").encode()
+    return import_dataset(session, filename="shapes.txt", data=data,
+                          name=SHAPES_DATASET).dataset.id
+
+
 def launch_job(session: Session, enqueuer: Enqueuer | None, kind: str,
                config: dict[str, Any] | None = None, *, preset: str | None = None,
                dataset_id: int | None = None, user: User | None = None) -> Job:
@@ -1058,13 +1072,9 @@ def send_to_arena(session: Session, enqueuer: Enqueuer | None, source_job_id: in
         raise Invalid(f"job {src.id} trained on the {len(cfg['prompts'])} prompts of its "
                       "config, not on a dataset, and the arena samples a dataset: upload them "
                       "as one and launch a rollout job on it", field="dataset_id")
-    if ds_id is None:  # trained on the built-in prompts, which the server loads as SHAPES_DATASET
-        ds_id = shapes_dataset_id(session)
-        if ds_id is None:
-            raise Invalid(f"job {src.id} trained on the built-in prompts and the {SHAPES_DATASET!r} "
-                          "dataset that holds them was deleted: restart the server (it loads "
-                          "them again) or launch a rollout job on another dataset",
-                          field="dataset_id")
+    if ds_id is None:  # trained on the built-in prompts: SHAPES_DATASET, loaded if need be
+        # (it was "deleted: restart the server" where only `migrate` had run, as in compose)
+        ds_id = ensure_shapes_dataset(session)
     from trainer.config import TrainConfig
 
     run = TrainConfig.from_stored(cfg)  # a train job's stored config holds every field

@@ -105,18 +105,23 @@ def test_send_to_arena_samples_only_the_prompts_the_job_trained_on(settings, ses
 
     other = datasets.import_dataset(session, filename="o.txt", data=b"two blue squares\n",
                                     name="other").dataset.id
+    from trainer.shapes.world import all_prompts
+
     builtin = jobs.launch_job(session, enqueuer, "train", {"num_anchors": 2}, preset="tiny")
-    with pytest.raises(Invalid, match="'shapes' dataset that holds them was deleted"):
-        jobs.send_to_arena(session, enqueuer, builtin.id)
+    # the built-in prompts' dataset missing (a compose deployment runs `migrate`, never
+    # `serve`, which loads it): loaded now, not "deleted: restart the server"
+    assert jobs.shapes_dataset_id(session) is None
+    job, _ = jobs.send_to_arena(session, enqueuer, builtin.id)
+    shapes = jobs.shapes_dataset_id(session)
+    assert job.config["dataset_id"] == shapes != other
+    assert datasets.prompt_texts(session, shapes, "all") == all_prompts()
     own = jobs.launch_job(session, enqueuer, "train", {"num_anchors": 2,
                                                        "prompts": ["one red circle"]},
                           preset="tiny")
     with pytest.raises(Invalid, match="trained on the 1 prompts of its config"):
         jobs.send_to_arena(session, enqueuer, own.id)
-    shapes = datasets.import_dataset(session, filename="shapes.txt", data=b"one red circle\n",
-                                     name=jobs.SHAPES_DATASET).dataset.id
     job, _ = jobs.send_to_arena(session, enqueuer, builtin.id)
-    assert job.config["dataset_id"] == shapes != other
+    assert job.config["dataset_id"] == shapes
     on_other = jobs.launch_job(session, enqueuer, "train", {"num_anchors": 2}, preset="tiny",
                                dataset_id=other)
     job, _ = jobs.send_to_arena(session, enqueuer, on_other.id)
