@@ -683,7 +683,7 @@ def read_votes(path: Path, images: Path, include_excluded: bool = False,
                excluded: list[int] | None = None) -> list:
     """PreferencePairs from a JSONL votes file in the studio's export format: image_0 is the
     left image (outcome "a"), image_1 the right; paths relative to `images`; the vote_id, when
-    given, is the pair's key (its held-out split is then the studio's). Votes marked excluded
+    given, is the pair's key (the votes are then held out by pair, as the studio's are). Votes marked excluded
     are left out, as the studio's fit leaves them out (their line numbers appended to
     `excluded`). ValueError listing every bad line, a
     repeated vote_id's included."""
@@ -807,8 +807,9 @@ def _warm_start_unused(warm: PreferenceModel, config: Any, pairs: list) -> str |
         return f"cannot start from it: {problem}"
     labelled = [pair for pair in pairs if pair.outcome in LABELLED_OUTCOMES]
     if len(labelled) < 10 or any(pair.key is None for pair in labelled):
-        return ("a warm start needs the held-out votes chosen by vote_id, as before: every "
-                "vote needs its vote_id (the studio's export has them), and 10 or more votes")
+        return ("a warm start needs the held-out votes chosen by pair, as before, which "
+                "needs every vote's vote_id (the studio's export has them) and 10 or more "
+                "votes")
     return None
 
 

@@ -58,7 +58,7 @@ def test_fit_preference_from_an_exported_votes_file(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     # the excluded vote is left out; vote ids split the held-out votes as the studio does
     assert report["out"] == str(out) and report["votes_total"] == len(lines) - 1
-    assert report["extra"]["split"] == "key" and report["heldout_pairs"] > 10
+    assert report["extra"]["split"] == "pair" and report["heldout_pairs"] > 10
     assert report["heldout_accuracy"] > 0.75, report
     model = PreferenceModel.load(out)
     high, low = _draw("one red square", 2, 12), _draw("one red square", 22, 12)

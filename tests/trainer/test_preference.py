@@ -19,8 +19,9 @@ from trainer.rewards.preference import (
     PreferencePair,
     ShapesPreferenceNet,
     SharedFeatureEnsemble,
-    _held_out_by_key,
+    _held_out_pair,
     _heldout_split,
+    _pair_identity,
     fit_preference_model,
     mirror_augment,
     warm_start_problem,
@@ -276,15 +277,24 @@ def _keyed(pairs: list[PreferencePair], start: int = 0) -> list[PreferencePair]:
     return [replace(p, key=str(start + i)) for i, p in enumerate(pairs)]
 
 
-def test_keyed_votes_are_held_out_by_key_the_same_in_every_refit():
-    """A vote held out (or trained on) stays so as votes arrive; unkeyed votes keep the seeded
-    permutation with round(n * fraction) held out."""
+def test_keyed_votes_are_held_out_by_pair_the_same_in_every_refit():
+    """A vote held out (or trained on) stays so as votes arrive, and every vote on the same
+    two images (another annotator's, either way round) is on its side: split by vote, one
+    annotator's vote was trained on and another's on the same pair held out, so held-out
+    accuracy measured memory in part. Unkeyed votes keep the seeded permutation with
+    round(n * fraction) held out."""
     first = _keyed(_pairs(200, "upper", flip=0.0, seed=5))
-    later = first + _keyed(_pairs(300, "upper", flip=0.0, seed=6), start=200)
+    # a second annotator's votes on the first 60 pairs, shown the other way round
+    again = [replace(p, image_a=p.image_b, image_b=p.image_a, outcome="b" if p.outcome == "a"
+                     else "a", key=str(1000 + i)) for i, p in enumerate(first[:60])]
+    later = first + _keyed(_pairs(300, "upper", flip=0.0, seed=6), start=200) + again
     config = FitConfig()
     held1, train1, how1 = _heldout_split(first, config)
     held2, train2, how2 = _heldout_split(later, config)
-    assert how1 == how2 == "key"
+    assert how1 == how2 == "pair"
+    held_keys = {p.key for p in held2}
+    assert 0 < sum(p.key in held_keys for p in again) < 60
+    assert all((p.key in held_keys) == (str(int(p.key) - 1000) in held_keys) for p in again)
     keys1 = {p.key for p in held1}
     assert keys1 == {p.key for p in held2 if int(p.key) < 200}
     assert {p.key for p in train1} == {p.key for p in train2 if int(p.key) < 200}
@@ -302,7 +312,7 @@ def test_a_refit_starts_from_a_compatible_model_and_otherwise_from_scratch():
     votes = _keyed(_pairs(120, "upper", flip=0.0, seed=7))
     config = FitConfig(epochs=3, ensemble=2, warm_start_epochs=1)
     previous = fit_preference_model(votes, config, version=1)
-    assert previous.report.extra == {"split": "key", "epochs": 3, "warm_start": False,
+    assert previous.report.extra == {"split": "pair", "epochs": 3, "warm_start": False,
                                      "warm_start_version": None}
     more = votes + _keyed(_pairs(40, "upper", flip=0.0, seed=8), start=120)
     images, prompts = np.stack([q.image_a for q in more]), [q.prompt for q in more]
@@ -356,13 +366,14 @@ def test_fit_refuses_too_few_votes():
 
 
 def test_fit_refuses_a_split_that_leaves_no_vote_to_train_on():
-    # every vote under one key (a vote file concatenated with itself) lands on one side of the
-    # split by key: here the held-out side, and the fit would train on nothing at all
-    config = FitConfig(epochs=1)
-    key = next(str(k) for k in range(1000) if _held_out_by_key(str(k), config))
-    pairs = [replace(p, key=key) for p in _pairs(12, "larger", flip=0.0, seed=0)]
+    # every vote on one pair of images (twelve annotators' on the same two) lands on one side
+    # of the split by pair: here the held-out side, and the fit would train on nothing at all
+    one = _pairs(1, "larger", flip=0.0, seed=0)[0]
+    seed = next(s for s in range(1000)
+                if _held_out_pair(_pair_identity(one, {}), FitConfig(seed=s)))
+    pairs = [replace(one, key=str(k)) for k in range(12)]
     with pytest.raises(ValueError, match="no vote left to train on: all 12 usable votes"):
-        fit_preference_model(pairs, config)
+        fit_preference_model(pairs, FitConfig(epochs=1, seed=seed))
 
 
 # -- CLIP features (features="clip"): a frozen transformers CLIP from a local path with a small

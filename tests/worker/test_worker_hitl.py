@@ -133,7 +133,7 @@ def test_votes_fit_active_selection_and_blended_training(stack, preference):
     assert fit["metrics"]["preference_model_version"] == 1
     # held out by a hash of each vote's id (the same votes in every later refit): about 25%
     metrics = fit["metrics"]
-    assert metrics["extra"]["split"] == "key" and metrics["extra"]["warm_start"] is False
+    assert metrics["extra"]["split"] == "pair" and metrics["extra"]["warm_start"] is False
     assert 40 <= metrics["heldout_pairs"] <= 80, metrics
     assert metrics["heldout_pairs"] + metrics["train_pairs"] == metrics["votes_fitted"]
     heldout = model_row["heldout_accuracy"]

@@ -52,9 +52,10 @@ class PreferencePair:
     image_b: np.ndarray
     prompt: str
     outcome: str  # an Outcome value
-    # a stable identity (the studio passes the vote's id): when every pair has one, a vote is
-    # held out by a hash of its key, so it is held out in every refit of the same seed, and a
-    # refit that starts from an earlier model is never judged on votes that model trained on
+    # a stable identity (the studio passes the vote's id): when every pair has one, the votes
+    # are held out by a hash of the two images they compare, the same in every refit of the
+    # same seed, so a refit that starts from an earlier model is never judged on votes (or
+    # pairs) that model trained on
     key: str | None = None
 
 
@@ -606,15 +607,15 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
         raise ValueError(f"need at least {MIN_FIT_VOTES} votes with a preference (a, b or tie), "
                          f"got {len(usable)}")
     held, train, split = _heldout_split(usable, config)
-    if not train:  # e.g. every vote under one key, and that key held out: nothing to learn from
+    if not train:  # e.g. every vote on one pair of images, that pair held out
         raise ValueError(f"no vote left to train on: all {len(usable)} usable votes are held out "
                          f"(split {split!r}, holdout_fraction {config.holdout_fraction}); "
-                         "are the votes' keys (vote ids) distinct?")
+                         "are they votes on one pair of images?")
 
     torch.manual_seed(config.seed)  # each member's initialisation differs: drawn in turn
     model = PreferenceModel(config)
     warm_from = None
-    if config.warm_start_epochs and warm_start is not None and split == "key" \
+    if config.warm_start_epochs and warm_start is not None and split == "pair" \
             and warm_start_problem(warm_start, config) is None:
         model.net.load_state_dict(warm_start.net.state_dict())
         warm_from = warm_start.report.version if warm_start.report else None
@@ -685,22 +686,40 @@ def fit_preference_model(pairs: list[PreferencePair], config: FitConfig | None =
     return model
 
 
-def _held_out_by_key(key: str, config: FitConfig) -> bool:
-    """Whether the vote `key` is held out: a hash of (seed, key) below holdout_fraction, the
-    same answer in every fit of that seed however many votes come later."""
-    digest = hashlib.blake2b(f"{config.seed}:{key}".encode(), digest_size=8).digest()
+def _pair_identity(pair: PreferencePair, digests: dict[int, bytes]) -> bytes:
+    """The unordered pair of images a vote compares, by a digest of each image's pixels: the
+    same for every vote on those two images, by any annotator, either way round. `digests`
+    keeps each image array's digest by its id (the votes on one image share its array)."""
+    def digest(image: np.ndarray) -> bytes:
+        if id(image) not in digests:
+            digests[id(image)] = hashlib.blake2b(np.ascontiguousarray(image).tobytes(),
+                                                 digest_size=16).digest()
+        return digests[id(image)]
+
+    a, b = digest(pair.image_a), digest(pair.image_b)
+    return min(a, b) + max(a, b)
+
+
+def _held_out_pair(identity: bytes, config: FitConfig) -> bool:
+    """Whether the votes on the pair `identity` are held out: a hash of (seed, pair) below
+    holdout_fraction, the same answer in every fit of that seed however many votes come."""
+    digest = hashlib.blake2b(f"{config.seed}:".encode() + identity, digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64 < config.holdout_fraction
 
 
 def _heldout_split(usable: list[PreferencePair], config: FitConfig
                    ) -> tuple[list[PreferencePair], list[PreferencePair], str]:
-    """(held out, trained on, how): by key when every pair has one ("key"), else a seeded
-    random permutation with round(n * holdout_fraction) held out ("random"); none held out
-    under 10 usable votes."""
+    """(held out, trained on, how): when every vote has a key (the studio's and an export's
+    votes: a stable identity), by the pair of images it compares ("pair"): the arena shows
+    one pair to several annotators, and a split by vote put one annotator's vote on a pair in
+    training and another's on it in the held-out votes, so the held-out accuracy measured
+    memory in part. Else a seeded random permutation with round(n * holdout_fraction) held
+    out ("random"); none held out under 10 usable votes."""
     if len(usable) >= 10 and all(pair.key is not None for pair in usable):
-        held = [_held_out_by_key(pair.key, config) for pair in usable]  # type: ignore[arg-type]
+        digests: dict[int, bytes] = {}
+        held = [_held_out_pair(_pair_identity(pair, digests), config) for pair in usable]
         return ([p for p, h in zip(usable, held, strict=True) if h],
-                [p for p, h in zip(usable, held, strict=True) if not h], "key")
+                [p for p, h in zip(usable, held, strict=True) if not h], "pair")
     order = np.random.default_rng(config.seed).permutation(len(usable))
     n_hold = int(round(len(usable) * config.holdout_fraction)) if len(usable) >= 10 else 0
     return ([usable[i] for i in order[:n_hold]], [usable[i] for i in order[n_hold:]],
@@ -710,7 +729,7 @@ def _heldout_split(usable: list[PreferencePair], config: FitConfig
 def warm_start_problem(previous: PreferenceModel, config: FitConfig) -> str | None:
     """Why a fit with `config` cannot start from `previous`, or None when it can: the same
     network (features, width, spread pooling, ensemble, shared features, CLIP weights) and the
-    same held-out votes (split by key with the same seed and fraction), so that the new
+    same held-out votes (split by pair with the same seed and fraction), so that the new
     model's held-out accuracy is measured on votes neither model trained on."""
     old = previous.config
     for name in ("features", "width", "spread_pooling", "ensemble", "shared_features",
@@ -718,8 +737,8 @@ def warm_start_problem(previous: PreferenceModel, config: FitConfig) -> str | No
         if getattr(old, name) != getattr(config, name):
             return f"{name} differs ({getattr(old, name)!r} -> {getattr(config, name)!r})"
     split = (previous.report.extra or {}).get("split") if previous.report else None
-    if split != "key":
-        return f"its held-out votes were not chosen by key (split {split!r})"
+    if split != "pair":  # "key": by vote, before the split by pair
+        return f"its held-out votes were not chosen by pair (split {split!r})"
     return None
 
 
