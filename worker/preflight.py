@@ -11,7 +11,6 @@ logged, as the API does: in docker-compose the API migrates while the workers st
 from __future__ import annotations
 
 import logging
-import tempfile
 from pathlib import Path
 
 from celery import signals
@@ -20,6 +19,7 @@ from sqlalchemy import inspect, make_url, text
 from app.config import get_settings
 from app.db import get_engine
 from app.job_kinds import QUEUE_NAMES
+from app.services.storage import unwritable
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +75,11 @@ def preflight_problems(queues: list[str]) -> list[str]:
         except Exception as exc:  # noqa: BLE001
             log.warning("could not check the database's migrations: %s", _first_line(exc))
     storage = get_settings().resolved_storage_dir
-    try:
-        storage.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=storage):
-            pass
-    except OSError as exc:
-        problems.append(f"STORAGE_DIR: {storage} is not a directory this worker can write "
-                        f"({_first_line(exc)})")
-    else:
-        if not problems:
-            warn_of_foreign_storage(storage)
+    # the check `python -m app serve` makes too (app.services.storage.unwritable)
+    if (problem := unwritable(storage, "this worker")) is not None:
+        problems.append(f"STORAGE_DIR: {problem}")
+    elif not problems:
+        warn_of_foreign_storage(storage)
     return problems
 
 
