@@ -21,9 +21,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from trainer.config import DIFFUSERS_DEFAULT_RESOLUTION, ConfigError, TrainConfig
+from trainer.config import DIFFUSERS_DEFAULT_RESOLUTION, ConfigError, ConfigErrors, TrainConfig
 from trainer.grpo import IterationResult
-from trainer.models import TRAINER_STATE, ModelSpec, weights_file_problem
+from trainer.models import TRAINER_STATE, ModelSpec, model_dir_problem, weights_file_problem
 from trainer.models.base import FlowModel, WeightsFile, WeightsMismatch
 from trainer.neighbor_grpo import neighbor_grpo_iteration
 from trainer.rewards.remote import ScoringStopped
@@ -154,8 +154,15 @@ class Trainer:
             raise TypeError(f"Trainer takes a TrainConfig, not {type(config).__name__}: build "
                             "one with load_config(preset, overrides) or TrainConfig.from_dict")
         self.config = config.validate()
-        if (problem := config.prompts_problem()) is not None:
-            raise problem
+        # what the config names that is not there, every problem at once and as ConfigErrors
+        # (a library user got the prompts alone, then a FileNotFoundError for the model
+        # directory once it loaded, a directory of the other model said as "not found")
+        problems = [problem] if (problem := config.prompts_problem()) is not None else []
+        if model is None and config.model_path and (
+                missing := model_dir_problem(config.model, config.model_path)) is not None:
+            problems.append(ConfigError("model_path", missing))
+        if problems:
+            raise ConfigErrors(problems) if len(problems) > 1 else problems[0]
         self.device = resolve_device(config.device)
         # model-backed rewards (issue 17): their weights directories and device; missing
         # weights fail here, at the job's start, before the model loads. With a reward server

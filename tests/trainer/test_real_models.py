@@ -1313,3 +1313,26 @@ def test_a_base_model_samples_at_the_guidance_its_runs_sample_at(sd3, flux_dev):
         given = _model_spec(build_parser().parse_args([*common, "--guidance-scale", "2"]))
         assert given.guidance_scale == 2.0
         assert ModelSpec.base(model, str(path)).guidance_scale == want
+
+
+def test_the_library_trainer_says_a_bad_model_directory_beside_the_prompts(tmp_path):
+    """Trainer(config) raised the missing prompts alone, then, with prompts, a
+    FileNotFoundError for the model directory (a directory of the other model said as
+    "not found" too): every problem at once, as ConfigErrors naming the fields."""
+    from tiny_diffusers import write_tiny_sd3
+
+    from trainer.config import load_config
+    from trainer.loop import Trainer
+
+    config = load_config(None, {"model": "flux", "model_path": str(tmp_path / "nope"),
+                                "device": "cpu"})
+    with pytest.raises(ConfigErrors) as error:
+        Trainer(config)
+    assert [e.field for e in error.value.errors] == ["prompts", "model_path"], error.value
+    assert "does not exist" in error.value.errors[1].message
+    write_tiny_sd3(tmp_path / "sd3")
+    config = load_config(None, {"model": "flux", "model_path": str(tmp_path / "sd3"),
+                                "device": "cpu", "prompts": ["a cat"]})
+    with pytest.raises(ConfigError) as one:
+        Trainer(config)
+    assert one.value.field == "model_path" and "not a 'flux' model" in one.value.message
