@@ -736,9 +736,15 @@ def read_votes(path: Path, images: Path, include_excluded: bool = False,
             problems.append(f"line {number}: outcome must be one of {list(OUTCOMES)}, "
                             f"got {row['outcome']!r}")
             continue
-        # a repeated vote_id (two exports concatenated) would put every copy on the same
-        # side of the held-out split by key: all of them might be held out, none trained on
+        # a repeated vote_id (two exports concatenated) counts a vote twice, on one side of
+        # the held-out split
         key = row.get("vote_id")
+        if key is not None and (isinstance(key, bool) or not isinstance(key, int | str)
+                                or (isinstance(key, str) and not key.strip())):
+            # 1.5, true, [1] were taken as ids (by str()): the export writes integers
+            problems.append(f"line {number}: vote_id must be an integer (or a non-empty "
+                            f"string), got {key!r}")
+            continue
         if key is not None and (first := vote_lines.setdefault(str(key), number)) != number:
             problems.append(f"line {number}: vote_id {key!r} repeats line {first}'s")
             continue

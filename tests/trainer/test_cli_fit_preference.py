@@ -274,3 +274,21 @@ def test_fit_preference_names_a_parquet_export_in_one_line(tmp_path, capsys):
     assert err == (f"error: --votes: {votes} is a Parquet file; fit-preference reads JSON "
                    "lines: export the votes with format=jsonl (GET /api/votes/export?"
                    "format=jsonl)") and not out.exists()
+
+
+def test_fit_preference_refuses_a_vote_id_that_is_no_id(tmp_path, capsys):
+    """1.5, true and [1] were taken as ids (their str()), and "1" beside 1 was a second vote."""
+    votes, storage, _ = _export(tmp_path, n=12)
+    rows = [json.loads(line) for line in votes.read_text().splitlines()]
+    for row, bad in zip(rows, (1.5, True, [1], " ", "7"), strict=False):
+        row["vote_id"] = bad
+    votes.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "pref.safetensors"
+    assert main(["fit-preference", "--votes", str(votes), "--images", str(storage), "--out",
+                 str(out), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    for line, bad in ((1, "1.5"), (2, "True"), (3, "[1]"), (4, "' '")):
+        assert f"line {line}: vote_id must be an integer (or a non-empty string), got {bad}" \
+            in err, err
+    assert "line 7: vote_id 7 repeats line 5's" in err  # "7" and 7: one id
+    assert not out.exists()
